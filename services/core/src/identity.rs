@@ -1,0 +1,95 @@
+//! Who is connected and to what: tenants, hosts, roles and connection ids.
+//!
+//! A [`HostKey`] is the unit of sharding and of `serverSeq` (design §3): every lookup in the relay is keyed by
+//! it, which is what keeps tenants isolated (invariant 7).
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+/// One AHP host inside one tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct HostKey {
+    pub tenant: String,
+    pub host: String,
+}
+
+impl HostKey {
+    pub fn new(tenant: impl Into<String>, host: impl Into<String>) -> Self {
+        Self {
+            tenant: tenant.into(),
+            host: host.into(),
+        }
+    }
+}
+
+impl fmt::Display for HostKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.tenant, self.host)
+    }
+}
+
+/// What an authenticated principal may do on a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// May read (initialize, subscribe, list) but every dispatch is rejected.
+    Viewer,
+    /// May read, dispatch and create or dispose sessions and chats.
+    Member,
+    /// Everything a member may, plus host administration.
+    Admin,
+}
+
+impl Role {
+    pub fn can_write(self) -> bool {
+        self >= Role::Member
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Member => "member",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "viewer" => Ok(Role::Viewer),
+            "member" => Ok(Role::Member),
+            "admin" => Ok(Role::Admin),
+            other => Err(format!("unknown role {other:?} (expected viewer, member or admin)")),
+        }
+    }
+}
+
+/// The authenticated principal behind one connection, from its token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The token's `sub`: the user.
+    pub subject: String,
+    pub tenant: String,
+    pub role: Role,
+}
+
+/// Process-unique id of one client connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnectionId(pub u64);
+
+impl ConnectionId {
+    pub fn next() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        ConnectionId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl fmt::Display for ConnectionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "c{}", self.0)
+    }
+}

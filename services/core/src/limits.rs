@@ -1,0 +1,45 @@
+//! Resource limits (design invariant 8), parsed once and shared by the gateway and the shard.
+
+use std::time::Duration;
+
+/// Every bound the relay enforces. Defaults are safe for a public deployment.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest inbound WebSocket message, in bytes. Larger frames close the connection (1009).
+    pub max_frame_bytes: usize,
+    /// Deepest JSON nesting accepted in an inbound frame.
+    pub max_json_depth: usize,
+    /// Channels one connection may be subscribed to at once.
+    pub max_subscriptions_per_connection: usize,
+    /// Frames queued for one connection before it is closed as a slow consumer.
+    pub outbound_queue_frames: usize,
+    /// Envelopes the bus holds for one host before a lagging connection is closed.
+    pub bus_capacity: usize,
+    /// Envelopes per host kept in memory for exact `reconnect` replay.
+    pub replay_buffer_envelopes: usize,
+    /// Items per `listSessions` page when the client asks for more or gives no limit.
+    pub list_sessions_page: usize,
+    /// How long a disconnected active client stays active before it is removed and its tool calls failed.
+    pub active_client_grace: Duration,
+    /// Turns returned inline in a chat snapshot when `view.turns` is absent (None: all retained turns).
+    pub default_snapshot_turns: Option<usize>,
+    /// Turns per `fetchTurns` page.
+    pub fetch_turns_page: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: 4 * 1024 * 1024,
+            max_json_depth: 64,
+            max_subscriptions_per_connection: 1024,
+            outbound_queue_frames: 4096,
+            bus_capacity: 16_384,
+            replay_buffer_envelopes: 10_000,
+            list_sessions_page: 100,
+            active_client_grace: Duration::from_secs(30),
+            default_snapshot_turns: None,
+            fetch_turns_page: 50,
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! The narrow interface between the gateway and the shard.
+//!
+//! A gateway connection attaches to its host (receiving the host's bus), forwards each inbound JSON-RPC frame
+//! with [`HostLink::call`], applies the [`SubscriptionChange`]s of the reply to its delivery filter, and then
+//! writes the reply frame. Because the bus receiver exists before the call and is read only after the reply is
+//! applied, every envelope sequenced after a snapshot reaches the connection exactly once (design §5).
+
+use std::future::Future;
+
+use bytes::Bytes;
+use tokio::sync::broadcast;
+
+use crate::bus::SharedBusEvent;
+use crate::identity::{ConnectionId, HostKey, Identity};
+use crate::rpc::InboundMessage;
+
+/// A change to which channels a connection receives, and from which `serverSeq` on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubscriptionChange {
+    /// Deliver envelopes on `channel` with `serverSeq > after_seq`.
+    Add { channel: String, after_seq: u64 },
+    /// Stop delivering `channel`.
+    Remove { channel: String },
+    /// Stop delivering every channel (before a `reconnect` re-establishes them).
+    Clear,
+}
+
+/// The gateway should close the connection after writing the reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloseRequest {
+    pub code: u16,
+    pub reason: String,
+}
+
+/// The shard's answer to one inbound frame.
+#[derive(Debug, Default)]
+pub struct CommandReply {
+    /// The response frame; `None` for notifications.
+    pub frame: Option<Bytes>,
+    /// Applied to the connection's delivery filter before `frame` is written.
+    pub subscriptions: Vec<SubscriptionChange>,
+    pub close: Option<CloseRequest>,
+}
+
+impl CommandReply {
+    pub fn frame(frame: Bytes) -> Self {
+        Self {
+            frame: Some(frame),
+            ..Self::default()
+        }
+    }
+    pub fn none() -> Self {
+        Self::default()
+    }
+}
+
+/// Why a connection could not be attached to a host.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("host {0} is not available")]
+    HostUnavailable(String),
+    #[error("too many connections for tenant {0}")]
+    TooManyConnections(String),
+}
+
+/// The shard as the gateway sees it.
+pub trait HostLink: Send + Sync + 'static {
+    /// Register a connection on a host and return the host's bus.
+    fn attach(
+        &self,
+        host: &HostKey,
+        connection: ConnectionId,
+        identity: &Identity,
+    ) -> impl Future<Output = Result<broadcast::Receiver<SharedBusEvent>, LinkError>> + Send;
+
+    /// Handle one inbound request or notification.
+    fn call(
+        &self,
+        host: &HostKey,
+        connection: ConnectionId,
+        message: InboundMessage,
+    ) -> impl Future<Output = CommandReply> + Send;
+
+    /// The connection is gone (closed, dropped, or evicted).
+    fn detach(&self, host: &HostKey, connection: ConnectionId) -> impl Future<Output = ()> + Send;
+}

@@ -1,0 +1,387 @@
+//! The built-in `demo` provider: a deterministic agent that needs no network and no model.
+//!
+//! It exercises every part of a turn that clients must handle: a reasoning part, a markdown reply streamed in
+//! several `chat/delta`s, usage, a session title, a tool call that needs confirmation (when the prompt contains
+//! "tool"), and an input request (when the prompt contains "input"). It stops promptly on
+//! [`TurnControl::Cancelled`]. Its pace is configurable so tests can stream slowly enough to interrupt.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ahp_types::actions::{
+    ChatDeltaAction, ChatInputRequestedAction, ChatReasoningAction, ChatResponsePartAction,
+    ChatToolCallCompleteAction, ChatToolCallReadyAction, ChatToolCallStartAction,
+    ChatTurnCompleteAction, ChatUsageAction, SessionTitleChangedAction, StateAction,
+};
+use ahp_types::common::StringOrMarkdown;
+use ahp_types::state::{
+    AgentInfo, ChatInputAnswer, ChatInputAnswerValue, ChatInputQuestion, ChatInputRequest,
+    ChatInputResponseKind, ChatInputTextQuestion, ConfirmationOption, ConfirmationOptionKind,
+    MarkdownResponsePart, ReasoningResponsePart, ResponsePart, ToolCallResult, ToolInput,
+    ToolResultContent, ToolResultTextContent, UsageInfo,
+};
+use tokio::sync::mpsc;
+
+use crate::provider::{ChatSink, Provider, TurnControl, TurnHandle, TurnRequest};
+
+/// How fast the demo agent streams.
+#[derive(Debug, Clone, Copy)]
+pub struct DemoPace {
+    /// Pause before each streamed action.
+    pub step: Duration,
+}
+
+impl Default for DemoPace {
+    fn default() -> Self {
+        Self {
+            step: Duration::from_millis(40),
+        }
+    }
+}
+
+/// The `demo` provider.
+#[derive(Debug, Clone, Default)]
+pub struct DemoProvider {
+    pace: DemoPace,
+}
+
+impl DemoProvider {
+    pub const ID: &'static str = "demo";
+
+    pub fn new(pace: DemoPace) -> Self {
+        Self { pace }
+    }
+}
+
+impl Provider for DemoProvider {
+    fn info(&self) -> AgentInfo {
+        AgentInfo {
+            provider: Self::ID.into(),
+            display_name: "Demo agent".into(),
+            description: "Built-in deterministic agent: streams a reply, asks before running a tool when the \
+                          prompt mentions \"tool\", and asks for input when it mentions \"input\"."
+                .into(),
+            models: vec![],
+            protected_resources: None,
+            customizations: None,
+            capabilities: None,
+        }
+    }
+
+    fn start_turn(&self, turn: TurnRequest, sink: Arc<dyn ChatSink>) -> TurnHandle {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pace = self.pace;
+        tokio::spawn(async move {
+            let mut run = DemoTurn {
+                turn,
+                sink,
+                control: rx,
+                pace,
+                started: Instant::now(),
+                output_words: 0,
+            };
+            if run.run().await.is_none() {
+                tracing::debug!(chat = %run.turn.chat, turn = %run.turn.turn_id, "demo turn stopped early");
+            }
+        });
+        TurnHandle::new(tx)
+    }
+}
+
+/// The reply the demo agent streams for a prompt, in chunks.
+pub fn reply_chunks(prompt: &str) -> Vec<String> {
+    let text = format!(
+        "Hello from the demo agent. You said: \"{}\". This reply is streamed in several parts so every device \
+         sees it arrive.",
+        prompt.trim()
+    );
+    let words: Vec<&str> = text.split(' ').collect();
+    words
+        .chunks(4)
+        .enumerate()
+        .map(|(i, c)| {
+            let mut s = c.join(" ");
+            if i + 1 < words.len().div_ceil(4) {
+                s.push(' ');
+            }
+            s
+        })
+        .collect()
+}
+
+/// A session title derived from the first prompt.
+pub fn title_for(prompt: &str) -> String {
+    let words: Vec<&str> = prompt.split_whitespace().take(6).collect();
+    if words.is_empty() {
+        "Demo session".into()
+    } else {
+        words.join(" ")
+    }
+}
+
+struct DemoTurn {
+    turn: TurnRequest,
+    sink: Arc<dyn ChatSink>,
+    control: mpsc::UnboundedReceiver<TurnControl>,
+    pace: DemoPace,
+    started: Instant,
+    output_words: i64,
+}
+
+impl DemoTurn {
+    /// Runs the turn; `None` means it stopped early (cancelled, or its chat is gone).
+    async fn run(&mut self) -> Option<()> {
+        let chat = self.turn.chat.clone();
+        let turn_id = self.turn.turn_id.clone();
+        let prompt = self.turn.prompt.clone();
+        let lower = prompt.to_lowercase();
+
+        if self.turn.first_turn {
+            self.emit_session(StateAction::SessionTitleChanged(SessionTitleChangedAction {
+                title: title_for(&prompt),
+            }))?;
+        }
+
+        self.pause().await?;
+        self.emit(StateAction::ChatResponsePart(ChatResponsePartAction {
+            turn_id: turn_id.clone(),
+            part: ResponsePart::Reasoning(ReasoningResponsePart {
+                id: format!("{turn_id}-reasoning"),
+                content: String::new(),
+            }),
+            meta: None,
+        }))?;
+        for thought in ["Reading the prompt. ", "Planning a short reply."] {
+            self.pause().await?;
+            self.emit(StateAction::ChatReasoning(ChatReasoningAction {
+                turn_id: turn_id.clone(),
+                part_id: format!("{turn_id}-reasoning"),
+                content: thought.into(),
+                meta: None,
+            }))?;
+        }
+
+        self.stream_markdown("reply", &reply_chunks(&prompt)).await?;
+
+        if lower.contains("tool") {
+            self.run_tool_call(&prompt).await?;
+        }
+        if lower.contains("input") {
+            self.ask_for_input().await?;
+        }
+
+        self.pause().await?;
+        self.emit(StateAction::ChatUsage(ChatUsageAction {
+            turn_id: turn_id.clone(),
+            usage: UsageInfo {
+                input_tokens: Some(prompt.split_whitespace().count() as i64),
+                output_tokens: Some(self.output_words),
+                model: Some("demo".into()),
+                cache_read_tokens: None,
+                meta: None,
+            },
+            meta: None,
+        }))?;
+        self.emit(StateAction::ChatTurnComplete(ChatTurnCompleteAction {
+            turn_id,
+            duration: self.started.elapsed().as_millis() as i64,
+            meta: None,
+        }))?;
+        tracing::debug!(%chat, "demo turn complete");
+        Some(())
+    }
+
+    async fn run_tool_call(&mut self, prompt: &str) -> Option<()> {
+        let turn_id = self.turn.turn_id.clone();
+        let tool_call_id = format!("{turn_id}-tool");
+        self.pause().await?;
+        self.emit(StateAction::ChatToolCallStart(ChatToolCallStartAction {
+            turn_id: turn_id.clone(),
+            tool_call_id: tool_call_id.clone(),
+            meta: None,
+            tool_name: "demo_echo".into(),
+            display_name: "Echo".into(),
+            intention: Some("Echo the prompt back".into()),
+            contributor: None,
+        }))?;
+        self.pause().await?;
+        self.emit(StateAction::ChatToolCallReady(ChatToolCallReadyAction {
+            turn_id: turn_id.clone(),
+            tool_call_id: tool_call_id.clone(),
+            meta: None,
+            contributor: None,
+            intention: None,
+            invocation_message: StringOrMarkdown::Plain("Echo the prompt".into()),
+            tool_input: Some(ToolInput::Inline(prompt.to_string())),
+            confirmation_title: Some(StringOrMarkdown::Plain("Run the echo tool?".into())),
+            risk_assessment: None,
+            edits: None,
+            editable: Some(false),
+            confirmed: None,
+            options: Some(vec![
+                ConfirmationOption {
+                    id: "allow".into(),
+                    label: "Allow".into(),
+                    kind: ConfirmationOptionKind::Approve,
+                    group: None,
+                },
+                ConfirmationOption {
+                    id: "deny".into(),
+                    label: "Deny".into(),
+                    kind: ConfirmationOptionKind::Deny,
+                    group: None,
+                },
+            ]),
+        }))?;
+        let approved = loop {
+            match self.control.recv().await? {
+                TurnControl::ToolCallConfirmed {
+                    tool_call_id: id,
+                    approved,
+                } if id == tool_call_id => break approved,
+                TurnControl::Cancelled => return None,
+                _ => continue,
+            }
+        };
+        if approved {
+            self.pause().await?;
+            self.emit(StateAction::ChatToolCallComplete(ChatToolCallCompleteAction {
+                turn_id,
+                tool_call_id,
+                meta: None,
+                result: ToolCallResult {
+                    success: true,
+                    past_tense_message: StringOrMarkdown::Plain("Echoed the prompt".into()),
+                    content: Some(vec![ToolResultContent::Text(ToolResultTextContent {
+                        text: prompt.to_string(),
+                    })]),
+                    structured_content: None,
+                    error: None,
+                },
+                requires_result_confirmation: None,
+            }))?;
+            self.stream_markdown("after-tool", &["The tool ran ".into(), "and echoed your prompt.".into()])
+                .await
+        } else {
+            self.stream_markdown("after-tool", &["The tool call was denied, ".into(), "so I did not run it.".into()])
+                .await
+        }
+    }
+
+    async fn ask_for_input(&mut self) -> Option<()> {
+        let request_id = format!("{}-input", self.turn.turn_id);
+        self.pause().await?;
+        self.emit(StateAction::ChatInputRequested(ChatInputRequestedAction {
+            request: ChatInputRequest {
+                id: request_id.clone(),
+                message: Some("What should I call you?".into()),
+                url: None,
+                questions: Some(vec![ChatInputQuestion::Text(ChatInputTextQuestion {
+                    id: "name".into(),
+                    title: Some("Name".into()),
+                    message: "Your name".into(),
+                    required: Some(true),
+                    format: None,
+                    min: None,
+                    max: None,
+                    default_value: None,
+                })]),
+                answers: None,
+            },
+        }))?;
+        let (response, answers) = loop {
+            match self.control.recv().await? {
+                TurnControl::InputCompleted {
+                    request_id: id,
+                    response,
+                    answers,
+                } if id == request_id => break (response, answers),
+                TurnControl::Cancelled => return None,
+                _ => continue,
+            }
+        };
+        let name = answers
+            .as_ref()
+            .and_then(|a| a.get("name"))
+            .and_then(|a| match a {
+                ChatInputAnswer::Submitted(v) | ChatInputAnswer::Draft(v) => match &v.value {
+                    ChatInputAnswerValue::Text(t) => Some(t.value.clone()),
+                    _ => None,
+                },
+                ChatInputAnswer::Skipped(_) => None,
+            });
+        let reply = match (response, name) {
+            (ChatInputResponseKind::Accept, Some(name)) => format!("Nice to meet you, {name}."),
+            _ => "No answer given; carrying on.".to_string(),
+        };
+        self.stream_markdown("after-input", &[reply]).await
+    }
+
+    async fn stream_markdown(&mut self, part: &str, chunks: &[String]) -> Option<()> {
+        let turn_id = self.turn.turn_id.clone();
+        let part_id = format!("{turn_id}-{part}");
+        self.pause().await?;
+        self.emit(StateAction::ChatResponsePart(ChatResponsePartAction {
+            turn_id: turn_id.clone(),
+            part: ResponsePart::Markdown(MarkdownResponsePart {
+                id: part_id.clone(),
+                content: String::new(),
+            }),
+            meta: None,
+        }))?;
+        for chunk in chunks {
+            self.pause().await?;
+            self.output_words += chunk.split_whitespace().count() as i64;
+            self.emit(StateAction::ChatDelta(ChatDeltaAction {
+                turn_id: turn_id.clone(),
+                part_id: part_id.clone(),
+                content: chunk.clone(),
+                meta: None,
+            }))?;
+        }
+        Some(())
+    }
+
+    /// Waits one step; `None` if the turn was cancelled meanwhile.
+    async fn pause(&mut self) -> Option<()> {
+        let sleep = tokio::time::sleep(self.pace.step);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                _ = &mut sleep => return Some(()),
+                control = self.control.recv() => match control {
+                    Some(TurnControl::Cancelled) | None => return None,
+                    Some(_) => continue,
+                },
+            }
+        }
+    }
+
+    fn emit(&self, action: StateAction) -> Option<()> {
+        self.sink.emit(&self.turn.chat, action).then_some(())
+    }
+
+    fn emit_session(&self, action: StateAction) -> Option<()> {
+        self.sink.emit(&self.turn.session, action).then_some(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_is_streamed_in_several_chunks_that_join_to_the_reply() {
+        let chunks = reply_chunks("hi there");
+        assert!(chunks.len() >= 3, "{chunks:?}");
+        let joined: String = chunks.concat();
+        assert!(joined.starts_with("Hello from the demo agent. You said: \"hi there\"."));
+        assert!(!joined.contains("  "));
+    }
+
+    #[test]
+    fn title_is_the_first_words_of_the_prompt() {
+        assert_eq!(title_for("  please use a tool now ok then more words"), "please use a tool now ok");
+        assert_eq!(title_for(""), "Demo session");
+    }
+}

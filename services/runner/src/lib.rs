@@ -1,0 +1,12 @@
+//! Agent providers: what runs a turn and turns the agent's output into AHP actions.
+//!
+//! The host tells a [`Provider`] that a turn started and forwards the user's decisions about it
+//! ([`TurnControl`]); the provider answers only by emitting server actions through a [`ChatSink`], which the
+//! host validates, sequences and publishes like any other action. Providers never see connections, tenants or
+//! storage.
+
+pub mod demo;
+pub mod provider;
+
+pub use demo::{DemoPace, DemoProvider};
+pub use provider::{ChatSink, Provider, ProviderRegistry, TurnControl, TurnHandle, TurnRequest};

@@ -1,0 +1,103 @@
+//! The provider interface between the host and an agent.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ahp_types::actions::StateAction;
+use ahp_types::state::{AgentInfo, ChatInputAnswer, ChatInputResponseKind};
+use tokio::sync::mpsc;
+
+/// Where a provider's actions go. Implemented by the host, which applies each action with the `ahp` reducers,
+/// assigns it a `serverSeq` and publishes it.
+pub trait ChatSink: Send + Sync + 'static {
+    /// Emit one server action on `channel` (the turn's chat, or its session). Returns `false` when the channel
+    /// no longer exists or the action no longer applies (e.g. the turn ended), so the provider can stop.
+    fn emit(&self, channel: &str, action: StateAction) -> bool;
+}
+
+/// A turn the host asks a provider to run.
+#[derive(Debug, Clone)]
+pub struct TurnRequest {
+    pub session: String,
+    pub chat: String,
+    pub turn_id: String,
+    pub prompt: String,
+    /// Whether this is the first turn of the session (providers may set a title).
+    pub first_turn: bool,
+}
+
+/// A user decision the host forwards to the provider running a turn.
+#[derive(Debug, Clone)]
+pub enum TurnControl {
+    /// A client confirmed or denied a tool call (already applied to state by the host).
+    ToolCallConfirmed { tool_call_id: String, approved: bool },
+    /// A client answered an input request (already applied to state by the host).
+    InputCompleted {
+        request_id: String,
+        response: ChatInputResponseKind,
+        answers: Option<std::collections::HashMap<String, ChatInputAnswer>>,
+    },
+    /// The turn was cancelled: stop now and emit nothing more.
+    Cancelled,
+}
+
+/// The host's handle on a running turn. Dropping it cancels the turn.
+#[derive(Debug)]
+pub struct TurnHandle {
+    control: mpsc::UnboundedSender<TurnControl>,
+}
+
+impl TurnHandle {
+    pub fn new(control: mpsc::UnboundedSender<TurnControl>) -> Self {
+        Self { control }
+    }
+
+    /// Forward a decision; returns `false` if the turn already finished.
+    pub fn send(&self, control: TurnControl) -> bool {
+        self.control.send(control).is_ok()
+    }
+}
+
+impl Drop for TurnHandle {
+    fn drop(&mut self) {
+        let _ = self.control.send(TurnControl::Cancelled);
+    }
+}
+
+/// An agent backend.
+pub trait Provider: Send + Sync + 'static {
+    /// The `AgentInfo` listed in root state's `agents`.
+    fn info(&self) -> AgentInfo;
+    /// Start running a turn; output goes to `sink`.
+    fn start_turn(&self, turn: TurnRequest, sink: Arc<dyn ChatSink>) -> TurnHandle;
+}
+
+/// The providers configured for a host, by provider id.
+#[derive(Clone, Default)]
+pub struct ProviderRegistry {
+    providers: BTreeMap<String, Arc<dyn Provider>>,
+}
+
+impl ProviderRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.providers.insert(provider.info().provider, provider);
+        self
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Arc<dyn Provider>> {
+        self.providers.get(id)
+    }
+
+    /// The provider used when `createSession` names none.
+    pub fn default_provider(&self) -> Option<&str> {
+        self.providers.keys().next().map(String::as_str)
+    }
+
+    pub fn agents(&self) -> Vec<AgentInfo> {
+        self.providers.values().map(|p| p.info()).collect()
+    }
+}
