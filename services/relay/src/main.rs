@@ -1,1 +1,86 @@
-fn main(){}
+//! `ahp-relay`: the embedded relay (`serve`), token minting (`token`) and a terminal client (`chat`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+mod chat;
+mod secret;
+mod serve;
+
+#[derive(Parser)]
+#[command(name = "ahp-relay", version, about = "Multi-tenant Agent Host Protocol relay")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the whole relay (gateway, host logic, demo agent) in one process.
+    Serve(serve::ServeArgs),
+    /// Mint an access token signed with the relay's secret.
+    Token(TokenArgs),
+    /// A terminal client: create or join a session, prompt the agent, approve tool calls.
+    Chat(chat::ChatArgs),
+}
+
+#[derive(clap::Args)]
+struct TokenArgs {
+    /// Tenant id (`tid` claim).
+    #[arg(long)]
+    tenant: String,
+    /// User id (`sub` claim).
+    #[arg(long)]
+    sub: String,
+    /// viewer, member or admin.
+    #[arg(long, default_value = "member")]
+    role: relay_core::Role,
+    /// Restrict the token to these host names (repeatable). Default: every host of the tenant.
+    #[arg(long = "host")]
+    hosts: Vec<String>,
+    /// Lifetime, e.g. 30m, 24h, 7d.
+    #[arg(long, default_value = "24h", value_parser = parse_ttl)]
+    ttl: Duration,
+    /// HS256 secret; default: the one kept in --data-dir.
+    #[arg(long, env = "AHP_RELAY_JWT_SECRET", hide_env_values = true)]
+    jwt_secret: Option<String>,
+    #[arg(long, env = "AHP_RELAY_DATA_DIR", default_value = ".relay-data")]
+    data_dir: PathBuf,
+}
+
+/// Parses `90s`, `30m`, `24h`, `7d` (or plain seconds).
+pub fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| format!("bad duration {text:?}"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => return Err(format!("bad duration unit in {text:?} (use s, m, h or d)")),
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Token(args) => {
+            let secret = secret::load_or_create(args.jwt_secret.as_deref(), &args.data_dir)?;
+            let hosts = (!args.hosts.is_empty()).then_some(args.hosts);
+            let claims = relay_gateway::auth::Claims::new(&args.tenant, &args.sub, args.role, hosts, args.ttl);
+            println!("{}", relay_gateway::auth::mint_hs256(&secret, &claims)?);
+            Ok(())
+        }
+        Command::Serve(args) => runtime()?.block_on(serve::run(args)),
+        Command::Chat(args) => runtime()?.block_on(chat::run(args)),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}

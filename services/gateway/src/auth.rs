@@ -1,0 +1,135 @@
+//! Tenant authentication: JSON Web Tokens checked at the WebSocket upgrade.
+//!
+//! Claims are `sub` (user), `tid` (tenant), `role` (`viewer` | `member` | `admin`), optional `hosts` (host
+//! names the token may open) and `exp`. The token arrives as `Authorization: Bearer …` or, for browsers,
+//! `?access_token=…`. Embedded mode signs with an HS256 secret; the same secret mints tokens.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use relay_core::{Identity, Role};
+use serde::{Deserialize, Serialize};
+
+/// The claims of a relay token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claims {
+    pub sub: String,
+    pub tid: String,
+    pub role: Role,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<String>>,
+    pub exp: u64,
+    #[serde(default)]
+    pub iat: u64,
+}
+
+impl Claims {
+    /// Claims valid for `ttl` from now.
+    pub fn new(tenant: &str, subject: &str, role: Role, hosts: Option<Vec<String>>, ttl: Duration) -> Self {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Self {
+            sub: subject.into(),
+            tid: tenant.into(),
+            role,
+            hosts,
+            exp: now.saturating_add(ttl.as_secs()),
+            iat: now,
+        }
+    }
+
+    pub fn identity(&self) -> Identity {
+        Identity {
+            subject: self.sub.clone(),
+            tenant: self.tid.clone(),
+            role: self.role,
+        }
+    }
+
+    /// Whether the token may open `host` of its tenant.
+    pub fn allows_host(&self, host: &str) -> bool {
+        self.hosts
+            .as_ref()
+            .is_none_or(|hosts| hosts.iter().any(|h| h == host))
+    }
+}
+
+/// Why a token was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("no access token (send Authorization: Bearer … or ?access_token=…)")]
+    Missing,
+    #[error("invalid access token: {0}")]
+    Invalid(#[from] jsonwebtoken::errors::Error),
+    #[error("token claims are incomplete: {0}")]
+    Claims(&'static str),
+}
+
+/// Checks tokens; built once from configuration.
+#[derive(Clone)]
+pub struct TokenVerifier {
+    key: DecodingKey,
+    validation: Validation,
+}
+
+impl TokenVerifier {
+    /// An HS256 verifier for `secret`.
+    pub fn hs256(secret: &[u8]) -> Self {
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.leeway = 5;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        Self {
+            key: DecodingKey::from_secret(secret),
+            validation,
+        }
+    }
+
+    pub fn verify(&self, token: &str) -> Result<Claims, AuthError> {
+        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)?;
+        let claims = data.claims;
+        if claims.sub.is_empty() {
+            return Err(AuthError::Claims("sub is empty"));
+        }
+        if claims.tid.is_empty() {
+            return Err(AuthError::Claims("tid is empty"));
+        }
+        Ok(claims)
+    }
+}
+
+/// Signs tokens with an HS256 secret (the embedded relay's dev tokens, `ahp-relay token`, tests).
+pub fn mint_hs256(secret: &[u8], claims: &Claims) -> Result<String, AuthError> {
+    Ok(jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        claims,
+        &EncodingKey::from_secret(secret),
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minted_token_verifies_and_carries_its_claims() {
+        let claims = Claims::new("acme", "ana", Role::Member, Some(vec!["default".into()]), Duration::from_secs(60));
+        let token = mint_hs256(b"secret", &claims).expect("mint");
+        let back = TokenVerifier::hs256(b"secret").verify(&token).expect("verify");
+        assert_eq!(back, claims);
+        assert!(back.allows_host("default"));
+        assert!(!back.allows_host("other"));
+    }
+
+    #[test]
+    fn wrong_secret_and_expired_tokens_are_refused() {
+        let claims = Claims::new("acme", "ana", Role::Admin, None, Duration::from_secs(60));
+        let token = mint_hs256(b"secret", &claims).expect("mint");
+        assert!(TokenVerifier::hs256(b"other").verify(&token).is_err());
+        let mut old = claims;
+        old.exp = 1_000;
+        let token = mint_hs256(b"secret", &old).expect("mint");
+        assert!(TokenVerifier::hs256(b"secret").verify(&token).is_err());
+    }
+}
