@@ -25,6 +25,10 @@ pub struct Limits {
     pub default_snapshot_turns: Option<usize>,
     /// Turns per `fetchTurns` page.
     pub fetch_turns_page: usize,
+    /// Sessions one host may hold.
+    pub max_sessions_per_host: usize,
+    /// Chats one session may hold.
+    pub max_chats_per_session: usize,
 }
 
 impl Default for Limits {
@@ -40,6 +44,8 @@ impl Default for Limits {
             active_client_grace: Duration::from_secs(30),
             default_snapshot_turns: None,
             fetch_turns_page: 50,
+            max_sessions_per_host: 100_000,
+            max_chats_per_session: 256,
         }
     }
 }

@@ -39,6 +39,8 @@ pub struct CommandReply {
     pub frame: Option<Bytes>,
     /// Applied to the connection's delivery filter before `frame` is written.
     pub subscriptions: Vec<SubscriptionChange>,
+    /// The connection completed `initialize` or `reconnect`: host-wide notifications may now flow to it.
+    pub session_started: bool,
     pub close: Option<CloseRequest>,
 }
 

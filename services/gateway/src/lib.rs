@@ -1,3 +1,10 @@
-//! The client-facing side of the relay: WebSocket upgrade, authentication, per-connection delivery.
+//! The client-facing side of the relay: WebSocket upgrade and JWT authentication ([`server`], [`auth`]),
+//! per-connection delivery ([`connection`], [`filter`]). It reaches hosts only through
+//! [`relay_core::HostLink`].
 
 pub mod auth;
+pub mod connection;
+pub mod filter;
+pub mod server;
+
+pub use server::{router, GatewayState};

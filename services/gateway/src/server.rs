@@ -1,0 +1,129 @@
+//! The HTTP surface: `GET /v1/ws`, `GET /v1/hosts/{host}/ws`, `GET /healthz`.
+//!
+//! The token is checked before the upgrade: a missing, malformed, wrongly signed or expired token gets HTTP 401
+//! and never reaches AHP. The host of a connection is the path's host (or `default`) inside the token's
+//! tenant, so a token can only ever address its own tenant's hosts (invariant 7).
+
+use std::sync::Arc;
+
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use relay_core::link::HostLink;
+use relay_core::{HostKey, Limits};
+use serde::Deserialize;
+
+use crate::auth::{AuthError, TokenVerifier};
+use crate::connection::Connection;
+
+/// What the gateway is configured with.
+pub struct GatewayState<L> {
+    pub link: Arc<L>,
+    pub verifier: TokenVerifier,
+    pub limits: Limits,
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The gateway's routes.
+pub fn router<L: HostLink>(state: Arc<GatewayState<L>>) -> Router {
+    Router::new()
+        .route("/v1/ws", get(default_host_ws::<L>))
+        .route("/v1/hosts/{host}/ws", get(named_host_ws::<L>))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(state)
+}
+
+#[derive(Deserialize)]
+struct TokenQuery {
+    access_token: Option<String>,
+}
+
+async fn default_host_ws<L: HostLink>(
+    State(state): State<Arc<GatewayState<L>>>,
+    headers: HeaderMap,
+    Query(query): Query<TokenQuery>,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    open(state, "default".into(), &headers, query, upgrade)
+}
+
+async fn named_host_ws<L: HostLink>(
+    State(state): State<Arc<GatewayState<L>>>,
+    Path(host): Path<String>,
+    headers: HeaderMap,
+    Query(query): Query<TokenQuery>,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    open(state, host, &headers, query, upgrade)
+}
+
+/// Host names: 1–63 lowercase letters, digits and dashes, starting with a letter or digit.
+pub fn valid_host_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+}
+
+fn open<L: HostLink>(
+    state: Arc<GatewayState<L>>,
+    host: String,
+    headers: &HeaderMap,
+    query: TokenQuery,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    let token = match bearer(headers).or(query.access_token) {
+        Some(token) => token,
+        None => return refuse(StatusCode::UNAUTHORIZED, &AuthError::Missing.to_string()),
+    };
+    let claims = match state.verifier.verify(&token) {
+        Ok(claims) => claims,
+        Err(error) => return refuse(StatusCode::UNAUTHORIZED, &error.to_string()),
+    };
+    if !valid_host_name(&host) {
+        return refuse(StatusCode::NOT_FOUND, "invalid host name");
+    }
+    if !claims.allows_host(&host) {
+        return refuse(StatusCode::FORBIDDEN, "the token does not grant this host");
+    }
+    let connection = Connection {
+        link: state.link.clone(),
+        host: HostKey::new(claims.tid.clone(), host),
+        identity: claims.identity(),
+        limits: state.limits.clone(),
+        shutdown: state.shutdown.clone(),
+    };
+    upgrade
+        .max_message_size(state.limits.max_frame_bytes)
+        .max_frame_size(state.limits.max_frame_bytes)
+        .on_upgrade(move |socket| connection.run(socket))
+}
+
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let token = value.strip_prefix("Bearer ").or_else(|| value.strip_prefix("bearer "))?;
+    Some(token.trim().to_string())
+}
+
+fn refuse(status: StatusCode, message: &str) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_host_name;
+
+    #[test]
+    fn host_names_are_dns_labels() {
+        assert!(valid_host_name("default"));
+        assert!(valid_host_name("team-2"));
+        assert!(!valid_host_name(""));
+        assert!(!valid_host_name("-x"));
+        assert!(!valid_host_name("Upper"));
+        assert!(!valid_host_name("a/b"));
+        assert!(!valid_host_name(&"a".repeat(64)));
+    }
+}

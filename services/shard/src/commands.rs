@@ -1,0 +1,616 @@
+//! AHP commands: connection-level (`initialize`, `ping`, `reconnect`, `listSessions`, …) and channel-level
+//! (`subscribe`, `createSession`, `createChat`, `fetchTurns`, …). Each handler validates its params, changes
+//! state only through the sequencer and reducers, and answers with one JSON-RPC frame.
+
+use ahp_types::actions::{
+    ChatTurnsLoadedAction, SessionChatAddedAction, SessionChatRemovedAction, SessionDefaultChatChangedAction,
+    SessionReadyAction, StateAction,
+};
+use ahp_types::commands::{
+    AuthenticateParams, ChatSource, CompletionsParams, CompletionsResult, CreateChatParams, CreateSessionParams,
+    DisposeChatParams, DisposeSessionParams, FetchTurnsParams, Implementation, InitializeParams, InitializeResult,
+    ListSessionsParams, ReconnectParams, ReconnectResult, ReconnectSnapshotResult,
+    ResolveSessionConfigParams, ResolveSessionConfigResult, SubscribeParams, SubscribeResult, UnsubscribeParams,
+};
+use ahp_types::errors::{ahp_error_codes, UnsupportedProtocolVersionErrorData};
+use ahp_types::notifications::{SessionAddedParams, SessionRemovedParams};
+use ahp_types::state::{
+    ChatOrigin, ChatState, SessionConfigSchema, SessionLifecycle, SessionState, SessionStatus,
+};
+use ahp_types::{negotiate_protocol_version, ROOT_RESOURCE_URI, SUPPORTED_PROTOCOL_VERSIONS};
+use relay_core::link::{CloseRequest, CommandReply, SubscriptionChange};
+use relay_core::rpc::{self, InboundMessage, RpcError};
+use relay_core::ConnectionId;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::host::HostCore;
+use crate::model::{self, chat_summary_of, summary_of, ChannelKind, ChatRecord};
+
+type CommandResult = Result<CommandReply, RpcError>;
+
+/// WebSocket close code sent after `-32005`: the client must not retry unchanged.
+const CLOSE_POLICY: u16 = 1008;
+
+fn reply<T: Serialize + ?Sized>(id: Option<u64>, result: &T) -> CommandResult {
+    match id {
+        Some(id) => rpc::result_frame(id, result)
+            .map(CommandReply::frame)
+            .map_err(|e| RpcError::internal(format!("could not serialize result: {e}"))),
+        None => Ok(CommandReply::none()),
+    }
+}
+
+pub fn now() -> String {
+    format!("{:.3}", jiff::Timestamp::now())
+}
+
+impl HostCore {
+    pub(crate) fn route(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
+        let id = message.id;
+        match message.method.as_str() {
+            "ping" => return reply(id, &()),
+            "initialize" => return self.initialize(connection, message),
+            "reconnect" => return self.reconnect(connection, message),
+            _ => {}
+        }
+        self.client_id(connection)?;
+        match message.method.as_str() {
+            "dispatchAction" => self.dispatch_client_action(connection, message),
+            "subscribe" => self.subscribe(connection, message),
+            "unsubscribe" => self.unsubscribe(connection, message),
+            "listSessions" => self.list_sessions(message),
+            "createSession" => self.create_session(connection, message),
+            "disposeSession" => self.dispose_session(connection, message),
+            "createChat" => self.create_chat(connection, message),
+            "disposeChat" => self.dispose_chat(connection, message),
+            "fetchTurns" => self.fetch_turns(connection, message),
+            "completions" => self.completions(message),
+            "resolveSessionConfig" => self.resolve_session_config(message),
+            "authenticate" => {
+                let params: AuthenticateParams = message.parse_params()?;
+                Err(RpcError::invalid_params(format!(
+                    "{} is not a protected resource of this host",
+                    params.resource
+                )))
+            }
+            other => Err(RpcError::method_not_found(other)),
+        }
+    }
+
+    fn require_writer(&self, connection: ConnectionId) -> Result<(), RpcError> {
+        if self.connection(connection)?.identity.role.can_write() {
+            Ok(())
+        } else {
+            Err(RpcError::permission_denied("viewers may not create or dispose sessions or chats"))
+        }
+    }
+
+    fn initialize(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
+        if self.connection(connection)?.client_id.is_some() {
+            return Err(RpcError::invalid_request("the connection is already initialized"));
+        }
+        let params: InitializeParams = message.parse_params()?;
+        let version = match negotiate_protocol_version(&params.protocol_versions) {
+            Ok(Some(version)) => version.to_string(),
+            Ok(None) => {
+                let data = UnsupportedProtocolVersionErrorData {
+                    supported_versions: SUPPORTED_PROTOCOL_VERSIONS.iter().map(|v| v.to_string()).collect(),
+                };
+                let error = RpcError::new(
+                    ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION,
+                    "none of the offered protocol versions is supported",
+                )
+                .with_data(serde_json::to_value(data).unwrap_or_default());
+                return Ok(CommandReply {
+                    frame: Some(rpc::error_frame(message.id, &error)),
+                    subscriptions: vec![],
+                    session_started: false,
+                    close: Some(CloseRequest {
+                        code: CLOSE_POLICY,
+                        reason: "unsupported protocol version".into(),
+                    }),
+                });
+            }
+            Err(e) => return Err(RpcError::invalid_params(e)),
+        };
+        self.bind_client(connection, &params.client_id)?;
+        let from_seq = self.seq.current();
+        let mut snapshots = Vec::new();
+        let mut subscriptions = Vec::new();
+        for channel in params.initial_subscriptions.unwrap_or_default() {
+            if let Some(snapshot) = self.model.snapshot(&channel, from_seq, self.limits.default_snapshot_turns) {
+                snapshots.push(snapshot);
+                self.track_subscription(connection, &channel)?;
+                subscriptions.push(SubscriptionChange::Add {
+                    channel,
+                    after_seq: from_seq,
+                });
+            }
+        }
+        if let Some(state) = self.connections.get_mut(&connection) {
+            state.protocol_version = Some(version.clone());
+        }
+        let result = InitializeResult {
+            protocol_version: version,
+            server_seq: from_seq as i64,
+            server_info: Some(Implementation {
+                name: "ahp-relay".into(),
+                version: Some(env!("CARGO_PKG_VERSION").into()),
+                title: Some("AHP relay".into()),
+            }),
+            meta: None,
+            snapshots,
+            default_directory: None,
+            completion_trigger_characters: None,
+            terminal_command_prefix: None,
+            telemetry: None,
+            automations: None,
+        };
+        let mut out = reply(message.id, &result)?;
+        out.subscriptions = subscriptions;
+        out.session_started = true;
+        Ok(out)
+    }
+
+    fn reconnect(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
+        if self.connection(connection)?.client_id.is_some() {
+            return Err(RpcError::invalid_request("reconnect must be the first request of a connection"));
+        }
+        let params: ReconnectParams = message.parse_params()?;
+        if params.last_seen_server_seq < 0 {
+            return Err(RpcError::invalid_params("lastSeenServerSeq must not be negative"));
+        }
+        self.bind_client(connection, &params.client_id)?;
+        if let Some(state) = self.connections.get_mut(&connection) {
+            state.protocol_version = Some(ahp_types::PROTOCOL_VERSION.into());
+        }
+        let last_seen = params.last_seen_server_seq as u64;
+        let current = self.seq.current();
+        let mut live = Vec::new();
+        let mut missing = Vec::new();
+        for channel in params.subscriptions {
+            if self.model.kind(&channel) == ChannelKind::Unknown {
+                missing.push(channel);
+            } else if !live.contains(&channel) {
+                live.push(channel);
+            }
+        }
+        if live.len() > self.limits.max_subscriptions_per_connection {
+            return Err(RpcError::invalid_params("too many subscriptions"));
+        }
+        for channel in &live {
+            self.track_subscription(connection, channel)?;
+        }
+        self.release_sessions_not_resubscribed(&params.client_id, &live);
+        let mut subscriptions = vec![SubscriptionChange::Clear];
+        subscriptions.extend(live.iter().map(|channel| SubscriptionChange::Add {
+            channel: channel.clone(),
+            after_seq: current,
+        }));
+
+        let frame = if last_seen <= current && self.seq.replay().covers(last_seen) {
+            // Exact replay: every stored envelope after last_seen on the requested channels, spliced in as
+            // the JSON already serialized (the wire shape of `ReconnectResult::Replay`).
+            #[derive(Serialize)]
+            struct Replay<'a> {
+                r#type: &'static str,
+                actions: Vec<&'a RawValue>,
+                missing: &'a [String],
+            }
+            let actions = self
+                .seq
+                .replay()
+                .after(last_seen, |c| live.iter().any(|l| l == c))
+                .map(|e| e.envelope.as_ref())
+                .collect();
+            reply(
+                message.id,
+                &Replay {
+                    r#type: "replay",
+                    actions,
+                    missing: &missing,
+                },
+            )?
+        } else {
+            let snapshots = live
+                .iter()
+                .filter_map(|c| self.model.snapshot(c, current, self.limits.default_snapshot_turns))
+                .collect();
+            reply(
+                message.id,
+                &ReconnectResult::Snapshot(ReconnectSnapshotResult { snapshots }),
+            )?
+        };
+        Ok(CommandReply {
+            subscriptions,
+            session_started: true,
+            ..frame
+        })
+    }
+
+    fn track_subscription(&mut self, connection: ConnectionId, channel: &str) -> Result<(), RpcError> {
+        let limit = self.limits.max_subscriptions_per_connection;
+        let Some(state) = self.connections.get_mut(&connection) else {
+            return Err(RpcError::internal("connection is not attached"));
+        };
+        if !state.subscriptions.contains(channel) && state.subscriptions.len() >= limit {
+            return Err(RpcError::invalid_request(format!(
+                "subscription limit reached ({limit} channels per connection)"
+            )));
+        }
+        state.subscriptions.insert(channel.to_string());
+        Ok(())
+    }
+
+    fn subscribe(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
+        let params: SubscribeParams = message.parse_params()?;
+        let turns = match params.view.and_then(|v| v.turns) {
+            Some(n) if n < 0 => return Err(RpcError::invalid_params("view.turns must not be negative")),
+            Some(n) => Some(n as usize),
+            None => self.limits.default_snapshot_turns,
+        };
+        let from_seq = self.seq.current();
+        let Some(snapshot) = self.model.snapshot(&params.channel, from_seq, turns) else {
+            return Err(not_found(&params.channel));
+        };
+        self.track_subscription(connection, &params.channel)?;
+        let mut out = reply(message.id, &SubscribeResult { snapshot: Some(snapshot) })?;
+        out.subscriptions = vec![SubscriptionChange::Add {
+            channel: params.channel,
+            after_seq: from_seq,
+        }];
+        Ok(out)
+    }
+
+    fn unsubscribe(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
+        let params: UnsubscribeParams = message.parse_params()?;
+        let client_id = self.client_id(connection)?;
+        if let Some(state) = self.connections.get_mut(&connection) {
+            state.subscriptions.remove(&params.channel);
+        }
+        if self.model.kind(&params.channel) == ChannelKind::Session
+            && !self.client_subscribed(&client_id, &params.channel)
+        {
+            self.remove_active_client(&params.channel, &client_id);
+        }
+        Ok(CommandReply {
+            subscriptions: vec![SubscriptionChange::Remove { channel: params.channel }],
+            ..CommandReply::none()
+        })
+    }
+
+    /// Whether any live connection of `client_id` is subscribed to `channel`.
+    fn client_subscribed(&self, client_id: &str, channel: &str) -> bool {
+        self.connections
+            .values()
+            .any(|c| c.client_id.as_deref() == Some(client_id) && c.subscriptions.contains(channel))
+    }
+
+    /// `reconnect` that omits a session releases the client's active slot there.
+    fn release_sessions_not_resubscribed(&mut self, client_id: &str, live: &[String]) {
+        let sessions: Vec<String> = self
+            .model
+            .sessions
+            .iter()
+            .filter(|(uri, s)| {
+                !live.contains(uri) && s.state.active_clients.iter().any(|c| c.client_id == client_id)
+            })
+            .map(|(uri, _)| uri.clone())
+            .collect();
+        for session in sessions {
+            if !self.client_subscribed(client_id, &session) {
+                self.remove_active_client(&session, client_id);
+            }
+        }
+    }
+
+    fn list_sessions(&mut self, message: &InboundMessage) -> CommandResult {
+        let params: ListSessionsParams = message.parse_params()?;
+        let page = self.limits.list_sessions_page;
+        let limit = match params.limit {
+            Some(n) if n < 1 => return Err(RpcError::invalid_params("limit must be at least 1")),
+            Some(n) => (n as usize).min(page),
+            None => page,
+        };
+        let cursor = match params.cursor.as_deref() {
+            None => None,
+            Some(c) => Some(model::decode_cursor(c).ok_or_else(|| RpcError::invalid_params("unknown cursor"))?),
+        };
+        reply(message.id, &self.model.list_sessions(cursor, limit))
+    }
+
+    fn create_session(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
+        self.require_writer(connection)?;
+        let params: CreateSessionParams = message.parse_params()?;
+        let uri = params.channel;
+        if !uri.starts_with("ahp-session:") || uri.len() > 512 {
+            return Err(RpcError::invalid_params("a session URI must be an ahp-session: URI of at most 512 bytes"));
+        }
+        if self.model.kind(&uri) != ChannelKind::Unknown {
+            return Err(RpcError::new(
+                ahp_error_codes::SESSION_ALREADY_EXISTS,
+                format!("session already exists: {uri}"),
+            ));
+        }
+        if self.model.sessions.len() >= self.limits.max_sessions_per_host {
+            return Err(RpcError::invalid_request(format!(
+                "session limit reached ({} per host)",
+                self.limits.max_sessions_per_host
+            )));
+        }
+        let provider = match params.provider {
+            Some(p) => p,
+            None => self
+                .providers
+                .default_provider()
+                .ok_or_else(|| RpcError::new(ahp_error_codes::PROVIDER_NOT_FOUND, "no provider is configured"))?
+                .to_string(),
+        };
+        if self.providers.get(&provider).is_none() {
+            return Err(RpcError::new(
+                ahp_error_codes::PROVIDER_NOT_FOUND,
+                format!("provider not found: {provider}"),
+            ));
+        }
+        let client_id = self.client_id(connection)?;
+        let active_clients = match params.active_client {
+            Some(active) if active.client_id != client_id => {
+                return Err(RpcError::invalid_params("activeClient.clientId must be this connection's clientId"))
+            }
+            Some(active) => vec![active],
+            None => vec![],
+        };
+        let created_at = now();
+        let state = SessionState {
+            provider,
+            title: String::new(),
+            status: SessionStatus::Idle.bits(),
+            activity: None,
+            origin: None,
+            project: None,
+            working_directories: params.working_directories,
+            annotations: None,
+            lifecycle: SessionLifecycle::Creating,
+            creation_error: None,
+            server_tools: None,
+            active_clients,
+            chats: vec![],
+            default_chat: None,
+            config: None,
+            customizations: None,
+            changesets: None,
+            input_needed: None,
+            meta: None,
+        };
+        let summary = summary_of(&uri, &state, &created_at);
+        self.model.insert_session(uri.clone(), state, created_at);
+        self.seq.publish_notification(
+            ROOT_RESOURCE_URI,
+            "root/sessionAdded",
+            &SessionAddedParams {
+                channel: ROOT_RESOURCE_URI.into(),
+                summary,
+            },
+        );
+        // The demo provider needs no preparation: the session is ready at once.
+        self.apply_server_action(&uri, StateAction::SessionReady(SessionReadyAction {}));
+        reply(message.id, &())
+    }
+
+    fn dispose_session(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
+        self.require_writer(connection)?;
+        let params: DisposeSessionParams = message.parse_params()?;
+        let uri = params.channel;
+        let Some(session) = self.model.sessions.get(&uri) else {
+            return Err(RpcError::session_not_found(&uri));
+        };
+        let chats: Vec<String> = session.state.chats.iter().map(|c| c.resource.clone()).collect();
+        for chat in &chats {
+            self.apply_server_action(&uri, StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }));
+            self.seq.publish_disposed(chat);
+        }
+        self.model.remove_session(&uri);
+        self.seq.publish_disposed(&uri);
+        for state in self.connections.values_mut() {
+            state.subscriptions.remove(&uri);
+            for chat in &chats {
+                state.subscriptions.remove(chat);
+            }
+        }
+        self.seq.publish_notification(
+            ROOT_RESOURCE_URI,
+            "root/sessionRemoved",
+            &SessionRemovedParams {
+                channel: ROOT_RESOURCE_URI.into(),
+                session: uri,
+            },
+        );
+        reply(message.id, &())
+    }
+
+    fn create_chat(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
+        self.require_writer(connection)?;
+        let params: CreateChatParams = message.parse_params()?;
+        let session = params.channel;
+        let chat = params.chat;
+        let Some(record) = self.model.sessions.get(&session) else {
+            return Err(RpcError::session_not_found(&session));
+        };
+        if !chat.starts_with("ahp-chat:") || chat.len() > 512 {
+            return Err(RpcError::invalid_params("a chat URI must be an ahp-chat: URI of at most 512 bytes"));
+        }
+        if self.model.kind(&chat) != ChannelKind::Unknown {
+            return Err(RpcError::new(ahp_error_codes::ALREADY_EXISTS, format!("chat already exists: {chat}")));
+        }
+        if record.state.chats.len() >= self.limits.max_chats_per_session {
+            return Err(RpcError::invalid_request("chat limit reached for this session"));
+        }
+        let (origin, turns) = match params.source {
+            None => (None, vec![]),
+            Some(ChatSource::Fork(source)) => {
+                let turns = self.fork_turns(&session, &source.chat, &chat, &source.turn_id)?;
+                (Some(ChatOrigin::Fork { chat: source.chat, turn_id: source.turn_id }), turns)
+            }
+            Some(ChatSource::SideChat(source)) => {
+                let turns = self.fork_turns(&session, &source.chat, &chat, &source.turn_id)?;
+                (Some(ChatOrigin::Fork { chat: source.chat, turn_id: source.turn_id }), turns)
+            }
+            Some(ChatSource::Unknown(_)) => return Err(RpcError::invalid_params("unsupported chat source kind")),
+        };
+        let state = ChatState {
+            resource: chat.clone(),
+            title: String::new(),
+            status: SessionStatus::Idle.bits(),
+            activity: None,
+            modified_at: now(),
+            changes: None,
+            origin,
+            movable: None,
+            interactivity: None,
+            working_directories: params.working_directories,
+            changesets: None,
+            background_work: None,
+            canvases: None,
+            turns,
+            turns_next_cursor: None,
+            active_turn: None,
+            steering_message: None,
+            queued_messages: None,
+            draft: None,
+            meta: None,
+        };
+        let summary = chat_summary_of(&state);
+        self.model.chats.insert(
+            chat.clone(),
+            ChatRecord {
+                session: session.clone(),
+                state,
+                running: None,
+            },
+        );
+        let needs_default = self
+            .model
+            .sessions
+            .get(&session)
+            .is_some_and(|s| s.state.default_chat.is_none());
+        self.apply_server_action(&session, StateAction::SessionChatAdded(SessionChatAddedAction { summary }));
+        if needs_default {
+            self.apply_server_action(
+                &session,
+                StateAction::SessionDefaultChatChanged(SessionDefaultChatChangedAction {
+                    default_chat: Some(chat.clone()),
+                }),
+            );
+        }
+        if let Some(message_to_send) = params.initial_message {
+            self.start_server_turn(&chat, message_to_send, None);
+        }
+        reply(message.id, &())
+    }
+
+    /// The turns of `source` up to and including `turn_id`, for a fork inside `session`.
+    fn fork_turns(
+        &self,
+        session: &str,
+        source: &str,
+        target: &str,
+        turn_id: &str,
+    ) -> Result<Vec<ahp_types::state::Turn>, RpcError> {
+        if source == target {
+            return Err(RpcError::invalid_params("a chat cannot be forked onto itself"));
+        }
+        let Some(record) = self.model.chats.get(source) else {
+            return Err(RpcError::invalid_params(format!("unknown source chat {source}")));
+        };
+        if record.session != session {
+            return Err(RpcError::invalid_params("the source chat belongs to another session"));
+        }
+        let Some(index) = record.state.turns.iter().position(|t| t.id == turn_id) else {
+            return Err(RpcError::invalid_params(format!("unknown turn {turn_id} in {source}")));
+        };
+        Ok(record.state.turns[..=index].to_vec())
+    }
+
+    fn dispose_chat(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
+        self.require_writer(connection)?;
+        let params: DisposeChatParams = message.parse_params()?;
+        let chat = params.channel;
+        let Some(record) = self.model.chats.remove(&chat) else {
+            return Err(not_found(&chat));
+        };
+        drop(record.running);
+        self.apply_server_action(
+            &record.session,
+            StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }),
+        );
+        self.seq.publish_disposed(&chat);
+        for state in self.connections.values_mut() {
+            state.subscriptions.remove(&chat);
+        }
+        reply(message.id, &())
+    }
+
+    fn fetch_turns(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
+        let params: FetchTurnsParams = message.parse_params()?;
+        let Some(record) = self.model.chats.get(&params.channel) else {
+            return Err(not_found(&params.channel));
+        };
+        let total = record.state.turns.len();
+        let end = match params.cursor.as_deref() {
+            None => total,
+            Some(cursor) => match model::parse_turns_cursor(cursor) {
+                Some(end) if end <= total => end,
+                _ => return Err(RpcError::invalid_params("unknown turns cursor")),
+            },
+        };
+        let start = end.saturating_sub(self.limits.fetch_turns_page);
+        let action = StateAction::ChatTurnsLoaded(ChatTurnsLoadedAction {
+            turns: record.state.turns[start..end].to_vec(),
+            turns_next_cursor: (start > 0).then(|| model::turns_cursor(start)),
+        });
+        // A page is part of this connection's view only: it goes to it alone and is not stored.
+        self.seq.publish_private(connection, &params.channel, &action, None, None);
+        reply(message.id, &serde_json::json!({}))
+    }
+
+    fn completions(&mut self, message: &InboundMessage) -> CommandResult {
+        let params: CompletionsParams = message.parse_params()?;
+        if self.model.kind(&params.channel) != ChannelKind::Chat {
+            return Err(not_found(&params.channel));
+        }
+        reply(message.id, &CompletionsResult { items: vec![] })
+    }
+
+    fn resolve_session_config(&mut self, message: &InboundMessage) -> CommandResult {
+        let params: ResolveSessionConfigParams = message.parse_params()?;
+        if let Some(provider) = &params.provider {
+            if self.providers.get(provider).is_none() {
+                return Err(RpcError::new(
+                    ahp_error_codes::PROVIDER_NOT_FOUND,
+                    format!("provider not found: {provider}"),
+                ));
+            }
+        }
+        reply(
+            message.id,
+            &ResolveSessionConfigResult {
+                schema: SessionConfigSchema {
+                    r#type: "object".into(),
+                    properties: Default::default(),
+                    required: None,
+                },
+                values: params.config.unwrap_or_default(),
+            },
+        )
+    }
+}
+
+/// The error for a channel that does not exist (or that this identity may not see: the same answer).
+pub fn not_found(channel: &str) -> RpcError {
+    if channel.starts_with("ahp-session:") {
+        RpcError::session_not_found(channel)
+    } else {
+        RpcError::not_found(channel)
+    }
+}

@@ -1,0 +1,401 @@
+//! Actions entering the host: client `dispatchAction`s and agent output, and the host's side effects.
+//!
+//! A client action is validated ([`crate::validate`]), reduced, sequenced and echoed with its origin; a refused
+//! one is echoed to its dispatcher alone with `rejectionReason`. Accepted actions then drive the host's side
+//! effects: starting and steering provider turns, draining queued messages, keeping chat and session summaries
+//! in step, and releasing active clients.
+
+use ahp::reducers::ReduceOutcome;
+use ahp_types::actions::{
+    ActionOrigin, ChatPendingMessageRemovedAction, ChatToolCallCompleteAction, ChatTurnStartedAction,
+    SessionActiveClientRemovedAction, SessionChatUpdatedAction, StateAction,
+};
+use ahp_types::actions::PartialChatSummary;
+use ahp_types::commands::DispatchActionParams;
+use ahp_types::common::StringOrMarkdown;
+use ahp_types::notifications::{PartialSessionSummary, SessionSummaryChangedParams};
+use ahp_types::state::{Message, PendingMessageKind, ResponsePart, ToolCallContributor, ToolCallResult};
+use ahp_types::ROOT_RESOURCE_URI;
+use relay_core::link::CommandReply;
+use relay_core::rpc::{InboundMessage, RpcError};
+use relay_core::ConnectionId;
+use relay_runner::{TurnControl, TurnRequest};
+
+use crate::commands::now;
+use crate::host::HostCore;
+use crate::model::{chat_summary_of, summary_of, ChannelKind};
+use crate::validate::{self, Dispatcher};
+
+impl HostCore {
+    pub(crate) fn dispatch_client_action(
+        &mut self,
+        connection: ConnectionId,
+        message: &InboundMessage,
+    ) -> Result<CommandReply, RpcError> {
+        let params: DispatchActionParams = message.parse_params()?;
+        let client_id = self.client_id(connection)?;
+        let role = self.connection(connection)?.identity.role;
+        let kind = self.model.kind(&params.channel);
+        if kind == ChannelKind::Unknown {
+            // Actions on channels the host does not have are ignored without an echo (digest §4).
+            return Ok(CommandReply::none());
+        }
+        let origin = ActionOrigin {
+            client_id: client_id.clone(),
+            client_seq: params.client_seq,
+        };
+        let who = Dispatcher {
+            client_id: &client_id,
+            role,
+        };
+        if let Err(reason) = validate::check_client_action(&self.model, kind, &params.channel, &params.action, &who) {
+            self.seq
+                .publish_private(connection, &params.channel, &params.action, Some(origin), Some(reason));
+            return Ok(CommandReply::none());
+        }
+        match self.model.reduce(&params.channel, &params.action) {
+            ReduceOutcome::Invalid(error) => {
+                self.seq.publish_private(
+                    connection,
+                    &params.channel,
+                    &params.action,
+                    Some(origin),
+                    Some(error.to_string()),
+                );
+                return Ok(CommandReply::none());
+            }
+            ReduceOutcome::OutOfScope => {
+                self.seq.publish_private(
+                    connection,
+                    &params.channel,
+                    &params.action,
+                    Some(origin),
+                    Some("action does not apply to this channel".into()),
+                );
+                return Ok(CommandReply::none());
+            }
+            ReduceOutcome::Applied | ReduceOutcome::NoOp => {}
+        }
+        self.seq.publish_accepted(&params.channel, &params.action, Some(origin));
+        self.after_action(&params.channel, kind, &params.action);
+        Ok(CommandReply::none())
+    }
+
+    /// An agent's action. Returns `false` when it does not apply (its chat is gone or its turn ended).
+    pub(crate) fn apply_agent_action(&mut self, channel: &str, action: StateAction) -> bool {
+        let kind = self.model.kind(channel);
+        if kind == ChannelKind::Unknown {
+            return false;
+        }
+        self.apply_server_action(channel, action)
+    }
+
+    /// Reduce, sequence and publish a server action, then run its side effects. Actions that do not apply to
+    /// the current state are dropped rather than sequenced.
+    pub(crate) fn apply_server_action(&mut self, channel: &str, action: StateAction) -> bool {
+        let kind = self.model.kind(channel);
+        match self.model.reduce(channel, &action) {
+            ReduceOutcome::Applied => {}
+            outcome => {
+                tracing::debug!(%channel, ?outcome, "server action dropped");
+                return false;
+            }
+        }
+        self.seq.publish_accepted(channel, &action, None);
+        self.after_action(channel, kind, &action);
+        true
+    }
+
+    /// Side effects of an accepted action.
+    fn after_action(&mut self, channel: &str, kind: ChannelKind, action: &StateAction) {
+        match kind {
+            ChannelKind::Chat => {
+                self.chat_side_effects(channel, action);
+                self.sync_chat_summary(channel);
+            }
+            ChannelKind::Session => self.sync_session_summary(channel),
+            ChannelKind::Root | ChannelKind::Unknown => {}
+        }
+    }
+
+    fn chat_side_effects(&mut self, chat: &str, action: &StateAction) {
+        match action {
+            StateAction::ChatTurnStarted(a) => self.start_provider_turn(chat, &a.turn_id, &a.message.text),
+            StateAction::ChatTurnResume(a) => {
+                let prompt = self
+                    .model
+                    .chats
+                    .get(chat)
+                    .and_then(|c| c.state.active_turn.as_ref())
+                    .map(|t| t.message.text.clone())
+                    .unwrap_or_default();
+                self.start_provider_turn(chat, &a.turn_id, &prompt);
+            }
+            StateAction::ChatTurnCancelled(_) => self.stop_provider_turn(chat),
+            StateAction::ChatError(_) => self.stop_provider_turn(chat),
+            StateAction::ChatTurnComplete(_) => {
+                self.stop_provider_turn(chat);
+                self.drain_queue(chat);
+            }
+            StateAction::ChatToolCallConfirmed(a) => self.control_turn(
+                chat,
+                TurnControl::ToolCallConfirmed {
+                    tool_call_id: a.tool_call_id.clone(),
+                    approved: a.approved,
+                },
+            ),
+            StateAction::ChatInputCompleted(a) => self.control_turn(
+                chat,
+                TurnControl::InputCompleted {
+                    request_id: a.request_id.clone(),
+                    response: a.response,
+                    answers: a.answers.clone(),
+                },
+            ),
+            StateAction::ChatPendingMessageSet(a) if a.kind == PendingMessageKind::Queued => self.drain_queue(chat),
+            _ => {}
+        }
+    }
+
+    fn start_provider_turn(&mut self, chat: &str, turn_id: &str, prompt: &str) {
+        let Some(record) = self.model.chats.get(chat) else {
+            return;
+        };
+        let Some(session) = self.model.sessions.get(&record.session) else {
+            return;
+        };
+        let Some(provider) = self.providers.get(&session.state.provider).cloned() else {
+            tracing::warn!(provider = %session.state.provider, "session provider is not configured");
+            return;
+        };
+        let first_turn = session.state.title.is_empty();
+        let request = TurnRequest {
+            session: record.session.clone(),
+            chat: chat.to_string(),
+            turn_id: turn_id.to_string(),
+            prompt: prompt.to_string(),
+            first_turn,
+        };
+        let handle = provider.start_turn(request, self.sink.clone());
+        if let Some(record) = self.model.chats.get_mut(chat) {
+            // Replacing a previous handle cancels it.
+            record.running = Some(handle);
+        }
+    }
+
+    fn stop_provider_turn(&mut self, chat: &str) {
+        if let Some(record) = self.model.chats.get_mut(chat) {
+            record.running = None;
+        }
+    }
+
+    fn control_turn(&mut self, chat: &str, control: TurnControl) {
+        if let Some(handle) = self.model.chats.get(chat).and_then(|r| r.running.as_ref()) {
+            handle.send(control);
+        }
+    }
+
+    /// Start the next queued message when the chat is idle (digest §6).
+    fn drain_queue(&mut self, chat: &str) {
+        let Some(record) = self.model.chats.get(chat) else {
+            return;
+        };
+        if record.state.active_turn.is_some() || record.state.steering_message.is_some() {
+            return;
+        }
+        let Some(next) = record.state.queued_messages.as_ref().and_then(|q| q.first()).cloned() else {
+            return;
+        };
+        self.apply_server_action(
+            chat,
+            StateAction::ChatPendingMessageRemoved(ChatPendingMessageRemovedAction {
+                kind: PendingMessageKind::Queued,
+                id: next.id.clone(),
+            }),
+        );
+        self.start_server_turn(chat, next.message, Some(next.id));
+    }
+
+    /// Start a turn on the host's initiative (a queued message, or `createChat.initialMessage`).
+    pub(crate) fn start_server_turn(&mut self, chat: &str, message: Message, queued_message_id: Option<String>) {
+        let turn_id = format!("turn-{}", self.seq.current() + 1);
+        self.apply_server_action(
+            chat,
+            StateAction::ChatTurnStarted(ChatTurnStartedAction {
+                turn_id,
+                started_at: now(),
+                message,
+                queued_message_id,
+                meta: None,
+            }),
+        );
+    }
+
+    /// Keep the session's chat catalogue in step with the chat's own state (`session/chatUpdated`).
+    fn sync_chat_summary(&mut self, chat: &str) {
+        let Some(record) = self.model.chats.get(chat) else {
+            return;
+        };
+        let current = chat_summary_of(&record.state);
+        let session = record.session.clone();
+        let Some(listed) = self
+            .model
+            .sessions
+            .get(&session)
+            .and_then(|s| s.state.chats.iter().find(|c| c.resource == chat))
+        else {
+            return;
+        };
+        if *listed == current {
+            return;
+        }
+        let changes = PartialChatSummary {
+            resource: None,
+            title: (listed.title != current.title).then(|| current.title.clone()),
+            status: (listed.status != current.status).then_some(current.status),
+            activity: (listed.activity != current.activity).then(|| current.activity.clone()).flatten(),
+            modified_at: (listed.modified_at != current.modified_at).then(|| current.modified_at.clone()),
+            changes: (listed.changes != current.changes).then(|| current.changes.clone()).flatten(),
+            origin: None,
+            movable: (listed.movable != current.movable).then_some(current.movable).flatten(),
+            interactivity: None,
+            working_directories: (listed.working_directories != current.working_directories)
+                .then(|| current.working_directories.clone())
+                .flatten(),
+        };
+        self.apply_server_action(
+            &session,
+            StateAction::SessionChatUpdated(SessionChatUpdatedAction {
+                chat: chat.to_string(),
+                changes,
+            }),
+        );
+    }
+
+    /// Announce a changed session summary with `root/sessionSummaryChanged`.
+    fn sync_session_summary(&mut self, session: &str) {
+        let Some(record) = self.model.sessions.get_mut(session) else {
+            return;
+        };
+        let current = summary_of(session, &record.state, &record.created_at);
+        let before = std::mem::replace(&mut record.announced, current.clone());
+        if before == current {
+            return;
+        }
+        let changes = PartialSessionSummary {
+            provider: None,
+            title: (before.title != current.title).then(|| current.title.clone()),
+            status: (before.status != current.status).then_some(current.status),
+            activity: (before.activity != current.activity).then(|| current.activity.clone()).flatten(),
+            origin: None,
+            project: None,
+            working_directories: (before.working_directories != current.working_directories)
+                .then(|| current.working_directories.clone())
+                .flatten(),
+            annotations: None,
+            resource: None,
+            created_at: None,
+            modified_at: (before.modified_at != current.modified_at).then(|| current.modified_at.clone()),
+            changes: None,
+            meta: None,
+            chats: (before.chats != current.chats).then(|| current.chats.clone()).flatten(),
+            default_chat: (before.default_chat != current.default_chat)
+                .then(|| current.default_chat.clone())
+                .flatten(),
+        };
+        self.seq.publish_notification(
+            ROOT_RESOURCE_URI,
+            "root/sessionSummaryChanged",
+            &SessionSummaryChangedParams {
+                channel: ROOT_RESOURCE_URI.into(),
+                session: session.to_string(),
+                changes,
+            },
+        );
+    }
+
+    /// Remove `client_id` from a session's active clients, failing the client tool calls it owns.
+    pub(crate) fn remove_active_client(&mut self, session: &str, client_id: &str) {
+        let Some(record) = self.model.sessions.get(session) else {
+            return;
+        };
+        if !record.state.active_clients.iter().any(|c| c.client_id == client_id) {
+            return;
+        }
+        let chats: Vec<String> = record.state.chats.iter().map(|c| c.resource.clone()).collect();
+        for chat in chats {
+            for (turn_id, tool_call_id) in self.client_tool_calls(&chat, client_id) {
+                self.apply_server_action(
+                    &chat,
+                    StateAction::ChatToolCallComplete(ChatToolCallCompleteAction {
+                        turn_id,
+                        tool_call_id,
+                        meta: None,
+                        result: ToolCallResult {
+                            success: false,
+                            past_tense_message: StringOrMarkdown::Plain(
+                                "The client that owned this tool disconnected".into(),
+                            ),
+                            content: None,
+                            structured_content: None,
+                            error: None,
+                        },
+                        requires_result_confirmation: None,
+                    }),
+                );
+            }
+        }
+        self.apply_server_action(
+            session,
+            StateAction::SessionActiveClientRemoved(SessionActiveClientRemovedAction {
+                client_id: client_id.to_string(),
+            }),
+        );
+    }
+
+    /// Open tool calls of the active turn in `chat` that `client_id` executes.
+    fn client_tool_calls(&self, chat: &str, client_id: &str) -> Vec<(String, String)> {
+        let Some(turn) = self.model.chats.get(chat).and_then(|c| c.state.active_turn.as_ref()) else {
+            return vec![];
+        };
+        turn.response_parts
+            .iter()
+            .filter_map(|part| match part {
+                ResponsePart::ToolCall(tc) => {
+                    let owned = matches!(
+                        validate::tool_call_contributor(&tc.tool_call),
+                        Some(ToolCallContributor::Client(c)) if c.client_id == client_id
+                    );
+                    let open = !matches!(
+                        tc.tool_call,
+                        ahp_types::state::ToolCallState::Completed(_) | ahp_types::state::ToolCallState::Cancelled(_)
+                    );
+                    (owned && open)
+                        .then(|| validate::tool_call_id_of(&tc.tool_call).map(|id| (turn.id.clone(), id.to_string())))
+                        .flatten()
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The grace period of a disconnected client ran out: if it did not come back, release it everywhere.
+    pub(crate) fn expire_client(&mut self, client_id: &str, epoch: u64) {
+        let Some(binding) = self.clients.get(client_id) else {
+            return;
+        };
+        if binding.live_connections > 0 || binding.grace_epoch != epoch {
+            return;
+        }
+        let sessions: Vec<String> = self
+            .model
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.state.active_clients.iter().any(|c| c.client_id == client_id))
+            .map(|(uri, _)| uri.clone())
+            .collect();
+        for session in sessions {
+            self.remove_active_client(&session, client_id);
+        }
+    }
+}

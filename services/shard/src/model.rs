@@ -1,0 +1,240 @@
+//! The authoritative state of one host: root state, sessions, chats and the session catalogue.
+//!
+//! State changes only through the `ahp` reducers ([`HostModel::reduce`]); this module owns lookups by URI,
+//! the newest-first catalogue behind `listSessions`, and the projections (summaries, snapshots) clients read.
+
+use std::collections::{BTreeMap, HashMap};
+
+use ahp::reducers::{apply_action_to_chat, apply_action_to_root, apply_action_to_session, ReduceOutcome};
+use ahp_types::actions::StateAction;
+use ahp_types::commands::ListSessionsResult;
+use ahp_types::state::{
+    ChatState, ChatSummary, RootState, SessionChatSummary, SessionState, SessionSummary, Snapshot,
+    SnapshotState,
+};
+use ahp_types::ROOT_RESOURCE_URI;
+use relay_runner::TurnHandle;
+
+/// A session and what the host keeps beside its protocol state.
+pub struct SessionRecord {
+    pub state: SessionState,
+    pub created_at: String,
+    /// Position in the catalogue (higher is newer).
+    pub catalog_no: u64,
+    /// The summary last announced with `root/sessionAdded` / `root/sessionSummaryChanged`.
+    pub announced: SessionSummary,
+}
+
+/// A chat, its session, and the provider turn running in it.
+pub struct ChatRecord {
+    pub session: String,
+    pub state: ChatState,
+    pub running: Option<TurnHandle>,
+}
+
+/// What a channel URI names on this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelKind {
+    Root,
+    Session,
+    Chat,
+    /// A URI this host has no state for (unknown, disposed, or a kind the relay does not host).
+    Unknown,
+}
+
+/// The state of one host.
+pub struct HostModel {
+    pub root: RootState,
+    pub sessions: HashMap<String, SessionRecord>,
+    pub chats: HashMap<String, ChatRecord>,
+    catalog: BTreeMap<u64, String>,
+    next_catalog_no: u64,
+}
+
+impl HostModel {
+    pub fn new(root: RootState) -> Self {
+        Self {
+            root,
+            sessions: HashMap::new(),
+            chats: HashMap::new(),
+            catalog: BTreeMap::new(),
+            next_catalog_no: 1,
+        }
+    }
+
+    pub fn kind(&self, channel: &str) -> ChannelKind {
+        if channel == ROOT_RESOURCE_URI {
+            ChannelKind::Root
+        } else if self.sessions.contains_key(channel) {
+            ChannelKind::Session
+        } else if self.chats.contains_key(channel) {
+            ChannelKind::Chat
+        } else {
+            ChannelKind::Unknown
+        }
+    }
+
+    /// Apply `action` to the state of `channel` with the `ahp` reducers.
+    pub fn reduce(&mut self, channel: &str, action: &StateAction) -> ReduceOutcome {
+        if channel == ROOT_RESOURCE_URI {
+            return apply_action_to_root(&mut self.root, action);
+        }
+        if let Some(session) = self.sessions.get_mut(channel) {
+            return apply_action_to_session(&mut session.state, action);
+        }
+        if let Some(chat) = self.chats.get_mut(channel) {
+            return apply_action_to_chat(&mut chat.state, action);
+        }
+        ReduceOutcome::OutOfScope
+    }
+
+    /// Insert a new session at the head of the catalogue.
+    pub fn insert_session(&mut self, uri: String, state: SessionState, created_at: String) {
+        let catalog_no = self.next_catalog_no;
+        self.next_catalog_no += 1;
+        let announced = summary_of(&uri, &state, &created_at);
+        self.catalog.insert(catalog_no, uri.clone());
+        self.sessions.insert(
+            uri,
+            SessionRecord {
+                state,
+                created_at,
+                catalog_no,
+                announced,
+            },
+        );
+    }
+
+    /// Remove a session and its chats; returns the removed chats' URIs.
+    pub fn remove_session(&mut self, uri: &str) -> Vec<String> {
+        let Some(record) = self.sessions.remove(uri) else {
+            return Vec::new();
+        };
+        self.catalog.remove(&record.catalog_no);
+        let chats: Vec<String> = record.state.chats.iter().map(|c| c.resource.clone()).collect();
+        for chat in &chats {
+            self.chats.remove(chat);
+        }
+        chats
+    }
+
+    /// One page of the catalogue, newest first. The cursor is the catalogue position to continue below, so
+    /// sessions created while paging never shift later pages.
+    pub fn list_sessions(&self, cursor: Option<u64>, limit: usize) -> ListSessionsResult {
+        let upper = cursor.unwrap_or(u64::MAX);
+        let mut items = Vec::with_capacity(limit.min(self.catalog.len()));
+        let mut next_cursor = None;
+        for (&no, uri) in self.catalog.range(..upper).rev() {
+            if items.len() == limit {
+                next_cursor = Some(encode_cursor(no + 1));
+                break;
+            }
+            if let Some(record) = self.sessions.get(uri) {
+                items.push(summary_of(uri, &record.state, &record.created_at));
+            }
+        }
+        ListSessionsResult { next_cursor, items }
+    }
+
+    /// A snapshot of `channel` at `from_seq`; for chats, `turns` limits the inline history to the newest turns.
+    pub fn snapshot(&self, channel: &str, from_seq: u64, turns: Option<usize>) -> Option<Snapshot> {
+        let state = match self.kind(channel) {
+            ChannelKind::Root => SnapshotState::Root(Box::new(self.root.clone())),
+            ChannelKind::Session => SnapshotState::Session(Box::new(self.sessions.get(channel)?.state.clone())),
+            ChannelKind::Chat => {
+                let chat = &self.chats.get(channel)?.state;
+                SnapshotState::Chat(Box::new(limit_turns(chat, turns)))
+            }
+            ChannelKind::Unknown => return None,
+        };
+        Some(Snapshot {
+            resource: channel.to_string(),
+            state,
+            from_seq: from_seq as i64,
+        })
+    }
+}
+
+/// A chat state with only its newest `turns` turns inline, and a cursor to fetch the older ones.
+pub fn limit_turns(chat: &ChatState, turns: Option<usize>) -> ChatState {
+    let mut limited = chat.clone();
+    if let Some(keep) = turns {
+        if chat.turns.len() > keep {
+            let cut = chat.turns.len() - keep;
+            limited.turns = chat.turns[cut..].to_vec();
+            limited.turns_next_cursor = Some(turns_cursor(cut));
+        }
+    }
+    limited
+}
+
+/// The `turnsNextCursor` meaning "the turns before index `end`".
+pub fn turns_cursor(end: usize) -> String {
+    format!("turns:{end}")
+}
+
+pub fn parse_turns_cursor(cursor: &str) -> Option<usize> {
+    cursor.strip_prefix("turns:")?.parse().ok()
+}
+
+pub fn encode_cursor(catalog_no: u64) -> String {
+    format!("s{catalog_no}")
+}
+
+pub fn decode_cursor(cursor: &str) -> Option<u64> {
+    cursor.strip_prefix('s')?.parse().ok()
+}
+
+/// The `SessionSummary` projection of a session.
+pub fn summary_of(uri: &str, state: &SessionState, created_at: &str) -> SessionSummary {
+    SessionSummary {
+        provider: state.provider.clone(),
+        title: state.title.clone(),
+        status: state.status,
+        activity: state.activity.clone(),
+        origin: state.origin.clone(),
+        project: state.project.clone(),
+        working_directories: state.working_directories.clone(),
+        annotations: state.annotations.clone(),
+        resource: uri.to_string(),
+        created_at: created_at.to_string(),
+        modified_at: state
+            .chats
+            .iter()
+            .map(|c| c.modified_at.as_str())
+            .max()
+            .unwrap_or(created_at)
+            .to_string(),
+        changes: None,
+        meta: None,
+        chats: Some(state.chats.iter().map(session_chat_summary).collect()),
+        default_chat: state.default_chat.clone(),
+    }
+}
+
+fn session_chat_summary(chat: &ChatSummary) -> SessionChatSummary {
+    SessionChatSummary {
+        resource: chat.resource.clone(),
+        title: chat.title.clone(),
+        origin: chat.origin.clone(),
+        interactivity: chat.interactivity.clone(),
+        status: Some(chat.status),
+        changes: chat.changes.clone(),
+    }
+}
+
+/// The `ChatSummary` projection of a chat, as kept in its session's catalogue.
+pub fn chat_summary_of(chat: &ChatState) -> ChatSummary {
+    ChatSummary {
+        resource: chat.resource.clone(),
+        title: chat.title.clone(),
+        status: chat.status,
+        activity: chat.activity.clone(),
+        modified_at: chat.modified_at.clone(),
+        changes: chat.changes.clone(),
+        origin: chat.origin.clone(),
+        movable: chat.movable,
+        interactivity: chat.interactivity.clone(),
+        working_directories: chat.working_directories.clone(),
+    }
+}

@@ -1,0 +1,101 @@
+//! The per-host in-memory replay buffer: the newest accepted envelopes, for exact `reconnect` replay.
+//!
+//! Rejections and per-connection envelopes (`chat/turnsLoaded` pages) consume a `serverSeq` but are not
+//! stored, so the buffer may have holes in its numbering; what matters is the floor: every accepted
+//! envelope with `serverSeq > floor` is in the buffer.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+
+/// One accepted envelope, serialized once.
+#[derive(Debug)]
+pub struct StoredEnvelope {
+    pub seq: u64,
+    pub channel: Arc<str>,
+    /// The `ActionEnvelope` JSON (the `params` of the `action` notification).
+    pub envelope: Box<RawValue>,
+    /// The complete `action` notification frame.
+    pub frame: Bytes,
+}
+
+/// A bounded FIFO of [`StoredEnvelope`]s.
+#[derive(Debug)]
+pub struct ReplayBuffer {
+    capacity: usize,
+    entries: VecDeque<Arc<StoredEnvelope>>,
+    /// Highest `serverSeq` evicted from the buffer (0 when nothing was evicted).
+    floor: u64,
+}
+
+impl ReplayBuffer {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            entries: VecDeque::new(),
+            floor: 0,
+        }
+    }
+
+    pub fn push(&mut self, envelope: Arc<StoredEnvelope>) {
+        if self.entries.len() == self.capacity {
+            if let Some(evicted) = self.entries.pop_front() {
+                self.floor = evicted.seq;
+            }
+        }
+        self.entries.push_back(envelope);
+    }
+
+    /// Whether every accepted envelope after `last_seen` is still held.
+    pub fn covers(&self, last_seen: u64) -> bool {
+        last_seen >= self.floor
+    }
+
+    /// Envelopes after `last_seen` on channels accepted by `wanted`, oldest first.
+    pub fn after<'a>(
+        &'a self,
+        last_seen: u64,
+        wanted: impl Fn(&str) -> bool + 'a,
+    ) -> impl Iterator<Item = &'a Arc<StoredEnvelope>> + 'a {
+        let start = self.entries.partition_point(|e| e.seq <= last_seen);
+        self.entries.range(start..).filter(move |e| wanted(&e.channel))
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(seq: u64, channel: &str) -> Arc<StoredEnvelope> {
+        Arc::new(StoredEnvelope {
+            seq,
+            channel: channel.into(),
+            envelope: RawValue::from_string("{}".into()).expect("raw"),
+            frame: Bytes::new(),
+        })
+    }
+
+    #[test]
+    fn replays_exactly_what_follows_last_seen_on_wanted_channels() {
+        let mut buffer = ReplayBuffer::new(3);
+        for (seq, ch) in [(1, "a"), (2, "b"), (4, "a"), (5, "a")] {
+            buffer.push(env(seq, ch));
+        }
+        assert!(!buffer.covers(0), "seq 1 was evicted");
+        assert!(buffer.covers(1));
+        let seqs: Vec<u64> = buffer.after(1, |c| c == "a").map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![4, 5]);
+        let seqs: Vec<u64> = buffer.after(4, |_| true).map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![5]);
+    }
+}

@@ -1,0 +1,319 @@
+//! Which client actions the host accepts (digest §4–§6).
+//!
+//! A client action is accepted only when it is client-dispatchable, targets a channel of the matching kind,
+//! comes from a role that may write, and is valid in the current state. Everything refused here is echoed to
+//! its dispatcher with the returned reason as `rejectionReason`, and changes nothing.
+
+use ahp_types::actions::StateAction;
+use ahp_types::state::{
+    ChatInputQuestion, ChatInputResponseKind, ChatState, PendingMessageKind, ResponsePart,
+    ToolCallContributor, ToolCallState, TurnState,
+};
+use relay_core::Role;
+
+use crate::model::{ChannelKind, HostModel};
+
+/// Who dispatched an action.
+pub struct Dispatcher<'a> {
+    pub client_id: &'a str,
+    pub role: Role,
+}
+
+/// The channel kind an action belongs to, or `None` for action families the relay does not host.
+fn family(action: &StateAction) -> Option<ChannelKind> {
+    use StateAction::*;
+    Some(match action {
+        RootConfigChanged(_) | RootAgentsChanged(_) | RootActiveSessionsChanged(_) | RootTerminalsChanged(_) => {
+            ChannelKind::Root
+        }
+        SessionReady(_) | SessionCreationFailed(_) | SessionChatAdded(_) | SessionChatRemoved(_)
+        | SessionChatUpdated(_) | SessionChatsReordered(_) | SessionDefaultChatChanged(_)
+        | SessionTitleChanged(_) | SessionIsReadChanged(_) | SessionIsArchivedChanged(_)
+        | SessionActivityChanged(_) | SessionChangesetsChanged(_) | SessionServerToolsChanged(_)
+        | SessionActiveClientSet(_) | SessionActiveClientRemoved(_) | SessionWorkingDirectorySet(_)
+        | SessionWorkingDirectoryRemoved(_) | SessionWorkingDirectoryReplaced(_)
+        | SessionInputNeededSet(_) | SessionInputNeededRemoved(_) | SessionCustomizationsChanged(_)
+        | SessionCustomizationToggled(_) | SessionCustomizationUpdated(_) | SessionCustomizationRemoved(_)
+        | SessionMcpServerStateChanged(_) | SessionMcpServerStartRequested(_)
+        | SessionMcpServerStopRequested(_) | SessionMcpServerBackgroundRequested(_)
+        | SessionConfigChanged(_) | SessionMetaChanged(_) => ChannelKind::Session,
+        ChatTurnStarted(_) | ChatDelta(_) | ChatResponsePart(_) | ChatToolCallStart(_) | ChatToolCallDelta(_)
+        | ChatToolCallReady(_) | ChatToolCallConfirmed(_) | ChatToolCallComplete(_)
+        | ChatToolCallResultConfirmed(_) | ChatToolCallContentChanged(_) | ChatToolCallAuthRequired(_)
+        | ChatToolCallAuthResolved(_) | ChatTurnComplete(_) | ChatTurnCancelled(_) | ChatError(_)
+        | ChatTurnResume(_) | ChatActivityChanged(_) | ChatBackgroundWorkSet(_) | ChatBackgroundWorkRemoved(_)
+        | ChatMovableChanged(_) | ChatChangesetsChanged(_) | ChatCanvasesChanged(_) | ChatUsage(_)
+        | ChatReasoning(_) | ChatWorkingDirectorySet(_) | ChatWorkingDirectoryRemoved(_)
+        | ChatPendingMessageSet(_) | ChatPendingMessageRemoved(_) | ChatQueuedMessagesReordered(_)
+        | ChatDraftChanged(_) | ChatIsReadChanged(_) | ChatIsArchivedChanged(_) | ChatInputRequested(_)
+        | ChatInputAnswerChanged(_) | ChatInputCompleted(_) | ChatTruncated(_) | ChatTurnsLoaded(_) => {
+            ChannelKind::Chat
+        }
+        _ => return None,
+    })
+}
+
+/// Whether clients may dispatch this action at all (the spec's `IS_CLIENT_DISPATCHABLE`, restricted to the
+/// channel kinds this relay hosts).
+pub fn is_client_dispatchable(action: &StateAction) -> bool {
+    use StateAction::*;
+    matches!(
+        action,
+        RootConfigChanged(_)
+            | SessionTitleChanged(_)
+            | SessionIsReadChanged(_)
+            | SessionIsArchivedChanged(_)
+            | SessionActiveClientSet(_)
+            | SessionActiveClientRemoved(_)
+            | SessionWorkingDirectorySet(_)
+            | SessionWorkingDirectoryRemoved(_)
+            | SessionWorkingDirectoryReplaced(_)
+            | SessionCustomizationToggled(_)
+            | SessionMcpServerStartRequested(_)
+            | SessionMcpServerStopRequested(_)
+            | SessionMcpServerBackgroundRequested(_)
+            | SessionConfigChanged(_)
+            | SessionDefaultChatChanged(_)
+            | ChatTurnStarted(_)
+            | ChatTurnCancelled(_)
+            | ChatTurnResume(_)
+            | ChatTruncated(_)
+            | ChatToolCallConfirmed(_)
+            | ChatToolCallComplete(_)
+            | ChatToolCallContentChanged(_)
+            | ChatToolCallResultConfirmed(_)
+            | ChatPendingMessageSet(_)
+            | ChatPendingMessageRemoved(_)
+            | ChatQueuedMessagesReordered(_)
+            | ChatDraftChanged(_)
+            | ChatInputAnswerChanged(_)
+            | ChatInputCompleted(_)
+            | ChatWorkingDirectorySet(_)
+            | ChatWorkingDirectoryRemoved(_)
+            | ChatIsReadChanged(_)
+            | ChatIsArchivedChanged(_)
+    )
+}
+
+/// The action's `type` string, for messages.
+pub fn action_type(action: &StateAction) -> String {
+    serde_json::to_value(action)
+        .ok()
+        .and_then(|v| v.get("type").and_then(|t| t.as_str()).map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Check a client action against the current state. `Err` carries the rejection reason.
+pub fn check_client_action(
+    model: &HostModel,
+    kind: ChannelKind,
+    channel: &str,
+    action: &StateAction,
+    who: &Dispatcher<'_>,
+) -> Result<(), String> {
+    if let StateAction::Unknown(_) = action {
+        return Err("unknown action type or malformed action payload".into());
+    }
+    if !who.role.can_write() {
+        return Err("viewers may not dispatch actions".into());
+    }
+    if !is_client_dispatchable(action) {
+        return Err(format!("{} is a server action and cannot be dispatched by clients", action_type(action)));
+    }
+    if family(action) != Some(kind) {
+        return Err(format!("{} does not apply to channel {channel}", action_type(action)));
+    }
+    match kind {
+        ChannelKind::Root => check_root(action, who),
+        ChannelKind::Session => match model.sessions.get(channel) {
+            Some(session) => check_session(&session.state.chats, action, who),
+            None => Err("unknown session".into()),
+        },
+        ChannelKind::Chat => match model.chats.get(channel) {
+            Some(chat) => check_chat(&chat.state, action, who),
+            None => Err("unknown chat".into()),
+        },
+        ChannelKind::Unknown => Err("unknown channel".into()),
+    }
+}
+
+fn check_root(action: &StateAction, who: &Dispatcher<'_>) -> Result<(), String> {
+    match action {
+        StateAction::RootConfigChanged(_) if who.role != Role::Admin => {
+            Err("only admins may change host configuration".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_session(
+    chats: &[ahp_types::state::ChatSummary],
+    action: &StateAction,
+    who: &Dispatcher<'_>,
+) -> Result<(), String> {
+    match action {
+        StateAction::SessionDefaultChatChanged(a) => match &a.default_chat {
+            Some(chat) if !chats.iter().any(|c| &c.resource == chat) => {
+                Err(format!("{chat} is not a chat of this session"))
+            }
+            _ => Ok(()),
+        },
+        StateAction::SessionActiveClientSet(a) if a.active_client.client_id != who.client_id => {
+            Err("a client may only set itself as active client".into())
+        }
+        StateAction::SessionActiveClientRemoved(a) if a.client_id != who.client_id && who.role != Role::Admin => {
+            Err("only admins may remove another client".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_chat(chat: &ChatState, action: &StateAction, who: &Dispatcher<'_>) -> Result<(), String> {
+    use StateAction::*;
+    match action {
+        ChatTurnStarted(a) => {
+            if chat.active_turn.is_some() {
+                return Err("a turn is already in progress; queue the message with chat/pendingMessageSet".into());
+            }
+            if chat.turns.iter().any(|t| t.id == a.turn_id) {
+                return Err(format!("turn {} already exists", a.turn_id));
+            }
+            Ok(())
+        }
+        ChatTurnCancelled(a) => match &chat.active_turn {
+            Some(turn) if turn.id == a.turn_id => Ok(()),
+            Some(_) => Err(format!("turn {} is not the active turn", a.turn_id)),
+            None => Err("there is no active turn to cancel".into()),
+        },
+        ChatTurnResume(a) => {
+            if chat.active_turn.is_some() {
+                return Err("a turn is in progress".into());
+            }
+            let Some(last) = chat.turns.last() else {
+                return Err("there is no turn to resume".into());
+            };
+            if last.id != a.turn_id || last.state != TurnState::Error {
+                return Err(format!("turn {} is not the latest errored turn", a.turn_id));
+            }
+            match last.response_parts.last() {
+                Some(ResponsePart::Error(e)) if e.resumable == Some(true) => Ok(()),
+                _ => Err(format!("the error of turn {} is not resumable", a.turn_id)),
+            }
+        }
+        ChatToolCallConfirmed(a) => match tool_call(chat, &a.turn_id, &a.tool_call_id) {
+            Some(ToolCallState::PendingConfirmation(_)) => Ok(()),
+            Some(_) => Err(format!("tool call {} is not pending confirmation", a.tool_call_id)),
+            None => Err(format!("no tool call {} in the active turn", a.tool_call_id)),
+        },
+        ChatToolCallResultConfirmed(a) => match tool_call(chat, &a.turn_id, &a.tool_call_id) {
+            Some(ToolCallState::PendingResultConfirmation(_)) => Ok(()),
+            Some(_) => Err(format!("tool call {} is not pending result confirmation", a.tool_call_id)),
+            None => Err(format!("no tool call {} in the active turn", a.tool_call_id)),
+        },
+        ChatToolCallComplete(a) => check_tool_owner(chat, &a.turn_id, &a.tool_call_id, who),
+        ChatToolCallContentChanged(a) => check_tool_owner(chat, &a.turn_id, &a.tool_call_id, who),
+        ChatInputAnswerChanged(a) => pending_input(chat, &a.request_id).map(|_| ()),
+        ChatInputCompleted(a) => {
+            let request = pending_input(chat, &a.request_id)?;
+            if a.response == ChatInputResponseKind::Accept {
+                let answered = |id: &str| {
+                    a.answers.as_ref().is_some_and(|m| m.contains_key(id))
+                        || request.answers.as_ref().is_some_and(|m| m.contains_key(id))
+                };
+                for question in request.questions.iter().flatten() {
+                    if let Some((id, true)) = required_question(question) {
+                        if !answered(id) {
+                            return Err(format!("required question {id} is not answered"));
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+        ChatPendingMessageRemoved(a) => {
+            let exists = match a.kind {
+                PendingMessageKind::Steering => chat.steering_message.as_ref().is_some_and(|m| m.id == a.id),
+                PendingMessageKind::Queued => {
+                    chat.queued_messages.iter().flatten().any(|m| m.id == a.id)
+                }
+            };
+            if exists {
+                Ok(())
+            } else {
+                Err(format!("no pending message {}", a.id))
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+fn tool_call<'a>(chat: &'a ChatState, turn_id: &str, tool_call_id: &str) -> Option<&'a ToolCallState> {
+    let turn = chat.active_turn.as_ref().filter(|t| t.id == turn_id)?;
+    turn.response_parts.iter().find_map(|part| match part {
+        ResponsePart::ToolCall(tc) if tool_call_id_of(&tc.tool_call) == Some(tool_call_id) => Some(&tc.tool_call),
+        _ => None,
+    })
+}
+
+/// The id of a tool call in any state.
+pub fn tool_call_id_of(state: &ToolCallState) -> Option<&str> {
+    Some(match state {
+        ToolCallState::Streaming(s) => &s.tool_call_id,
+        ToolCallState::PendingConfirmation(s) => &s.tool_call_id,
+        ToolCallState::Running(s) => &s.tool_call_id,
+        ToolCallState::AuthRequired(s) => &s.tool_call_id,
+        ToolCallState::PendingResultConfirmation(s) => &s.tool_call_id,
+        ToolCallState::Completed(s) => &s.tool_call_id,
+        ToolCallState::Cancelled(s) => &s.tool_call_id,
+        ToolCallState::Unknown(_) => return None,
+    })
+}
+
+/// The contributor of a tool call in any state.
+pub fn tool_call_contributor(state: &ToolCallState) -> Option<&ToolCallContributor> {
+    match state {
+        ToolCallState::Streaming(s) => s.contributor.as_ref(),
+        ToolCallState::PendingConfirmation(s) => s.contributor.as_ref(),
+        ToolCallState::Running(s) => s.contributor.as_ref(),
+        ToolCallState::AuthRequired(s) => s.contributor.as_ref(),
+        ToolCallState::PendingResultConfirmation(s) => s.contributor.as_ref(),
+        ToolCallState::Completed(s) => s.contributor.as_ref(),
+        ToolCallState::Cancelled(s) => s.contributor.as_ref(),
+        ToolCallState::Unknown(_) => None,
+    }
+}
+
+fn check_tool_owner(chat: &ChatState, turn_id: &str, tool_call_id: &str, who: &Dispatcher<'_>) -> Result<(), String> {
+    let Some(tc) = tool_call(chat, turn_id, tool_call_id) else {
+        return Err(format!("no tool call {tool_call_id} in the active turn"));
+    };
+    match tool_call_contributor(tc) {
+        Some(ToolCallContributor::Client(owner)) if owner.client_id == who.client_id => Ok(()),
+        Some(ToolCallContributor::Client(_)) => Err(format!("tool call {tool_call_id} belongs to another client")),
+        _ => Err(format!("tool call {tool_call_id} is not executed by a client")),
+    }
+}
+
+fn pending_input<'a>(chat: &'a ChatState, request_id: &str) -> Result<&'a ahp_types::state::ChatInputRequest, String> {
+    chat.active_turn
+        .iter()
+        .flat_map(|t| t.response_parts.iter())
+        .find_map(|part| match part {
+            ResponsePart::InputRequest(input) if input.response.is_none() && input.request.id == request_id => {
+                Some(&input.request)
+            }
+            _ => None,
+        })
+        .ok_or_else(|| format!("no pending input request {request_id}"))
+}
+
+fn required_question(question: &ChatInputQuestion) -> Option<(&str, bool)> {
+    Some(match question {
+        ChatInputQuestion::Text(q) => (&q.id, q.required.unwrap_or(false)),
+        ChatInputQuestion::Number(q) | ChatInputQuestion::Integer(q) => (&q.id, q.required.unwrap_or(false)),
+        ChatInputQuestion::Boolean(q) => (&q.id, q.required.unwrap_or(false)),
+        ChatInputQuestion::SingleSelect(q) => (&q.id, q.required.unwrap_or(false)),
+        ChatInputQuestion::MultiSelect(q) => (&q.id, q.required.unwrap_or(false)),
+        ChatInputQuestion::Unknown(_) => return None,
+    })
+}
