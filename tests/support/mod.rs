@@ -1,0 +1,259 @@
+//! Test harness: starts the real `ahp-relay` binary on a free loopback port and connects official `ahp`
+//! clients to it over real WebSockets.
+#![allow(dead_code)]
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use ahp::{Client, ClientConfig, SessionSubscription, SubscriptionEvent};
+use ahp_types::actions::{ActionEnvelope, StateAction};
+use ahp_types::commands::{CreateChatParams, CreateSessionParams, InitializeResult};
+use ahp_types::state::{ChatState, Message, MessageKind, MessageOrigin, SessionState, Snapshot, SnapshotState};
+use relay_core::Role;
+use relay_gateway::auth::{mint_hs256, Claims};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub const SECRET: &str = "e2e-test-secret";
+/// Upper bound for anything a test waits for; a correct relay answers in milliseconds.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A running relay process, killed when dropped.
+pub struct Relay {
+    child: Child,
+    pub addr: String,
+    _data: tempfile::TempDir,
+}
+
+impl Relay {
+    pub async fn start() -> Relay {
+        Self::start_with(&[]).await
+    }
+
+    /// Start with extra `serve` flags.
+    pub async fn start_with(extra: &[&str]) -> Relay {
+        let data = tempfile::tempdir().expect("tempdir");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET, "--demo-step-ms", "5"])
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn ahp-relay");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let addr = tokio::time::timeout(PATIENCE, async {
+            while let Some(line) = lines.next_line().await.expect("read stdout") {
+                if let Some(rest) = line.split("listening on ws://").nth(1) {
+                    return rest.trim_end_matches("/v1/ws").to_string();
+                }
+            }
+            panic!("relay exited before listening");
+        })
+        .await
+        .expect("relay did not start in time");
+        // Keep draining stdout so the relay never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Relay {
+            child,
+            addr,
+            _data: data,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("ws://{}/v1/ws", self.addr)
+    }
+
+    pub fn token(&self, tenant: &str, sub: &str, role: Role) -> String {
+        mint_hs256(
+            SECRET.as_bytes(),
+            &Claims::new(tenant, sub, role, None, Duration::from_secs(3600)),
+        )
+        .expect("mint")
+    }
+
+    /// A connected, not yet initialized client.
+    pub async fn connect(&self, tenant: &str, sub: &str, role: Role) -> Client {
+        let url = format!("{}?access_token={}", self.url(), self.token(tenant, sub, role));
+        let transport = ahp_ws::WebSocketTransport::connect(&url).await.expect("connect");
+        Client::connect(
+            transport,
+            ClientConfig {
+                default_request_timeout: Some(PATIENCE),
+                subscription_buffer: 65_536,
+            },
+        )
+        .await
+        .expect("client")
+    }
+
+    /// A client of tenant `dev` initialized with `client_id`.
+    pub async fn client(&self, client_id: &str) -> (Client, InitializeResult) {
+        self.client_as("dev", client_id, Role::Member, client_id).await
+    }
+
+    pub async fn client_as(&self, tenant: &str, sub: &str, role: Role, client_id: &str) -> (Client, InitializeResult) {
+        let client = self.connect(tenant, sub, role).await;
+        let init = client
+            .initialize(client_id.into(), vec!["1.0.0".into()], vec!["ahp-root://".into()])
+            .await
+            .expect("initialize");
+        (client, init)
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+/// Create a demo session and one chat in it; returns (session, chat).
+pub async fn create_session_and_chat(client: &Client, name: &str) -> (String, String) {
+    let session = format!("ahp-session:/{name}");
+    let chat = format!("ahp-chat:/{name}");
+    let _: serde_json::Value = client
+        .request(
+            "createSession",
+            CreateSessionParams {
+                channel: session.clone(),
+                meta: None,
+                provider: Some("demo".into()),
+                working_directories: None,
+                config: None,
+                active_client: None,
+                progress_token: None,
+            },
+        )
+        .await
+        .expect("createSession");
+    let _: serde_json::Value = client
+        .request(
+            "createChat",
+            CreateChatParams {
+                channel: session.clone(),
+                meta: None,
+                chat: chat.clone(),
+                initial_message: None,
+                source: None,
+                working_directories: None,
+            },
+        )
+        .await
+        .expect("createChat");
+    (session, chat)
+}
+
+pub fn message(text: &str) -> Message {
+    Message {
+        text: text.into(),
+        origin: MessageOrigin { kind: MessageKind::User },
+        attachments: None,
+        model: None,
+        agent: None,
+        meta: None,
+    }
+}
+
+pub fn turn_started(turn_id: &str, text: &str) -> StateAction {
+    StateAction::ChatTurnStarted(ahp_types::actions::ChatTurnStartedAction {
+        turn_id: turn_id.into(),
+        started_at: "2026-11-22T10:00:00.000Z".into(),
+        message: message(text),
+        queued_message_id: None,
+        meta: None,
+    })
+}
+
+pub fn chat_of(snapshot: &Snapshot) -> ChatState {
+    match &snapshot.state {
+        SnapshotState::Chat(chat) => (**chat).clone(),
+        other => panic!("not a chat snapshot: {other:?}"),
+    }
+}
+
+pub fn session_of(snapshot: &Snapshot) -> SessionState {
+    match &snapshot.state {
+        SnapshotState::Session(s) => (**s).clone(),
+        other => panic!("not a session snapshot: {other:?}"),
+    }
+}
+
+/// Subscribe and return the chat snapshot, its seq, and the live subscription.
+pub async fn subscribe_chat(client: &Client, chat: &str) -> (ChatState, u64, SessionSubscription) {
+    let (result, sub) = client.subscribe(chat.into()).await.expect("subscribe");
+    let snapshot = result.snapshot.expect("chat snapshot");
+    (chat_of(&snapshot), snapshot.from_seq as u64, sub)
+}
+
+/// A fresh snapshot of a chat, taken by a throw-away client.
+pub async fn fresh_chat_snapshot(relay: &Relay, chat: &str) -> ChatState {
+    let (observer, _) = relay.client("observer").await;
+    let (state, _, _) = subscribe_chat(&observer, chat).await;
+    observer.shutdown().await;
+    state
+}
+
+/// Next action envelope on a subscription, within [`PATIENCE`].
+pub async fn next_envelope(sub: &mut SessionSubscription) -> ActionEnvelope {
+    loop {
+        match tokio::time::timeout(PATIENCE, sub.recv()).await.expect("timed out waiting for an envelope") {
+            Some(SubscriptionEvent::Action(env)) => return env,
+            Some(_) => continue,
+            None => panic!("subscription closed"),
+        }
+    }
+}
+
+/// Collect envelopes until (and including) the first one matching `done`.
+pub async fn collect_until(
+    sub: &mut SessionSubscription,
+    done: impl Fn(&ActionEnvelope) -> bool,
+) -> Vec<ActionEnvelope> {
+    let mut out = Vec::new();
+    loop {
+        let env = next_envelope(sub).await;
+        let stop = done(&env);
+        out.push(env);
+        if stop {
+            return out;
+        }
+    }
+}
+
+pub fn is_turn_complete(env: &ActionEnvelope) -> bool {
+    matches!(env.action, StateAction::ChatTurnComplete(_))
+}
+
+/// Apply envelopes to a chat state the way a client does: accepted ones only, each once, after `from`.
+pub fn reduce_chat(mut state: ChatState, from: u64, envelopes: &[ActionEnvelope]) -> ChatState {
+    let mut last = from;
+    for env in envelopes {
+        if env.rejection_reason.is_some() || env.server_seq <= last {
+            continue;
+        }
+        last = env.server_seq;
+        ahp::reducers::apply_action_to_chat(&mut state, &env.action);
+    }
+    state
+}
+
+pub fn json<T: serde::Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).expect("json")
+}
+
+/// Assert strictly increasing `serverSeq`s.
+pub fn assert_increasing(envelopes: &[ActionEnvelope]) {
+    for pair in envelopes.windows(2) {
+        assert!(
+            pair[0].server_seq < pair[1].server_seq,
+            "serverSeq went from {} to {}",
+            pair[0].server_seq,
+            pair[1].server_seq
+        );
+    }
+}
