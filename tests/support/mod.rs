@@ -35,7 +35,8 @@ impl Relay {
         let data = tempfile::tempdir().expect("tempdir");
         let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET, "--demo-step-ms", "5"])
+            .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
+            .args(if extra.contains(&"--demo-step-ms") { &[][..] } else { &["--demo-step-ms", "5"][..] })
             .arg("--data-dir")
             .arg(data.path())
             .args(extra)

@@ -405,12 +405,14 @@ impl HostCore {
         let Some(session) = self.model.sessions.get(&uri) else {
             return Err(RpcError::session_not_found(&uri));
         };
-        let chats: Vec<String> = session.state.chats.iter().map(|c| c.resource.clone()).collect();
-        for chat in &chats {
+        let listed: Vec<String> = session.state.chats.iter().map(|c| c.resource.clone()).collect();
+        for chat in &listed {
             self.apply_server_action(&uri, StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }));
+        }
+        let chats = self.model.remove_session(&uri);
+        for chat in &chats {
             self.seq.publish_disposed(chat);
         }
-        self.model.remove_session(&uri);
         self.seq.publish_disposed(&uri);
         for state in self.connections.values_mut() {
             state.subscriptions.remove(&uri);

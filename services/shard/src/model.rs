@@ -105,13 +105,18 @@ impl HostModel {
         );
     }
 
-    /// Remove a session and its chats; returns the removed chats' URIs.
+    /// Remove a session and every chat that belongs to it (stopping their turns); returns the chats' URIs.
     pub fn remove_session(&mut self, uri: &str) -> Vec<String> {
         let Some(record) = self.sessions.remove(uri) else {
             return Vec::new();
         };
         self.catalog.remove(&record.catalog_no);
-        let chats: Vec<String> = record.state.chats.iter().map(|c| c.resource.clone()).collect();
+        let chats: Vec<String> = self
+            .chats
+            .iter()
+            .filter(|(_, chat)| chat.session == uri)
+            .map(|(chat, _)| chat.clone())
+            .collect();
         for chat in &chats {
             self.chats.remove(chat);
         }
