@@ -15,9 +15,10 @@ use tokio_tungstenite::tungstenite::Error as WsError;
 async fn upgrade_status(url: String, bearer: Option<String>) -> u16 {
     let mut request = url.into_client_request().expect("request");
     if let Some(token) = bearer {
-        request
-            .headers_mut()
-            .insert("Authorization", format!("Bearer {token}").parse().expect("header"));
+        request.headers_mut().insert(
+            "Authorization",
+            format!("Bearer {token}").parse().expect("header"),
+        );
     }
     match tokio_tungstenite::connect_async(request).await {
         Ok(_) => 101,
@@ -31,7 +32,10 @@ async fn missing_bad_and_expired_tokens_are_refused_at_the_upgrade() {
     let relay = Relay::start().await;
     let url = relay.url();
     assert_eq!(upgrade_status(url.clone(), None).await, 401);
-    assert_eq!(upgrade_status(format!("{url}?access_token=not-a-jwt"), None).await, 401);
+    assert_eq!(
+        upgrade_status(format!("{url}?access_token=not-a-jwt"), None).await,
+        401
+    );
 
     let forged = mint_hs256(
         b"some-other-secret",
@@ -43,22 +47,40 @@ async fn missing_bad_and_expired_tokens_are_refused_at_the_upgrade() {
     let mut expired = Claims::new("dev", "ana", Role::Admin, None, Duration::from_secs(60));
     expired.exp = 1_000_000;
     let expired = mint_hs256(SECRET.as_bytes(), &expired).expect("mint");
-    assert_eq!(upgrade_status(format!("{url}?access_token={expired}"), None).await, 401);
+    assert_eq!(
+        upgrade_status(format!("{url}?access_token={expired}"), None).await,
+        401
+    );
 
     // A good token works both as a header and as a query parameter.
     let good = relay.token("dev", "ana", Role::Member);
     assert_eq!(upgrade_status(url.clone(), Some(good.clone())).await, 101);
-    assert_eq!(upgrade_status(format!("{url}?access_token={good}"), None).await, 101);
+    assert_eq!(
+        upgrade_status(format!("{url}?access_token={good}"), None).await,
+        101
+    );
 
     // A token restricted to some hosts cannot open others.
     let scoped = mint_hs256(
         SECRET.as_bytes(),
-        &Claims::new("dev", "ana", Role::Member, Some(vec!["alpha".into()]), Duration::from_secs(60)),
+        &Claims::new(
+            "dev",
+            "ana",
+            Role::Member,
+            Some(vec!["alpha".into()]),
+            Duration::from_secs(60),
+        ),
     )
     .expect("mint");
     let base = format!("ws://{}", relay.addr);
-    assert_eq!(upgrade_status(format!("{base}/v1/hosts/alpha/ws?access_token={scoped}"), None).await, 101);
-    assert_eq!(upgrade_status(format!("{base}/v1/hosts/beta/ws?access_token={scoped}"), None).await, 403);
+    assert_eq!(
+        upgrade_status(format!("{base}/v1/hosts/alpha/ws?access_token={scoped}"), None).await,
+        101
+    );
+    assert_eq!(
+        upgrade_status(format!("{base}/v1/hosts/beta/ws?access_token={scoped}"), None).await,
+        403
+    );
 }
 
 /// The error's code and message, with the URI it names replaced, so errors for two URIs compare.
@@ -93,22 +115,36 @@ async fn another_tenant_sees_exactly_what_it_would_for_a_session_that_does_not_e
     assert!(list.items.is_empty(), "{list:?}");
 
     // Subscribing: the same error as for a URI nobody ever used.
-    for (taken, never) in [(&session, "ahp-session:/never-existed"), (&chat, "ahp-chat:/never-existed")] {
+    for (taken, never) in [
+        (&session, "ahp-session:/never-existed"),
+        (&chat, "ahp-chat:/never-existed"),
+    ] {
         let a = rpc_error(bob.subscribe(taken.clone()).await.map(|(r, _)| r), taken);
         let b = rpc_error(bob.subscribe(never.into()).await.map(|(r, _)| r), never);
         assert_eq!(a, b);
     }
 
     // Dispatching into a's chat does nothing: alice's next envelope is her own, and state is unchanged.
-    bob.dispatch(chat.clone(), turn_started("b1", "hijack")).await.expect("dispatch");
-    assert_eq!(json(&fresh_chat_snapshot_as(&relay, "a", &chat).await), json(&before));
+    bob.dispatch(chat.clone(), turn_started("b1", "hijack"))
+        .await
+        .expect("dispatch");
+    assert_eq!(
+        json(&fresh_chat_snapshot_as(&relay, "a", &chat).await),
+        json(&before)
+    );
 
     // Tenant b can even use the same URIs: they are its own, separate sessions.
     let (b_session, _) = create_session_and_chat(&bob, "secret-plans").await;
     assert_eq!(b_session, session);
-    alice.dispatch(chat.clone(), turn_started("a1", "mine")).await.expect("dispatch");
+    alice
+        .dispatch(chat.clone(), turn_started("a1", "mine"))
+        .await
+        .expect("dispatch");
     let first = next_envelope(&mut alice_sub).await;
-    assert_eq!(first.origin.as_ref().map(|o| o.client_id.as_str()), Some("alice-laptop"));
+    assert_eq!(
+        first.origin.as_ref().map(|o| o.client_id.as_str()),
+        Some("alice-laptop")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,7 +159,9 @@ async fn a_client_id_belongs_to_the_user_who_first_used_it() {
 }
 
 async fn fresh_chat_snapshot_as(relay: &Relay, tenant: &str, chat: &str) -> ahp_types::state::ChatState {
-    let (observer, _) = relay.client_as(tenant, "observer", Role::Viewer, "observer").await;
+    let (observer, _) = relay
+        .client_as(tenant, "observer", Role::Viewer, "observer")
+        .await;
     let (state, _, _) = subscribe_chat(&observer, chat).await;
     observer.shutdown().await;
     state

@@ -10,7 +10,11 @@ use tokio_tungstenite::tungstenite::Message;
 type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 async fn raw(relay: &Relay) -> Socket {
-    let url = format!("{}?access_token={}", relay.url(), relay.token("dev", "raw", relay_core::Role::Member));
+    let url = format!(
+        "{}?access_token={}",
+        relay.url(),
+        relay.token("dev", "raw", relay_core::Role::Member)
+    );
     let (socket, _) = tokio_tungstenite::connect_async(url).await.expect("connect");
     socket
 }
@@ -34,7 +38,9 @@ async fn recv(socket: &mut Socket) -> Value {
 }
 
 fn error_code(frame: &Value) -> i64 {
-    frame["error"]["code"].as_i64().unwrap_or_else(|| panic!("not an error: {frame}"))
+    frame["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("not an error: {frame}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,7 +53,11 @@ async fn malformed_frames_get_json_rpc_errors_and_change_nothing() {
     let mut s = raw(&relay).await;
 
     // Before initialize: ping works, everything else is refused.
-    send(&mut s, json!({"jsonrpc":"2.0","id":1,"method":"ping","params":{"channel":"ahp-root://"}}).to_string()).await;
+    send(
+        &mut s,
+        json!({"jsonrpc":"2.0","id":1,"method":"ping","params":{"channel":"ahp-root://"}}).to_string(),
+    )
+    .await;
     assert_eq!(recv(&mut s).await, json!({"jsonrpc":"2.0","id":1,"result":null}));
     send(
         &mut s,
@@ -69,22 +79,40 @@ async fn malformed_frames_get_json_rpc_errors_and_change_nothing() {
     send(&mut s, deep).await;
     assert_eq!(error_code(&recv(&mut s).await), -32600);
 
-    send(&mut s, json!({"jsonrpc":"2.0","id":2,"method":"initialize",
-        "params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"raw-client"}}).to_string()).await;
+    send(
+        &mut s,
+        json!({"jsonrpc":"2.0","id":2,"method":"initialize",
+        "params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"raw-client"}})
+        .to_string(),
+    )
+    .await;
     let init = recv(&mut s).await;
     assert_eq!(init["result"]["protocolVersion"], "1.0.0", "{init}");
 
-    send(&mut s, json!({"jsonrpc":"2.0","id":3,"method":"noSuchMethod","params":{"channel":"ahp-root://"}}).to_string()).await;
+    send(
+        &mut s,
+        json!({"jsonrpc":"2.0","id":3,"method":"noSuchMethod","params":{"channel":"ahp-root://"}})
+            .to_string(),
+    )
+    .await;
     let unknown = recv(&mut s).await;
     assert_eq!((error_code(&unknown), unknown["id"].clone()), (-32601, json!(3)));
 
-    send(&mut s, json!({"jsonrpc":"2.0","id":4,"method":"subscribe","params":{}}).to_string()).await;
+    send(
+        &mut s,
+        json!({"jsonrpc":"2.0","id":4,"method":"subscribe","params":{}}).to_string(),
+    )
+    .await;
     assert_eq!(error_code(&recv(&mut s).await), -32602);
 
     send(&mut s, json!({"jsonrpc":"2.0","id":5,"method":"listSessions","params":{"channel":"ahp-root://","limit":"ten"}}).to_string()).await;
     assert_eq!(error_code(&recv(&mut s).await), -32602);
 
-    send(&mut s, json!({"jsonrpc":"2.0","id":"six","method":"ping"}).to_string()).await;
+    send(
+        &mut s,
+        json!({"jsonrpc":"2.0","id":"six","method":"ping"}).to_string(),
+    )
+    .await;
     assert_eq!(error_code(&recv(&mut s).await), -32600);
 
     send(
@@ -97,7 +125,11 @@ async fn malformed_frames_get_json_rpc_errors_and_change_nothing() {
     assert_eq!(error_code(&recv(&mut s).await), -32602);
 
     // A well-formed action with a mistyped payload is an unknown action: rejected, not applied.
-    send(&mut s, json!({"jsonrpc":"2.0","id":7,"method":"subscribe","params":{"channel": chat}}).to_string()).await;
+    send(
+        &mut s,
+        json!({"jsonrpc":"2.0","id":7,"method":"subscribe","params":{"channel": chat}}).to_string(),
+    )
+    .await;
     assert!(recv(&mut s).await["result"]["snapshot"].is_object());
     send(
         &mut s,
@@ -112,11 +144,19 @@ async fn malformed_frames_get_json_rpc_errors_and_change_nothing() {
 
     // Version negotiation: nothing in common → -32005 with the supported versions, then a close.
     let mut v = raw(&relay).await;
-    send(&mut v, json!({"jsonrpc":"2.0","id":1,"method":"initialize",
-        "params":{"channel":"ahp-root://","protocolVersions":["7.0.0"],"clientId":"future"}}).to_string()).await;
+    send(
+        &mut v,
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize",
+        "params":{"channel":"ahp-root://","protocolVersions":["7.0.0"],"clientId":"future"}})
+        .to_string(),
+    )
+    .await;
     let refused = recv(&mut v).await;
     assert_eq!(error_code(&refused), -32005);
-    assert_eq!(refused["error"]["data"]["supportedVersions"], json!(["1.0.0", "0.9.0"]));
+    assert_eq!(
+        refused["error"]["data"]["supportedVersions"],
+        json!(["1.0.0", "0.9.0"])
+    );
     assert_closed(&mut v).await;
 
     // Nothing changed, and the relay still serves everyone.
@@ -171,9 +211,18 @@ async fn random_garbage_never_crashes_the_relay() {
         }
     }
     // Everything sent so far is answered before this ping's response (one connection is served in order).
-    if s.send(Message::Text(r#"{"jsonrpc":"2.0","id":424242,"method":"ping"}"#.into())).await.is_err() {
+    if s.send(Message::Text(
+        r#"{"jsonrpc":"2.0","id":424242,"method":"ping"}"#.into(),
+    ))
+    .await
+    .is_err()
+    {
         s = raw(&relay).await;
-        s.send(Message::Text(r#"{"jsonrpc":"2.0","id":424242,"method":"ping"}"#.into())).await.expect("send");
+        s.send(Message::Text(
+            r#"{"jsonrpc":"2.0","id":424242,"method":"ping"}"#.into(),
+        ))
+        .await
+        .expect("send");
     }
     loop {
         let frame = recv(&mut s).await;

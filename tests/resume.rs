@@ -16,7 +16,9 @@ async fn a_dropped_client_replays_exactly_what_it_missed_mid_turn() {
     let (a_state, a_from, mut a_sub) = subscribe_chat(&a, &chat).await;
     let (_, b_from, mut b_sub) = subscribe_chat(&b, &chat).await;
 
-    a.dispatch(chat.clone(), turn_started("t1", "tell me something long")).await.expect("dispatch");
+    a.dispatch(chat.clone(), turn_started("t1", "tell me something long"))
+        .await
+        .expect("dispatch");
     let mut a_seen = Vec::new();
     for _ in 0..4 {
         a_seen.push(next_envelope(&mut a_sub).await);
@@ -48,7 +50,11 @@ async fn a_dropped_client_replays_exactly_what_it_missed_mid_turn() {
     }
 
     // Exactly the envelopes A missed: none twice, none skipped, same JSON as B saw.
-    let missed: Vec<_> = b_envs.iter().filter(|e| e.server_seq > last_seen).cloned().collect();
+    let missed: Vec<_> = b_envs
+        .iter()
+        .filter(|e| e.server_seq > last_seen)
+        .cloned()
+        .collect();
     assert_increasing(&resumed);
     assert_eq!(json(&resumed), json(&missed));
 
@@ -56,10 +62,15 @@ async fn a_dropped_client_replays_exactly_what_it_missed_mid_turn() {
     let fresh = fresh_chat_snapshot(&relay, &chat).await;
     assert_eq!(json(&a_final), json(&fresh));
     assert!(b_from <= last_seen);
-    assert_eq!(fresh.turns.last().map(|t| t.state.clone()), Some(TurnState::Complete));
+    assert_eq!(
+        fresh.turns.last().map(|t| t.state),
+        Some(TurnState::Complete)
+    );
 
     // The resumed connection keeps receiving live envelopes, after the replayed ones.
-    a2.dispatch(chat.clone(), turn_started("t2", "again")).await.expect("dispatch");
+    a2.dispatch(chat.clone(), turn_started("t2", "again"))
+        .await
+        .expect("dispatch");
     let live = collect_until(&mut a2_sub, is_turn_complete).await;
     let last_resumed = resumed.last().map(|e| e.server_seq).unwrap_or(last_seen);
     assert!(live.iter().all(|e| e.server_seq > last_resumed));
@@ -76,13 +87,19 @@ async fn a_client_older_than_the_buffer_gets_snapshots_equal_to_live_state() {
     a.shutdown().await;
 
     let (_, _, mut b_sub) = subscribe_chat(&b, &chat).await;
-    b.dispatch(chat.clone(), turn_started("t1", "more than five envelopes")).await.expect("dispatch");
+    b.dispatch(chat.clone(), turn_started("t1", "more than five envelopes"))
+        .await
+        .expect("dispatch");
     let b_envs = collect_until(&mut b_sub, is_turn_complete).await;
     assert!(b_envs.len() > 5);
 
     let a2 = relay.connect("dev", "device-a", relay_core::Role::Member).await;
     let result = a2
-        .reconnect("device-a".into(), a_from as i64, vec![chat.clone(), session.clone()])
+        .reconnect(
+            "device-a".into(),
+            a_from as i64,
+            vec![chat.clone(), session.clone()],
+        )
         .await
         .expect("reconnect");
     let ReconnectResult::Snapshot(snapshots) = result else {
@@ -96,7 +113,10 @@ async fn a_client_older_than_the_buffer_gets_snapshots_equal_to_live_state() {
         .expect("chat snapshot");
     let last_b = b_envs.last().map(|e| e.server_seq).expect("envelopes");
     assert!(chat_snapshot.from_seq as u64 >= last_b);
-    assert_eq!(json(&chat_of(chat_snapshot)), json(&fresh_chat_snapshot(&relay, &chat).await));
+    assert_eq!(
+        json(&chat_of(chat_snapshot)),
+        json(&fresh_chat_snapshot(&relay, &chat).await)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

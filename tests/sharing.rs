@@ -16,18 +16,33 @@ async fn two_clients_receive_identical_envelopes_and_reduce_to_the_snapshot() {
     let (a_state, a_from, mut a_sub) = subscribe_chat(&a, &chat).await;
     let (b_state, b_from, mut b_sub) = subscribe_chat(&b, &chat).await;
 
-    a.dispatch(chat.clone(), turn_started("t1", "hello there")).await.expect("dispatch");
+    a.dispatch(chat.clone(), turn_started("t1", "hello there"))
+        .await
+        .expect("dispatch");
     let a_envs = collect_until(&mut a_sub, is_turn_complete).await;
     let b_envs = collect_until(&mut b_sub, is_turn_complete).await;
 
     // The same envelopes, byte-for-byte the same JSON, in increasing order.
-    let a_after: Vec<_> = a_envs.iter().filter(|e| e.server_seq > b_from.max(a_from)).collect();
-    let b_after: Vec<_> = b_envs.iter().filter(|e| e.server_seq > b_from.max(a_from)).collect();
+    let a_after: Vec<_> = a_envs
+        .iter()
+        .filter(|e| e.server_seq > b_from.max(a_from))
+        .collect();
+    let b_after: Vec<_> = b_envs
+        .iter()
+        .filter(|e| e.server_seq > b_from.max(a_from))
+        .collect();
     assert_eq!(json(&a_after), json(&b_after));
     assert_increasing(&a_envs);
     assert_increasing(&b_envs);
-    assert!(a_envs.len() > 5, "the demo turn streams several envelopes, got {}", a_envs.len());
-    let deltas = a_envs.iter().filter(|e| matches!(e.action, StateAction::ChatDelta(_))).count();
+    assert!(
+        a_envs.len() > 5,
+        "the demo turn streams several envelopes, got {}",
+        a_envs.len()
+    );
+    let deltas = a_envs
+        .iter()
+        .filter(|e| matches!(e.action, StateAction::ChatDelta(_)))
+        .count();
     assert!(deltas >= 3, "reply streamed in several deltas, got {deltas}");
 
     // The echo of A's own action carries its origin.
@@ -53,12 +68,15 @@ async fn a_tool_call_proposed_to_one_client_is_approved_by_another() {
     let (a_state, a_from, mut a_sub) = subscribe_chat(&a, &chat).await;
     let (_, _, mut b_sub) = subscribe_chat(&b, &chat).await;
 
-    a.dispatch(chat.clone(), turn_started("t1", "please use a tool")).await.expect("dispatch");
+    a.dispatch(chat.clone(), turn_started("t1", "please use a tool"))
+        .await
+        .expect("dispatch");
 
     // B waits for the tool call to need confirmation, then approves it.
-    let before = collect_until(&mut b_sub, |e| {
-        matches!(&e.action, StateAction::ChatToolCallReady(r) if r.confirmed.is_none())
-    })
+    let before = collect_until(
+        &mut b_sub,
+        |e| matches!(&e.action, StateAction::ChatToolCallReady(r) if r.confirmed.is_none()),
+    )
     .await;
     let StateAction::ChatToolCallReady(ready) = &before[before.len() - 1].action else {
         unreachable!()
@@ -87,8 +105,13 @@ async fn a_tool_call_proposed_to_one_client_is_approved_by_another() {
         .iter()
         .find(|e| matches!(e.action, StateAction::ChatToolCallConfirmed(_)))
         .expect("A sees B's approval");
-    assert_eq!(confirm.origin.as_ref().map(|o| o.client_id.as_str()), Some("device-b"));
-    assert!(b_rest.iter().any(|e| matches!(e.action, StateAction::ChatToolCallComplete(_))));
+    assert_eq!(
+        confirm.origin.as_ref().map(|o| o.client_id.as_str()),
+        Some("device-b")
+    );
+    assert!(b_rest
+        .iter()
+        .any(|e| matches!(e.action, StateAction::ChatToolCallComplete(_))));
 
     let state = reduce_chat(a_state, a_from, &a_envs);
     let turn = state.turns.last().expect("turn finished");
@@ -101,6 +124,9 @@ async fn a_tool_call_proposed_to_one_client_is_approved_by_another() {
             _ => None,
         })
         .expect("tool call part");
-    assert!(matches!(tool, ToolCallState::Completed(c) if c.success), "{tool:?}");
+    assert!(
+        matches!(tool, ToolCallState::Completed(c) if c.success),
+        "{tool:?}"
+    );
     assert_eq!(json(&state), json(&fresh_chat_snapshot(&relay, &chat).await));
 }

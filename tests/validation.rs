@@ -43,10 +43,16 @@ async fn an_invalid_action_is_rejected_to_its_dispatcher_only_and_changes_nothin
     let (_, _, mut b_sub) = subscribe_chat(&b, &chat).await;
 
     // No tool call is pending confirmation: the confirmation must be refused.
-    let handle = a.dispatch(chat.clone(), confirm("no-turn", "no-call")).await.expect("dispatch");
+    let handle = a
+        .dispatch(chat.clone(), confirm("no-turn", "no-call"))
+        .await
+        .expect("dispatch");
     let rejected = next_envelope(&mut a_sub).await;
     assert!(rejected.rejection_reason.is_some(), "{rejected:?}");
-    assert_eq!(rejected.origin.as_ref().map(|o| o.client_seq), Some(handle.client_seq));
+    assert_eq!(
+        rejected.origin.as_ref().map(|o| o.client_seq),
+        Some(handle.client_seq)
+    );
     assert!(matches!(rejected.action, StateAction::ChatToolCallConfirmed(_)));
 
     // State is unchanged.
@@ -64,7 +70,10 @@ async fn an_invalid_action_is_rejected_to_its_dispatcher_only_and_changes_nothin
     .await
     .expect("dispatch");
     let server_only = next_envelope(&mut a_sub).await;
-    assert!(server_only.rejection_reason.as_deref().is_some_and(|r| r.contains("server action")));
+    assert!(server_only
+        .rejection_reason
+        .as_deref()
+        .is_some_and(|r| r.contains("server action")));
 
     // The next thing B sees is A's following valid action: B never saw the rejections.
     a.dispatch(chat.clone(), draft("typing")).await.expect("dispatch");
@@ -94,10 +103,16 @@ async fn a_second_turn_while_one_runs_is_rejected_and_a_queued_message_starts_af
     let (_, chat) = create_session_and_chat(&a, "queue").await;
     let (state, from, mut sub) = subscribe_chat(&a, &chat).await;
 
-    a.dispatch(chat.clone(), turn_started("t1", "first")).await.expect("dispatch");
-    a.dispatch(chat.clone(), turn_started("t2", "second")).await.expect("dispatch");
+    a.dispatch(chat.clone(), turn_started("t1", "first"))
+        .await
+        .expect("dispatch");
+    a.dispatch(chat.clone(), turn_started("t2", "second"))
+        .await
+        .expect("dispatch");
     let mut seen = collect_until(&mut sub, |e| e.rejection_reason.is_some()).await;
-    assert!(matches!(&seen.last().expect("rejection").action, StateAction::ChatTurnStarted(t) if t.turn_id == "t2"));
+    assert!(
+        matches!(&seen.last().expect("rejection").action, StateAction::ChatTurnStarted(t) if t.turn_id == "t2")
+    );
 
     a.dispatch(
         chat.clone(),
@@ -122,12 +137,18 @@ async fn a_second_turn_while_one_runs_is_rejected_and_a_queued_message_starts_af
         .collect();
     assert_eq!(
         started,
-        vec![("first".to_string(), None), ("queued one".to_string(), Some("q1".to_string()))]
+        vec![
+            ("first".to_string(), None),
+            ("queued one".to_string(), Some("q1".to_string()))
+        ]
     );
     let final_state = reduce_chat(state, from, &seen);
     assert_eq!(final_state.turns.len(), 2);
     assert!(final_state.queued_messages.is_none());
-    assert_eq!(json(&final_state), json(&fresh_chat_snapshot(&relay, &chat).await));
+    assert_eq!(
+        json(&final_state),
+        json(&fresh_chat_snapshot(&relay, &chat).await)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,12 +156,20 @@ async fn a_viewer_can_watch_but_every_dispatch_is_rejected() {
     let relay = Relay::start().await;
     let (member, _) = relay.client("member-device").await;
     let (_, chat) = create_session_and_chat(&member, "watched").await;
-    let (viewer, _) = relay.client_as("dev", "watcher", Role::Viewer, "viewer-device").await;
+    let (viewer, _) = relay
+        .client_as("dev", "watcher", Role::Viewer, "viewer-device")
+        .await;
     let (before, _, mut sub) = subscribe_chat(&viewer, &chat).await;
 
-    viewer.dispatch(chat.clone(), turn_started("v1", "let me in")).await.expect("dispatch");
+    viewer
+        .dispatch(chat.clone(), turn_started("v1", "let me in"))
+        .await
+        .expect("dispatch");
     let rejected = next_envelope(&mut sub).await;
-    assert!(rejected.rejection_reason.as_deref().is_some_and(|r| r.contains("viewer")));
+    assert!(rejected
+        .rejection_reason
+        .as_deref()
+        .is_some_and(|r| r.contains("viewer")));
     assert_eq!(json(&fresh_chat_snapshot(&relay, &chat).await), json(&before));
 
     // Viewers cannot create sessions either.

@@ -8,7 +8,9 @@ use std::time::Duration;
 use ahp::{Client, ClientConfig, SessionSubscription, SubscriptionEvent};
 use ahp_types::actions::{ActionEnvelope, StateAction};
 use ahp_types::commands::{CreateChatParams, CreateSessionParams, InitializeResult};
-use ahp_types::state::{ChatState, Message, MessageKind, MessageOrigin, SessionState, Snapshot, SnapshotState};
+use ahp_types::state::{
+    ChatState, Message, MessageKind, MessageOrigin, SessionState, Snapshot, SnapshotState,
+};
 use relay_core::Role;
 use relay_gateway::auth::{mint_hs256, Claims};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -36,7 +38,11 @@ impl Relay {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
-            .args(if extra.contains(&"--demo-step-ms") { &[][..] } else { &["--demo-step-ms", "5"][..] })
+            .args(if extra.contains(&"--demo-step-ms") {
+                &[][..]
+            } else {
+                &["--demo-step-ms", "5"][..]
+            })
             .arg("--data-dir")
             .arg(data.path())
             .args(extra)
@@ -99,7 +105,13 @@ impl Relay {
         self.client_as("dev", client_id, Role::Member, client_id).await
     }
 
-    pub async fn client_as(&self, tenant: &str, sub: &str, role: Role, client_id: &str) -> (Client, InitializeResult) {
+    pub async fn client_as(
+        &self,
+        tenant: &str,
+        sub: &str,
+        role: Role,
+        client_id: &str,
+    ) -> (Client, InitializeResult) {
         let client = self.connect(tenant, sub, role).await;
         let init = client
             .initialize(client_id.into(), vec!["1.0.0".into()], vec!["ahp-root://".into()])
@@ -152,7 +164,9 @@ pub async fn create_session_and_chat(client: &Client, name: &str) -> (String, St
 pub fn message(text: &str) -> Message {
     Message {
         text: text.into(),
-        origin: MessageOrigin { kind: MessageKind::User },
+        origin: MessageOrigin {
+            kind: MessageKind::User,
+        },
         attachments: None,
         model: None,
         agent: None,
@@ -202,7 +216,10 @@ pub async fn fresh_chat_snapshot(relay: &Relay, chat: &str) -> ChatState {
 /// Next action envelope on a subscription, within [`PATIENCE`].
 pub async fn next_envelope(sub: &mut SessionSubscription) -> ActionEnvelope {
     loop {
-        match tokio::time::timeout(PATIENCE, sub.recv()).await.expect("timed out waiting for an envelope") {
+        match tokio::time::timeout(PATIENCE, sub.recv())
+            .await
+            .expect("timed out waiting for an envelope")
+        {
             Some(SubscriptionEvent::Action(env)) => return env,
             Some(_) => continue,
             None => panic!("subscription closed"),

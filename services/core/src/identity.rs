@@ -63,7 +63,9 @@ impl std::str::FromStr for Role {
             "viewer" => Ok(Role::Viewer),
             "member" => Ok(Role::Member),
             "admin" => Ok(Role::Admin),
-            other => Err(format!("unknown role {other:?} (expected viewer, member or admin)")),
+            other => Err(format!(
+                "unknown role {other:?} (expected viewer, member or admin)"
+            )),
         }
     }
 }

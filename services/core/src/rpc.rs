@@ -248,7 +248,11 @@ pub fn error_frame(id: Option<u64>, error: &RpcError) -> Bytes {
         error,
     })
     .map(Bytes::from)
-    .unwrap_or_else(|_| Bytes::from_static(br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"internal error"}}"#))
+    .unwrap_or_else(|_| {
+        Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"internal error"}}"#,
+        )
+    })
 }
 
 /// `{"jsonrpc":"2.0","method":…,"params":…}`.
@@ -309,7 +313,10 @@ mod tests {
             assert_eq!(r.id, *id);
         }
         let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
-        assert_eq!(read_frame(deep.as_bytes(), 64).expect_err("deep").error.code, -32600);
+        assert_eq!(
+            read_frame(deep.as_bytes(), 64).expect_err("deep").error.code,
+            -32600
+        );
     }
 
     #[test]

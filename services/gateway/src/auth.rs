@@ -114,7 +114,13 @@ mod tests {
 
     #[test]
     fn minted_token_verifies_and_carries_its_claims() {
-        let claims = Claims::new("acme", "ana", Role::Member, Some(vec!["default".into()]), Duration::from_secs(60));
+        let claims = Claims::new(
+            "acme",
+            "ana",
+            Role::Member,
+            Some(vec!["default".into()]),
+            Duration::from_secs(60),
+        );
         let token = mint_hs256(b"secret", &claims).expect("mint");
         let back = TokenVerifier::hs256(b"secret").verify(&token).expect("verify");
         assert_eq!(back, claims);

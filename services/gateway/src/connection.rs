@@ -54,7 +54,9 @@ impl<L: HostLink> Connection<L> {
             Ok(bus) => bus,
             Err(error) => {
                 tracing::warn!(%error, host = %self.host, "attach failed");
-                let _ = out_tx.send(Outbound::Close(close_code::UNAVAILABLE, error.to_string())).await;
+                let _ = out_tx
+                    .send(Outbound::Close(close_code::UNAVAILABLE, error.to_string()))
+                    .await;
                 drop(out_tx);
                 let _ = writer.await;
                 return;
@@ -127,7 +129,12 @@ impl<L: HostLink> Connection<L> {
     }
 
     /// Handle one inbound frame.
-    async fn handle_frame(&self, id: ConnectionId, text: &[u8], filter: &mut SubscriptionFilter) -> FrameOutcome {
+    async fn handle_frame(
+        &self,
+        id: ConnectionId,
+        text: &[u8],
+        filter: &mut SubscriptionFilter,
+    ) -> FrameOutcome {
         if text.len() > self.limits.max_frame_bytes {
             return FrameOutcome::Close(None, close_code::TOO_BIG, "frame too large".into());
         }

@@ -96,19 +96,37 @@ mod tests {
     fn delivers_only_subscribed_channels_after_their_snapshot() {
         let me = ConnectionId(1);
         let mut f = SubscriptionFilter::new(me);
-        f.apply(SubscriptionChange::Add { channel: "a".into(), after_seq: 5 });
-        assert!(!f.admits(&action(5, "a", Audience::Subscribers)), "at the snapshot seq");
+        f.apply(SubscriptionChange::Add {
+            channel: "a".into(),
+            after_seq: 5,
+        });
+        assert!(
+            !f.admits(&action(5, "a", Audience::Subscribers)),
+            "at the snapshot seq"
+        );
         assert!(f.admits(&action(6, "a", Audience::Subscribers)));
-        assert!(!f.admits(&action(7, "b", Audience::Subscribers)), "not subscribed");
+        assert!(
+            !f.admits(&action(7, "b", Audience::Subscribers)),
+            "not subscribed"
+        );
         assert!(!f.admits(&action(6, "a", Audience::Subscribers)), "never twice");
-        assert!(f.admits(&action(8, "b", Audience::Connection(me))), "addressed to me");
-        assert!(!f.admits(&action(9, "a", Audience::Connection(ConnectionId(2)))), "addressed to another");
+        assert!(
+            f.admits(&action(8, "b", Audience::Connection(me))),
+            "addressed to me"
+        );
+        assert!(
+            !f.admits(&action(9, "a", Audience::Connection(ConnectionId(2)))),
+            "addressed to another"
+        );
     }
 
     #[test]
     fn disposal_ends_a_subscription_and_notifications_wait_for_initialize() {
         let mut f = SubscriptionFilter::new(ConnectionId(1));
-        f.apply(SubscriptionChange::Add { channel: "a".into(), after_seq: 0 });
+        f.apply(SubscriptionChange::Add {
+            channel: "a".into(),
+            after_seq: 0,
+        });
         let mut disposed = action(0, "a", Audience::Subscribers);
         disposed.kind = BusEventKind::ChannelDisposed;
         assert!(!f.admits(&disposed));

@@ -72,7 +72,8 @@ fn main() -> anyhow::Result<()> {
         Command::Token(args) => {
             let secret = secret::load_or_create(args.jwt_secret.as_deref(), &args.data_dir)?;
             let hosts = (!args.hosts.is_empty()).then_some(args.hosts);
-            let claims = relay_gateway::auth::Claims::new(&args.tenant, &args.sub, args.role, hosts, args.ttl);
+            let claims =
+                relay_gateway::auth::Claims::new(&args.tenant, &args.sub, args.role, hosts, args.ttl);
             println!("{}", relay_gateway::auth::mint_hs256(&secret, &claims)?);
             Ok(())
         }

@@ -85,12 +85,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let dev_token = mint_hs256(
         &secret,
-        &Claims::new("dev", "dev-user", Role::Admin, None, Duration::from_secs(24 * 3600)),
+        &Claims::new(
+            "dev",
+            "dev-user",
+            Role::Admin,
+            None,
+            Duration::from_secs(24 * 3600),
+        ),
     )?;
     {
         let mut out = std::io::stdout().lock();
-        writeln!(out, "ahp-relay {} listening on ws://{addr}/v1/ws", env!("CARGO_PKG_VERSION"))?;
-        writeln!(out, "dev token (tenant dev, user dev-user, role admin, valid 24h):")?;
+        writeln!(
+            out,
+            "ahp-relay {} listening on ws://{addr}/v1/ws",
+            env!("CARGO_PKG_VERSION")
+        )?;
+        writeln!(
+            out,
+            "dev token (tenant dev, user dev-user, role admin, valid 24h):"
+        )?;
         writeln!(out, "{dev_token}")?;
         writeln!(out, "try it: ahp-relay chat --url ws://{addr}/v1/ws")?;
         out.flush()?;

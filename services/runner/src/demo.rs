@@ -10,15 +10,15 @@ use std::time::{Duration, Instant};
 
 use ahp_types::actions::{
     ChatDeltaAction, ChatInputRequestedAction, ChatReasoningAction, ChatResponsePartAction,
-    ChatToolCallCompleteAction, ChatToolCallReadyAction, ChatToolCallStartAction,
-    ChatTurnCompleteAction, ChatUsageAction, SessionTitleChangedAction, StateAction,
+    ChatToolCallCompleteAction, ChatToolCallReadyAction, ChatToolCallStartAction, ChatTurnCompleteAction,
+    ChatUsageAction, SessionTitleChangedAction, StateAction,
 };
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
     AgentInfo, ChatInputAnswer, ChatInputAnswerValue, ChatInputQuestion, ChatInputRequest,
     ChatInputResponseKind, ChatInputTextQuestion, ConfirmationOption, ConfirmationOptionKind,
-    MarkdownResponsePart, ReasoningResponsePart, ResponsePart, ToolCallResult, ToolInput,
-    ToolResultContent, ToolResultTextContent, UsageInfo,
+    MarkdownResponsePart, ReasoningResponsePart, ResponsePart, ToolCallResult, ToolInput, ToolResultContent,
+    ToolResultTextContent, UsageInfo,
 };
 use tokio::sync::mpsc;
 
@@ -58,9 +58,10 @@ impl Provider for DemoProvider {
         AgentInfo {
             provider: Self::ID.into(),
             display_name: "Demo agent".into(),
-            description: "Built-in deterministic agent: streams a reply, asks before running a tool when the \
+            description:
+                "Built-in deterministic agent: streams a reply, asks before running a tool when the \
                           prompt mentions \"tool\", and asks for input when it mentions \"input\"."
-                .into(),
+                    .into(),
             models: vec![],
             protected_resources: None,
             customizations: None,
@@ -260,11 +261,17 @@ impl DemoTurn {
                 },
                 requires_result_confirmation: None,
             }))?;
-            self.stream_markdown("after-tool", &["The tool ran ".into(), "and echoed your prompt.".into()])
-                .await
+            self.stream_markdown(
+                "after-tool",
+                &["The tool ran ".into(), "and echoed your prompt.".into()],
+            )
+            .await
         } else {
-            self.stream_markdown("after-tool", &["The tool call was denied, ".into(), "so I did not run it.".into()])
-                .await
+            self.stream_markdown(
+                "after-tool",
+                &["The tool call was denied, ".into(), "so I did not run it.".into()],
+            )
+            .await
         }
     }
 
@@ -381,7 +388,10 @@ mod tests {
 
     #[test]
     fn title_is_the_first_words_of_the_prompt() {
-        assert_eq!(title_for("  please use a tool now ok then more words"), "please use a tool now ok");
+        assert_eq!(
+            title_for("  please use a tool now ok then more words"),
+            "please use a tool now ok"
+        );
         assert_eq!(title_for(""), "Demo session");
     }
 }

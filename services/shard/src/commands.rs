@@ -7,10 +7,11 @@ use ahp_types::actions::{
     SessionReadyAction, StateAction,
 };
 use ahp_types::commands::{
-    AuthenticateParams, ChatSource, CompletionsParams, CompletionsResult, CreateChatParams, CreateSessionParams,
-    DisposeChatParams, DisposeSessionParams, FetchTurnsParams, Implementation, InitializeParams, InitializeResult,
-    ListSessionsParams, ReconnectParams, ReconnectResult, ReconnectSnapshotResult,
-    ResolveSessionConfigParams, ResolveSessionConfigResult, SubscribeParams, SubscribeResult, UnsubscribeParams,
+    AuthenticateParams, ChatSource, CompletionsParams, CompletionsResult, CreateChatParams,
+    CreateSessionParams, DisposeChatParams, DisposeSessionParams, FetchTurnsParams, Implementation,
+    InitializeParams, InitializeResult, ListSessionsParams, ReconnectParams, ReconnectResult,
+    ReconnectSnapshotResult, ResolveSessionConfigParams, ResolveSessionConfigResult, SubscribeParams,
+    SubscribeResult, UnsubscribeParams,
 };
 use ahp_types::errors::{ahp_error_codes, UnsupportedProtocolVersionErrorData};
 use ahp_types::notifications::{SessionAddedParams, SessionRemovedParams};
@@ -82,7 +83,9 @@ impl HostCore {
         if self.connection(connection)?.identity.role.can_write() {
             Ok(())
         } else {
-            Err(RpcError::permission_denied("viewers may not create or dispose sessions or chats"))
+            Err(RpcError::permission_denied(
+                "viewers may not create or dispose sessions or chats",
+            ))
         }
     }
 
@@ -95,7 +98,10 @@ impl HostCore {
             Ok(Some(version)) => version.to_string(),
             Ok(None) => {
                 let data = UnsupportedProtocolVersionErrorData {
-                    supported_versions: SUPPORTED_PROTOCOL_VERSIONS.iter().map(|v| v.to_string()).collect(),
+                    supported_versions: SUPPORTED_PROTOCOL_VERSIONS
+                        .iter()
+                        .map(|v| v.to_string())
+                        .collect(),
                 };
                 let error = RpcError::new(
                     ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION,
@@ -119,7 +125,10 @@ impl HostCore {
         let mut snapshots = Vec::new();
         let mut subscriptions = Vec::new();
         for channel in params.initial_subscriptions.unwrap_or_default() {
-            if let Some(snapshot) = self.model.snapshot(&channel, from_seq, self.limits.default_snapshot_turns) {
+            if let Some(snapshot) =
+                self.model
+                    .snapshot(&channel, from_seq, self.limits.default_snapshot_turns)
+            {
                 snapshots.push(snapshot);
                 self.track_subscription(connection, &channel)?;
                 subscriptions.push(SubscriptionChange::Add {
@@ -155,7 +164,9 @@ impl HostCore {
 
     fn reconnect(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
         if self.connection(connection)?.client_id.is_some() {
-            return Err(RpcError::invalid_request("reconnect must be the first request of a connection"));
+            return Err(RpcError::invalid_request(
+                "reconnect must be the first request of a connection",
+            ));
         }
         let params: ReconnectParams = message.parse_params()?;
         if params.last_seen_server_seq < 0 {
@@ -215,7 +226,10 @@ impl HostCore {
         } else {
             let snapshots = live
                 .iter()
-                .filter_map(|c| self.model.snapshot(c, current, self.limits.default_snapshot_turns))
+                .filter_map(|c| {
+                    self.model
+                        .snapshot(c, current, self.limits.default_snapshot_turns)
+                })
                 .collect();
             reply(
                 message.id,
@@ -255,7 +269,12 @@ impl HostCore {
             return Err(not_found(&params.channel));
         };
         self.track_subscription(connection, &params.channel)?;
-        let mut out = reply(message.id, &SubscribeResult { snapshot: Some(snapshot) })?;
+        let mut out = reply(
+            message.id,
+            &SubscribeResult {
+                snapshot: Some(snapshot),
+            },
+        )?;
         out.subscriptions = vec![SubscriptionChange::Add {
             channel: params.channel,
             after_seq: from_seq,
@@ -275,7 +294,9 @@ impl HostCore {
             self.remove_active_client(&params.channel, &client_id);
         }
         Ok(CommandReply {
-            subscriptions: vec![SubscriptionChange::Remove { channel: params.channel }],
+            subscriptions: vec![SubscriptionChange::Remove {
+                channel: params.channel,
+            }],
             ..CommandReply::none()
         })
     }
@@ -315,7 +336,9 @@ impl HostCore {
         };
         let cursor = match params.cursor.as_deref() {
             None => None,
-            Some(c) => Some(model::decode_cursor(c).ok_or_else(|| RpcError::invalid_params("unknown cursor"))?),
+            Some(c) => {
+                Some(model::decode_cursor(c).ok_or_else(|| RpcError::invalid_params("unknown cursor"))?)
+            }
         };
         reply(message.id, &self.model.list_sessions(cursor, limit))
     }
@@ -325,7 +348,9 @@ impl HostCore {
         let params: CreateSessionParams = message.parse_params()?;
         let uri = params.channel;
         if !uri.starts_with("ahp-session:") || uri.len() > 512 {
-            return Err(RpcError::invalid_params("a session URI must be an ahp-session: URI of at most 512 bytes"));
+            return Err(RpcError::invalid_params(
+                "a session URI must be an ahp-session: URI of at most 512 bytes",
+            ));
         }
         if self.model.kind(&uri) != ChannelKind::Unknown {
             return Err(RpcError::new(
@@ -344,7 +369,9 @@ impl HostCore {
             None => self
                 .providers
                 .default_provider()
-                .ok_or_else(|| RpcError::new(ahp_error_codes::PROVIDER_NOT_FOUND, "no provider is configured"))?
+                .ok_or_else(|| {
+                    RpcError::new(ahp_error_codes::PROVIDER_NOT_FOUND, "no provider is configured")
+                })?
                 .to_string(),
         };
         if self.providers.get(&provider).is_none() {
@@ -356,7 +383,9 @@ impl HostCore {
         let client_id = self.client_id(connection)?;
         let active_clients = match params.active_client {
             Some(active) if active.client_id != client_id => {
-                return Err(RpcError::invalid_params("activeClient.clientId must be this connection's clientId"))
+                return Err(RpcError::invalid_params(
+                    "activeClient.clientId must be this connection's clientId",
+                ))
             }
             Some(active) => vec![active],
             None => vec![],
@@ -407,7 +436,10 @@ impl HostCore {
         };
         let listed: Vec<String> = session.state.chats.iter().map(|c| c.resource.clone()).collect();
         for chat in &listed {
-            self.apply_server_action(&uri, StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }));
+            self.apply_server_action(
+                &uri,
+                StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }),
+            );
         }
         let chats = self.model.remove_session(&uri);
         for chat in &chats {
@@ -440,10 +472,15 @@ impl HostCore {
             return Err(RpcError::session_not_found(&session));
         };
         if !chat.starts_with("ahp-chat:") || chat.len() > 512 {
-            return Err(RpcError::invalid_params("a chat URI must be an ahp-chat: URI of at most 512 bytes"));
+            return Err(RpcError::invalid_params(
+                "a chat URI must be an ahp-chat: URI of at most 512 bytes",
+            ));
         }
         if self.model.kind(&chat) != ChannelKind::Unknown {
-            return Err(RpcError::new(ahp_error_codes::ALREADY_EXISTS, format!("chat already exists: {chat}")));
+            return Err(RpcError::new(
+                ahp_error_codes::ALREADY_EXISTS,
+                format!("chat already exists: {chat}"),
+            ));
         }
         if record.state.chats.len() >= self.limits.max_chats_per_session {
             return Err(RpcError::invalid_request("chat limit reached for this session"));
@@ -452,13 +489,27 @@ impl HostCore {
             None => (None, vec![]),
             Some(ChatSource::Fork(source)) => {
                 let turns = self.fork_turns(&session, &source.chat, &chat, &source.turn_id)?;
-                (Some(ChatOrigin::Fork { chat: source.chat, turn_id: source.turn_id }), turns)
+                (
+                    Some(ChatOrigin::Fork {
+                        chat: source.chat,
+                        turn_id: source.turn_id,
+                    }),
+                    turns,
+                )
             }
             Some(ChatSource::SideChat(source)) => {
                 let turns = self.fork_turns(&session, &source.chat, &chat, &source.turn_id)?;
-                (Some(ChatOrigin::Fork { chat: source.chat, turn_id: source.turn_id }), turns)
+                (
+                    Some(ChatOrigin::Fork {
+                        chat: source.chat,
+                        turn_id: source.turn_id,
+                    }),
+                    turns,
+                )
             }
-            Some(ChatSource::Unknown(_)) => return Err(RpcError::invalid_params("unsupported chat source kind")),
+            Some(ChatSource::Unknown(_)) => {
+                return Err(RpcError::invalid_params("unsupported chat source kind"))
+            }
         };
         let state = ChatState {
             resource: chat.clone(),
@@ -496,7 +547,10 @@ impl HostCore {
             .sessions
             .get(&session)
             .is_some_and(|s| s.state.default_chat.is_none());
-        self.apply_server_action(&session, StateAction::SessionChatAdded(SessionChatAddedAction { summary }));
+        self.apply_server_action(
+            &session,
+            StateAction::SessionChatAdded(SessionChatAddedAction { summary }),
+        );
         if needs_default {
             self.apply_server_action(
                 &session,
@@ -526,10 +580,14 @@ impl HostCore {
             return Err(RpcError::invalid_params(format!("unknown source chat {source}")));
         };
         if record.session != session {
-            return Err(RpcError::invalid_params("the source chat belongs to another session"));
+            return Err(RpcError::invalid_params(
+                "the source chat belongs to another session",
+            ));
         }
         let Some(index) = record.state.turns.iter().position(|t| t.id == turn_id) else {
-            return Err(RpcError::invalid_params(format!("unknown turn {turn_id} in {source}")));
+            return Err(RpcError::invalid_params(format!(
+                "unknown turn {turn_id} in {source}"
+            )));
         };
         Ok(record.state.turns[..=index].to_vec())
     }
@@ -572,7 +630,8 @@ impl HostCore {
             turns_next_cursor: (start > 0).then(|| model::turns_cursor(start)),
         });
         // A page is part of this connection's view only: it goes to it alone and is not stored.
-        self.seq.publish_private(connection, &params.channel, &action, None, None);
+        self.seq
+            .publish_private(connection, &params.channel, &action, None, None);
         reply(message.id, &serde_json::json!({}))
     }
 

@@ -6,11 +6,11 @@
 //! in step, and releasing active clients.
 
 use ahp::reducers::ReduceOutcome;
+use ahp_types::actions::PartialChatSummary;
 use ahp_types::actions::{
     ActionOrigin, ChatPendingMessageRemovedAction, ChatToolCallCompleteAction, ChatTurnStartedAction,
     SessionActiveClientRemovedAction, SessionChatUpdatedAction, StateAction,
 };
-use ahp_types::actions::PartialChatSummary;
 use ahp_types::commands::DispatchActionParams;
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::notifications::{PartialSessionSummary, SessionSummaryChangedParams};
@@ -48,9 +48,16 @@ impl HostCore {
             client_id: &client_id,
             role,
         };
-        if let Err(reason) = validate::check_client_action(&self.model, kind, &params.channel, &params.action, &who) {
-            self.seq
-                .publish_private(connection, &params.channel, &params.action, Some(origin), Some(reason));
+        if let Err(reason) =
+            validate::check_client_action(&self.model, kind, &params.channel, &params.action, &who)
+        {
+            self.seq.publish_private(
+                connection,
+                &params.channel,
+                &params.action,
+                Some(origin),
+                Some(reason),
+            );
             return Ok(CommandReply::none());
         }
         match self.model.reduce(&params.channel, &params.action) {
@@ -76,7 +83,8 @@ impl HostCore {
             }
             ReduceOutcome::Applied | ReduceOutcome::NoOp => {}
         }
-        self.seq.publish_accepted(&params.channel, &params.action, Some(origin));
+        self.seq
+            .publish_accepted(&params.channel, &params.action, Some(origin));
         self.after_action(&params.channel, kind, &params.action);
         Ok(CommandReply::none())
     }
@@ -152,7 +160,9 @@ impl HostCore {
                     answers: a.answers.clone(),
                 },
             ),
-            StateAction::ChatPendingMessageSet(a) if a.kind == PendingMessageKind::Queued => self.drain_queue(chat),
+            StateAction::ChatPendingMessageSet(a) if a.kind == PendingMessageKind::Queued => {
+                self.drain_queue(chat)
+            }
             _ => {}
         }
     }
@@ -203,7 +213,13 @@ impl HostCore {
         if record.state.active_turn.is_some() || record.state.steering_message.is_some() {
             return;
         }
-        let Some(next) = record.state.queued_messages.as_ref().and_then(|q| q.first()).cloned() else {
+        let Some(next) = record
+            .state
+            .queued_messages
+            .as_ref()
+            .and_then(|q| q.first())
+            .cloned()
+        else {
             return;
         };
         self.apply_server_action(
@@ -217,7 +233,12 @@ impl HostCore {
     }
 
     /// Start a turn on the host's initiative (a queued message, or `createChat.initialMessage`).
-    pub(crate) fn start_server_turn(&mut self, chat: &str, message: Message, queued_message_id: Option<String>) {
+    pub(crate) fn start_server_turn(
+        &mut self,
+        chat: &str,
+        message: Message,
+        queued_message_id: Option<String>,
+    ) {
         let turn_id = format!("turn-{}", self.seq.current() + 1);
         self.apply_server_action(
             chat,
@@ -253,11 +274,17 @@ impl HostCore {
             resource: None,
             title: (listed.title != current.title).then(|| current.title.clone()),
             status: (listed.status != current.status).then_some(current.status),
-            activity: (listed.activity != current.activity).then(|| current.activity.clone()).flatten(),
+            activity: (listed.activity != current.activity)
+                .then(|| current.activity.clone())
+                .flatten(),
             modified_at: (listed.modified_at != current.modified_at).then(|| current.modified_at.clone()),
-            changes: (listed.changes != current.changes).then(|| current.changes.clone()).flatten(),
+            changes: (listed.changes != current.changes)
+                .then(|| current.changes.clone())
+                .flatten(),
             origin: None,
-            movable: (listed.movable != current.movable).then_some(current.movable).flatten(),
+            movable: (listed.movable != current.movable)
+                .then_some(current.movable)
+                .flatten(),
             interactivity: None,
             working_directories: (listed.working_directories != current.working_directories)
                 .then(|| current.working_directories.clone())
@@ -286,7 +313,9 @@ impl HostCore {
             provider: None,
             title: (before.title != current.title).then(|| current.title.clone()),
             status: (before.status != current.status).then_some(current.status),
-            activity: (before.activity != current.activity).then(|| current.activity.clone()).flatten(),
+            activity: (before.activity != current.activity)
+                .then(|| current.activity.clone())
+                .flatten(),
             origin: None,
             project: None,
             working_directories: (before.working_directories != current.working_directories)
@@ -298,7 +327,9 @@ impl HostCore {
             modified_at: (before.modified_at != current.modified_at).then(|| current.modified_at.clone()),
             changes: None,
             meta: None,
-            chats: (before.chats != current.chats).then(|| current.chats.clone()).flatten(),
+            chats: (before.chats != current.chats)
+                .then(|| current.chats.clone())
+                .flatten(),
             default_chat: (before.default_chat != current.default_chat)
                 .then(|| current.default_chat.clone())
                 .flatten(),
@@ -319,7 +350,12 @@ impl HostCore {
         let Some(record) = self.model.sessions.get(session) else {
             return;
         };
-        if !record.state.active_clients.iter().any(|c| c.client_id == client_id) {
+        if !record
+            .state
+            .active_clients
+            .iter()
+            .any(|c| c.client_id == client_id)
+        {
             return;
         }
         let chats: Vec<String> = record.state.chats.iter().map(|c| c.resource.clone()).collect();
@@ -355,7 +391,12 @@ impl HostCore {
 
     /// Open tool calls of the active turn in `chat` that `client_id` executes.
     fn client_tool_calls(&self, chat: &str, client_id: &str) -> Vec<(String, String)> {
-        let Some(turn) = self.model.chats.get(chat).and_then(|c| c.state.active_turn.as_ref()) else {
+        let Some(turn) = self
+            .model
+            .chats
+            .get(chat)
+            .and_then(|c| c.state.active_turn.as_ref())
+        else {
             return vec![];
         };
         turn.response_parts
@@ -368,10 +409,14 @@ impl HostCore {
                     );
                     let open = !matches!(
                         tc.tool_call,
-                        ahp_types::state::ToolCallState::Completed(_) | ahp_types::state::ToolCallState::Cancelled(_)
+                        ahp_types::state::ToolCallState::Completed(_)
+                            | ahp_types::state::ToolCallState::Cancelled(_)
                     );
                     (owned && open)
-                        .then(|| validate::tool_call_id_of(&tc.tool_call).map(|id| (turn.id.clone(), id.to_string())))
+                        .then(|| {
+                            validate::tool_call_id_of(&tc.tool_call)
+                                .map(|id| (turn.id.clone(), id.to_string()))
+                        })
                         .flatten()
                 }
                 _ => None,

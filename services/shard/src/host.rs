@@ -87,7 +87,11 @@ impl Host {
     }
 
     /// Register a connection and hand it the host's bus.
-    pub fn attach(&self, connection: ConnectionId, identity: Identity) -> broadcast::Receiver<SharedBusEvent> {
+    pub fn attach(
+        &self,
+        connection: ConnectionId,
+        identity: Identity,
+    ) -> broadcast::Receiver<SharedBusEvent> {
         let mut core = self.core.lock();
         core.connections.insert(
             connection,
@@ -186,10 +190,9 @@ impl HostCore {
 
     /// The client id of an initialized connection, or the error to answer with.
     pub fn client_id(&self, connection: ConnectionId) -> Result<String, rpc::RpcError> {
-        self.connection(connection)?
-            .client_id
-            .clone()
-            .ok_or_else(|| rpc::RpcError::invalid_request("the connection is not initialized: send initialize first"))
+        self.connection(connection)?.client_id.clone().ok_or_else(|| {
+            rpc::RpcError::invalid_request("the connection is not initialized: send initialize first")
+        })
     }
 
     fn disconnect(&mut self, connection: ConnectionId) {

@@ -145,7 +145,9 @@ impl HostModel {
     pub fn snapshot(&self, channel: &str, from_seq: u64, turns: Option<usize>) -> Option<Snapshot> {
         let state = match self.kind(channel) {
             ChannelKind::Root => SnapshotState::Root(Box::new(self.root.clone())),
-            ChannelKind::Session => SnapshotState::Session(Box::new(self.sessions.get(channel)?.state.clone())),
+            ChannelKind::Session => {
+                SnapshotState::Session(Box::new(self.sessions.get(channel)?.state.clone()))
+            }
             ChannelKind::Chat => {
                 let chat = &self.chats.get(channel)?.state;
                 SnapshotState::Chat(Box::new(limit_turns(chat, turns)))
@@ -222,7 +224,7 @@ fn session_chat_summary(chat: &ChatSummary) -> SessionChatSummary {
         resource: chat.resource.clone(),
         title: chat.title.clone(),
         origin: chat.origin.clone(),
-        interactivity: chat.interactivity.clone(),
+        interactivity: chat.interactivity,
         status: Some(chat.status),
         changes: chat.changes.clone(),
     }
@@ -239,7 +241,7 @@ pub fn chat_summary_of(chat: &ChatState) -> ChatSummary {
         changes: chat.changes.clone(),
         origin: chat.origin.clone(),
         movable: chat.movable,
-        interactivity: chat.interactivity.clone(),
+        interactivity: chat.interactivity,
         working_directories: chat.working_directories.clone(),
     }
 }

@@ -83,7 +83,13 @@ impl Sequencer {
     ) -> u64 {
         let seq = self.next();
         if let Some((_, frame)) = encode(channel, action, seq, origin, rejection_reason) {
-            self.send(BusEventKind::Action, channel, seq, Audience::Connection(connection), frame);
+            self.send(
+                BusEventKind::Action,
+                channel,
+                seq,
+                Audience::Connection(connection),
+                frame,
+            );
         }
         seq
     }
@@ -93,7 +99,13 @@ impl Sequencer {
         match rpc::notification_frame(method, params) {
             Ok(frame) => {
                 let seq = self.seq;
-                self.send(BusEventKind::Notification, channel, seq, Audience::Everyone, frame)
+                self.send(
+                    BusEventKind::Notification,
+                    channel,
+                    seq,
+                    Audience::Everyone,
+                    frame,
+                )
             }
             Err(error) => tracing::error!(%error, method, "could not serialize notification"),
         }
@@ -102,7 +114,13 @@ impl Sequencer {
     /// Tell gateways that `channel` is gone, so they drop subscriptions to it.
     pub fn publish_disposed(&mut self, channel: &str) {
         let seq = self.seq;
-        self.send(BusEventKind::ChannelDisposed, channel, seq, Audience::Subscribers, Bytes::new());
+        self.send(
+            BusEventKind::ChannelDisposed,
+            channel,
+            seq,
+            Audience::Subscribers,
+            Bytes::new(),
+        );
     }
 
     fn next(&mut self) -> u64 {

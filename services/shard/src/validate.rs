@@ -23,32 +23,77 @@ pub struct Dispatcher<'a> {
 fn family(action: &StateAction) -> Option<ChannelKind> {
     use StateAction::*;
     Some(match action {
-        RootConfigChanged(_) | RootAgentsChanged(_) | RootActiveSessionsChanged(_) | RootTerminalsChanged(_) => {
-            ChannelKind::Root
-        }
-        SessionReady(_) | SessionCreationFailed(_) | SessionChatAdded(_) | SessionChatRemoved(_)
-        | SessionChatUpdated(_) | SessionChatsReordered(_) | SessionDefaultChatChanged(_)
-        | SessionTitleChanged(_) | SessionIsReadChanged(_) | SessionIsArchivedChanged(_)
-        | SessionActivityChanged(_) | SessionChangesetsChanged(_) | SessionServerToolsChanged(_)
-        | SessionActiveClientSet(_) | SessionActiveClientRemoved(_) | SessionWorkingDirectorySet(_)
-        | SessionWorkingDirectoryRemoved(_) | SessionWorkingDirectoryReplaced(_)
-        | SessionInputNeededSet(_) | SessionInputNeededRemoved(_) | SessionCustomizationsChanged(_)
-        | SessionCustomizationToggled(_) | SessionCustomizationUpdated(_) | SessionCustomizationRemoved(_)
-        | SessionMcpServerStateChanged(_) | SessionMcpServerStartRequested(_)
-        | SessionMcpServerStopRequested(_) | SessionMcpServerBackgroundRequested(_)
-        | SessionConfigChanged(_) | SessionMetaChanged(_) => ChannelKind::Session,
-        ChatTurnStarted(_) | ChatDelta(_) | ChatResponsePart(_) | ChatToolCallStart(_) | ChatToolCallDelta(_)
-        | ChatToolCallReady(_) | ChatToolCallConfirmed(_) | ChatToolCallComplete(_)
-        | ChatToolCallResultConfirmed(_) | ChatToolCallContentChanged(_) | ChatToolCallAuthRequired(_)
-        | ChatToolCallAuthResolved(_) | ChatTurnComplete(_) | ChatTurnCancelled(_) | ChatError(_)
-        | ChatTurnResume(_) | ChatActivityChanged(_) | ChatBackgroundWorkSet(_) | ChatBackgroundWorkRemoved(_)
-        | ChatMovableChanged(_) | ChatChangesetsChanged(_) | ChatCanvasesChanged(_) | ChatUsage(_)
-        | ChatReasoning(_) | ChatWorkingDirectorySet(_) | ChatWorkingDirectoryRemoved(_)
-        | ChatPendingMessageSet(_) | ChatPendingMessageRemoved(_) | ChatQueuedMessagesReordered(_)
-        | ChatDraftChanged(_) | ChatIsReadChanged(_) | ChatIsArchivedChanged(_) | ChatInputRequested(_)
-        | ChatInputAnswerChanged(_) | ChatInputCompleted(_) | ChatTruncated(_) | ChatTurnsLoaded(_) => {
-            ChannelKind::Chat
-        }
+        RootConfigChanged(_)
+        | RootAgentsChanged(_)
+        | RootActiveSessionsChanged(_)
+        | RootTerminalsChanged(_) => ChannelKind::Root,
+        SessionReady(_)
+        | SessionCreationFailed(_)
+        | SessionChatAdded(_)
+        | SessionChatRemoved(_)
+        | SessionChatUpdated(_)
+        | SessionChatsReordered(_)
+        | SessionDefaultChatChanged(_)
+        | SessionTitleChanged(_)
+        | SessionIsReadChanged(_)
+        | SessionIsArchivedChanged(_)
+        | SessionActivityChanged(_)
+        | SessionChangesetsChanged(_)
+        | SessionServerToolsChanged(_)
+        | SessionActiveClientSet(_)
+        | SessionActiveClientRemoved(_)
+        | SessionWorkingDirectorySet(_)
+        | SessionWorkingDirectoryRemoved(_)
+        | SessionWorkingDirectoryReplaced(_)
+        | SessionInputNeededSet(_)
+        | SessionInputNeededRemoved(_)
+        | SessionCustomizationsChanged(_)
+        | SessionCustomizationToggled(_)
+        | SessionCustomizationUpdated(_)
+        | SessionCustomizationRemoved(_)
+        | SessionMcpServerStateChanged(_)
+        | SessionMcpServerStartRequested(_)
+        | SessionMcpServerStopRequested(_)
+        | SessionMcpServerBackgroundRequested(_)
+        | SessionConfigChanged(_)
+        | SessionMetaChanged(_) => ChannelKind::Session,
+        ChatTurnStarted(_)
+        | ChatDelta(_)
+        | ChatResponsePart(_)
+        | ChatToolCallStart(_)
+        | ChatToolCallDelta(_)
+        | ChatToolCallReady(_)
+        | ChatToolCallConfirmed(_)
+        | ChatToolCallComplete(_)
+        | ChatToolCallResultConfirmed(_)
+        | ChatToolCallContentChanged(_)
+        | ChatToolCallAuthRequired(_)
+        | ChatToolCallAuthResolved(_)
+        | ChatTurnComplete(_)
+        | ChatTurnCancelled(_)
+        | ChatError(_)
+        | ChatTurnResume(_)
+        | ChatActivityChanged(_)
+        | ChatBackgroundWorkSet(_)
+        | ChatBackgroundWorkRemoved(_)
+        | ChatMovableChanged(_)
+        | ChatChangesetsChanged(_)
+        | ChatCanvasesChanged(_)
+        | ChatUsage(_)
+        | ChatReasoning(_)
+        | ChatWorkingDirectorySet(_)
+        | ChatWorkingDirectoryRemoved(_)
+        | ChatPendingMessageSet(_)
+        | ChatPendingMessageRemoved(_)
+        | ChatQueuedMessagesReordered(_)
+        | ChatDraftChanged(_)
+        | ChatIsReadChanged(_)
+        | ChatIsArchivedChanged(_)
+        | ChatInputRequested(_)
+        | ChatInputAnswerChanged(_)
+        | ChatInputCompleted(_)
+        | ChatTruncated(_)
+        | ChatTurnsLoaded(_) => ChannelKind::Chat,
         _ => return None,
     })
 }
@@ -118,10 +163,16 @@ pub fn check_client_action(
         return Err("viewers may not dispatch actions".into());
     }
     if !is_client_dispatchable(action) {
-        return Err(format!("{} is a server action and cannot be dispatched by clients", action_type(action)));
+        return Err(format!(
+            "{} is a server action and cannot be dispatched by clients",
+            action_type(action)
+        ));
     }
     if family(action) != Some(kind) {
-        return Err(format!("{} does not apply to channel {channel}", action_type(action)));
+        return Err(format!(
+            "{} does not apply to channel {channel}",
+            action_type(action)
+        ));
     }
     match kind {
         ChannelKind::Root => check_root(action, who),
@@ -161,7 +212,9 @@ fn check_session(
         StateAction::SessionActiveClientSet(a) if a.active_client.client_id != who.client_id => {
             Err("a client may only set itself as active client".into())
         }
-        StateAction::SessionActiveClientRemoved(a) if a.client_id != who.client_id && who.role != Role::Admin => {
+        StateAction::SessionActiveClientRemoved(a)
+            if a.client_id != who.client_id && who.role != Role::Admin =>
+        {
             Err("only admins may remove another client".into())
         }
         _ => Ok(()),
@@ -173,7 +226,9 @@ fn check_chat(chat: &ChatState, action: &StateAction, who: &Dispatcher<'_>) -> R
     match action {
         ChatTurnStarted(a) => {
             if chat.active_turn.is_some() {
-                return Err("a turn is already in progress; queue the message with chat/pendingMessageSet".into());
+                return Err(
+                    "a turn is already in progress; queue the message with chat/pendingMessageSet".into(),
+                );
             }
             if chat.turns.iter().any(|t| t.id == a.turn_id) {
                 return Err(format!("turn {} already exists", a.turn_id));
@@ -202,12 +257,18 @@ fn check_chat(chat: &ChatState, action: &StateAction, who: &Dispatcher<'_>) -> R
         }
         ChatToolCallConfirmed(a) => match tool_call(chat, &a.turn_id, &a.tool_call_id) {
             Some(ToolCallState::PendingConfirmation(_)) => Ok(()),
-            Some(_) => Err(format!("tool call {} is not pending confirmation", a.tool_call_id)),
+            Some(_) => Err(format!(
+                "tool call {} is not pending confirmation",
+                a.tool_call_id
+            )),
             None => Err(format!("no tool call {} in the active turn", a.tool_call_id)),
         },
         ChatToolCallResultConfirmed(a) => match tool_call(chat, &a.turn_id, &a.tool_call_id) {
             Some(ToolCallState::PendingResultConfirmation(_)) => Ok(()),
-            Some(_) => Err(format!("tool call {} is not pending result confirmation", a.tool_call_id)),
+            Some(_) => Err(format!(
+                "tool call {} is not pending result confirmation",
+                a.tool_call_id
+            )),
             None => Err(format!("no tool call {} in the active turn", a.tool_call_id)),
         },
         ChatToolCallComplete(a) => check_tool_owner(chat, &a.turn_id, &a.tool_call_id, who),
@@ -233,9 +294,7 @@ fn check_chat(chat: &ChatState, action: &StateAction, who: &Dispatcher<'_>) -> R
         ChatPendingMessageRemoved(a) => {
             let exists = match a.kind {
                 PendingMessageKind::Steering => chat.steering_message.as_ref().is_some_and(|m| m.id == a.id),
-                PendingMessageKind::Queued => {
-                    chat.queued_messages.iter().flatten().any(|m| m.id == a.id)
-                }
+                PendingMessageKind::Queued => chat.queued_messages.iter().flatten().any(|m| m.id == a.id),
             };
             if exists {
                 Ok(())
@@ -250,7 +309,9 @@ fn check_chat(chat: &ChatState, action: &StateAction, who: &Dispatcher<'_>) -> R
 fn tool_call<'a>(chat: &'a ChatState, turn_id: &str, tool_call_id: &str) -> Option<&'a ToolCallState> {
     let turn = chat.active_turn.as_ref().filter(|t| t.id == turn_id)?;
     turn.response_parts.iter().find_map(|part| match part {
-        ResponsePart::ToolCall(tc) if tool_call_id_of(&tc.tool_call) == Some(tool_call_id) => Some(&tc.tool_call),
+        ResponsePart::ToolCall(tc) if tool_call_id_of(&tc.tool_call) == Some(tool_call_id) => {
+            Some(&tc.tool_call)
+        }
         _ => None,
     })
 }
@@ -283,23 +344,35 @@ pub fn tool_call_contributor(state: &ToolCallState) -> Option<&ToolCallContribut
     }
 }
 
-fn check_tool_owner(chat: &ChatState, turn_id: &str, tool_call_id: &str, who: &Dispatcher<'_>) -> Result<(), String> {
+fn check_tool_owner(
+    chat: &ChatState,
+    turn_id: &str,
+    tool_call_id: &str,
+    who: &Dispatcher<'_>,
+) -> Result<(), String> {
     let Some(tc) = tool_call(chat, turn_id, tool_call_id) else {
         return Err(format!("no tool call {tool_call_id} in the active turn"));
     };
     match tool_call_contributor(tc) {
         Some(ToolCallContributor::Client(owner)) if owner.client_id == who.client_id => Ok(()),
-        Some(ToolCallContributor::Client(_)) => Err(format!("tool call {tool_call_id} belongs to another client")),
+        Some(ToolCallContributor::Client(_)) => {
+            Err(format!("tool call {tool_call_id} belongs to another client"))
+        }
         _ => Err(format!("tool call {tool_call_id} is not executed by a client")),
     }
 }
 
-fn pending_input<'a>(chat: &'a ChatState, request_id: &str) -> Result<&'a ahp_types::state::ChatInputRequest, String> {
+fn pending_input<'a>(
+    chat: &'a ChatState,
+    request_id: &str,
+) -> Result<&'a ahp_types::state::ChatInputRequest, String> {
     chat.active_turn
         .iter()
         .flat_map(|t| t.response_parts.iter())
         .find_map(|part| match part {
-            ResponsePart::InputRequest(input) if input.response.is_none() && input.request.id == request_id => {
+            ResponsePart::InputRequest(input)
+                if input.response.is_none() && input.request.id == request_id =>
+            {
                 Some(&input.request)
             }
             _ => None,

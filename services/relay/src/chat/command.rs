@@ -10,10 +10,10 @@ use ahp_types::actions::{
     ChatTurnCancelledAction, ChatTurnStartedAction, StateAction,
 };
 use ahp_types::state::{
-    ChatInputAnswer, ChatInputAnswerValue, ChatInputAnswered, ChatInputRequest,
-    ChatInputResponseKind, ChatInputTextAnswerValue, ChatState, ConfirmationOptionKind, Message,
-    MessageKind, MessageOrigin, PendingMessageKind, ResponsePart, ToolCallCancellationReason,
-    ToolCallConfirmationReason, ToolCallPendingConfirmationState, ToolCallState,
+    ChatInputAnswer, ChatInputAnswerValue, ChatInputAnswered, ChatInputRequest, ChatInputResponseKind,
+    ChatInputTextAnswerValue, ChatState, ConfirmationOptionKind, Message, MessageKind, MessageOrigin,
+    PendingMessageKind, ResponsePart, ToolCallCancellationReason, ToolCallConfirmationReason,
+    ToolCallPendingConfirmationState, ToolCallState,
 };
 
 /// One line of user input.
@@ -103,20 +103,18 @@ pub fn confirm_tool_call(state: &ChatState, approved: bool) -> Option<StateActio
         },
         _ => None,
     })?;
-    Some(StateAction::ChatToolCallConfirmed(
-        ChatToolCallConfirmedAction {
-            turn_id: turn.id.clone(),
-            tool_call_id: pending.tool_call_id.clone(),
-            meta: None,
-            approved,
-            confirmed: approved.then_some(ToolCallConfirmationReason::UserAction),
-            reason: (!approved).then_some(ToolCallCancellationReason::Denied),
-            edited_tool_input: None,
-            user_suggestion: None,
-            reason_message: None,
-            selected_option_id: option_id(pending, approved),
-        },
-    ))
+    Some(StateAction::ChatToolCallConfirmed(ChatToolCallConfirmedAction {
+        turn_id: turn.id.clone(),
+        tool_call_id: pending.tool_call_id.clone(),
+        meta: None,
+        approved,
+        confirmed: approved.then_some(ToolCallConfirmationReason::UserAction),
+        reason: (!approved).then_some(ToolCallCancellationReason::Denied),
+        edited_tool_input: None,
+        user_suggestion: None,
+        reason_message: None,
+        selected_option_id: option_id(pending, approved),
+    }))
 }
 
 /// The id of the server-offered option matching the decision, if the server offered options.
@@ -231,10 +229,7 @@ mod tests {
 
     #[test]
     fn parses_prompts_and_commands() {
-        assert_eq!(
-            parse("  hello there "),
-            Command::Prompt("hello there".into())
-        );
+        assert_eq!(parse("  hello there "), Command::Prompt("hello there".into()));
         assert_eq!(parse(""), Command::Nothing);
         assert_eq!(parse("/approve"), Command::Approve);
         assert_eq!(parse("/deny"), Command::Deny);
@@ -245,10 +240,7 @@ mod tests {
         assert_eq!(parse("/answer"), Command::Unknown("/answer".into()));
         assert_eq!(parse("/cancel"), Command::Cancel);
         assert_eq!(parse("/quit"), Command::Quit);
-        assert_eq!(
-            parse("/frobnicate x"),
-            Command::Unknown("/frobnicate x".into())
-        );
+        assert_eq!(parse("/frobnicate x"), Command::Unknown("/frobnicate x".into()));
     }
 
     #[test]
@@ -277,10 +269,7 @@ mod tests {
         let Some(StateAction::ChatToolCallConfirmed(a)) = confirm_tool_call(&state, true) else {
             panic!("no confirmation");
         };
-        assert_eq!(
-            (a.turn_id.as_str(), a.tool_call_id.as_str()),
-            ("turn-1", "tc-1")
-        );
+        assert_eq!((a.turn_id.as_str(), a.tool_call_id.as_str()), ("turn-1", "tc-1"));
         assert!(a.approved);
         assert_eq!(a.selected_option_id.as_deref(), Some("allow"));
         let Some(StateAction::ChatToolCallConfirmed(d)) = confirm_tool_call(&state, false) else {

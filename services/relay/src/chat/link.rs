@@ -54,19 +54,14 @@ pub fn with_access_token(url: &str, token: &str) -> String {
 
 /// Whether `url` already carries an `access_token` query parameter.
 pub fn has_access_token(url: &str) -> bool {
-    url.split_once('?').is_some_and(|(_, query)| {
-        query
-            .split('&')
-            .any(|pair| pair.starts_with("access_token="))
-    })
+    url.split_once('?')
+        .is_some_and(|(_, query)| query.split('&').any(|pair| pair.starts_with("access_token=")))
 }
 
 fn percent_encode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -96,12 +91,7 @@ impl Endpoint {
     }
 
     /// Reconnects after a drop: `reconnect` with our subscriptions, else a fresh `initialize` and `subscribe`.
-    pub async fn resume(
-        &self,
-        last_seen: u64,
-        session: &str,
-        chat: &str,
-    ) -> anyhow::Result<(Link, Resumed)> {
+    pub async fn resume(&self, last_seen: u64, session: &str, chat: &str) -> anyhow::Result<(Link, Resumed)> {
         let link = self.connect().await?;
         let subscriptions = vec![session.to_string(), chat.to_string()];
         let last_seen = i64::try_from(last_seen).unwrap_or(i64::MAX);
@@ -239,8 +229,7 @@ mod tests {
 
     #[test]
     fn joins_the_default_chat_else_the_first() {
-        let session = |default: Option<&str>, chats: &[&str]| {
-            Snapshot {
+        let session = |default: Option<&str>, chats: &[&str]| Snapshot {
             resource: "ahp-session:/s".into(),
             from_seq: 1,
             state: serde_json::from_value(serde_json::json!({
@@ -251,7 +240,6 @@ mod tests {
                 })).collect::<Vec<_>>(),
             }))
             .expect("session state"),
-        }
         };
         assert_eq!(chat_to_join(&session(None, &[])).expect("session"), None);
         assert_eq!(
@@ -261,12 +249,9 @@ mod tests {
             Some("ahp-chat:/a")
         );
         assert_eq!(
-            chat_to_join(&session(
-                Some("ahp-chat:/b"),
-                &["ahp-chat:/a", "ahp-chat:/b"]
-            ))
-            .expect("session")
-            .as_deref(),
+            chat_to_join(&session(Some("ahp-chat:/b"), &["ahp-chat:/a", "ahp-chat:/b"]))
+                .expect("session")
+                .as_deref(),
             Some("ahp-chat:/b")
         );
     }

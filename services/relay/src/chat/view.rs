@@ -70,11 +70,7 @@ impl<W: Write> ChatView<W> {
     pub fn is_idle(&self) -> bool {
         self.state.active_turn.is_none()
             && self.unechoed.is_empty()
-            && self
-                .state
-                .queued_messages
-                .as_ref()
-                .is_none_or(Vec::is_empty)
+            && self.state.queued_messages.as_ref().is_none_or(Vec::is_empty)
     }
 
     /// Prints a line of the transcript.
@@ -96,9 +92,7 @@ impl<W: Write> ChatView<W> {
                 return;
             }
             self.session_seq = env.server_seq;
-            if let (StateAction::SessionTitleChanged(a), None) =
-                (&env.action, &env.rejection_reason)
-            {
+            if let (StateAction::SessionTitleChanged(a), None) = (&env.action, &env.rejection_reason) {
                 self.out.line(&format!("[title] {}", a.title));
             }
         }
@@ -110,12 +104,10 @@ impl<W: Write> ChatView<W> {
         self.saw_seq(from_seq);
         if snapshot.resource == self.session {
             self.session_seq = self.session_seq.max(from_seq);
-        } else if let (true, SnapshotState::Chat(state)) =
-            (snapshot.resource == self.chat, snapshot.state)
-        {
+        } else if let (true, SnapshotState::Chat(state)) = (snapshot.resource == self.chat, snapshot.state) {
             let old = std::mem::replace(&mut self.state, *state);
             self.chat_seq = from_seq;
-            self.announce_missed_end(&old);
+            self.catch_up_from(&old);
             self.announce_pending();
         }
     }
@@ -139,9 +131,7 @@ impl<W: Write> ChatView<W> {
                 self.out.stream(&a.part_id, "", &a.content)
             }
             StateAction::ChatReasoning(a) => self.out.stream(&a.part_id, "(thinking) ", &a.content),
-            StateAction::ChatToolCallReady(_) | StateAction::ChatInputRequested(_) => {
-                self.announce_pending()
-            }
+            StateAction::ChatToolCallReady(_) | StateAction::ChatInputRequested(_) => self.announce_pending(),
             StateAction::ChatToolCallConfirmed(a) => self.out.line(if a.approved {
                 "[tool approved]"
             } else {
@@ -153,9 +143,7 @@ impl<W: Write> ChatView<W> {
             }
             StateAction::ChatTurnComplete(_) => self.out.line("[turn complete]"),
             StateAction::ChatTurnCancelled(_) => self.out.line("[turn cancelled]"),
-            StateAction::ChatError(a) => {
-                self.out.line(&format!("[error] {}", a.part.error.message))
-            }
+            StateAction::ChatError(a) => self.out.line(&format!("[error] {}", a.part.error.message)),
             _ => {}
         }
     }
@@ -174,58 +162,84 @@ impl<W: Write> ChatView<W> {
         let Some(turn) = self.state.active_turn.as_ref() else {
             return;
         };
-        let mut lines = Vec::new();
-        for part in &turn.response_parts {
-            match part {
-                ResponsePart::ToolCall(call) => {
-                    if let ToolCallState::PendingConfirmation(p) = &call.tool_call {
-                        if self.announced.insert(p.tool_call_id.clone()) {
-                            lines.push(format!(
-                                "[tool] {}: {} — approve with /approve, deny with /deny",
-                                p.display_name,
-                                text_of(&p.invocation_message)
-                            ));
-                        }
-                    }
-                }
-                ResponsePart::InputRequest(input) if input.response.is_none() => {
-                    if self.announced.insert(input.request.id.clone()) {
-                        let message = input
-                            .request
-                            .message
-                            .as_deref()
-                            .unwrap_or("input requested");
-                        lines.push(format!("[input] {message} — answer with /answer <text>"));
-                    }
-                }
-                _ => {}
+        let prompts: Vec<(String, String)> = turn.response_parts.iter().filter_map(pending_prompt).collect();
+        for (id, line) in prompts {
+            if self.announced.insert(id) {
+                self.out.line(&line);
             }
-        }
-        for line in lines {
-            self.out.line(&line);
         }
     }
 
-    /// After a resync: if the turn that was running has ended meanwhile, says how.
-    fn announce_missed_end(&mut self, old: &ChatState) {
+    /// After a resync: prints the reply text the running turn streamed while we were away, and how it ended.
+    fn catch_up_from(&mut self, old: &ChatState) {
         let Some(old_turn) = old.active_turn.as_ref() else {
             return;
         };
-        if self
-            .state
-            .active_turn
-            .as_ref()
-            .is_some_and(|t| t.id == old_turn.id)
-        {
-            return;
+        let (parts, ended) = match &self.state.active_turn {
+            Some(turn) if turn.id == old_turn.id => (&turn.response_parts, None),
+            _ => match self.state.turns.iter().find(|t| t.id == old_turn.id) {
+                Some(turn) => (&turn.response_parts, Some(&turn.state)),
+                None => return,
+            },
+        };
+        for part in parts {
+            if let ResponsePart::Markdown(m) = part {
+                let printed = markdown_of(&old_turn.response_parts, &m.id);
+                if let Some(missed) = m.content.strip_prefix(printed) {
+                    self.out.stream(&m.id, "", missed);
+                }
+            }
         }
-        let ended = self.state.turns.iter().find(|t| t.id == old_turn.id);
-        match ended.map(|t| &t.state) {
+        match ended {
             Some(TurnState::Complete) => self.out.line("[turn complete]"),
             Some(TurnState::Cancelled) => self.out.line("[turn cancelled]"),
-            Some(TurnState::Error) => self.out.line("[error] the turn failed"),
+            Some(TurnState::Error) => {
+                let message = parts.iter().rev().find_map(|part| match part {
+                    ResponsePart::Error(e) => Some(e.error.message.as_str()),
+                    _ => None,
+                });
+                self.out
+                    .line(&format!("[error] {}", message.unwrap_or("the turn failed")));
+            }
             None => {}
         }
+    }
+}
+
+/// The content of markdown part `id` among `parts` ("" if absent).
+fn markdown_of<'a>(parts: &'a [ResponsePart], id: &str) -> &'a str {
+    parts
+        .iter()
+        .find_map(|part| match part {
+            ResponsePart::Markdown(m) if m.id == id => Some(m.content.as_str()),
+            _ => None,
+        })
+        .unwrap_or("")
+}
+
+/// For a part that waits on the user (a tool call to confirm, an open input request): its id and the line
+/// announcing it.
+fn pending_prompt(part: &ResponsePart) -> Option<(String, String)> {
+    match part {
+        ResponsePart::ToolCall(call) => match &call.tool_call {
+            ToolCallState::PendingConfirmation(p) => Some((
+                p.tool_call_id.clone(),
+                format!(
+                    "[tool] {}: {} — approve with /approve, deny with /deny",
+                    p.display_name,
+                    text_of(&p.invocation_message)
+                ),
+            )),
+            _ => None,
+        },
+        ResponsePart::InputRequest(input) if input.response.is_none() => {
+            let message = input.request.message.as_deref().unwrap_or("input requested");
+            Some((
+                input.request.id.clone(),
+                format!("[input] {message} — answer with /answer <text>"),
+            ))
+        }
+        _ => None,
     }
 }
 
@@ -315,10 +329,8 @@ mod tests {
     }
 
     fn env(channel: &str, seq: u64, action: serde_json::Value) -> ActionEnvelope {
-        serde_json::from_value(
-            serde_json::json!({"channel": channel, "serverSeq": seq, "action": action}),
-        )
-        .expect("envelope")
+        serde_json::from_value(serde_json::json!({"channel": channel, "serverSeq": seq, "action": action}))
+            .expect("envelope")
     }
 
     fn view() -> ChatView<Vec<u8>> {
@@ -404,14 +416,14 @@ mod tests {
     }
 
     #[test]
-    fn a_resync_reports_a_turn_that_ended_meanwhile() {
+    fn a_resync_prints_what_the_running_turn_streamed_meanwhile() {
         let mut view = view();
         let actions = turn_actions();
-        for (i, action) in actions[..7].iter().enumerate() {
+        for (i, action) in actions[..6].iter().enumerate() {
             view.on_envelope(&env(CHAT, 11 + i as u64, action.clone()));
         }
         let mut done = view.state.clone();
-        for action in &actions[7..] {
+        for action in &actions[6..] {
             let action: StateAction = serde_json::from_value(action.clone()).expect("action");
             apply_action_to_chat(&mut done, &action);
         }
@@ -427,9 +439,6 @@ mod tests {
         );
         assert_eq!(view.last_seen(), 40);
         view.on_envelope(&env(CHAT, 39, actions[0].clone()));
-        assert!(
-            view.state.active_turn.is_none(),
-            "older than the new snapshot"
-        );
+        assert!(view.state.active_turn.is_none(), "older than the new snapshot");
     }
 }
