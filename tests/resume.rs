@@ -62,10 +62,7 @@ async fn a_dropped_client_replays_exactly_what_it_missed_mid_turn() {
     let fresh = fresh_chat_snapshot(&relay, &chat).await;
     assert_eq!(json(&a_final), json(&fresh));
     assert!(b_from <= last_seen);
-    assert_eq!(
-        fresh.turns.last().map(|t| t.state),
-        Some(TurnState::Complete)
-    );
+    assert_eq!(fresh.turns.last().map(|t| t.state), Some(TurnState::Complete));
 
     // The resumed connection keeps receiving live envelopes, after the replayed ones.
     a2.dispatch(chat.clone(), turn_started("t2", "again"))

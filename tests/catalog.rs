@@ -1,0 +1,212 @@
+//! The session catalogue and chat history: `listSessions` paging, `root/*` notifications, `fetchTurns`,
+//! and active clients released after their grace period.
+
+mod support;
+
+use std::collections::HashSet;
+
+use ahp::SubscriptionEvent;
+use ahp_types::actions::{SessionActiveClientSetAction, StateAction};
+use ahp_types::commands::{ListSessionsResult, SubscribeView};
+use ahp_types::state::SessionActiveClient;
+use support::*;
+
+async fn list_page(client: &ahp::Client, cursor: Option<String>, limit: i64) -> ListSessionsResult {
+    client
+        .request(
+            "listSessions",
+            serde_json::json!({"channel": "ahp-root://", "limit": limit, "cursor": cursor}),
+        )
+        .await
+        .expect("listSessions")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_sessions_pages_newest_first_without_gaps_while_sessions_are_created() {
+    let relay = Relay::start().await;
+    let (a, _) = relay.client("lister").await;
+    let (b, _) = relay.client("creator").await;
+    for i in 0..60 {
+        create_session_and_chat(&a, &format!("s{i:03}")).await;
+    }
+    // Page through while another client keeps creating sessions.
+    let creator = tokio::spawn(async move {
+        for i in 0..40 {
+            create_session_and_chat(&b, &format!("late{i:03}")).await;
+        }
+    });
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = list_page(&a, cursor, 7).await;
+        assert!(page.items.len() <= 7);
+        seen.extend(page.items.into_iter().map(|s| s.resource));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    creator.await.expect("creator");
+    // Every session that existed when paging started appears exactly once, newest first.
+    let original: Vec<String> = (0..60).rev().map(|i| format!("ahp-session:/s{i:03}")).collect();
+    let listed_original: Vec<&String> = seen.iter().filter(|s| s.contains("/s")).collect();
+    assert_eq!(listed_original, original.iter().collect::<Vec<_>>());
+    let unique: HashSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "no session listed twice");
+
+    // A bad cursor is InvalidParams.
+    let bad: Result<ListSessionsResult, _> = a
+        .request(
+            "listSessions",
+            serde_json::json!({"channel": "ahp-root://", "cursor": "bogus"}),
+        )
+        .await;
+    assert!(matches!(bad, Err(ahp::ClientError::Rpc(e)) if e.code == -32602));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn root_notifications_announce_sessions_and_their_titles() {
+    let relay = Relay::start().await;
+    let (watcher, _) = relay.client("watcher").await;
+    let mut root = watcher.attach_subscription("ahp-root://").await;
+    let (maker, _) = relay.client("maker").await;
+    let (session, chat) = create_session_and_chat(&maker, "announced").await;
+
+    let added = next_matching(&mut root, |e| matches!(e, SubscriptionEvent::SessionAdded(_))).await;
+    let SubscriptionEvent::SessionAdded(added) = added else {
+        unreachable!()
+    };
+    assert_eq!(added.summary.resource, session);
+    assert_eq!(added.summary.provider, "demo");
+
+    maker
+        .dispatch(chat.clone(), turn_started("t1", "plan the launch party"))
+        .await
+        .expect("dispatch");
+    let titled = next_matching(
+        &mut root,
+        |e| matches!(e, SubscriptionEvent::SessionSummaryChanged(c) if c.changes.title.is_some()),
+    )
+    .await;
+    let SubscriptionEvent::SessionSummaryChanged(change) = titled else {
+        unreachable!()
+    };
+    assert_eq!(change.session, session);
+    assert_eq!(change.changes.title.as_deref(), Some("plan the launch party"));
+
+    let _: serde_json::Value = maker
+        .request("disposeSession", serde_json::json!({"channel": session}))
+        .await
+        .expect("dispose");
+    let removed = next_matching(&mut root, |e| matches!(e, SubscriptionEvent::SessionRemoved(_))).await;
+    let SubscriptionEvent::SessionRemoved(removed) = removed else {
+        unreachable!()
+    };
+    assert_eq!(removed.session, session);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_turns_pages_older_turns_into_a_limited_snapshot() {
+    let relay = Relay::start().await;
+    let (a, _) = relay.client("historian").await;
+    let (_, chat) = create_session_and_chat(&a, "history").await;
+    let (_, _, mut sub) = subscribe_chat(&a, &chat).await;
+    for i in 0..5 {
+        a.dispatch(chat.clone(), turn_started(&format!("t{i}"), &format!("turn {i}")))
+            .await
+            .expect("dispatch");
+        collect_until(&mut sub, is_turn_complete).await;
+    }
+    let full = fresh_chat_snapshot(&relay, &chat).await;
+    assert_eq!(full.turns.len(), 5);
+
+    let (b, _) = relay.client("reader").await;
+    let (result, mut b_sub) = b
+        .subscribe_with_options(chat.clone(), None, Some(SubscribeView { turns: Some(2) }))
+        .await
+        .expect("subscribe");
+    let snapshot = result.snapshot.expect("snapshot");
+    let mut state = chat_of(&snapshot);
+    assert_eq!(state.turns.len(), 2);
+    let mut last = snapshot.from_seq as u64;
+    while let Some(cursor) = state.turns_next_cursor.clone() {
+        let _: serde_json::Value = b
+            .request(
+                "fetchTurns",
+                serde_json::json!({"channel": chat, "cursor": cursor}),
+            )
+            .await
+            .expect("fetchTurns");
+        let loaded = next_envelope(&mut b_sub).await;
+        assert!(matches!(loaded.action, StateAction::ChatTurnsLoaded(_)));
+        assert!(loaded.server_seq > last);
+        last = loaded.server_seq;
+        ahp::reducers::apply_action_to_chat(&mut state, &loaded.action);
+    }
+    assert_eq!(json(&state), json(&full));
+
+    let bad: Result<serde_json::Value, _> = b
+        .request(
+            "fetchTurns",
+            serde_json::json!({"channel": chat, "cursor": "nope"}),
+        )
+        .await;
+    assert!(matches!(bad, Err(ahp::ClientError::Rpc(e)) if e.code == -32602));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnected_active_client_is_removed_after_its_grace_period() {
+    let relay = Relay::start_with(&["--active-client-grace-ms", "300"]).await;
+    let (a, _) = relay.client("phone").await;
+    let (b, _) = relay.client("laptop").await;
+    let (session, _) = create_session_and_chat(&a, "presence").await;
+    let (_, mut b_sub) = b.subscribe(session.clone()).await.expect("subscribe");
+    let _ = a.subscribe(session.clone()).await.expect("subscribe");
+    a.dispatch(
+        session.clone(),
+        StateAction::SessionActiveClientSet(SessionActiveClientSetAction {
+            active_client: SessionActiveClient {
+                client_id: "phone".into(),
+                display_name: Some("Phone".into()),
+                tools: vec![],
+                customizations: None,
+            },
+        }),
+    )
+    .await
+    .expect("dispatch");
+    let set = collect_until(&mut b_sub, |e| {
+        matches!(e.action, StateAction::SessionActiveClientSet(_))
+    })
+    .await;
+    assert!(set.last().is_some_and(|e| e.rejection_reason.is_none()));
+
+    a.shutdown().await;
+    let removed = collect_until(&mut b_sub, |e| {
+        matches!(e.action, StateAction::SessionActiveClientRemoved(_))
+    })
+    .await;
+    let StateAction::SessionActiveClientRemoved(r) = &removed[removed.len() - 1].action else {
+        unreachable!()
+    };
+    assert_eq!(r.client_id, "phone");
+    assert!(
+        removed.last().is_some_and(|e| e.origin.is_none()),
+        "removed by the host"
+    );
+}
+
+async fn next_matching(
+    sub: &mut ahp::SessionSubscription,
+    wanted: impl Fn(&SubscriptionEvent) -> bool,
+) -> SubscriptionEvent {
+    loop {
+        let event = tokio::time::timeout(PATIENCE, sub.recv())
+            .await
+            .expect("timed out")
+            .expect("closed");
+        if wanted(&event) {
+            return event;
+        }
+    }
+}
