@@ -130,3 +130,103 @@ async fn a_tool_call_proposed_to_one_client_is_approved_by_another() {
     );
     assert_eq!(json(&state), json(&fresh_chat_snapshot(&relay, &chat).await));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_request_is_answered_from_another_device() {
+    use ahp_types::actions::ChatInputCompletedAction;
+    use ahp_types::state::{
+        ChatInputAnswer, ChatInputAnswerValue, ChatInputAnswered, ChatInputResponseKind,
+        ChatInputTextAnswerValue,
+    };
+    let relay = Relay::start().await;
+    let (a, _) = relay.client("device-a").await;
+    let (b, _) = relay.client("device-b").await;
+    let (_, chat) = create_session_and_chat(&a, "input").await;
+    let (state, from, mut a_sub) = subscribe_chat(&a, &chat).await;
+    let (_, _, mut b_sub) = subscribe_chat(&b, &chat).await;
+
+    a.dispatch(chat.clone(), turn_started("t1", "ask me for input"))
+        .await
+        .expect("dispatch");
+    let asked = collect_until(&mut b_sub, |e| {
+        matches!(e.action, StateAction::ChatInputRequested(_))
+    })
+    .await;
+    let StateAction::ChatInputRequested(request) = &asked[asked.len() - 1].action else {
+        unreachable!()
+    };
+    let answers = std::collections::HashMap::from([(
+        "name".to_string(),
+        ChatInputAnswer::Submitted(ChatInputAnswered {
+            value: ChatInputAnswerValue::Text(ChatInputTextAnswerValue { value: "Bea".into() }),
+        }),
+    )]);
+    b.dispatch(
+        chat.clone(),
+        StateAction::ChatInputCompleted(ChatInputCompletedAction {
+            request_id: request.request.id.clone(),
+            response: ChatInputResponseKind::Accept,
+            answers: Some(answers),
+        }),
+    )
+    .await
+    .expect("answer");
+    let envs = collect_until(&mut a_sub, is_turn_complete).await;
+    let done = reduce_chat(state, from, &envs);
+    let text: String = done.turns[0]
+        .response_parts
+        .iter()
+        .filter_map(|p| match p {
+            ResponsePart::Markdown(m) => Some(m.content.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(text.contains("Nice to meet you, Bea."), "{text}");
+    assert_eq!(json(&done), json(&fresh_chat_snapshot(&relay, &chat).await));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_turn_from_any_device_stops_the_agent() {
+    use ahp_types::actions::ChatTurnCancelledAction;
+    let relay = Relay::start_with(&["--demo-step-ms", "30"]).await;
+    let (a, _) = relay.client("device-a").await;
+    let (b, _) = relay.client("device-b").await;
+    let (_, chat) = create_session_and_chat(&a, "cancel").await;
+    let (state, from, mut a_sub) = subscribe_chat(&a, &chat).await;
+    let (_, _, mut b_sub) = subscribe_chat(&b, &chat).await;
+
+    a.dispatch(chat.clone(), turn_started("t1", "a long answer please"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut b_sub, |e| matches!(e.action, StateAction::ChatDelta(_))).await;
+    b.dispatch(
+        chat.clone(),
+        StateAction::ChatTurnCancelled(ChatTurnCancelledAction {
+            turn_id: "t1".into(),
+            duration: 5,
+            meta: None,
+        }),
+    )
+    .await
+    .expect("cancel");
+    let mut envs = collect_until(&mut a_sub, |e| {
+        matches!(e.action, StateAction::ChatTurnCancelled(_))
+    })
+    .await;
+    // A second turn runs to completion; nothing from the cancelled turn arrives in between.
+    a.dispatch(chat.clone(), turn_started("t2", "short"))
+        .await
+        .expect("dispatch");
+    let next = collect_until(&mut a_sub, is_turn_complete).await;
+    assert!(
+        matches!(&next[0].action, StateAction::ChatTurnStarted(t) if t.turn_id == "t2"),
+        "{:?}",
+        next[0]
+    );
+    envs.extend(next);
+    let done = reduce_chat(state, from, &envs);
+    assert_eq!(done.turns.len(), 2);
+    assert_eq!(done.turns[0].state, TurnState::Cancelled);
+    assert_eq!(done.turns[1].state, TurnState::Complete);
+    assert_eq!(json(&done), json(&fresh_chat_snapshot(&relay, &chat).await));
+}
