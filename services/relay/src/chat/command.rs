@@ -180,7 +180,7 @@ pub fn cancel_turn(state: &ChatState) -> Option<StateAction> {
 mod tests {
     use super::*;
 
-    pub(crate) fn chat_state(parts: Vec<ResponsePart>) -> ChatState {
+    fn chat_state(parts: Vec<ResponsePart>) -> ChatState {
         serde_json::from_value(serde_json::json!({
             "resource": "ahp-chat:/c",
             "title": "t",
