@@ -105,16 +105,21 @@ fn printed_reply(transcript: &[String], prompt: &str) -> String {
         .concat()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_chat_terminals_show_the_same_streamed_reply() {
-    let relay = Relay::start().await;
-    let mut first = ChatProcess::spawn(&relay, "terminal-1", None);
+/// A first terminal that creates a session and a second one that joins it, both ready.
+async fn two_terminals(relay: &Relay) -> (ChatProcess, ChatProcess) {
+    let mut first = ChatProcess::spawn(relay, "terminal-1", None);
     let session_line = first.read_until(|l| l.starts_with("session: ")).await;
     let session = session_line.trim_start_matches("session: ").trim().to_string();
     first.read_until(|l| l == "[ready]").await;
-
-    let mut second = ChatProcess::spawn(&relay, "terminal-2", Some(&session));
+    let mut second = ChatProcess::spawn(relay, "terminal-2", Some(&session));
     second.read_until(|l| l == "[ready]").await;
+    (first, second)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_chat_terminals_show_the_same_streamed_reply() {
+    let relay = Relay::start().await;
+    let (mut first, mut second) = two_terminals(&relay).await;
 
     let prompt = "tell both terminals a story";
     first.type_line(prompt).await;
@@ -130,13 +135,7 @@ async fn two_chat_terminals_show_the_same_streamed_reply() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_call_from_one_terminal_is_approved_in_the_other() {
     let relay = Relay::start().await;
-    let mut first = ChatProcess::spawn(&relay, "terminal-1", None);
-    let session_line = first.read_until(|l| l.starts_with("session: ")).await;
-    let session = session_line.trim_start_matches("session: ").trim().to_string();
-    first.read_until(|l| l == "[ready]").await;
-    let mut second = ChatProcess::spawn(&relay, "terminal-2", Some(&session));
-    second.read_until(|l| l == "[ready]").await;
-
+    let (mut first, mut second) = two_terminals(&relay).await;
     first.type_line("please use a tool").await;
     second.read_until(|l| l.contains("[tool]")).await;
     second.type_line("/approve").await;

@@ -33,6 +33,9 @@ type CommandResult = Result<CommandReply, RpcError>;
 /// WebSocket close code sent after `-32005`: the client must not retry unchanged.
 const CLOSE_POLICY: u16 = 1008;
 
+/// Longest channel URI a client may choose.
+const MAX_URI_BYTES: usize = 512;
+
 fn reply<T: Serialize + ?Sized>(id: Option<u64>, result: &T) -> CommandResult {
     match id {
         Some(id) => rpc::result_frame(id, result)
@@ -343,21 +346,24 @@ impl HostCore {
         reply(message.id, &self.model.list_sessions(cursor, limit))
     }
 
+    /// A URI a client chose for a new channel: the right scheme, a bounded length, and not in use.
+    fn check_new_uri(&self, uri: &str, scheme: &str, exists_code: i32) -> Result<(), RpcError> {
+        if !uri.starts_with(scheme) || uri.len() > MAX_URI_BYTES {
+            return Err(RpcError::invalid_params(format!(
+                "the URI must be a {scheme} URI of at most {MAX_URI_BYTES} bytes"
+            )));
+        }
+        if self.model.kind(uri) != ChannelKind::Unknown {
+            return Err(RpcError::new(exists_code, format!("already exists: {uri}")));
+        }
+        Ok(())
+    }
+
     fn create_session(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
         self.require_writer(connection)?;
         let params: CreateSessionParams = message.parse_params()?;
         let uri = params.channel;
-        if !uri.starts_with("ahp-session:") || uri.len() > 512 {
-            return Err(RpcError::invalid_params(
-                "a session URI must be an ahp-session: URI of at most 512 bytes",
-            ));
-        }
-        if self.model.kind(&uri) != ChannelKind::Unknown {
-            return Err(RpcError::new(
-                ahp_error_codes::SESSION_ALREADY_EXISTS,
-                format!("session already exists: {uri}"),
-            ));
-        }
+        self.check_new_uri(&uri, "ahp-session:", ahp_error_codes::SESSION_ALREADY_EXISTS)?;
         if self.model.sessions.len() >= self.limits.max_sessions_per_host {
             return Err(RpcError::invalid_request(format!(
                 "session limit reached ({} per host)",
@@ -471,17 +477,7 @@ impl HostCore {
         let Some(record) = self.model.sessions.get(&session) else {
             return Err(RpcError::session_not_found(&session));
         };
-        if !chat.starts_with("ahp-chat:") || chat.len() > 512 {
-            return Err(RpcError::invalid_params(
-                "a chat URI must be an ahp-chat: URI of at most 512 bytes",
-            ));
-        }
-        if self.model.kind(&chat) != ChannelKind::Unknown {
-            return Err(RpcError::new(
-                ahp_error_codes::ALREADY_EXISTS,
-                format!("chat already exists: {chat}"),
-            ));
-        }
+        self.check_new_uri(&chat, "ahp-chat:", ahp_error_codes::ALREADY_EXISTS)?;
         if record.state.chats.len() >= self.limits.max_chats_per_session {
             return Err(RpcError::invalid_request("chat limit reached for this session"));
         }
