@@ -24,7 +24,7 @@ pub const PATIENCE: Duration = Duration::from_secs(20);
 pub struct Relay {
     child: Child,
     pub addr: String,
-    _data: tempfile::TempDir,
+    _data: Option<tempfile::TempDir>,
 }
 
 impl Relay {
@@ -32,9 +32,16 @@ impl Relay {
         Self::start_with(&[]).await
     }
 
-    /// Start with extra `serve` flags.
+    /// Start with extra `serve` flags, on a fresh embedded (SQLite) store.
     pub async fn start_with(extra: &[&str]) -> Relay {
         let data = tempfile::tempdir().expect("tempdir");
+        let mut relay = Self::start_in(data.path(), extra).await;
+        relay._data = Some(data);
+        relay
+    }
+
+    /// Start on the store in `data_dir` (or the `--database-url` among `extra`), e.g. after a crash.
+    pub async fn start_in(data_dir: &std::path::Path, extra: &[&str]) -> Relay {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
@@ -44,9 +51,13 @@ impl Relay {
                 &["--demo-step-ms", "5"][..]
             })
             .arg("--data-dir")
-            .arg(data.path())
+            .arg(data_dir)
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env_remove("DATABASE_URL")
+            .env(
+                "RUST_LOG",
+                std::env::var("AHP_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -69,7 +80,7 @@ impl Relay {
         Relay {
             child,
             addr,
-            _data: data,
+            _data: None,
         }
     }
 
@@ -85,9 +96,18 @@ impl Relay {
         .expect("mint")
     }
 
-    /// A connected, not yet initialized client.
+    /// A connected, not yet initialized client of the tenant's `default` host.
     pub async fn connect(&self, tenant: &str, sub: &str, role: Role) -> Client {
-        let url = format!("{}?access_token={}", self.url(), self.token(tenant, sub, role));
+        self.connect_host("default", tenant, sub, role).await
+    }
+
+    /// A connected, not yet initialized client of a named host.
+    pub async fn connect_host(&self, host: &str, tenant: &str, sub: &str, role: Role) -> Client {
+        let url = format!(
+            "ws://{}/v1/hosts/{host}/ws?access_token={}",
+            self.addr,
+            self.token(tenant, sub, role)
+        );
         let transport = ahp_ws::WebSocketTransport::connect(&url).await.expect("connect");
         Client::connect(
             transport,
@@ -120,8 +140,27 @@ impl Relay {
         (client, init)
     }
 
-    pub fn kill(&mut self) {
-        let _ = self.child.start_kill();
+    /// The relay's Prometheus metrics.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let mut stream = tokio::net::TcpStream::connect(&self.addr).await.expect("connect");
+        use tokio::io::AsyncWriteExt;
+        stream
+            .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr).as_bytes())
+            .await
+            .expect("request");
+        let mut body = String::new();
+        use tokio::io::AsyncReadExt;
+        stream.read_to_string(&mut body).await.expect("response");
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("metric {name} missing in:\n{body}"))
+    }
+
+    /// SIGKILL the relay and wait until it is gone.
+    pub async fn kill(&mut self) {
+        self.child.start_kill().expect("SIGKILL");
+        self.child.wait().await.expect("wait");
     }
 }
 
@@ -274,4 +313,82 @@ pub fn assert_increasing(envelopes: &[ActionEnvelope]) {
             pair[1].server_seq
         );
     }
+}
+
+/// A store the relay can run on: SQLite in a directory, or the Postgres in `DATABASE_URL`.
+pub struct TestStore {
+    pub dir: tempfile::TempDir,
+    pub database_url: Option<String>,
+}
+
+impl TestStore {
+    pub fn sqlite() -> TestStore {
+        TestStore {
+            dir: tempfile::tempdir().expect("tempdir"),
+            database_url: None,
+        }
+    }
+
+    /// The Postgres given by `DATABASE_URL` (scripts/test starts one); `None` when there is none.
+    pub fn postgres() -> Option<TestStore> {
+        let url = std::env::var("DATABASE_URL").ok()?;
+        Some(TestStore {
+            dir: tempfile::tempdir().expect("tempdir"),
+            database_url: Some(url),
+        })
+    }
+
+    /// Start a relay on this store with extra flags.
+    pub async fn relay(&self, extra: &[&str]) -> Relay {
+        let mut args: Vec<&str> = Vec::new();
+        if let Some(url) = &self.database_url {
+            args.extend(["--database-url", url.as_str()]);
+        }
+        args.extend(extra);
+        Relay::start_in(self.dir.path(), &args).await
+    }
+
+    /// Run `ahp-relay compact` against this store.
+    pub async fn compact(&self, retention: &str) {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+        command
+            .args(["compact", "--retention", retention])
+            .arg("--data-dir")
+            .arg(self.dir.path());
+        if let Some(url) = &self.database_url {
+            command.args(["--database-url", url]);
+        }
+        let status = command
+            .env_remove("DATABASE_URL")
+            .status()
+            .await
+            .expect("compact");
+        assert!(status.success());
+    }
+}
+
+/// A tenant name no other test uses (tests may share one Postgres).
+pub fn unique_tenant() -> String {
+    format!("t{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Both stores: SQLite always, Postgres when `DATABASE_URL` is set.
+#[macro_export]
+macro_rules! on_both_stores {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                $body(TestStore::sqlite()).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                match TestStore::postgres() {
+                    Some(store) => $body(store).await,
+                    None => eprintln!("skipped: DATABASE_URL not set (scripts/test starts a Postgres)"),
+                }
+            }
+        }
+    };
 }

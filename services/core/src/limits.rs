@@ -29,6 +29,14 @@ pub struct Limits {
     pub max_sessions_per_host: usize,
     /// Chats one session may hold.
     pub max_chats_per_session: usize,
+    /// A channel's snapshot is stored after this many actions…
+    pub snapshot_every_actions: u32,
+    /// …or when an action arrives this long after the last snapshot.
+    pub snapshot_every: Duration,
+    /// Log rows older than this are compacted into snapshots; a client away longer gets snapshots.
+    pub retention: Duration,
+    /// Envelopes read from the store per page while answering `reconnect`.
+    pub replay_page: usize,
 }
 
 impl Default for Limits {
@@ -46,6 +54,10 @@ impl Default for Limits {
             fetch_turns_page: 50,
             max_sessions_per_host: 100_000,
             max_chats_per_session: 256,
+            snapshot_every_actions: 500,
+            snapshot_every: Duration::from_secs(60),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            replay_page: 2_000,
         }
     }
 }

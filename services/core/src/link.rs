@@ -85,4 +85,7 @@ pub trait HostLink: Send + Sync + 'static {
 
     /// The connection is gone (closed, dropped, or evicted).
     fn detach(&self, host: &HostKey, connection: ConnectionId) -> impl Future<Output = ()> + Send;
+
+    /// Prometheus text-format metrics of the shard side.
+    fn metrics(&self) -> impl Future<Output = String> + Send;
 }

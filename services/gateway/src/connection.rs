@@ -4,11 +4,13 @@
 //! later bus event is looked at (design §5). Writes go through a bounded queue to a writer task; a connection
 //! that cannot keep up is closed with a resumable close code instead of slowing its host (invariant 8).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
+use relay_core::bus::{BusEvent, SharedBusEvent};
 use relay_core::link::{CommandReply, HostLink};
 use relay_core::rpc;
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
@@ -40,17 +42,35 @@ pub struct Connection<L> {
     pub identity: Identity,
     pub limits: Limits,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Counts a connection while it lives.
+struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Counted {
+    fn new(counter: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(counter.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl<L: HostLink> Connection<L> {
     /// Serve the socket until either side closes it.
     pub async fn run(self, socket: WebSocket) {
         let id = ConnectionId::next();
+        let _counted = Counted::new(&self.connections);
         let (sink, mut stream) = socket.split();
         let (out_tx, out_rx) = mpsc::channel::<Outbound>(self.limits.outbound_queue_frames.max(1));
         let writer = tokio::spawn(write_loop(sink, out_rx));
 
-        let mut bus = match self.link.attach(&self.host, id, &self.identity).await {
+        let bus = match self.link.attach(&self.host, id, &self.identity).await {
             Ok(bus) => bus,
             Err(error) => {
                 tracing::warn!(%error, host = %self.host, "attach failed");
@@ -63,11 +83,28 @@ impl<L: HostLink> Connection<L> {
             }
         };
         tracing::debug!(connection = %id, host = %self.host, user = %self.identity.subject, "connected");
-        let mut filter = SubscriptionFilter::new(id);
+        let mut delivery = Delivery {
+            filter: SubscriptionFilter::new(id),
+            bus,
+            backlog: VecDeque::new(),
+            backlog_limit: self.limits.bus_capacity,
+            out: out_tx.clone(),
+        };
         let mut shutdown = self.shutdown.clone();
 
-        let close = loop {
+        let close: Option<Close> = loop {
+            // Deliver what the host published before taking more work from the client: a connection that
+            // floods requests cannot starve its own deliveries.
             tokio::select! {
+                biased;
+                _ = shutdown.changed() => {
+                    break Some((close_code::RESTARTING, "relay shutting down".to_string()));
+                }
+                event = delivery.next_event() => {
+                    if let Err(close) = event.and_then(|event| delivery.deliver(&event)) {
+                        break Some(close);
+                    }
+                }
                 inbound = stream.next() => {
                     let text = match inbound {
                         Some(Ok(Message::Text(text))) => Bytes::from(text),
@@ -79,42 +116,18 @@ impl<L: HostLink> Connection<L> {
                             break classify_read_error(&error);
                         }
                     };
-                    match self.handle_frame(id, &text, &mut filter).await {
-                        FrameOutcome::Send(frame) => {
-                            if !enqueue(&out_tx, frame) {
-                                break Some((close_code::TRY_AGAIN_LATER, "slow consumer".to_string()));
-                            }
-                        }
-                        FrameOutcome::Nothing => {}
-                        FrameOutcome::Close(frame, code, reason) => {
-                            if let Some(frame) = frame {
-                                enqueue(&out_tx, frame);
-                            }
-                            break Some((code, reason));
-                        }
+                    if let Err(close) = self.handle_frame(id, &text, &mut delivery).await {
+                        break Some(close);
                     }
-                }
-                event = bus.recv() => match event {
-                    Ok(event) => {
-                        if filter.admits(&event) && !enqueue(&out_tx, event.frame.clone()) {
-                            break Some((close_code::TRY_AGAIN_LATER, "slow consumer".to_string()));
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(missed)) => {
-                        tracing::info!(connection = %id, missed, "connection fell behind its host's bus");
-                        break Some((close_code::TRY_AGAIN_LATER, "slow consumer".to_string()));
-                    }
-                    Err(broadcast::error::RecvError::Closed) => {
-                        break Some((close_code::RESTARTING, "host closed".to_string()));
-                    }
-                },
-                _ = shutdown.changed() => {
-                    break Some((close_code::RESTARTING, "relay shutting down".to_string()));
                 }
             }
         };
 
+        if let Some((code, reason)) = &close {
+            tracing::info!(connection = %id, code, %reason, "closing connection");
+        }
         self.link.detach(&self.host, id).await;
+        drop(delivery);
         if let Some((code, reason)) = close {
             // The queue may be full (slow consumer): closing must not wait behind it forever.
             let _ = tokio::time::timeout(
@@ -128,49 +141,113 @@ impl<L: HostLink> Connection<L> {
         tracing::debug!(connection = %id, "disconnected");
     }
 
-    /// Handle one inbound frame.
+    /// Handle one inbound frame: forward it, apply the reply's subscription changes, write the reply, then
+    /// deliver what the bus brought meanwhile. `Err` closes the connection.
     async fn handle_frame(
         &self,
         id: ConnectionId,
         text: &[u8],
-        filter: &mut SubscriptionFilter,
-    ) -> FrameOutcome {
+        delivery: &mut Delivery,
+    ) -> Result<(), Close> {
         if text.len() > self.limits.max_frame_bytes {
-            return FrameOutcome::Close(None, close_code::TOO_BIG, "frame too large".into());
+            return Err((close_code::TOO_BIG, "frame too large".into()));
         }
         if rpc::is_response(text) {
-            return FrameOutcome::Nothing;
+            return Ok(());
         }
         let message = match rpc::read_frame(text, self.limits.max_json_depth) {
             Ok(message) => message,
-            Err(rejection) => return FrameOutcome::Send(rpc::error_frame(rejection.id, &rejection.error)),
+            Err(rejection) => return delivery.send(rpc::error_frame(rejection.id, &rejection.error)),
         };
         let CommandReply {
             frame,
             subscriptions,
             session_started,
             close,
-        } = self.link.call(&self.host, id, message).await;
+        } = delivery.during(self.link.call(&self.host, id, message)).await?;
         for change in subscriptions {
-            filter.apply(change);
+            delivery.filter.apply(change);
         }
         if session_started {
-            filter.enable_notifications();
+            delivery.filter.enable_notifications();
         }
-        match (close, frame) {
-            (Some(close), frame) => FrameOutcome::Close(frame, close.code, close.reason),
-            (None, Some(frame)) => FrameOutcome::Send(frame),
-            (None, None) => FrameOutcome::Nothing,
+        if let Some(frame) = frame {
+            delivery.send(frame)?;
         }
+        if let Some(close) = close {
+            return Err((close.code, close.reason));
+        }
+        delivery.flush_backlog()
     }
 }
 
-/// What to do after one inbound frame.
-enum FrameOutcome {
-    Send(Bytes),
-    Nothing,
-    /// Send the frame (if any), then close.
-    Close(Option<Bytes>, u16, String),
+/// A close code and reason.
+type Close = (u16, String);
+
+fn slow_consumer() -> Close {
+    (close_code::TRY_AGAIN_LATER, "slow consumer".to_string())
+}
+
+/// One connection's outbound side: its delivery filter, its host's bus, and the events that arrived while a
+/// call was in flight (held until the call's subscription changes are applied, so none is dropped early).
+struct Delivery {
+    filter: SubscriptionFilter,
+    bus: broadcast::Receiver<SharedBusEvent>,
+    backlog: VecDeque<SharedBusEvent>,
+    backlog_limit: usize,
+    out: mpsc::Sender<Outbound>,
+}
+
+impl Delivery {
+    async fn next_event(&mut self) -> Result<SharedBusEvent, Close> {
+        match self.bus.recv().await {
+            Ok(event) => Ok(event),
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::info!(missed, "connection fell behind its host's bus");
+                Err(slow_consumer())
+            }
+            Err(broadcast::error::RecvError::Closed) => Err((close_code::RESTARTING, "host closed".into())),
+        }
+    }
+
+    /// Run `call` while keeping the bus drained into the backlog.
+    async fn during<F: std::future::Future>(&mut self, call: F) -> Result<F::Output, Close> {
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                biased;
+                output = &mut call => return Ok(output),
+                event = self.next_event() => {
+                    if self.backlog.len() >= self.backlog_limit {
+                        return Err(slow_consumer());
+                    }
+                    self.backlog.push_back(event?);
+                }
+            }
+        }
+    }
+
+    fn flush_backlog(&mut self) -> Result<(), Close> {
+        while let Some(event) = self.backlog.pop_front() {
+            self.deliver(&event)?;
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, event: &BusEvent) -> Result<(), Close> {
+        if self.filter.admits(event) {
+            self.send(event.frame.clone())?;
+        }
+        Ok(())
+    }
+
+    fn send(&self, frame: Bytes) -> Result<(), Close> {
+        if enqueue(&self.out, frame) {
+            Ok(())
+        } else {
+            Err(slow_consumer())
+        }
+    }
 }
 
 /// Queue a frame without waiting; `false` when the connection's queue is full.
@@ -183,7 +260,7 @@ fn enqueue(queue: &mpsc::Sender<Outbound>, frame: Bytes) -> bool {
     }
 }
 
-fn classify_read_error(error: &axum::Error) -> Option<(u16, String)> {
+fn classify_read_error(error: &axum::Error) -> Option<Close> {
     let text = error.to_string();
     if text.contains("too long") || text.contains("too big") || text.contains("Space limit") {
         Some((close_code::TOO_BIG, "frame too large".into()))

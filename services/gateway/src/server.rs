@@ -25,6 +25,8 @@ pub struct GatewayState<L> {
     pub verifier: TokenVerifier,
     pub limits: Limits,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Open client connections.
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The gateway's routes.
@@ -33,7 +35,17 @@ pub fn router<L: HostLink>(state: Arc<GatewayState<L>>) -> Router {
         .route("/v1/ws", get(default_host_ws::<L>))
         .route("/v1/hosts/{host}/ws", get(named_host_ws::<L>))
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics::<L>))
         .with_state(state)
+}
+
+async fn metrics<L: HostLink>(State(state): State<Arc<GatewayState<L>>>) -> String {
+    let connections = state.connections.load(std::sync::atomic::Ordering::Relaxed);
+    format!(
+        "# HELP ahp_relay_connections Open client WebSocket connections.\n# TYPE ahp_relay_connections gauge\n\
+         ahp_relay_connections {connections}\n{}",
+        state.link.metrics().await
+    )
 }
 
 #[derive(Deserialize)]
@@ -97,6 +109,7 @@ fn open<L: HostLink>(
         identity: claims.identity(),
         limits: state.limits.clone(),
         shutdown: state.shutdown.clone(),
+        connections: state.connections.clone(),
     };
     upgrade
         .max_message_size(state.limits.max_frame_bytes)

@@ -24,6 +24,19 @@ enum Command {
     Token(TokenArgs),
     /// A terminal client: create or join a session, prompt the agent, approve tool calls.
     Chat(chat::ChatArgs),
+    /// Create or update the store's schema, then exit.
+    Migrate(serve::StoreArgs),
+    /// Run the retention job once: compact action log rows older than --retention into snapshots.
+    Compact(CompactArgs),
+}
+
+#[derive(clap::Args)]
+struct CompactArgs {
+    #[command(flatten)]
+    store: serve::StoreArgs,
+    /// Keep log rows younger than this (e.g. 7d; 0s compacts everything a snapshot covers).
+    #[arg(long, env = "AHP_RELAY_RETENTION", default_value = "7d", value_parser = parse_ttl)]
+    retention: Duration,
 }
 
 #[derive(clap::Args)]
@@ -79,6 +92,18 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Serve(args) => runtime()?.block_on(serve::run(args)),
         Command::Chat(args) => runtime()?.block_on(chat::run(args)),
+        Command::Compact(args) => runtime()?.block_on(async move {
+            let store = serve::open_store(args.store.database_url.as_deref(), &args.store.data_dir).await?;
+            let cutoff = jiff::Timestamp::now().as_millisecond()
+                - i64::try_from(args.retention.as_millis()).unwrap_or(i64::MAX);
+            println!("compacted {} log rows", store.compact(cutoff).await?);
+            Ok(())
+        }),
+        Command::Migrate(args) => runtime()?.block_on(async move {
+            serve::open_store(args.database_url.as_deref(), &args.data_dir).await?;
+            println!("migrations applied");
+            Ok(())
+        }),
     }
 }
 

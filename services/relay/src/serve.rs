@@ -24,6 +24,9 @@ pub struct ServeArgs {
     /// Where the relay keeps its files (the JWT secret).
     #[arg(long, env = "AHP_RELAY_DATA_DIR", default_value = ".relay-data")]
     pub data_dir: PathBuf,
+    /// Postgres URL (postgres://…) for the distributed store; default: SQLite in --data-dir.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
     /// HS256 secret for access tokens; default: generated once and kept in --data-dir.
     #[arg(long, env = "AHP_RELAY_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: Option<String>,
@@ -42,6 +45,50 @@ pub struct ServeArgs {
     /// Frames queued per connection before it is closed as a slow consumer.
     #[arg(long, env = "AHP_RELAY_OUTBOUND_QUEUE", default_value_t = 4096)]
     pub outbound_queue: usize,
+    /// Store a channel's snapshot after this many actions (or after --snapshot-every).
+    #[arg(long, env = "AHP_RELAY_SNAPSHOT_EVERY_ACTIONS", default_value_t = 500)]
+    pub snapshot_every_actions: u32,
+    /// Store a channel's snapshot when an action arrives this long after its last one (e.g. 60s).
+    #[arg(long, env = "AHP_RELAY_SNAPSHOT_EVERY", default_value = "60s", value_parser = crate::parse_ttl)]
+    pub snapshot_every: Duration,
+    /// How long the action log is kept: the resume window (e.g. 7d). Older rows are compacted into snapshots.
+    #[arg(long, env = "AHP_RELAY_RETENTION", default_value = "7d", value_parser = crate::parse_ttl)]
+    pub retention: Duration,
+    /// How often the retention job runs (e.g. 1h).
+    #[arg(long, env = "AHP_RELAY_COMPACT_EVERY", default_value = "1h", value_parser = crate::parse_ttl)]
+    pub compact_every: Duration,
+}
+
+/// Where the relay keeps its state.
+#[derive(clap::Args)]
+pub struct StoreArgs {
+    /// Postgres URL (postgres://…); default: SQLite in --data-dir.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    #[arg(long, env = "AHP_RELAY_DATA_DIR", default_value = ".relay-data")]
+    pub data_dir: PathBuf,
+}
+
+/// The store URL: the given database, or the SQLite file in the data dir.
+pub fn store_url(database_url: Option<&str>, data_dir: &std::path::Path) -> anyhow::Result<String> {
+    if let Some(url) = database_url {
+        return Ok(url.to_string());
+    }
+    std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    Ok(format!("sqlite://{}", data_dir.join("relay.sqlite").display()))
+}
+
+/// Connect to the store and bring its schema up to date.
+pub async fn open_store(
+    database_url: Option<&str>,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<relay_store::Store> {
+    let url = store_url(database_url, data_dir)?;
+    let store = relay_store::Store::connect(&url)
+        .await
+        .context("connecting to the store")?;
+    store.migrate().await.context("running migrations")?;
+    Ok(store)
 }
 
 impl ServeArgs {
@@ -51,6 +98,9 @@ impl ServeArgs {
             active_client_grace: Duration::from_millis(self.active_client_grace_ms),
             max_frame_bytes: self.max_frame_bytes.max(1024),
             outbound_queue_frames: self.outbound_queue.max(16),
+            snapshot_every_actions: self.snapshot_every_actions.max(1),
+            snapshot_every: self.snapshot_every,
+            retention: self.retention,
             ..Limits::default()
         }
     }
@@ -70,13 +120,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let providers = ProviderRegistry::new().with(Arc::new(DemoProvider::new(DemoPace {
         step: Duration::from_millis(args.demo_step_ms),
     })));
-    let link = Arc::new(ShardLink::new(limits.clone(), providers));
+    let store = open_store(args.database_url.as_deref(), &args.data_dir).await?;
+    let link = Arc::new(ShardLink::new(limits.clone(), providers, store));
+    spawn_retention(link.clone(), args.compact_every);
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let app = relay_gateway::router(Arc::new(GatewayState {
         link,
         verifier: TokenVerifier::hs256(&secret),
         limits,
         shutdown: shutdown_rx,
+        connections: Default::default(),
     }));
 
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -118,6 +171,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .context("serving")?;
     Ok(())
+}
+
+/// The retention job: compacts old log rows into snapshots on a fixed period.
+fn spawn_retention(link: Arc<ShardLink>, every: Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every.max(Duration::from_secs(1)));
+        loop {
+            tick.tick().await;
+            match link.compact().await {
+                Ok(0) => {}
+                Ok(rows) => tracing::info!(rows, "compacted old action log rows"),
+                Err(error) => tracing::warn!(%error, "retention job failed"),
+            }
+        }
+    });
 }
 
 async fn wait_for_signal() {

@@ -9,9 +9,8 @@ use ahp_types::actions::{
 use ahp_types::commands::{
     AuthenticateParams, ChatSource, CompletionsParams, CompletionsResult, CreateChatParams,
     CreateSessionParams, DisposeChatParams, DisposeSessionParams, FetchTurnsParams, Implementation,
-    InitializeParams, InitializeResult, ListSessionsParams, ReconnectParams, ReconnectResult,
-    ReconnectSnapshotResult, ResolveSessionConfigParams, ResolveSessionConfigResult, SubscribeParams,
-    SubscribeResult, UnsubscribeParams,
+    InitializeParams, InitializeResult, ResolveSessionConfigParams, ResolveSessionConfigResult,
+    SubscribeParams, SubscribeResult, UnsubscribeParams,
 };
 use ahp_types::errors::{ahp_error_codes, UnsupportedProtocolVersionErrorData};
 use ahp_types::notifications::{SessionAddedParams, SessionRemovedParams};
@@ -23,12 +22,12 @@ use relay_core::link::{CloseRequest, CommandReply, SubscriptionChange};
 use relay_core::rpc::{self, InboundMessage, RpcError};
 use relay_core::ConnectionId;
 use serde::Serialize;
-use serde_json::value::RawValue;
 
 use crate::host::HostCore;
-use crate::model::{self, chat_summary_of, summary_of, ChannelKind, ChatRecord};
+use crate::model::{self, chat_summary_of, summary_of, ChannelKind, ChatRecord, SnapshotClock};
+use relay_store::CatalogChange;
 
-type CommandResult = Result<CommandReply, RpcError>;
+pub(crate) type CommandResult = Result<CommandReply, RpcError>;
 
 /// WebSocket close code sent after `-32005`: the client must not retry unchanged.
 const CLOSE_POLICY: u16 = 1008;
@@ -36,7 +35,7 @@ const CLOSE_POLICY: u16 = 1008;
 /// Longest channel URI a client may choose.
 const MAX_URI_BYTES: usize = 512;
 
-fn reply<T: Serialize + ?Sized>(id: Option<u64>, result: &T) -> CommandResult {
+pub(crate) fn reply<T: Serialize + ?Sized>(id: Option<u64>, result: &T) -> CommandResult {
     match id {
         Some(id) => rpc::result_frame(id, result)
             .map(CommandReply::frame)
@@ -55,7 +54,6 @@ impl HostCore {
         match message.method.as_str() {
             "ping" => return reply(id, &()),
             "initialize" => return self.initialize(connection, message),
-            "reconnect" => return self.reconnect(connection, message),
             _ => {}
         }
         self.client_id(connection)?;
@@ -63,7 +61,6 @@ impl HostCore {
             "dispatchAction" => self.dispatch_client_action(connection, message),
             "subscribe" => self.subscribe(connection, message),
             "unsubscribe" => self.unsubscribe(connection, message),
-            "listSessions" => self.list_sessions(message),
             "createSession" => self.create_session(connection, message),
             "disposeSession" => self.dispose_session(connection, message),
             "createChat" => self.create_chat(connection, message),
@@ -165,88 +162,11 @@ impl HostCore {
         Ok(out)
     }
 
-    fn reconnect(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
-        if self.connection(connection)?.client_id.is_some() {
-            return Err(RpcError::invalid_request(
-                "reconnect must be the first request of a connection",
-            ));
-        }
-        let params: ReconnectParams = message.parse_params()?;
-        if params.last_seen_server_seq < 0 {
-            return Err(RpcError::invalid_params("lastSeenServerSeq must not be negative"));
-        }
-        self.bind_client(connection, &params.client_id)?;
-        if let Some(state) = self.connections.get_mut(&connection) {
-            state.protocol_version = Some(ahp_types::PROTOCOL_VERSION.into());
-        }
-        let last_seen = params.last_seen_server_seq as u64;
-        let current = self.seq.current();
-        let mut live = Vec::new();
-        let mut missing = Vec::new();
-        for channel in params.subscriptions {
-            if self.model.kind(&channel) == ChannelKind::Unknown {
-                missing.push(channel);
-            } else if !live.contains(&channel) {
-                live.push(channel);
-            }
-        }
-        if live.len() > self.limits.max_subscriptions_per_connection {
-            return Err(RpcError::invalid_params("too many subscriptions"));
-        }
-        for channel in &live {
-            self.track_subscription(connection, channel)?;
-        }
-        self.release_sessions_not_resubscribed(&params.client_id, &live);
-        let mut subscriptions = vec![SubscriptionChange::Clear];
-        subscriptions.extend(live.iter().map(|channel| SubscriptionChange::Add {
-            channel: channel.clone(),
-            after_seq: current,
-        }));
-
-        let frame = if last_seen <= current && self.seq.replay().covers(last_seen) {
-            // Exact replay: every stored envelope after last_seen on the requested channels, spliced in as
-            // the JSON already serialized (the wire shape of `ReconnectResult::Replay`).
-            #[derive(Serialize)]
-            struct Replay<'a> {
-                r#type: &'static str,
-                actions: Vec<&'a RawValue>,
-                missing: &'a [String],
-            }
-            let actions = self
-                .seq
-                .replay()
-                .after(last_seen, |c| live.iter().any(|l| l == c))
-                .map(|e| e.envelope.as_ref())
-                .collect();
-            reply(
-                message.id,
-                &Replay {
-                    r#type: "replay",
-                    actions,
-                    missing: &missing,
-                },
-            )?
-        } else {
-            let snapshots = live
-                .iter()
-                .filter_map(|c| {
-                    self.model
-                        .snapshot(c, current, self.limits.default_snapshot_turns)
-                })
-                .collect();
-            reply(
-                message.id,
-                &ReconnectResult::Snapshot(ReconnectSnapshotResult { snapshots }),
-            )?
-        };
-        Ok(CommandReply {
-            subscriptions,
-            session_started: true,
-            ..frame
-        })
-    }
-
-    fn track_subscription(&mut self, connection: ConnectionId, channel: &str) -> Result<(), RpcError> {
+    pub(crate) fn track_subscription(
+        &mut self,
+        connection: ConnectionId,
+        channel: &str,
+    ) -> Result<(), RpcError> {
         let limit = self.limits.max_subscriptions_per_connection;
         let Some(state) = self.connections.get_mut(&connection) else {
             return Err(RpcError::internal("connection is not attached"));
@@ -305,14 +225,14 @@ impl HostCore {
     }
 
     /// Whether any live connection of `client_id` is subscribed to `channel`.
-    fn client_subscribed(&self, client_id: &str, channel: &str) -> bool {
+    pub(crate) fn client_subscribed(&self, client_id: &str, channel: &str) -> bool {
         self.connections
             .values()
             .any(|c| c.client_id.as_deref() == Some(client_id) && c.subscriptions.contains(channel))
     }
 
     /// `reconnect` that omits a session releases the client's active slot there.
-    fn release_sessions_not_resubscribed(&mut self, client_id: &str, live: &[String]) {
+    pub(crate) fn release_sessions_not_resubscribed(&mut self, client_id: &str, live: &[String]) {
         let sessions: Vec<String> = self
             .model
             .sessions
@@ -327,23 +247,6 @@ impl HostCore {
                 self.remove_active_client(&session, client_id);
             }
         }
-    }
-
-    fn list_sessions(&mut self, message: &InboundMessage) -> CommandResult {
-        let params: ListSessionsParams = message.parse_params()?;
-        let page = self.limits.list_sessions_page;
-        let limit = match params.limit {
-            Some(n) if n < 1 => return Err(RpcError::invalid_params("limit must be at least 1")),
-            Some(n) => (n as usize).min(page),
-            None => page,
-        };
-        let cursor = match params.cursor.as_deref() {
-            None => None,
-            Some(c) => {
-                Some(model::decode_cursor(c).ok_or_else(|| RpcError::invalid_params("unknown cursor"))?)
-            }
-        };
-        reply(message.id, &self.model.list_sessions(cursor, limit))
     }
 
     /// A URI a client chose for a new channel: the right scheme, a bounded length, and not in use.
@@ -419,8 +322,12 @@ impl HostCore {
             meta: None,
         };
         let summary = summary_of(&uri, &state, &created_at);
-        self.model.insert_session(uri.clone(), state, created_at);
-        self.seq.publish_notification(
+        let catalog_no = self
+            .model
+            .insert_new_session(uri.clone(), state, created_at.clone());
+        self.store_session_summary(&uri, catalog_no, &created_at, &summary);
+        self.store_snapshot(&uri);
+        self.seq.notify(
             ROOT_RESOURCE_URI,
             "root/sessionAdded",
             &SessionAddedParams {
@@ -449,16 +356,17 @@ impl HostCore {
         }
         let chats = self.model.remove_session(&uri);
         for chat in &chats {
-            self.seq.publish_disposed(chat);
+            self.seq.dispose(chat);
         }
-        self.seq.publish_disposed(&uri);
+        self.seq.catalog(CatalogChange::Remove { uri: uri.clone() });
+        self.seq.dispose(&uri);
         for state in self.connections.values_mut() {
             state.subscriptions.remove(&uri);
             for chat in &chats {
                 state.subscriptions.remove(chat);
             }
         }
-        self.seq.publish_notification(
+        self.seq.notify(
             ROOT_RESOURCE_URI,
             "root/sessionRemoved",
             &SessionRemovedParams {
@@ -536,8 +444,10 @@ impl HostCore {
                 session: session.clone(),
                 state,
                 running: None,
+                clock: SnapshotClock::fresh(),
             },
         );
+        self.store_snapshot(&chat);
         let needs_default = self
             .model
             .sessions
@@ -600,7 +510,7 @@ impl HostCore {
             &record.session,
             StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }),
         );
-        self.seq.publish_disposed(&chat);
+        self.seq.dispose(&chat);
         for state in self.connections.values_mut() {
             state.subscriptions.remove(&chat);
         }
@@ -626,8 +536,7 @@ impl HostCore {
             turns_next_cursor: (start > 0).then(|| model::turns_cursor(start)),
         });
         // A page is part of this connection's view only: it goes to it alone and is not stored.
-        self.seq
-            .publish_private(connection, &params.channel, &action, None, None);
+        self.seq.private(connection, &params.channel, &action, None, None);
         reply(message.id, &serde_json::json!({}))
     }
 

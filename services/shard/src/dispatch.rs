@@ -23,8 +23,9 @@ use relay_runner::{TurnControl, TurnRequest};
 
 use crate::commands::now;
 use crate::host::HostCore;
-use crate::model::{chat_summary_of, summary_of, ChannelKind};
+use crate::model::{chat_summary_of, summary_of, ChannelKind, SnapshotClock};
 use crate::validate::{self, Dispatcher};
+use relay_store::CatalogChange;
 
 impl HostCore {
     pub(crate) fn dispatch_client_action(
@@ -51,7 +52,7 @@ impl HostCore {
         if let Err(reason) =
             validate::check_client_action(&self.model, kind, &params.channel, &params.action, &who)
         {
-            self.seq.publish_private(
+            self.seq.private(
                 connection,
                 &params.channel,
                 &params.action,
@@ -62,7 +63,7 @@ impl HostCore {
         }
         match self.model.reduce(&params.channel, &params.action) {
             ReduceOutcome::Invalid(error) => {
-                self.seq.publish_private(
+                self.seq.private(
                     connection,
                     &params.channel,
                     &params.action,
@@ -72,7 +73,7 @@ impl HostCore {
                 return Ok(CommandReply::none());
             }
             ReduceOutcome::OutOfScope => {
-                self.seq.publish_private(
+                self.seq.private(
                     connection,
                     &params.channel,
                     &params.action,
@@ -83,8 +84,7 @@ impl HostCore {
             }
             ReduceOutcome::Applied | ReduceOutcome::NoOp => {}
         }
-        self.seq
-            .publish_accepted(&params.channel, &params.action, Some(origin));
+        self.seq.accept(&params.channel, &params.action, Some(origin));
         self.after_action(&params.channel, kind, &params.action);
         Ok(CommandReply::none())
     }
@@ -109,13 +109,14 @@ impl HostCore {
                 return false;
             }
         }
-        self.seq.publish_accepted(channel, &action, None);
+        self.seq.accept(channel, &action, None);
         self.after_action(channel, kind, &action);
         true
     }
 
     /// Side effects of an accepted action.
     fn after_action(&mut self, channel: &str, kind: ChannelKind, action: &StateAction) {
+        self.maybe_snapshot(channel);
         match kind {
             ChannelKind::Chat => {
                 self.chat_side_effects(channel, action);
@@ -309,6 +310,8 @@ impl HostCore {
         if before == current {
             return;
         }
+        let (catalog_no, created_at) = (record.catalog_no, record.created_at.clone());
+        self.store_session_summary(session, catalog_no, &created_at, &current);
         let changes = PartialSessionSummary {
             provider: None,
             title: (before.title != current.title).then(|| current.title.clone()),
@@ -334,7 +337,7 @@ impl HostCore {
                 .then(|| current.default_chat.clone())
                 .flatten(),
         };
-        self.seq.publish_notification(
+        self.seq.notify(
             ROOT_RESOURCE_URI,
             "root/sessionSummaryChanged",
             &SessionSummaryChangedParams {
@@ -343,6 +346,57 @@ impl HostCore {
                 changes,
             },
         );
+    }
+
+    /// Store a channel's snapshot when enough actions or time went by since the last one.
+    fn maybe_snapshot(&mut self, channel: &str) {
+        let (every_actions, every) = (self.limits.snapshot_every_actions, self.limits.snapshot_every);
+        let clock = match self.model.sessions.get_mut(channel) {
+            Some(record) => &mut record.clock,
+            None => match self.model.chats.get_mut(channel) {
+                Some(record) => &mut record.clock,
+                None => return,
+            },
+        };
+        clock.actions_since += 1;
+        if clock.actions_since >= every_actions || clock.taken_at.elapsed() >= every {
+            self.store_snapshot(channel);
+        }
+    }
+
+    /// Queue a snapshot of `channel` at the current `serverSeq` for the next commit.
+    pub(crate) fn store_snapshot(&mut self, channel: &str) {
+        let Some((parent, document)) = self.model.document(channel) else {
+            return;
+        };
+        self.seq.snapshot(channel, parent.as_deref(), document);
+        let clock = match self.model.sessions.get_mut(channel) {
+            Some(record) => &mut record.clock,
+            None => match self.model.chats.get_mut(channel) {
+                Some(record) => &mut record.clock,
+                None => return,
+            },
+        };
+        *clock = SnapshotClock::fresh();
+    }
+
+    /// Queue the catalogue entry of a session (its summary as `listSessions` returns it).
+    pub(crate) fn store_session_summary(
+        &mut self,
+        uri: &str,
+        catalog_no: u64,
+        created_at: &str,
+        summary: &ahp_types::state::SessionSummary,
+    ) {
+        match serde_json::to_string(summary) {
+            Ok(summary) => self.seq.catalog(CatalogChange::Upsert {
+                uri: uri.to_string(),
+                catalog_no,
+                created_at: created_at.to_string(),
+                summary,
+            }),
+            Err(error) => tracing::error!(%uri, %error, "could not serialize a session summary"),
+        }
     }
 
     /// Remove `client_id` from a session's active clients, failing the client tool calls it owns.

@@ -1,25 +1,31 @@
-//! One host: its single writer lock, its connections, and its agents' way back in.
+//! One host: its single writer lock, its committer, its connections, and its agents' way back in.
 //!
 //! All of a host's state sits behind one mutex held only for synchronous work (never across an `.await`), so
-//! the host is the single writer of its `serverSeq` space and every publication leaves in sequence order.
-//! Commands ([`crate::commands`]), client actions and agent output ([`crate::dispatch`]) are methods on
-//! [`HostCore`] defined in their own modules.
+//! the host is the single writer of its `serverSeq` space. What the locked work numbers and changes waits in
+//! the sequencer's pending batch; the host's committer task writes each batch to the store in one transaction
+//! (group commit: whatever accumulated while the previous commit ran) and only then publishes it, in order.
+//! Replies that show state wait until everything they could reflect is committed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use ahp_types::actions::StateAction;
 use ahp_types::state::RootState;
 use parking_lot::Mutex;
 use relay_core::bus::SharedBusEvent;
 use relay_core::link::CommandReply;
-use relay_core::rpc::{self, InboundMessage};
+use relay_core::rpc::{self, InboundMessage, RpcError};
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use relay_runner::{ChatSink, ProviderRegistry};
-use tokio::sync::broadcast;
+use relay_store::{Store, StoreError};
+use tokio::sync::{broadcast, watch, Notify};
 
 use crate::model::HostModel;
-use crate::sequencer::Sequencer;
+use crate::sequencer::{Publisher, Sequencer};
+
+/// Publications a host may hold uncommitted before dispatching connections wait for the store.
+const MAX_PENDING_PUBLICATIONS: usize = 1024;
 
 /// Protocol state of one connection, as the host sees it.
 pub struct ConnectionState {
@@ -55,13 +61,26 @@ pub struct HostCore {
 
 /// One AHP host.
 pub struct Host {
-    core: Mutex<HostCore>,
+    pub(crate) key: HostKey,
+    pub(crate) core: Mutex<HostCore>,
+    pub(crate) store: Store,
+    /// Highest `serverSeq` whose batch is committed and published.
+    pub(crate) durable: watch::Sender<u64>,
+    publisher: Mutex<Publisher>,
+    wakeup: Notify,
     me: Weak<Host>,
 }
 
 impl Host {
-    pub fn new(key: HostKey, limits: Limits, providers: ProviderRegistry) -> Arc<Self> {
-        Arc::new_cyclic(|me: &Weak<Host>| {
+    /// Open a host from the store: its `serverSeq` continues above anything ever committed for it.
+    pub async fn open(
+        key: HostKey,
+        limits: Limits,
+        providers: ProviderRegistry,
+        store: Store,
+    ) -> Result<Arc<Self>, StoreError> {
+        let record = store.load_host(&key.tenant, &key.host).await?;
+        let host = Arc::new_cyclic(|me: &Weak<Host>| {
             let root = RootState {
                 agents: providers.agents(),
                 active_sessions: None,
@@ -71,19 +90,44 @@ impl Host {
             };
             Host {
                 core: Mutex::new(HostCore {
-                    seq: Sequencer::new(limits.replay_buffer_envelopes, limits.bus_capacity),
-                    model: HostModel::new(root),
-                    key,
-                    limits,
+                    seq: Sequencer::new(record.last_seq, limits.replay_buffer_envelopes),
+                    model: HostModel::new(root, record.next_catalog_no),
+                    key: key.clone(),
+                    limits: limits.clone(),
                     providers,
                     connections: HashMap::new(),
                     clients: HashMap::new(),
                     sink: Arc::new(HostSink { host: me.clone() }),
                     pending_grace: Vec::new(),
                 }),
+                publisher: Mutex::new(Publisher::new(record.last_seq, limits.bus_capacity)),
+                durable: watch::Sender::new(record.last_seq),
+                wakeup: Notify::new(),
+                store,
+                key,
                 me: me.clone(),
             }
-        })
+        });
+        tokio::spawn(commit_loop(Arc::downgrade(&host)));
+        Ok(host)
+    }
+
+    /// Run locked work on the host, then wake the committer for whatever it queued and arm grace timers.
+    pub(crate) fn with_core<R>(&self, work: impl FnOnce(&mut HostCore) -> R) -> R {
+        let (result, pending, grace) = {
+            let mut core = self.core.lock();
+            let result = work(&mut core);
+            (
+                result,
+                core.seq.has_pending(),
+                std::mem::take(&mut core.pending_grace),
+            )
+        };
+        if pending {
+            self.wakeup.notify_one();
+        }
+        self.arm_grace_timers(grace);
+        result
     }
 
     /// Register a connection and hand it the host's bus.
@@ -92,48 +136,76 @@ impl Host {
         connection: ConnectionId,
         identity: Identity,
     ) -> broadcast::Receiver<SharedBusEvent> {
-        let mut core = self.core.lock();
-        core.connections.insert(
-            connection,
-            ConnectionState {
-                identity,
-                client_id: None,
-                protocol_version: None,
-                subscriptions: HashSet::new(),
-            },
-        );
-        core.seq.subscribe()
+        // Subscribe before registering: nothing published after this point is missed.
+        let bus = self.publisher.lock().subscribe();
+        self.with_core(|core| {
+            core.connections.insert(
+                connection,
+                ConnectionState {
+                    identity,
+                    client_id: None,
+                    protocol_version: None,
+                    subscriptions: HashSet::new(),
+                },
+            );
+        });
+        bus
     }
 
     /// Handle one inbound request or notification of a connection.
-    pub fn call(&self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
-        let (reply, grace) = {
-            let mut core = self.core.lock();
+    pub async fn call(&self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
+        if let Err(error) = self
+            .ensure_loaded(&crate::restore::channels_named_by(&message))
+            .await
+        {
+            tracing::error!(host = %self.key, %error, "could not load channels from the store");
+            return CommandReply::frame(rpc::error_frame(
+                message.id,
+                &RpcError::internal("the store is unavailable; retry"),
+            ));
+        }
+        match message.method.as_str() {
+            "listSessions" => return self.list_sessions(connection, &message).await,
+            "reconnect" => return self.reconnect(connection, &message).await,
+            _ => {}
+        }
+        let (reply, seq, backlog) = self.with_core(|core| {
             let reply = core.handle(connection, message);
-            (reply, std::mem::take(&mut core.pending_grace))
-        };
-        self.arm_grace_timers(grace);
+            (reply, core.seq.current(), core.seq.pending_len())
+        });
+        // Replies show state: they wait for it to be durable. A connection that outruns the store waits too
+        // (backpressure), which keeps every batch, and so every burst on the bus, bounded.
+        if reply.frame.is_some() || backlog >= MAX_PENDING_PUBLICATIONS {
+            self.wait_durable(seq).await;
+        }
         reply
     }
 
     /// The connection is gone.
     pub fn detach(&self, connection: ConnectionId) {
-        let grace = {
-            let mut core = self.core.lock();
-            core.disconnect(connection);
-            std::mem::take(&mut core.pending_grace)
-        };
-        self.arm_grace_timers(grace);
+        self.with_core(|core| core.disconnect(connection));
     }
 
-    /// The host's current `serverSeq`.
+    /// Sessions and chats held in memory.
+    pub fn loaded_counts(&self) -> (usize, usize) {
+        let core = self.core.lock();
+        (core.model.sessions.len(), core.model.chats.len())
+    }
+
+    /// The host's current `serverSeq` (committed or not).
     pub fn server_seq(&self) -> u64 {
         self.core.lock().seq.current()
     }
 
+    /// Wait until every batch up to `seq` is committed and published.
+    pub async fn wait_durable(&self, seq: u64) {
+        let mut durable = self.durable.subscribe();
+        let _ = durable.wait_for(|committed| *committed >= seq).await;
+    }
+
     /// Emit a server action as an agent would (used by providers through [`HostSink`]).
     pub fn emit_agent_action(&self, channel: &str, action: StateAction) -> bool {
-        self.core.lock().apply_agent_action(channel, action)
+        self.with_core(|core| core.apply_agent_action(channel, action))
     }
 
     fn arm_grace_timers(&self, grace: Vec<(String, u64)>) {
@@ -146,10 +218,52 @@ impl Host {
             tokio::spawn(async move {
                 tokio::time::sleep(wait).await;
                 if let Some(host) = host.upgrade() {
-                    host.core.lock().expire_client(&client_id, epoch);
+                    host.with_core(|core| core.expire_client(&client_id, epoch));
                 }
             });
         }
+    }
+}
+
+/// The host's committer: writes each pending batch in one transaction, then publishes it.
+///
+/// A batch that fails to commit is retried with backoff and is never published before it commits; replies
+/// waiting on it wait too (design §6, invariant 2).
+async fn commit_loop(host: Weak<Host>) {
+    loop {
+        let Some(strong) = host.upgrade() else {
+            return;
+        };
+        let batch = strong.core.lock().seq.take_pending();
+        if batch.is_empty() {
+            // Wait for more work without keeping the host alive.
+            let weak = Arc::downgrade(&strong);
+            drop(strong);
+            match weak.upgrade() {
+                Some(host) => host.wakeup.notified().await,
+                None => return,
+            }
+            continue;
+        }
+        let (commit, publications) = batch.into_parts();
+        let last_seq = commit.last_seq;
+        let mut backoff = Duration::from_millis(10);
+        while let Err(error) = strong
+            .store
+            .commit(&strong.key.tenant, &strong.key.host, &commit)
+            .await
+        {
+            tracing::warn!(host = %strong.key, %error, "commit failed; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+        {
+            let mut publisher = strong.publisher.lock();
+            for publication in publications {
+                publisher.publish(publication);
+            }
+        }
+        strong.durable.send_replace(last_seq);
     }
 }
 
@@ -168,7 +282,7 @@ impl ChatSink for HostSink {
 
 impl HostCore {
     /// Route one inbound message to its command.
-    fn handle(&mut self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
+    pub(crate) fn handle(&mut self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
         let id = message.id;
         match self.route(connection, &message) {
             Ok(reply) => reply,
@@ -182,16 +296,16 @@ impl HostCore {
     }
 
     /// The connection's state; every attached connection has one.
-    pub fn connection(&self, connection: ConnectionId) -> Result<&ConnectionState, rpc::RpcError> {
+    pub fn connection(&self, connection: ConnectionId) -> Result<&ConnectionState, RpcError> {
         self.connections
             .get(&connection)
-            .ok_or_else(|| rpc::RpcError::internal("connection is not attached"))
+            .ok_or_else(|| RpcError::internal("connection is not attached"))
     }
 
     /// The client id of an initialized connection, or the error to answer with.
-    pub fn client_id(&self, connection: ConnectionId) -> Result<String, rpc::RpcError> {
+    pub fn client_id(&self, connection: ConnectionId) -> Result<String, RpcError> {
         self.connection(connection)?.client_id.clone().ok_or_else(|| {
-            rpc::RpcError::invalid_request("the connection is not initialized: send initialize first")
+            RpcError::invalid_request("the connection is not initialized: send initialize first")
         })
     }
 
@@ -212,9 +326,9 @@ impl HostCore {
     }
 
     /// Bind `client_id` to the connection's user, refusing another user's client id.
-    pub fn bind_client(&mut self, connection: ConnectionId, client_id: &str) -> Result<(), rpc::RpcError> {
+    pub fn bind_client(&mut self, connection: ConnectionId, client_id: &str) -> Result<(), RpcError> {
         if client_id.is_empty() {
-            return Err(rpc::RpcError::invalid_params("clientId must not be empty"));
+            return Err(RpcError::invalid_params("clientId must not be empty"));
         }
         let subject = self.connection(connection)?.identity.subject.clone();
         let binding = self
@@ -226,7 +340,7 @@ impl HostCore {
                 grace_epoch: 0,
             });
         if binding.subject != subject {
-            return Err(rpc::RpcError::permission_denied(
+            return Err(RpcError::permission_denied(
                 "this clientId belongs to another user",
             ));
         }

@@ -1,16 +1,20 @@
 //! The shard: authoritative host logic.
 //!
 //! A shard owns hosts ([`host::Host`]); each host validates client actions, applies the official `ahp`
-//! reducers, numbers every envelope in its single `serverSeq` space, keeps the newest envelopes for exact
-//! replay, publishes to its bus, and runs the host side effects (provider turns, queued messages, active
-//! clients). [`ShardLink`] is the in-process implementation of the gateway↔shard interface.
+//! reducers, numbers every envelope in its single `serverSeq` space, commits it to the store before publishing
+//! it to its bus, keeps the newest envelopes for exact replay, restores sessions lazily from the store, and
+//! runs the host side effects (provider turns, queued messages, active clients). [`ShardLink`] is the in-process implementation of the gateway↔shard interface.
 
+pub mod catalog;
 pub mod commands;
 pub mod dispatch;
+pub mod error;
 pub mod host;
 pub mod link;
 pub mod model;
 pub mod replay;
+pub mod restore;
+pub mod resume;
 pub mod sequencer;
 pub mod validate;
 

@@ -3,43 +3,64 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use relay_core::bus::SharedBusEvent;
 use relay_core::link::{CommandReply, HostLink, LinkError};
 use relay_core::rpc::InboundMessage;
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use relay_runner::ProviderRegistry;
-use tokio::sync::broadcast;
+use relay_store::Store;
+use tokio::sync::{broadcast, Mutex};
 
 use crate::host::Host;
 
-/// The hosts of this process, created on first use.
+/// The hosts of this process, opened from the store on first use.
 pub struct ShardLink {
     hosts: Mutex<HashMap<HostKey, Arc<Host>>>,
     limits: Limits,
     providers: ProviderRegistry,
+    store: Store,
 }
 
 impl ShardLink {
-    pub fn new(limits: Limits, providers: ProviderRegistry) -> Self {
+    pub fn new(limits: Limits, providers: ProviderRegistry, store: Store) -> Self {
         Self {
             hosts: Mutex::new(HashMap::new()),
             limits,
             providers,
+            store,
         }
     }
 
-    /// The host for `key`, creating it on first use.
-    pub fn host(&self, key: &HostKey) -> Arc<Host> {
-        let mut hosts = self.hosts.lock();
-        hosts
-            .entry(key.clone())
-            .or_insert_with(|| Host::new(key.clone(), self.limits.clone(), self.providers.clone()))
-            .clone()
+    /// The host for `key`, opening it on first use.
+    pub async fn host(&self, key: &HostKey) -> Result<Arc<Host>, LinkError> {
+        let mut hosts = self.hosts.lock().await;
+        if let Some(host) = hosts.get(key) {
+            return Ok(host.clone());
+        }
+        let host = Host::open(
+            key.clone(),
+            self.limits.clone(),
+            self.providers.clone(),
+            self.store.clone(),
+        )
+        .await
+        .map_err(|error| {
+            tracing::error!(host = %key, %error, "could not open host");
+            LinkError::HostUnavailable(key.to_string())
+        })?;
+        hosts.insert(key.clone(), host.clone());
+        Ok(host)
     }
 
-    fn existing(&self, key: &HostKey) -> Option<Arc<Host>> {
-        self.hosts.lock().get(key).cloned()
+    async fn existing(&self, key: &HostKey) -> Option<Arc<Host>> {
+        self.hosts.lock().await.get(key).cloned()
+    }
+
+    /// Delete log rows older than the retention period (keeping every channel restorable).
+    pub async fn compact(&self) -> Result<u64, relay_store::StoreError> {
+        let cutoff = jiff::Timestamp::now().as_millisecond()
+            - i64::try_from(self.limits.retention.as_millis()).unwrap_or(i64::MAX);
+        self.store.compact(cutoff).await
     }
 }
 
@@ -50,19 +71,38 @@ impl HostLink for ShardLink {
         connection: ConnectionId,
         identity: &Identity,
     ) -> Result<broadcast::Receiver<SharedBusEvent>, LinkError> {
-        Ok(self.host(host).attach(connection, identity.clone()))
+        Ok(self.host(host).await?.attach(connection, identity.clone()))
     }
 
     async fn call(&self, host: &HostKey, connection: ConnectionId, message: InboundMessage) -> CommandReply {
-        match self.existing(host) {
-            Some(h) => h.call(connection, message),
+        match self.existing(host).await {
+            Some(h) => h.call(connection, message).await,
             None => CommandReply::none(),
         }
     }
 
     async fn detach(&self, host: &HostKey, connection: ConnectionId) {
-        if let Some(h) = self.existing(host) {
+        if let Some(h) = self.existing(host).await {
             h.detach(connection);
         }
+    }
+
+    async fn metrics(&self) -> String {
+        let hosts: Vec<Arc<Host>> = self.hosts.lock().await.values().cloned().collect();
+        let (mut sessions, mut chats) = (0usize, 0usize);
+        for host in &hosts {
+            let (s, c) = host.loaded_counts();
+            sessions += s;
+            chats += c;
+        }
+        format!(
+            "# HELP ahp_relay_hosts_open Hosts opened by this shard.\n# TYPE ahp_relay_hosts_open gauge\n\
+             ahp_relay_hosts_open {}\n\
+             # HELP ahp_relay_sessions_loaded Sessions held in memory.\n# TYPE ahp_relay_sessions_loaded gauge\n\
+             ahp_relay_sessions_loaded {sessions}\n\
+             # HELP ahp_relay_chats_loaded Chats held in memory.\n# TYPE ahp_relay_chats_loaded gauge\n\
+             ahp_relay_chats_loaded {chats}\n",
+            hosts.len()
+        )
     }
 }

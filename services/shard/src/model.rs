@@ -3,17 +3,33 @@
 //! State changes only through the `ahp` reducers ([`HostModel::reduce`]); this module owns lookups by URI,
 //! the newest-first catalogue behind `listSessions`, and the projections (summaries, snapshots) clients read.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::time::Instant;
 
 use ahp::reducers::{apply_action_to_chat, apply_action_to_root, apply_action_to_session, ReduceOutcome};
 use ahp_types::actions::StateAction;
-use ahp_types::commands::ListSessionsResult;
 use ahp_types::state::{
     ChatState, ChatSummary, RootState, SessionChatSummary, SessionState, SessionSummary, Snapshot,
     SnapshotState,
 };
 use ahp_types::ROOT_RESOURCE_URI;
 use relay_runner::TurnHandle;
+use serde::{Deserialize, Serialize};
+
+/// When a channel last had its snapshot stored, to decide the next one.
+pub struct SnapshotClock {
+    pub actions_since: u32,
+    pub taken_at: Instant,
+}
+
+impl SnapshotClock {
+    pub fn fresh() -> Self {
+        Self {
+            actions_since: 0,
+            taken_at: Instant::now(),
+        }
+    }
+}
 
 /// A session and what the host keeps beside its protocol state.
 pub struct SessionRecord {
@@ -23,6 +39,7 @@ pub struct SessionRecord {
     pub catalog_no: u64,
     /// The summary last announced with `root/sessionAdded` / `root/sessionSummaryChanged`.
     pub announced: SessionSummary,
+    pub clock: SnapshotClock,
 }
 
 /// A chat, its session, and the provider turn running in it.
@@ -30,6 +47,24 @@ pub struct ChatRecord {
     pub session: String,
     pub state: ChatState,
     pub running: Option<TurnHandle>,
+    pub clock: SnapshotClock,
+}
+
+/// What the store keeps as a session's snapshot: its state and its place in the catalogue.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionDocument<S = SessionState, T = String> {
+    pub state: S,
+    pub created_at: T,
+    pub catalog_no: u64,
+}
+
+/// What the store keeps as a chat's snapshot: its state and its session.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChatDocument<C = ChatState, T = String> {
+    pub state: C,
+    pub session: T,
 }
 
 /// What a channel URI names on this host.
@@ -47,18 +82,17 @@ pub struct HostModel {
     pub root: RootState,
     pub sessions: HashMap<String, SessionRecord>,
     pub chats: HashMap<String, ChatRecord>,
-    catalog: BTreeMap<u64, String>,
     next_catalog_no: u64,
 }
 
 impl HostModel {
-    pub fn new(root: RootState) -> Self {
+    /// An empty model; catalogue numbers continue from `next_catalog_no` (numbers are never reused).
+    pub fn new(root: RootState, next_catalog_no: u64) -> Self {
         Self {
             root,
             sessions: HashMap::new(),
             chats: HashMap::new(),
-            catalog: BTreeMap::new(),
-            next_catalog_no: 1,
+            next_catalog_no: next_catalog_no.max(1),
         }
     }
 
@@ -88,12 +122,18 @@ impl HostModel {
         ReduceOutcome::OutOfScope
     }
 
-    /// Insert a new session at the head of the catalogue.
-    pub fn insert_session(&mut self, uri: String, state: SessionState, created_at: String) {
+    /// Insert a new session at the head of the catalogue; returns its catalogue number.
+    pub fn insert_new_session(&mut self, uri: String, state: SessionState, created_at: String) -> u64 {
         let catalog_no = self.next_catalog_no;
         self.next_catalog_no += 1;
+        self.insert_session(uri, state, created_at, catalog_no);
+        catalog_no
+    }
+
+    /// Insert a session (new, or restored from the store).
+    pub fn insert_session(&mut self, uri: String, state: SessionState, created_at: String, catalog_no: u64) {
+        self.next_catalog_no = self.next_catalog_no.max(catalog_no + 1);
         let announced = summary_of(&uri, &state, &created_at);
-        self.catalog.insert(catalog_no, uri.clone());
         self.sessions.insert(
             uri,
             SessionRecord {
@@ -101,16 +141,16 @@ impl HostModel {
                 created_at,
                 catalog_no,
                 announced,
+                clock: SnapshotClock::fresh(),
             },
         );
     }
 
     /// Remove a session and every chat that belongs to it (stopping their turns); returns the chats' URIs.
     pub fn remove_session(&mut self, uri: &str) -> Vec<String> {
-        let Some(record) = self.sessions.remove(uri) else {
+        if self.sessions.remove(uri).is_none() {
             return Vec::new();
-        };
-        self.catalog.remove(&record.catalog_no);
+        }
         let chats: Vec<String> = self
             .chats
             .iter()
@@ -123,22 +163,24 @@ impl HostModel {
         chats
     }
 
-    /// One page of the catalogue, newest first. The cursor is the catalogue position to continue below, so
-    /// sessions created while paging never shift later pages.
-    pub fn list_sessions(&self, cursor: Option<u64>, limit: usize) -> ListSessionsResult {
-        let upper = cursor.unwrap_or(u64::MAX);
-        let mut items = Vec::with_capacity(limit.min(self.catalog.len()));
-        let mut next_cursor = None;
-        for (&no, uri) in self.catalog.range(..upper).rev() {
-            if items.len() == limit {
-                next_cursor = Some(encode_cursor(no + 1));
-                break;
-            }
-            if let Some(record) = self.sessions.get(uri) {
-                items.push(summary_of(uri, &record.state, &record.created_at));
-            }
+    /// The JSON the store keeps for a session or chat channel.
+    pub fn document(&self, channel: &str) -> Option<(Option<String>, String)> {
+        if let Some(s) = self.sessions.get(channel) {
+            let doc = SessionDocument {
+                state: &s.state,
+                created_at: &s.created_at,
+                catalog_no: s.catalog_no,
+            };
+            return serde_json::to_string(&doc).ok().map(|json| (None, json));
         }
-        ListSessionsResult { next_cursor, items }
+        let chat = self.chats.get(channel)?;
+        let doc = ChatDocument {
+            state: &chat.state,
+            session: &chat.session,
+        };
+        serde_json::to_string(&doc)
+            .ok()
+            .map(|json| (Some(chat.session.clone()), json))
     }
 
     /// A snapshot of `channel` at `from_seq`; for chats, `turns` limits the inline history to the newest turns.
@@ -182,14 +224,6 @@ pub fn turns_cursor(end: usize) -> String {
 
 pub fn parse_turns_cursor(cursor: &str) -> Option<usize> {
     cursor.strip_prefix("turns:")?.parse().ok()
-}
-
-pub fn encode_cursor(catalog_no: u64) -> String {
-    format!("s{catalog_no}")
-}
-
-pub fn decode_cursor(cursor: &str) -> Option<u64> {
-    cursor.strip_prefix('s')?.parse().ok()
 }
 
 /// The `SessionSummary` projection of a session.

@@ -31,11 +31,12 @@ pub struct ReplayBuffer {
 }
 
 impl ReplayBuffer {
-    pub fn new(capacity: usize) -> Self {
+    /// An empty buffer for a host whose envelopes up to `floor` are not held (they are in the store).
+    pub fn new(capacity: usize, floor: u64) -> Self {
         Self {
             capacity: capacity.max(1),
             entries: VecDeque::new(),
-            floor: 0,
+            floor,
         }
     }
 
@@ -87,7 +88,7 @@ mod tests {
 
     #[test]
     fn replays_exactly_what_follows_last_seen_on_wanted_channels() {
-        let mut buffer = ReplayBuffer::new(3);
+        let mut buffer = ReplayBuffer::new(3, 0);
         for (seq, ch) in [(1, "a"), (2, "b"), (4, "a"), (5, "a")] {
             buffer.push(env(seq, ch));
         }

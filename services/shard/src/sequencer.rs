@@ -1,8 +1,9 @@
-//! The host's single `serverSeq` counter and everything it publishes.
+//! The host's single `serverSeq` counter, and the batch of what it has numbered but not yet committed.
 //!
-//! Every envelope of every channel of a host takes the next number here (design §3), is serialized once,
-//! kept in the [`ReplayBuffer`] when it is an accepted action, and published to the host's bus. Being the only
-//! place that numbers and publishes, it is what keeps invariants 1 and 3 for a host.
+//! Every envelope of every channel of a host takes the next number here (design §3) and is serialized once.
+//! Nothing is published directly: numbered envelopes, notifications and store writes wait in the
+//! [`PendingBatch`] until the host's committer has written them to the store in one transaction; only then are
+//! they published, in order (invariant 2, durable before visible).
 
 use std::sync::Arc;
 
@@ -11,32 +12,77 @@ use bytes::{BufMut, Bytes, BytesMut};
 use relay_core::bus::{Audience, BusEvent, BusEventKind, SharedBusEvent};
 use relay_core::rpc;
 use relay_core::ConnectionId;
+use relay_store::{CatalogChange, CommitBatch, LogEntry, SnapshotEntry};
 use serde::Serialize;
 use serde_json::value::RawValue;
-use tokio::sync::broadcast;
 
 use crate::replay::{ReplayBuffer, StoredEnvelope};
 
-/// Numbers, stores and publishes a host's envelopes.
+/// Something numbered or announced, waiting for its batch to commit before it is published.
+pub struct Publication {
+    pub kind: BusEventKind,
+    pub channel: Arc<str>,
+    pub seq: u64,
+    pub audience: Audience,
+    pub frame: Bytes,
+}
+
+/// What the committer takes in one go: the store writes and the publications they make visible.
+#[derive(Default)]
+pub struct PendingBatch {
+    pub last_seq: u64,
+    pub log: Vec<LogEntry>,
+    pub snapshots: Vec<SnapshotEntry>,
+    pub catalog: Vec<CatalogChange>,
+    pub disposed: Vec<String>,
+    pub publications: Vec<Publication>,
+}
+
+impl PendingBatch {
+    pub fn is_empty(&self) -> bool {
+        self.publications.is_empty()
+            && self.log.is_empty()
+            && self.snapshots.is_empty()
+            && self.catalog.is_empty()
+            && self.disposed.is_empty()
+    }
+
+    /// Split into the store's batch and the publications to make after it commits.
+    pub fn into_parts(self) -> (CommitBatch, Vec<Publication>) {
+        (
+            CommitBatch {
+                last_seq: self.last_seq,
+                log: self.log,
+                snapshots: self.snapshots,
+                catalog: self.catalog,
+                disposed: self.disposed,
+            },
+            self.publications,
+        )
+    }
+}
+
+/// Numbers a host's envelopes and collects them for the committer.
 pub struct Sequencer {
     seq: u64,
-    last_published: u64,
     replay: ReplayBuffer,
-    bus: broadcast::Sender<SharedBusEvent>,
+    pending: PendingBatch,
 }
 
 impl Sequencer {
-    pub fn new(replay_capacity: usize, bus_capacity: usize) -> Self {
-        let (bus, _) = broadcast::channel(bus_capacity.max(16));
+    /// Continue after `last_seq`, the highest number the store says was ever committed for this host.
+    pub fn new(last_seq: u64, replay_capacity: usize) -> Self {
         Self {
-            seq: 0,
-            last_published: 0,
-            replay: ReplayBuffer::new(replay_capacity),
-            bus,
+            seq: last_seq,
+            replay: ReplayBuffer::new(replay_capacity, last_seq),
+            pending: PendingBatch {
+                last_seq,
+                ..PendingBatch::default()
+            },
         }
     }
 
-    /// The last `serverSeq` assigned.
+    /// The last `serverSeq` assigned (committed or not).
     pub fn current(&self) -> u64 {
         self.seq
     }
@@ -45,35 +91,51 @@ impl Sequencer {
         &self.replay
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<SharedBusEvent> {
-        self.bus.subscribe()
+    /// Publications waiting for the next commit.
+    pub fn pending_len(&self) -> usize {
+        self.pending.publications.len()
     }
 
-    /// Sequence an accepted action: stored for replay and sent to the channel's subscribers.
-    pub fn publish_accepted(
-        &mut self,
-        channel: &str,
-        action: &StateAction,
-        origin: Option<ActionOrigin>,
-    ) -> u64 {
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Hand the pending batch to the committer.
+    pub fn take_pending(&mut self) -> PendingBatch {
+        std::mem::replace(
+            &mut self.pending,
+            PendingBatch {
+                last_seq: self.seq,
+                ..PendingBatch::default()
+            },
+        )
+    }
+
+    /// Sequence an accepted action: logged, kept for replay, and published to the channel's subscribers.
+    pub fn accept(&mut self, channel: &str, action: &StateAction, origin: Option<ActionOrigin>) -> u64 {
         let seq = self.next();
         let Some((envelope, frame)) = encode(channel, action, seq, origin, None) else {
             return seq;
         };
-        let stored = Arc::new(StoredEnvelope {
+        self.pending.log.push(LogEntry {
+            seq,
+            channel: channel.to_string(),
+            envelope: envelope.get().to_string(),
+            at_ms: now_ms(),
+        });
+        self.replay.push(Arc::new(StoredEnvelope {
             seq,
             channel: channel.into(),
             envelope,
             frame: frame.clone(),
-        });
-        self.replay.push(stored);
-        self.send(BusEventKind::Action, channel, seq, Audience::Subscribers, frame);
+        }));
+        self.publish(BusEventKind::Action, channel, seq, Audience::Subscribers, frame);
         seq
     }
 
     /// Sequence an envelope for one connection only (a rejection, or a `chat/turnsLoaded` page). It is not
-    /// stored: a replay never contains it.
-    pub fn publish_private(
+    /// logged, so no replay ever contains it, but its number is committed so it is never reused.
+    pub fn private(
         &mut self,
         connection: ConnectionId,
         channel: &str,
@@ -83,7 +145,7 @@ impl Sequencer {
     ) -> u64 {
         let seq = self.next();
         if let Some((_, frame)) = encode(channel, action, seq, origin, rejection_reason) {
-            self.send(
+            self.publish(
                 BusEventKind::Action,
                 channel,
                 seq,
@@ -94,12 +156,12 @@ impl Sequencer {
         seq
     }
 
-    /// Publish an unsequenced protocol notification to every connection of the host.
-    pub fn publish_notification<P: Serialize>(&mut self, channel: &str, method: &str, params: &P) {
+    /// An unsequenced protocol notification to every connection of the host.
+    pub fn notify<P: Serialize>(&mut self, channel: &str, method: &str, params: &P) {
         match rpc::notification_frame(method, params) {
             Ok(frame) => {
                 let seq = self.seq;
-                self.send(
+                self.publish(
                     BusEventKind::Notification,
                     channel,
                     seq,
@@ -111,10 +173,11 @@ impl Sequencer {
         }
     }
 
-    /// Tell gateways that `channel` is gone, so they drop subscriptions to it.
-    pub fn publish_disposed(&mut self, channel: &str) {
+    /// `channel` is gone: its stored state is deleted and gateways drop subscriptions to it.
+    pub fn dispose(&mut self, channel: &str) {
+        self.pending.disposed.push(channel.to_string());
         let seq = self.seq;
-        self.send(
+        self.publish(
             BusEventKind::ChannelDisposed,
             channel,
             seq,
@@ -123,26 +186,75 @@ impl Sequencer {
         );
     }
 
+    /// Store a snapshot of a channel at the current `serverSeq`.
+    pub fn snapshot(&mut self, channel: &str, parent: Option<&str>, state: String) {
+        self.pending.snapshots.push(SnapshotEntry {
+            channel: channel.to_string(),
+            parent: parent.map(str::to_string),
+            seq: self.seq,
+            state,
+        });
+    }
+
+    pub fn catalog(&mut self, change: CatalogChange) {
+        self.pending.catalog.push(change);
+    }
+
     fn next(&mut self) -> u64 {
         self.seq += 1;
+        self.pending.last_seq = self.seq;
         self.seq
     }
 
-    fn send(&mut self, kind: BusEventKind, channel: &str, seq: u64, audience: Audience, frame: Bytes) {
-        let prev_seq = self.last_published;
-        if kind == BusEventKind::Action {
-            self.last_published = seq;
-        }
-        // No receivers simply means no connection is attached right now.
-        let _ = self.bus.send(Arc::new(BusEvent {
+    fn publish(&mut self, kind: BusEventKind, channel: &str, seq: u64, audience: Audience, frame: Bytes) {
+        self.pending.publications.push(Publication {
             kind,
             channel: channel.into(),
             seq,
-            prev_seq,
             audience,
             frame,
+        });
+    }
+}
+
+/// Turns committed publications into bus events, tracking `prev_seq` for gap detection.
+pub struct Publisher {
+    last_published: u64,
+    bus: tokio::sync::broadcast::Sender<SharedBusEvent>,
+}
+
+impl Publisher {
+    pub fn new(last_seq: u64, bus_capacity: usize) -> Self {
+        let (bus, _) = tokio::sync::broadcast::channel(bus_capacity.max(16));
+        Self {
+            last_published: last_seq,
+            bus,
+        }
+    }
+
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<SharedBusEvent> {
+        self.bus.subscribe()
+    }
+
+    pub fn publish(&mut self, publication: Publication) {
+        let prev_seq = self.last_published;
+        if publication.kind == BusEventKind::Action {
+            self.last_published = publication.seq;
+        }
+        // No receivers simply means no connection is attached right now.
+        let _ = self.bus.send(Arc::new(BusEvent {
+            kind: publication.kind,
+            channel: publication.channel,
+            seq: publication.seq,
+            prev_seq,
+            audience: publication.audience,
+            frame: publication.frame,
         }));
     }
+}
+
+pub fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
 }
 
 /// Serialize an envelope once: its JSON and the `action` notification frame around it.
@@ -167,11 +279,18 @@ fn encode(
             return None;
         }
     };
+    Some(frame_around(json))
+}
+
+/// The `action` notification frame for an envelope's JSON.
+pub fn frame_around(json: String) -> (Box<RawValue>, Bytes) {
     const HEAD: &[u8] = br#"{"jsonrpc":"2.0","method":"action","params":"#;
     let mut frame = BytesMut::with_capacity(HEAD.len() + json.len() + 1);
     frame.put_slice(HEAD);
     frame.put_slice(json.as_bytes());
     frame.put_u8(b'}');
-    let raw = RawValue::from_string(json).ok()?;
-    Some((raw, frame.freeze()))
+    let frame = frame.freeze();
+    // `json` came from serde_json, so it is valid JSON.
+    let raw = RawValue::from_string(json).unwrap_or_else(|_| Box::<RawValue>::default());
+    (raw, frame)
 }

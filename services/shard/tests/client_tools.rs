@@ -15,6 +15,7 @@ use relay_core::rpc::read_frame;
 use relay_core::{ConnectionId, HostKey, Identity, Limits, Role};
 use relay_runner::{ChatSink, Provider, ProviderRegistry, TurnHandle, TurnRequest};
 use relay_shard::Host;
+use relay_store::Store;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
@@ -82,27 +83,38 @@ struct Device {
     bus: broadcast::Receiver<SharedBusEvent>,
 }
 
-fn host(grace: Duration) -> Arc<Host> {
+/// A host on a fresh SQLite store (kept alive by the returned directory).
+async fn host(grace: Duration) -> (Arc<Host>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::connect(&format!("sqlite://{}", dir.path().join("t.sqlite").display()))
+        .await
+        .expect("store");
+    store.migrate().await.expect("migrate");
     let limits = Limits {
         active_client_grace: grace,
         ..Limits::default()
     };
-    Host::new(
+    let host = Host::open(
         HostKey::new("t", "default"),
         limits,
         ProviderRegistry::new().with(Arc::new(HandsToolToClient)),
+        store,
     )
+    .await
+    .expect("open host");
+    (host, dir)
 }
 
-fn call(host: &Host, device: &Device, frame: Value) -> Option<Value> {
+async fn call(host: &Host, device: &Device, frame: Value) -> Option<Value> {
     let text = frame.to_string();
     let message = read_frame(text.as_bytes(), 64).expect("valid frame");
     host.call(device.id, message)
+        .await
         .frame
         .map(|f| serde_json::from_slice(&f).expect("json reply"))
 }
 
-fn connect(host: &Host, client_id: &str) -> Device {
+async fn connect(host: &Host, client_id: &str) -> Device {
     let id = ConnectionId::next();
     let bus = host.attach(
         id,
@@ -119,6 +131,7 @@ fn connect(host: &Host, client_id: &str) -> Device {
         json!({"jsonrpc":"2.0","id":1,"method":"initialize",
                "params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":client_id}}),
     )
+    .await
     .expect("reply");
     assert!(reply.get("result").is_some(), "{reply}");
     device
@@ -148,24 +161,25 @@ fn complete(success: bool) -> Value {
            "result":{"success":success,"pastTenseMessage":"done"}})
 }
 
-fn dispatch(host: &Host, device: &Device, seq: i64, action: Value) {
+async fn dispatch(host: &Host, device: &Device, seq: i64, action: Value) {
     assert!(call(
         host,
         device,
         json!({"jsonrpc":"2.0","method":"dispatchAction",
                "params":{"channel":"ahp-chat:/c","clientSeq":seq,"action":action}}),
     )
+    .await
     .is_none());
 }
 
-fn setup(host: &Host, owner: &Device) {
+async fn setup(host: &Host, owner: &Device) {
     for frame in [
         json!({"jsonrpc":"2.0","id":2,"method":"createSession","params":{"channel":"ahp-session:/s","provider":"scripted",
                "activeClient":{"clientId":"owner","tools":[]}}}),
         json!({"jsonrpc":"2.0","id":3,"method":"createChat","params":{"channel":"ahp-session:/s","chat":"ahp-chat:/c"}}),
         json!({"jsonrpc":"2.0","id":4,"method":"subscribe","params":{"channel":"ahp-chat:/c"}}),
     ] {
-        let reply = call(host, owner, frame).expect("reply");
+        let reply = call(host, owner, frame).await.expect("reply");
         assert!(reply.get("result").is_some(), "{reply}");
     }
     dispatch(
@@ -174,18 +188,19 @@ fn setup(host: &Host, owner: &Device) {
         1,
         json!({"type":"chat/turnStarted","turnId":"t1","startedAt":"2026-11-22T10:00:00.000Z",
                "message":{"text":"go","origin":{"kind":"user"}}}),
-    );
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn only_the_owning_client_may_complete_its_tool_call() {
-    let host = host(Duration::from_secs(30));
-    let mut owner = connect(&host, "owner");
-    let mut other = connect(&host, "other");
-    setup(&host, &owner);
+    let (host, _dir) = host(Duration::from_secs(30)).await;
+    let mut owner = connect(&host, "owner").await;
+    let mut other = connect(&host, "other").await;
+    setup(&host, &owner).await;
     next_action(&mut owner, "chat/toolCallReady").await;
 
-    dispatch(&host, &other, 1, complete(true));
+    dispatch(&host, &other, 1, complete(true)).await;
     let refused = next_action(&mut other, "chat/toolCallComplete").await;
     assert!(
         refused["rejectionReason"]
@@ -194,7 +209,7 @@ async fn only_the_owning_client_may_complete_its_tool_call() {
         "{refused}"
     );
 
-    dispatch(&host, &owner, 2, complete(true));
+    dispatch(&host, &owner, 2, complete(true)).await;
     let accepted = next_action(&mut owner, "chat/toolCallComplete").await;
     assert!(accepted.get("rejectionReason").is_none(), "{accepted}");
     assert_eq!(accepted["origin"]["clientId"], "owner");
@@ -202,15 +217,16 @@ async fn only_the_owning_client_may_complete_its_tool_call() {
 
 #[tokio::test]
 async fn a_vanished_owner_has_its_tool_calls_failed_after_the_grace_period() {
-    let host = host(Duration::from_millis(100));
-    let owner = connect(&host, "owner");
-    let mut watcher = connect(&host, "watcher");
-    setup(&host, &owner);
+    let (host, _dir) = host(Duration::from_millis(100)).await;
+    let owner = connect(&host, "owner").await;
+    let mut watcher = connect(&host, "watcher").await;
+    setup(&host, &owner).await;
     let reply = call(
         &host,
         &watcher,
         json!({"jsonrpc":"2.0","id":9,"method":"subscribe","params":{"channel":"ahp-session:/s"}}),
     )
+    .await
     .expect("reply");
     assert!(reply.get("result").is_some());
     next_action(&mut watcher, "chat/toolCallReady").await;

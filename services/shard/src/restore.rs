@@ -1,0 +1,191 @@
+//! Lazy restore: a session (with its chats) is loaded from the store the first time a message names it.
+//!
+//! A channel is restored from its latest snapshot plus the log rows after it, reduced with the `ahp`
+//! reducers. Untouched sessions are never loaded, so they cost no memory. A turn that was running when the
+//! process died is closed as a resumable `chat/error` (its partial content is kept).
+
+use std::collections::BTreeSet;
+
+use ahp::reducers::{apply_action_to_chat, apply_action_to_session};
+use ahp_types::actions::{ActionEnvelope, ChatErrorAction, StateAction};
+use ahp_types::state::{ErrorInfo, ErrorResponsePart};
+use relay_core::rpc::InboundMessage;
+use relay_store::ChannelRecord;
+
+use crate::error::ShardError;
+use serde::Deserialize;
+
+use crate::host::{Host, HostCore};
+use crate::model::{ChannelKind, ChatDocument, ChatRecord, SessionDocument, SnapshotClock};
+
+/// Every session or chat URI a message refers to.
+pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Named {
+        channel: Option<String>,
+        chat: Option<String>,
+        initial_subscriptions: Option<Vec<String>>,
+        subscriptions: Option<Vec<String>>,
+    }
+    let Some(params) = message.params.as_ref() else {
+        return Vec::new();
+    };
+    let Ok(named) = serde_json::from_str::<Named>(params.get()) else {
+        return Vec::new();
+    };
+    let mut out: BTreeSet<String> = BTreeSet::new();
+    out.extend(named.channel);
+    out.extend(named.chat);
+    out.extend(named.initial_subscriptions.unwrap_or_default());
+    out.extend(named.subscriptions.unwrap_or_default());
+    out.into_iter()
+        .filter(|c| c.starts_with("ahp-session:") || c.starts_with("ahp-chat:"))
+        .collect()
+}
+
+/// A session and its chats as read from the store, not yet reduced.
+struct LoadedSession {
+    uri: String,
+    session: ChannelRecord,
+    chats: Vec<(String, ChannelRecord)>,
+}
+
+impl Host {
+    /// Make sure every named session or chat that exists in the store is in memory.
+    pub(crate) async fn ensure_loaded(&self, channels: &[String]) -> Result<(), ShardError> {
+        for channel in channels {
+            if self.core.lock().model.kind(channel) != ChannelKind::Unknown {
+                continue;
+            }
+            let Some(loaded) = self.read_session_of(channel).await? else {
+                continue;
+            };
+            self.with_core(|core| core.install(loaded));
+        }
+        Ok(())
+    }
+
+    /// Read the session that `channel` is (or belongs to), with all its chats.
+    async fn read_session_of(&self, channel: &str) -> Result<Option<LoadedSession>, ShardError> {
+        let (tenant, host) = (&self.key.tenant, &self.key.host);
+        let Some(record) = self.store.load_channel(tenant, host, channel).await? else {
+            return Ok(None);
+        };
+        let (uri, session) = if channel.starts_with("ahp-chat:") {
+            #[derive(Deserialize)]
+            struct Parent {
+                session: String,
+            }
+            let parent: Parent = serde_json::from_str(&record.state).map_err(ShardError::corrupt)?;
+            match self.store.load_channel(tenant, host, &parent.session).await? {
+                Some(session) => (parent.session, session),
+                None => return Ok(None),
+            }
+        } else {
+            (channel.to_string(), record)
+        };
+        let mut chats = Vec::new();
+        for chat in self.store.chats_of(tenant, host, &uri).await? {
+            if let Some(record) = self.store.load_channel(tenant, host, &chat).await? {
+                chats.push((chat, record));
+            }
+        }
+        Ok(Some(LoadedSession {
+            uri: uri.to_string(),
+            session,
+            chats,
+        }))
+    }
+}
+
+impl HostCore {
+    /// Reduce a loaded session into memory (unless another call installed it meanwhile).
+    fn install(&mut self, loaded: LoadedSession) {
+        if self.model.kind(&loaded.uri) != ChannelKind::Unknown {
+            return;
+        }
+        let doc: SessionDocument = match serde_json::from_str(&loaded.session.state) {
+            Ok(doc) => doc,
+            Err(error) => {
+                tracing::error!(session = %loaded.uri, %error, "unreadable session snapshot");
+                return;
+            }
+        };
+        let mut state = doc.state;
+        for envelope in tail(&loaded.session) {
+            apply_action_to_session(&mut state, &envelope.action);
+        }
+        self.model
+            .insert_session(loaded.uri.clone(), state, doc.created_at, doc.catalog_no);
+        let mut interrupted = Vec::new();
+        for (uri, record) in loaded.chats {
+            let doc: ChatDocument = match serde_json::from_str(&record.state) {
+                Ok(doc) => doc,
+                Err(error) => {
+                    tracing::error!(chat = %uri, %error, "unreadable chat snapshot");
+                    continue;
+                }
+            };
+            let mut state = doc.state;
+            for envelope in tail(&record) {
+                apply_action_to_chat(&mut state, &envelope.action);
+            }
+            if let Some(turn) = &state.active_turn {
+                interrupted.push((uri.clone(), turn.id.clone(), turn.started_at.clone()));
+            }
+            self.model.chats.insert(
+                uri,
+                ChatRecord {
+                    session: doc.session,
+                    state,
+                    running: None,
+                    clock: SnapshotClock::fresh(),
+                },
+            );
+        }
+        for (chat, turn_id, started_at) in interrupted {
+            let duration = jiff::Timestamp::now()
+                .as_millisecond()
+                .saturating_sub(
+                    started_at
+                        .parse::<jiff::Timestamp>()
+                        .map(|t| t.as_millisecond())
+                        .unwrap_or(0),
+                )
+                .max(0);
+            self.apply_server_action(
+                &chat,
+                StateAction::ChatError(ChatErrorAction {
+                    turn_id,
+                    duration,
+                    part: ErrorResponsePart {
+                        error: ErrorInfo {
+                            error_type: "interrupted".into(),
+                            message:
+                                "The relay restarted while this turn was running; resume it to continue."
+                                    .into(),
+                            stack: None,
+                            meta: None,
+                        },
+                        resumable: Some(true),
+                    },
+                    meta: None,
+                }),
+            );
+        }
+    }
+}
+
+/// The log rows after a snapshot, parsed; unreadable rows are skipped with an error.
+fn tail(record: &ChannelRecord) -> impl Iterator<Item = ActionEnvelope> + '_ {
+    record.tail.iter().filter_map(
+        |entry| match serde_json::from_str::<ActionEnvelope>(&entry.envelope) {
+            Ok(envelope) => Some(envelope),
+            Err(error) => {
+                tracing::error!(seq = entry.seq, %error, "unreadable log row");
+                None
+            }
+        },
+    )
+}

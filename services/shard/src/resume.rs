@@ -1,0 +1,238 @@
+//! `reconnect`: exact replay of everything a client missed, or fresh snapshots — never partial.
+//!
+//! The replay comes from the host's in-memory buffer when it still holds every envelope after the client's
+//! `lastSeenServerSeq` (no store read), from the store's action log in bounded pages when the gap is inside the
+//! retention window, and as snapshots otherwise. Disposed or unknown channels are reported as `missing`.
+
+use crate::error::ShardError;
+use ahp_types::commands::{ReconnectParams, ReconnectResult, ReconnectSnapshotResult};
+use relay_core::link::{CommandReply, SubscriptionChange};
+use relay_core::rpc::{self, InboundMessage, RpcError};
+use relay_core::ConnectionId;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::commands::{reply, CommandResult};
+use crate::host::{Host, HostCore};
+use crate::model::ChannelKind;
+
+/// The wire shape of `ReconnectResult::Replay`, with envelopes spliced in as the JSON already serialized.
+#[derive(Serialize)]
+struct RawReplay<'a> {
+    r#type: &'static str,
+    actions: Vec<&'a RawValue>,
+    missing: &'a [String],
+}
+
+/// What the locked part of `reconnect` decided.
+enum Resume {
+    /// Answered from memory (replay buffer or snapshots).
+    Ready(CommandReply, u64),
+    /// The gap is older than the buffer: read it from the store.
+    FromStore(StorePlan),
+}
+
+struct StorePlan {
+    id: Option<u64>,
+    last_seen: u64,
+    current: u64,
+    live: Vec<String>,
+    missing: Vec<String>,
+    subscriptions: Vec<SubscriptionChange>,
+}
+
+impl Host {
+    pub(crate) async fn reconnect(&self, connection: ConnectionId, message: &InboundMessage) -> CommandReply {
+        let planned = self.with_core(|core| core.plan_reconnect(connection, message));
+        let plan = match planned {
+            Err(error) => return CommandReply::frame(rpc::error_frame(message.id, &error)),
+            Ok(Resume::Ready(reply, seq)) => {
+                self.wait_durable(seq).await;
+                return reply;
+            }
+            Ok(Resume::FromStore(plan)) => plan,
+        };
+        self.wait_durable(plan.current).await;
+        let replayed = match self.read_log(&plan).await {
+            Ok(replayed) => replayed,
+            Err(error) => {
+                tracing::error!(host = %self.key, %error, "reading the action log for reconnect failed");
+                let error = RpcError::internal("the store is unavailable; retry");
+                return CommandReply::frame(rpc::error_frame(plan.id, &error));
+            }
+        };
+        let result = match &replayed {
+            Some(envelopes) => {
+                let actions = envelopes.iter().map(|e| e.as_ref()).collect();
+                reply(
+                    plan.id,
+                    &RawReplay {
+                        r#type: "replay",
+                        actions,
+                        missing: &plan.missing,
+                    },
+                )
+                .map(|r| (r, plan.current))
+            }
+            // Outside the retention window: fresh snapshots at a fresh sequence number.
+            None => self.with_core(|core| {
+                let current = core.seq.current();
+                core.snapshot_reply(plan.id, &plan.live, current)
+                    .map(|r| (r, current))
+            }),
+        };
+        match result {
+            Ok((mut out, from_seq)) => {
+                self.wait_durable(from_seq).await;
+                out.subscriptions = retarget(plan.subscriptions, from_seq);
+                out.session_started = true;
+                out
+            }
+            Err(error) => CommandReply::frame(rpc::error_frame(plan.id, &error)),
+        }
+    }
+
+    /// Every logged envelope on the plan's channels in `(last_seen, current]`, in bounded pages, or `None`
+    /// when part of that range was compacted away.
+    async fn read_log(&self, plan: &StorePlan) -> Result<Option<Vec<Box<RawValue>>>, ShardError> {
+        let (tenant, host) = (&self.key.tenant, &self.key.host);
+        let page = self.core.lock().limits.replay_page.max(1);
+        if self.store.load_host(tenant, host).await?.log_floor > plan.last_seen {
+            return Ok(None);
+        }
+        let mut out = Vec::new();
+        let mut after = plan.last_seen;
+        'pages: loop {
+            let rows = self
+                .store
+                .log_after(tenant, host, after, &plan.live, page)
+                .await?;
+            let full = rows.len() == page;
+            for row in rows {
+                if row.seq > plan.current {
+                    break 'pages;
+                }
+                after = row.seq;
+                out.push(RawValue::from_string(row.envelope).map_err(ShardError::corrupt)?);
+            }
+            if !full {
+                break;
+            }
+        }
+        // Compaction may have run while paging: only a range that is still complete is exact.
+        if self.store.load_host(tenant, host).await?.log_floor > plan.last_seen {
+            return Ok(None);
+        }
+        Ok(Some(out))
+    }
+}
+
+/// Point every added subscription at `from_seq`.
+fn retarget(changes: Vec<SubscriptionChange>, from_seq: u64) -> Vec<SubscriptionChange> {
+    changes
+        .into_iter()
+        .map(|change| match change {
+            SubscriptionChange::Add { channel, .. } => SubscriptionChange::Add {
+                channel,
+                after_seq: from_seq,
+            },
+            other => other,
+        })
+        .collect()
+}
+
+impl HostCore {
+    fn plan_reconnect(
+        &mut self,
+        connection: ConnectionId,
+        message: &InboundMessage,
+    ) -> Result<Resume, RpcError> {
+        if self.connection(connection)?.client_id.is_some() {
+            return Err(RpcError::invalid_request(
+                "reconnect must be the first request of a connection",
+            ));
+        }
+        let params: ReconnectParams = message.parse_params()?;
+        if params.last_seen_server_seq < 0 {
+            return Err(RpcError::invalid_params("lastSeenServerSeq must not be negative"));
+        }
+        let mut live = Vec::new();
+        let mut missing = Vec::new();
+        for channel in params.subscriptions {
+            if self.model.kind(&channel) == ChannelKind::Unknown {
+                missing.push(channel);
+            } else if !live.contains(&channel) {
+                live.push(channel);
+            }
+        }
+        if live.len() > self.limits.max_subscriptions_per_connection {
+            return Err(RpcError::invalid_params("too many subscriptions"));
+        }
+        self.bind_client(connection, &params.client_id)?;
+        if let Some(state) = self.connections.get_mut(&connection) {
+            state.protocol_version = Some(ahp_types::PROTOCOL_VERSION.into());
+        }
+        for channel in &live {
+            self.track_subscription(connection, channel)?;
+        }
+        self.release_sessions_not_resubscribed(&params.client_id, &live);
+
+        let last_seen = params.last_seen_server_seq as u64;
+        let current = self.seq.current();
+        let mut subscriptions = vec![SubscriptionChange::Clear];
+        subscriptions.extend(live.iter().map(|channel| SubscriptionChange::Add {
+            channel: channel.clone(),
+            after_seq: current,
+        }));
+        let ready = |mut reply: CommandReply| {
+            reply.subscriptions = subscriptions.clone();
+            reply.session_started = true;
+            Ok(Resume::Ready(reply, current))
+        };
+        if last_seen > current {
+            // A sequence number this host never issued: the client's state cannot be trusted.
+            return ready(self.snapshot_reply(message.id, &live, current)?);
+        }
+        if !self.seq.replay().covers(last_seen) {
+            return Ok(Resume::FromStore(StorePlan {
+                id: message.id,
+                last_seen,
+                current,
+                live,
+                missing,
+                subscriptions,
+            }));
+        }
+        let actions = self
+            .seq
+            .replay()
+            .after(last_seen, |c| live.iter().any(|l| l == c))
+            .map(|e| e.envelope.as_ref())
+            .collect();
+        let out = reply(
+            message.id,
+            &RawReplay {
+                r#type: "replay",
+                actions,
+                missing: &missing,
+            },
+        )?;
+        ready(out)
+    }
+
+    /// Fresh snapshots of `live` at `from_seq` (channels gone meanwhile are left out: clients treat them as
+    /// missing).
+    fn snapshot_reply(&self, id: Option<u64>, live: &[String], from_seq: u64) -> CommandResult {
+        let snapshots = live
+            .iter()
+            .filter_map(|c| {
+                self.model
+                    .snapshot(c, from_seq, self.limits.default_snapshot_turns)
+            })
+            .collect();
+        reply(
+            id,
+            &ReconnectResult::Snapshot(ReconnectSnapshotResult { snapshots }),
+        )
+    }
+}

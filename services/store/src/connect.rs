@@ -1,0 +1,194 @@
+//! Opening the connection pool for a store URL: which backend it names, and the per-backend settings that
+//! make the pool safe to use — SQLite gets its file (and directory) created, WAL journaling, `synchronous =
+//! FULL` on every connection, and a single never-recycled connection when it lives in memory.
+
+use std::path::Path;
+use std::time::Duration;
+
+use sqlx::any::AnyPoolOptions;
+use sqlx::{AnyPool, Executor};
+
+use crate::{Backend, StoreError};
+
+/// Connections to Postgres: enough for a shard's commits to overlap with reads (replay, listings).
+const POSTGRES_CONNECTIONS: u32 = 10;
+/// Connections to a SQLite file: SQLite has one writer at a time; a few readers can run beside it in WAL mode.
+const SQLITE_CONNECTIONS: u32 = 4;
+/// How long a SQLite statement waits for another connection's write lock before failing.
+const BUSY_TIMEOUT: &str = "PRAGMA busy_timeout = 30000";
+/// How long to wait for a free connection before failing the operation.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Which backend `url` names.
+pub(crate) fn backend_of(url: &str) -> Result<Backend, StoreError> {
+    let scheme = url.split(':').next().unwrap_or_default();
+    match scheme {
+        "postgres" | "postgresql" => Ok(Backend::Postgres),
+        "sqlite" => Ok(Backend::Sqlite),
+        _ => Err(StoreError::UnsupportedUrl {
+            scheme: scheme.to_owned(),
+        }),
+    }
+}
+
+/// Opens a pool for `url` on `backend`.
+pub(crate) async fn open_pool(url: &str, backend: Backend) -> Result<AnyPool, StoreError> {
+    sqlx::any::install_default_drivers();
+    match backend {
+        Backend::Postgres => Ok(AnyPoolOptions::new()
+            .max_connections(POSTGRES_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect(url)
+            .await?),
+        Backend::Sqlite => open_sqlite(url).await,
+    }
+}
+
+/// The SQLite half of [`open_pool`].
+async fn open_sqlite(url: &str) -> Result<AnyPool, StoreError> {
+    let target = SqliteTarget::parse(url);
+    let options = AnyPoolOptions::new()
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        // Both are per connection. FULL makes every commit durable through a power loss in WAL mode; the
+        // busy timeout (sqlx's default is 5 s) lets a commit wait out a long compaction of the same file.
+        .after_connect(|conn, _meta| {
+            Box::pin(async move {
+                conn.execute("PRAGMA synchronous = FULL").await?;
+                conn.execute(BUSY_TIMEOUT).await?;
+                Ok(())
+            })
+        });
+    let pool = match target {
+        // Every connection to `:memory:` is a separate, empty database: keep exactly one, forever.
+        SqliteTarget::Memory => {
+            options
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .connect(url)
+                .await?
+        }
+        SqliteTarget::File { path, has_mode } => {
+            if let Some(dir) = Path::new(path).parent().filter(|dir| !dir.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+                    path: dir.display().to_string(),
+                    source,
+                })?;
+            }
+            let url = if has_mode {
+                url.to_owned()
+            } else if url.contains('?') {
+                format!("{url}&mode=rwc")
+            } else {
+                format!("{url}?mode=rwc")
+            };
+            let pool = options.max_connections(SQLITE_CONNECTIONS).connect(&url).await?;
+            // WAL is a property of the file, set once; it lets readers run while a commit writes.
+            pool.execute("PRAGMA journal_mode = WAL").await?;
+            pool
+        }
+    };
+    Ok(pool)
+}
+
+/// Where a `sqlite:` URL points.
+enum SqliteTarget<'u> {
+    Memory,
+    File {
+        /// The file path as written in the URL.
+        path: &'u str,
+        /// Whether the URL already says how to open it (`mode=…`), which we then respect.
+        has_mode: bool,
+    },
+}
+
+impl<'u> SqliteTarget<'u> {
+    fn parse(url: &'u str) -> Self {
+        let rest = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .unwrap_or(url);
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let params = || query.split('&');
+        if path == ":memory:" || params().any(|param| param == "mode=memory") {
+            SqliteTarget::Memory
+        } else {
+            SqliteTarget::File {
+                path,
+                has_mode: params().any(|param| param.starts_with("mode=")),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backends_are_told_apart_by_scheme() {
+        assert_eq!(backend_of("postgres://u@h/db").ok(), Some(Backend::Postgres));
+        assert_eq!(backend_of("postgresql://u@h/db").ok(), Some(Backend::Postgres));
+        assert_eq!(backend_of("sqlite://data/relay.db").ok(), Some(Backend::Sqlite));
+        assert_eq!(backend_of("sqlite::memory:").ok(), Some(Backend::Sqlite));
+        assert!(matches!(
+            backend_of("mysql://secret@h/db"),
+            Err(StoreError::UnsupportedUrl { scheme }) if scheme == "mysql"
+        ));
+    }
+
+    #[tokio::test]
+    async fn sqlite_connections_use_wal_full_sync_and_a_long_busy_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("relay.db").display());
+        let pool = open_pool(&url, Backend::Sqlite).await.unwrap();
+        // Hold several connections at once so more than the first one is checked.
+        let mut held = Vec::new();
+        for _ in 0..SQLITE_CONNECTIONS {
+            let mut conn = pool.acquire().await.unwrap();
+            let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            assert_eq!((mode.as_str(), sync, busy), ("wal", 2, 30_000));
+            held.push(conn);
+        }
+        drop(held);
+        pool.close().await;
+    }
+
+    #[test]
+    fn sqlite_targets() {
+        assert!(matches!(
+            SqliteTarget::parse("sqlite::memory:"),
+            SqliteTarget::Memory
+        ));
+        assert!(matches!(
+            SqliteTarget::parse("sqlite://?mode=memory"),
+            SqliteTarget::Memory
+        ));
+        assert!(matches!(
+            SqliteTarget::parse("sqlite://dir/relay.db"),
+            SqliteTarget::File {
+                path: "dir/relay.db",
+                has_mode: false
+            }
+        ));
+        assert!(matches!(
+            SqliteTarget::parse("sqlite:///abs/relay.db?mode=rw"),
+            SqliteTarget::File {
+                path: "/abs/relay.db",
+                has_mode: true
+            }
+        ));
+    }
+}

@@ -1,0 +1,42 @@
+//! `StoreError`: every way a store operation can fail, typed at the edge of the crate so callers can tell a
+//! bad configuration from an unreachable database from a value the schema cannot hold.
+
+use sqlx::error::BoxDynError;
+
+/// An error from the durable store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL names neither Postgres (`postgres://…`) nor SQLite (`sqlite://PATH`, `sqlite::memory:`).
+    #[error("unsupported store URL scheme {scheme:?}: expected postgres://… or sqlite://PATH")]
+    UnsupportedUrl {
+        /// The part of the URL before the first `:` (never the credentials).
+        scheme: String,
+    },
+    /// The directory that should hold the SQLite file could not be created.
+    #[error("cannot create the directory {path} for the SQLite store: {source}")]
+    CreateDir {
+        /// The directory.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The database refused or failed a statement, or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Running the embedded migrations failed (e.g. an applied migration was edited afterwards).
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A value could not be encoded as a statement argument.
+    #[error("cannot bind a statement argument: {0}")]
+    Bind(#[source] BoxDynError),
+    /// A counter does not fit the signed 64-bit integers the database stores (u64 above i64::MAX going in,
+    /// or a negative number coming out).
+    #[error("{what} {value} is outside the range the store can hold (0..=i64::MAX)")]
+    OutOfRange {
+        /// Which value (`"seq"`, `"catalog_no"`, …).
+        what: &'static str,
+        /// The offending value, widened so both directions fit.
+        value: i128,
+    },
+}

@@ -1,0 +1,101 @@
+//! The plain values that go in and out of the store: what one commit writes (`CommitBatch` and its parts) and
+//! what the read operations return. JSON travels as raw text, exactly as the shard serialized it.
+
+/// A host's durable counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostRecord {
+    /// The highest serverSeq ever committed for the host, logged or not: a new owner starts after it.
+    pub last_seq: u64,
+    /// The highest serverSeq removed from the log by compaction (0 if none): replay from the store is exact
+    /// only for a resume point at or above it.
+    pub log_floor: u64,
+    /// The catalogue number the next new session gets: 1 + the highest ever used, never reused.
+    pub next_catalog_no: u64,
+}
+
+/// Everything one group commit writes, atomically.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommitBatch {
+    /// The highest serverSeq assigned in this batch, including envelopes that are not logged (rejections).
+    pub last_seq: u64,
+    /// Envelopes to append to the log.
+    pub log: Vec<LogEntry>,
+    /// Snapshots to store; for a channel named more than once the highest `seq` wins (the later on a tie).
+    pub snapshots: Vec<SnapshotEntry>,
+    /// Catalogue changes, applied in order.
+    pub catalog: Vec<CatalogChange>,
+    /// Channels whose snapshot rows must be deleted. Applied after `snapshots`, so a channel both
+    /// snapshotted and disposed in one batch ends up without a snapshot.
+    pub disposed: Vec<String>,
+}
+
+/// One envelope in a host's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEntry {
+    /// Its serverSeq.
+    pub seq: u64,
+    /// The channel URI it belongs to.
+    pub channel: String,
+    /// The envelope, raw JSON text.
+    pub envelope: String,
+    /// When it was committed, unix milliseconds (retention compares against it).
+    pub at_ms: i64,
+}
+
+/// The state of one channel as of one serverSeq.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotEntry {
+    /// The channel URI.
+    pub channel: String,
+    /// For a chat, the URI of its session; `None` otherwise.
+    pub parent: Option<String>,
+    /// The serverSeq the state includes every envelope up to.
+    pub seq: u64,
+    /// The channel state, raw JSON text.
+    pub state: String,
+}
+
+/// A change to the sessions catalogue behind `listSessions`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CatalogChange {
+    /// Add a session, or replace its entry.
+    Upsert {
+        /// The session URI.
+        uri: String,
+        /// Its place in the newest-first order; also raises the host's `next_catalog_no` past it.
+        catalog_no: u64,
+        /// When it was created, as the shard formats it.
+        created_at: String,
+        /// The session summary, raw JSON text.
+        summary: String,
+    },
+    /// Drop a session from the catalogue (its number is not given out again).
+    Remove {
+        /// The session URI.
+        uri: String,
+    },
+}
+
+/// What restoring a channel needs: its latest snapshot and every logged envelope after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelRecord {
+    /// The serverSeq of the snapshot.
+    pub snapshot_seq: u64,
+    /// The snapshot, raw JSON text.
+    pub state: String,
+    /// The channel's log rows with seq > `snapshot_seq`, in seq order.
+    pub tail: Vec<LogEntry>,
+}
+
+/// One session in the catalogue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogEntry {
+    /// The session URI.
+    pub uri: String,
+    /// Its catalogue number (the listSessions cursor).
+    pub catalog_no: u64,
+    /// When it was created.
+    pub created_at: String,
+    /// The session summary, raw JSON text.
+    pub summary: String,
+}

@@ -1,0 +1,115 @@
+//! The schema: the SQL migrations in `migrations/postgres/` and `migrations/sqlite/`, embedded in the binary
+//! with `include_str!` and run through sqlx's migrator (its `_sqlx_migrations` table records what ran, so
+//! running them again is a no-op, and an applied migration that was later edited is refused).
+//!
+//! Embedding by hand instead of with `sqlx::migrate!` keeps sqlx's `macros` feature — a proc-macro crate
+//! that compiles both database drivers, bundled SQLite included, a second time for the host — out of the
+//! build. Checksums are computed the same way, so a switch to `migrate!` later sees the same history.
+//! Adding a migration: add the file to both folders and a line to both lists below (a test checks that every
+//! file in the folders is listed).
+
+use std::future::Future;
+use std::pin::Pin;
+
+use sqlx::error::BoxDynError;
+use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
+use sqlx::AnyPool;
+
+use crate::{Backend, StoreError};
+
+/// One migration file, embedded.
+#[derive(Debug)]
+struct EmbeddedMigration {
+    version: i64,
+    description: &'static str,
+    sql: &'static str,
+}
+
+const POSTGRES: &[EmbeddedMigration] = &[EmbeddedMigration {
+    version: 1,
+    description: "store",
+    sql: include_str!("../../../migrations/postgres/0001_store.sql"),
+}];
+
+const SQLITE: &[EmbeddedMigration] = &[EmbeddedMigration {
+    version: 1,
+    description: "store",
+    sql: include_str!("../../../migrations/sqlite/0001_store.sql"),
+}];
+
+/// The embedded migrations of one backend, as a source sqlx's migrator can resolve.
+#[derive(Debug)]
+struct EmbeddedMigrations(&'static [EmbeddedMigration]);
+
+impl<'s> MigrationSource<'s> for EmbeddedMigrations {
+    fn resolve(self) -> Pin<Box<dyn Future<Output = Result<Vec<Migration>, BoxDynError>> + Send + 's>> {
+        let migrations = self
+            .0
+            .iter()
+            .map(|m| {
+                Migration::new(
+                    m.version,
+                    m.description.into(),
+                    MigrationType::Simple,
+                    m.sql.into(),
+                    false,
+                )
+            })
+            .collect();
+        Box::pin(std::future::ready(Ok(migrations)))
+    }
+}
+
+/// Brings the schema of `pool` (a `backend` database) up to date.
+pub(crate) async fn migrate(pool: &AnyPool, backend: Backend) -> Result<(), StoreError> {
+    let embedded = match backend {
+        Backend::Postgres => POSTGRES,
+        Backend::Sqlite => SQLITE,
+    };
+    let migrator = Migrator::new(EmbeddedMigrations(embedded)).await?;
+    migrator.run(pool).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// Every `NNNN_description.sql` in the folder, as (version, description), sorted.
+    fn files_in(folder: &str) -> Vec<(i64, String)> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../migrations")
+            .join(folder);
+        let mut found: Vec<(i64, String)> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .filter_map(|name| {
+                let stem = name.strip_suffix(".sql")?;
+                let (version, description) = stem.split_once('_')?;
+                Some((version.parse().unwrap(), description.replace('_', " ")))
+            })
+            .collect();
+        found.sort();
+        found
+    }
+
+    fn listed(embedded: &[EmbeddedMigration]) -> Vec<(i64, String)> {
+        embedded
+            .iter()
+            .map(|m| (m.version, m.description.to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn every_migration_file_is_embedded() {
+        assert_eq!(files_in("postgres"), listed(POSTGRES));
+        assert_eq!(files_in("sqlite"), listed(SQLITE));
+    }
+
+    #[test]
+    fn both_backends_have_the_same_versions() {
+        let versions = |list: &[EmbeddedMigration]| list.iter().map(|m| m.version).collect::<Vec<_>>();
+        assert_eq!(versions(POSTGRES), versions(SQLITE));
+    }
+}

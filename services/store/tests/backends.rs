@@ -1,0 +1,920 @@
+//! The store's behaviour, written once and run against both backends: each behaviour is an async fn taking a
+//! freshly migrated [`TestDb`], and `on_both_backends!` turns it into one test on SQLite (a file in a temp
+//! directory) and one on Postgres (a database of its own, created in the server `DATABASE_URL` points at;
+//! without `DATABASE_URL` the Postgres variant prints "skipped: DATABASE_URL not set" and passes —
+//! `scripts/with-postgres cargo test -p relay-store` provides one).
+
+// The behaviours are plain async fns rather than `#[test]`s, which clippy's allow-unwrap-in-tests misses.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use relay_store::{
+    Backend, CatalogChange, CatalogEntry, CommitBatch, HostRecord, LogEntry, SnapshotEntry, Store, StoreError,
+};
+use sqlx::{Connection, Executor};
+
+/// A migrated store of its own, and what it takes to reopen and then remove it.
+struct TestDb {
+    store: Store,
+    url: String,
+    /// Keeps the SQLite file's directory alive for the test.
+    _dir: Option<tempfile::TempDir>,
+    /// For Postgres: the server's URL and the name of the database to drop afterwards.
+    postgres: Option<(String, String)>,
+}
+
+impl TestDb {
+    async fn sqlite() -> TestDb {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("relay.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        store.migrate().await.unwrap();
+        assert_eq!(store.backend(), Backend::Sqlite);
+        TestDb {
+            store,
+            url,
+            _dir: Some(dir),
+            postgres: None,
+        }
+    }
+
+    /// `None` when `DATABASE_URL` is not set.
+    async fn postgres(behaviour: &str) -> Option<TestDb> {
+        let server = std::env::var("DATABASE_URL").ok().filter(|url| !url.is_empty())?;
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let name: String = format!(
+            "rs_{}_{}_{nanos}",
+            &behaviour[..behaviour.len().min(30)],
+            std::process::id()
+        );
+        sqlx::any::install_default_drivers();
+        let mut admin = sqlx::AnyConnection::connect(&server).await.unwrap();
+        admin
+            .execute(format!("CREATE DATABASE {name}").as_str())
+            .await
+            .unwrap();
+        admin.close().await.unwrap();
+        let url = with_database(&server, &name);
+        let store = Store::connect(&url).await.unwrap();
+        store.migrate().await.unwrap();
+        assert_eq!(store.backend(), Backend::Postgres);
+        Some(TestDb {
+            store,
+            url,
+            _dir: None,
+            postgres: Some((server, name)),
+        })
+    }
+
+    /// Closes the store and drops a Postgres test database (a failed test leaves its database behind).
+    async fn finish(self) {
+        self.store.close().await;
+        if let Some((server, name)) = self.postgres {
+            let mut admin = sqlx::AnyConnection::connect(&server).await.unwrap();
+            admin
+                .execute(format!("DROP DATABASE {name} WITH (FORCE)").as_str())
+                .await
+                .unwrap();
+            admin.close().await.unwrap();
+        }
+    }
+}
+
+/// `url` with its database name replaced by `name`.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, format!("?{query}")),
+        None => (url, String::new()),
+    };
+    let authority_start = base.find("://").map_or(0, |at| at + 3);
+    let authority_end = base[authority_start..]
+        .find('/')
+        .map_or(base.len(), |at| authority_start + at);
+    format!("{}/{name}{query}", &base[..authority_end])
+}
+
+macro_rules! on_both_backends {
+    ($($behaviour:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $behaviour() {
+                    let db = super::TestDb::sqlite().await;
+                    super::$behaviour(&db).await;
+                    db.finish().await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $behaviour() {
+                    let Some(db) = super::TestDb::postgres(stringify!($behaviour)).await else {
+                        eprintln!("skipped: DATABASE_URL not set");
+                        return;
+                    };
+                    super::$behaviour(&db).await;
+                    db.finish().await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    commit_then_load_channel_returns_the_snapshot_and_the_tail_after_it,
+    the_latest_snapshot_wins,
+    last_seq_only_grows_and_counts_unlogged_seqs,
+    log_after_pages_through_the_requested_channels_in_seq_order,
+    list_sessions_pages_newest_first_without_duplicates_under_concurrent_creates,
+    removed_sessions_leave_the_list_and_their_numbers_are_not_reused,
+    compaction_keeps_channels_restorable_and_raises_the_log_floor,
+    tenants_and_hosts_are_isolated,
+    migrate_is_idempotent_and_keeps_data,
+    ten_thousand_log_rows_commit_in_one_call,
+    a_failing_batch_writes_nothing,
+    raw_log_inserts_write_only_the_log,
+);
+
+const T: &str = "acme";
+const H: &str = "default";
+const SESSION: &str = "ahp-session:/s1";
+const CHAT: &str = "ahp-chat:/c1";
+
+fn entry(seq: u64, channel: &str) -> LogEntry {
+    LogEntry {
+        seq,
+        channel: channel.into(),
+        envelope: format!(r#"{{"channel":"{channel}","serverSeq":{seq}}}"#),
+        at_ms: 1_000 + i64::try_from(seq).unwrap(),
+    }
+}
+
+fn snapshot(channel: &str, parent: Option<&str>, seq: u64) -> SnapshotEntry {
+    SnapshotEntry {
+        channel: channel.into(),
+        parent: parent.map(Into::into),
+        seq,
+        state: format!(r#"{{"channel":"{channel}","at":{seq}}}"#),
+    }
+}
+
+fn upsert(uri: &str, catalog_no: u64) -> CatalogChange {
+    CatalogChange::Upsert {
+        uri: uri.into(),
+        catalog_no,
+        created_at: format!("2025-01-01T00:00:{catalog_no:02}Z"),
+        summary: format!(r#"{{"resource":"{uri}","title":"session {catalog_no}"}}"#),
+    }
+}
+
+fn log_batch(last_seq: u64, log: Vec<LogEntry>) -> CommitBatch {
+    CommitBatch {
+        last_seq,
+        log,
+        ..CommitBatch::default()
+    }
+}
+
+fn seqs(entries: &[LogEntry]) -> Vec<u64> {
+    entries.iter().map(|entry| entry.seq).collect()
+}
+
+fn uris(entries: &[CatalogEntry]) -> Vec<&str> {
+    entries.iter().map(|entry| entry.uri.as_str()).collect()
+}
+
+async fn commit_then_load_channel_returns_the_snapshot_and_the_tail_after_it(db: &TestDb) {
+    let store = &db.store;
+    let first = CommitBatch {
+        last_seq: 5,
+        log: vec![
+            entry(1, SESSION),
+            entry(2, CHAT),
+            entry(3, CHAT),
+            entry(4, SESSION),
+            entry(5, CHAT),
+        ],
+        snapshots: vec![snapshot(SESSION, None, 1), snapshot(CHAT, Some(SESSION), 2)],
+        ..CommitBatch::default()
+    };
+    store.commit(T, H, &first).await.unwrap();
+    store
+        .commit(T, H, &log_batch(7, vec![entry(6, CHAT), entry(7, SESSION)]))
+        .await
+        .unwrap();
+
+    let chat = store.load_channel(T, H, CHAT).await.unwrap().unwrap();
+    assert_eq!(chat.snapshot_seq, 2);
+    assert_eq!(chat.state, snapshot(CHAT, None, 2).state);
+    assert_eq!(chat.tail, [entry(3, CHAT), entry(5, CHAT), entry(6, CHAT)]);
+    let session = store.load_channel(T, H, SESSION).await.unwrap().unwrap();
+    assert_eq!((session.snapshot_seq, seqs(&session.tail)), (1, vec![4, 7]));
+    assert_eq!(store.load_channel(T, H, "ahp-chat:/unknown").await.unwrap(), None);
+    assert_eq!(store.chats_of(T, H, SESSION).await.unwrap(), [CHAT]);
+
+    // A newer snapshot leaves an empty tail; a disposed channel has no record.
+    let third = CommitBatch {
+        last_seq: 8,
+        log: vec![entry(8, SESSION)],
+        snapshots: vec![snapshot(CHAT, Some(SESSION), 6)],
+        disposed: vec![SESSION.into()],
+        ..CommitBatch::default()
+    };
+    store.commit(T, H, &third).await.unwrap();
+    assert_eq!(store.load_channel(T, H, SESSION).await.unwrap(), None);
+    let chat = store.load_channel(T, H, CHAT).await.unwrap().unwrap();
+    assert_eq!((chat.snapshot_seq, chat.tail.len()), (6, 0));
+
+    // Snapshotted and disposed in one batch: disposed.
+    let both = CommitBatch {
+        last_seq: 9,
+        snapshots: vec![snapshot(CHAT, Some(SESSION), 9)],
+        disposed: vec![CHAT.into()],
+        ..CommitBatch::default()
+    };
+    store.commit(T, H, &both).await.unwrap();
+    assert_eq!(store.load_channel(T, H, CHAT).await.unwrap(), None);
+    assert!(store.chats_of(T, H, SESSION).await.unwrap().is_empty());
+}
+
+async fn the_latest_snapshot_wins(db: &TestDb) {
+    let store = &db.store;
+    let other_chat = "ahp-chat:/c2";
+    let batch = CommitBatch {
+        last_seq: 5,
+        snapshots: vec![
+            snapshot(CHAT, Some(SESSION), 5),
+            snapshot(other_chat, Some(SESSION), 1),
+            snapshot(CHAT, Some(SESSION), 3),
+        ],
+        ..CommitBatch::default()
+    };
+    store.commit(T, H, &batch).await.unwrap();
+    let snapshot_seq = |channel: &'static str| async move {
+        store
+            .load_channel(T, H, channel)
+            .await
+            .unwrap()
+            .unwrap()
+            .snapshot_seq
+    };
+    assert_eq!(snapshot_seq(CHAT).await, 5);
+    // An older snapshot never replaces a newer one; a newer one does.
+    store
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                snapshots: vec![snapshot(CHAT, None, 4)],
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(snapshot_seq(CHAT).await, 5);
+    store
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                snapshots: vec![snapshot(CHAT, None, 9)],
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(snapshot_seq(CHAT).await, 9);
+    // The new snapshot no longer names the session.
+    assert_eq!(store.chats_of(T, H, SESSION).await.unwrap(), [other_chat]);
+}
+
+async fn last_seq_only_grows_and_counts_unlogged_seqs(db: &TestDb) {
+    let store = &db.store;
+    let fresh = HostRecord {
+        last_seq: 0,
+        log_floor: 0,
+        next_catalog_no: 1,
+    };
+    assert_eq!(store.load_host(T, H).await.unwrap(), fresh);
+    assert_eq!(store.load_host(T, H).await.unwrap(), fresh);
+
+    // Seqs 4..=10 were rejections: assigned, never logged.
+    store
+        .commit(
+            T,
+            H,
+            &log_batch(10, vec![entry(1, SESSION), entry(2, SESSION), entry(3, CHAT)]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 10);
+    store.commit(T, H, &log_batch(4, vec![])).await.unwrap();
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 10);
+    store.commit(T, H, &CommitBatch::default()).await.unwrap();
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 10);
+    store.commit(T, H, &log_batch(11, vec![])).await.unwrap();
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 11);
+    // A logged seq counts even if the batch's last_seq understates it.
+    store
+        .commit(T, H, &log_batch(0, vec![entry(12, CHAT)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.load_host(T, H).await.unwrap(),
+        HostRecord {
+            last_seq: 12,
+            ..fresh
+        }
+    );
+
+    // Reopening the store changes nothing.
+    let reopened = Store::connect(&db.url).await.unwrap();
+    assert_eq!(reopened.load_host(T, H).await.unwrap().last_seq, 12);
+    reopened.close().await;
+
+    // Counters the database cannot hold are refused, not wrapped.
+    let too_big = store.commit(T, H, &log_batch(u64::MAX, vec![])).await;
+    assert!(
+        matches!(too_big, Err(StoreError::OutOfRange { what: "last_seq", .. })),
+        "{too_big:?}"
+    );
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 12);
+}
+
+async fn log_after_pages_through_the_requested_channels_in_seq_order(db: &TestDb) {
+    let store = &db.store;
+    let channels = ["ahp-session:/a", "ahp-session:/b", "ahp-chat:/c"];
+    let log: Vec<LogEntry> = (1..=30)
+        .map(|seq| entry(seq, channels[(seq % 3) as usize]))
+        .collect();
+    store.commit(T, H, &log_batch(30, log.clone())).await.unwrap();
+
+    let wanted = vec![channels[0].to_owned(), channels[2].to_owned()];
+    let expected: Vec<LogEntry> = log
+        .iter()
+        .filter(|entry| wanted.contains(&entry.channel))
+        .cloned()
+        .collect();
+    let mut pages = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.log_after(T, H, after, &wanted, 7).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 7);
+        assert!(page.windows(2).all(|pair| pair[0].seq < pair[1].seq));
+        after = page.last().unwrap().seq;
+        pages.push(page);
+    }
+    assert_eq!(pages.len(), 3); // 20 rows in pages of 7
+    assert_eq!(pages.concat(), expected);
+
+    assert_eq!(
+        seqs(&store.log_after(T, H, 25, &wanted, 100).await.unwrap()),
+        [26, 27, 29, 30]
+    );
+    assert!(store.log_after(T, H, 0, &[], 100).await.unwrap().is_empty());
+    assert!(store.log_after(T, H, 0, &wanted, 0).await.unwrap().is_empty());
+    assert!(store.log_after(T, H, 30, &wanted, 100).await.unwrap().is_empty());
+
+    // A long channel list (read in slices) still yields the first rows overall.
+    let mut many: Vec<String> = (0..1_200).map(|i| format!("ahp-chat:/absent-{i}")).collect();
+    many.insert(0, channels[1].to_owned());
+    many.push(channels[0].to_owned());
+    let page = store.log_after(T, H, 3, &many, 5).await.unwrap();
+    assert_eq!(seqs(&page), [4, 6, 7, 9, 10]);
+}
+
+async fn list_sessions_pages_newest_first_without_duplicates_under_concurrent_creates(db: &TestDb) {
+    let store = &db.store;
+    let first: Vec<CatalogChange> = (1..=5)
+        .map(|no| upsert(&format!("ahp-session:/{no}"), no))
+        .collect();
+    store
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                catalog: first,
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    let page1 = store.list_sessions(T, H, None, 2).await.unwrap();
+    assert_eq!(uris(&page1), ["ahp-session:/5", "ahp-session:/4"]);
+    assert_eq!(
+        page1[0],
+        CatalogEntry {
+            uri: "ahp-session:/5".into(),
+            catalog_no: 5,
+            created_at: "2025-01-01T00:00:05Z".into(),
+            summary: r#"{"resource":"ahp-session:/5","title":"session 5"}"#.into(),
+        }
+    );
+
+    // Two sessions are created between pages; numbering continues from the host's counter.
+    let next = store.load_host(T, H).await.unwrap().next_catalog_no;
+    assert_eq!(next, 6);
+    let created = vec![upsert("ahp-session:/6", next), upsert("ahp-session:/7", next + 1)];
+    store
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                catalog: created,
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    let page2 = store
+        .list_sessions(T, H, Some(page1[1].catalog_no), 2)
+        .await
+        .unwrap();
+    assert_eq!(uris(&page2), ["ahp-session:/3", "ahp-session:/2"]);
+    let page3 = store
+        .list_sessions(T, H, Some(page2[1].catalog_no), 2)
+        .await
+        .unwrap();
+    assert_eq!(uris(&page3), ["ahp-session:/1"]);
+    assert!(store.list_sessions(T, H, Some(1), 2).await.unwrap().is_empty());
+
+    // Starting over shows the new sessions first.
+    let all = store.list_sessions(T, H, None, 100).await.unwrap();
+    let numbers: Vec<u64> = all.iter().map(|entry| entry.catalog_no).collect();
+    assert_eq!(numbers, [7, 6, 5, 4, 3, 2, 1]);
+    assert!(store.list_sessions(T, H, None, 0).await.unwrap().is_empty());
+    assert_eq!(
+        store.list_sessions(T, H, Some(u64::MAX), 1).await.unwrap()[0].catalog_no,
+        7
+    );
+}
+
+async fn removed_sessions_leave_the_list_and_their_numbers_are_not_reused(db: &TestDb) {
+    let store = &db.store;
+    let created = vec![
+        upsert("ahp-session:/1", 1),
+        upsert("ahp-session:/2", 2),
+        upsert("ahp-session:/3", 3),
+    ];
+    store
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                catalog: created,
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    let removed = vec![
+        CatalogChange::Remove {
+            uri: "ahp-session:/3".into(),
+        },
+        CatalogChange::Remove {
+            uri: "ahp-session:/2".into(),
+        },
+        CatalogChange::Remove {
+            uri: "ahp-session:/never-existed".into(),
+        },
+    ];
+    store
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                catalog: removed,
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        uris(&store.list_sessions(T, H, None, 10).await.unwrap()),
+        ["ahp-session:/1"]
+    );
+    assert_eq!(store.load_host(T, H).await.unwrap().next_catalog_no, 4);
+
+    // A summary change replaces the entry in place; changes to one URI in one batch apply in order.
+    let changes = vec![
+        CatalogChange::Upsert {
+            uri: "ahp-session:/1".into(),
+            catalog_no: 1,
+            created_at: "2025-01-01T00:00:01Z".into(),
+            summary: r#"{"title":"renamed"}"#.into(),
+        },
+        upsert("ahp-session:/4", 4),
+        upsert("ahp-session:/5", 5),
+        CatalogChange::Remove {
+            uri: "ahp-session:/5".into(),
+        },
+        CatalogChange::Remove {
+            uri: "ahp-session:/6".into(),
+        },
+        upsert("ahp-session:/6", 6),
+    ];
+    store
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                catalog: changes,
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    let listed = store.list_sessions(T, H, None, 10).await.unwrap();
+    assert_eq!(
+        uris(&listed),
+        ["ahp-session:/6", "ahp-session:/4", "ahp-session:/1"]
+    );
+    assert_eq!(listed[2].summary, r#"{"title":"renamed"}"#);
+    assert_eq!(store.load_host(T, H).await.unwrap().next_catalog_no, 7);
+}
+
+async fn compaction_keeps_channels_restorable_and_raises_the_log_floor(db: &TestDb) {
+    let store = &db.store;
+    let disposed = "ahp-chat:/gone";
+    let aged = |seq: u64, channel: &str| LogEntry {
+        at_ms: i64::try_from(seq).unwrap() * 100,
+        ..entry(seq, channel)
+    };
+    let channels = [
+        CHAT, SESSION, disposed, CHAT, CHAT, SESSION, CHAT, CHAT, disposed, CHAT,
+    ];
+    let log: Vec<LogEntry> = (1..=10)
+        .map(|seq| aged(seq, channels[seq as usize - 1]))
+        .collect();
+    let batch = CommitBatch {
+        last_seq: 10,
+        log: log.clone(),
+        snapshots: vec![snapshot(CHAT, Some(SESSION), 5), snapshot(SESSION, None, 2)],
+        ..CommitBatch::default()
+    };
+    store.commit(T, H, &batch).await.unwrap();
+    let other = CommitBatch {
+        last_seq: 3,
+        log: vec![aged(1, SESSION), aged(2, SESSION), aged(3, SESSION)],
+        snapshots: vec![snapshot(SESSION, None, 3)],
+        ..CommitBatch::default()
+    };
+    store.commit(T, "other", &other).await.unwrap();
+    let chat_before = store.load_channel(T, H, CHAT).await.unwrap().unwrap();
+    let session_before = store.load_channel(T, H, SESSION).await.unwrap().unwrap();
+
+    // Rows 1..=7 are older than the cut-off. Removable: 1, 4, 5 (chat, covered by its snapshot at 5),
+    // 2 (session, snapshot at 2), 3 (disposed channel); kept: 6 (session tail), 7 (chat tail). Plus all
+    // three rows of the other host.
+    assert_eq!(store.compact(750).await.unwrap(), 5 + 3);
+    assert_eq!(
+        store.load_host(T, H).await.unwrap(),
+        HostRecord {
+            last_seq: 10,
+            log_floor: 5,
+            next_catalog_no: 1
+        }
+    );
+    assert_eq!(store.load_host(T, "other").await.unwrap().log_floor, 3);
+    assert_eq!(
+        store.load_channel(T, H, CHAT).await.unwrap().unwrap(),
+        chat_before
+    );
+    assert_eq!(
+        store.load_channel(T, H, SESSION).await.unwrap().unwrap(),
+        session_before
+    );
+    let all = vec![CHAT.to_owned(), SESSION.to_owned(), disposed.to_owned()];
+    assert_eq!(
+        seqs(&store.log_after(T, H, 0, &all, 100).await.unwrap()),
+        [6, 7, 8, 9, 10]
+    );
+
+    // Nothing more to do at the same cut-off.
+    assert_eq!(store.compact(750).await.unwrap(), 0);
+    assert_eq!(store.load_host(T, H).await.unwrap().log_floor, 5);
+
+    // A newer chat snapshot lets its older tail go too; the session's tail after its snapshot stays.
+    let newer = CommitBatch {
+        snapshots: vec![snapshot(CHAT, Some(SESSION), 8)],
+        ..CommitBatch::default()
+    };
+    store.commit(T, H, &newer).await.unwrap();
+    assert_eq!(store.compact(10_000).await.unwrap(), 3); // 7, 8 (chat) and 9 (disposed)
+    assert_eq!(store.load_host(T, H).await.unwrap().log_floor, 9);
+    let chat = store.load_channel(T, H, CHAT).await.unwrap().unwrap();
+    assert_eq!((chat.snapshot_seq, seqs(&chat.tail)), (8, vec![10]));
+    assert_eq!(
+        store.load_channel(T, H, SESSION).await.unwrap().unwrap(),
+        session_before
+    );
+    assert_eq!(seqs(&store.log_after(T, H, 0, &all, 100).await.unwrap()), [6, 10]);
+}
+
+async fn tenants_and_hosts_are_isolated(db: &TestDb) {
+    let store = &db.store;
+    let tagged = |tenant: &str, seq: u64| LogEntry {
+        envelope: format!(r#"{{"tenant":"{tenant}"}}"#),
+        ..entry(seq, SESSION)
+    };
+    let state = |tenant: &str| format!(r#"{{"owner":"{tenant}"}}"#);
+    let acme = CommitBatch {
+        last_seq: 3,
+        log: (1..=3).map(|seq| tagged("acme", seq)).collect(),
+        snapshots: vec![
+            SnapshotEntry {
+                state: state("acme"),
+                ..snapshot(SESSION, None, 1)
+            },
+            snapshot(CHAT, Some(SESSION), 1),
+        ],
+        catalog: vec![upsert(SESSION, 1)],
+        ..CommitBatch::default()
+    };
+    let globex = CommitBatch {
+        last_seq: 9,
+        log: (1..=5).map(|seq| tagged("globex", seq)).collect(),
+        snapshots: vec![SnapshotEntry {
+            state: state("globex"),
+            ..snapshot(SESSION, None, 2)
+        }],
+        catalog: vec![upsert(SESSION, 7)],
+        ..CommitBatch::default()
+    };
+    store.commit("acme", H, &acme).await.unwrap();
+    store.commit("globex", H, &globex).await.unwrap();
+
+    for (tenant, last_seq, snapshot_seq, tail, catalog_no, chats) in [
+        ("acme", 3, 1, vec![2, 3], 1, vec![CHAT]),
+        ("globex", 9, 2, vec![3, 4, 5], 7, vec![]),
+    ] {
+        let host = store.load_host(tenant, H).await.unwrap();
+        assert_eq!(
+            (host.last_seq, host.next_catalog_no),
+            (last_seq, catalog_no + 1),
+            "{tenant}"
+        );
+        let channel = store.load_channel(tenant, H, SESSION).await.unwrap().unwrap();
+        assert_eq!(
+            (channel.snapshot_seq, channel.state.as_str()),
+            (snapshot_seq, state(tenant).as_str())
+        );
+        assert_eq!(seqs(&channel.tail), tail);
+        let replay = store
+            .log_after(tenant, H, 0, &[SESSION.to_owned()], 100)
+            .await
+            .unwrap();
+        assert!(
+            replay.iter().all(|entry| entry.envelope.contains(tenant)),
+            "{tenant}: {replay:?}"
+        );
+        let listed = store.list_sessions(tenant, H, None, 10).await.unwrap();
+        assert_eq!(
+            listed.iter().map(|entry| entry.catalog_no).collect::<Vec<_>>(),
+            [catalog_no]
+        );
+        assert_eq!(store.chats_of(tenant, H, SESSION).await.unwrap(), chats);
+    }
+    // A tenant with nothing sees nothing, and another host of the same tenant is another space.
+    for (tenant, host) in [("initech", H), ("acme", "other")] {
+        assert_eq!(store.load_channel(tenant, host, SESSION).await.unwrap(), None);
+        assert!(store
+            .log_after(tenant, host, 0, &[SESSION.to_owned()], 100)
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(store
+            .list_sessions(tenant, host, None, 10)
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(store.chats_of(tenant, host, SESSION).await.unwrap().is_empty());
+        assert_eq!(store.load_host(tenant, host).await.unwrap().last_seq, 0);
+    }
+
+    // Disposing and removing in one tenant leaves the other's rows alone; so does compacting.
+    let dispose = CommitBatch {
+        disposed: vec![SESSION.into()],
+        catalog: vec![CatalogChange::Remove { uri: SESSION.into() }],
+        ..CommitBatch::default()
+    };
+    store.commit("globex", H, &dispose).await.unwrap();
+    assert_eq!(store.load_channel("globex", H, SESSION).await.unwrap(), None);
+    assert!(store
+        .list_sessions("globex", H, None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(store.compact(i64::MAX).await.unwrap(), 5 + 1); // globex: all (disposed); acme: seq 1
+    assert_eq!(store.load_host("globex", H).await.unwrap().log_floor, 5);
+    assert_eq!(store.load_host("acme", H).await.unwrap().log_floor, 1);
+    assert_eq!(
+        seqs(
+            &store
+                .load_channel("acme", H, SESSION)
+                .await
+                .unwrap()
+                .unwrap()
+                .tail
+        ),
+        [2, 3]
+    );
+    assert_eq!(store.list_sessions("acme", H, None, 10).await.unwrap().len(), 1);
+}
+
+async fn migrate_is_idempotent_and_keeps_data(db: &TestDb) {
+    let store = &db.store;
+    store
+        .commit(T, H, &log_batch(3, vec![entry(1, SESSION)]))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let reopened = Store::connect(&db.url).await.unwrap();
+    reopened.migrate().await.unwrap();
+    assert_eq!(reopened.load_host(T, H).await.unwrap().last_seq, 3);
+    assert_eq!(
+        seqs(
+            &reopened
+                .log_after(T, H, 0, &[SESSION.to_owned()], 10)
+                .await
+                .unwrap()
+        ),
+        [1]
+    );
+    reopened.close().await;
+}
+
+async fn ten_thousand_log_rows_commit_in_one_call(db: &TestDb) {
+    let store = &db.store;
+    let channels: Vec<String> = (0..10).map(|i| format!("ahp-chat:/c{i}")).collect();
+    let log: Vec<LogEntry> = (1..=10_000u64)
+        .map(|seq| LogEntry {
+            envelope: format!(
+                r#"{{"serverSeq":{seq},"action":{{"type":"chat/delta","text":"{}"}}}}"#,
+                "x".repeat(150)
+            ),
+            ..entry(seq, &channels[(seq % 10) as usize])
+        })
+        .collect();
+    let snapshots = channels
+        .iter()
+        .map(|channel| snapshot(channel, Some(SESSION), 0))
+        .collect();
+    let batch = CommitBatch {
+        last_seq: 10_000,
+        log: log.clone(),
+        snapshots,
+        ..CommitBatch::default()
+    };
+    let started = std::time::Instant::now();
+    store.commit(T, H, &batch).await.unwrap();
+    eprintln!(
+        "{:?}: 10,000 log rows committed in {:?}",
+        store.backend(),
+        started.elapsed()
+    );
+
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 10_000);
+    assert_eq!(store.log_after(T, H, 0, &channels, 20_000).await.unwrap(), log);
+    let restored = store.load_channel(T, H, &channels[3]).await.unwrap().unwrap();
+    assert_eq!(restored.tail.len(), 1_000);
+    assert!(restored.tail.iter().all(|entry| entry.seq % 10 == 3));
+    assert_eq!(store.chats_of(T, H, SESSION).await.unwrap(), channels);
+}
+
+async fn a_failing_batch_writes_nothing(db: &TestDb) {
+    let store = &db.store;
+    store
+        .commit(T, H, &log_batch(1, vec![entry(1, SESSION)]))
+        .await
+        .unwrap();
+    // Seq 1 is already logged: the INSERT fails after the counters were raised; all of it rolls back.
+    let duplicate = CommitBatch {
+        last_seq: 50,
+        log: vec![entry(2, SESSION), entry(1, SESSION)],
+        catalog: vec![upsert(SESSION, 9)],
+        ..CommitBatch::default()
+    };
+    assert!(matches!(
+        store.commit(T, H, &duplicate).await,
+        Err(StoreError::Database(_))
+    ));
+    // A snapshot seq the database cannot hold fails after the log rows were inserted.
+    let out_of_range = CommitBatch {
+        last_seq: 60,
+        log: vec![entry(2, SESSION)],
+        snapshots: vec![snapshot(SESSION, None, u64::MAX)],
+        ..CommitBatch::default()
+    };
+    assert!(matches!(
+        store.commit(T, H, &out_of_range).await,
+        Err(StoreError::OutOfRange { what: "seq", .. })
+    ));
+
+    assert_eq!(
+        store.load_host(T, H).await.unwrap(),
+        HostRecord {
+            last_seq: 1,
+            log_floor: 0,
+            next_catalog_no: 1
+        }
+    );
+    assert_eq!(
+        seqs(&store.log_after(T, H, 0, &[SESSION.to_owned()], 10).await.unwrap()),
+        [1]
+    );
+    assert_eq!(store.load_channel(T, H, SESSION).await.unwrap(), None);
+    assert!(store.list_sessions(T, H, None, 10).await.unwrap().is_empty());
+    // The store is still usable.
+    store
+        .commit(T, H, &log_batch(2, vec![entry(2, SESSION)]))
+        .await
+        .unwrap();
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 2);
+}
+
+async fn raw_log_inserts_write_only_the_log(db: &TestDb) {
+    let store = &db.store;
+    store
+        .insert_log_raw(T, H, (1..=3).map(|seq| entry(seq, CHAT)).collect())
+        .await
+        .unwrap();
+    assert_eq!(
+        seqs(&store.log_after(T, H, 0, &[CHAT.to_owned()], 10).await.unwrap()),
+        [1, 2, 3]
+    );
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 0);
+}
+
+#[test]
+fn test_database_urls_keep_credentials_and_parameters() {
+    assert_eq!(
+        with_database("postgres://u:p@h:5/db?sslmode=disable", "t"),
+        "postgres://u:p@h:5/t?sslmode=disable"
+    );
+    assert_eq!(
+        with_database("postgres://u@127.0.0.1:5432", "t"),
+        "postgres://u@127.0.0.1:5432/t"
+    );
+}
+
+#[tokio::test]
+async fn sqlite_creates_the_file_and_its_directory_and_journals_with_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nested/data/relay.db");
+    let store = Store::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    store
+        .commit(T, H, &log_batch(1, vec![entry(1, SESSION)]))
+        .await
+        .unwrap();
+    assert!(path.exists());
+    assert!(
+        path.with_file_name("relay.db-wal").exists(),
+        "no write-ahead log next to the database"
+    );
+    store.close().await;
+}
+
+#[tokio::test]
+async fn sqlite_in_memory_keeps_its_data_across_operations() {
+    let store = Store::connect("sqlite::memory:").await.unwrap();
+    store.migrate().await.unwrap();
+    store
+        .commit(T, H, &log_batch(4, vec![entry(1, SESSION)]))
+        .await
+        .unwrap();
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 4);
+    assert_eq!(
+        store
+            .log_after(T, H, 0, &[SESSION.to_owned()], 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    store.close().await;
+}
+
+#[tokio::test]
+async fn unsupported_urls_are_refused_without_echoing_them() {
+    let refused = Store::connect("mysql://user:secret@host/db").await;
+    let message = refused.unwrap_err().to_string();
+    assert!(
+        message.contains("mysql") && !message.contains("secret"),
+        "{message}"
+    );
+}

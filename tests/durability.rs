@@ -1,0 +1,329 @@
+//! Sessions outlive the process: the relay is killed with SIGKILL mid-stream and restarted on the same store
+//! (SQLite and Postgres), and every client resumes exactly.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use ahp_types::actions::{ActionEnvelope, StateAction};
+use ahp_types::commands::ReconnectResult;
+use ahp_types::state::{ChatState, TurnState};
+use relay_core::Role;
+use support::*;
+use tokio::sync::mpsc;
+
+/// One device on one host, following two chats.
+struct Device {
+    host: &'static str,
+    client_id: String,
+    chats: Vec<String>,
+    initial: BTreeMap<String, (ChatState, u64)>,
+    received: mpsc::UnboundedReceiver<ActionEnvelope>,
+    seen: Vec<ActionEnvelope>,
+}
+
+async fn device(relay: &Relay, tenant: &str, host: &'static str) -> Device {
+    let client_id = format!("{host}-device");
+    let client = relay.connect_host(host, tenant, "user", Role::Member).await;
+    client
+        .initialize(client_id.clone(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("initialize");
+    let (tx, rx) = mpsc::unbounded_channel();
+    // One stream for the whole connection keeps the wire order across channels.
+    let mut events = client.events();
+    tokio::spawn(async move {
+        while let Some(event) = events.recv().await {
+            if let ahp::SubscriptionEvent::Action(envelope) = event.event {
+                let _ = tx.send(envelope);
+            }
+        }
+    });
+    let mut chats = Vec::new();
+    let mut initial = BTreeMap::new();
+    for i in 0..2 {
+        let (_, chat) = create_session_and_chat(&client, &format!("{host}-{i}")).await;
+        let (state, from, _sub) = subscribe_chat(&client, &chat).await;
+        initial.insert(chat.clone(), (state, from));
+        client
+            .dispatch(
+                chat.clone(),
+                turn_started("t1", "a long story that streams for a while"),
+            )
+            .await
+            .expect("dispatch");
+        chats.push(chat);
+    }
+    // Keep the connection open until the relay dies.
+    std::mem::forget(client);
+    Device {
+        host,
+        client_id,
+        chats,
+        initial,
+        received: rx,
+        seen: Vec::new(),
+    }
+}
+
+async fn crash_and_resume(store: TestStore) {
+    let tenant = unique_tenant();
+    let mut relay = store.relay(&["--demo-step-ms", "60"]).await;
+    let mut devices = vec![
+        device(&relay, &tenant, "default").await,
+        device(&relay, &tenant, "second").await,
+    ];
+    // Kill the relay once every device is mid-stream.
+    for d in &mut devices {
+        while d.seen.len() < 6 {
+            let envelope = tokio::time::timeout(PATIENCE, d.received.recv())
+                .await
+                .expect("timed out")
+                .expect("stream");
+            d.seen.push(envelope);
+        }
+    }
+    relay.kill().await;
+    for d in &mut devices {
+        // Whatever reached the client before the kill counts as received.
+        while let Some(envelope) = d.received.recv().await {
+            d.seen.push(envelope);
+        }
+        let completed = d
+            .seen
+            .iter()
+            .filter(|e| matches!(e.action, StateAction::ChatTurnComplete(_)))
+            .count();
+        assert!(
+            completed < d.chats.len(),
+            "killed while turns were still streaming"
+        );
+        assert_increasing(&d.seen);
+    }
+
+    let relay = store.relay(&["--demo-step-ms", "60"]).await;
+    for d in &devices {
+        let max_seen = d.seen.iter().map(|e| e.server_seq).max().expect("seen");
+
+        // Every envelope the client received is in the store, unchanged.
+        let auditor = relay.connect_host(d.host, &tenant, "user", Role::Member).await;
+        let ReconnectResult::Replay(all) = auditor
+            .reconnect(format!("{}-audit", d.client_id), 0, d.chats.clone())
+            .await
+            .expect("audit")
+        else {
+            panic!("the full log should replay from the store");
+        };
+        let logged: BTreeMap<u64, serde_json::Value> =
+            all.actions.iter().map(|e| (e.server_seq, json(e))).collect();
+        for envelope in &d.seen {
+            assert_eq!(
+                logged.get(&envelope.server_seq),
+                Some(&json(envelope)),
+                "seq {} not stored",
+                envelope.server_seq
+            );
+        }
+
+        // The device resumes exactly: nothing it saw again, nothing skipped, and the interrupted turns are
+        // closed as resumable errors.
+        let resumed = relay.connect_host(d.host, &tenant, "user", Role::Member).await;
+        let ReconnectResult::Replay(replay) = resumed
+            .reconnect(d.client_id.clone(), max_seen as i64, d.chats.clone())
+            .await
+            .expect("reconnect")
+        else {
+            panic!("expected an exact replay after restart");
+        };
+        assert!(
+            replay.actions.iter().all(|e| e.server_seq > max_seen),
+            "nothing duplicated"
+        );
+        assert_increasing(&replay.actions);
+        let expected: Vec<_> = all.actions.iter().filter(|e| e.server_seq > max_seen).collect();
+        assert_eq!(json(&replay.actions), json(&expected), "nothing skipped");
+
+        for chat in &d.chats {
+            let (state, from) = d.initial[chat].clone();
+            let mine: Vec<ActionEnvelope> = d
+                .seen
+                .iter()
+                .chain(replay.actions.iter())
+                .filter(|e| &e.channel == chat)
+                .cloned()
+                .collect();
+            let reduced = reduce_chat(state, from, &mine);
+            let (fresh, _, _) = subscribe_chat(&resumed, chat).await;
+            assert_eq!(json(&reduced), json(&fresh), "{chat}");
+            let last = fresh.turns.last().map(|t| t.state);
+            assert!(
+                matches!(last, Some(TurnState::Error | TurnState::Complete)),
+                "no turn left running"
+            );
+        }
+
+        // serverSeq continues above everything any client saw.
+        let (probe, init) = {
+            let c = relay.connect_host(d.host, &tenant, "user", Role::Member).await;
+            let init = c
+                .initialize(format!("{}-probe", d.client_id), vec!["1.0.0".into()], vec![])
+                .await
+                .expect("initialize");
+            (c, init)
+        };
+        assert!(init.server_seq as u64 >= max_seen);
+        let (_, _, mut sub) = subscribe_chat(&probe, &d.chats[0]).await;
+        probe
+            .dispatch(d.chats[0].clone(), turn_started("t2", "after the crash"))
+            .await
+            .expect("dispatch");
+        let next = next_envelope(&mut sub).await;
+        assert!(
+            next.server_seq > max_seen && next.server_seq > replay.actions.last().map_or(0, |e| e.server_seq)
+        );
+    }
+}
+
+on_both_stores!(killed_mid_stream_and_restarted, crash_and_resume);
+
+/// Dispatch `count` draft changes on `chat` and wait until all of them are committed and echoed back.
+async fn stream_drafts(client: &ahp::Client, chat: &str, count: usize) -> Vec<ActionEnvelope> {
+    let (_, _, mut sub) = subscribe_chat(client, chat).await;
+    let mut last = None;
+    for i in 0..count {
+        let action = StateAction::ChatDraftChanged(ahp_types::actions::ChatDraftChangedAction {
+            draft: Some(message(&format!("draft {i}"))),
+        });
+        last = Some(
+            client
+                .dispatch(chat.to_string(), action)
+                .await
+                .expect("dispatch")
+                .client_seq,
+        );
+    }
+    let last = last.expect("at least one");
+    collect_until(&mut sub, |e| {
+        e.origin.as_ref().is_some_and(|o| o.client_seq == last)
+    })
+    .await
+}
+
+async fn away_for_many_actions(store: TestStore) {
+    let tenant = unique_tenant();
+    let relay = store.relay(&[]).await;
+    let (a, _) = relay.client_as(&tenant, "ana", Role::Member, "away").await;
+    let (_, chat) = create_session_and_chat(&a, "busy").await;
+    let (_, last_seen, _) = subscribe_chat(&a, &chat).await;
+    a.shutdown().await;
+
+    let (b, _) = relay.client_as(&tenant, "ana", Role::Member, "busy-device").await;
+    let sent = stream_drafts(&b, &chat, 50_000).await;
+    assert_eq!(sent.len(), 50_000);
+
+    let a2 = relay.connect(&tenant, "ana", Role::Member).await;
+    let ReconnectResult::Replay(replay) = a2
+        .reconnect("away".into(), last_seen as i64, vec![chat.clone()])
+        .await
+        .expect("reconnect")
+    else {
+        panic!("a gap inside retention must be replayed exactly");
+    };
+    assert_eq!(replay.actions.len(), 50_000);
+    assert_eq!(json(&replay.actions), json(&sent));
+}
+
+on_both_stores!(
+    a_client_away_for_50k_actions_replays_from_the_store,
+    away_for_many_actions
+);
+
+async fn away_past_retention(store: TestStore) {
+    let tenant = unique_tenant();
+    let relay = store
+        .relay(&["--replay-buffer", "5", "--snapshot-every-actions", "10"])
+        .await;
+    let (a, _) = relay.client_as(&tenant, "ana", Role::Member, "away").await;
+    let (_, chat) = create_session_and_chat(&a, "old").await;
+    let (_, last_seen, _) = subscribe_chat(&a, &chat).await;
+    a.shutdown().await;
+    let (b, _) = relay.client_as(&tenant, "ana", Role::Member, "busy-device").await;
+    stream_drafts(&b, &chat, 35).await;
+
+    // The retention job compacts everything the snapshots cover.
+    store.compact("0s").await;
+
+    let a2 = relay.connect(&tenant, "ana", Role::Member).await;
+    let result = a2
+        .reconnect("away".into(), last_seen as i64, vec![chat.clone()])
+        .await
+        .expect("reconnect");
+    let ReconnectResult::Snapshot(snapshots) = result else {
+        panic!("a gap past retention must get snapshots, got {result:?}");
+    };
+    assert_eq!(snapshots.snapshots.len(), 1);
+    assert_eq!(
+        json(&chat_of(&snapshots.snapshots[0])),
+        json(&fresh_chat_snapshot_for(&relay, &tenant, &chat).await)
+    );
+}
+
+on_both_stores!(a_client_away_past_retention_gets_snapshots, away_past_retention);
+
+async fn lazy_restore(store: TestStore) {
+    let tenant = unique_tenant();
+    let mut relay = store.relay(&[]).await;
+    let clients = futures_util::future::join_all((0..4).map(|i| {
+        let relay = &relay;
+        let tenant = tenant.clone();
+        async move {
+            relay
+                .client_as(&tenant, "ana", Role::Member, &format!("maker-{i}"))
+                .await
+                .0
+        }
+    }))
+    .await;
+    futures_util::future::join_all(clients.iter().enumerate().map(|(i, c)| async move {
+        for j in 0..250 {
+            create_session_and_chat(c, &format!("s{i}-{j}")).await;
+        }
+    }))
+    .await;
+    relay.kill().await;
+
+    let relay = store.relay(&[]).await;
+    let (c, _) = relay.client_as(&tenant, "ana", Role::Member, "reader").await;
+    let first: ahp_types::commands::ListSessionsResult = c
+        .request(
+            "listSessions",
+            serde_json::json!({"channel": "ahp-root://", "limit": 100}),
+        )
+        .await
+        .expect("list");
+    assert_eq!(first.items.len(), 100);
+    assert_eq!(
+        relay.metric("ahp_relay_sessions_loaded").await,
+        0.0,
+        "listing loads nothing"
+    );
+    let (state, _, _) = subscribe_chat(&c, "ahp-chat:/s2-17").await;
+    assert!(state.turns.is_empty());
+    assert_eq!(
+        relay.metric("ahp_relay_sessions_loaded").await,
+        1.0,
+        "only the touched session is loaded"
+    );
+    assert_eq!(relay.metric("ahp_relay_chats_loaded").await, 1.0);
+}
+
+on_both_stores!(restart_restores_1000_sessions_lazily, lazy_restore);
+
+async fn fresh_chat_snapshot_for(relay: &Relay, tenant: &str, chat: &str) -> ChatState {
+    let (observer, _) = relay
+        .client_as(tenant, "observer", Role::Viewer, "observer")
+        .await;
+    let (state, _, _) = subscribe_chat(&observer, chat).await;
+    observer.shutdown().await;
+    state
+}
