@@ -327,3 +327,134 @@ async fn fresh_chat_snapshot_for(relay: &Relay, tenant: &str, chat: &str) -> Cha
     observer.shutdown().await;
     state
 }
+
+async fn list_ten_thousand(store: TestStore) {
+    let tenant = unique_tenant();
+    let relay = store.relay(&[]).await;
+    let makers = futures_util::future::join_all((0..8).map(|i| {
+        let (relay, tenant) = (&relay, tenant.clone());
+        async move {
+            relay
+                .client_as(&tenant, "ana", Role::Member, &format!("maker-{i}"))
+                .await
+                .0
+        }
+    }))
+    .await;
+    let create = |client: &ahp::Client, uri: String| {
+        let client = client.clone();
+        async move {
+            let _: serde_json::Value = client
+                .request(
+                    "createSession",
+                    serde_json::json!({"channel": uri, "provider": "demo"}),
+                )
+                .await
+                .expect("createSession");
+        }
+    };
+    futures_util::future::join_all(makers.iter().enumerate().map(|(i, c)| async move {
+        for j in 0..1_250 {
+            create(c, format!("ahp-session:/s{:05}", i * 1_250 + j)).await;
+        }
+    }))
+    .await;
+
+    // Page through all 10,000 while another client keeps creating sessions.
+    let (reader, _) = relay.client_as(&tenant, "ana", Role::Member, "reader").await;
+    let late = makers[0].clone();
+    let creating = tokio::spawn(async move {
+        for j in 0..300 {
+            create(&late, format!("ahp-session:/late{j:04}")).await;
+        }
+    });
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page: ahp_types::commands::ListSessionsResult = reader
+            .request(
+                "listSessions",
+                serde_json::json!({"channel": "ahp-root://", "limit": 100, "cursor": cursor}),
+            )
+            .await
+            .expect("listSessions");
+        seen.extend(page.items.into_iter().map(|s| (s.resource, s.created_at)));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    creating.await.expect("creator");
+    let original: Vec<&(String, String)> = seen
+        .iter()
+        .filter(|(uri, _)| uri.starts_with("ahp-session:/s"))
+        .collect();
+    assert_eq!(original.len(), 10_000, "every session listed once");
+    let unique: std::collections::HashSet<&String> = seen.iter().map(|(uri, _)| uri).collect();
+    assert_eq!(unique.len(), seen.len(), "no duplicates");
+    assert!(seen.windows(2).all(|w| w[0].1 >= w[1].1), "newest first");
+}
+
+on_both_stores!(
+    list_sessions_pages_10000_sessions_during_creation,
+    list_ten_thousand
+);
+
+async fn thousand_turns(store: TestStore) {
+    let tenant = unique_tenant();
+    let relay = store.relay(&["--demo-step-ms", "1000"]).await;
+    let (a, _) = relay.client_as(&tenant, "ana", Role::Member, "writer").await;
+    let (_, chat) = create_session_and_chat(&a, "long").await;
+    let (_, _, mut sub) = subscribe_chat(&a, &chat).await;
+    let mut last = 0;
+    for i in 0..1_000 {
+        a.dispatch(
+            chat.clone(),
+            turn_started(&format!("t{i:04}"), &format!("turn {i}")),
+        )
+        .await
+        .expect("start");
+        let cancel = StateAction::ChatTurnCancelled(ahp_types::actions::ChatTurnCancelledAction {
+            turn_id: format!("t{i:04}"),
+            duration: 1,
+            meta: None,
+        });
+        last = a.dispatch(chat.clone(), cancel).await.expect("cancel").client_seq;
+    }
+    let envs = collect_until(&mut sub, |e| {
+        e.origin.as_ref().is_some_and(|o| o.client_seq == last)
+    })
+    .await;
+    assert!(envs.iter().all(|e| e.rejection_reason.is_none()));
+    let full = fresh_chat_snapshot_for(&relay, &tenant, &chat).await;
+    assert_eq!(full.turns.len(), 1_000);
+
+    let (b, _) = relay.client_as(&tenant, "ana", Role::Member, "reader").await;
+    let (result, mut b_sub) = b
+        .subscribe_with_options(
+            chat.clone(),
+            None,
+            Some(ahp_types::commands::SubscribeView { turns: Some(20) }),
+        )
+        .await
+        .expect("subscribe");
+    let mut state = chat_of(&result.snapshot.expect("snapshot"));
+    assert_eq!(state.turns.len(), 20);
+    let mut pages = 0;
+    while let Some(cursor) = state.turns_next_cursor.clone() {
+        let _: serde_json::Value = b
+            .request(
+                "fetchTurns",
+                serde_json::json!({"channel": chat, "cursor": cursor}),
+            )
+            .await
+            .expect("fetchTurns");
+        let loaded = next_envelope(&mut b_sub).await;
+        ahp::reducers::apply_action_to_chat(&mut state, &loaded.action);
+        pages += 1;
+    }
+    assert!(pages >= 1_000 / 50);
+    assert_eq!(json(&state), json(&full));
+}
+
+on_both_stores!(fetch_turns_pages_a_1000_turn_chat, thousand_turns);
