@@ -33,39 +33,8 @@ async fn main() {
     let host_key = HostKey::new(format!("bench-{run}"), "default");
     let limits = Limits::default();
     let providers = ProviderRegistry::new().with(Arc::new(DemoProvider::default()));
-    let host = Host::open(host_key.clone(), limits.clone(), providers.clone(), store.clone())
-        .await
-        .expect("open");
-    let conn = ConnectionId::next();
-    let _bus = host.attach(
-        conn,
-        Identity {
-            subject: "bench".into(),
-            tenant: host_key.tenant.clone(),
-            role: Role::Admin,
-        },
-    );
-    for frame in [
-        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"bench"}}),
-        json!({"jsonrpc":"2.0","id":2,"method":"createSession","params":{"channel":"ahp-session:/bench","provider":"demo"}}),
-        json!({"jsonrpc":"2.0","id":3,"method":"createChat","params":{"channel":"ahp-session:/bench","chat":"ahp-chat:/bench"}}),
-    ] {
-        call(&host, conn, &frame.to_string()).await;
-    }
-    let frames: Vec<String> = (0..ACTIONS)
-        .map(|i| {
-            json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-chat:/bench","clientSeq":i + 1,
-                "action":{"type":"chat/draftChanged","draft":{"text":format!("draft number {i} with some typical text"),"origin":{"kind":"user"}}}}})
-            .to_string()
-        })
-        .collect();
-    let started = Instant::now();
-    for frame in &frames {
-        call(&host, conn, frame).await;
-    }
-    host.wait_durable(host.server_seq()).await;
-    let relay_elapsed = started.elapsed();
-
+    let frames = draft_frames();
+    let relay_elapsed = fill_host(&store, &host_key, limits.clone(), providers.clone(), &frames).await;
     // 2. Baseline: the same rows, inserted raw in batches, into the same database.
     let envelopes: Vec<String> = frames
         .iter()
@@ -103,21 +72,23 @@ async fn main() {
     );
     println!("ratio (target >= 0.50): {:.2}", relay_rate / baseline_rate);
 
-    // 3. Restore: open the host again on the same store and load the chat (snapshot + log tail).
-    drop(host);
-    for (label, snapshot_every) in [("with snapshots every 500 actions", 500u32)] {
+    // 3. Restore: open the host again on the same store and load the chat (snapshot + log tail), once for the
+    // host above (default snapshot policy) and once for a host whose chat was never snapshotted after creation.
+    let unsnapshotted = HostKey::new(format!("bench-nosnap-{run}"), "default");
+    let never = Limits {
+        snapshot_every_actions: u32::MAX,
+        snapshot_every: std::time::Duration::from_secs(86_400),
+        ..limits.clone()
+    };
+    fill_host(&store, &unsnapshotted, never, providers.clone(), &frames).await;
+    for (label, host_key) in [
+        ("snapshots every 500 actions", &host_key),
+        ("no snapshot since creation: full log replay", &unsnapshotted),
+    ] {
         let started = Instant::now();
-        let restored = Host::open(
-            host_key.clone(),
-            Limits {
-                snapshot_every_actions: snapshot_every,
-                ..limits.clone()
-            },
-            providers.clone(),
-            store.clone(),
-        )
-        .await
-        .expect("reopen");
+        let restored = Host::open(host_key.clone(), limits.clone(), providers.clone(), store.clone())
+            .await
+            .expect("reopen");
         let conn = ConnectionId::next();
         let _bus = restored.attach(
             conn,
@@ -142,6 +113,53 @@ async fn main() {
         );
         println!("restore of a host with {ACTIONS} logged actions ({label}): {elapsed:.2?}");
     }
+}
+
+/// ACTIONS `chat/draftChanged` dispatches, as a client would send them.
+fn draft_frames() -> Vec<String> {
+    (0..ACTIONS)
+        .map(|i| {
+            json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-chat:/bench","clientSeq":i + 1,
+                "action":{"type":"chat/draftChanged","draft":{"text":format!("draft number {i} with some typical text"),"origin":{"kind":"user"}}}}})
+            .to_string()
+        })
+        .collect()
+}
+
+/// Open a host, create a session and chat, push every frame through it, and return the time until all of
+/// them are durable.
+async fn fill_host(
+    store: &Store,
+    key: &HostKey,
+    limits: Limits,
+    providers: ProviderRegistry,
+    frames: &[String],
+) -> std::time::Duration {
+    let host = Host::open(key.clone(), limits, providers, store.clone())
+        .await
+        .expect("open");
+    let conn = ConnectionId::next();
+    let _bus = host.attach(
+        conn,
+        Identity {
+            subject: "bench".into(),
+            tenant: key.tenant.clone(),
+            role: Role::Admin,
+        },
+    );
+    for frame in [
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"bench"}}),
+        json!({"jsonrpc":"2.0","id":2,"method":"createSession","params":{"channel":"ahp-session:/bench","provider":"demo"}}),
+        json!({"jsonrpc":"2.0","id":3,"method":"createChat","params":{"channel":"ahp-session:/bench","chat":"ahp-chat:/bench"}}),
+    ] {
+        call(&host, conn, &frame.to_string()).await;
+    }
+    let started = Instant::now();
+    for frame in frames {
+        call(&host, conn, frame).await;
+    }
+    host.wait_durable(host.server_seq()).await;
+    started.elapsed()
 }
 
 async fn call(host: &Host, conn: ConnectionId, text: &str) -> String {

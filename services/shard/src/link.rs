@@ -9,13 +9,16 @@ use relay_core::rpc::InboundMessage;
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use relay_runner::ProviderRegistry;
 use relay_store::Store;
-use tokio::sync::{broadcast, Mutex};
+use tokio::sync::broadcast;
 
 use crate::host::Host;
 
 /// The hosts of this process, opened from the store on first use.
 pub struct ShardLink {
-    hosts: Mutex<HashMap<HostKey, Arc<Host>>>,
+    /// Open hosts; looked up on every message, so a plain (never awaited) lock.
+    hosts: parking_lot::Mutex<HashMap<HostKey, Arc<Host>>>,
+    /// Serializes opening hosts, so one host is never opened twice.
+    opening: tokio::sync::Mutex<()>,
     limits: Limits,
     providers: ProviderRegistry,
     store: Store,
@@ -24,7 +27,8 @@ pub struct ShardLink {
 impl ShardLink {
     pub fn new(limits: Limits, providers: ProviderRegistry, store: Store) -> Self {
         Self {
-            hosts: Mutex::new(HashMap::new()),
+            hosts: parking_lot::Mutex::new(HashMap::new()),
+            opening: tokio::sync::Mutex::new(()),
             limits,
             providers,
             store,
@@ -33,9 +37,12 @@ impl ShardLink {
 
     /// The host for `key`, opening it on first use.
     pub async fn host(&self, key: &HostKey) -> Result<Arc<Host>, LinkError> {
-        let mut hosts = self.hosts.lock().await;
-        if let Some(host) = hosts.get(key) {
-            return Ok(host.clone());
+        if let Some(host) = self.existing(key) {
+            return Ok(host);
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(host) = self.existing(key) {
+            return Ok(host);
         }
         let host = Host::open(
             key.clone(),
@@ -48,12 +55,12 @@ impl ShardLink {
             tracing::error!(host = %key, %error, "could not open host");
             LinkError::HostUnavailable(key.to_string())
         })?;
-        hosts.insert(key.clone(), host.clone());
+        self.hosts.lock().insert(key.clone(), host.clone());
         Ok(host)
     }
 
-    async fn existing(&self, key: &HostKey) -> Option<Arc<Host>> {
-        self.hosts.lock().await.get(key).cloned()
+    fn existing(&self, key: &HostKey) -> Option<Arc<Host>> {
+        self.hosts.lock().get(key).cloned()
     }
 
     /// Delete log rows older than the retention period (keeping every channel restorable).
@@ -75,20 +82,20 @@ impl HostLink for ShardLink {
     }
 
     async fn call(&self, host: &HostKey, connection: ConnectionId, message: InboundMessage) -> CommandReply {
-        match self.existing(host).await {
+        match self.existing(host) {
             Some(h) => h.call(connection, message).await,
             None => CommandReply::none(),
         }
     }
 
     async fn detach(&self, host: &HostKey, connection: ConnectionId) {
-        if let Some(h) = self.existing(host).await {
+        if let Some(h) = self.existing(host) {
             h.detach(connection);
         }
     }
 
     async fn metrics(&self) -> String {
-        let hosts: Vec<Arc<Host>> = self.hosts.lock().await.values().cloned().collect();
+        let hosts: Vec<Arc<Host>> = self.hosts.lock().values().cloned().collect();
         let (mut sessions, mut chats) = (0usize, 0usize);
         for host in &hosts {
             let (s, c) = host.loaded_counts();
