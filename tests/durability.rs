@@ -402,7 +402,7 @@ on_both_stores!(
 
 async fn thousand_turns(store: TestStore) {
     let tenant = unique_tenant();
-    let relay = store.relay(&["--demo-step-ms", "1000"]).await;
+    let mut relay = store.relay(&["--demo-step-ms", "1000"]).await;
     let (a, _) = relay.client_as(&tenant, "ana", Role::Member, "writer").await;
     let (_, chat) = create_session_and_chat(&a, "long").await;
     let (_, _, mut sub) = subscribe_chat(&a, &chat).await;
@@ -455,6 +455,39 @@ async fn thousand_turns(store: TestStore) {
     }
     assert!(pages >= 1_000 / 50);
     assert_eq!(json(&state), json(&full));
+    drop((a, b));
+
+    // After a restart only the newest turns are in memory; the older ones are paged in from the store.
+    relay.kill().await;
+    let relay = store.relay(&["--retained-turns", "100"]).await;
+    let (c, _) = relay.client_as(&tenant, "ana", Role::Member, "late-reader").await;
+    let (mut restored, _, mut c_sub) = subscribe_chat(&c, &chat).await;
+    assert_eq!(restored.turns.len(), 100, "only the retained turns are inline");
+    assert_eq!(
+        restored.turns_next_cursor.as_deref(),
+        Some("turns:900"),
+        "older turns are behind the cursor"
+    );
+    while let Some(cursor) = restored.turns_next_cursor.clone() {
+        let _: serde_json::Value = c
+            .request(
+                "fetchTurns",
+                serde_json::json!({"channel": chat, "cursor": cursor}),
+            )
+            .await
+            .expect("fetchTurns");
+        let loaded = next_envelope(&mut c_sub).await;
+        let StateAction::ChatTurnsLoaded(page) = &loaded.action else {
+            panic!("expected chat/turnsLoaded, got {:?}", loaded.action);
+        };
+        assert!(!page.turns.is_empty(), "cursor {cursor} gave an empty page");
+        ahp::reducers::apply_action_to_chat(&mut restored, &loaded.action);
+    }
+    assert_eq!(
+        json(&restored.turns),
+        json(&full.turns),
+        "the full history, oldest first"
+    );
 }
 
 on_both_stores!(fetch_turns_pages_a_1000_turn_chat, thousand_turns);

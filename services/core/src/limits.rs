@@ -25,6 +25,9 @@ pub struct Limits {
     pub default_snapshot_turns: Option<usize>,
     /// Turns per `fetchTurns` page.
     pub fetch_turns_page: usize,
+    /// Turns of a chat kept in memory when it is restored; older ones stay in the store's turn archive and are
+    /// paged in with `fetchTurns`.
+    pub retained_turns: usize,
     /// Sessions one host may hold.
     pub max_sessions_per_host: usize,
     /// Chats one session may hold.
@@ -52,6 +55,7 @@ impl Default for Limits {
             active_client_grace: Duration::from_secs(30),
             default_snapshot_turns: None,
             fetch_turns_page: 50,
+            retained_turns: 200,
             max_sessions_per_host: 100_000,
             max_chats_per_session: 256,
             snapshot_every_actions: 500,

@@ -54,6 +54,9 @@ pub struct ServeArgs {
     /// How long the action log is kept: the resume window (e.g. 7d). Older rows are compacted into snapshots.
     #[arg(long, env = "AHP_RELAY_RETENTION", default_value = "7d", value_parser = crate::parse_ttl)]
     pub retention: Duration,
+    /// Turns of a chat kept in memory when it is restored; older ones are paged in from the store.
+    #[arg(long, env = "AHP_RELAY_RETAINED_TURNS", default_value_t = 200)]
+    pub retained_turns: usize,
     /// How often the retention job runs (e.g. 1h).
     #[arg(long, env = "AHP_RELAY_COMPACT_EVERY", default_value = "1h", value_parser = crate::parse_ttl)]
     pub compact_every: Duration,
@@ -101,6 +104,7 @@ impl ServeArgs {
             snapshot_every_actions: self.snapshot_every_actions.max(1),
             snapshot_every: self.snapshot_every,
             retention: self.retention,
+            retained_turns: self.retained_turns.max(1),
             ..Limits::default()
         }
     }

@@ -158,7 +158,7 @@ async fn fill_host(
     for frame in frames {
         call(&host, conn, frame).await;
     }
-    host.wait_durable(host.server_seq()).await;
+    host.flush().await;
     started.elapsed()
 }
 

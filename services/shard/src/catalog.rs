@@ -37,10 +37,10 @@ impl Host {
         connection: ConnectionId,
         message: &InboundMessage,
     ) -> Result<CommandReply, RpcError> {
-        let (page, current) = {
+        let (page, barrier) = {
             let core = self.core.lock();
             core.client_id(connection)?;
-            (core.limits.list_sessions_page, core.seq.current())
+            (core.limits.list_sessions_page, core.seq.barrier())
         };
         let params: ListSessionsParams = message.parse_params()?;
         let limit = match params.limit {
@@ -53,7 +53,7 @@ impl Host {
             Some(c) => Some(decode_cursor(c).ok_or_else(|| RpcError::invalid_params("unknown cursor"))?),
         };
         // Everything created before this request is in the catalogue once it is committed.
-        self.wait_durable(current).await;
+        self.wait_committed(barrier).await;
         let rows = self
             .store
             .list_sessions(&self.key.tenant, &self.key.host, before, limit + 1)

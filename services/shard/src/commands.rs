@@ -3,14 +3,14 @@
 //! state only through the sequencer and reducers, and answers with one JSON-RPC frame.
 
 use ahp_types::actions::{
-    ChatTurnsLoadedAction, SessionChatAddedAction, SessionChatRemovedAction, SessionDefaultChatChangedAction,
-    SessionReadyAction, StateAction,
+    SessionChatAddedAction, SessionChatRemovedAction, SessionDefaultChatChangedAction, SessionReadyAction,
+    StateAction,
 };
 use ahp_types::commands::{
     AuthenticateParams, ChatSource, CompletionsParams, CompletionsResult, CreateChatParams,
-    CreateSessionParams, DisposeChatParams, DisposeSessionParams, FetchTurnsParams, Implementation,
-    InitializeParams, InitializeResult, ResolveSessionConfigParams, ResolveSessionConfigResult,
-    SubscribeParams, SubscribeResult, UnsubscribeParams,
+    CreateSessionParams, DisposeChatParams, DisposeSessionParams, Implementation, InitializeParams,
+    InitializeResult, ResolveSessionConfigParams, ResolveSessionConfigResult, SubscribeParams,
+    SubscribeResult, UnsubscribeParams,
 };
 use ahp_types::errors::{ahp_error_codes, UnsupportedProtocolVersionErrorData};
 use ahp_types::notifications::{SessionAddedParams, SessionRemovedParams};
@@ -24,7 +24,7 @@ use relay_core::ConnectionId;
 use serde::Serialize;
 
 use crate::host::HostCore;
-use crate::model::{self, chat_summary_of, summary_of, ChannelKind, ChatRecord, SnapshotClock};
+use crate::model::{chat_summary_of, summary_of, ChannelKind, ChatRecord, SnapshotClock};
 use relay_store::CatalogChange;
 
 pub(crate) type CommandResult = Result<CommandReply, RpcError>;
@@ -65,7 +65,6 @@ impl HostCore {
             "disposeSession" => self.dispose_session(connection, message),
             "createChat" => self.create_chat(connection, message),
             "disposeChat" => self.dispose_chat(connection, message),
-            "fetchTurns" => self.fetch_turns(connection, message),
             "completions" => self.completions(message),
             "resolveSessionConfig" => self.resolve_session_config(message),
             "authenticate" => {
@@ -357,6 +356,7 @@ impl HostCore {
         let chats = self.model.remove_session(&uri);
         for chat in &chats {
             self.seq.dispose(chat);
+            self.seq.forget(&crate::history::archive_key(chat));
         }
         self.seq.catalog(CatalogChange::Remove { uri: uri.clone() });
         self.seq.dispose(&uri);
@@ -445,6 +445,7 @@ impl HostCore {
                 state,
                 running: None,
                 clock: SnapshotClock::fresh(),
+                archived: 0,
             },
         );
         self.store_snapshot(&chat);
@@ -511,33 +512,11 @@ impl HostCore {
             StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }),
         );
         self.seq.dispose(&chat);
+        self.seq.forget(&crate::history::archive_key(&chat));
         for state in self.connections.values_mut() {
             state.subscriptions.remove(&chat);
         }
         reply(message.id, &())
-    }
-
-    fn fetch_turns(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
-        let params: FetchTurnsParams = message.parse_params()?;
-        let Some(record) = self.model.chats.get(&params.channel) else {
-            return Err(not_found(&params.channel));
-        };
-        let total = record.state.turns.len();
-        let end = match params.cursor.as_deref() {
-            None => total,
-            Some(cursor) => match model::parse_turns_cursor(cursor) {
-                Some(end) if end <= total => end,
-                _ => return Err(RpcError::invalid_params("unknown turns cursor")),
-            },
-        };
-        let start = end.saturating_sub(self.limits.fetch_turns_page);
-        let action = StateAction::ChatTurnsLoaded(ChatTurnsLoadedAction {
-            turns: record.state.turns[start..end].to_vec(),
-            turns_next_cursor: (start > 0).then(|| model::turns_cursor(start)),
-        });
-        // A page is part of this connection's view only: it goes to it alone and is not stored.
-        self.seq.private(connection, &params.channel, &action, None, None);
-        reply(message.id, &serde_json::json!({}))
     }
 
     fn completions(&mut self, message: &InboundMessage) -> CommandResult {

@@ -22,7 +22,7 @@ use relay_store::{Store, StoreError};
 use tokio::sync::{broadcast, watch, Notify};
 
 use crate::model::HostModel;
-use crate::sequencer::{Publisher, Sequencer};
+use crate::sequencer::{CommitBarrier, Publisher, Sequencer};
 
 /// Publications a host may hold uncommitted before dispatching connections wait for the store.
 const MAX_PENDING_PUBLICATIONS: usize = 1024;
@@ -64,8 +64,8 @@ pub struct Host {
     pub(crate) key: HostKey,
     pub(crate) core: Mutex<HostCore>,
     pub(crate) store: Store,
-    /// Highest `serverSeq` whose batch is committed and published.
-    pub(crate) durable: watch::Sender<u64>,
+    /// Number of the last batch committed and published.
+    pub(crate) durable: watch::Sender<CommitBarrier>,
     publisher: Mutex<Publisher>,
     wakeup: Notify,
     me: Weak<Host>,
@@ -101,7 +101,7 @@ impl Host {
                     pending_grace: Vec::new(),
                 }),
                 publisher: Mutex::new(Publisher::new(record.last_seq, limits.bus_capacity)),
-                durable: watch::Sender::new(record.last_seq),
+                durable: watch::Sender::new(0),
                 wakeup: Notify::new(),
                 store,
                 key,
@@ -167,16 +167,17 @@ impl Host {
         match message.method.as_str() {
             "listSessions" => return self.list_sessions(connection, &message).await,
             "reconnect" => return self.reconnect(connection, &message).await,
+            "fetchTurns" => return self.fetch_turns(connection, &message).await,
             _ => {}
         }
-        let (reply, seq, backlog) = self.with_core(|core| {
+        let (reply, barrier, backlog) = self.with_core(|core| {
             let reply = core.handle(connection, message);
-            (reply, core.seq.current(), core.seq.pending_len())
+            (reply, core.seq.barrier(), core.seq.pending_len())
         });
         // Replies show state: they wait for it to be durable. A connection that outruns the store waits too
         // (backpressure), which keeps every batch, and so every burst on the bus, bounded.
         if reply.frame.is_some() || backlog >= MAX_PENDING_PUBLICATIONS {
-            self.wait_durable(seq).await;
+            self.wait_committed(barrier).await;
         }
         reply
     }
@@ -197,10 +198,16 @@ impl Host {
         self.core.lock().seq.current()
     }
 
-    /// Wait until every batch up to `seq` is committed and published.
-    pub async fn wait_durable(&self, seq: u64) {
+    /// Wait until everything queued so far is committed and published.
+    pub async fn flush(&self) {
+        let barrier = self.core.lock().seq.barrier();
+        self.wait_committed(barrier).await;
+    }
+
+    /// Wait until batch `barrier` (and every batch before it) is committed and published.
+    pub(crate) async fn wait_committed(&self, barrier: CommitBarrier) {
         let mut durable = self.durable.subscribe();
-        let _ = durable.wait_for(|committed| *committed >= seq).await;
+        let _ = durable.wait_for(|committed| *committed >= barrier).await;
     }
 
     /// Emit a server action as an agent would (used by providers through [`HostSink`]).
@@ -245,8 +252,8 @@ async fn commit_loop(host: Weak<Host>) {
             }
             continue;
         }
+        let number = batch.number;
         let (commit, publications) = batch.into_parts();
-        let last_seq = commit.last_seq;
         let mut backoff = Duration::from_millis(10);
         while let Err(error) = strong
             .store
@@ -263,7 +270,7 @@ async fn commit_loop(host: Weak<Host>) {
                 publisher.publish(publication);
             }
         }
-        strong.durable.send_replace(last_seq);
+        strong.durable.send_replace(number);
     }
 }
 

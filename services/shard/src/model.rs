@@ -48,6 +48,8 @@ pub struct ChatRecord {
     pub state: ChatState,
     pub running: Option<TurnHandle>,
     pub clock: SnapshotClock,
+    /// Older turns kept only in the store's turn archive (`state.turns` starts at this absolute index).
+    pub archived: usize,
 }
 
 /// What the store keeps as a session's snapshot: its state and its place in the catalogue.
@@ -191,8 +193,8 @@ impl HostModel {
                 SnapshotState::Session(Box::new(self.sessions.get(channel)?.state.clone()))
             }
             ChannelKind::Chat => {
-                let chat = &self.chats.get(channel)?.state;
-                SnapshotState::Chat(Box::new(limit_turns(chat, turns)))
+                let chat = self.chats.get(channel)?;
+                SnapshotState::Chat(Box::new(limit_turns(&chat.state, turns, chat.archived)))
             }
             ChannelKind::Unknown => return None,
         };
@@ -204,20 +206,21 @@ impl HostModel {
     }
 }
 
-/// A chat state with only its newest `turns` turns inline, and a cursor to fetch the older ones.
-pub fn limit_turns(chat: &ChatState, turns: Option<usize>) -> ChatState {
+/// A chat state with only its newest `turns` turns inline, and a cursor to fetch the older ones. `archived` is
+/// the absolute index of the first turn held in memory.
+pub fn limit_turns(chat: &ChatState, turns: Option<usize>, archived: usize) -> ChatState {
     let mut limited = chat.clone();
     if let Some(keep) = turns {
         if chat.turns.len() > keep {
             let cut = chat.turns.len() - keep;
             limited.turns = chat.turns[cut..].to_vec();
-            limited.turns_next_cursor = Some(turns_cursor(cut));
+            limited.turns_next_cursor = Some(turns_cursor(archived + cut));
         }
     }
     limited
 }
 
-/// The `turnsNextCursor` meaning "the turns before index `end`".
+/// The `turnsNextCursor` meaning "the turns before absolute index `end`".
 pub fn turns_cursor(end: usize) -> String {
     format!("turns:{end}")
 }

@@ -8,11 +8,13 @@ use std::collections::BTreeSet;
 
 use ahp::reducers::{apply_action_to_chat, apply_action_to_session};
 use ahp_types::actions::{ActionEnvelope, ChatErrorAction, StateAction};
-use ahp_types::state::{ErrorInfo, ErrorResponsePart};
+use ahp_types::state::{ChatState, ErrorInfo, ErrorResponsePart, Turn};
 use relay_core::rpc::InboundMessage;
 use relay_store::ChannelRecord;
 
 use crate::error::ShardError;
+use crate::history::archive_key;
+use crate::model::turns_cursor;
 use serde::Deserialize;
 
 use crate::host::{Host, HostCore};
@@ -44,11 +46,11 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
         .collect()
 }
 
-/// A session and its chats as read from the store, not yet reduced.
+/// A session and its chats (each with its turn archive) as read from the store, not yet reduced.
 struct LoadedSession {
     uri: String,
     session: ChannelRecord,
-    chats: Vec<(String, ChannelRecord)>,
+    chats: Vec<(String, ChannelRecord, Vec<Turn>)>,
 }
 
 impl Host {
@@ -88,7 +90,8 @@ impl Host {
         let mut chats = Vec::new();
         for chat in self.store.chats_of(tenant, host, &uri).await? {
             if let Some(record) = self.store.load_channel(tenant, host, &chat).await? {
-                chats.push((chat, record));
+                let archive = self.read_archive(&chat).await?;
+                chats.push((chat, record, archive));
             }
         }
         Ok(Some(LoadedSession {
@@ -119,7 +122,7 @@ impl HostCore {
         self.model
             .insert_session(loaded.uri.clone(), state, doc.created_at, doc.catalog_no);
         let mut interrupted = Vec::new();
-        for (uri, record) in loaded.chats {
+        for (uri, record, archive) in loaded.chats {
             let doc: ChatDocument = match serde_json::from_str(&record.state) {
                 Ok(doc) => doc,
                 Err(error) => {
@@ -134,15 +137,21 @@ impl HostCore {
             if let Some(turn) = &state.active_turn {
                 interrupted.push((uri.clone(), turn.id.clone(), turn.started_at.clone()));
             }
+            let (archived, moved) = self.archive_old_turns(&uri, &mut state, archive);
             self.model.chats.insert(
-                uri,
+                uri.clone(),
                 ChatRecord {
                     session: doc.session,
                     state,
                     running: None,
                     clock: SnapshotClock::fresh(),
+                    archived,
                 },
             );
+            if moved {
+                // The stored chat must stop carrying the turns that moved to the archive (same batch).
+                self.store_snapshot(&uri);
+            }
         }
         for (chat, turn_id, started_at) in interrupted {
             let duration = jiff::Timestamp::now()
@@ -174,6 +183,30 @@ impl HostCore {
                 }),
             );
         }
+    }
+}
+
+impl HostCore {
+    /// Keep the newest `retained_turns` turns of a restored chat in memory and move older ones to its archive;
+    /// returns how many turns are archived in all, and whether any moved now.
+    fn archive_old_turns(
+        &mut self,
+        chat: &str,
+        state: &mut ChatState,
+        mut archive: Vec<Turn>,
+    ) -> (usize, bool) {
+        let retained = self.limits.retained_turns.max(1);
+        if state.turns.len() <= retained {
+            return (archive.len(), false);
+        }
+        let cut = state.turns.len() - retained;
+        archive.extend(state.turns.drain(..cut));
+        state.turns_next_cursor = Some(turns_cursor(archive.len()));
+        match serde_json::to_string(&archive) {
+            Ok(json) => self.seq.snapshot(&archive_key(chat), None, json),
+            Err(error) => tracing::error!(%chat, %error, "could not serialize a turn archive"),
+        }
+        (archive.len(), true)
     }
 }
 

@@ -15,6 +15,7 @@ use serde_json::value::RawValue;
 use crate::commands::{reply, CommandResult};
 use crate::host::{Host, HostCore};
 use crate::model::ChannelKind;
+use crate::sequencer::CommitBarrier;
 
 /// The wire shape of `ReconnectResult::Replay`, with envelopes spliced in as the JSON already serialized.
 #[derive(Serialize)]
@@ -26,8 +27,8 @@ struct RawReplay<'a> {
 
 /// What the locked part of `reconnect` decided.
 enum Resume {
-    /// Answered from memory (replay buffer or snapshots).
-    Ready(CommandReply, u64),
+    /// Answered from memory (replay buffer or snapshots); visible once this batch is committed.
+    Ready(CommandReply, CommitBarrier),
     /// The gap is older than the buffer: read it from the store.
     FromStore(StorePlan),
 }
@@ -36,6 +37,7 @@ struct StorePlan {
     id: Option<u64>,
     last_seen: u64,
     current: u64,
+    barrier: CommitBarrier,
     live: Vec<String>,
     missing: Vec<String>,
     subscriptions: Vec<SubscriptionChange>,
@@ -46,13 +48,14 @@ impl Host {
         let planned = self.with_core(|core| core.plan_reconnect(connection, message));
         let plan = match planned {
             Err(error) => return CommandReply::frame(rpc::error_frame(message.id, &error)),
-            Ok(Resume::Ready(reply, seq)) => {
-                self.wait_durable(seq).await;
+            Ok(Resume::Ready(reply, barrier)) => {
+                self.wait_committed(barrier).await;
                 return reply;
             }
             Ok(Resume::FromStore(plan)) => plan,
         };
-        self.wait_durable(plan.current).await;
+        // Every envelope up to `current` must be in the store before the log is read.
+        self.wait_committed(plan.barrier).await;
         let replayed = match self.read_log(&plan).await {
             Ok(replayed) => replayed,
             Err(error) => {
@@ -72,18 +75,18 @@ impl Host {
                         missing: &plan.missing,
                     },
                 )
-                .map(|r| (r, plan.current))
+                .map(|r| (r, plan.current, plan.barrier))
             }
             // Outside the retention window: fresh snapshots at a fresh sequence number.
             None => self.with_core(|core| {
                 let current = core.seq.current();
                 core.snapshot_reply(plan.id, &plan.live, current)
-                    .map(|r| (r, current))
+                    .map(|r| (r, current, core.seq.barrier()))
             }),
         };
         match result {
-            Ok((mut out, from_seq)) => {
-                self.wait_durable(from_seq).await;
+            Ok((mut out, from_seq, barrier)) => {
+                self.wait_committed(barrier).await;
                 out.subscriptions = retarget(plan.subscriptions, from_seq);
                 out.session_started = true;
                 out
@@ -184,10 +187,11 @@ impl HostCore {
             channel: channel.clone(),
             after_seq: current,
         }));
+        let barrier = self.seq.barrier();
         let ready = |mut reply: CommandReply| {
             reply.subscriptions = subscriptions.clone();
             reply.session_started = true;
-            Ok(Resume::Ready(reply, current))
+            Ok(Resume::Ready(reply, barrier))
         };
         if last_seen > current {
             // A sequence number this host never issued: the client's state cannot be trusted.
@@ -198,6 +202,7 @@ impl HostCore {
                 id: message.id,
                 last_seen,
                 current,
+                barrier: self.seq.barrier(),
                 live,
                 missing,
                 subscriptions,

@@ -30,6 +30,8 @@ pub struct Publication {
 /// What the committer takes in one go: the store writes and the publications they make visible.
 #[derive(Default)]
 pub struct PendingBatch {
+    /// The batch's number: batches commit in this order, and a reply waits for the number it depends on.
+    pub number: u64,
     pub last_seq: u64,
     pub log: Vec<LogEntry>,
     pub snapshots: Vec<SnapshotEntry>,
@@ -69,6 +71,9 @@ pub struct Sequencer {
     pending: PendingBatch,
 }
 
+/// The number of the batch that must be committed before something is visible (0: nothing to wait for).
+pub type CommitBarrier = u64;
+
 impl Sequencer {
     /// Continue after `last_seq`, the highest number the store says was ever committed for this host.
     pub fn new(last_seq: u64, replay_capacity: usize) -> Self {
@@ -76,6 +81,7 @@ impl Sequencer {
             seq: last_seq,
             replay: ReplayBuffer::new(replay_capacity, last_seq),
             pending: PendingBatch {
+                number: 1,
                 last_seq,
                 ..PendingBatch::default()
             },
@@ -100,15 +106,29 @@ impl Sequencer {
         !self.pending.is_empty()
     }
 
-    /// Hand the pending batch to the committer.
+    /// Hand the pending batch to the committer (empty batches are not handed out and keep their number).
     pub fn take_pending(&mut self) -> PendingBatch {
+        if self.pending.is_empty() {
+            return PendingBatch::default();
+        }
+        let next = self.pending.number + 1;
         std::mem::replace(
             &mut self.pending,
             PendingBatch {
+                number: next,
                 last_seq: self.seq,
                 ..PendingBatch::default()
             },
         )
+    }
+
+    /// What a reply given now must wait for: everything queued so far committed.
+    pub fn barrier(&self) -> CommitBarrier {
+        if self.pending.is_empty() {
+            self.pending.number - 1
+        } else {
+            self.pending.number
+        }
     }
 
     /// Sequence an accepted action: logged, kept for replay, and published to the channel's subscribers.
@@ -184,6 +204,11 @@ impl Sequencer {
             Audience::Subscribers,
             Bytes::new(),
         );
+    }
+
+    /// Delete stored state that is not a channel of its own (a chat's turn archive).
+    pub fn forget(&mut self, key: &str) {
+        self.pending.disposed.push(key.to_string());
     }
 
     /// Store a snapshot of a channel at the current `serverSeq`.
