@@ -166,3 +166,27 @@ async fn fresh_chat_snapshot_as(relay: &Relay, tenant: &str, chat: &str) -> ahp_
     observer.shutdown().await;
     state
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_connection_quota_is_refused_with_429() {
+    let relay = Relay::start_with(&["--max-connections-per-tenant", "2"]).await;
+    let url = |tenant: &str| {
+        format!(
+            "{}?access_token={}",
+            relay.url(),
+            relay.token(tenant, "ana", Role::Member)
+        )
+    };
+    let (_first, _) = tokio_tungstenite::connect_async(url("busy"))
+        .await
+        .expect("first");
+    let (_second, _) = tokio_tungstenite::connect_async(url("busy"))
+        .await
+        .expect("second");
+    assert_eq!(upgrade_status(url("busy"), None).await, 429);
+    assert_eq!(
+        upgrade_status(url("quiet"), None).await,
+        101,
+        "other tenants are unaffected"
+    );
+}

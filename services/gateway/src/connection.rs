@@ -17,6 +17,7 @@ use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::filter::SubscriptionFilter;
+use crate::quotas::{ConnectionPermit, TenantQuotas};
 
 /// WebSocket close codes the relay uses.
 pub mod close_code {
@@ -42,30 +43,15 @@ pub struct Connection<L> {
     pub identity: Identity,
     pub limits: Limits,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
-    pub connections: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-/// Counts a connection while it lives.
-struct Counted(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Counted {
-    fn new(counter: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Self(counter.clone())
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
+    pub quotas: Arc<TenantQuotas>,
+    /// This connection's slot in its tenant's quota, held while it lives.
+    pub permit: ConnectionPermit,
 }
 
 impl<L: HostLink> Connection<L> {
     /// Serve the socket until either side closes it.
     pub async fn run(self, socket: WebSocket) {
         let id = ConnectionId::next();
-        let _counted = Counted::new(&self.connections);
         let (sink, mut stream) = socket.split();
         let (out_tx, out_rx) = mpsc::channel::<Outbound>(self.limits.outbound_queue_frames.max(1));
         let writer = tokio::spawn(write_loop(sink, out_rx));

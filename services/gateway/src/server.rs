@@ -18,6 +18,7 @@ use serde::Deserialize;
 
 use crate::auth::{AuthError, TokenVerifier};
 use crate::connection::Connection;
+use crate::quotas::TenantQuotas;
 
 /// What the gateway is configured with.
 pub struct GatewayState<L> {
@@ -25,8 +26,8 @@ pub struct GatewayState<L> {
     pub verifier: TokenVerifier,
     pub limits: Limits,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
-    /// Open client connections.
-    pub connections: Arc<std::sync::atomic::AtomicUsize>,
+    /// Per-tenant connection and message quotas.
+    pub quotas: Arc<TenantQuotas>,
 }
 
 /// The gateway's routes.
@@ -40,7 +41,7 @@ pub fn router<L: HostLink>(state: Arc<GatewayState<L>>) -> Router {
 }
 
 async fn metrics<L: HostLink>(State(state): State<Arc<GatewayState<L>>>) -> String {
-    let connections = state.connections.load(std::sync::atomic::Ordering::Relaxed);
+    let connections = state.quotas.total_connections();
     format!(
         "# HELP ahp_relay_connections Open client WebSocket connections.\n# TYPE ahp_relay_connections gauge\n\
          ahp_relay_connections {connections}\n{}",
@@ -103,13 +104,20 @@ fn open<L: HostLink>(
     if !claims.allows_host(&host) {
         return refuse(StatusCode::FORBIDDEN, "the token does not grant this host");
     }
+    let Some(permit) = state.quotas.admit(&claims.tid) else {
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            "the tenant has its maximum of open connections",
+        );
+    };
     let connection = Connection {
         link: state.link.clone(),
         host: HostKey::new(claims.tid.clone(), host),
         identity: claims.identity(),
         limits: state.limits.clone(),
         shutdown: state.shutdown.clone(),
-        connections: state.connections.clone(),
+        quotas: state.quotas.clone(),
+        permit,
     };
     upgrade
         .max_message_size(state.limits.max_frame_bytes)

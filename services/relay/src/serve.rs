@@ -54,6 +54,16 @@ pub struct ServeArgs {
     /// How long the action log is kept: the resume window (e.g. 7d). Older rows are compacted into snapshots.
     #[arg(long, env = "AHP_RELAY_RETENTION", default_value = "7d", value_parser = crate::parse_ttl)]
     pub retention: Duration,
+    /// Open WebSocket connections one tenant may have (more are refused with HTTP 429).
+    #[arg(long, env = "AHP_RELAY_MAX_CONNECTIONS_PER_TENANT", default_value_t = 10_000)]
+    pub max_connections_per_tenant: usize,
+    /// Inbound messages per second per tenant (bursts of twice that); faster senders are slowed down.
+    #[arg(
+        long,
+        env = "AHP_RELAY_MESSAGES_PER_SECOND_PER_TENANT",
+        default_value_t = 50_000.0
+    )]
+    pub messages_per_second_per_tenant: f64,
     /// Turns of a chat kept in memory when it is restored; older ones are paged in from the store.
     #[arg(long, env = "AHP_RELAY_RETAINED_TURNS", default_value_t = 200)]
     pub retained_turns: usize,
@@ -133,7 +143,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         verifier: TokenVerifier::hs256(&secret),
         limits,
         shutdown: shutdown_rx,
-        connections: Default::default(),
+        quotas: relay_gateway::quotas::TenantQuotas::new(relay_gateway::quotas::QuotaLimits {
+            max_connections: args.max_connections_per_tenant.max(1),
+            messages_per_second: args.messages_per_second_per_tenant.max(1.0),
+            message_burst: (args.messages_per_second_per_tenant * 2.0).max(1.0),
+        }),
     }));
 
     let listener = tokio::net::TcpListener::bind(args.listen)
