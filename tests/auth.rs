@@ -129,7 +129,7 @@ async fn another_tenant_sees_exactly_what_it_would_for_a_session_that_does_not_e
         .await
         .expect("dispatch");
     assert_eq!(
-        json(&fresh_chat_snapshot_as(&relay, "a", &chat).await),
+        json(&fresh_chat_snapshot_for(&relay, "a", &chat).await),
         json(&before)
     );
 
@@ -156,15 +156,6 @@ async fn a_client_id_belongs_to_the_user_who_first_used_it() {
         .initialize("shared-id".into(), vec!["1.0.0".into()], vec![])
         .await;
     assert_eq!(rpc_code(refused), -32009);
-}
-
-async fn fresh_chat_snapshot_as(relay: &Relay, tenant: &str, chat: &str) -> ahp_types::state::ChatState {
-    let (observer, _) = relay
-        .client_as(tenant, "observer", Role::Viewer, "observer")
-        .await;
-    let (state, _, _) = subscribe_chat(&observer, chat).await;
-    observer.shutdown().await;
-    state
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -319,15 +319,6 @@ async fn lazy_restore(store: TestStore) {
 
 on_both_stores!(restart_restores_1000_sessions_lazily, lazy_restore);
 
-async fn fresh_chat_snapshot_for(relay: &Relay, tenant: &str, chat: &str) -> ChatState {
-    let (observer, _) = relay
-        .client_as(tenant, "observer", Role::Viewer, "observer")
-        .await;
-    let (state, _, _) = subscribe_chat(&observer, chat).await;
-    observer.shutdown().await;
-    state
-}
-
 async fn list_ten_thousand(store: TestStore) {
     let tenant = unique_tenant();
     let relay = store.relay(&[]).await;

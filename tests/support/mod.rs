@@ -244,9 +244,16 @@ pub async fn subscribe_chat(client: &Client, chat: &str) -> (ChatState, u64, Ses
     (chat_of(&snapshot), snapshot.from_seq as u64, sub)
 }
 
-/// A fresh snapshot of a chat, taken by a throw-away client.
+/// A fresh snapshot of a chat of tenant `dev`, taken by a throw-away client.
 pub async fn fresh_chat_snapshot(relay: &Relay, chat: &str) -> ChatState {
-    let (observer, _) = relay.client("observer").await;
+    fresh_chat_snapshot_for(relay, "dev", chat).await
+}
+
+/// A fresh snapshot of a chat of `tenant`, taken by a throw-away viewer.
+pub async fn fresh_chat_snapshot_for(relay: &Relay, tenant: &str, chat: &str) -> ChatState {
+    let (observer, _) = relay
+        .client_as(tenant, "observer", Role::Viewer, "observer")
+        .await;
     let (state, _, _) = subscribe_chat(&observer, chat).await;
     observer.shutdown().await;
     state

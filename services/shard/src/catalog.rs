@@ -6,10 +6,10 @@
 use ahp_types::commands::{ListSessionsParams, ListSessionsResult};
 use ahp_types::state::SessionSummary;
 use relay_core::link::CommandReply;
-use relay_core::rpc::{self, InboundMessage, RpcError};
+use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
 
-use crate::commands::reply;
+use crate::commands::{answer, reply};
 use crate::host::Host;
 
 pub fn encode_cursor(catalog_no: u64) -> String {
@@ -26,10 +26,7 @@ impl Host {
         connection: ConnectionId,
         message: &InboundMessage,
     ) -> CommandReply {
-        match self.list_sessions_result(connection, message).await {
-            Ok(reply) => reply,
-            Err(error) => CommandReply::frame(rpc::error_frame(message.id, &error)),
-        }
+        answer(message.id, self.list_sessions_result(connection, message).await)
     }
 
     async fn list_sessions_result(

@@ -44,6 +44,11 @@ pub(crate) fn reply<T: Serialize + ?Sized>(id: Option<u64>, result: &T) -> Comma
     }
 }
 
+/// The reply to send for a command's result: its frame, or the error as a JSON-RPC error frame.
+pub(crate) fn answer(id: Option<u64>, result: CommandResult) -> CommandReply {
+    result.unwrap_or_else(|error| CommandReply::frame(rpc::error_frame(id, &error)))
+}
+
 pub fn now() -> String {
     format!("{:.3}", jiff::Timestamp::now())
 }

@@ -9,10 +9,10 @@ use ahp_types::actions::{ChatTurnsLoadedAction, StateAction};
 use ahp_types::commands::FetchTurnsParams;
 use ahp_types::state::Turn;
 use relay_core::link::CommandReply;
-use relay_core::rpc::{self, InboundMessage, RpcError};
+use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
 
-use crate::commands::{not_found, reply};
+use crate::commands::{answer, not_found, reply};
 use crate::error::ShardError;
 use crate::host::Host;
 use crate::model::{parse_turns_cursor, turns_cursor};
@@ -34,10 +34,7 @@ impl Host {
         connection: ConnectionId,
         message: &InboundMessage,
     ) -> CommandReply {
-        match self.fetch_turns_result(connection, message).await {
-            Ok(reply) => reply,
-            Err(error) => CommandReply::frame(rpc::error_frame(message.id, &error)),
-        }
+        answer(message.id, self.fetch_turns_result(connection, message).await)
     }
 
     async fn fetch_turns_result(
