@@ -1,9 +1,11 @@
 //! One group commit: everything a shard's batch writes, in one transaction, so a batch is either wholly
-//! durable or not at all (the shard publishes envelopes only after this returns).
+//! durable or not at all (the shard publishes envelopes only after this returns). Two entry points share the
+//! writing: [`commit`] for the embedded single-process relay, where nothing else can write the host, and
+//! [`commit_fenced`], which first checks (and locks) the writer's lease in the same transaction.
 
-use sqlx::AnyPool;
+use sqlx::{AnyConnection, AnyPool};
 
-use crate::{catalog, hosts, log, snapshots, Backend, CommitBatch, StoreError};
+use crate::{catalog, hosts, leases, log, snapshots, Backend, CommitBatch, StoreError};
 
 /// Writes `batch` for the host atomically.
 pub(crate) async fn commit(
@@ -13,11 +15,45 @@ pub(crate) async fn commit(
     host: &str,
     batch: &CommitBatch,
 ) -> Result<(), StoreError> {
-    let logged_max = batch.log.iter().map(|entry| entry.seq).max().unwrap_or(0);
     let mut tx = pool.begin().await?;
-    // First, so the host's lock is held from the start: a compaction of this host waits for the whole batch.
+    write(&mut tx, backend, tenant, host, batch).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Writes `batch` for the host atomically if, in the same transaction, the host's lease is at `epoch` and
+/// held by `owner`; otherwise writes nothing and fails with [`StoreError::Fenced`].
+pub(crate) async fn commit_fenced(
+    pool: &AnyPool,
+    backend: Backend,
+    tenant: &str,
+    host: &str,
+    owner: &str,
+    epoch: u64,
+    batch: &CommitBatch,
+) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await?;
+    // First, and it keeps the lease row locked to the end: no new owner can take the host between this check
+    // and the writes below. On failure the transaction is dropped, which rolls it back.
+    leases::fence(&mut tx, tenant, host, owner, epoch).await?;
+    write(&mut tx, backend, tenant, host, batch).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The writes of one batch, inside the caller's transaction.
+async fn write(
+    conn: &mut AnyConnection,
+    backend: Backend,
+    tenant: &str,
+    host: &str,
+    batch: &CommitBatch,
+) -> Result<(), StoreError> {
+    let logged_max = batch.log.iter().map(|entry| entry.seq).max().unwrap_or(0);
+    // First of the writes, so the host's lock is held for all of them: a compaction of this host waits for
+    // the whole batch.
     hosts::raise_counters(
-        &mut tx,
+        &mut *conn,
         backend,
         tenant,
         host,
@@ -25,10 +61,9 @@ pub(crate) async fn commit(
         catalog::next_number_after(&batch.catalog),
     )
     .await?;
-    log::append(&mut tx, tenant, host, &batch.log).await?;
-    snapshots::store(&mut tx, tenant, host, &batch.snapshots).await?;
-    catalog::apply(&mut tx, tenant, host, &batch.catalog).await?;
-    snapshots::remove(&mut tx, tenant, host, &batch.disposed).await?;
-    tx.commit().await?;
+    log::append(&mut *conn, tenant, host, &batch.log).await?;
+    snapshots::store(&mut *conn, tenant, host, &batch.snapshots).await?;
+    catalog::apply(&mut *conn, tenant, host, &batch.catalog).await?;
+    snapshots::remove(&mut *conn, tenant, host, &batch.disposed).await?;
     Ok(())
 }

@@ -39,4 +39,18 @@ pub enum StoreError {
         /// The offending value, widened so both directions fit.
         value: i128,
     },
+    /// A fenced commit was refused because its writer no longer owns the host: the host's lease is at
+    /// another epoch, or at the same epoch but released or held by someone else. Nothing was written.
+    #[error(
+        "fenced: the commit carries lease epoch {expected} but the host's lease is at epoch {found}, \
+         held by {holder:?}"
+    )]
+    Fenced {
+        /// The epoch the writer committed under.
+        expected: u64,
+        /// The host's current lease epoch (0 if the host was never leased).
+        found: u64,
+        /// Who holds the lease now (`None`: nobody — released, or never leased).
+        holder: Option<String>,
+    },
 }

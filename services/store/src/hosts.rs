@@ -1,6 +1,7 @@
 //! The `hosts` table: one row of durable counters per (tenant, host) — the highest serverSeq committed, the
 //! log floor left by compaction, the next catalogue number. Every write transaction of a host touches its row
-//! first, so the row lock (Postgres) or the write lock (SQLite) orders a host's commits and compactions.
+//! first (a fenced commit only checks its lease before that), so the row lock (Postgres) or the write lock
+//! (SQLite) orders a host's commits and compactions.
 
 use sqlx::{AnyConnection, AnyPool, Row};
 

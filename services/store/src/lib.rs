@@ -1,23 +1,29 @@
 //! `relay-store`: the relay's durable store — the action log of every host, the latest snapshot of each
-//! channel, the sessions catalogue behind `listSessions`, and each host's counters — with one API over two
-//! backends: Postgres for the distributed deployment, SQLite (a file in the data directory) for the embedded
-//! one. Both run through sqlx's `Any` driver with runtime-built SQL, so there is one code path and no
-//! database at build time.
+//! channel, the sessions catalogue behind `listSessions`, each host's counters and its ownership lease —
+//! with one API over two backends: Postgres for the distributed deployment, SQLite (a file in the data
+//! directory) for the embedded one. Both run through sqlx's `Any` driver with runtime-built SQL, so there is
+//! one code path and no database at build time.
 //!
 //! Every row is keyed by (tenant, host, …): tenants are isolated by construction (design invariant 7).
 //! Counters are `u64` in the API and BIGINT in the database; values above `i64::MAX` are refused with
 //! [`StoreError::OutOfRange`], never wrapped.
 //!
+//! Host ownership (design §3, invariant 6 "one writer per host") is a lease with a fencing epoch: a shard
+//! takes a host with [`Store::acquire_lease`], keeps it with [`Store::renew_lease`], and writes it with
+//! [`Store::commit_fenced`], which checks the epoch in the same transaction as the writes, so a deposed owner
+//! cannot commit. The embedded single-process relay, the only writer of its store, uses [`Store::commit`].
+//!
 //! Modules, one concern each: `connect` (URL → pool and per-backend settings), `schema` (embedded
-//! migrations), `commit` (the group-commit transaction), `hosts`, `log`, `snapshots`, `catalog` (one table
-//! each), `retention` (compaction), `sql` (placeholder numbering and conversions), `records` (the values in
-//! and out), `error`.
+//! migrations), `commit` (the group-commit transaction, plain and fenced), `hosts`, `log`, `snapshots`,
+//! `catalog`, `leases` (one table each), `retention` (compaction), `sql` (placeholder numbering and
+//! conversions), `records` (the values in and out), `error`.
 
 mod catalog;
 mod commit;
 mod connect;
 mod error;
 mod hosts;
+mod leases;
 mod log;
 mod records;
 mod retention;
@@ -29,7 +35,7 @@ use sqlx::AnyPool;
 
 pub use error::StoreError;
 pub use records::{
-    CatalogChange, CatalogEntry, ChannelRecord, CommitBatch, HostRecord, LogEntry, SnapshotEntry,
+    CatalogChange, CatalogEntry, ChannelRecord, CommitBatch, HostRecord, Lease, LogEntry, SnapshotEntry,
 };
 
 /// Which database a [`Store`] is on.
@@ -78,6 +84,82 @@ impl Store {
     /// catalogue number it uses.
     pub async fn commit(&self, tenant: &str, host: &str, batch: &CommitBatch) -> Result<(), StoreError> {
         commit::commit(&self.pool, self.backend, tenant, host, batch).await
+    }
+
+    /// [`Store::commit`], fenced: in the same transaction as the batch, first checks that the host's lease is
+    /// at `epoch` and held by `owner`, and keeps the lease row locked until the batch is written, so no other
+    /// owner can take the host in between. Expiry is not checked — only the epoch: a slow owner whose lease
+    /// lapsed but was not taken yet may still commit; one whose epoch was superseded (or who released the
+    /// lease) may not. On a mismatch nothing is written and it fails with [`StoreError::Fenced`].
+    pub async fn commit_fenced(
+        &self,
+        tenant: &str,
+        host: &str,
+        owner: &str,
+        epoch: u64,
+        batch: &CommitBatch,
+    ) -> Result<(), StoreError> {
+        commit::commit_fenced(&self.pool, self.backend, tenant, host, owner, epoch, batch).await
+    }
+
+    /// Takes the host's lease for `owner` until `now_ms + ttl_ms` (unix ms; passed in so tests control time)
+    /// if it is free, expired at `now_ms` (held while `now_ms < expires_at_ms`), or already held by `owner` —
+    /// then it is renewed and keeps its epoch. Taking it from anyone else (released or expired) increments
+    /// the epoch; a host's first lease has epoch 1. Returns `None` when another owner holds an unexpired
+    /// lease. Concurrent acquirers of one host: exactly one wins.
+    ///
+    /// `owner` must be unique per process incarnation (e.g. shard name + a per-start UUID): an owner
+    /// re-acquiring its own lease keeps the epoch, so two processes sharing a name would not fence each
+    /// other.
+    /// Load the host's counters ([`Store::load_host`]) only *after* acquiring: then they include every commit
+    /// of the previous owner, which can commit no more.
+    pub async fn acquire_lease(
+        &self,
+        tenant: &str,
+        host: &str,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Lease>, StoreError> {
+        leases::acquire(&self.pool, tenant, host, owner, ttl_ms, now_ms).await
+    }
+
+    /// Extends a lease still held by (`lease.owner`, `lease.epoch`) to `now_ms + ttl_ms` — also when it had
+    /// expired, as long as nobody took it. `None` if it was lost (expired and taken, or released): the owner
+    /// must stop serving the host.
+    pub async fn renew_lease(
+        &self,
+        lease: &Lease,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Option<Lease>, StoreError> {
+        leases::renew(&self.pool, lease, ttl_ms, now_ms).await
+    }
+
+    /// Gives the lease up at once (graceful shutdown), so another owner can take it without waiting for
+    /// expiry; it keeps its epoch, and the next acquire increments it. Does nothing if the lease was already
+    /// lost.
+    pub async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {
+        leases::release(&self.pool, lease).await
+    }
+
+    /// The host's current lease, for routing (who owns it, until when): `None` if the host was never leased
+    /// or its lease was released. An expired lease nobody took yet is returned as it is — compare
+    /// `expires_at_ms` with the clock.
+    pub async fn lease_of(&self, tenant: &str, host: &str) -> Result<Option<Lease>, StoreError> {
+        leases::current(&self.pool, tenant, host).await
+    }
+
+    /// Up to `limit` (tenant, host) pairs whose lease is released, or expired at `now_ms`, most overdue
+    /// first: work for a shard doing placement (then [`Store::acquire_lease`]; losing that race is normal).
+    /// Hosts that were never leased are not listed — they have no owner to lose and get one when a client
+    /// asks.
+    pub async fn orphaned_hosts(
+        &self,
+        now_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        leases::orphaned(&self.pool, now_ms, limit).await
     }
 
     /// The channel's latest snapshot and every log row of the channel after it, in seq order; `None` if it

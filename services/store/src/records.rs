@@ -13,6 +13,22 @@ pub struct HostRecord {
     pub next_catalog_no: u64,
 }
 
+/// A host's ownership lease: who may write the host, under which fencing epoch, until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The host's tenant.
+    pub tenant: String,
+    /// The host.
+    pub host: String,
+    /// Who holds it (a shard; the name must be unique per process, see [`crate::Store::acquire_lease`]).
+    pub owner: String,
+    /// The fencing epoch: 1 for the host's first owner, one more at every change of owner, never reused.
+    /// [`crate::Store::commit_fenced`] accepts a batch only under the host's current epoch.
+    pub epoch: u64,
+    /// Unix ms at which the lease lapses unless renewed: it is held while `now < expires_at_ms`.
+    pub expires_at_ms: i64,
+}
+
 /// Everything one group commit writes, atomically.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CommitBatch {

@@ -25,17 +25,31 @@ struct EmbeddedMigration {
     sql: &'static str,
 }
 
-const POSTGRES: &[EmbeddedMigration] = &[EmbeddedMigration {
-    version: 1,
-    description: "store",
-    sql: include_str!("../../../migrations/postgres/0001_store.sql"),
-}];
+const POSTGRES: &[EmbeddedMigration] = &[
+    EmbeddedMigration {
+        version: 1,
+        description: "store",
+        sql: include_str!("../../../migrations/postgres/0001_store.sql"),
+    },
+    EmbeddedMigration {
+        version: 2,
+        description: "leases",
+        sql: include_str!("../../../migrations/postgres/0002_leases.sql"),
+    },
+];
 
-const SQLITE: &[EmbeddedMigration] = &[EmbeddedMigration {
-    version: 1,
-    description: "store",
-    sql: include_str!("../../../migrations/sqlite/0001_store.sql"),
-}];
+const SQLITE: &[EmbeddedMigration] = &[
+    EmbeddedMigration {
+        version: 1,
+        description: "store",
+        sql: include_str!("../../../migrations/sqlite/0001_store.sql"),
+    },
+    EmbeddedMigration {
+        version: 2,
+        description: "leases",
+        sql: include_str!("../../../migrations/sqlite/0002_leases.sql"),
+    },
+];
 
 /// The embedded migrations of one backend, as a source sqlx's migrator can resolve.
 #[derive(Debug)]

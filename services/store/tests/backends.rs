@@ -10,7 +10,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use relay_store::{
-    Backend, CatalogChange, CatalogEntry, CommitBatch, HostRecord, LogEntry, SnapshotEntry, Store, StoreError,
+    Backend, CatalogChange, CatalogEntry, CommitBatch, HostRecord, Lease, LogEntry, SnapshotEntry, Store,
+    StoreError,
 };
 use sqlx::{Connection, Executor};
 
@@ -138,6 +139,13 @@ on_both_backends!(
     ten_thousand_log_rows_commit_in_one_call,
     a_failing_batch_writes_nothing,
     raw_log_inserts_write_only_the_log,
+    leases_are_acquired_renewed_released_and_expire,
+    the_epoch_grows_at_every_change_of_owner_and_never_otherwise,
+    a_deposed_owner_cannot_commit_and_writes_nothing,
+    concurrent_acquirers_of_one_host_have_exactly_one_winner,
+    an_acquire_cannot_slip_between_the_fencing_check_and_the_writes,
+    orphaned_hosts_lists_released_and_expired_leases_only,
+    leases_are_isolated_between_tenants_and_hosts,
 );
 
 const T: &str = "acme";
@@ -855,6 +863,571 @@ async fn raw_log_inserts_write_only_the_log(db: &TestDb) {
         [1, 2, 3]
     );
     assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 0);
+}
+
+// ---- Host ownership leases and fenced commits ----
+
+const TTL: i64 = 1_000;
+
+/// Every stored trace of a host: counters, the whole log, two channels' records, the catalogue, the chats.
+async fn everything_of(store: &Store, tenant: &str, host: &str) -> String {
+    let channels = vec![SESSION.to_owned(), CHAT.to_owned()];
+    format!(
+        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
+        store.load_host(tenant, host).await.unwrap(),
+        store.log_after(tenant, host, 0, &channels, 1_000).await.unwrap(),
+        store.load_channel(tenant, host, SESSION).await.unwrap(),
+        store.load_channel(tenant, host, CHAT).await.unwrap(),
+        store.list_sessions(tenant, host, None, 100).await.unwrap(),
+        store.chats_of(tenant, host, SESSION).await.unwrap(),
+    )
+}
+
+fn fenced(result: Result<(), StoreError>) -> (u64, u64, Option<String>) {
+    match result {
+        Err(StoreError::Fenced {
+            expected,
+            found,
+            holder,
+        }) => (expected, found, holder),
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+}
+
+async fn leases_are_acquired_renewed_released_and_expire(db: &TestDb) {
+    let store = &db.store;
+    assert_eq!(store.lease_of(T, H).await.unwrap(), None);
+
+    // A free host: the first lease has epoch 1 and lasts ttl.
+    let a = store
+        .acquire_lease(T, H, "a", TTL, 10_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        a,
+        Lease {
+            tenant: T.into(),
+            host: H.into(),
+            owner: "a".into(),
+            epoch: 1,
+            expires_at_ms: 11_000
+        }
+    );
+    assert_eq!(store.lease_of(T, H).await.unwrap(), Some(a.clone()));
+
+    // Held by someone else: refused, and nothing changes.
+    assert_eq!(store.acquire_lease(T, H, "b", TTL, 10_500).await.unwrap(), None);
+    assert_eq!(store.lease_of(T, H).await.unwrap(), Some(a.clone()));
+
+    // Acquiring one's own lease renews it and keeps the epoch; so does renew_lease.
+    let a = store
+        .acquire_lease(T, H, "a", TTL, 10_600)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((a.epoch, a.expires_at_ms), (1, 11_600));
+    let a = store.renew_lease(&a, 2 * TTL, 10_900).await.unwrap().unwrap();
+    assert_eq!((a.owner.as_str(), a.epoch, a.expires_at_ms), ("a", 1, 12_900));
+    assert_eq!(store.lease_of(T, H).await.unwrap(), Some(a.clone()));
+
+    // Held until the instant before expires_at_ms; free from it on.
+    assert_eq!(store.acquire_lease(T, H, "b", TTL, 12_899).await.unwrap(), None);
+    let b = store
+        .acquire_lease(T, H, "b", TTL, 12_900)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((b.owner.as_str(), b.epoch, b.expires_at_ms), ("b", 2, 13_900));
+
+    // The deposed owner can neither renew, re-acquire, nor release what it lost.
+    assert_eq!(store.renew_lease(&a, TTL, 12_950).await.unwrap(), None);
+    assert_eq!(store.acquire_lease(T, H, "a", TTL, 12_950).await.unwrap(), None);
+    store.release_lease(&a).await.unwrap();
+    assert_eq!(store.lease_of(T, H).await.unwrap(), Some(b.clone()));
+
+    // Expired but not taken: still the owner's — renewing and re-acquiring both keep the epoch.
+    let b = store.renew_lease(&b, TTL, 20_000).await.unwrap().unwrap();
+    assert_eq!((b.epoch, b.expires_at_ms), (2, 21_000));
+    let b = store
+        .acquire_lease(T, H, "b", TTL, 30_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((b.epoch, b.expires_at_ms), (2, 31_000));
+    // lease_of shows an expired lease as it is.
+    assert_eq!(
+        store.lease_of(T, H).await.unwrap().map(|l| l.expires_at_ms),
+        Some(31_000)
+    );
+
+    // Released: free at once, long before it would have expired; the epoch is kept and the next acquire —
+    // even by the same owner — increments it.
+    store.release_lease(&b).await.unwrap();
+    assert_eq!(store.lease_of(T, H).await.unwrap(), None);
+    assert_eq!(store.renew_lease(&b, TTL, 30_001).await.unwrap(), None);
+    store.release_lease(&b).await.unwrap(); // twice: nothing more happens
+    let b = store
+        .acquire_lease(T, H, "b", TTL, 30_002)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((b.epoch, b.expires_at_ms), (3, 31_002));
+    store.release_lease(&b).await.unwrap();
+    let c = store
+        .acquire_lease(T, H, "c", TTL, 30_003)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((c.owner.as_str(), c.epoch), ("c", 4));
+
+    // Reopening the store keeps the lease.
+    let reopened = Store::connect(&db.url).await.unwrap();
+    assert_eq!(reopened.lease_of(T, H).await.unwrap(), Some(c.clone()));
+    assert_eq!(
+        reopened.acquire_lease(T, H, "a", TTL, 30_004).await.unwrap(),
+        None
+    );
+    reopened.close().await;
+
+    // An expiry the database cannot hold is refused and changes nothing.
+    assert!(matches!(
+        store.renew_lease(&c, i64::MAX, 30_005).await,
+        Err(StoreError::OutOfRange {
+            what: "expires_at_ms",
+            ..
+        })
+    ));
+    assert_eq!(store.lease_of(T, H).await.unwrap(), Some(c));
+}
+
+async fn the_epoch_grows_at_every_change_of_owner_and_never_otherwise(db: &TestDb) {
+    let store = &db.store;
+    let owners = ["a", "b", "c"];
+    let mut now = 1_000;
+    let mut held: Option<Lease> = None;
+    let mut changes_of_owner = 0;
+    // A fixed pseudo-random walk of acquires, renewals, releases and expiries.
+    for step in 0..60u64 {
+        now += 100;
+        let pick = (step * 7 + step / 3) as usize;
+        let owner = owners[pick % owners.len()];
+        match pick % 4 {
+            0 => {
+                if let Some(lease) = held.take() {
+                    store.release_lease(&lease).await.unwrap();
+                }
+            }
+            1 => now += TTL, // let the lease expire
+            _ => {}
+        }
+        let before = store.lease_of(T, H).await.unwrap();
+        let free = before
+            .as_ref()
+            .is_none_or(|lease| lease.owner == owner || lease.expires_at_ms <= now);
+        let got = store.acquire_lease(T, H, owner, TTL, now).await.unwrap();
+        assert_eq!(got.is_some(), free, "step {step}: {before:?}, {owner} at {now}");
+        let Some(lease) = got else { continue };
+        match &before {
+            Some(previous) if previous.owner == owner => assert_eq!(lease.epoch, previous.epoch),
+            _ => {
+                changes_of_owner += 1;
+                assert_eq!(lease.epoch, changes_of_owner, "step {step}");
+            }
+        }
+        held = Some(lease);
+    }
+    assert!(
+        changes_of_owner >= 10,
+        "the walk changed owner only {changes_of_owner} times"
+    );
+}
+
+async fn a_deposed_owner_cannot_commit_and_writes_nothing(db: &TestDb) {
+    let store = &db.store;
+    let a = store.acquire_lease(T, H, "a", TTL, 1_000).await.unwrap().unwrap();
+    let first = CommitBatch {
+        last_seq: 2,
+        log: vec![entry(1, SESSION), entry(2, CHAT)],
+        snapshots: vec![snapshot(SESSION, None, 1), snapshot(CHAT, Some(SESSION), 2)],
+        catalog: vec![upsert(SESSION, 1)],
+        ..CommitBatch::default()
+    };
+    store.commit_fenced(T, H, "a", a.epoch, &first).await.unwrap();
+    // A slow owner whose lease lapsed (at 2,000) but which nobody took yet: its commit still goes through.
+    store
+        .commit_fenced(T, H, "a", a.epoch, &log_batch(3, vec![entry(3, SESSION)]))
+        .await
+        .unwrap();
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 3);
+
+    // b takes the expired lease: a is deposed.
+    let b = store.acquire_lease(T, H, "b", TTL, 5_000).await.unwrap().unwrap();
+    assert_eq!(b.epoch, 2);
+    let before = everything_of(store, T, H).await;
+    let everything = CommitBatch {
+        last_seq: 50,
+        log: vec![entry(4, SESSION), entry(5, CHAT)],
+        snapshots: vec![
+            snapshot(SESSION, None, 4),
+            snapshot("ahp-chat:/c9", Some(SESSION), 5),
+        ],
+        catalog: vec![
+            upsert("ahp-session:/s2", 2),
+            CatalogChange::Remove { uri: SESSION.into() },
+        ],
+        disposed: vec![CHAT.into()],
+    };
+    assert_eq!(
+        fenced(store.commit_fenced(T, H, "a", a.epoch, &everything).await),
+        (1, 2, Some("b".into()))
+    );
+    // The right epoch under the wrong name, and the right name under an old epoch, are refused too.
+    assert_eq!(
+        fenced(store.commit_fenced(T, H, "a", b.epoch, &everything).await),
+        (2, 2, Some("b".into()))
+    );
+    assert_eq!(
+        fenced(store.commit_fenced(T, H, "b", a.epoch, &everything).await),
+        (1, 2, Some("b".into()))
+    );
+    assert_eq!(everything_of(store, T, H).await, before);
+    assert_eq!(store.lease_of(T, H).await.unwrap(), Some(b.clone()));
+
+    // The current owner commits, seeing everything the deposed one committed before it was deposed.
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 3);
+    store
+        .commit_fenced(T, H, "b", b.epoch, &everything)
+        .await
+        .unwrap();
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 50);
+    assert_eq!(
+        seqs(
+            &store
+                .log_after(T, H, 0, &[SESSION.to_owned(), CHAT.to_owned()], 10)
+                .await
+                .unwrap()
+        ),
+        [1, 2, 3, 4, 5]
+    );
+    assert_eq!(
+        uris(&store.list_sessions(T, H, None, 10).await.unwrap()),
+        ["ahp-session:/s2"]
+    );
+
+    // After a release nobody can commit under the released epoch, not even its last owner.
+    store.release_lease(&b).await.unwrap();
+    let before = everything_of(store, T, H).await;
+    assert_eq!(
+        fenced(
+            store
+                .commit_fenced(T, H, "b", b.epoch, &log_batch(60, vec![entry(6, CHAT)]))
+                .await
+        ),
+        (2, 2, None)
+    );
+    // A host never leased cannot be committed to with fencing.
+    assert_eq!(
+        fenced(
+            store
+                .commit_fenced(T, "unleased", "a", 1, &log_batch(1, vec![entry(1, CHAT)]))
+                .await
+        ),
+        (1, 0, None)
+    );
+    assert_eq!(everything_of(store, T, H).await, before);
+    assert_eq!(store.load_host(T, "unleased").await.unwrap().last_seq, 0);
+
+    // A fenced commit that fails in its writes rolls the fencing back with them and leaves the lease intact.
+    let c = store.acquire_lease(T, H, "c", TTL, 6_000).await.unwrap().unwrap();
+    let duplicate = log_batch(70, vec![entry(7, CHAT), entry(1, SESSION)]);
+    assert!(matches!(
+        store.commit_fenced(T, H, "c", c.epoch, &duplicate).await,
+        Err(StoreError::Database(_))
+    ));
+    assert_eq!(everything_of(store, T, H).await, before);
+    assert_eq!(store.lease_of(T, H).await.unwrap(), Some(c.clone()));
+    store
+        .commit_fenced(T, H, "c", c.epoch, &log_batch(7, vec![entry(7, CHAT)]))
+        .await
+        .unwrap();
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 50);
+    assert_eq!(store.lease_of(T, H).await.unwrap(), Some(c));
+}
+
+async fn concurrent_acquirers_of_one_host_have_exactly_one_winner(db: &TestDb) {
+    const RACERS: usize = 8;
+    let mut now = 1_000;
+    for round in 1..=10u64 {
+        // Round 1 races for a never-leased host; later rounds for one whose lease just expired (or, every
+        // third round, was released).
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(RACERS));
+        let racers: Vec<_> = (0..RACERS)
+            .map(|i| {
+                let store = db.store.clone();
+                let barrier = barrier.clone();
+                let owner = format!("shard-{round}-{i}");
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.acquire_lease(T, H, &owner, TTL, now).await.unwrap()
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for racer in racers {
+            winners.extend(racer.await.unwrap());
+        }
+        assert_eq!(winners.len(), 1, "round {round}: {winners:?}");
+        let winner = winners.remove(0);
+        assert_eq!(winner.epoch, round, "round {round}");
+        assert_eq!(db.store.lease_of(T, H).await.unwrap(), Some(winner.clone()));
+        if round % 3 == 0 {
+            db.store.release_lease(&winner).await.unwrap();
+        } else {
+            now = winner.expires_at_ms;
+        }
+    }
+}
+
+/// With the fenced commit between its check and its writes (held up by a lock on the host's row), an acquire
+/// by another owner waits for the commit to end: the commit cannot be overtaken by a change of owner.
+async fn an_acquire_cannot_slip_between_the_fencing_check_and_the_writes(db: &TestDb) {
+    let store = &db.store;
+    let a = store.acquire_lease(T, H, "a", TTL, 1_000).await.unwrap().unwrap();
+    store
+        .commit_fenced(T, H, "a", a.epoch, &log_batch(1, vec![entry(1, CHAT)]))
+        .await
+        .unwrap();
+
+    let mut blocker = sqlx::AnyConnection::connect(&db.url).await.unwrap();
+    match store.backend() {
+        // Locks the hosts row, which a commit writes right after its fencing check.
+        Backend::Postgres => {
+            blocker.execute("BEGIN").await.unwrap();
+            blocker
+                .execute(
+                    sqlx::query("UPDATE hosts SET log_floor = log_floor WHERE tenant = $1 AND host = $2")
+                        .bind(T)
+                        .bind(H),
+                )
+                .await
+                .unwrap();
+        }
+        // Takes the database's write lock, which the fencing check itself needs.
+        Backend::Sqlite => {
+            blocker.execute("BEGIN IMMEDIATE").await.unwrap();
+        }
+    }
+    let committing = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .commit_fenced(T, H, "a", 1, &log_batch(2, vec![entry(2, CHAT)]))
+                .await
+        })
+    };
+    wait_for_lock_waiters(db, 1).await;
+    // a's lease has expired: b may take it — once the commit is over.
+    let acquiring = {
+        let store = store.clone();
+        tokio::spawn(async move { store.acquire_lease(T, H, "b", TTL, 5_000).await })
+    };
+    wait_for_lock_waiters(db, 2).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(!committing.is_finished() && !acquiring.is_finished());
+    blocker.execute("COMMIT").await.unwrap();
+    blocker.close().await.unwrap();
+
+    let committed = committing.await.unwrap();
+    let b = acquiring.await.unwrap().unwrap().unwrap();
+    assert_eq!((b.owner.as_str(), b.epoch), ("b", 2));
+    let logged = seqs(&store.log_after(T, H, 0, &[CHAT.to_owned()], 10).await.unwrap());
+    match store.backend() {
+        // The commit locked the lease row first, so it finished before the acquire could change the lease.
+        Backend::Postgres => {
+            committed.unwrap();
+            assert_eq!(logged, [1, 2]);
+        }
+        // Either one got the write lock first; both orders are consistent.
+        Backend::Sqlite => match committed {
+            Ok(()) => assert_eq!(logged, [1, 2]),
+            Err(error) => {
+                assert_eq!(fenced(Err(error)), (1, 2, Some("b".into())));
+                assert_eq!(logged, [1]);
+            }
+        },
+    }
+    // From now on a is fenced off.
+    assert_eq!(
+        fenced(
+            store
+                .commit_fenced(T, H, "a", 1, &log_batch(3, vec![entry(3, CHAT)]))
+                .await
+        ),
+        (1, 2, Some("b".into()))
+    );
+}
+
+/// Waits until `count` sessions of the test database wait for a lock (Postgres); on SQLite, where a waiter
+/// is invisible, gives it time to start waiting.
+async fn wait_for_lock_waiters(db: &TestDb, count: i64) {
+    if db.store.backend() == Backend::Sqlite {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        return;
+    }
+    // A connection of its own, outside any transaction: pg_stat_activity is read once per transaction.
+    let mut observer = sqlx::AnyConnection::connect(&db.url).await.unwrap();
+    for _ in 0..500 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut observer)
+        .await
+        .unwrap();
+        if waiting >= count {
+            observer.close().await.unwrap();
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{count} sessions never waited for a lock");
+}
+
+async fn orphaned_hosts_lists_released_and_expired_leases_only(db: &TestDb) {
+    let store = &db.store;
+    let take = |tenant: &'static str, host: &'static str, owner: &'static str, now: i64| async move {
+        store
+            .acquire_lease(tenant, host, owner, TTL, now)
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    assert!(store.orphaned_hosts(0, 10).await.unwrap().is_empty());
+    take(T, "held", "a", 5_000).await; // until 6,000
+    take(T, "expired-late", "a", 2_000).await; // until 3,000
+    take(T, "expired-early", "b", 1_000).await; // until 2,000
+    take("globex", "held", "c", 1_500).await; // until 2,500: another tenant's host of the same name
+    let released = take(T, "released", "b", 5_000).await;
+    store.release_lease(&released).await.unwrap();
+    // A host with counters but never leased has no owner to lose.
+    store.load_host(T, "never-leased").await.unwrap();
+    let pair = |tenant: &str, host: &str| (tenant.to_owned(), host.to_owned());
+
+    // Released first, then most overdue first.
+    assert_eq!(
+        store.orphaned_hosts(5_500, 10).await.unwrap(),
+        [
+            pair(T, "released"),
+            pair(T, "expired-early"),
+            pair("globex", "held"),
+            pair(T, "expired-late"),
+        ]
+    );
+    assert_eq!(
+        store.orphaned_hosts(2_000, 10).await.unwrap(),
+        [pair(T, "released"), pair(T, "expired-early")]
+    );
+    assert_eq!(store.orphaned_hosts(5_500, 2).await.unwrap().len(), 2);
+    assert!(store.orphaned_hosts(5_500, 0).await.unwrap().is_empty());
+    // Expired exactly at expires_at_ms.
+    assert!(store
+        .orphaned_hosts(6_000, 10)
+        .await
+        .unwrap()
+        .contains(&pair(T, "held")));
+
+    // Taking an orphan (or its owner renewing in time) takes it off the list.
+    take(T, "released", "c", 5_500).await;
+    take(T, "expired-late", "a", 5_500).await;
+    assert_eq!(
+        store.orphaned_hosts(5_500, 10).await.unwrap(),
+        [pair(T, "expired-early"), pair("globex", "held")]
+    );
+}
+
+async fn leases_are_isolated_between_tenants_and_hosts(db: &TestDb) {
+    let store = &db.store;
+    let acme = store
+        .acquire_lease("acme", H, "a", TTL, 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    // The same host name in another tenant, and another host of the same tenant, are leased independently.
+    let globex = store
+        .acquire_lease("globex", H, "b", TTL, 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    let other = store
+        .acquire_lease("acme", "other", "b", TTL, 1_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((acme.epoch, globex.epoch, other.epoch), (1, 1, 1));
+    assert_eq!(
+        store.acquire_lease("globex", H, "a", TTL, 1_500).await.unwrap(),
+        None
+    );
+    assert_eq!(store.lease_of("acme", H).await.unwrap(), Some(acme.clone()));
+    assert_eq!(store.lease_of("globex", H).await.unwrap(), Some(globex.clone()));
+    assert_eq!(store.lease_of("initech", H).await.unwrap(), None);
+
+    // A lease fences only its own host.
+    assert_eq!(
+        fenced(
+            store
+                .commit_fenced(
+                    "globex",
+                    H,
+                    "a",
+                    acme.epoch,
+                    &log_batch(1, vec![entry(1, SESSION)])
+                )
+                .await
+        ),
+        (1, 1, Some("b".into()))
+    );
+    store
+        .commit_fenced("acme", H, "a", acme.epoch, &log_batch(1, vec![entry(1, SESSION)]))
+        .await
+        .unwrap();
+    assert_eq!(store.load_host("globex", H).await.unwrap().last_seq, 0);
+
+    // Releasing or taking over in one tenant leaves the others alone.
+    store.release_lease(&acme).await.unwrap();
+    assert_eq!(store.lease_of("acme", H).await.unwrap(), None);
+    assert_eq!(store.lease_of("globex", H).await.unwrap(), Some(globex.clone()));
+    assert_eq!(store.lease_of("acme", "other").await.unwrap(), Some(other));
+    let taken = store
+        .acquire_lease("acme", H, "c", TTL, 1_600)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(taken.epoch, 2);
+    assert_eq!(
+        store
+            .renew_lease(&globex, TTL, 1_700)
+            .await
+            .unwrap()
+            .map(|l| l.epoch),
+        Some(1)
+    );
+    // A lease handle naming another tenant renews nothing there.
+    let forged = Lease {
+        tenant: "globex".into(),
+        ..taken.clone()
+    };
+    assert_eq!(store.renew_lease(&forged, TTL, 1_700).await.unwrap(), None);
+    store.release_lease(&forged).await.unwrap();
+    assert_eq!(
+        store.lease_of("globex", H).await.unwrap().map(|l| l.owner),
+        Some("b".into())
+    );
+    assert_eq!(
+        store.orphaned_hosts(1_800, 10).await.unwrap(),
+        Vec::<(String, String)>::new()
+    );
 }
 
 #[test]
