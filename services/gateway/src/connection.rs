@@ -255,33 +255,50 @@ fn classify_read_error(error: &axum::Error) -> Option<Close> {
     }
 }
 
+/// Writes queued frames to the socket. Frames already queued are written together and flushed once, so a
+/// burst becomes few TCP segments even with `TCP_NODELAY`, while a lone frame leaves at once.
 async fn write_loop(
     mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
     mut queue: mpsc::Receiver<Outbound>,
 ) {
-    while let Some(item) = queue.recv().await {
-        match item {
-            Outbound::Frame(frame) => {
-                let text = match Utf8Bytes::try_from(frame) {
-                    Ok(text) => text,
-                    Err(error) => {
-                        tracing::error!(%error, "dropping a frame that is not UTF-8");
-                        continue;
+    const MAX_COALESCED: usize = 256;
+    while let Some(mut item) = queue.recv().await {
+        let mut written = 0;
+        loop {
+            match item {
+                Outbound::Frame(frame) => match Utf8Bytes::try_from(frame) {
+                    Ok(text) => {
+                        if sink.feed(Message::Text(text)).await.is_err() {
+                            return;
+                        }
                     }
-                };
-                if sink.send(Message::Text(text)).await.is_err() {
+                    Err(error) => tracing::error!(%error, "dropping a frame that is not UTF-8"),
+                },
+                Outbound::Close(code, reason) => {
+                    let _ = sink
+                        .send(Message::Close(Some(CloseFrame {
+                            code,
+                            reason: Utf8Bytes::from(reason),
+                        })))
+                        .await;
                     return;
                 }
             }
-            Outbound::Close(code, reason) => {
-                let _ = sink
-                    .send(Message::Close(Some(CloseFrame {
-                        code,
-                        reason: Utf8Bytes::from(reason),
-                    })))
-                    .await;
-                return;
+            written += 1;
+            match queue.try_recv() {
+                Ok(next) if written < MAX_COALESCED => item = next,
+                Ok(next) => {
+                    if sink.flush().await.is_err() {
+                        return;
+                    }
+                    written = 0;
+                    item = next;
+                }
+                Err(_) => break,
             }
+        }
+        if sink.flush().await.is_err() {
+            return;
         }
     }
     let _ = sink.close().await;

@@ -30,6 +30,9 @@ pub struct GatewayState<L> {
     pub quotas: Arc<TenantQuotas>,
 }
 
+/// Initial WebSocket read and write buffer per connection.
+const IO_BUFFER_BYTES: usize = 4 * 1024;
+
 /// The gateway's routes.
 pub fn router<L: HostLink>(state: Arc<GatewayState<L>>) -> Router {
     Router::new()
@@ -120,6 +123,9 @@ fn open<L: HostLink>(
         permit,
     };
     upgrade
+        // Small initial buffers: they grow for large frames, and an idle connection stays cheap.
+        .read_buffer_size(IO_BUFFER_BYTES)
+        .write_buffer_size(IO_BUFFER_BYTES)
         .max_message_size(state.limits.max_frame_bytes)
         .max_frame_size(state.limits.max_frame_bytes)
         .on_upgrade(move |socket| connection.run(socket))

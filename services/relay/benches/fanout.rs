@@ -20,7 +20,7 @@ use tokio::sync::broadcast;
 use tokio_tungstenite::tungstenite::Message;
 
 const SECRET: &str = "bench-secret";
-const SUBSCRIBERS: usize = 200;
+const SUBSCRIBERS: usize = 1_000;
 const ACTIONS: usize = 1_000;
 const LATENCY_SUBSCRIBERS: usize = 10;
 const LATENCY_RATE: u64 = 1_000;
@@ -232,7 +232,8 @@ async fn start_relay(dir: &std::path::Path) -> (Child, String) {
     panic!("relay exited");
 }
 
-/// The baseline: every text frame received on any socket is broadcast, as is, to every other socket.
+/// The baseline: every text frame received on any socket is broadcast, as is, to every socket (TCP_NODELAY,
+/// queued frames written together and flushed once — the same discipline as the relay's writer).
 async fn bare_broadcast_server() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
@@ -255,8 +256,14 @@ async fn bare_broadcast_server() -> String {
                         },
                         frame = rx.recv() => match frame {
                             Ok(frame) => {
-                                let Ok(text) = tokio_tungstenite::tungstenite::Utf8Bytes::try_from(frame) else { continue };
-                                if sink.send(Message::Text(text)).await.is_err() { return; }
+                                // Same write discipline as the relay: feed what is queued, flush once.
+                                let mut next = Some(frame);
+                                while let Some(frame) = next.take() {
+                                    let Ok(text) = tokio_tungstenite::tungstenite::Utf8Bytes::try_from(frame) else { continue };
+                                    if sink.feed(Message::Text(text)).await.is_err() { return; }
+                                    next = rx.try_recv().ok();
+                                }
+                                if sink.flush().await.is_err() { return; }
                             }
                             Err(_) => return,
                         },

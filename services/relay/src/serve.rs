@@ -154,6 +154,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
+    // Frames are small and latency matters more than packing: no Nagle delay on client sockets.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |stream: &mut tokio::net::TcpStream| {
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "could not set TCP_NODELAY");
+        }
+    });
     let dev_token = mint_hs256(
         &secret,
         &Claims::new(
