@@ -482,3 +482,62 @@ async fn thousand_turns(store: TestStore) {
 }
 
 on_both_stores!(fetch_turns_pages_a_1000_turn_chat, thousand_turns);
+
+async fn graceful_shutdown(store: TestStore) {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let tenant = unique_tenant();
+    let mut relay = store.relay(&["--demo-step-ms", "50"]).await;
+    let (a, _) = relay.client_as(&tenant, "ana", Role::Member, "device").await;
+    let (_, chat) = create_session_and_chat(&a, "deploy").await;
+    let (_, from, mut sub) = subscribe_chat(&a, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t1", "a reply long enough to be cut"))
+        .await
+        .expect("dispatch");
+    let seen = vec![next_envelope(&mut sub).await, next_envelope(&mut sub).await];
+
+    // A raw socket sees how the relay closes connections on SIGTERM.
+    let url = format!(
+        "{}?access_token={}",
+        relay.url(),
+        relay.token(&tenant, "ana", Role::Member)
+    );
+    let (mut raw, _) = tokio_tungstenite::connect_async(url).await.expect("connect");
+    assert!(relay.terminate().await, "clean exit");
+    let close = loop {
+        match tokio::time::timeout(PATIENCE, raw.next())
+            .await
+            .expect("close in time")
+        {
+            Some(Ok(Message::Close(frame))) => break frame,
+            Some(Ok(_)) => continue,
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    };
+    assert_eq!(
+        close.map(|f| u16::from(f.code)),
+        Some(1012),
+        "clients are told to reconnect"
+    );
+
+    // The next process serves the session: the client resumes exactly.
+    let relay = store.relay(&[]).await;
+    let last_seen = seen.last().map(|e| e.server_seq).expect("seen");
+    let resumed = relay.connect(&tenant, "ana", Role::Member).await;
+    let ReconnectResult::Replay(replay) = resumed
+        .reconnect("device".into(), last_seen as i64, vec![chat.clone()])
+        .await
+        .expect("reconnect")
+    else {
+        panic!("expected an exact replay after a graceful restart");
+    };
+    assert!(replay.actions.iter().all(|e| e.server_seq > last_seen));
+    assert!(from < last_seen);
+    let (fresh, _, _) = subscribe_chat(&resumed, &chat).await;
+    assert!(fresh.active_turn.is_none(), "the interrupted turn is closed");
+}
+
+on_both_stores!(
+    sigterm_closes_with_1012_and_the_next_process_resumes,
+    graceful_shutdown
+);

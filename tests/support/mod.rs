@@ -157,6 +157,21 @@ impl Relay {
             .unwrap_or_else(|| panic!("metric {name} missing in:\n{body}"))
     }
 
+    /// SIGTERM the relay (graceful shutdown) and wait until it exits; returns whether it exited cleanly.
+    pub async fn terminate(&mut self) -> bool {
+        let pid = self.child.id().expect("running");
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+        tokio::time::timeout(PATIENCE, self.child.wait())
+            .await
+            .expect("relay did not exit after SIGTERM")
+            .expect("wait")
+            .success()
+    }
+
     /// SIGKILL the relay and wait until it is gone.
     pub async fn kill(&mut self) {
         self.child.start_kill().expect("SIGKILL");

@@ -137,9 +137,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let store = open_store(args.database_url.as_deref(), &args.data_dir).await?;
     let link = Arc::new(ShardLink::new(limits.clone(), providers, store));
     spawn_retention(link.clone(), args.compact_every);
+    let serving_link = link.clone();
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let app = relay_gateway::router(Arc::new(GatewayState {
-        link,
+        link: serving_link,
         verifier: TokenVerifier::hs256(&secret),
         limits,
         shutdown: shutdown_rx,
@@ -194,6 +195,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         })
         .await
         .context("serving")?;
+    // Whatever agents produced after the last reply is committed before the process exits.
+    if tokio::time::timeout(Duration::from_secs(10), link.flush_all())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the store did not take the last batches within 10s");
+    }
     Ok(())
 }
 

@@ -63,6 +63,14 @@ impl ShardLink {
         self.hosts.lock().get(key).cloned()
     }
 
+    /// Commit everything every open host has queued (graceful shutdown).
+    pub async fn flush_all(&self) {
+        let hosts: Vec<Arc<Host>> = self.hosts.lock().values().cloned().collect();
+        for host in hosts {
+            host.flush().await;
+        }
+    }
+
     /// Delete log rows older than the retention period (keeping every channel restorable).
     pub async fn compact(&self) -> Result<u64, relay_store::StoreError> {
         let cutoff = jiff::Timestamp::now().as_millisecond()
