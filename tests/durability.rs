@@ -494,7 +494,7 @@ async fn graceful_shutdown(store: TestStore) {
     a.dispatch(chat.clone(), turn_started("t1", "a reply long enough to be cut"))
         .await
         .expect("dispatch");
-    let seen = vec![next_envelope(&mut sub).await, next_envelope(&mut sub).await];
+    let seen = [next_envelope(&mut sub).await, next_envelope(&mut sub).await];
 
     // A raw socket sees how the relay closes connections on SIGTERM.
     let url = format!(

@@ -1,0 +1,260 @@
+//! The wire format of a [`BusEvent`] on Redis: a small fixed binary header followed by the frame bytes as-is
+//! (the frame is serialized once by the shard and never re-serialized).
+//!
+//! Layout (integers big-endian):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | format version ([`VERSION`]) |
+//! | 1 | 1 | kind: 0 action, 1 notification, 2 channel disposed |
+//! | 2 | 1 | audience: 0 subscribers, 1 one connection, 2 everyone |
+//! | 3 | 8 | connection id (audience 1), otherwise 0 |
+//! | 11 | 8 | seq |
+//! | 19 | 8 | prev_seq |
+//! | 27 | 4 | channel length `n` in bytes |
+//! | 31 | n | channel (UTF-8) |
+//! | 31+n | … | frame |
+//!
+//! Decoding checks every field and returns a [`CodecError`] for anything else; it never panics.
+
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use relay_core::bus::{Audience, BusEvent, BusEventKind};
+use relay_core::ConnectionId;
+
+/// The format version written by [`encode`] and the only one [`decode`] accepts.
+pub const VERSION: u8 = 1;
+
+/// Bytes before the channel name.
+pub const HEADER_LEN: usize = 31;
+
+/// Why bytes are not an encoded [`BusEvent`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    #[error("bus message truncated: {0} bytes")]
+    Truncated(usize),
+    #[error("unsupported bus message version {0}")]
+    Version(u8),
+    #[error("unknown bus event kind {0}")]
+    Kind(u8),
+    #[error("unknown bus audience {0}")]
+    Audience(u8),
+    #[error("connection id {0} given for an audience that is not one connection")]
+    StrayConnection(u64),
+    #[error("channel length {0} exceeds the message")]
+    ChannelLength(u64),
+    #[error("channel name is not UTF-8")]
+    ChannelUtf8,
+}
+
+/// Encodes `event` as one bus message.
+pub fn encode(event: &BusEvent) -> Bytes {
+    let channel = event.channel.as_bytes();
+    let mut out = BytesMut::with_capacity(HEADER_LEN + channel.len() + event.frame.len());
+    out.put_u8(VERSION);
+    out.put_u8(match event.kind {
+        BusEventKind::Action => 0,
+        BusEventKind::Notification => 1,
+        BusEventKind::ChannelDisposed => 2,
+    });
+    let (audience, connection) = match &event.audience {
+        Audience::Subscribers => (0, 0),
+        Audience::Connection(id) => (1, id.0),
+        Audience::Everyone => (2, 0),
+    };
+    out.put_u8(audience);
+    out.put_u64(connection);
+    out.put_u64(event.seq);
+    out.put_u64(event.prev_seq);
+    // A channel name longer than 4 GiB cannot occur (frames are bounded far below that); saturate rather
+    // than wrap so that such a message would fail to decode instead of decoding wrongly.
+    out.put_u32(u32::try_from(channel.len()).unwrap_or(u32::MAX));
+    out.put_slice(channel);
+    out.put_slice(&event.frame);
+    out.freeze()
+}
+
+/// Decodes one bus message. The frame is copied out of `input` once.
+pub fn decode(input: &[u8]) -> Result<BusEvent, CodecError> {
+    let header = input
+        .get(..HEADER_LEN)
+        .ok_or(CodecError::Truncated(input.len()))?;
+    let u64_at = |at: usize| -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&header[at..at + 8]);
+        u64::from_be_bytes(b)
+    };
+    if header[0] != VERSION {
+        return Err(CodecError::Version(header[0]));
+    }
+    let kind = match header[1] {
+        0 => BusEventKind::Action,
+        1 => BusEventKind::Notification,
+        2 => BusEventKind::ChannelDisposed,
+        k => return Err(CodecError::Kind(k)),
+    };
+    let connection = u64_at(3);
+    let audience = match header[2] {
+        0 => Audience::Subscribers,
+        1 => Audience::Connection(ConnectionId(connection)),
+        2 => Audience::Everyone,
+        a => return Err(CodecError::Audience(a)),
+    };
+    if header[2] != 1 && connection != 0 {
+        return Err(CodecError::StrayConnection(connection));
+    }
+    let seq = u64_at(11);
+    let prev_seq = u64_at(19);
+    let channel_len = u32::from_be_bytes([header[27], header[28], header[29], header[30]]);
+    let rest = &input[HEADER_LEN..];
+    let len = usize::try_from(channel_len).map_err(|_| CodecError::ChannelLength(channel_len.into()))?;
+    if len > rest.len() {
+        return Err(CodecError::ChannelLength(channel_len.into()));
+    }
+    let (channel, frame) = rest.split_at(len);
+    let channel = std::str::from_utf8(channel).map_err(|_| CodecError::ChannelUtf8)?;
+    Ok(BusEvent {
+        kind,
+        channel: Arc::from(channel),
+        seq,
+        prev_seq,
+        audience,
+        frame: Bytes::copy_from_slice(frame),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(kind: BusEventKind, audience: Audience) -> BusEvent {
+        BusEvent {
+            kind,
+            channel: Arc::from("ahp-session:/ü/1"),
+            seq: 42,
+            prev_seq: u64::MAX - 1,
+            audience,
+            frame: Bytes::from_static(br#"{"jsonrpc":"2.0","method":"action","params":{}}"#),
+        }
+    }
+
+    fn assert_same(a: &BusEvent, b: &BusEvent) {
+        assert_eq!(a.kind, b.kind);
+        assert_eq!(a.channel, b.channel);
+        assert_eq!(a.seq, b.seq);
+        assert_eq!(a.prev_seq, b.prev_seq);
+        assert_eq!(a.audience, b.audience);
+        assert_eq!(a.frame, b.frame);
+    }
+
+    #[test]
+    fn round_trips_every_kind_and_audience() {
+        for kind in [
+            BusEventKind::Action,
+            BusEventKind::Notification,
+            BusEventKind::ChannelDisposed,
+        ] {
+            for audience in [
+                Audience::Subscribers,
+                Audience::Connection(ConnectionId(7)),
+                Audience::Everyone,
+            ] {
+                let event = sample(kind, audience);
+                let decoded = decode(&encode(&event)).expect("round trip");
+                assert_same(&event, &decoded);
+            }
+        }
+    }
+
+    #[test]
+    fn empty_channel_and_frame() {
+        let mut event = sample(BusEventKind::ChannelDisposed, Audience::Everyone);
+        event.channel = Arc::from("");
+        event.frame = Bytes::new();
+        let bytes = encode(&event);
+        assert_eq!(bytes.len(), HEADER_LEN);
+        assert_same(&event, &decode(&bytes).expect("round trip"));
+    }
+
+    #[test]
+    fn frame_bytes_are_kept_verbatim() {
+        let mut event = sample(BusEventKind::Action, Audience::Subscribers);
+        event.frame = Bytes::from_static(&[0, 255, b'{', 0x80, b'\n']);
+        assert_eq!(decode(&encode(&event)).expect("round trip").frame, event.frame);
+    }
+
+    #[test]
+    fn truncated_input_is_an_error() {
+        let bytes = encode(&sample(BusEventKind::Action, Audience::Subscribers));
+        let channel_end = HEADER_LEN + "ahp-session:/ü/1".len();
+        for cut in 0..channel_end {
+            assert!(decode(&bytes[..cut]).is_err(), "accepted a message cut at {cut}");
+        }
+        // Cutting into the frame still decodes (the frame is the rest), with the shorter frame.
+        assert!(decode(&bytes[..channel_end]).is_ok());
+    }
+
+    #[test]
+    fn bad_fields_are_errors() {
+        let good = encode(&sample(BusEventKind::Action, Audience::Subscribers)).to_vec();
+        let mut bad = good.clone();
+        bad[0] = 2;
+        assert_eq!(decode(&bad).err(), Some(CodecError::Version(2)));
+        let mut bad = good.clone();
+        bad[1] = 3;
+        assert_eq!(decode(&bad).err(), Some(CodecError::Kind(3)));
+        let mut bad = good.clone();
+        bad[2] = 9;
+        assert_eq!(decode(&bad).err(), Some(CodecError::Audience(9)));
+        let mut bad = good.clone();
+        bad[10] = 1;
+        assert_eq!(decode(&bad).err(), Some(CodecError::StrayConnection(1)));
+        let mut bad = good.clone();
+        bad[27..31].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(
+            decode(&bad).err(),
+            Some(CodecError::ChannelLength(u32::MAX.into()))
+        );
+        let mut bad = good;
+        bad[HEADER_LEN] = 0xff;
+        assert_eq!(decode(&bad).err(), Some(CodecError::ChannelUtf8));
+    }
+
+    /// A deterministic fuzz loop: random bytes, and valid messages with random bytes flipped, must decode to
+    /// a value or an error and never panic; whatever decodes re-encodes to the same bytes.
+    #[test]
+    fn fuzz_never_panics() {
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            // xorshift64*
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        let valid = encode(&sample(
+            BusEventKind::Notification,
+            Audience::Connection(ConnectionId(3)),
+        ))
+        .to_vec();
+        for round in 0..20_000u32 {
+            let bytes: Vec<u8> = if round % 2 == 0 {
+                let len = (next() % 80) as usize;
+                (0..len).map(|_| next() as u8).collect()
+            } else {
+                let mut b = valid.clone();
+                for _ in 0..(1 + next() % 4) {
+                    let at = (next() % b.len() as u64) as usize;
+                    b[at] = next() as u8;
+                }
+                let keep = (next() % (b.len() as u64 + 1)) as usize;
+                b.truncate(keep);
+                b
+            };
+            if let Ok(event) = decode(&bytes) {
+                assert_eq!(encode(&event).as_ref(), bytes.as_slice());
+            }
+        }
+    }
+}

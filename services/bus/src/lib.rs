@@ -1,0 +1,14 @@
+//! The Redis side of the host bus (design §4, invariant 10): how a [`BusEvent`](relay_core::bus::BusEvent) is
+//! encoded on the wire ([`codec`]), which Redis channel a host publishes on ([`channel`]), the shard-side
+//! [`RedisPublisher`] and the gateway-side [`RedisSubscriber`], which detects lost messages and repairs them
+//! through a [`GapRepair`] source.
+
+pub mod channel;
+pub mod codec;
+pub mod publisher;
+pub mod subscriber;
+
+pub use channel::channel_name;
+pub use codec::{decode, encode, CodecError};
+pub use publisher::{PublishError, RedisPublisher};
+pub use subscriber::{BoxFuture, GapRepair, RedisSubscriber, RepairError, SubscribeError, SubscriberOptions};

@@ -1,0 +1,44 @@
+//! The shard side of the Redis bus: publishes a host's events, encoded by [`codec`](crate::codec), on the
+//! host's channel over a connection that reconnects by itself.
+
+use redis::aio::ConnectionManager;
+use relay_core::bus::BusEvent;
+use relay_core::HostKey;
+
+use crate::{channel_name, codec};
+
+/// Why a publish (or connecting the publisher) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Publishes bus events to Redis. Cheap to clone; clones share one multiplexed connection.
+#[derive(Clone)]
+pub struct RedisPublisher {
+    connection: ConnectionManager,
+}
+
+impl RedisPublisher {
+    /// Connects to the Redis server at `url` (`redis://host:port[/db]`). The connection is re-established
+    /// automatically after it is lost.
+    pub async fn connect(url: &str) -> Result<Self, PublishError> {
+        let client = redis::Client::open(url)?;
+        let connection = client.get_connection_manager().await?;
+        Ok(Self { connection })
+    }
+
+    /// Publishes `event` on `host`'s channel and returns how many Redis subscribers received it.
+    ///
+    /// Pub/sub is at-most-once: a subscriber that misses the message repairs the gap from the shard.
+    pub async fn publish(&self, host: &HostKey, event: &BusEvent) -> Result<u64, PublishError> {
+        let mut connection = self.connection.clone();
+        let receivers: u64 = redis::cmd("PUBLISH")
+            .arg(channel_name(host))
+            .arg(codec::encode(event).as_ref())
+            .query_async(&mut connection)
+            .await?;
+        Ok(receivers)
+    }
+}

@@ -1,0 +1,328 @@
+//! The gateway side of the Redis bus: follows hosts on demand, decodes their events and forwards them in
+//! `serverSeq` order to one local broadcast per host, repairing lost messages (invariant 10).
+//!
+//! Redis pub/sub is at-most-once. Per host the subscriber remembers the last action `seq` it forwarded:
+//! - an action whose `prev_seq` is above it reveals a gap: the missing range is fetched from a [`GapRepair`]
+//!   source (the shard) and forwarded first, then the action itself;
+//! - an action at or below it is a duplicate and is dropped;
+//! - after the Redis connection is lost, the subscriber reconnects with backoff, re-subscribes every followed
+//!   host, and repairs from the last forwarded action up to the next event of each host (for a notification,
+//!   up to its `seq`, the host's current `serverSeq`), so nothing is lost across a Redis restart.
+//!
+//! When a gap cannot be repaired the host's broadcast is closed: its receivers see
+//! [`RecvError::Closed`](tokio::sync::broadcast::error::RecvError::Closed) and must follow again and resync
+//! from a snapshot (as after [`RecvError::Lagged`](tokio::sync::broadcast::error::RecvError::Lagged)).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use relay_core::bus::{BusEvent, BusEventKind, SharedBusEvent};
+use relay_core::HostKey;
+use tokio::sync::{broadcast, mpsc};
+use tokio::task::JoinHandle;
+
+use crate::{channel_name, codec};
+
+/// A boxed, sendable future (keeps [`GapRepair`] usable as a trait object).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Why a gap could not be repaired.
+#[derive(Debug, thiserror::Error)]
+#[error("gap repair failed: {0}")]
+pub struct RepairError(#[from] pub Box<dyn std::error::Error + Send + Sync>);
+
+/// Where lost bus events are fetched from (implemented by the shard's client).
+pub trait GapRepair: Send + Sync + 'static {
+    /// The action events of `host` with `after < seq <= through`, in any order. Actions that were never
+    /// stored (rejections) may be missing from the answer.
+    fn fetch<'a>(
+        &'a self,
+        host: &'a HostKey,
+        after: u64,
+        through: u64,
+    ) -> BoxFuture<'a, Result<Vec<BusEvent>, RepairError>>;
+}
+
+/// Why the subscriber could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum SubscribeError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Tuning of a [`RedisSubscriber`].
+#[derive(Debug, Clone)]
+pub struct SubscriberOptions {
+    /// Events buffered per host for slow local receivers.
+    pub capacity: usize,
+    /// First delay before reconnecting to Redis; doubled after each failure up to `max_backoff`.
+    pub min_backoff: Duration,
+    pub max_backoff: Duration,
+    /// Attempts at fetching one gap before the host's broadcast is closed.
+    pub repair_attempts: u32,
+}
+
+impl Default for SubscriberOptions {
+    fn default() -> Self {
+        Self {
+            capacity: 4096,
+            min_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(5),
+            repair_attempts: 5,
+        }
+    }
+}
+
+struct HostState {
+    key: HostKey,
+    tx: broadcast::Sender<SharedBusEvent>,
+    /// The last action seq forwarded (`None` before the first one).
+    last: Option<u64>,
+    /// The connection was lost since the last event: repair up to the next event.
+    resync: bool,
+}
+
+enum Command {
+    Subscribe(String),
+    Unsubscribe(String),
+}
+
+struct Shared {
+    /// Followed hosts by Redis channel name.
+    hosts: Mutex<HashMap<String, HostState>>,
+    repair: Arc<dyn GapRepair>,
+    options: SubscriberOptions,
+}
+
+/// Receives the bus events of followed hosts from Redis.
+pub struct RedisSubscriber {
+    shared: Arc<Shared>,
+    commands: mpsc::UnboundedSender<Command>,
+    task: JoinHandle<()>,
+}
+
+impl RedisSubscriber {
+    /// Starts a subscriber for the Redis server at `url`. The connection is made (and remade) in the
+    /// background; only a malformed URL fails here.
+    pub fn connect(
+        url: &str,
+        repair: Arc<dyn GapRepair>,
+        options: SubscriberOptions,
+    ) -> Result<Self, SubscribeError> {
+        let client = redis::Client::open(url)?;
+        let shared = Arc::new(Shared {
+            hosts: Mutex::new(HashMap::new()),
+            repair,
+            options,
+        });
+        let (commands, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(run(client, Arc::clone(&shared), rx));
+        Ok(Self {
+            shared,
+            commands,
+            task,
+        })
+    }
+
+    /// Follows `host`: its events, from the moment Redis confirms the subscription, go to the returned
+    /// receiver (and to every other receiver of the same host).
+    pub fn follow(&self, host: &HostKey) -> broadcast::Receiver<SharedBusEvent> {
+        let name = channel_name(host);
+        let mut hosts = self.shared.hosts.lock();
+        if let Some(state) = hosts.get(&name) {
+            return state.tx.subscribe();
+        }
+        let (tx, rx) = broadcast::channel(self.shared.options.capacity.max(1));
+        hosts.insert(
+            name.clone(),
+            HostState {
+                key: host.clone(),
+                tx,
+                last: None,
+                resync: false,
+            },
+        );
+        // The task only ends when `self` is dropped, so sending cannot fail while `self` exists.
+        let _ = self.commands.send(Command::Subscribe(name));
+        rx
+    }
+
+    /// Stops following `host`; its receivers see the channel closed.
+    pub fn unfollow(&self, host: &HostKey) {
+        let name = channel_name(host);
+        if self.shared.hosts.lock().remove(&name).is_some() {
+            let _ = self.commands.send(Command::Unsubscribe(name));
+        }
+    }
+}
+
+impl Drop for RedisSubscriber {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Connects, subscribes and forwards until the subscriber is dropped, reconnecting with backoff.
+async fn run(client: redis::Client, shared: Arc<Shared>, mut commands: mpsc::UnboundedReceiver<Command>) {
+    let mut backoff = shared.options.min_backoff;
+    loop {
+        match session(&client, &shared, &mut commands).await {
+            Ok(Ended::Dropped) => return,
+            Ok(Ended::Lost) => {
+                tracing::warn!("redis bus connection lost; reconnecting");
+                backoff = shared.options.min_backoff;
+            }
+            Err(error) => {
+                tracing::warn!(%error, ?backoff, "redis bus connection failed; retrying");
+            }
+        }
+        for state in shared.hosts.lock().values_mut() {
+            if state.last.is_some() {
+                state.resync = true;
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(shared.options.max_backoff);
+    }
+}
+
+enum Ended {
+    /// The subscriber was dropped.
+    Dropped,
+    /// The connection closed after it was established.
+    Lost,
+}
+
+/// One connection's life: subscribe to every followed host, then serve commands and messages.
+async fn session(
+    client: &redis::Client,
+    shared: &Shared,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+) -> Result<Ended, redis::RedisError> {
+    let (mut sink, mut stream) = client.get_async_pubsub().await?.split();
+    let names: Vec<String> = shared.hosts.lock().keys().cloned().collect();
+    if !names.is_empty() {
+        sink.subscribe(&names).await?;
+    }
+    loop {
+        tokio::select! {
+            command = commands.recv() => match command {
+                None => return Ok(Ended::Dropped),
+                Some(Command::Subscribe(name)) => sink.subscribe(&name).await?,
+                Some(Command::Unsubscribe(name)) => sink.unsubscribe(&name).await?,
+            },
+            message = stream.next() => match message {
+                None => return Ok(Ended::Lost),
+                Some(message) => handle(shared, message.get_channel_name(), message.get_payload_bytes()).await,
+            },
+        }
+    }
+}
+
+/// What to do with one decoded event, decided under the lock.
+enum Plan {
+    Drop,
+    Forward,
+    Repair { key: HostKey, after: u64, through: u64 },
+}
+
+async fn handle(shared: &Shared, channel: &str, payload: &[u8]) {
+    let event = match codec::decode(payload) {
+        Ok(event) => Arc::new(event),
+        Err(error) => {
+            tracing::warn!(%error, channel, "undecodable bus message dropped");
+            return;
+        }
+    };
+    let plan = {
+        let hosts = shared.hosts.lock();
+        let Some(state) = hosts.get(channel) else {
+            return; // unfollowed while the message was in flight
+        };
+        plan(state, &event)
+    };
+    let repaired = match plan {
+        Plan::Drop => return,
+        Plan::Forward => None,
+        Plan::Repair { key, after, through } => {
+            Some((fetch(shared, &key, after, through).await, after, through))
+        }
+    };
+    let mut hosts = shared.hosts.lock();
+    let Some(state) = hosts.get_mut(channel) else {
+        return;
+    };
+    if let Some((repaired, after, through)) = repaired {
+        // The host may have been unfollowed and followed again while fetching: only apply to the same state.
+        if state.last != Some(after) {
+            return;
+        }
+        match repaired {
+            Some(mut events) => {
+                events.retain(|e| e.kind == BusEventKind::Action && e.seq > after && e.seq <= through);
+                events.sort_by_key(|e| e.seq);
+                events.dedup_by_key(|e| e.seq);
+                for e in events {
+                    let _ = state.tx.send(Arc::new(e));
+                }
+                state.last = Some(through);
+            }
+            None => {
+                tracing::error!(host = %state.key, after, through, "bus gap not repaired; closing the host's stream");
+                let (tx, _) = broadcast::channel(shared.options.capacity.max(1));
+                state.tx = tx; // dropping the old sender closes every receiver
+                state.last = None;
+            }
+        }
+    }
+    state.resync = false;
+    if event.kind == BusEventKind::Action {
+        if state.last.is_some_and(|last| event.seq <= last) {
+            return; // delivered by the repair
+        }
+        state.last = Some(event.seq);
+    }
+    let _ = state.tx.send(event);
+}
+
+fn plan(state: &HostState, event: &BusEvent) -> Plan {
+    let Some(last) = state.last else {
+        return Plan::Forward;
+    };
+    let through = match event.kind {
+        BusEventKind::Action if event.seq <= last => return Plan::Drop,
+        BusEventKind::Action => event.prev_seq,
+        _ if state.resync => event.seq,
+        _ => last,
+    };
+    if through > last {
+        Plan::Repair {
+            key: state.key.clone(),
+            after: last,
+            through,
+        }
+    } else {
+        Plan::Forward
+    }
+}
+
+/// Fetches a gap, retrying with backoff; `None` when every attempt failed.
+async fn fetch(shared: &Shared, host: &HostKey, after: u64, through: u64) -> Option<Vec<BusEvent>> {
+    let mut delay = shared.options.min_backoff;
+    for attempt in 1..=shared.options.repair_attempts.max(1) {
+        match shared.repair.fetch(host, after, through).await {
+            Ok(events) => return Some(events),
+            Err(error) => {
+                tracing::warn!(%error, %host, after, through, attempt, "bus gap repair failed");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(shared.options.max_backoff);
+            }
+        }
+    }
+    None
+}
