@@ -250,3 +250,27 @@ async fn assert_closed(socket: &mut Socket) {
     .await;
     assert!(ended.is_ok(), "the relay did not close the connection");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initialize_negotiates_1_0_and_0_9() {
+    let relay = Relay::start().await;
+    for (offered, expected) in [
+        (vec!["1.0.0"], "1.0.0"),
+        (vec!["0.9.0"], "0.9.0"),
+        (vec!["0.9.0", "1.0.0"], "1.0.0"),
+    ] {
+        let mut s = raw(&relay).await;
+        send(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":1,"method":"initialize",
+                "params":{"channel":"ahp-root://","protocolVersions":offered,"clientId":"negotiator"}})
+            .to_string(),
+        )
+        .await;
+        let reply = recv(&mut s).await;
+        assert_eq!(
+            reply["result"]["protocolVersion"], expected,
+            "{offered:?}: {reply}"
+        );
+    }
+}
