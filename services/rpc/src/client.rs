@@ -1,0 +1,284 @@
+//! The gateway side of the internal gRPC: [`RemoteShard`], a [`HostLink`] that calls a shard over the network.
+//!
+//! Every connection of this gateway to one host shares one `Events` stream: a task per followed host reads it
+//! into a local broadcast channel, and each attached connection gets a receiver of that channel. The receiver
+//! is subscribed before `Attach` is sent and the stream is established (the shard already subscribed to the
+//! host's bus) before that, so no envelope sequenced after a later snapshot is missed. When the stream ends
+//! (shard gone, or this gateway fell behind) the channel closes and the gateway closes those connections with
+//! a resumable code; the next attach follows the host again. When the last connection detaches, the stream
+//! is dropped.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use relay_core::bus::SharedBusEvent;
+use relay_core::link::{CommandReply, HostLink, LinkError};
+use relay_core::rpc::{error_frame, InboundMessage, RpcError};
+use relay_core::{ConnectionId, HostKey, Identity};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use tokio::sync::{broadcast, Mutex};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::convert::{event_from_pb, host_to_pb, identity_to_pb, reply_from_pb};
+use crate::pb;
+use crate::pb::shard_client::ShardClient;
+
+/// Why a [`RemoteShard`] could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid shard URL {url:?}: {source}")]
+    InvalidUrl {
+        url: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// One followed host: its local bus and the connections of this gateway attached to it.
+struct Follower {
+    bus: broadcast::Sender<SharedBusEvent>,
+    connections: HashSet<ConnectionId>,
+    /// Tells this follower apart from a later one of the same host.
+    generation: u64,
+    task: tokio::task::AbortHandle,
+}
+
+/// How long connecting to the shard may take before an attach or call fails.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+type Followers = Arc<Mutex<HashMap<HostKey, Follower>>>;
+
+/// A shard reached over gRPC.
+pub struct RemoteShard {
+    client: ShardClient<Channel>,
+    bus_capacity: usize,
+    followers: Followers,
+    generations: AtomicU64,
+}
+
+impl RemoteShard {
+    /// A shard at `url` (e.g. `http://127.0.0.1:7879`), connected on first use and reconnected as needed.
+    /// `bus_capacity` bounds each followed host's local bus (see `Limits::bus_capacity`).
+    pub fn connect_lazy(url: &str, bus_capacity: usize) -> Result<Self, ClientError> {
+        let endpoint = Endpoint::from_shared(url.to_string())
+            .map_err(|source| ClientError::InvalidUrl {
+                url: url.to_string(),
+                source,
+            })?
+            .tcp_nodelay(true)
+            // Attaching waits for the shard: a blackholed address must fail, not hang every attach.
+            .connect_timeout(CONNECT_TIMEOUT);
+        Ok(Self::new(endpoint.connect_lazy(), bus_capacity))
+    }
+
+    /// A shard behind an existing channel.
+    pub fn new(channel: Channel, bus_capacity: usize) -> Self {
+        Self {
+            client: ShardClient::new(channel)
+                .max_decoding_message_size(crate::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(crate::MAX_MESSAGE_BYTES),
+            bus_capacity: bus_capacity.max(1),
+            followers: Arc::new(Mutex::new(HashMap::new())),
+            generations: AtomicU64::new(0),
+        }
+    }
+
+    /// Register `connection` with the host's follower (starting one if needed) and return its bus receiver.
+    async fn follow(
+        &self,
+        host: &HostKey,
+        connection: ConnectionId,
+    ) -> Result<broadcast::Receiver<SharedBusEvent>, LinkError> {
+        let mut followers = self.followers.lock().await;
+        if let Some(follower) = followers.get_mut(host) {
+            if !follower.task.is_finished() {
+                follower.connections.insert(connection);
+                return Ok(follower.bus.subscribe());
+            }
+        }
+        let mut stream = self
+            .client
+            .clone()
+            .events(pb::EventsRequest {
+                host: Some(host_to_pb(host)),
+            })
+            .await
+            .map_err(|status| {
+                tracing::warn!(host = %host, %status, "could not follow the host's bus");
+                LinkError::HostUnavailable(host.to_string())
+            })?
+            .into_inner();
+        let (bus, receiver) = broadcast::channel(self.bus_capacity);
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        let task = {
+            let bus = bus.clone();
+            let followers = self.followers.clone();
+            let host = host.clone();
+            tokio::spawn(async move {
+                loop {
+                    match stream.message().await {
+                        Ok(Some(event)) => match event_from_pb(event) {
+                            // No receivers is fine: every connection may have gone since.
+                            Ok(event) => drop(bus.send(Arc::new(event))),
+                            Err(error) => {
+                                tracing::warn!(host = %host, %error, "bad bus event; unfollowing the host");
+                                break;
+                            }
+                        },
+                        Ok(None) => break,
+                        Err(status) => {
+                            tracing::warn!(host = %host, %status, "bus stream ended");
+                            break;
+                        }
+                    }
+                }
+                // Drop both senders so every receiver sees the bus close.
+                let mut followers = followers.lock().await;
+                if followers.get(&host).is_some_and(|f| f.generation == generation) {
+                    followers.remove(&host);
+                }
+            })
+            .abort_handle()
+        };
+        followers.insert(
+            host.clone(),
+            Follower {
+                bus,
+                connections: HashSet::from([connection]),
+                generation,
+                task,
+            },
+        );
+        Ok(receiver)
+    }
+
+    /// Forget `connection`; stop following the host when it was the last one.
+    async fn unfollow(&self, host: &HostKey, connection: ConnectionId) {
+        let mut followers = self.followers.lock().await;
+        if let Some(follower) = followers.get_mut(host) {
+            follower.connections.remove(&connection);
+            if follower.connections.is_empty() {
+                if let Some(follower) = followers.remove(host) {
+                    follower.task.abort();
+                }
+            }
+        }
+    }
+}
+
+/// The raw JSON-RPC frame of an inbound message, rebuilt from its envelope for the shard to read again.
+fn frame_of(message: &InboundMessage) -> Result<Vec<u8>, serde_json::Error> {
+    #[derive(Serialize)]
+    struct Out<'a> {
+        jsonrpc: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        id: Option<u64>,
+        method: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        params: Option<&'a RawValue>,
+    }
+    serde_json::to_vec(&Out {
+        jsonrpc: "2.0",
+        id: message.id,
+        method: &message.method,
+        params: message.params.as_deref(),
+    })
+}
+
+/// What the gateway answers when the shard could not: an internal error for requests, nothing otherwise.
+fn failed(id: Option<u64>, why: &str) -> CommandReply {
+    match id {
+        Some(id) => CommandReply::frame(error_frame(Some(id), &RpcError::internal(why))),
+        None => CommandReply::none(),
+    }
+}
+
+impl HostLink for RemoteShard {
+    async fn attach(
+        &self,
+        host: &HostKey,
+        connection: ConnectionId,
+        identity: &Identity,
+    ) -> Result<broadcast::Receiver<SharedBusEvent>, LinkError> {
+        let receiver = self.follow(host, connection).await?;
+        let attached = self
+            .client
+            .clone()
+            .attach(pb::AttachRequest {
+                host: Some(host_to_pb(host)),
+                connection: connection.0,
+                identity: Some(identity_to_pb(identity)),
+            })
+            .await;
+        match attached {
+            Ok(_) => Ok(receiver),
+            Err(status) => {
+                drop(receiver);
+                self.unfollow(host, connection).await;
+                Err(match status.code() {
+                    tonic::Code::ResourceExhausted => LinkError::TooManyConnections(host.tenant.clone()),
+                    _ => {
+                        tracing::warn!(host = %host, %status, "attach failed");
+                        LinkError::HostUnavailable(host.to_string())
+                    }
+                })
+            }
+        }
+    }
+
+    async fn call(&self, host: &HostKey, connection: ConnectionId, message: InboundMessage) -> CommandReply {
+        let frame = match frame_of(&message) {
+            Ok(frame) => frame,
+            Err(error) => return failed(message.id, &format!("could not forward the message: {error}")),
+        };
+        let reply = self
+            .client
+            .clone()
+            .call(pb::CallRequest {
+                host: Some(host_to_pb(host)),
+                connection: connection.0,
+                frame,
+            })
+            .await;
+        match reply {
+            Ok(reply) => match reply_from_pb(reply.into_inner()) {
+                Ok(reply) => reply,
+                Err(error) => {
+                    tracing::warn!(host = %host, %error, "bad reply from the shard");
+                    failed(message.id, "the shard sent a malformed reply")
+                }
+            },
+            Err(status) => {
+                tracing::warn!(host = %host, %status, "call failed");
+                failed(message.id, "the shard is unavailable")
+            }
+        }
+    }
+
+    async fn detach(&self, host: &HostKey, connection: ConnectionId) {
+        self.unfollow(host, connection).await;
+        let detached = self
+            .client
+            .clone()
+            .detach(pb::DetachRequest {
+                host: Some(host_to_pb(host)),
+                connection: connection.0,
+            })
+            .await;
+        if let Err(status) = detached {
+            tracing::warn!(host = %host, %status, "detach failed");
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        match self.client.clone().metrics(pb::MetricsRequest {}).await {
+            Ok(reply) => reply.into_inner().text,
+            Err(status) => {
+                tracing::warn!(%status, "shard metrics unavailable");
+                format!("# shard metrics unavailable: {}\n", status.code())
+            }
+        }
+    }
+}

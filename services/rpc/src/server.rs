@@ -1,0 +1,191 @@
+//! The shard side of the internal gRPC: [`ShardService`] serves any [`HostLink`] as `ahp_relay.v1.Shard`.
+//!
+//! `Attach`, `Call` and `Detach` forward to the link, which keeps each connection's protocol state. `Events`
+//! follows a host's bus: it attaches an internal connection (id counted down from `u64::MAX`, identity
+//! [`INTERNAL_SUBJECT`], role viewer) only to obtain the bus receiver, streams every event in order, and
+//! detaches when the stream ends. That internal connection never sends a frame, so it never initializes or
+//! subscribes and the shard never addresses anything to it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use relay_core::link::LinkError;
+use relay_core::rpc::{error_frame, read_frame};
+use relay_core::{CommandReply, ConnectionId, HostLink, Identity, Limits, Role};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::convert::{event_to_pb, host_from_pb, identity_from_pb, reply_to_pb};
+use crate::pb;
+use crate::pb::shard_server::{Shard, ShardServer};
+
+/// The subject of the internal connections `Events` attaches to obtain a host's bus.
+pub const INTERNAL_SUBJECT: &str = "relay-internal:events";
+
+/// Bus events buffered per `Events` stream before the bus receiver itself starts to fill (and may lag).
+const EVENTS_BUFFER: usize = 1024;
+
+/// Why [`serve`] stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// The `Shard` gRPC service over a [`HostLink`].
+pub struct ShardService<L: HostLink> {
+    link: Arc<L>,
+    /// Deepest JSON nesting accepted in a forwarded frame (the gateway has already checked it too).
+    max_json_depth: usize,
+    /// Internal `Events` connections so far; their ids are `u64::MAX - n`.
+    internal: AtomicU64,
+}
+
+impl<L: HostLink> ShardService<L> {
+    pub fn new(link: Arc<L>) -> Self {
+        Self {
+            link,
+            max_json_depth: Limits::default().max_json_depth,
+            internal: AtomicU64::new(0),
+        }
+    }
+
+    /// Accept forwarded frames nested up to `depth` levels.
+    pub fn with_max_json_depth(mut self, depth: usize) -> Self {
+        self.max_json_depth = depth;
+        self
+    }
+
+    /// This service as a tonic service, with message limits raised to [`crate::MAX_MESSAGE_BYTES`].
+    pub fn into_server(self) -> ShardServer<Self> {
+        ShardServer::new(self)
+            .max_decoding_message_size(crate::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(crate::MAX_MESSAGE_BYTES)
+    }
+}
+
+/// Serve `link` on `listener` until `shutdown` completes.
+pub async fn serve<L: HostLink>(
+    listener: tokio::net::TcpListener,
+    link: Arc<L>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    // Frames are small and latency matters more than packing: no Nagle delay.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .add_service(ShardService::new(link).into_server())
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    Ok(())
+}
+
+fn link_status(error: LinkError) -> Status {
+    match error {
+        LinkError::HostUnavailable(_) => Status::unavailable(error.to_string()),
+        LinkError::TooManyConnections(_) => Status::resource_exhausted(error.to_string()),
+    }
+}
+
+type EventStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::BusEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl<L: HostLink> Shard for ShardService<L> {
+    async fn attach(&self, request: Request<pb::AttachRequest>) -> Result<Response<pb::AttachReply>, Status> {
+        let request = request.into_inner();
+        let host = host_from_pb(request.host)?;
+        let identity = identity_from_pb(request.identity)?;
+        // The shard tracks the connection; its bus reaches the gateway through `Events`, not this receiver.
+        let _bus = self
+            .link
+            .attach(&host, ConnectionId(request.connection), &identity)
+            .await
+            .map_err(link_status)?;
+        Ok(Response::new(pb::AttachReply {}))
+    }
+
+    async fn call(&self, request: Request<pb::CallRequest>) -> Result<Response<pb::CallReply>, Status> {
+        let request = request.into_inner();
+        let host = host_from_pb(request.host)?;
+        let reply = match read_frame(&request.frame, self.max_json_depth) {
+            Ok(message) => {
+                self.link
+                    .call(&host, ConnectionId(request.connection), message)
+                    .await
+            }
+            Err(rejection) => CommandReply::frame(error_frame(rejection.id, &rejection.error)),
+        };
+        Ok(Response::new(reply_to_pb(reply)))
+    }
+
+    async fn detach(&self, request: Request<pb::DetachRequest>) -> Result<Response<pb::DetachReply>, Status> {
+        let request = request.into_inner();
+        let host = host_from_pb(request.host)?;
+        self.link.detach(&host, ConnectionId(request.connection)).await;
+        Ok(Response::new(pb::DetachReply {}))
+    }
+
+    type EventsStream = EventStream;
+
+    async fn events(
+        &self,
+        request: Request<pb::EventsRequest>,
+    ) -> Result<Response<Self::EventsStream>, Status> {
+        let host = host_from_pb(request.into_inner().host)?;
+        let id = ConnectionId(u64::MAX - self.internal.fetch_add(1, Ordering::Relaxed));
+        let identity = Identity {
+            subject: INTERNAL_SUBJECT.into(),
+            tenant: host.tenant.clone(),
+            role: Role::Viewer,
+        };
+        // Subscribed before the response headers go out: once the caller has the stream, it misses nothing
+        // the host publishes afterwards.
+        let mut bus = self
+            .link
+            .attach(&host, id, &identity)
+            .await
+            .map_err(link_status)?;
+        let (tx, rx) = mpsc::channel(EVENTS_BUFFER);
+        let link = self.link.clone();
+        tokio::spawn(async move {
+            loop {
+                let received = tokio::select! {
+                    () = tx.closed() => break,
+                    received = bus.recv() => received,
+                };
+                match received {
+                    Ok(event) => {
+                        if tx.send(Ok(event_to_pb(&event))).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::warn!(host = %host, missed, "bus follower fell behind; ending its stream");
+                        let status =
+                            Status::data_loss(format!("bus follower fell behind by {missed} events"));
+                        let _ = tx.send(Err(status)).await;
+                        break;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => {
+                        let _ = tx.send(Err(Status::unavailable("host closed"))).await;
+                        break;
+                    }
+                }
+            }
+            drop(bus);
+            link.detach(&host, id).await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn metrics(
+        &self,
+        _request: Request<pb::MetricsRequest>,
+    ) -> Result<Response<pb::MetricsReply>, Status> {
+        Ok(Response::new(pb::MetricsReply {
+            text: self.link.metrics().await,
+        }))
+    }
+}

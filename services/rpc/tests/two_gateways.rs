@@ -1,0 +1,329 @@
+//! Two gateways follow one shard over real gRPC: clients on either gateway see the same envelopes, and a
+//! rejected action reaches only its dispatcher.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ahp::{Client, ClientConfig, SessionSubscription, SubscriptionEvent};
+use ahp_types::actions::{
+    ActionEnvelope, ChatDraftChangedAction, ChatToolCallConfirmedAction, ChatTurnStartedAction, StateAction,
+};
+use ahp_types::commands::{CreateChatParams, CreateSessionParams};
+use ahp_types::state::{Message, MessageKind, MessageOrigin, SnapshotState};
+use relay_core::link::HostLink;
+use relay_core::rpc::read_frame;
+use relay_core::{ConnectionId, HostKey, Limits, Role};
+use relay_gateway::auth::{mint_hs256, Claims, TokenVerifier};
+use relay_gateway::quotas::{QuotaLimits, TenantQuotas};
+use relay_gateway::GatewayState;
+use relay_rpc::RemoteShard;
+use relay_runner::{DemoPace, DemoProvider, ProviderRegistry};
+use relay_shard::ShardLink;
+
+const SECRET: &[u8] = b"rpc-test-secret";
+/// Upper bound for anything a test waits for; a correct relay answers in milliseconds.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A shard served over gRPC on loopback, and its URL.
+struct Shard {
+    url: String,
+    _data: tempfile::TempDir,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start_shard() -> Shard {
+    let data = tempfile::tempdir().expect("tempdir");
+    let store = relay_store::Store::connect(&format!("sqlite://{}", data.path().join("x.sqlite").display()))
+        .await
+        .expect("store");
+    store.migrate().await.expect("migrate");
+    let providers = ProviderRegistry::new().with(Arc::new(DemoProvider::new(DemoPace {
+        step: Duration::from_millis(5),
+    })));
+    let link = Arc::new(ShardLink::new(Limits::default(), providers, store));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        relay_rpc::serve(listener, link, async move {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("serve");
+    });
+    Shard {
+        url,
+        _data: data,
+        _stop: stop,
+    }
+}
+
+/// A gateway in this process whose link is a [`RemoteShard`]; returns its address.
+async fn start_gateway(shard_url: &str) -> String {
+    let limits = Limits::default();
+    let link = Arc::new(RemoteShard::connect_lazy(shard_url, limits.bus_capacity).expect("shard url"));
+    let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
+    let app = relay_gateway::router(Arc::new(GatewayState {
+        link,
+        verifier: TokenVerifier::hs256(SECRET),
+        limits,
+        shutdown,
+        quotas: TenantQuotas::new(QuotaLimits {
+            max_connections: 1000,
+            messages_per_second: 10_000.0,
+            message_burst: 20_000.0,
+        }),
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(async move {
+        let _keep = shutdown_tx;
+        axum::serve(listener, app).await.expect("gateway");
+    });
+    addr
+}
+
+async fn client(gateway: &str, client_id: &str) -> Client {
+    let token = mint_hs256(
+        SECRET,
+        &Claims::new("dev", client_id, Role::Member, None, Duration::from_secs(3600)),
+    )
+    .expect("mint");
+    let url = format!("ws://{gateway}/v1/ws?access_token={token}");
+    let transport = ahp_ws::WebSocketTransport::connect(&url).await.expect("connect");
+    let client = Client::connect(
+        transport,
+        ClientConfig {
+            default_request_timeout: Some(PATIENCE),
+            subscription_buffer: 65_536,
+        },
+    )
+    .await
+    .expect("client");
+    client
+        .initialize(client_id.into(), vec!["1.0.0".into()], vec!["ahp-root://".into()])
+        .await
+        .expect("initialize");
+    client
+}
+
+async fn create_session_and_chat(client: &Client, name: &str) -> String {
+    let session = format!("ahp-session:/{name}");
+    let chat = format!("ahp-chat:/{name}");
+    let _: serde_json::Value = client
+        .request(
+            "createSession",
+            CreateSessionParams {
+                channel: session.clone(),
+                meta: None,
+                provider: Some("demo".into()),
+                working_directories: None,
+                config: None,
+                active_client: None,
+                progress_token: None,
+            },
+        )
+        .await
+        .expect("createSession");
+    let _: serde_json::Value = client
+        .request(
+            "createChat",
+            CreateChatParams {
+                channel: session,
+                meta: None,
+                chat: chat.clone(),
+                initial_message: None,
+                source: None,
+                working_directories: None,
+            },
+        )
+        .await
+        .expect("createChat");
+    chat
+}
+
+fn message(text: &str) -> Message {
+    Message {
+        text: text.into(),
+        origin: MessageOrigin {
+            kind: MessageKind::User,
+        },
+        attachments: None,
+        model: None,
+        agent: None,
+        meta: None,
+    }
+}
+
+async fn subscribe_chat(client: &Client, chat: &str) -> (u64, SessionSubscription) {
+    let (result, sub) = client.subscribe(chat.into()).await.expect("subscribe");
+    let snapshot = result.snapshot.expect("chat snapshot");
+    assert!(matches!(snapshot.state, SnapshotState::Chat(_)));
+    (snapshot.from_seq as u64, sub)
+}
+
+async fn next_envelope(sub: &mut SessionSubscription) -> ActionEnvelope {
+    loop {
+        match tokio::time::timeout(PATIENCE, sub.recv())
+            .await
+            .expect("timed out waiting for an envelope")
+        {
+            Some(SubscriptionEvent::Action(env)) => return env,
+            Some(_) => continue,
+            None => panic!("subscription closed"),
+        }
+    }
+}
+
+async fn until_turn_complete(sub: &mut SessionSubscription) -> Vec<ActionEnvelope> {
+    let mut out = Vec::new();
+    loop {
+        let env = next_envelope(sub).await;
+        let done = matches!(env.action, StateAction::ChatTurnComplete(_));
+        out.push(env);
+        if done {
+            return out;
+        }
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).expect("json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_of_two_gateways_share_one_chat_through_grpc() {
+    let shard = start_shard().await;
+    let gateway_1 = start_gateway(&shard.url).await;
+    let gateway_2 = start_gateway(&shard.url).await;
+    let a = client(&gateway_1, "device-a").await;
+    let b = client(&gateway_2, "device-b").await;
+
+    let chat = create_session_and_chat(&a, "shared").await;
+    let (a_from, mut a_sub) = subscribe_chat(&a, &chat).await;
+    let (b_from, mut b_sub) = subscribe_chat(&b, &chat).await;
+
+    a.dispatch(
+        chat.clone(),
+        StateAction::ChatTurnStarted(ChatTurnStartedAction {
+            turn_id: "t1".into(),
+            started_at: "2026-11-22T10:00:00.000Z".into(),
+            message: message("hello there"),
+            queued_message_id: None,
+            meta: None,
+        }),
+    )
+    .await
+    .expect("dispatch");
+    let a_envs = until_turn_complete(&mut a_sub).await;
+    let b_envs = until_turn_complete(&mut b_sub).await;
+
+    // The same envelopes (same serverSeq, same JSON) on both gateways, in increasing order.
+    let after = a_from.max(b_from);
+    let a_after: Vec<_> = a_envs.iter().filter(|e| e.server_seq > after).collect();
+    let b_after: Vec<_> = b_envs.iter().filter(|e| e.server_seq > after).collect();
+    assert_eq!(json(&a_after), json(&b_after));
+    assert!(
+        a_after.len() > 5,
+        "the demo turn streams several envelopes, got {}",
+        a_after.len()
+    );
+    for pair in a_envs.windows(2) {
+        assert!(pair[0].server_seq < pair[1].server_seq);
+    }
+    assert!(matches!(a_envs[0].action, StateAction::ChatTurnStarted(_)));
+    assert_eq!(
+        a_envs[0].origin.as_ref().map(|o| o.client_id.as_str()),
+        Some("device-a")
+    );
+
+    // No tool call is pending: A's confirmation is rejected, to A alone.
+    let handle = a
+        .dispatch(
+            chat.clone(),
+            StateAction::ChatToolCallConfirmed(ChatToolCallConfirmedAction {
+                turn_id: "no-turn".into(),
+                tool_call_id: "no-call".into(),
+                meta: None,
+                approved: true,
+                confirmed: None,
+                reason: None,
+                edited_tool_input: None,
+                user_suggestion: None,
+                reason_message: None,
+                selected_option_id: None,
+            }),
+        )
+        .await
+        .expect("dispatch");
+    let rejected = next_envelope(&mut a_sub).await;
+    assert!(rejected.rejection_reason.is_some(), "{rejected:?}");
+    assert_eq!(
+        rejected.origin.as_ref().map(|o| o.client_seq),
+        Some(handle.client_seq)
+    );
+
+    // The next thing B sees is A's following valid action: B never saw the rejection.
+    a.dispatch(
+        chat.clone(),
+        StateAction::ChatDraftChanged(ChatDraftChangedAction {
+            draft: Some(message("typing")),
+        }),
+    )
+    .await
+    .expect("dispatch");
+    let accepted_on_a = next_envelope(&mut a_sub).await;
+    assert!(accepted_on_a.rejection_reason.is_none(), "{accepted_on_a:?}");
+    let accepted_on_b = next_envelope(&mut b_sub).await;
+    assert_eq!(json(&accepted_on_b), json(&accepted_on_a));
+    assert!(accepted_on_b.server_seq > rejected.server_seq);
+
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_shard_answers_requests_with_an_internal_error_and_notifications_with_nothing() {
+    // A port that was free a moment ago: nothing listens there.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    let shard = RemoteShard::connect_lazy(&format!("http://127.0.0.1:{port}"), 16).expect("url");
+    let host = HostKey::new("dev", "default");
+
+    let request = read_frame(br#"{"jsonrpc":"2.0","id":42,"method":"ping"}"#, 64).expect("frame");
+    let reply = tokio::time::timeout(PATIENCE, shard.call(&host, ConnectionId(1), request))
+        .await
+        .expect("answered in time");
+    let frame: serde_json::Value =
+        serde_json::from_slice(&reply.frame.expect("an error frame")).expect("json");
+    assert_eq!(frame["id"], 42);
+    assert_eq!(frame["error"]["code"], -32603);
+
+    let notification = read_frame(br#"{"jsonrpc":"2.0","method":"ping"}"#, 64).expect("frame");
+    let reply = tokio::time::timeout(PATIENCE, shard.call(&host, ConnectionId(1), notification))
+        .await
+        .expect("answered in time");
+    assert!(reply.frame.is_none());
+
+    let identity = relay_core::Identity {
+        subject: "u".into(),
+        tenant: "dev".into(),
+        role: Role::Member,
+    };
+    let attached = tokio::time::timeout(PATIENCE, shard.attach(&host, ConnectionId(1), &identity))
+        .await
+        .expect("answered in time");
+    assert!(attached.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_metrics_come_over_grpc() {
+    let shard = start_shard().await;
+    let remote = RemoteShard::connect_lazy(&shard.url, 16).expect("url");
+    let text = tokio::time::timeout(PATIENCE, remote.metrics())
+        .await
+        .expect("in time");
+    assert!(text.contains("ahp_relay_hosts_open 0"), "{text}");
+}
