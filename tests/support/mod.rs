@@ -42,44 +42,43 @@ impl Relay {
 
     /// Start on the store in `data_dir` (or the `--database-url` among `extra`), e.g. after a crash.
     pub async fn start_in(data_dir: &std::path::Path, extra: &[&str]) -> Relay {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
-            .args(if extra.contains(&"--demo-step-ms") {
-                &[][..]
-            } else {
-                &["--demo-step-ms", "5"][..]
-            })
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(extra)
-            .env_remove("DATABASE_URL")
-            .env(
-                "RUST_LOG",
-                std::env::var("AHP_TEST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn ahp-relay");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let addr = tokio::time::timeout(PATIENCE, async {
-            while let Some(line) = lines.next_line().await.expect("read stdout") {
-                if let Some(rest) = line.split("listening on ws://").nth(1) {
-                    return rest.trim_end_matches("/v1/ws").to_string();
-                }
-            }
-            panic!("relay exited before listening");
-        })
-        .await
-        .expect("relay did not start in time");
-        // Keep draining stdout so the relay never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+        ];
+        if !extra.contains(&"--demo-step-ms") {
+            args.extend(["--demo-step-ms".into(), "5".into()]);
+        }
+        args.extend(extra.iter().map(|a| a.to_string()));
+        Self::spawn(&args).await
+    }
+
+    /// A gateway process in front of the shard at `shard_url`.
+    pub async fn gateway(shard_url: &str) -> Relay {
+        let data = tempfile::tempdir().expect("tempdir");
+        let args: Vec<String> = vec![
+            "gateway".into(),
+            "--shard".into(),
+            shard_url.into(),
+            "--data-dir".into(),
+            data.path().display().to_string(),
+        ];
+        let mut relay = Self::spawn(&args).await;
+        relay._data = Some(data);
+        relay
+    }
+
+    /// Run `ahp-relay ARGS --listen 127.0.0.1:0 --jwt-secret SECRET` and wait for its WebSocket URL.
+    async fn spawn(args: &[String]) -> Relay {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+        command
+            .args(args)
+            .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET]);
+        let (child, addr) = spawn_until(command, "listening on ws://").await;
         Relay {
             child,
-            addr,
+            addr: addr.trim_end_matches("/v1/ws").to_string(),
             _data: None,
         }
     }
@@ -173,6 +172,71 @@ impl Relay {
     }
 
     /// SIGKILL the relay and wait until it is gone.
+    pub async fn kill(&mut self) {
+        self.child.start_kill().expect("SIGKILL");
+        self.child.wait().await.expect("wait");
+    }
+}
+
+/// Start an `ahp-relay` process and wait until a stdout line contains `marker`; returns the child and the rest
+/// of that line after the marker. Its stdout keeps being drained so it never blocks.
+pub async fn spawn_until(mut command: Command, marker: &str) -> (Child, String) {
+    command
+        .env_remove("DATABASE_URL")
+        .env(
+            "RUST_LOG",
+            std::env::var("AHP_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    let mut child = command.spawn().expect("spawn ahp-relay");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let rest = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            if let Some(rest) = line.split(marker).nth(1) {
+                return rest.trim().to_string();
+            }
+        }
+        panic!("ahp-relay exited before printing {marker:?}");
+    })
+    .await
+    .expect("ahp-relay did not start in time");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, rest)
+}
+
+/// A shard process (host logic behind gRPC), killed when dropped.
+pub struct Shard {
+    child: Child,
+    /// The gRPC URL gateways use.
+    pub url: String,
+    _data: tempfile::TempDir,
+}
+
+impl Shard {
+    pub async fn start(extra: &[&str]) -> Shard {
+        let data = tempfile::tempdir().expect("tempdir");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+        command
+            .args(["shard", "--grpc-listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data.path())
+            .args(if extra.contains(&"--demo-step-ms") {
+                &[][..]
+            } else {
+                &["--demo-step-ms", "5"][..]
+            })
+            .args(extra);
+        let (child, url) = spawn_until(command, "listening on grpc ").await;
+        Shard {
+            child,
+            url,
+            _data: data,
+        }
+    }
+
+    /// SIGKILL the shard and wait until it is gone.
     pub async fn kill(&mut self) {
         self.child.start_kill().expect("SIGKILL");
         self.child.wait().await.expect("wait");

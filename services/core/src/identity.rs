@@ -84,9 +84,21 @@ pub struct Identity {
 pub struct ConnectionId(pub u64);
 
 impl ConnectionId {
+    /// A new id, unique among this process's connections and, with high probability, across the gateways of a
+    /// deployment: the high 32 bits are a per-process prefix (process id mixed with the start time), the low
+    /// 32 bits count connections.
     pub fn next() -> Self {
+        static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        ConnectionId(NEXT.fetch_add(1, Ordering::Relaxed))
+        let prefix = *PREFIX.get_or_init(|| {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0);
+            // Below 2^31 so ids stay far from the range relay-rpc reserves for internal attachments.
+            (u64::from(std::process::id() ^ nanos.rotate_left(16)) & 0x7FFF_FFFF) << 32
+        });
+        ConnectionId(prefix | (NEXT.fetch_add(1, Ordering::Relaxed) & 0xFFFF_FFFF))
     }
 }
 

@@ -20,6 +20,10 @@ struct Cli {
 enum Command {
     /// Run the whole relay (gateway, host logic, demo agent) in one process.
     Serve(serve::ServeArgs),
+    /// Run the host logic (sequencing, reducers, store, agents) behind an internal gRPC endpoint.
+    Shard(serve::ShardArgs),
+    /// Run a gateway (WebSockets, auth, fan-out) that forwards to a shard over gRPC.
+    Gateway(serve::GatewayArgs),
     /// Mint an access token signed with the relay's secret.
     Token(TokenArgs),
     /// A terminal client: create or join a session, prompt the agent, approve tool calls.
@@ -91,6 +95,8 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Serve(args) => runtime()?.block_on(serve::run(args)),
+        Command::Shard(args) => runtime()?.block_on(serve::run_shard(args)),
+        Command::Gateway(args) => runtime()?.block_on(serve::run_gateway(args)),
         Command::Chat(args) => runtime()?.block_on(chat::run(args)),
         Command::Compact(args) => runtime()?.block_on(async move {
             let store = serve::open_store(args.store.database_url.as_deref(), &args.store.data_dir).await?;

@@ -1,4 +1,6 @@
-//! `ahp-relay serve`: the embedded relay — gateway, host logic and demo agent in one process.
+//! The relay's processes: `serve` (the embedded relay — gateway, host logic and demo agent in one process),
+//! and the two halves of the distributed deployment, `shard` (host logic behind gRPC) and `gateway`
+//! (WebSockets and auth, calling a shard over gRPC).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -7,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use relay_core::link::HostLink;
 use relay_core::{Limits, Role};
 use relay_gateway::auth::{mint_hs256, Claims, TokenVerifier};
 use relay_gateway::GatewayState;
@@ -15,21 +18,19 @@ use relay_shard::ShardLink;
 
 use crate::secret;
 
-/// Arguments of `ahp-relay serve`.
+/// Where the relay keeps its files (the SQLite store, the generated JWT secret).
 #[derive(clap::Args)]
-pub struct ServeArgs {
-    /// Address to listen on (port 0 picks a free port).
-    #[arg(long, env = "AHP_RELAY_LISTEN", default_value = "127.0.0.1:7878")]
-    pub listen: SocketAddr,
-    /// Where the relay keeps its files (the JWT secret).
+pub struct DataArgs {
     #[arg(long, env = "AHP_RELAY_DATA_DIR", default_value = ".relay-data")]
     pub data_dir: PathBuf,
+}
+
+/// The host logic's settings (the shard side).
+#[derive(clap::Args)]
+pub struct HostArgs {
     /// Postgres URL (postgres://…) for the distributed store; default: SQLite in --data-dir.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
-    /// HS256 secret for access tokens; default: generated once and kept in --data-dir.
-    #[arg(long, env = "AHP_RELAY_JWT_SECRET", hide_env_values = true)]
-    pub jwt_secret: Option<String>,
     /// Pause between the demo agent's streamed actions, in milliseconds.
     #[arg(long, env = "AHP_RELAY_DEMO_STEP_MS", default_value_t = 40)]
     pub demo_step_ms: u64,
@@ -39,12 +40,6 @@ pub struct ServeArgs {
     /// How long a disconnected active client keeps its slot, in milliseconds.
     #[arg(long, env = "AHP_RELAY_ACTIVE_CLIENT_GRACE_MS", default_value_t = 30_000)]
     pub active_client_grace_ms: u64,
-    /// Largest accepted WebSocket message, in bytes.
-    #[arg(long, env = "AHP_RELAY_MAX_FRAME_BYTES", default_value_t = 4 * 1024 * 1024)]
-    pub max_frame_bytes: usize,
-    /// Frames queued per connection before it is closed as a slow consumer.
-    #[arg(long, env = "AHP_RELAY_OUTBOUND_QUEUE", default_value_t = 4096)]
-    pub outbound_queue: usize,
     /// Store a channel's snapshot after this many actions (or after --snapshot-every).
     #[arg(long, env = "AHP_RELAY_SNAPSHOT_EVERY_ACTIONS", default_value_t = 500)]
     pub snapshot_every_actions: u32,
@@ -54,6 +49,29 @@ pub struct ServeArgs {
     /// How long the action log is kept: the resume window (e.g. 7d). Older rows are compacted into snapshots.
     #[arg(long, env = "AHP_RELAY_RETENTION", default_value = "7d", value_parser = crate::parse_ttl)]
     pub retention: Duration,
+    /// Turns of a chat kept in memory when it is restored; older ones are paged in from the store.
+    #[arg(long, env = "AHP_RELAY_RETAINED_TURNS", default_value_t = 200)]
+    pub retained_turns: usize,
+    /// How often the retention job runs (e.g. 1h).
+    #[arg(long, env = "AHP_RELAY_COMPACT_EVERY", default_value = "1h", value_parser = crate::parse_ttl)]
+    pub compact_every: Duration,
+}
+
+/// The client-facing side's settings (the gateway).
+#[derive(clap::Args)]
+pub struct EdgeArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, env = "AHP_RELAY_LISTEN", default_value = "127.0.0.1:7878")]
+    pub listen: SocketAddr,
+    /// HS256 secret for access tokens; default: generated once and kept in --data-dir.
+    #[arg(long, env = "AHP_RELAY_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+    /// Largest accepted WebSocket message, in bytes.
+    #[arg(long, env = "AHP_RELAY_MAX_FRAME_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_frame_bytes: usize,
+    /// Frames queued per connection before it is closed as a slow consumer.
+    #[arg(long, env = "AHP_RELAY_OUTBOUND_QUEUE", default_value_t = 4096)]
+    pub outbound_queue: usize,
     /// Open WebSocket connections one tenant may have (more are refused with HTTP 429).
     #[arg(long, env = "AHP_RELAY_MAX_CONNECTIONS_PER_TENANT", default_value_t = 10_000)]
     pub max_connections_per_tenant: usize,
@@ -64,12 +82,41 @@ pub struct ServeArgs {
         default_value_t = 50_000.0
     )]
     pub messages_per_second_per_tenant: f64,
-    /// Turns of a chat kept in memory when it is restored; older ones are paged in from the store.
-    #[arg(long, env = "AHP_RELAY_RETAINED_TURNS", default_value_t = 200)]
-    pub retained_turns: usize,
-    /// How often the retention job runs (e.g. 1h).
-    #[arg(long, env = "AHP_RELAY_COMPACT_EVERY", default_value = "1h", value_parser = crate::parse_ttl)]
-    pub compact_every: Duration,
+}
+
+/// Arguments of `ahp-relay serve`: everything in one process.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub data: DataArgs,
+    #[command(flatten)]
+    pub edge: EdgeArgs,
+    #[command(flatten)]
+    pub host: HostArgs,
+}
+
+/// Arguments of `ahp-relay shard`: the host logic, served over gRPC to gateways.
+#[derive(clap::Args)]
+pub struct ShardArgs {
+    #[command(flatten)]
+    pub data: DataArgs,
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Address of the internal gRPC endpoint gateways call.
+    #[arg(long, env = "AHP_RELAY_GRPC_LISTEN", default_value = "127.0.0.1:7879")]
+    pub grpc_listen: SocketAddr,
+}
+
+/// Arguments of `ahp-relay gateway`: WebSockets and auth, forwarding to a shard over gRPC.
+#[derive(clap::Args)]
+pub struct GatewayArgs {
+    #[command(flatten)]
+    pub data: DataArgs,
+    #[command(flatten)]
+    pub edge: EdgeArgs,
+    /// The shard's gRPC endpoint.
+    #[arg(long, env = "AHP_RELAY_SHARD_URL", default_value = "http://127.0.0.1:7879")]
+    pub shard: String,
 }
 
 /// Where the relay keeps its state.
@@ -104,23 +151,31 @@ pub async fn open_store(
     Ok(store)
 }
 
-impl ServeArgs {
-    fn limits(&self) -> Limits {
+impl HostArgs {
+    fn apply(&self, limits: Limits) -> Limits {
         Limits {
             replay_buffer_envelopes: self.replay_buffer.max(1),
             active_client_grace: Duration::from_millis(self.active_client_grace_ms),
-            max_frame_bytes: self.max_frame_bytes.max(1024),
-            outbound_queue_frames: self.outbound_queue.max(16),
             snapshot_every_actions: self.snapshot_every_actions.max(1),
             snapshot_every: self.snapshot_every,
             retention: self.retention,
             retained_turns: self.retained_turns.max(1),
-            ..Limits::default()
+            ..limits
         }
     }
 }
 
-pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+impl EdgeArgs {
+    fn apply(&self, limits: Limits) -> Limits {
+        Limits {
+            max_frame_bytes: self.max_frame_bytes.max(1024),
+            outbound_queue_frames: self.outbound_queue.max(16),
+            ..limits
+        }
+    }
+}
+
+fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -128,32 +183,96 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+}
 
-    let secret = secret::load_or_create(args.jwt_secret.as_deref(), &args.data_dir)?;
-    let limits = args.limits();
+/// The host logic on its store, with the demo provider and the retention job.
+async fn open_hosts(data: &DataArgs, host: &HostArgs, limits: Limits) -> anyhow::Result<Arc<ShardLink>> {
     let providers = ProviderRegistry::new().with(Arc::new(DemoProvider::new(DemoPace {
-        step: Duration::from_millis(args.demo_step_ms),
+        step: Duration::from_millis(host.demo_step_ms),
     })));
-    let store = open_store(args.database_url.as_deref(), &args.data_dir).await?;
-    let link = Arc::new(ShardLink::new(limits.clone(), providers, store));
-    spawn_retention(link.clone(), args.compact_every);
-    let serving_link = link.clone();
+    let store = open_store(host.database_url.as_deref(), &data.data_dir).await?;
+    let link = Arc::new(ShardLink::new(limits, providers, store));
+    spawn_retention(link.clone(), host.compact_every);
+    Ok(link)
+}
+
+/// Commit whatever agents produced after the last reply before the process exits.
+async fn flush(link: &ShardLink) {
+    if tokio::time::timeout(Duration::from_secs(10), link.flush_all())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the store did not take the last batches within 10s");
+    }
+}
+
+/// `ahp-relay serve`.
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let limits = args.edge.apply(args.host.apply(Limits::default()));
+    let link = open_hosts(&args.data, &args.host, limits.clone()).await?;
+    serve_edge(&args.data, &args.edge, limits, link.clone()).await?;
+    flush(&link).await;
+    Ok(())
+}
+
+/// `ahp-relay shard`.
+pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let limits = args.host.apply(Limits::default());
+    let link = open_hosts(&args.data, &args.host, limits).await?;
+    let listener = tokio::net::TcpListener::bind(args.grpc_listen)
+        .await
+        .with_context(|| format!("binding {}", args.grpc_listen))?;
+    let addr = listener.local_addr()?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "ahp-relay {} shard listening on grpc http://{addr}",
+            env!("CARGO_PKG_VERSION")
+        )?;
+        out.flush()?;
+    }
+    relay_rpc::serve(listener, link.clone(), wait_for_signal()).await?;
+    flush(&link).await;
+    Ok(())
+}
+
+/// `ahp-relay gateway`.
+pub async fn run_gateway(args: GatewayArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let limits = args.edge.apply(Limits::default());
+    let link = Arc::new(relay_rpc::RemoteShard::connect_lazy(
+        &args.shard,
+        limits.bus_capacity,
+    )?);
+    serve_edge(&args.data, &args.edge, limits, link).await
+}
+
+/// The WebSocket side: auth, quotas, delivery, until SIGTERM / Ctrl-C closes every connection with 1012.
+async fn serve_edge<L: HostLink>(
+    data: &DataArgs,
+    edge: &EdgeArgs,
+    limits: Limits,
+    link: Arc<L>,
+) -> anyhow::Result<()> {
+    let secret = secret::load_or_create(edge.jwt_secret.as_deref(), &data.data_dir)?;
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let app = relay_gateway::router(Arc::new(GatewayState {
-        link: serving_link,
+        link,
         verifier: TokenVerifier::hs256(&secret),
         limits,
         shutdown: shutdown_rx,
         quotas: relay_gateway::quotas::TenantQuotas::new(relay_gateway::quotas::QuotaLimits {
-            max_connections: args.max_connections_per_tenant.max(1),
-            messages_per_second: args.messages_per_second_per_tenant.max(1.0),
-            message_burst: (args.messages_per_second_per_tenant * 2.0).max(1.0),
+            max_connections: edge.max_connections_per_tenant.max(1),
+            messages_per_second: edge.messages_per_second_per_tenant.max(1.0),
+            message_burst: (edge.messages_per_second_per_tenant * 2.0).max(1.0),
         }),
     }));
-
-    let listener = tokio::net::TcpListener::bind(args.listen)
+    let listener = tokio::net::TcpListener::bind(edge.listen)
         .await
-        .with_context(|| format!("binding {}", args.listen))?;
+        .with_context(|| format!("binding {}", edge.listen))?;
     let addr = listener.local_addr()?;
     // Frames are small and latency matters more than packing: no Nagle delay on client sockets.
     let listener = axum::serve::ListenerExt::tap_io(listener, |stream: &mut tokio::net::TcpStream| {
@@ -195,13 +314,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         })
         .await
         .context("serving")?;
-    // Whatever agents produced after the last reply is committed before the process exits.
-    if tokio::time::timeout(Duration::from_secs(10), link.flush_all())
-        .await
-        .is_err()
-    {
-        tracing::warn!("the store did not take the last batches within 10s");
-    }
     Ok(())
 }
 
