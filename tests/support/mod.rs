@@ -56,14 +56,20 @@ impl Relay {
 
     /// A gateway process in front of the shard at `shard_url`.
     pub async fn gateway(shard_url: &str) -> Relay {
+        Self::gateway_with(shard_url, &[]).await
+    }
+
+    /// A gateway process in front of the shard at `shard_url`, with extra `gateway` flags.
+    pub async fn gateway_with(shard_url: &str, extra: &[&str]) -> Relay {
         let data = tempfile::tempdir().expect("tempdir");
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "gateway".into(),
             "--shard".into(),
             shard_url.into(),
             "--data-dir".into(),
             data.path().display().to_string(),
         ];
+        args.extend(extra.iter().map(|a| a.to_string()));
         let mut relay = Self::spawn(&args).await;
         relay._data = Some(data);
         relay
@@ -183,6 +189,7 @@ impl Relay {
 pub async fn spawn_until(mut command: Command, marker: &str) -> (Child, String) {
     command
         .env_remove("DATABASE_URL")
+        .env_remove("REDIS_URL")
         .env(
             "RUST_LOG",
             std::env::var("AHP_TEST_LOG").unwrap_or_else(|_| "warn".into()),

@@ -6,8 +6,13 @@
 //!   source (the shard) and forwarded first, then the action itself;
 //! - an action at or below it is a duplicate and is dropped;
 //! - after the Redis connection is lost, the subscriber reconnects with backoff, re-subscribes every followed
-//!   host, and repairs from the last forwarded action up to the next event of each host (for a notification,
-//!   up to its `seq`, the host's current `serverSeq`), so nothing is lost across a Redis restart.
+//!   host, and at once fetches everything published after the last forwarded action of each host (a repair
+//!   with `through = u64::MAX`, which the source answers up to what the host has published), so nothing is
+//!   lost across a Redis restart even if the host publishes nothing more.
+//!
+//! A follower can wait until Redis has confirmed its subscription ([`RedisSubscriber::follow_subscribed`])
+//! and set the point it follows from ([`RedisSubscriber::seed`]) before the first event arrives, so that an
+//! event lost before the first one received is detected too.
 //!
 //! When a gap cannot be repaired the host's broadcast is closed: its receivers see
 //! [`RecvError::Closed`](tokio::sync::broadcast::error::RecvError::Closed) and must follow again and resync
@@ -23,7 +28,7 @@ use futures_util::StreamExt;
 use parking_lot::Mutex;
 use relay_core::bus::{BusEvent, BusEventKind, SharedBusEvent};
 use relay_core::HostKey;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::{channel_name, codec};
@@ -39,7 +44,8 @@ pub struct RepairError(#[from] pub Box<dyn std::error::Error + Send + Sync>);
 /// Where lost bus events are fetched from (implemented by the shard's client).
 pub trait GapRepair: Send + Sync + 'static {
     /// The action events of `host` with `after < seq <= through`, in any order. Actions that were never
-    /// stored (rejections) may be missing from the answer.
+    /// stored (rejections) may be missing from the answer. `through` may be `u64::MAX`: everything the host
+    /// has published after `after`.
     fn fetch<'a>(
         &'a self,
         host: &'a HostKey,
@@ -85,6 +91,8 @@ struct HostState {
     last: Option<u64>,
     /// The connection was lost since the last event: repair up to the next event.
     resync: bool,
+    /// Whether Redis has confirmed the subscription on the current connection.
+    subscribed: watch::Sender<bool>,
 }
 
 enum Command {
@@ -145,11 +153,39 @@ impl RedisSubscriber {
                 tx,
                 last: None,
                 resync: false,
+                subscribed: watch::Sender::new(false),
             },
         );
         // The task only ends when `self` is dropped, so sending cannot fail while `self` exists.
         let _ = self.commands.send(Command::Subscribe(name));
         rx
+    }
+
+    /// Like [`follow`](Self::follow), but returns only once Redis has confirmed the subscription: every
+    /// event published afterwards reaches the receiver (or is repaired). Returns a closed receiver if the
+    /// host is unfollowed meanwhile.
+    pub async fn follow_subscribed(&self, host: &HostKey) -> broadcast::Receiver<SharedBusEvent> {
+        let receiver = self.follow(host);
+        let subscribed = self
+            .shared
+            .hosts
+            .lock()
+            .get(&channel_name(host))
+            .map(|state| state.subscribed.subscribe());
+        if let Some(mut subscribed) = subscribed {
+            let _ = subscribed.wait_for(|yes| *yes).await;
+        }
+        receiver
+    }
+
+    /// Follow `host` from action `seq` on: if no action was forwarded yet, an event whose `prev_seq` is
+    /// above `seq` reveals a gap. Ignored once an action has been forwarded.
+    pub fn seed(&self, host: &HostKey, seq: u64) {
+        if let Some(state) = self.shared.hosts.lock().get_mut(&channel_name(host)) {
+            if state.last.is_none() {
+                state.last = Some(seq);
+            }
+        }
     }
 
     /// Stops following `host`; its receivers see the channel closed.
@@ -182,6 +218,7 @@ async fn run(client: redis::Client, shared: Arc<Shared>, mut commands: mpsc::Unb
             }
         }
         for state in shared.hosts.lock().values_mut() {
+            state.subscribed.send_replace(false);
             if state.last.is_some() {
                 state.resync = true;
             }
@@ -208,12 +245,19 @@ async fn session(
     let names: Vec<String> = shared.hosts.lock().keys().cloned().collect();
     if !names.is_empty() {
         sink.subscribe(&names).await?;
+        confirm(shared, &names);
+        for name in &names {
+            catch_up(shared, name).await;
+        }
     }
     loop {
         tokio::select! {
             command = commands.recv() => match command {
                 None => return Ok(Ended::Dropped),
-                Some(Command::Subscribe(name)) => sink.subscribe(&name).await?,
+                Some(Command::Subscribe(name)) => {
+                    sink.subscribe(&name).await?;
+                    confirm(shared, std::slice::from_ref(&name));
+                }
                 Some(Command::Unsubscribe(name)) => sink.unsubscribe(&name).await?,
             },
             message = stream.next() => match message {
@@ -222,6 +266,75 @@ async fn session(
             },
         }
     }
+}
+
+/// Redis confirmed the subscriptions of `names`.
+fn confirm(shared: &Shared, names: &[String]) {
+    let hosts = shared.hosts.lock();
+    for name in names {
+        if let Some(state) = hosts.get(name) {
+            state.subscribed.send_replace(true);
+        }
+    }
+}
+
+/// After a reconnect: forward everything the host published after the last forwarded action.
+async fn catch_up(shared: &Shared, channel: &str) {
+    let (key, after) = {
+        let hosts = shared.hosts.lock();
+        match hosts.get(channel) {
+            Some(HostState {
+                key,
+                last: Some(last),
+                resync: true,
+                ..
+            }) => (key.clone(), *last),
+            _ => return,
+        }
+    };
+    let repaired = fetch(shared, &key, after, u64::MAX).await;
+    let mut hosts = shared.hosts.lock();
+    if let Some(state) = hosts.get_mut(channel) {
+        if apply_repair(shared, state, after, u64::MAX, repaired) {
+            state.resync = false;
+        }
+    }
+}
+
+/// Forward a fetched range after `after` and move `last` past it; on failure close the host's stream.
+/// Returns whether the range was applied to `state` (it is not if `state` moved on while fetching).
+fn apply_repair(
+    shared: &Shared,
+    state: &mut HostState,
+    after: u64,
+    through: u64,
+    repaired: Option<Vec<BusEvent>>,
+) -> bool {
+    // The host may have been unfollowed and followed again while fetching: only apply to the same state.
+    if state.last != Some(after) {
+        return false;
+    }
+    match repaired {
+        Some(mut events) => {
+            events.retain(|e| e.kind == BusEventKind::Action && e.seq > after && e.seq <= through);
+            events.sort_by_key(|e| e.seq);
+            events.dedup_by_key(|e| e.seq);
+            let newest = events.last().map_or(after, |e| e.seq);
+            for e in events {
+                let _ = state.tx.send(Arc::new(e));
+            }
+            // A bounded range is complete up to `through` (missing numbers were never stored); an open one
+            // ends at the newest event the host had published.
+            state.last = Some(if through == u64::MAX { newest } else { through });
+        }
+        None => {
+            tracing::error!(host = %state.key, after, through, "bus gap not repaired; closing the host's stream");
+            let (tx, _) = broadcast::channel(shared.options.capacity.max(1));
+            state.tx = tx; // dropping the old sender closes every receiver
+            state.last = None;
+        }
+    }
+    true
 }
 
 /// What to do with one decoded event, decided under the lock.
@@ -258,26 +371,8 @@ async fn handle(shared: &Shared, channel: &str, payload: &[u8]) {
         return;
     };
     if let Some((repaired, after, through)) = repaired {
-        // The host may have been unfollowed and followed again while fetching: only apply to the same state.
-        if state.last != Some(after) {
+        if !apply_repair(shared, state, after, through, repaired) {
             return;
-        }
-        match repaired {
-            Some(mut events) => {
-                events.retain(|e| e.kind == BusEventKind::Action && e.seq > after && e.seq <= through);
-                events.sort_by_key(|e| e.seq);
-                events.dedup_by_key(|e| e.seq);
-                for e in events {
-                    let _ = state.tx.send(Arc::new(e));
-                }
-                state.last = Some(through);
-            }
-            None => {
-                tracing::error!(host = %state.key, after, through, "bus gap not repaired; closing the host's stream");
-                let (tx, _) = broadcast::channel(shared.options.capacity.max(1));
-                state.tx = tx; // dropping the old sender closes every receiver
-                state.last = None;
-            }
         }
     }
     state.resync = false;

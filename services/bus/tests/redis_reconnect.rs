@@ -64,7 +64,8 @@ async fn reconnects_and_repairs_across_connection_loss() {
         assert_same(e, &recv(&mut rx).await);
     }
 
-    // Round 2: the first event after reconnecting is a notification: the repair goes up to its seq.
+    // Round 2: the first event after reconnecting is a notification; the lost action comes first (repaired
+    // when the subscriber re-subscribes, or up to the notification's seq).
     kill(admin.clone()).await;
     send(action(6, 5)).await;
     wait_subscribed(&mut admin, &channel).await;
@@ -73,6 +74,11 @@ async fn reconnects_and_repairs_across_connection_loss() {
     for e in [action(6, 5), notification(6, 6), action(7, 6)] {
         assert_same(&e, &recv(&mut rx).await);
     }
+
+    // Round 3: nothing follows the lost action: re-subscribing alone repairs it.
+    kill(admin.clone()).await;
+    send(action(8, 7)).await;
+    assert_same(&action(8, 7), &recv(&mut rx).await);
 
     // Nothing extra (no duplicate from a repair overlapping a live delivery) is pending.
     assert!(rx.try_recv().is_err(), "an event was delivered twice");

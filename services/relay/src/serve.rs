@@ -1,6 +1,7 @@
 //! The relay's processes: `serve` (the embedded relay — gateway, host logic and demo agent in one process),
 //! and the two halves of the distributed deployment, `shard` (host logic behind gRPC) and `gateway`
-//! (WebSockets and auth, calling a shard over gRPC).
+//! (WebSockets and auth, calling a shard over gRPC). Given `--redis-url`, the shard also publishes every
+//! host's bus to Redis and gateways follow hosts there, repairing lost messages from the shard.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use relay_bus::RedisPublisher;
 use relay_core::link::HostLink;
 use relay_core::{Limits, Role};
 use relay_gateway::auth::{mint_hs256, Claims, TokenVerifier};
@@ -105,6 +107,9 @@ pub struct ShardArgs {
     /// Address of the internal gRPC endpoint gateways call.
     #[arg(long, env = "AHP_RELAY_GRPC_LISTEN", default_value = "127.0.0.1:7879")]
     pub grpc_listen: SocketAddr,
+    /// Redis URL (redis://…): publish every host's bus there too, for gateways to follow.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
 }
 
 /// Arguments of `ahp-relay gateway`: WebSockets and auth, forwarding to a shard over gRPC.
@@ -117,6 +122,9 @@ pub struct GatewayArgs {
     /// The shard's gRPC endpoint.
     #[arg(long, env = "AHP_RELAY_SHARD_URL", default_value = "http://127.0.0.1:7879")]
     pub shard: String,
+    /// Redis URL (redis://…): follow hosts' buses there (repairing gaps from the shard) instead of over gRPC.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
 }
 
 /// Where the relay keeps its state.
@@ -186,12 +194,17 @@ fn init_tracing() {
 }
 
 /// The host logic on its store, with the demo provider and the retention job.
-async fn open_hosts(data: &DataArgs, host: &HostArgs, limits: Limits) -> anyhow::Result<Arc<ShardLink>> {
+async fn open_hosts(
+    data: &DataArgs,
+    host: &HostArgs,
+    limits: Limits,
+    redis: Option<RedisPublisher>,
+) -> anyhow::Result<Arc<ShardLink>> {
     let providers = ProviderRegistry::new().with(Arc::new(DemoProvider::new(DemoPace {
         step: Duration::from_millis(host.demo_step_ms),
     })));
     let store = open_store(host.database_url.as_deref(), &data.data_dir).await?;
-    let link = Arc::new(ShardLink::new(limits, providers, store));
+    let link = Arc::new(ShardLink::new(limits, providers, store, redis));
     spawn_retention(link.clone(), host.compact_every);
     Ok(link)
 }
@@ -210,7 +223,7 @@ async fn flush(link: &ShardLink) {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_tracing();
     let limits = args.edge.apply(args.host.apply(Limits::default()));
-    let link = open_hosts(&args.data, &args.host, limits.clone()).await?;
+    let link = open_hosts(&args.data, &args.host, limits.clone(), None).await?;
     serve_edge(&args.data, &args.edge, limits, link.clone()).await?;
     flush(&link).await;
     Ok(())
@@ -220,7 +233,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
     init_tracing();
     let limits = args.host.apply(Limits::default());
-    let link = open_hosts(&args.data, &args.host, limits).await?;
+    let redis = match &args.redis_url {
+        Some(url) => Some(
+            RedisPublisher::connect(url)
+                .await
+                .context("connecting to Redis")?,
+        ),
+        None => None,
+    };
+    let link = open_hosts(&args.data, &args.host, limits, redis).await?;
     let listener = tokio::net::TcpListener::bind(args.grpc_listen)
         .await
         .with_context(|| format!("binding {}", args.grpc_listen))?;
@@ -243,10 +264,11 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
 pub async fn run_gateway(args: GatewayArgs) -> anyhow::Result<()> {
     init_tracing();
     let limits = args.edge.apply(Limits::default());
-    let link = Arc::new(relay_rpc::RemoteShard::connect_lazy(
-        &args.shard,
-        limits.bus_capacity,
-    )?);
+    let mut shard = relay_rpc::RemoteShard::connect_lazy(&args.shard, limits.bus_capacity)?;
+    if let Some(url) = &args.redis_url {
+        shard = shard.with_redis(url)?;
+    }
+    let link = Arc::new(shard);
     serve_edge(&args.data, &args.edge, limits, link).await
 }
 

@@ -1,18 +1,27 @@
 //! The gateway side of the internal gRPC: [`RemoteShard`], a [`HostLink`] that calls a shard over the network.
 //!
-//! Every connection of this gateway to one host shares one `Events` stream: a task per followed host reads it
+//! Without Redis, every connection of this gateway to one host shares one `Events` stream: a task per followed host reads it
 //! into a local broadcast channel, and each attached connection gets a receiver of that channel. The receiver
 //! is subscribed before `Attach` is sent and the stream is established (the shard already subscribed to the
 //! host's bus) before that, so no envelope sequenced after a later snapshot is missed. When the stream ends
 //! (shard gone, or this gateway fell behind) the channel closes and the gateway closes those connections with
 //! a resumable code; the next attach follows the host again. When the last connection detaches, the stream
 //! is dropped.
+//!
+//! With Redis ([`RemoteShard::with_redis`]) a gateway follows hosts through a [`RedisSubscriber`] instead of
+//! `Events` streams: the receiver is obtained once Redis has confirmed the host's subscription, before
+//! `Attach` is sent, and `Attach`'s reply (the host's last published `serverSeq`) seeds the subscriber's gap
+//! detection. Lost Redis messages are fetched back with `FetchRange` ([`ShardRepair`]); every range that
+//! brought back at least one event counts in `ahp_relay_gap_repairs_total` on the gateway's `/metrics`. When
+//! the last connection of this gateway to a host detaches, the host is unfollowed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use relay_core::bus::SharedBusEvent;
+use parking_lot::Mutex as SyncMutex;
+use relay_bus::{BoxFuture, GapRepair, RedisSubscriber, RepairError, SubscriberOptions};
+use relay_core::bus::{BusEvent, SharedBusEvent};
 use relay_core::link::{CommandReply, HostLink, LinkError};
 use relay_core::rpc::{error_frame, InboundMessage, RpcError};
 use relay_core::{ConnectionId, HostKey, Identity};
@@ -34,6 +43,53 @@ pub enum ClientError {
         #[source]
         source: tonic::transport::Error,
     },
+    #[error("invalid Redis URL: {0}")]
+    Redis(#[from] relay_bus::SubscribeError),
+}
+
+/// Fetches lost bus events from the shard with `FetchRange`, counting the ranges that brought events back.
+pub struct ShardRepair {
+    client: ShardClient<Channel>,
+    repairs: Arc<AtomicU64>,
+}
+
+impl GapRepair for ShardRepair {
+    fn fetch<'a>(
+        &'a self,
+        host: &'a HostKey,
+        after: u64,
+        through: u64,
+    ) -> BoxFuture<'a, Result<Vec<BusEvent>, RepairError>> {
+        Box::pin(async move {
+            let reply = self
+                .client
+                .clone()
+                .fetch_range(pb::FetchRangeRequest {
+                    host: Some(host_to_pb(host)),
+                    after,
+                    through,
+                })
+                .await
+                .map_err(|status| RepairError(Box::new(status)))?;
+            let events = reply
+                .into_inner()
+                .events
+                .into_iter()
+                .map(event_from_pb)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|error| RepairError(Box::new(error)))?;
+            if !events.is_empty() {
+                self.repairs.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(events)
+        })
+    }
+}
+
+/// Following hosts over Redis: the subscriber and this gateway's connections per followed host.
+struct RedisBus {
+    subscriber: RedisSubscriber,
+    connections: SyncMutex<HashMap<HostKey, HashSet<ConnectionId>>>,
 }
 
 /// One followed host: its local bus and the connections of this gateway attached to it.
@@ -56,6 +112,10 @@ pub struct RemoteShard {
     bus_capacity: usize,
     followers: Followers,
     generations: AtomicU64,
+    /// Set when hosts are followed over Redis instead of `Events` streams.
+    redis: Option<RedisBus>,
+    /// Gaps in the Redis bus repaired from the shard.
+    repairs: Arc<AtomicU64>,
 }
 
 impl RemoteShard {
@@ -82,6 +142,60 @@ impl RemoteShard {
             bus_capacity: bus_capacity.max(1),
             followers: Arc::new(Mutex::new(HashMap::new())),
             generations: AtomicU64::new(0),
+            redis: None,
+            repairs: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Follow hosts over the Redis at `url` (with gap repair from the shard) instead of `Events` streams.
+    /// Must be called inside a Tokio runtime; the Redis connection is made in the background.
+    pub fn with_redis(mut self, url: &str) -> Result<Self, ClientError> {
+        let repair = Arc::new(ShardRepair {
+            client: self.client.clone(),
+            repairs: self.repairs.clone(),
+        });
+        let options = SubscriberOptions {
+            capacity: self.bus_capacity,
+            ..SubscriberOptions::default()
+        };
+        self.redis = Some(RedisBus {
+            subscriber: RedisSubscriber::connect(url, repair, options)?,
+            connections: SyncMutex::new(HashMap::new()),
+        });
+        Ok(self)
+    }
+
+    /// Register `connection` on `host` and return a receiver of its Redis bus once the subscription holds.
+    async fn follow_redis(
+        redis: &RedisBus,
+        host: &HostKey,
+        connection: ConnectionId,
+    ) -> Result<broadcast::Receiver<SharedBusEvent>, LinkError> {
+        redis
+            .connections
+            .lock()
+            .entry(host.clone())
+            .or_default()
+            .insert(connection);
+        match tokio::time::timeout(CONNECT_TIMEOUT, redis.subscriber.follow_subscribed(host)).await {
+            Ok(receiver) => Ok(receiver),
+            Err(_) => {
+                tracing::warn!(host = %host, "redis did not confirm the host's subscription");
+                Self::unfollow_redis(redis, host, connection);
+                Err(LinkError::HostUnavailable(host.to_string()))
+            }
+        }
+    }
+
+    /// Forget `connection`; stop following the host over Redis when it was the last one.
+    fn unfollow_redis(redis: &RedisBus, host: &HostKey, connection: ConnectionId) {
+        let mut connections = redis.connections.lock();
+        if let Some(set) = connections.get_mut(host) {
+            set.remove(&connection);
+            if set.is_empty() {
+                connections.remove(host);
+                redis.subscriber.unfollow(host);
+            }
         }
     }
 
@@ -202,7 +316,10 @@ impl HostLink for RemoteShard {
         connection: ConnectionId,
         identity: &Identity,
     ) -> Result<broadcast::Receiver<SharedBusEvent>, LinkError> {
-        let receiver = self.follow(host, connection).await?;
+        let receiver = match &self.redis {
+            Some(redis) => Self::follow_redis(redis, host, connection).await?,
+            None => self.follow(host, connection).await?,
+        };
         let attached = self
             .client
             .clone()
@@ -213,10 +330,18 @@ impl HostLink for RemoteShard {
             })
             .await;
         match attached {
-            Ok(_) => Ok(receiver),
+            Ok(reply) => {
+                if let Some(redis) = &self.redis {
+                    redis.subscriber.seed(host, reply.into_inner().published_seq);
+                }
+                Ok(receiver)
+            }
             Err(status) => {
                 drop(receiver);
-                self.unfollow(host, connection).await;
+                match &self.redis {
+                    Some(redis) => Self::unfollow_redis(redis, host, connection),
+                    None => self.unfollow(host, connection).await,
+                }
                 Err(match status.code() {
                     tonic::Code::ResourceExhausted => LinkError::TooManyConnections(host.tenant.clone()),
                     _ => {
@@ -258,7 +383,10 @@ impl HostLink for RemoteShard {
     }
 
     async fn detach(&self, host: &HostKey, connection: ConnectionId) {
-        self.unfollow(host, connection).await;
+        match &self.redis {
+            Some(redis) => Self::unfollow_redis(redis, host, connection),
+            None => self.unfollow(host, connection).await,
+        }
         let detached = self
             .client
             .clone()
@@ -273,12 +401,18 @@ impl HostLink for RemoteShard {
     }
 
     async fn metrics(&self) -> String {
-        match self.client.clone().metrics(pb::MetricsRequest {}).await {
+        let shard = match self.client.clone().metrics(pb::MetricsRequest {}).await {
             Ok(reply) => reply.into_inner().text,
             Err(status) => {
                 tracing::warn!(%status, "shard metrics unavailable");
                 format!("# shard metrics unavailable: {}\n", status.code())
             }
-        }
+        };
+        format!(
+            "# HELP ahp_relay_gap_repairs_total Gaps in the Redis bus this gateway repaired from the shard.\n\
+             # TYPE ahp_relay_gap_repairs_total counter\n\
+             ahp_relay_gap_repairs_total {}\n{shard}",
+            self.repairs.load(Ordering::Relaxed)
+        )
     }
 }

@@ -1,4 +1,9 @@
-//! The shard side of the internal gRPC: [`ShardService`] serves any [`HostLink`] as `ahp_relay.v1.Shard`.
+//! The shard side of the internal gRPC: [`ShardService`] serves any [`HostLink`] that is also a
+//! [`BusHistory`] (in practice `relay_shard::ShardLink`) as `ahp_relay.v1.Shard`.
+//!
+//! `FetchRange` reads published action events back from the [`BusHistory`] for gateways repairing gaps in
+//! the Redis bus; `Attach` answers with the host's last published `serverSeq` so a gateway following over
+//! Redis knows where it follows from.
 //!
 //! `Attach`, `Call` and `Detach` forward to the link, which keeps each connection's protocol state. `Events`
 //! follows a host's bus: it attaches an internal connection (id counted down from `u64::MAX`, identity
@@ -11,9 +16,13 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use relay_core::bus::BusEvent;
 use relay_core::link::LinkError;
 use relay_core::rpc::{error_frame, read_frame};
+use relay_core::HostKey;
 use relay_core::{CommandReply, ConnectionId, HostLink, Identity, Limits, Role};
+use relay_shard::error::ShardError;
+use relay_shard::ShardLink;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -35,8 +44,71 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// Why a range of a host's bus could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("host {0} is not available")]
+    Unavailable(String),
+    /// Part of the range is no longer held (compacted away).
+    #[error("range no longer held: {0}")]
+    Gone(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<HistoryError> for Status {
+    fn from(error: HistoryError) -> Self {
+        match error {
+            HistoryError::Unavailable(_) => Status::unavailable(error.to_string()),
+            HistoryError::Gone(_) => Status::out_of_range(error.to_string()),
+            HistoryError::Internal(_) => Status::internal(error.to_string()),
+        }
+    }
+}
+
+/// What a host published, read back: for gateways that follow hosts over Redis and repair its gaps.
+pub trait BusHistory: Send + Sync + 'static {
+    /// The logged action events of `host` with `after < seq <= through`, oldest first (`through` capped at
+    /// what the host has published).
+    fn fetch_range(
+        &self,
+        host: &HostKey,
+        after: u64,
+        through: u64,
+    ) -> impl Future<Output = Result<Vec<BusEvent>, HistoryError>> + Send;
+
+    /// The `serverSeq` of the last action `host` published.
+    fn published_seq(&self, host: &HostKey) -> impl Future<Output = Result<u64, HistoryError>> + Send;
+}
+
+impl BusHistory for ShardLink {
+    async fn fetch_range(
+        &self,
+        host: &HostKey,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<BusEvent>, HistoryError> {
+        ShardLink::fetch_range(self, host, after, through)
+            .await
+            .map_err(|error| match error {
+                ShardError::Link(error) => HistoryError::Unavailable(error.to_string()),
+                ShardError::Compacted(_) => HistoryError::Gone(error.to_string()),
+                ShardError::Store(_) | ShardError::Corrupt(_) => {
+                    tracing::error!(%host, %error, "could not read a bus range");
+                    HistoryError::Internal(error.to_string())
+                }
+            })
+    }
+
+    async fn published_seq(&self, host: &HostKey) -> Result<u64, HistoryError> {
+        ShardLink::published_seq(self, host)
+            .await
+            .map_err(|error| HistoryError::Unavailable(error.to_string()))
+    }
+}
+
 /// The `Shard` gRPC service over a [`HostLink`].
-pub struct ShardService<L: HostLink> {
+pub struct ShardService<L: HostLink + BusHistory> {
     link: Arc<L>,
     /// Deepest JSON nesting accepted in a forwarded frame (the gateway has already checked it too).
     max_json_depth: usize,
@@ -44,7 +116,7 @@ pub struct ShardService<L: HostLink> {
     internal: AtomicU64,
 }
 
-impl<L: HostLink> ShardService<L> {
+impl<L: HostLink + BusHistory> ShardService<L> {
     pub fn new(link: Arc<L>) -> Self {
         Self {
             link,
@@ -68,7 +140,7 @@ impl<L: HostLink> ShardService<L> {
 }
 
 /// Serve `link` on `listener` until `shutdown` completes.
-pub async fn serve<L: HostLink>(
+pub async fn serve<L: HostLink + BusHistory>(
     listener: tokio::net::TcpListener,
     link: Arc<L>,
     shutdown: impl Future<Output = ()> + Send,
@@ -92,7 +164,7 @@ fn link_status(error: LinkError) -> Status {
 type EventStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::BusEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl<L: HostLink> Shard for ShardService<L> {
+impl<L: HostLink + BusHistory> Shard for ShardService<L> {
     async fn attach(&self, request: Request<pb::AttachRequest>) -> Result<Response<pb::AttachReply>, Status> {
         let request = request.into_inner();
         let host = host_from_pb(request.host)?;
@@ -103,7 +175,23 @@ impl<L: HostLink> Shard for ShardService<L> {
             .attach(&host, ConnectionId(request.connection), &identity)
             .await
             .map_err(link_status)?;
-        Ok(Response::new(pb::AttachReply {}))
+        let published_seq = self.link.published_seq(&host).await?;
+        Ok(Response::new(pb::AttachReply { published_seq }))
+    }
+
+    async fn fetch_range(
+        &self,
+        request: Request<pb::FetchRangeRequest>,
+    ) -> Result<Response<pb::FetchRangeReply>, Status> {
+        let request = request.into_inner();
+        let host = host_from_pb(request.host)?;
+        let events = self
+            .link
+            .fetch_range(&host, request.after, request.through)
+            .await?;
+        Ok(Response::new(pb::FetchRangeReply {
+            events: events.iter().map(event_to_pb).collect(),
+        }))
     }
 
     async fn call(&self, request: Request<pb::CallRequest>) -> Result<Response<pb::CallReply>, Status> {

@@ -86,9 +86,15 @@ async fn main() {
         ("no snapshot since creation: full log replay", &unsnapshotted),
     ] {
         let started = Instant::now();
-        let restored = Host::open(host_key.clone(), limits.clone(), providers.clone(), store.clone())
-            .await
-            .expect("reopen");
+        let restored = Host::open(
+            host_key.clone(),
+            limits.clone(),
+            providers.clone(),
+            store.clone(),
+            None,
+        )
+        .await
+        .expect("reopen");
         let conn = ConnectionId::next();
         let _bus = restored.attach(
             conn,
@@ -135,7 +141,7 @@ async fn fill_host(
     providers: ProviderRegistry,
     frames: &[String],
 ) -> std::time::Duration {
-    let host = Host::open(key.clone(), limits, providers, store.clone())
+    let host = Host::open(key.clone(), limits, providers, store.clone(), None)
         .await
         .expect("open");
     let conn = ConnectionId::next();

@@ -10,6 +10,12 @@ pub enum ShardError {
     /// A stored row did not parse as what the shard wrote.
     #[error("corrupt stored data: {0}")]
     Corrupt(String),
+    /// Part of a requested log range was compacted away: it can no longer be read.
+    #[error("the action log after seq {0} was compacted")]
+    Compacted(u64),
+    /// The host could not be opened.
+    #[error(transparent)]
+    Link(#[from] relay_core::link::LinkError),
 }
 
 impl ShardError {

@@ -5,6 +5,12 @@
 //! the sequencer's pending batch; the host's committer task writes each batch to the store in one transaction
 //! (group commit: whatever accumulated while the previous commit ran) and only then publishes it, in order.
 //! Replies that show state wait until everything they could reflect is committed.
+//!
+//! With a [`RedisPublisher`], the committer also publishes every event to Redis, in order, after the local
+//! bus. Redis pub/sub is at-most-once, so a failed Redis publish is logged and skipped: gateways detect the
+//! gap from the next event's `prev_seq` and read the missing range back with [`Host::fetch_range`]. Only
+//! logged envelopes can be read back; rejections and other per-connection envelopes are not logged, so they
+//! are lost with a lost Redis message (their numbers are skipped in the repaired range).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
@@ -13,7 +19,8 @@ use std::time::Duration;
 use ahp_types::actions::StateAction;
 use ahp_types::state::RootState;
 use parking_lot::Mutex;
-use relay_core::bus::SharedBusEvent;
+use relay_bus::RedisPublisher;
+use relay_core::bus::{Audience, BusEvent, BusEventKind, SharedBusEvent};
 use relay_core::link::CommandReply;
 use relay_core::rpc::{self, InboundMessage, RpcError};
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
@@ -21,11 +28,15 @@ use relay_runner::{ChatSink, ProviderRegistry};
 use relay_store::{Store, StoreError};
 use tokio::sync::{broadcast, watch, Notify};
 
+use crate::error::ShardError;
 use crate::model::HostModel;
-use crate::sequencer::{CommitBarrier, Publisher, Sequencer};
+use crate::sequencer::{frame_around, CommitBarrier, Publisher, Sequencer};
 
 /// Publications a host may hold uncommitted before dispatching connections wait for the store.
 const MAX_PENDING_PUBLICATIONS: usize = 1024;
+
+/// How long the committer waits for Redis to take one batch's events before skipping the rest of them.
+const REDIS_PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Protocol state of one connection, as the host sees it.
 pub struct ConnectionState {
@@ -67,6 +78,8 @@ pub struct Host {
     /// Number of the last batch committed and published.
     pub(crate) durable: watch::Sender<CommitBarrier>,
     publisher: Mutex<Publisher>,
+    /// Publishes every event to Redis too (the distributed deployment).
+    redis: Option<RedisPublisher>,
     wakeup: Notify,
     me: Weak<Host>,
 }
@@ -78,6 +91,7 @@ impl Host {
         limits: Limits,
         providers: ProviderRegistry,
         store: Store,
+        redis: Option<RedisPublisher>,
     ) -> Result<Arc<Self>, StoreError> {
         let record = store.load_host(&key.tenant, &key.host).await?;
         let host = Arc::new_cyclic(|me: &Weak<Host>| {
@@ -102,6 +116,7 @@ impl Host {
                 }),
                 publisher: Mutex::new(Publisher::new(record.last_seq, limits.bus_capacity)),
                 durable: watch::Sender::new(0),
+                redis,
                 wakeup: Notify::new(),
                 store,
                 key,
@@ -198,6 +213,90 @@ impl Host {
         self.core.lock().seq.current()
     }
 
+    /// The `serverSeq` of the last action this host published on its bus.
+    pub fn published_seq(&self) -> u64 {
+        self.publisher.lock().last_published()
+    }
+
+    /// The published action events with `after < seq <= through`, oldest first, for a gateway repairing a
+    /// gap in its bus: from the replay buffer when it still holds everything after `after`, else from the
+    /// store's log. Only logged envelopes are returned (rejections and other per-connection envelopes are
+    /// never logged); each event's `prev_seq` is the previous returned event's seq (`after` for the first).
+    pub async fn fetch_range(&self, after: u64, through: u64) -> Result<Vec<BusEvent>, ShardError> {
+        // Never hand out what is numbered but not yet committed and published.
+        let through = through.min(self.published_seq());
+        if through <= after {
+            return Ok(Vec::new());
+        }
+        let buffered: Option<Vec<(u64, Arc<str>, bytes::Bytes)>> = {
+            let core = self.core.lock();
+            let replay = core.seq.replay();
+            replay.covers(after).then(|| {
+                replay
+                    .after(after, |_| true)
+                    .take_while(|e| e.seq <= through)
+                    .map(|e| (e.seq, e.channel.clone(), e.frame.clone()))
+                    .collect()
+            })
+        };
+        let rows = match buffered {
+            Some(rows) => rows,
+            None => self.read_range(after, through).await?,
+        };
+        let mut prev_seq = after;
+        Ok(rows
+            .into_iter()
+            .map(|(seq, channel, frame)| {
+                let event = BusEvent {
+                    kind: BusEventKind::Action,
+                    channel,
+                    seq,
+                    prev_seq,
+                    audience: Audience::Subscribers,
+                    frame,
+                };
+                prev_seq = seq;
+                event
+            })
+            .collect())
+    }
+
+    /// Logged envelopes with `after < seq <= through` from the store, in bounded pages, as (seq, channel,
+    /// frame); an error when part of the range was compacted away.
+    async fn read_range(
+        &self,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<(u64, Arc<str>, bytes::Bytes)>, ShardError> {
+        let (tenant, host) = (&self.key.tenant, &self.key.host);
+        let page = self.core.lock().limits.replay_page.max(1);
+        let complete = |floor: u64| {
+            if floor > after {
+                Err(ShardError::Compacted(after))
+            } else {
+                Ok(())
+            }
+        };
+        complete(self.store.load_host(tenant, host).await?.log_floor)?;
+        let mut out = Vec::new();
+        let mut from = after;
+        loop {
+            let rows = self.store.log_range(tenant, host, from, through, page).await?;
+            let full = rows.len() == page;
+            for row in rows {
+                from = row.seq;
+                let (_, frame) = frame_around(row.envelope);
+                out.push((row.seq, Arc::from(row.channel), frame));
+            }
+            if !full {
+                break;
+            }
+        }
+        // Compaction may have run while paging: only a range that is still complete is exact.
+        complete(self.store.load_host(tenant, host).await?.log_floor)?;
+        Ok(out)
+    }
+
     /// Wait until everything queued so far is committed and published.
     pub async fn flush(&self) {
         let barrier = self.core.lock().seq.barrier();
@@ -264,13 +363,34 @@ async fn commit_loop(host: Weak<Host>) {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }
-        {
+        let events: Vec<SharedBusEvent> = {
             let mut publisher = strong.publisher.lock();
-            for publication in publications {
-                publisher.publish(publication);
+            publications
+                .into_iter()
+                .map(|publication| publisher.publish(publication))
+                .collect()
+        };
+        strong.durable.send_replace(number);
+        if let Some(redis) = &strong.redis {
+            publish_to_redis(redis, &strong.key, &events).await;
+        }
+    }
+}
+
+/// Publish one batch's events to Redis in order. Failures are logged and skipped: gateways repair the gap.
+async fn publish_to_redis(redis: &RedisPublisher, key: &HostKey, events: &[SharedBusEvent]) {
+    let publish_all = async {
+        for event in events {
+            if let Err(error) = redis.publish(key, event).await {
+                tracing::warn!(host = %key, seq = event.seq, %error, "redis publish failed; gateways will repair the gap");
             }
         }
-        strong.durable.send_replace(number);
+    };
+    if tokio::time::timeout(REDIS_PUBLISH_TIMEOUT, publish_all)
+        .await
+        .is_err()
+    {
+        tracing::warn!(host = %key, "redis publish timed out; gateways will repair the gap");
     }
 }
 

@@ -1,9 +1,12 @@
-//! The in-process [`HostLink`]: the embedded relay's gateway calls its hosts directly.
+//! The in-process [`HostLink`]: the embedded relay's gateway calls its hosts directly. The same hosts serve
+//! the gRPC shard, which also reads published ranges back ([`ShardLink::fetch_range`]) for gateways repairing
+//! gaps in the Redis bus.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use relay_core::bus::SharedBusEvent;
+use relay_bus::RedisPublisher;
+use relay_core::bus::{BusEvent, SharedBusEvent};
 use relay_core::link::{CommandReply, HostLink, LinkError};
 use relay_core::rpc::InboundMessage;
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
@@ -11,6 +14,7 @@ use relay_runner::ProviderRegistry;
 use relay_store::Store;
 use tokio::sync::broadcast;
 
+use crate::error::ShardError;
 use crate::host::Host;
 
 /// The hosts of this process, opened from the store on first use.
@@ -22,11 +26,19 @@ pub struct ShardLink {
     limits: Limits,
     providers: ProviderRegistry,
     store: Store,
+    /// When set, every host also publishes its bus to Redis.
+    redis: Option<RedisPublisher>,
 }
 
 impl ShardLink {
-    pub fn new(limits: Limits, providers: ProviderRegistry, store: Store) -> Self {
+    pub fn new(
+        limits: Limits,
+        providers: ProviderRegistry,
+        store: Store,
+        redis: Option<RedisPublisher>,
+    ) -> Self {
         Self {
+            redis,
             hosts: parking_lot::Mutex::new(HashMap::new()),
             opening: tokio::sync::Mutex::new(()),
             limits,
@@ -49,6 +61,7 @@ impl ShardLink {
             self.limits.clone(),
             self.providers.clone(),
             self.store.clone(),
+            self.redis.clone(),
         )
         .await
         .map_err(|error| {
@@ -57,6 +70,21 @@ impl ShardLink {
         })?;
         self.hosts.lock().insert(key.clone(), host.clone());
         Ok(host)
+    }
+
+    /// The published action events of `key` with `after < seq <= through` (see [`Host::fetch_range`]).
+    pub async fn fetch_range(
+        &self,
+        key: &HostKey,
+        after: u64,
+        through: u64,
+    ) -> Result<Vec<BusEvent>, ShardError> {
+        self.host(key).await?.fetch_range(after, through).await
+    }
+
+    /// The `serverSeq` of the last action `key` published, opening the host if needed.
+    pub async fn published_seq(&self, key: &HostKey) -> Result<u64, LinkError> {
+        Ok(self.host(key).await?.published_seq())
     }
 
     fn existing(&self, key: &HostKey) -> Option<Arc<Host>> {

@@ -261,20 +261,28 @@ impl Publisher {
         self.bus.subscribe()
     }
 
-    pub fn publish(&mut self, publication: Publication) {
+    /// The `serverSeq` of the last action published (what the next event's `prev_seq` will be).
+    pub fn last_published(&self) -> u64 {
+        self.last_published
+    }
+
+    /// Publish on the local bus; returns the event, for other buses (Redis) to carry too.
+    pub fn publish(&mut self, publication: Publication) -> SharedBusEvent {
         let prev_seq = self.last_published;
         if publication.kind == BusEventKind::Action {
             self.last_published = publication.seq;
         }
-        // No receivers simply means no connection is attached right now.
-        let _ = self.bus.send(Arc::new(BusEvent {
+        let event = Arc::new(BusEvent {
             kind: publication.kind,
             channel: publication.channel,
             seq: publication.seq,
             prev_seq,
             audience: publication.audience,
             frame: publication.frame,
-        }));
+        });
+        // No receivers simply means no connection is attached right now.
+        let _ = self.bus.send(event.clone());
+        event
     }
 }
 

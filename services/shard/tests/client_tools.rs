@@ -99,6 +99,7 @@ async fn host(grace: Duration) -> (Arc<Host>, tempfile::TempDir) {
         limits,
         ProviderRegistry::new().with(Arc::new(HandsToolToClient)),
         store,
+        None,
     )
     .await
     .expect("open host");

@@ -190,6 +190,19 @@ impl Store {
         log::after(&self.pool, tenant, host, after_seq, channels, limit).await
     }
 
+    /// Up to `limit` log rows of the host with `after_seq < seq <= through_seq` on any channel, ascending seq
+    /// (the gateways' bus gap repair).
+    pub async fn log_range(
+        &self,
+        tenant: &str,
+        host: &str,
+        after_seq: u64,
+        through_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<LogEntry>, StoreError> {
+        log::range(&self.pool, tenant, host, after_seq, through_seq, limit).await
+    }
+
     /// A newest-first page of the catalogue: at most `limit` sessions with catalog_no < `before` (`None`:
     /// from the newest). The next page's cursor is the last entry's `catalog_no`.
     pub async fn list_sessions(

@@ -69,6 +69,29 @@ pub(crate) async fn after(
     Ok(entries)
 }
 
+/// Up to `limit` rows with `after_seq < seq <= through_seq` on any channel of the host, ascending seq.
+pub(crate) async fn range(
+    pool: &AnyPool,
+    tenant: &str,
+    host: &str,
+    after_seq: u64,
+    through_seq: u64,
+    limit: usize,
+) -> Result<Vec<LogEntry>, StoreError> {
+    if limit == 0 || through_seq <= after_seq {
+        return Ok(Vec::new());
+    }
+    let mut select = Statement::scoped(
+        "SELECT seq, channel, envelope, at_ms FROM log WHERE tenant = $1 AND host = $2 AND seq > ",
+        tenant,
+        host,
+    )?;
+    select.bind(to_db(after_seq, "after_seq")?)?.push(" AND seq <= ");
+    select.bind(to_db(through_seq, "through_seq")?)?;
+    select.push(" ORDER BY seq LIMIT ").bind(limit_to_db(limit))?;
+    select.fetch_all(pool).await?.iter().map(entry_from).collect()
+}
+
 /// A log row selected as `seq, channel, envelope, at_ms`.
 pub(crate) fn entry_from(row: &AnyRow) -> Result<LogEntry, StoreError> {
     Ok(LogEntry {

@@ -131,6 +131,7 @@ on_both_backends!(
     the_latest_snapshot_wins,
     last_seq_only_grows_and_counts_unlogged_seqs,
     log_after_pages_through_the_requested_channels_in_seq_order,
+    log_range_reads_every_channel_between_two_seqs,
     list_sessions_pages_newest_first_without_duplicates_under_concurrent_creates,
     removed_sessions_leave_the_list_and_their_numbers_are_not_reused,
     compaction_keeps_channels_restorable_and_raises_the_log_floor,
@@ -352,6 +353,29 @@ async fn last_seq_only_grows_and_counts_unlogged_seqs(db: &TestDb) {
         "{too_big:?}"
     );
     assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 12);
+}
+
+async fn log_range_reads_every_channel_between_two_seqs(db: &TestDb) {
+    let store = &db.store;
+    let channels = ["ahp-session:/a", "ahp-session:/b", "ahp-chat:/c"];
+    let log: Vec<LogEntry> = (1..=12)
+        .filter(|seq| seq % 5 != 0) // unlogged numbers (rejections) leave holes
+        .map(|seq| entry(seq, channels[(seq % 3) as usize]))
+        .collect();
+    store.commit(T, H, &log_batch(12, log.clone())).await.unwrap();
+
+    let all = store.log_range(T, H, 2, 11, 100).await.unwrap();
+    assert_eq!(seqs(&all), [3, 4, 6, 7, 8, 9, 11]);
+    let expected: Vec<LogEntry> = log.iter().filter(|e| e.seq > 2 && e.seq <= 11).cloned().collect();
+    assert_eq!(all, expected);
+    assert_eq!(seqs(&store.log_range(T, H, 2, 11, 3).await.unwrap()), [3, 4, 6]);
+    assert!(store.log_range(T, H, 4, 4, 100).await.unwrap().is_empty());
+    assert!(store.log_range(T, H, 0, 12, 0).await.unwrap().is_empty());
+    assert!(store
+        .log_range(T, "other-host", 0, 12, 100)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 async fn log_after_pages_through_the_requested_channels_in_seq_order(db: &TestDb) {

@@ -1,0 +1,161 @@
+//! The distributed shape with Redis: a shard publishes every host's bus to Redis and gateways follow hosts
+//! there. Clients on two gateways receive the same envelopes, and when the gateways' Redis connections are
+//! cut mid-stream the gaps are repaired from the shard: every envelope arrives exactly once, in order.
+//!
+//! Needs `REDIS_URL` (scripts/test runs everything under scripts/with-redis); skipped without it.
+
+mod support;
+
+use std::time::Duration;
+
+use ahp_types::actions::ActionEnvelope;
+use relay_core::{HostKey, Role};
+use support::*;
+
+fn redis_url() -> Option<String> {
+    let url = std::env::var("REDIS_URL").ok();
+    if url.is_none() {
+        eprintln!("skipped: REDIS_URL not set");
+    }
+    url
+}
+
+async fn redis(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to redis")
+}
+
+/// The Redis channel of `tenant`'s default host (each test has its own tenant, so its own channel).
+fn channel_of(tenant: &str) -> String {
+    relay_bus::channel_name(&HostKey::new(tenant, "default"))
+}
+
+/// Wait (bounded) until exactly `n` Redis connections subscribe to `channel`.
+async fn wait_subscribers(conn: &mut redis::aio::MultiplexedConnection, channel: &str, n: i64) {
+    let waited = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let (_, count): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(channel)
+                .query_async(conn)
+                .await
+                .expect("PUBSUB NUMSUB");
+            if count == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "{channel} never had {n} subscribers");
+}
+
+/// Cut every Redis pub/sub connection (the gateways' subscribers); returns how many were closed.
+async fn kill_pubsub(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(conn)
+        .await
+        .expect("CLIENT KILL TYPE pubsub")
+}
+
+fn after(envelopes: &[ActionEnvelope], seq: u64) -> Vec<&ActionEnvelope> {
+    envelopes.iter().filter(|e| e.server_seq > seq).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_on_two_gateways_receive_identical_envelopes_through_redis() {
+    let Some(url) = redis_url() else { return };
+    let mut control = redis(&url).await;
+    let shard = Shard::start(&["--redis-url", &url]).await;
+    let gateway1 = Relay::gateway_with(&shard.url, &["--redis-url", &url]).await;
+    let gateway2 = Relay::gateway_with(&shard.url, &["--redis-url", &url]).await;
+    let tenant = unique_tenant();
+    let (a, _) = gateway1
+        .client_as(&tenant, "device-a", Role::Member, "device-a")
+        .await;
+    let (b, _) = gateway2
+        .client_as(&tenant, "device-b", Role::Member, "device-b")
+        .await;
+    // Both gateways follow the host over Redis (not over gRPC `Events`).
+    wait_subscribers(&mut control, &channel_of(&tenant), 2).await;
+    let (_, chat) = create_session_and_chat(&a, "redis").await;
+    let (a_state, a_from, mut a_sub) = subscribe_chat(&a, &chat).await;
+    let (_, b_from, mut b_sub) = subscribe_chat(&b, &chat).await;
+
+    a.dispatch(chat.clone(), turn_started("t1", "hello through redis"))
+        .await
+        .expect("dispatch");
+    let a_envs = collect_until(&mut a_sub, is_turn_complete).await;
+    let b_envs = collect_until(&mut b_sub, is_turn_complete).await;
+    let from = a_from.max(b_from);
+    assert_eq!(json(&after(&a_envs, from)), json(&after(&b_envs, from)));
+    assert_increasing(&a_envs);
+    assert_increasing(&b_envs);
+    assert_eq!(
+        json(&reduce_chat(a_state, a_from, &a_envs)),
+        json(&fresh_chat_snapshot_for(&gateway2, &tenant, &chat).await)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envelopes_lost_on_redis_are_repaired_exactly_once_in_order() {
+    let Some(url) = redis_url() else { return };
+    let mut control = redis(&url).await;
+    let tenant = unique_tenant();
+    let channel = channel_of(&tenant);
+    let shard = Shard::start(&["--redis-url", &url, "--demo-step-ms", "20"]).await;
+    let gateway1 = Relay::gateway_with(&shard.url, &["--redis-url", &url]).await;
+    let gateway2 = Relay::gateway_with(&shard.url, &["--redis-url", &url]).await;
+    let (a, _) = gateway1
+        .client_as(&tenant, "device-a", Role::Member, "device-a")
+        .await;
+    let (b, _) = gateway2
+        .client_as(&tenant, "device-b", Role::Member, "device-b")
+        .await;
+    wait_subscribers(&mut control, &channel, 2).await;
+    let (_, chat) = create_session_and_chat(&a, "cut").await;
+    let (a_state, a_from, mut a_sub) = subscribe_chat(&a, &chat).await;
+    let (b_state, b_from, mut b_sub) = subscribe_chat(&b, &chat).await;
+
+    let (mut a_envs, mut b_envs) = (Vec::new(), Vec::new());
+    for turn in 1..=3 {
+        a.dispatch(
+            chat.clone(),
+            turn_started(&format!("t{turn}"), "keep streaming while redis drops us"),
+        )
+        .await
+        .expect("dispatch");
+        // Mid-stream: the reply is still being streamed when the gateways lose Redis.
+        a_envs.push(next_envelope(&mut a_sub).await);
+        a_envs.push(next_envelope(&mut a_sub).await);
+        assert!(
+            kill_pubsub(&mut control).await >= 2,
+            "both gateways' subscriptions were cut"
+        );
+        a_envs.extend(collect_until(&mut a_sub, is_turn_complete).await);
+        b_envs.extend(collect_until(&mut b_sub, is_turn_complete).await);
+        // The gateways are back on Redis before the next cut.
+        wait_subscribers(&mut control, &channel, 2).await;
+    }
+
+    assert_increasing(&a_envs);
+    assert_increasing(&b_envs);
+    let from = a_from.max(b_from);
+    assert_eq!(
+        json(&after(&a_envs, from)),
+        json(&after(&b_envs, from)),
+        "both gateways delivered the same envelopes"
+    );
+    let fresh = json(&fresh_chat_snapshot_for(&gateway1, &tenant, &chat).await);
+    assert_eq!(json(&reduce_chat(a_state, a_from, &a_envs)), fresh);
+    assert_eq!(json(&reduce_chat(b_state, b_from, &b_envs)), fresh);
+    let repairs = gateway1.metric("ahp_relay_gap_repairs_total").await
+        + gateway2.metric("ahp_relay_gap_repairs_total").await;
+    assert!(repairs > 0.0, "the cuts lost messages that were repaired");
+}
