@@ -128,21 +128,7 @@ async fn fetch_turns_pages_older_turns_into_a_limited_snapshot() {
     let snapshot = result.snapshot.expect("snapshot");
     let mut state = chat_of(&snapshot);
     assert_eq!(state.turns.len(), 2);
-    let mut last = snapshot.from_seq as u64;
-    while let Some(cursor) = state.turns_next_cursor.clone() {
-        let _: serde_json::Value = b
-            .request(
-                "fetchTurns",
-                serde_json::json!({"channel": chat, "cursor": cursor}),
-            )
-            .await
-            .expect("fetchTurns");
-        let loaded = next_envelope(&mut b_sub).await;
-        assert!(matches!(loaded.action, StateAction::ChatTurnsLoaded(_)));
-        assert!(loaded.server_seq > last);
-        last = loaded.server_seq;
-        ahp::reducers::apply_action_to_chat(&mut state, &loaded.action);
-    }
+    fetch_all_turns(&b, &mut b_sub, &chat, &mut state, snapshot.from_seq as u64).await;
     assert_eq!(json(&state), json(&full));
 
     let bad: Result<serde_json::Value, _> = b

@@ -429,21 +429,10 @@ async fn thousand_turns(store: TestStore) {
         )
         .await
         .expect("subscribe");
-    let mut state = chat_of(&result.snapshot.expect("snapshot"));
+    let snapshot = result.snapshot.expect("snapshot");
+    let mut state = chat_of(&snapshot);
     assert_eq!(state.turns.len(), 20);
-    let mut pages = 0;
-    while let Some(cursor) = state.turns_next_cursor.clone() {
-        let _: serde_json::Value = b
-            .request(
-                "fetchTurns",
-                serde_json::json!({"channel": chat, "cursor": cursor}),
-            )
-            .await
-            .expect("fetchTurns");
-        let loaded = next_envelope(&mut b_sub).await;
-        ahp::reducers::apply_action_to_chat(&mut state, &loaded.action);
-        pages += 1;
-    }
+    let pages = fetch_all_turns(&b, &mut b_sub, &chat, &mut state, snapshot.from_seq as u64).await;
     assert!(pages >= 1_000 / 50);
     assert_eq!(json(&state), json(&full));
     drop((a, b));
@@ -452,28 +441,14 @@ async fn thousand_turns(store: TestStore) {
     relay.kill().await;
     let relay = store.relay(&["--retained-turns", "100"]).await;
     let (c, _) = relay.client_as(&tenant, "ana", Role::Member, "late-reader").await;
-    let (mut restored, _, mut c_sub) = subscribe_chat(&c, &chat).await;
+    let (mut restored, restored_from, mut c_sub) = subscribe_chat(&c, &chat).await;
     assert_eq!(restored.turns.len(), 100, "only the retained turns are inline");
     assert_eq!(
         restored.turns_next_cursor.as_deref(),
         Some("turns:900"),
         "older turns are behind the cursor"
     );
-    while let Some(cursor) = restored.turns_next_cursor.clone() {
-        let _: serde_json::Value = c
-            .request(
-                "fetchTurns",
-                serde_json::json!({"channel": chat, "cursor": cursor}),
-            )
-            .await
-            .expect("fetchTurns");
-        let loaded = next_envelope(&mut c_sub).await;
-        let StateAction::ChatTurnsLoaded(page) = &loaded.action else {
-            panic!("expected chat/turnsLoaded, got {:?}", loaded.action);
-        };
-        assert!(!page.turns.is_empty(), "cursor {cursor} gave an empty page");
-        ahp::reducers::apply_action_to_chat(&mut restored, &loaded.action);
-    }
+    fetch_all_turns(&c, &mut c_sub, &chat, &mut restored, restored_from).await;
     assert_eq!(
         json(&restored.turns),
         json(&full.turns),

@@ -485,3 +485,36 @@ macro_rules! on_both_stores {
         }
     };
 }
+
+/// Page every older turn of `state` in with `fetchTurns`, the way a client does: each page arrives as a
+/// non-empty `chat/turnsLoaded` on the connection's own subscription, numbered after everything before it.
+/// Returns how many pages it took.
+pub async fn fetch_all_turns(
+    client: &Client,
+    sub: &mut SessionSubscription,
+    chat: &str,
+    state: &mut ChatState,
+    from_seq: u64,
+) -> usize {
+    let mut last = from_seq;
+    let mut pages = 0;
+    while let Some(cursor) = state.turns_next_cursor.clone() {
+        let _: serde_json::Value = client
+            .request(
+                "fetchTurns",
+                serde_json::json!({"channel": chat, "cursor": cursor}),
+            )
+            .await
+            .expect("fetchTurns");
+        let loaded = next_envelope(sub).await;
+        let StateAction::ChatTurnsLoaded(page) = &loaded.action else {
+            panic!("expected chat/turnsLoaded, got {:?}", loaded.action);
+        };
+        assert!(!page.turns.is_empty(), "cursor {cursor} gave an empty page");
+        assert!(loaded.server_seq > last, "pages arrive in serverSeq order");
+        last = loaded.server_seq;
+        ahp::reducers::apply_action_to_chat(state, &loaded.action);
+        pages += 1;
+    }
+    pages
+}
