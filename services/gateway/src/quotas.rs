@@ -28,6 +28,8 @@ struct TenantUsage {
 pub struct TenantQuotas {
     limits: QuotaLimits,
     tenants: Mutex<HashMap<String, TenantUsage>>,
+    /// Signalled whenever a connection ends (graceful shutdown waits on it).
+    closed: tokio::sync::Notify,
 }
 
 /// One admitted connection; dropping it frees the slot.
@@ -41,6 +43,7 @@ impl TenantQuotas {
         Arc::new(Self {
             limits,
             tenants: Mutex::new(HashMap::new()),
+            closed: tokio::sync::Notify::new(),
         })
     }
 
@@ -85,17 +88,31 @@ impl TenantQuotas {
     pub fn total_connections(&self) -> usize {
         self.tenants.lock().values().map(|u| u.connections).sum()
     }
+
+    /// Wait until every connection has ended (they have sent their close frames).
+    pub async fn wait_idle(&self) {
+        loop {
+            let closed = self.closed.notified();
+            if self.total_connections() == 0 {
+                return;
+            }
+            closed.await;
+        }
+    }
 }
 
 impl Drop for ConnectionPermit {
     fn drop(&mut self) {
-        let mut tenants = self.quotas.tenants.lock();
-        if let Some(usage) = tenants.get_mut(&self.tenant) {
-            usage.connections = usage.connections.saturating_sub(1);
-            if usage.connections == 0 {
-                tenants.remove(&self.tenant);
+        {
+            let mut tenants = self.quotas.tenants.lock();
+            if let Some(usage) = tenants.get_mut(&self.tenant) {
+                usage.connections = usage.connections.saturating_sub(1);
+                if usage.connections == 0 {
+                    tenants.remove(&self.tenant);
+                }
             }
         }
+        self.quotas.closed.notify_waiters();
     }
 }
 

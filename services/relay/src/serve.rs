@@ -281,16 +281,17 @@ async fn serve_edge<L: HostLink>(
 ) -> anyhow::Result<()> {
     let secret = secret::load_or_create(edge.jwt_secret.as_deref(), &data.data_dir)?;
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let quotas = relay_gateway::quotas::TenantQuotas::new(relay_gateway::quotas::QuotaLimits {
+        max_connections: edge.max_connections_per_tenant.max(1),
+        messages_per_second: edge.messages_per_second_per_tenant.max(1.0),
+        message_burst: (edge.messages_per_second_per_tenant * 2.0).max(1.0),
+    });
     let app = relay_gateway::router(Arc::new(GatewayState {
         link,
         verifier: TokenVerifier::hs256(&secret),
         limits,
         shutdown: shutdown_rx,
-        quotas: relay_gateway::quotas::TenantQuotas::new(relay_gateway::quotas::QuotaLimits {
-            max_connections: edge.max_connections_per_tenant.max(1),
-            messages_per_second: edge.messages_per_second_per_tenant.max(1.0),
-            message_burst: (edge.messages_per_second_per_tenant * 2.0).max(1.0),
-        }),
+        quotas: quotas.clone(),
     }));
     let listener = tokio::net::TcpListener::bind(edge.listen)
         .await
@@ -336,6 +337,13 @@ async fn serve_edge<L: HostLink>(
         })
         .await
         .context("serving")?;
+    // Upgraded WebSockets outlive the HTTP server: let each finish sending its close frame before exiting.
+    if tokio::time::timeout(Duration::from_secs(5), quotas.wait_idle())
+        .await
+        .is_err()
+    {
+        tracing::warn!("some connections did not close within 5s");
+    }
     Ok(())
 }
 
