@@ -243,6 +243,21 @@ impl Shard {
         }
     }
 
+    /// SIGTERM the shard; true if it then exited successfully.
+    pub async fn terminate(&mut self) -> bool {
+        let pid = self.child.id().expect("running");
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+        tokio::time::timeout(PATIENCE, self.child.wait())
+            .await
+            .expect("shard did not exit after SIGTERM")
+            .expect("wait")
+            .success()
+    }
+
     /// SIGKILL the shard and wait until it is gone.
     pub async fn kill(&mut self) {
         self.child.start_kill().expect("SIGKILL");

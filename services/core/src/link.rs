@@ -54,6 +54,24 @@ impl CommandReply {
     pub fn none() -> Self {
         Self::default()
     }
+
+    /// The answer to anything sent for a host whose shard no longer serves it (or never attached the
+    /// connection): an error for a request, and a close with 1012 (service restart) either way, so the
+    /// client reconnects and lands on the host's current owner.
+    pub fn moved(id: Option<u64>) -> Self {
+        let mut reply = match id {
+            Some(_) => Self::frame(crate::rpc::error_frame(
+                id,
+                &crate::rpc::RpcError::internal("the host moved to another shard; reconnect"),
+            )),
+            None => Self::none(),
+        };
+        reply.close = Some(CloseRequest {
+            code: 1012,
+            reason: "host moved; reconnect".into(),
+        });
+        reply
+    }
 }
 
 /// Why a connection could not be attached to a host.
@@ -63,6 +81,9 @@ pub enum LinkError {
     HostUnavailable(String),
     #[error("too many connections for tenant {0}")]
     TooManyConnections(String),
+    /// Another shard serves the host: ask the one at `owner` (its gRPC URL).
+    #[error("host {host} is served by {owner}")]
+    Moved { host: String, owner: String },
 }
 
 /// The shard as the gateway sees it.

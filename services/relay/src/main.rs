@@ -74,11 +74,12 @@ pub fn parse_ttl(text: &str) -> Result<Duration, String> {
     let (digits, unit) = text.split_at(split);
     let n: u64 = digits.parse().map_err(|_| format!("bad duration {text:?}"))?;
     let secs = match unit {
+        "ms" => return Ok(Duration::from_millis(n)),
         "" | "s" => n,
         "m" => n * 60,
         "h" => n * 3600,
         "d" => n * 86_400,
-        _ => return Err(format!("bad duration unit in {text:?} (use s, m, h or d)")),
+        _ => return Err(format!("bad duration unit in {text:?} (use ms, s, m, h or d)")),
     };
     Ok(Duration::from_secs(secs))
 }

@@ -110,6 +110,14 @@ pub struct ShardArgs {
     /// Redis URL (redis://…): publish every host's bus there too, for gateways to follow.
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
+    /// The gRPC URL gateways and other shards reach this shard at (it names this shard in host leases and
+    /// redirects); default: http:// and the bound --grpc-listen address.
+    #[arg(long, env = "AHP_RELAY_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
+    /// How long a host lease lasts unless renewed (renewed every third of it): how soon another shard takes
+    /// over the hosts of a shard that died (e.g. 3s, 1500ms).
+    #[arg(long, env = "AHP_RELAY_LEASE_TTL", default_value = "3s", value_parser = crate::parse_ttl)]
+    pub lease_ttl: Duration,
 }
 
 /// Arguments of `ahp-relay gateway`: WebSockets and auth, forwarding to a shard over gRPC.
@@ -119,9 +127,15 @@ pub struct GatewayArgs {
     pub data: DataArgs,
     #[command(flatten)]
     pub edge: EdgeArgs,
-    /// The shard's gRPC endpoint.
-    #[arg(long, env = "AHP_RELAY_SHARD_URL", default_value = "http://127.0.0.1:7879")]
-    pub shard: String,
+    /// The shards' gRPC endpoints, comma-separated (or the flag repeated): hosts are placed over them and
+    /// followed to whichever shard serves them.
+    #[arg(
+        long,
+        env = "AHP_RELAY_SHARD_URL",
+        default_value = "http://127.0.0.1:7879",
+        value_delimiter = ','
+    )]
+    pub shard: Vec<String>,
     /// Redis URL (redis://…): follow hosts' buses there (repairing gaps from the shard) instead of over gRPC.
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
@@ -199,12 +213,18 @@ async fn open_hosts(
     host: &HostArgs,
     limits: Limits,
     redis: Option<RedisPublisher>,
+    ownership: Option<relay_shard::ownership::Ownership>,
 ) -> anyhow::Result<Arc<ShardLink>> {
     let providers = ProviderRegistry::new().with(Arc::new(DemoProvider::new(DemoPace {
         step: Duration::from_millis(host.demo_step_ms),
     })));
     let store = open_store(host.database_url.as_deref(), &data.data_dir).await?;
-    let link = Arc::new(ShardLink::new(limits, providers, store, redis));
+    let mut link = ShardLink::new(limits, providers, store, redis);
+    if let Some(ownership) = ownership {
+        link = link.with_ownership(ownership);
+    }
+    let link = Arc::new(link);
+    link.keep_leases();
     spawn_retention(link.clone(), host.compact_every);
     Ok(link)
 }
@@ -223,7 +243,7 @@ async fn flush(link: &ShardLink) {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_tracing();
     let limits = args.edge.apply(args.host.apply(Limits::default()));
-    let link = open_hosts(&args.data, &args.host, limits.clone(), None).await?;
+    let link = open_hosts(&args.data, &args.host, limits.clone(), None, None).await?;
     serve_edge(&args.data, &args.edge, limits, link.clone()).await?;
     flush(&link).await;
     Ok(())
@@ -241,11 +261,16 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let link = open_hosts(&args.data, &args.host, limits, redis).await?;
     let listener = tokio::net::TcpListener::bind(args.grpc_listen)
         .await
         .with_context(|| format!("binding {}", args.grpc_listen))?;
     let addr = listener.local_addr()?;
+    let advertise = args
+        .advertise_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{addr}"));
+    let ownership = relay_shard::ownership::Ownership::new(&advertise, args.lease_ttl);
+    let link = open_hosts(&args.data, &args.host, limits, redis, Some(ownership)).await?;
     {
         let mut out = std::io::stdout().lock();
         writeln!(
@@ -255,8 +280,20 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
         )?;
         out.flush()?;
     }
-    relay_rpc::serve(listener, link.clone(), wait_for_signal()).await?;
-    flush(&link).await;
+    let draining = link.clone();
+    relay_rpc::serve(listener, link.clone(), async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down: committing, releasing host leases");
+        // Commits what is queued, closes every host's bus (gateways move their clients) and releases the
+        // leases; the gRPC server then finishes the calls in flight.
+        if tokio::time::timeout(Duration::from_secs(10), draining.drain())
+            .await
+            .is_err()
+        {
+            tracing::warn!("draining did not finish within 10s; unreleased leases will lapse");
+        }
+    })
+    .await?;
     Ok(())
 }
 
@@ -264,11 +301,18 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
 pub async fn run_gateway(args: GatewayArgs) -> anyhow::Result<()> {
     init_tracing();
     let limits = args.edge.apply(Limits::default());
-    let mut shard = relay_rpc::RemoteShard::connect_lazy(&args.shard, limits.bus_capacity)?;
-    if let Some(url) = &args.redis_url {
-        shard = shard.with_redis(url)?;
-    }
-    let link = Arc::new(shard);
+    let shards: Vec<String> = args
+        .shard
+        .iter()
+        .map(|url| url.trim().to_string())
+        .filter(|url| !url.is_empty())
+        .collect();
+    anyhow::ensure!(!shards.is_empty(), "--shard names no shard");
+    let link = Arc::new(relay_rpc::ShardRouter::new(
+        &shards,
+        limits.bus_capacity,
+        args.redis_url.as_deref(),
+    )?);
     serve_edge(&args.data, &args.edge, limits, link).await
 }
 

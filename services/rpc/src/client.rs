@@ -88,8 +88,16 @@ impl GapRepair for ShardRepair {
 
 /// Following hosts over Redis: the subscriber and this gateway's connections per followed host.
 struct RedisBus {
-    subscriber: RedisSubscriber,
-    connections: SyncMutex<HashMap<HostKey, HashSet<ConnectionId>>>,
+    subscriber: Arc<RedisSubscriber>,
+    followed: Arc<SyncMutex<HashMap<HostKey, RedisFollow>>>,
+}
+
+/// One host followed over Redis: this gateway's connections to it, and the `Watch` of its ownership that
+/// ends the follow (closing the connections) when the shard stops serving the host.
+#[derive(Default)]
+struct RedisFollow {
+    connections: HashSet<ConnectionId>,
+    watch: Option<tokio::task::AbortHandle>,
 }
 
 /// One followed host: its local bus and the connections of this gateway attached to it.
@@ -101,8 +109,11 @@ struct Follower {
     task: tokio::task::AbortHandle,
 }
 
-/// How long connecting to the shard may take before an attach or call fails.
+/// How long Redis may take to confirm a host's subscription before an attach fails.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long connecting to a shard may take: short, so a gateway moves on from a dead shard quickly.
+const SHARD_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 type Followers = Arc<Mutex<HashMap<HostKey, Follower>>>;
 
@@ -129,7 +140,7 @@ impl RemoteShard {
             })?
             .tcp_nodelay(true)
             // Attaching waits for the shard: a blackholed address must fail, not hang every attach.
-            .connect_timeout(CONNECT_TIMEOUT);
+            .connect_timeout(SHARD_CONNECT_TIMEOUT);
         Ok(Self::new(endpoint.connect_lazy(), bus_capacity))
     }
 
@@ -159,10 +170,15 @@ impl RemoteShard {
             ..SubscriberOptions::default()
         };
         self.redis = Some(RedisBus {
-            subscriber: RedisSubscriber::connect(url, repair, options)?,
-            connections: SyncMutex::new(HashMap::new()),
+            subscriber: Arc::new(RedisSubscriber::connect(url, repair, options)?),
+            followed: Arc::new(SyncMutex::new(HashMap::new())),
         });
         Ok(self)
+    }
+
+    /// Gaps in the Redis bus repaired from this shard so far.
+    pub fn repairs(&self) -> u64 {
+        self.repairs.load(Ordering::Relaxed)
     }
 
     /// Register `connection` on `host` and return a receiver of its Redis bus once the subscription holds.
@@ -172,10 +188,11 @@ impl RemoteShard {
         connection: ConnectionId,
     ) -> Result<broadcast::Receiver<SharedBusEvent>, LinkError> {
         redis
-            .connections
+            .followed
             .lock()
             .entry(host.clone())
             .or_default()
+            .connections
             .insert(connection);
         match tokio::time::timeout(CONNECT_TIMEOUT, redis.subscriber.follow_subscribed(host)).await {
             Ok(receiver) => Ok(receiver),
@@ -189,14 +206,64 @@ impl RemoteShard {
 
     /// Forget `connection`; stop following the host over Redis when it was the last one.
     fn unfollow_redis(redis: &RedisBus, host: &HostKey, connection: ConnectionId) {
-        let mut connections = redis.connections.lock();
-        if let Some(set) = connections.get_mut(host) {
-            set.remove(&connection);
-            if set.is_empty() {
-                connections.remove(host);
+        let mut followed = redis.followed.lock();
+        if let Some(follow) = followed.get_mut(host) {
+            follow.connections.remove(&connection);
+            if follow.connections.is_empty() {
+                if let Some(follow) = followed.remove(host) {
+                    if let Some(watch) = follow.watch {
+                        watch.abort();
+                    }
+                }
                 redis.subscriber.unfollow(host);
             }
         }
+    }
+
+    /// Once a connection is attached, watch the shard's ownership of the host (one `Watch` per followed
+    /// host): when it ends — the host moved, or the shard is gone — stop following the host, which closes
+    /// the bus of every connection to it, and the gateway closes them with a resumable code.
+    fn watch_ownership(&self, redis: &RedisBus, host: &HostKey) {
+        let mut followed = redis.followed.lock();
+        let Some(follow) = followed.get_mut(host) else {
+            return;
+        };
+        if follow.watch.as_ref().is_some_and(|watch| !watch.is_finished()) {
+            return;
+        }
+        let (client, all, subscriber, key) = (
+            self.client.clone(),
+            redis.followed.clone(),
+            redis.subscriber.clone(),
+            host.clone(),
+        );
+        let (ready, started) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            // Wait until the handle is stored, so the clean-up below finds this watch.
+            let _ = started.await;
+            let watched = client
+                .clone()
+                .watch(pb::WatchRequest {
+                    host: Some(host_to_pb(&key)),
+                })
+                .await;
+            if let Ok(stream) = watched {
+                let mut stream = stream.into_inner();
+                while let Ok(Some(_)) = stream.message().await {}
+            }
+            tracing::info!(host = %key, "the shard stopped serving the host; moving its connections");
+            let mut followed = all.lock();
+            let current = followed
+                .get(&key)
+                .and_then(|follow| follow.watch.as_ref())
+                .is_some_and(|watch| watch.id() == tokio::task::id());
+            if current {
+                followed.remove(&key);
+                subscriber.unfollow(&key);
+            }
+        });
+        follow.watch = Some(task.abort_handle());
+        let _ = ready.send(());
     }
 
     /// Register `connection` with the host's follower (starting one if needed) and return its bus receiver.
@@ -219,10 +286,7 @@ impl RemoteShard {
                 host: Some(host_to_pb(host)),
             })
             .await
-            .map_err(|status| {
-                tracing::warn!(host = %host, %status, "could not follow the host's bus");
-                LinkError::HostUnavailable(host.to_string())
-            })?
+            .map_err(|status| link_error(host, &status))?
             .into_inner();
         let (bus, receiver) = broadcast::channel(self.bus_capacity);
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
@@ -282,6 +346,29 @@ impl RemoteShard {
     }
 }
 
+/// What a failed `Attach` or `Events` means for the gateway: a redirect to the shard named in
+/// [`crate::OWNER_METADATA`], the tenant's connection quota, or an unavailable host.
+fn link_error(host: &HostKey, status: &tonic::Status) -> LinkError {
+    match status.code() {
+        tonic::Code::ResourceExhausted => LinkError::TooManyConnections(host.tenant.clone()),
+        tonic::Code::FailedPrecondition => match status
+            .metadata()
+            .get(crate::OWNER_METADATA)
+            .and_then(|owner| owner.to_str().ok())
+        {
+            Some(owner) => LinkError::Moved {
+                host: host.to_string(),
+                owner: owner.to_string(),
+            },
+            None => LinkError::HostUnavailable(host.to_string()),
+        },
+        _ => {
+            tracing::debug!(host = %host, %status, "attach failed");
+            LinkError::HostUnavailable(host.to_string())
+        }
+    }
+}
+
 /// The raw JSON-RPC frame of an inbound message, rebuilt from its envelope for the shard to read again.
 fn frame_of(message: &InboundMessage) -> Result<Vec<u8>, serde_json::Error> {
     #[derive(Serialize)]
@@ -333,6 +420,7 @@ impl HostLink for RemoteShard {
             Ok(reply) => {
                 if let Some(redis) = &self.redis {
                     redis.subscriber.seed(host, reply.into_inner().published_seq);
+                    self.watch_ownership(redis, host);
                 }
                 Ok(receiver)
             }
@@ -342,13 +430,7 @@ impl HostLink for RemoteShard {
                     Some(redis) => Self::unfollow_redis(redis, host, connection),
                     None => self.unfollow(host, connection).await,
                 }
-                Err(match status.code() {
-                    tonic::Code::ResourceExhausted => LinkError::TooManyConnections(host.tenant.clone()),
-                    _ => {
-                        tracing::warn!(host = %host, %status, "attach failed");
-                        LinkError::HostUnavailable(host.to_string())
-                    }
-                })
+                Err(link_error(host, &status))
             }
         }
     }
@@ -396,7 +478,7 @@ impl HostLink for RemoteShard {
             })
             .await;
         if let Err(status) = detached {
-            tracing::warn!(host = %host, %status, "detach failed");
+            tracing::debug!(host = %host, %status, "detach failed (the shard may be gone)");
         }
     }
 

@@ -8,11 +8,15 @@
 //! A gateway follows each host it has connections on through one `Events` stream (the host's bus over gRPC),
 //! or, given a Redis URL, through Redis pub/sub, repairing lost messages with `FetchRange`.
 //!
+//! With several shards, [`router::ShardRouter`] places each host on a shard and follows redirects when its
+//! ownership moves (see its docs).
+//!
 //! Connection ids come from [`relay_core::ConnectionId::next`], prefixed per gateway process, so several
 //! gateways can attach connections to one shard.
 
 pub mod client;
 mod convert;
+pub mod router;
 pub mod server;
 
 /// The code generated from `proto/relay.proto`.
@@ -22,7 +26,12 @@ pub mod pb {
 }
 
 pub use client::{ClientError, RemoteShard, ShardRepair};
+pub use router::ShardRouter;
 pub use server::{serve, BusHistory, HistoryError, ShardService};
+
+/// The response metadata key naming the shard that serves a host (its gRPC URL) on a FAILED_PRECONDITION
+/// answer: the gateway asks that shard instead.
+pub const OWNER_METADATA: &str = "ahp-relay-owner";
 
 /// Largest gRPC message either side accepts: above the largest WebSocket frame and any snapshot reply.
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;

@@ -54,6 +54,9 @@ pub enum HistoryError {
     Gone(String),
     #[error("{0}")]
     Internal(String),
+    /// Another shard serves the host: the one at this gRPC URL.
+    #[error("the host is served by {0}")]
+    Moved(String),
 }
 
 impl From<HistoryError> for Status {
@@ -62,6 +65,7 @@ impl From<HistoryError> for Status {
             HistoryError::Unavailable(_) => Status::unavailable(error.to_string()),
             HistoryError::Gone(_) => Status::out_of_range(error.to_string()),
             HistoryError::Internal(_) => Status::internal(error.to_string()),
+            HistoryError::Moved(owner) => moved_status(&owner),
         }
     }
 }
@@ -79,6 +83,9 @@ pub trait BusHistory: Send + Sync + 'static {
 
     /// The `serverSeq` of the last action `host` published.
     fn published_seq(&self, host: &HostKey) -> impl Future<Output = Result<u64, HistoryError>> + Send;
+
+    /// Resolves once this shard stops serving `host` (at once if it does not serve it now).
+    fn served_until_moved(&self, host: &HostKey) -> impl Future<Output = ()> + Send;
 }
 
 impl BusHistory for ShardLink {
@@ -91,6 +98,7 @@ impl BusHistory for ShardLink {
         ShardLink::fetch_range(self, host, after, through)
             .await
             .map_err(|error| match error {
+                ShardError::Link(LinkError::Moved { owner, .. }) => HistoryError::Moved(owner),
                 ShardError::Link(error) => HistoryError::Unavailable(error.to_string()),
                 ShardError::Compacted(_) => HistoryError::Gone(error.to_string()),
                 ShardError::Store(_) | ShardError::Corrupt(_) => {
@@ -103,7 +111,14 @@ impl BusHistory for ShardLink {
     async fn published_seq(&self, host: &HostKey) -> Result<u64, HistoryError> {
         ShardLink::published_seq(self, host)
             .await
-            .map_err(|error| HistoryError::Unavailable(error.to_string()))
+            .map_err(|error| match error {
+                LinkError::Moved { owner, .. } => HistoryError::Moved(owner),
+                error => HistoryError::Unavailable(error.to_string()),
+            })
+    }
+
+    async fn served_until_moved(&self, host: &HostKey) {
+        ShardLink::served_until_moved(self, host).await;
     }
 }
 
@@ -158,7 +173,20 @@ fn link_status(error: LinkError) -> Status {
     match error {
         LinkError::HostUnavailable(_) => Status::unavailable(error.to_string()),
         LinkError::TooManyConnections(_) => Status::resource_exhausted(error.to_string()),
+        LinkError::Moved { owner, .. } => moved_status(&owner),
     }
+}
+
+/// FAILED_PRECONDITION naming the shard that serves the host in [`crate::OWNER_METADATA`].
+fn moved_status(owner: &str) -> Status {
+    let mut status = Status::failed_precondition(format!("the host is served by {owner}"));
+    match tonic::metadata::MetadataValue::try_from(owner) {
+        Ok(value) => {
+            status.metadata_mut().insert(crate::OWNER_METADATA, value);
+        }
+        Err(_) => tracing::warn!(owner, "owner URL is not valid metadata; the gateway will search"),
+    }
+    status
 }
 
 type EventStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::BusEvent, Status>> + Send>>;
@@ -264,6 +292,24 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
             }
             drop(bus);
             link.detach(&host, id).await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type WatchStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let host = host_from_pb(request.into_inner().host)?;
+        let link = self.link.clone();
+        // Nothing is ever sent: the stream only ends, when the host moves.
+        let (tx, rx) = mpsc::channel::<Result<pb::WatchEvent, Status>>(1);
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tx.closed() => {}
+                () = link.served_until_moved(&host) => {
+                    let _ = tx.send(Err(Status::unavailable("the host moved"))).await;
+                }
+            }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

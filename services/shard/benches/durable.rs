@@ -92,6 +92,7 @@ async fn main() {
             providers.clone(),
             store.clone(),
             None,
+            None,
         )
         .await
         .expect("reopen");
@@ -141,7 +142,7 @@ async fn fill_host(
     providers: ProviderRegistry,
     frames: &[String],
 ) -> std::time::Duration {
-    let host = Host::open(key.clone(), limits, providers, store.clone(), None)
+    let host = Host::open(key.clone(), limits, providers, store.clone(), None, None)
         .await
         .expect("open");
     let conn = ConnectionId::next();

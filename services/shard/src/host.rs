@@ -25,7 +25,7 @@ use relay_core::link::CommandReply;
 use relay_core::rpc::{self, InboundMessage, RpcError};
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use relay_runner::{ChatSink, ProviderRegistry};
-use relay_store::{Store, StoreError};
+use relay_store::{Lease, Store, StoreError};
 use tokio::sync::{broadcast, watch, Notify};
 
 use crate::error::ShardError;
@@ -80,18 +80,27 @@ pub struct Host {
     publisher: Mutex<Publisher>,
     /// Publishes every event to Redis too (the distributed deployment).
     redis: Option<RedisPublisher>,
+    /// The lease this host is served under (the distributed deployment): every commit is fenced by it.
+    /// `None` in the embedded relay, the only process on its store.
+    lease: Option<Lease>,
+    /// Set once this process stops serving the host (its lease was lost or released): nothing more is
+    /// committed or published, the bus is closed, and replies become "reconnect".
+    deposed: watch::Sender<bool>,
     wakeup: Notify,
     me: Weak<Host>,
 }
 
 impl Host {
-    /// Open a host from the store: its `serverSeq` continues above anything ever committed for it.
+    /// Open a host from the store: its `serverSeq` continues above anything ever committed for it. With a
+    /// `lease` (taken before this call, so the counters read here include every commit of any previous
+    /// owner), every commit is fenced by it.
     pub async fn open(
         key: HostKey,
         limits: Limits,
         providers: ProviderRegistry,
         store: Store,
         redis: Option<RedisPublisher>,
+        lease: Option<Lease>,
     ) -> Result<Arc<Self>, StoreError> {
         let record = store.load_host(&key.tenant, &key.host).await?;
         let host = Arc::new_cyclic(|me: &Weak<Host>| {
@@ -117,6 +126,8 @@ impl Host {
                 publisher: Mutex::new(Publisher::new(record.last_seq, limits.bus_capacity)),
                 durable: watch::Sender::new(0),
                 redis,
+                lease,
+                deposed: watch::Sender::new(false),
                 wakeup: Notify::new(),
                 store,
                 key,
@@ -167,8 +178,22 @@ impl Host {
         bus
     }
 
-    /// Handle one inbound request or notification of a connection.
+    /// Handle one inbound request or notification of a connection. Once the host is deposed, the answer is
+    /// [`CommandReply::moved`] whatever the message: what it did may not be committed, and the client must reconnect
+    /// to the host's new owner.
     pub async fn call(&self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
+        let id = message.id;
+        if self.is_deposed() {
+            return CommandReply::moved(id);
+        }
+        let reply = self.serve_call(connection, message).await;
+        if self.is_deposed() {
+            return CommandReply::moved(id);
+        }
+        reply
+    }
+
+    async fn serve_call(&self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
         if let Err(error) = self
             .ensure_loaded(&crate::restore::channels_named_by(&message))
             .await
@@ -303,10 +328,43 @@ impl Host {
         self.wait_committed(barrier).await;
     }
 
-    /// Wait until batch `barrier` (and every batch before it) is committed and published.
+    /// Wait until batch `barrier` (and every batch before it) is committed and published, or the host is
+    /// deposed (then it never will be: callers check [`Host::is_deposed`]).
     pub(crate) async fn wait_committed(&self, barrier: CommitBarrier) {
         let mut durable = self.durable.subscribe();
-        let _ = durable.wait_for(|committed| *committed >= barrier).await;
+        let mut deposed = self.deposed.subscribe();
+        tokio::select! {
+            _ = durable.wait_for(|committed| *committed >= barrier) => {}
+            _ = deposed.wait_for(|deposed| *deposed) => {}
+        }
+    }
+
+    /// The lease this host is served under, if any.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// Whether this process has stopped serving the host.
+    pub fn is_deposed(&self) -> bool {
+        *self.deposed.borrow()
+    }
+
+    /// Resolves once this process stops serving the host.
+    pub async fn deposed(&self) {
+        let _ = self.deposed.subscribe().wait_for(|deposed| *deposed).await;
+    }
+
+    /// Stop serving the host: nothing more is committed or published, waiting replies turn into
+    /// [`CommandReply::moved`], and the bus closes, so gateways close their connections with a resumable code and
+    /// the clients reconnect to the next owner. What was queued and not committed is dropped — no client saw
+    /// it (durable before visible). Idempotent.
+    pub fn depose(&self, why: &str) {
+        if self.deposed.send_replace(true) {
+            return;
+        }
+        tracing::info!(host = %self.key, why, "no longer serving the host");
+        self.publisher.lock().close();
+        self.wakeup.notify_one();
     }
 
     /// Emit a server action as an agent would (used by providers through [`HostSink`]).
@@ -351,17 +409,47 @@ async fn commit_loop(host: Weak<Host>) {
             }
             continue;
         }
+        if strong.is_deposed() {
+            return;
+        }
         let number = batch.number;
         let (commit, publications) = batch.into_parts();
         let mut backoff = Duration::from_millis(10);
-        while let Err(error) = strong
-            .store
-            .commit(&strong.key.tenant, &strong.key.host, &commit)
-            .await
-        {
-            tracing::warn!(host = %strong.key, %error, "commit failed; retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+        loop {
+            let committed = match &strong.lease {
+                Some(lease) => {
+                    strong
+                        .store
+                        .commit_fenced(&lease.tenant, &lease.host, &lease.owner, lease.epoch, &commit)
+                        .await
+                }
+                None => {
+                    strong
+                        .store
+                        .commit(&strong.key.tenant, &strong.key.host, &commit)
+                        .await
+                }
+            };
+            match committed {
+                Ok(()) => break,
+                Err(error @ StoreError::Fenced { .. }) => {
+                    strong.depose(&error.to_string());
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(host = %strong.key, %error, "commit failed; retrying");
+                    if strong.is_deposed() {
+                        return;
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+        if strong.is_deposed() {
+            // Deposed while committing (e.g. the lease was released or lost): committed, but the bus is
+            // closed; the next owner publishes nothing of it either — clients get it by resuming.
+            return;
         }
         let events: Vec<SharedBusEvent> = {
             let mut publisher = strong.publisher.lock();

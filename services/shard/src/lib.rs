@@ -13,6 +13,7 @@ pub mod history;
 pub mod host;
 pub mod link;
 pub mod model;
+pub mod ownership;
 pub mod replay;
 pub mod restore;
 pub mod resume;

@@ -1,9 +1,16 @@
 //! The in-process [`HostLink`]: the embedded relay's gateway calls its hosts directly. The same hosts serve
 //! the gRPC shard, which also reads published ranges back ([`ShardLink::fetch_range`]) for gateways repairing
 //! gaps in the Redis bus.
+//!
+//! With [`Ownership`] (the distributed deployment, several shards on one store) a host is opened only under
+//! its lease: taken before opening, renewed by [`ShardLink::keep_leases`], and released by
+//! [`ShardLink::drain`] at shutdown. A host whose lease another shard holds is answered with
+//! [`LinkError::Moved`] naming that shard, and a host whose lease was lost is deposed (its bus closes, its
+//! connections are told to reconnect) and forgotten.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 
 use relay_bus::RedisPublisher;
 use relay_core::bus::{BusEvent, SharedBusEvent};
@@ -16,6 +23,7 @@ use tokio::sync::broadcast;
 
 use crate::error::ShardError;
 use crate::host::Host;
+use crate::ownership::{now_ms, owner_url, Ownership};
 
 /// The hosts of this process, opened from the store on first use.
 pub struct ShardLink {
@@ -28,6 +36,10 @@ pub struct ShardLink {
     store: Store,
     /// When set, every host also publishes its bus to Redis.
     redis: Option<RedisPublisher>,
+    /// When set, hosts are served only under their lease (several shards share the store).
+    ownership: Option<Ownership>,
+    /// Set by [`ShardLink::drain`]: no host is opened any more.
+    draining: AtomicBool,
 }
 
 impl ShardLink {
@@ -44,10 +56,19 @@ impl ShardLink {
             limits,
             providers,
             store,
+            ownership: None,
+            draining: AtomicBool::new(false),
         }
     }
 
-    /// The host for `key`, opening it on first use.
+    /// Serve hosts only under their lease, named and timed by `ownership` (see the module docs). Call
+    /// [`ShardLink::keep_leases`] once the link is shared.
+    pub fn with_ownership(mut self, ownership: Ownership) -> Self {
+        self.ownership = Some(ownership);
+        self
+    }
+
+    /// The host for `key`, opening it on first use (taking its lease first, with [`Ownership`]).
     pub async fn host(&self, key: &HostKey) -> Result<Arc<Host>, LinkError> {
         if let Some(host) = self.existing(key) {
             return Ok(host);
@@ -56,20 +77,150 @@ impl ShardLink {
         if let Some(host) = self.existing(key) {
             return Ok(host);
         }
-        let host = Host::open(
+        if self.draining.load(Ordering::Acquire) {
+            return Err(LinkError::HostUnavailable(key.to_string()));
+        }
+        let lease = match &self.ownership {
+            Some(ownership) => Some(self.take_lease(key, ownership).await?),
+            None => None,
+        };
+        let opened = Host::open(
             key.clone(),
             self.limits.clone(),
             self.providers.clone(),
             self.store.clone(),
             self.redis.clone(),
+            lease.clone(),
         )
-        .await
-        .map_err(|error| {
-            tracing::error!(host = %key, %error, "could not open host");
-            LinkError::HostUnavailable(key.to_string())
-        })?;
+        .await;
+        let host = match opened {
+            Ok(host) => host,
+            Err(error) => {
+                tracing::error!(host = %key, %error, "could not open host");
+                if let Some(lease) = &lease {
+                    let _ = self.store.release_lease(lease).await;
+                }
+                return Err(LinkError::HostUnavailable(key.to_string()));
+            }
+        };
+        if let Some(lease) = &lease {
+            tracing::info!(host = %key, epoch = lease.epoch, "serving the host under its lease");
+        }
         self.hosts.lock().insert(key.clone(), host.clone());
         Ok(host)
+    }
+
+    /// Take the host's lease for this process, or say which shard holds it.
+    async fn take_lease(
+        &self,
+        key: &HostKey,
+        ownership: &Ownership,
+    ) -> Result<relay_store::Lease, LinkError> {
+        let unavailable = |error: relay_store::StoreError| {
+            tracing::warn!(host = %key, %error, "could not take the host's lease");
+            LinkError::HostUnavailable(key.to_string())
+        };
+        let acquired = self
+            .store
+            .acquire_lease(
+                &key.tenant,
+                &key.host,
+                ownership.owner(),
+                ownership.ttl_ms(),
+                now_ms(),
+            )
+            .await
+            .map_err(unavailable)?;
+        if let Some(lease) = acquired {
+            return Ok(lease);
+        }
+        match self
+            .store
+            .lease_of(&key.tenant, &key.host)
+            .await
+            .map_err(unavailable)?
+        {
+            Some(holder) => Err(LinkError::Moved {
+                host: key.to_string(),
+                owner: owner_url(&holder.owner).to_string(),
+            }),
+            // Released in between: the caller tries again.
+            None => Err(LinkError::HostUnavailable(key.to_string())),
+        }
+    }
+
+    /// Renew every held lease each third of its TTL, deposing hosts whose lease was lost, until the link is
+    /// dropped. A renewal the store could not take is retried at the next tick: while nobody else takes
+    /// the lease it can still be renewed, and once somebody has, fencing keeps this process from committing.
+    pub fn keep_leases(self: &Arc<Self>) {
+        let Some(ownership) = self.ownership.clone() else {
+            return;
+        };
+        let link: Weak<Self> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(ownership.renew_every());
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(link) = link.upgrade() else {
+                    return;
+                };
+                link.renew_leases(&ownership).await;
+            }
+        });
+    }
+
+    async fn renew_leases(&self, ownership: &Ownership) {
+        let hosts: Vec<Arc<Host>> = self.hosts.lock().values().cloned().collect();
+        for host in hosts {
+            let Some(lease) = host.lease() else {
+                continue;
+            };
+            if host.is_deposed() {
+                continue;
+            }
+            match self.store.renew_lease(lease, ownership.ttl_ms(), now_ms()).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    host.depose("its lease was taken by another shard");
+                    self.forget(&host);
+                }
+                Err(error) => tracing::warn!(host = %lease.host, %error, "could not renew a lease; retrying"),
+            }
+        }
+    }
+
+    /// Graceful shutdown: open no more hosts, commit what every host has queued, stop serving them (their
+    /// buses close, so gateways move their clients) and release their leases, so other shards take them
+    /// over at once instead of waiting for expiry.
+    pub async fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.flush_all().await;
+        let hosts: Vec<Arc<Host>> = self.hosts.lock().drain().map(|(_, host)| host).collect();
+        for host in &hosts {
+            host.depose("the shard is shutting down");
+        }
+        for host in &hosts {
+            if let Some(lease) = host.lease() {
+                if let Err(error) = self.store.release_lease(lease).await {
+                    tracing::warn!(host = %lease.host, %error, "could not release a lease; it will lapse");
+                }
+            }
+        }
+    }
+
+    /// Resolves once this process stops serving `key` (at once if it does not serve it now).
+    pub async fn served_until_moved(&self, key: &HostKey) {
+        if let Some(host) = self.existing(key) {
+            host.deposed().await;
+        }
+    }
+
+    fn forget(&self, host: &Arc<Host>) {
+        let mut hosts = self.hosts.lock();
+        if hosts.get(&host.key).is_some_and(|open| Arc::ptr_eq(open, host)) {
+            hosts.remove(&host.key);
+        }
     }
 
     /// The published action events of `key` with `after < seq <= through` (see [`Host::fetch_range`]).
@@ -87,8 +238,15 @@ impl ShardLink {
         Ok(self.host(key).await?.published_seq())
     }
 
+    /// The open host for `key`, unless it was deposed (then it is forgotten).
     fn existing(&self, key: &HostKey) -> Option<Arc<Host>> {
-        self.hosts.lock().get(key).cloned()
+        let mut hosts = self.hosts.lock();
+        let host = hosts.get(key)?;
+        if host.is_deposed() {
+            hosts.remove(key);
+            return None;
+        }
+        Some(host.clone())
     }
 
     /// Commit everything every open host has queued (graceful shutdown).
@@ -120,7 +278,8 @@ impl HostLink for ShardLink {
     async fn call(&self, host: &HostKey, connection: ConnectionId, message: InboundMessage) -> CommandReply {
         match self.existing(host) {
             Some(h) => h.call(connection, message).await,
-            None => CommandReply::none(),
+            // Not served here (any more): the connection's state went with the host.
+            None => CommandReply::moved(message.id),
         }
     }
 

@@ -245,7 +245,8 @@ impl Sequencer {
 /// Turns committed publications into bus events, tracking `prev_seq` for gap detection.
 pub struct Publisher {
     last_published: u64,
-    bus: tokio::sync::broadcast::Sender<SharedBusEvent>,
+    /// `None` once closed: receivers then see the bus end.
+    bus: Option<tokio::sync::broadcast::Sender<SharedBusEvent>>,
 }
 
 impl Publisher {
@@ -253,12 +254,21 @@ impl Publisher {
         let (bus, _) = tokio::sync::broadcast::channel(bus_capacity.max(16));
         Self {
             last_published: last_seq,
-            bus,
+            bus: Some(bus),
         }
     }
 
+    /// A receiver of the bus; once the bus is closed, one that reports it closed.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<SharedBusEvent> {
-        self.bus.subscribe()
+        match &self.bus {
+            Some(bus) => bus.subscribe(),
+            None => tokio::sync::broadcast::channel(1).1,
+        }
+    }
+
+    /// Close the bus: every receiver sees it end after the events it already holds.
+    pub fn close(&mut self) {
+        self.bus = None;
     }
 
     /// The `serverSeq` of the last action published (what the next event's `prev_seq` will be).
@@ -281,7 +291,9 @@ impl Publisher {
             frame: publication.frame,
         });
         // No receivers simply means no connection is attached right now.
-        let _ = self.bus.send(event.clone());
+        if let Some(bus) = &self.bus {
+            let _ = bus.send(event.clone());
+        }
         event
     }
 }

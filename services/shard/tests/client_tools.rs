@@ -100,6 +100,7 @@ async fn host(grace: Duration) -> (Arc<Host>, tempfile::TempDir) {
         ProviderRegistry::new().with(Arc::new(HandsToolToClient)),
         store,
         None,
+        None,
     )
     .await
     .expect("open host");

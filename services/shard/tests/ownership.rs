@@ -1,0 +1,197 @@
+//! Host ownership between two shard processes' links on one store (invariant 6, "one writer per host"):
+//! a host is served by one link at a time, the other is redirected to it, a lease that lapses is taken
+//! over, and the deposed link then commits nothing more — its next reply tells the client to reconnect and
+//! its bus closes. Driven through the real `HostLink` interface on a real SQLite store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use relay_core::link::{HostLink, LinkError};
+use relay_core::rpc::read_frame;
+use relay_core::{ConnectionId, HostKey, Identity, Limits, Role};
+use relay_runner::{DemoPace, DemoProvider, ProviderRegistry};
+use relay_shard::ownership::Ownership;
+use relay_shard::ShardLink;
+use relay_store::Store;
+use serde_json::{json, Value};
+use tokio::sync::broadcast::error::RecvError;
+
+const TTL: Duration = Duration::from_millis(400);
+
+async fn shard(store: &Store, url: &str) -> Arc<ShardLink> {
+    Arc::new(
+        ShardLink::new(Limits::default(), providers(), store.clone(), None)
+            .with_ownership(Ownership::new(url, TTL)),
+    )
+}
+
+fn providers() -> ProviderRegistry {
+    ProviderRegistry::new().with(Arc::new(DemoProvider::new(DemoPace {
+        step: Duration::from_millis(1),
+    })))
+}
+
+fn identity() -> Identity {
+    Identity {
+        subject: "user".into(),
+        tenant: "t".into(),
+        role: Role::Member,
+    }
+}
+
+async fn call(link: &ShardLink, key: &HostKey, id: ConnectionId, frame: Value) -> relay_core::CommandReply {
+    let message = read_frame(frame.to_string().as_bytes(), 64).expect("valid frame");
+    link.call(key, id, message).await
+}
+
+fn initialize() -> Value {
+    json!({"jsonrpc":"2.0","id":1,"method":"initialize",
+           "params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"c"}})
+}
+
+fn create_session(n: u32) -> Value {
+    json!({"jsonrpc":"2.0","id":2,"method":"createSession",
+           "params":{"channel":format!("ahp-session:/s{n}"),"provider":"demo"}})
+}
+
+fn reply_json(reply: &relay_core::CommandReply) -> Value {
+    serde_json::from_slice(reply.frame.as_ref().expect("a reply frame")).expect("json")
+}
+
+#[tokio::test]
+async fn one_shard_serves_a_host_the_other_is_redirected_and_takes_over_a_lapsed_lease() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("relay.sqlite").display());
+    let store = Store::connect(&url).await.expect("store");
+    store.migrate().await.expect("migrate");
+    let first = shard(&store, "http://first:1").await;
+    let second = shard(&store, "http://second:1").await;
+    let key = HostKey::new("t", "default");
+
+    let conn = ConnectionId::next();
+    let mut bus = first
+        .attach(&key, conn, &identity())
+        .await
+        .expect("first takes the host");
+    assert!(reply_json(&call(&first, &key, conn, initialize()).await)
+        .get("result")
+        .is_some());
+    match second.attach(&key, ConnectionId::next(), &identity()).await {
+        Err(LinkError::Moved { owner, .. }) => assert_eq!(owner, "http://first:1"),
+        other => panic!(
+            "expected a redirect to the first shard, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+
+    // The first shard keeps no lease alive (no keeper running): once it lapses, the second takes the host.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let taken = loop {
+        match second.attach(&key, ConnectionId::next(), &identity()).await {
+            Ok(bus) => break bus,
+            Err(LinkError::Moved { .. }) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the lapsed lease was never taken"
+                );
+                tokio::time::sleep(TTL / 4).await;
+            }
+            Err(error) => panic!("unexpected: {error}"),
+        }
+    };
+    drop(taken);
+    let epoch_after = store
+        .lease_of("t", "default")
+        .await
+        .expect("lease")
+        .expect("held")
+        .epoch;
+
+    // The deposed first shard tries to commit: fenced. The client is told to reconnect, the bus closes,
+    // and nothing it tried reached the log.
+    let before = store.load_host("t", "default").await.expect("host").last_seq;
+    let reply = call(&first, &key, conn, create_session(1)).await;
+    assert_eq!(
+        reply.close.as_ref().map(|c| c.code),
+        Some(1012),
+        "told to reconnect"
+    );
+    assert!(reply_json(&reply).get("error").is_some());
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), bus.recv())
+            .await
+            .expect("bus closes")
+        {
+            Err(RecvError::Closed) => break,
+            Ok(_) | Err(RecvError::Lagged(_)) => continue,
+        }
+    }
+    assert_eq!(
+        store.load_host("t", "default").await.expect("host").last_seq,
+        before
+    );
+    assert!(store
+        .list_sessions("t", "default", None, 10)
+        .await
+        .expect("catalog")
+        .is_empty());
+    let lease = store
+        .lease_of("t", "default")
+        .await
+        .expect("lease")
+        .expect("held");
+    assert_eq!(
+        (lease.owner.starts_with("http://second:1#"), lease.epoch),
+        (true, epoch_after)
+    );
+}
+
+#[tokio::test]
+async fn draining_a_shard_releases_its_leases_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("relay.sqlite").display());
+    let store = Store::connect(&url).await.expect("store");
+    store.migrate().await.expect("migrate");
+    let first = shard(&store, "http://first:1").await;
+    let second = shard(&store, "http://second:1").await;
+    let key = HostKey::new("t", "default");
+    let conn = ConnectionId::next();
+    let mut bus = first
+        .attach(&key, conn, &identity())
+        .await
+        .expect("first takes the host");
+    call(&first, &key, conn, initialize()).await;
+    let created = reply_json(&call(&first, &key, conn, create_session(1)).await);
+    assert!(created.get("result").is_some(), "{created}");
+
+    first.drain().await;
+    assert!(matches!(bus.recv().await, Err(RecvError::Closed) | Ok(_)));
+    // Released, not lapsed: the second shard gets the host immediately, with what the first committed.
+    let conn2 = ConnectionId::next();
+    second
+        .attach(&key, conn2, &identity())
+        .await
+        .expect("taken over at once");
+    assert!(reply_json(&call(&second, &key, conn2, initialize()).await)
+        .get("result")
+        .is_some());
+    let listed = reply_json(
+        &call(
+            &second,
+            &key,
+            conn2,
+            json!({"jsonrpc":"2.0","id":3,"method":"listSessions","params":{"channel":"ahp-root://"}}),
+        )
+        .await,
+    );
+    assert_eq!(
+        listed["result"]["items"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    // And the drained shard refuses the host.
+    assert!(first
+        .attach(&key, ConnectionId::next(), &identity())
+        .await
+        .is_err());
+}
