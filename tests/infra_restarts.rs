@@ -8,7 +8,9 @@
 //! - Postgres is stopped (`pg_ctl stop -m immediate`) for a moment while the agent streams and a client
 //!   dispatches, then started again: no client received anything the store did not hold when it went down
 //!   (checked on a copy of the stopped cluster: durable before visible, invariant 2), what was dispatched
-//!   during the outage is committed and delivered after it, and new turns run.
+//!   during the outage is committed and delivered after it, and new turns run;
+//! - the answer to a COMMIT is lost although the commit went through (a proxy cuts the connection right
+//!   then): the shard does not write the batch again and goes on.
 //!
 //! In every case each client receives every envelope of the chat exactly once, in increasing `serverSeq`
 //! order: both clients' sequences are identical JSON, equal to the store's log of the chat, and reduce to
@@ -23,6 +25,8 @@ mod support;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ahp::{Client, SessionSubscription, SubscriptionEvent};
@@ -30,7 +34,10 @@ use ahp_types::actions::{ActionEnvelope, ChatPendingMessageSetAction, StateActio
 use ahp_types::state::{ChatState, PendingMessageKind};
 use relay_core::{HostKey, Role};
 use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
+use tokio::sync::watch;
 
 /// Pause between the demo agent's streamed actions: a turn on [`long_prompt`] streams for about two seconds.
 const DEMO_STEP_MS: &str = "25";
@@ -290,6 +297,125 @@ impl Drop for PostgresServer {
                 .stdin(Stdio::null())
                 .status();
         }
+    }
+}
+
+/// A TCP proxy in front of Postgres that can lose the answer to one COMMIT. Armed, it passes the next
+/// `COMMIT` a client sends on to the server and, when the server answers it (the transaction is committed),
+/// closes that connection instead of passing the answer back: the client sees its commit fail although it
+/// went through — an in-doubt commit, as when a network or a server fails at the wrong moment.
+struct CommitAnswerCutter {
+    port: u16,
+    armed: Arc<AtomicBool>,
+    /// How many answers were cut.
+    cuts: watch::Receiver<u32>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CommitAnswerCutter {
+    async fn start(upstream_port: u16) -> CommitAnswerCutter {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let (cuts_tx, cuts) = watch::channel(0);
+        let cuts_tx = Arc::new(cuts_tx);
+        let task = tokio::spawn({
+            let armed = Arc::clone(&armed);
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    // A refused upstream connection drops the client's: it sees the server down.
+                    if let Ok(server) = TcpStream::connect(("127.0.0.1", upstream_port)).await {
+                        tokio::spawn(Self::pass(
+                            client,
+                            server,
+                            Arc::clone(&armed),
+                            Arc::clone(&cuts_tx),
+                        ));
+                    }
+                }
+            }
+        });
+        CommitAnswerCutter {
+            port,
+            armed,
+            cuts,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Lose the answer to the next COMMIT.
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Wait (bounded) until an answer to a COMMIT was lost.
+    async fn wait_cut(&mut self) {
+        let cut = tokio::time::timeout(PATIENCE, self.cuts.wait_for(|cuts| *cuts > 0)).await;
+        assert!(matches!(cut, Ok(Ok(_))), "no COMMIT went through the proxy");
+    }
+
+    /// Carry one connection both ways until either side closes it, or until the answer to an armed COMMIT
+    /// arrives: then both sides are closed and that answer is dropped.
+    async fn pass(
+        client: TcpStream,
+        server: TcpStream,
+        armed: Arc<AtomicBool>,
+        cuts: Arc<watch::Sender<u32>>,
+    ) {
+        // The simple-query COMMIT sqlx sends; a client waits for every earlier answer before sending it, so
+        // the next bytes from the server answer it.
+        const COMMIT: &[u8] = b"COMMIT\0";
+        let (mut client_read, mut client_write) = client.into_split();
+        let (mut server_read, mut server_write) = server.into_split();
+        let cut_next_answer = AtomicBool::new(false);
+        let upstream = async {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = client_read.read(&mut buf).await?;
+                if n == 0 {
+                    return Ok::<_, std::io::Error>(());
+                }
+                if buf[..n].windows(COMMIT.len()).any(|w| w == COMMIT)
+                    && armed
+                        .compare_exchange(true, false, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                {
+                    cut_next_answer.store(true, Ordering::SeqCst);
+                }
+                server_write.write_all(&buf[..n]).await?;
+            }
+        };
+        let downstream = async {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = server_read.read(&mut buf).await?;
+                if n == 0 {
+                    return Ok::<_, std::io::Error>(());
+                }
+                if cut_next_answer.load(Ordering::SeqCst) {
+                    cuts.send_modify(|cuts| *cuts += 1);
+                    return Ok(());
+                }
+                client_write.write_all(&buf[..n]).await?;
+            }
+        };
+        // Whichever ends first, every half is dropped on return: both connections close.
+        tokio::select! {
+            _ = upstream => {}
+            _ = downstream => {}
+        }
+    }
+}
+
+impl Drop for CommitAnswerCutter {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -701,4 +827,37 @@ async fn a_postgres_restart_mid_stream_publishes_only_what_was_committed_and_rec
     let fresh = fresh_chat_snapshot_for(&gateway1, &tenant, &chat).await;
     assert_eq!(fresh.turns.len(), 3, "three turns completed");
     assert_exactly_the_log(&[&a, &b], &postgres.url(), &tenant, &chat, &fresh).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_went_through_but_whose_answer_was_lost_is_published_once_and_the_host_goes_on() {
+    let postgres = PostgresServer::start().await;
+    let mut proxy = CommitAnswerCutter::start(postgres.port).await;
+    let shard = Shard::start(&["--database-url", &proxy.url(), "--demo-step-ms", DEMO_STEP_MS]).await;
+    let gateway = Relay::gateway(&shard.url).await;
+    let tenant = unique_tenant();
+    let (client, _) = gateway
+        .client_as(&tenant, "device-a", Role::Member, "device-a")
+        .await;
+    let (_, chat) = create_session_and_chat(&client, "in-doubt").await;
+    let mut a = Device::subscribe("device-a", client, &chat).await;
+
+    // The first commit of the turn is written, but the shard is told it failed.
+    proxy.arm();
+    a.client
+        .dispatch(chat.clone(), turn_started("t1", "a commit in doubt"))
+        .await
+        .expect("dispatch");
+    proxy.wait_cut().await;
+    a.until_turn_complete().await;
+    // And the host goes on committing.
+    a.client
+        .dispatch(chat.clone(), turn_started("t2", "after the commit in doubt"))
+        .await
+        .expect("dispatch");
+    a.until_turn_complete().await;
+
+    let fresh = fresh_chat_snapshot_for(&gateway, &tenant, &chat).await;
+    assert_eq!(fresh.turns.len(), 2, "both turns completed");
+    assert_exactly_the_log(&[&a], &postgres.url(), &tenant, &chat, &fresh).await;
 }
