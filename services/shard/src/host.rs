@@ -25,7 +25,7 @@ use relay_core::link::CommandReply;
 use relay_core::rpc::{self, InboundMessage, RpcError};
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use relay_runner::{ChatSink, ProviderRegistry};
-use relay_store::{Lease, Store, StoreError};
+use relay_store::{CommitBatch, Lease, Store, StoreError};
 use tokio::sync::{broadcast, watch, Notify};
 
 use crate::error::ShardError;
@@ -392,7 +392,8 @@ impl Host {
 /// The host's committer: writes each pending batch in one transaction, then publishes it.
 ///
 /// A batch that fails to commit is retried with backoff and is never published before it commits; replies
-/// waiting on it wait too (design §6, invariant 2).
+/// waiting on it wait too (design §6, invariant 2). A failed attempt that went through all the same (its
+/// answer was lost) is not written again.
 async fn commit_loop(host: Weak<Host>) {
     loop {
         let Some(strong) = host.upgrade() else {
@@ -443,6 +444,10 @@ async fn commit_loop(host: Weak<Host>) {
                     }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
+                    if committed_anyway(&strong.store, &strong.key, &commit).await {
+                        tracing::warn!(host = %strong.key, "the failed commit had gone through; not writing it again");
+                        break;
+                    }
                 }
             }
         }
@@ -462,6 +467,23 @@ async fn commit_loop(host: Weak<Host>) {
         if let Some(redis) = &strong.redis {
             publish_to_redis(redis, &strong.key, &events).await;
         }
+    }
+}
+
+/// Whether a batch whose commit reported an error was committed all the same: the connection can break after
+/// the database committed but before it said so. Writing it again would fail on the log's primary key forever.
+/// The transaction is atomic, so the batch is in if its first log row is, as this batch wrote it; a batch that
+/// logs nothing only upserts and deletes, and is safe to write again.
+async fn committed_anyway(store: &Store, key: &HostKey, commit: &CommitBatch) -> bool {
+    let Some(first) = commit.log.first() else {
+        return false;
+    };
+    let after = first.seq.saturating_sub(1);
+    match store.log_range(&key.tenant, &key.host, after, first.seq, 1).await {
+        Ok(rows) => rows
+            .first()
+            .is_some_and(|row| row.seq == first.seq && row.envelope == first.envelope),
+        Err(_) => false,
     }
 }
 
