@@ -33,6 +33,7 @@ use ahp::{Client, SessionSubscription, SubscriptionEvent};
 use ahp_types::actions::{ActionEnvelope, ChatPendingMessageSetAction, StateAction};
 use ahp_types::state::{ChatState, PendingMessageKind};
 use relay_core::{HostKey, Role};
+use support::redis_bus::{channel_of, wait_subscribers};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -166,31 +167,6 @@ async fn ping(url: &str) -> bool {
         tokio::time::timeout(Duration::from_secs(1), attempt).await,
         Ok(Some(pong)) if pong == "PONG"
     )
-}
-
-/// The Redis channel of `tenant`'s default host.
-fn channel_of(tenant: &str) -> String {
-    relay_bus::channel_name(&HostKey::new(tenant, "default"))
-}
-
-/// Wait (bounded) until exactly `n` Redis connections subscribe to `channel`.
-async fn wait_subscribers(conn: &mut redis::aio::MultiplexedConnection, channel: &str, n: i64) {
-    let waited = tokio::time::timeout(PATIENCE, async {
-        loop {
-            let (_, count): (String, i64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(channel)
-                .query_async(conn)
-                .await
-                .expect("PUBSUB NUMSUB");
-            if count == n {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "{channel} never had {n} subscribers");
 }
 
 /// The ids of the Redis connections in pub/sub mode.

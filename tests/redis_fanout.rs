@@ -6,10 +6,9 @@
 
 mod support;
 
-use std::time::Duration;
-
 use ahp_types::actions::ActionEnvelope;
-use relay_core::{HostKey, Role};
+use relay_core::Role;
+use support::redis_bus::{channel_of, wait_subscribers};
 use support::*;
 
 fn redis_url() -> Option<String> {
@@ -26,31 +25,6 @@ async fn redis(url: &str) -> redis::aio::MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .expect("connect to redis")
-}
-
-/// The Redis channel of `tenant`'s default host (each test has its own tenant, so its own channel).
-fn channel_of(tenant: &str) -> String {
-    relay_bus::channel_name(&HostKey::new(tenant, "default"))
-}
-
-/// Wait (bounded) until exactly `n` Redis connections subscribe to `channel`.
-async fn wait_subscribers(conn: &mut redis::aio::MultiplexedConnection, channel: &str, n: i64) {
-    let waited = tokio::time::timeout(PATIENCE, async {
-        loop {
-            let (_, count): (String, i64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(channel)
-                .query_async(conn)
-                .await
-                .expect("PUBSUB NUMSUB");
-            if count == n {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "{channel} never had {n} subscribers");
 }
 
 /// Cut every Redis pub/sub connection (the gateways' subscribers); returns how many were closed.

@@ -16,6 +16,8 @@ use relay_gateway::auth::{mint_hs256, Claims};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+pub mod redis_bus;
+
 pub const SECRET: &str = "e2e-test-secret";
 /// Upper bound for anything a test waits for; a correct relay answers in milliseconds.
 pub const PATIENCE: Duration = Duration::from_secs(20);
@@ -164,17 +166,7 @@ impl Relay {
 
     /// SIGTERM the relay (graceful shutdown) and wait until it exits; returns whether it exited cleanly.
     pub async fn terminate(&mut self) -> bool {
-        let pid = self.child.id().expect("running");
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .expect("kill -TERM");
-        assert!(status.success());
-        tokio::time::timeout(PATIENCE, self.child.wait())
-            .await
-            .expect("relay did not exit after SIGTERM")
-            .expect("wait")
-            .success()
+        terminate(&mut self.child).await
     }
 
     /// SIGKILL the relay and wait until it is gone.
@@ -245,17 +237,7 @@ impl Shard {
 
     /// SIGTERM the shard; true if it then exited successfully.
     pub async fn terminate(&mut self) -> bool {
-        let pid = self.child.id().expect("running");
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .expect("kill -TERM");
-        assert!(status.success());
-        tokio::time::timeout(PATIENCE, self.child.wait())
-            .await
-            .expect("shard did not exit after SIGTERM")
-            .expect("wait")
-            .success()
+        terminate(&mut self.child).await
     }
 
     /// SIGKILL the shard and wait until it is gone.
@@ -263,6 +245,21 @@ impl Shard {
         self.child.start_kill().expect("SIGKILL");
         self.child.wait().await.expect("wait");
     }
+}
+
+/// SIGTERM a process; true if it then exited successfully within [`PATIENCE`].
+async fn terminate(child: &mut Child) -> bool {
+    let pid = child.id().expect("running");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(status.success());
+    tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .expect("the process did not exit after SIGTERM")
+        .expect("wait")
+        .success()
 }
 
 /// Create a demo session and one chat in it; returns (session, chat).

@@ -25,6 +25,17 @@ async fn shard(store: &Store, url: &str) -> Arc<ShardLink> {
     )
 }
 
+/// A fresh SQLite store and two shards' links on it, named `http://first:1` and `http://second:1`.
+async fn two_shards() -> (tempfile::TempDir, Store, Arc<ShardLink>, Arc<ShardLink>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("relay.sqlite").display());
+    let store = Store::connect(&url).await.expect("store");
+    store.migrate().await.expect("migrate");
+    let first = shard(&store, "http://first:1").await;
+    let second = shard(&store, "http://second:1").await;
+    (dir, store, first, second)
+}
+
 fn providers() -> ProviderRegistry {
     ProviderRegistry::new().with(Arc::new(DemoProvider::new(DemoPace {
         step: Duration::from_millis(1),
@@ -60,12 +71,7 @@ fn reply_json(reply: &relay_core::CommandReply) -> Value {
 
 #[tokio::test]
 async fn one_shard_serves_a_host_the_other_is_redirected_and_takes_over_a_lapsed_lease() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}", dir.path().join("relay.sqlite").display());
-    let store = Store::connect(&url).await.expect("store");
-    store.migrate().await.expect("migrate");
-    let first = shard(&store, "http://first:1").await;
-    let second = shard(&store, "http://second:1").await;
+    let (_dir, store, first, second) = two_shards().await;
     let key = HostKey::new("t", "default");
 
     let conn = ConnectionId::next();
@@ -148,12 +154,7 @@ async fn one_shard_serves_a_host_the_other_is_redirected_and_takes_over_a_lapsed
 
 #[tokio::test]
 async fn draining_a_shard_releases_its_leases_at_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}", dir.path().join("relay.sqlite").display());
-    let store = Store::connect(&url).await.expect("store");
-    store.migrate().await.expect("migrate");
-    let first = shard(&store, "http://first:1").await;
-    let second = shard(&store, "http://second:1").await;
+    let (_dir, store, first, second) = two_shards().await;
     let key = HostKey::new("t", "default");
     let conn = ConnectionId::next();
     let mut bus = first
