@@ -32,7 +32,7 @@ use std::time::Duration;
 use ahp::{Client, SessionSubscription, SubscriptionEvent};
 use ahp_types::actions::{ActionEnvelope, ChatPendingMessageSetAction, StateAction};
 use ahp_types::state::{ChatState, PendingMessageKind};
-use relay_core::{HostKey, Role};
+use relay_core::Role;
 use support::redis_bus::{channel_of, wait_subscribers};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
