@@ -166,6 +166,10 @@ async fn draining_a_shard_releases_its_leases_at_once() {
     assert!(created.get("result").is_some(), "{created}");
 
     first.drain().await;
+    assert!(
+        store.lease_of("t", "default").await.expect("lease").is_none(),
+        "released"
+    );
     assert!(matches!(bus.recv().await, Err(RecvError::Closed) | Ok(_)));
     // Released, not lapsed: the second shard gets the host immediately, with what the first committed.
     let conn2 = ConnectionId::next();
