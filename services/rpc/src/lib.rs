@@ -8,12 +8,16 @@
 //! A gateway follows each host it has connections on through one `Events` stream (the host's bus over gRPC),
 //! or, given a Redis URL, through Redis pub/sub, repairing lost messages with `FetchRange`.
 //!
+//! Trace context travels as W3C `traceparent` metadata ([`trace`]): a shard's `Call` span continues the
+//! gateway's `ahp.call` span.
+//!
 //! Connection ids come from [`relay_core::ConnectionId::next`], prefixed per gateway process, so several
 //! gateways can attach connections to one shard.
 
 pub mod client;
 mod convert;
 pub mod server;
+pub mod trace;
 
 /// The code generated from `proto/relay.proto`.
 #[allow(clippy::all, missing_docs)]

@@ -23,10 +23,12 @@ use relay_bus::RedisPublisher;
 use relay_core::bus::{Audience, BusEvent, BusEventKind, SharedBusEvent};
 use relay_core::link::CommandReply;
 use relay_core::rpc::{self, InboundMessage, RpcError};
+use relay_core::telemetry::CommitTimer;
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use relay_runner::{ChatSink, ProviderRegistry};
 use relay_store::{Store, StoreError};
 use tokio::sync::{broadcast, watch, Notify};
+use tracing::Instrument;
 
 use crate::error::ShardError;
 use crate::model::HostModel;
@@ -254,6 +256,7 @@ impl Host {
                     prev_seq,
                     audience: Audience::Subscribers,
                     frame,
+                    published_at: None,
                 };
                 prev_seq = seq;
                 event
@@ -352,17 +355,21 @@ async fn commit_loop(host: Weak<Host>) {
             continue;
         }
         let number = batch.number;
+        let timer = CommitTimer::start(batch.envelope_count());
+        let span = tracing::info_span!("ahp.commit", host = %strong.key, batch = number, envelopes = timer.envelopes());
         let (commit, publications) = batch.into_parts();
         let mut backoff = Duration::from_millis(10);
         while let Err(error) = strong
             .store
             .commit(&strong.key.tenant, &strong.key.host, &commit)
+            .instrument(span.clone())
             .await
         {
             tracing::warn!(host = %strong.key, %error, "commit failed; retrying");
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }
+        timer.finish();
         let events: Vec<SharedBusEvent> = {
             let mut publisher = strong.publisher.lock();
             publications

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use relay_bus::RedisPublisher;
 use relay_core::bus::{BusEvent, SharedBusEvent};
-use relay_core::link::{CommandReply, HostLink, LinkError};
+use relay_core::link::{CommandReply, HostLink, LinkError, NotReady};
 use relay_core::rpc::InboundMessage;
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use relay_runner::ProviderRegistry;
@@ -138,14 +138,15 @@ impl HostLink for ShardLink {
             sessions += s;
             chats += c;
         }
-        format!(
-            "# HELP ahp_relay_hosts_open Hosts opened by this shard.\n# TYPE ahp_relay_hosts_open gauge\n\
-             ahp_relay_hosts_open {}\n\
-             # HELP ahp_relay_sessions_loaded Sessions held in memory.\n# TYPE ahp_relay_sessions_loaded gauge\n\
-             ahp_relay_sessions_loaded {sessions}\n\
-             # HELP ahp_relay_chats_loaded Chats held in memory.\n# TYPE ahp_relay_chats_loaded gauge\n\
-             ahp_relay_chats_loaded {chats}\n",
-            hosts.len()
-        )
+        relay_core::telemetry::set_loaded(relay_core::telemetry::Loaded {
+            hosts: hosts.len(),
+            sessions,
+            chats,
+        });
+        relay_core::telemetry::render()
+    }
+
+    async fn ready(&self) -> Result<(), NotReady> {
+        crate::health::store_ready(&self.store).await
     }
 }
