@@ -196,12 +196,7 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
     }
 
     async fn call(&self, request: Request<pb::CallRequest>) -> Result<Response<pb::CallReply>, Status> {
-        let span = tracing::info_span!(
-            "ahp.shard.call",
-            method = tracing::field::Empty,
-            host = tracing::field::Empty
-        );
-        crate::trace::continue_trace(&span, request.metadata());
+        let span = crate::trace::call_span(&request);
         let request = request.into_inner();
         let host = host_from_pb(request.host)?;
         let reply = match read_frame(&request.frame, self.max_json_depth) {

@@ -19,6 +19,18 @@ pub fn traced<T>(message: T) -> tonic::Request<T> {
     request
 }
 
+/// The shard's `ahp.shard.call` span for a `Call` request (fields `method` and `host`, recorded once the frame
+/// is read), continuing the caller's trace.
+pub fn call_span<T>(request: &tonic::Request<T>) -> tracing::Span {
+    let span = tracing::info_span!(
+        "ahp.shard.call",
+        method = tracing::field::Empty,
+        host = tracing::field::Empty
+    );
+    continue_trace(&span, request.metadata());
+    span
+}
+
 /// Make `span` a child of the trace context the caller sent in `metadata` (if any).
 pub fn continue_trace(span: &tracing::Span, metadata: &MetadataMap) {
     let parent = opentelemetry::global::get_text_map_propagator(|propagator| {

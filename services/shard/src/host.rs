@@ -356,7 +356,12 @@ async fn commit_loop(host: Weak<Host>) {
         }
         let number = batch.number;
         let timer = CommitTimer::start(batch.envelope_count());
-        let span = tracing::info_span!("ahp.commit", host = %strong.key, batch = number, envelopes = timer.envelopes());
+        let span = tracing::info_span!(
+            "ahp.commit",
+            host = %strong.key,
+            batch = number,
+            envelopes = timer.envelopes()
+        );
         let (commit, publications) = batch.into_parts();
         let mut backoff = Duration::from_millis(10);
         while let Err(error) = strong
