@@ -61,6 +61,11 @@ impl Relay {
 
     /// A gateway process in front of the shard at `shard_url`, with extra `gateway` flags.
     pub async fn gateway_with(shard_url: &str, extra: &[&str]) -> Relay {
+        Self::gateway_env(shard_url, extra, &[]).await
+    }
+
+    /// [`Relay::gateway_with`], with extra environment variables.
+    pub async fn gateway_env(shard_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Relay {
         let data = tempfile::tempdir().expect("tempdir");
         let mut args: Vec<String> = vec![
             "gateway".into(),
@@ -70,17 +75,22 @@ impl Relay {
             data.path().display().to_string(),
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
-        let mut relay = Self::spawn(&args).await;
+        let mut relay = Self::spawn_env(&args, env).await;
         relay._data = Some(data);
         relay
     }
 
     /// Run `ahp-relay ARGS --listen 127.0.0.1:0 --jwt-secret SECRET` and wait for its WebSocket URL.
     async fn spawn(args: &[String]) -> Relay {
+        Self::spawn_env(args, &[]).await
+    }
+
+    async fn spawn_env(args: &[String], env: &[(&str, &str)]) -> Relay {
         let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
         command
             .args(args)
-            .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET]);
+            .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
+            .envs(env.iter().copied());
         let (child, addr) = spawn_until(command, "listening on ws://").await;
         Relay {
             child,
@@ -259,6 +269,11 @@ pub struct Shard {
 
 impl Shard {
     pub async fn start(extra: &[&str]) -> Shard {
+        Self::start_env(extra, &[]).await
+    }
+
+    /// [`Shard::start`], with extra environment variables.
+    pub async fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Shard {
         let data = tempfile::tempdir().expect("tempdir");
         let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
         command
@@ -276,7 +291,8 @@ impl Shard {
             } else {
                 &["--demo-step-ms", "5"][..]
             })
-            .args(extra);
+            .args(extra)
+            .envs(env.iter().copied());
         let (child, mut found) =
             spawn_until_all(command, &["listening on grpc ", "http listening on "]).await;
         let http = found.remove(1);

@@ -28,6 +28,9 @@ const ENDPOINT_VARS: [&str; 2] = [
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
 ];
 
+/// How long exporting the last spans may delay the process's exit (an unreachable collector must not).
+const SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Keeps trace export running; dropping it exports the spans still buffered.
 pub struct Observability {
     traces: Option<SdkTracerProvider>,
@@ -97,7 +100,7 @@ fn tracer_provider(command: &str) -> anyhow::Result<SdkTracerProvider> {
 impl Drop for Observability {
     fn drop(&mut self) {
         if let Some(provider) = self.traces.take() {
-            if let Err(error) = provider.shutdown() {
+            if let Err(error) = provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT) {
                 tracing::warn!(%error, "exporting the last spans failed");
             }
         }
