@@ -63,6 +63,11 @@ impl Relay {
 
     /// A gateway process in front of the shard at `shard_url`, with extra `gateway` flags.
     pub async fn gateway_with(shard_url: &str, extra: &[&str]) -> Relay {
+        Self::gateway_env(shard_url, extra, &[]).await
+    }
+
+    /// [`Relay::gateway_with`], with extra environment variables.
+    pub async fn gateway_env(shard_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Relay {
         let data = tempfile::tempdir().expect("tempdir");
         let mut args: Vec<String> = vec![
             "gateway".into(),
@@ -72,17 +77,22 @@ impl Relay {
             data.path().display().to_string(),
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
-        let mut relay = Self::spawn(&args).await;
+        let mut relay = Self::spawn_env(&args, env).await;
         relay._data = Some(data);
         relay
     }
 
     /// Run `ahp-relay ARGS --listen 127.0.0.1:0 --jwt-secret SECRET` and wait for its WebSocket URL.
     async fn spawn(args: &[String]) -> Relay {
+        Self::spawn_env(args, &[]).await
+    }
+
+    async fn spawn_env(args: &[String], env: &[(&str, &str)]) -> Relay {
         let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
         command
             .args(args)
-            .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET]);
+            .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
+            .envs(env.iter().copied());
         let (child, addr) = spawn_until(command, "listening on ws://").await;
         Relay {
             child,
@@ -149,19 +159,7 @@ impl Relay {
 
     /// The relay's Prometheus metrics.
     pub async fn metric(&self, name: &str) -> f64 {
-        let mut stream = tokio::net::TcpStream::connect(&self.addr).await.expect("connect");
-        use tokio::io::AsyncWriteExt;
-        stream
-            .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr).as_bytes())
-            .await
-            .expect("request");
-        let mut body = String::new();
-        use tokio::io::AsyncReadExt;
-        stream.read_to_string(&mut body).await.expect("response");
-        body.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("metric {name} missing in:\n{body}"))
+        metric_at(&self.addr, name).await
     }
 
     /// SIGTERM the relay (graceful shutdown) and wait until it exits; returns whether it exited cleanly.
@@ -176,9 +174,48 @@ impl Relay {
     }
 }
 
+/// `GET path` on `addr` (HTTP/1.0): the status code and the response body, or the connection error (e.g.
+/// refused once the process is gone).
+pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// One series (`name` or `name{labels}`) of the Prometheus text served at `addr`'s `/metrics`.
+pub async fn metric_at(addr: &str, series: &str) -> f64 {
+    let (status, body) = http_get(addr, "/metrics").await.expect("GET /metrics");
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{series} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("metric {series} missing in:\n{body}"))
+}
+
 /// Start an `ahp-relay` process and wait until a stdout line contains `marker`; returns the child and the rest
 /// of that line after the marker. Its stdout keeps being drained so it never blocks.
-pub async fn spawn_until(mut command: Command, marker: &str) -> (Child, String) {
+pub async fn spawn_until(command: Command, marker: &str) -> (Child, String) {
+    let (child, mut rest) = spawn_until_all(command, &[marker]).await;
+    (child, rest.remove(0))
+}
+
+/// [`spawn_until`] for several lines: waits until each marker was seen (in any order) and returns the rest
+/// of each marker's line, in the order of `markers`.
+pub async fn spawn_until_all(mut command: Command, markers: &[&str]) -> (Child, Vec<String>) {
     command
         .env_remove("DATABASE_URL")
         .env_remove("REDIS_URL")
@@ -193,12 +230,18 @@ pub async fn spawn_until(mut command: Command, marker: &str) -> (Child, String) 
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
     let rest = tokio::time::timeout(PATIENCE, async {
+        let mut found: Vec<Option<String>> = vec![None; markers.len()];
         while let Some(line) = lines.next_line().await.expect("read stdout") {
-            if let Some(rest) = line.split(marker).nth(1) {
-                return rest.trim().to_string();
+            for (marker, slot) in markers.iter().zip(found.iter_mut()) {
+                if let Some(rest) = line.split(marker).nth(1) {
+                    *slot = Some(rest.trim().to_string());
+                }
+            }
+            if found.iter().all(Option::is_some) {
+                return found.into_iter().flatten().collect::<Vec<_>>();
             }
         }
-        panic!("ahp-relay exited before printing {marker:?}");
+        panic!("ahp-relay exited before printing all of {markers:?}");
     })
     .await
     .expect("ahp-relay did not start in time");
@@ -211,26 +254,44 @@ pub struct Shard {
     child: Child,
     /// The gRPC URL gateways use.
     pub url: String,
+    /// The address of its HTTP endpoint (`/healthz`, `/readyz`, `/metrics`).
+    pub http: String,
     _data: tempfile::TempDir,
 }
 
 impl Shard {
     pub async fn start(extra: &[&str]) -> Shard {
+        Self::start_env(extra, &[]).await
+    }
+
+    /// [`Shard::start`], with extra environment variables.
+    pub async fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Shard {
         let data = tempfile::tempdir().expect("tempdir");
         let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
         command
-            .args(["shard", "--grpc-listen", "127.0.0.1:0", "--data-dir"])
+            .args([
+                "shard",
+                "--grpc-listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--data-dir",
+            ])
             .arg(data.path())
             .args(if extra.contains(&"--demo-step-ms") {
                 &[][..]
             } else {
                 &["--demo-step-ms", "5"][..]
             })
-            .args(extra);
-        let (child, url) = spawn_until(command, "listening on grpc ").await;
+            .args(extra)
+            .envs(env.iter().copied());
+        let (child, mut found) =
+            spawn_until_all(command, &["listening on grpc ", "http listening on "]).await;
+        let http = found.remove(1);
         Shard {
             child,
-            url,
+            url: found.remove(0),
+            http: http.trim_start_matches("http://").to_string(),
             _data: data,
         }
     }
@@ -238,6 +299,11 @@ impl Shard {
     /// SIGTERM the shard; true if it then exited successfully.
     pub async fn terminate(&mut self) -> bool {
         terminate(&mut self.child).await
+    }
+
+    /// One series of the shard's Prometheus metrics.
+    pub async fn metric(&self, series: &str) -> f64 {
+        metric_at(&self.http, series).await
     }
 
     /// SIGKILL the shard and wait until it is gone.

@@ -121,6 +121,8 @@ pub fn decode(input: &[u8]) -> Result<BusEvent, CodecError> {
         prev_seq,
         audience,
         frame: Bytes::copy_from_slice(frame),
+        // Received now: the publisher's clock is not this process's.
+        published_at: Some(std::time::Instant::now()),
     })
 }
 
@@ -136,6 +138,7 @@ mod tests {
             prev_seq: u64::MAX - 1,
             audience,
             frame: Bytes::from_static(br#"{"jsonrpc":"2.0","method":"action","params":{}}"#),
+            published_at: None,
         }
     }
 

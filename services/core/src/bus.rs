@@ -5,6 +5,7 @@
 //! `prev_seq` lets a receiver that may lose messages (Redis pub/sub) detect a gap.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -44,6 +45,10 @@ pub struct BusEvent {
     pub audience: Audience,
     /// The complete JSON-RPC frame, serialized once.
     pub frame: Bytes,
+    /// When this process got the event: the shard publishing it (in-process bus) or the gateway receiving it
+    /// (gRPC, Redis). Never carried between processes; `None` for events read back from history. Only for
+    /// `ahp_relay_fanout_latency_seconds` (see [`crate::telemetry`]).
+    pub published_at: Option<Instant>,
 }
 
 /// A shared, immutable bus event.

@@ -10,8 +10,9 @@ pub mod identity;
 pub mod limits;
 pub mod link;
 pub mod rpc;
+pub mod telemetry;
 
 pub use bus::{Audience, BusEvent, BusEventKind};
 pub use identity::{ConnectionId, HostKey, Identity, Role};
 pub use limits::Limits;
-pub use link::{CloseRequest, CommandReply, HostLink, LinkError, SubscriptionChange};
+pub use link::{CloseRequest, CommandReply, HostLink, LinkError, NotReady, SubscriptionChange};

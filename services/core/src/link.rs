@@ -86,6 +86,11 @@ pub enum LinkError {
     Moved { host: String, owner: String },
 }
 
+/// Why the shard side cannot take traffic right now (`/readyz` answers 503 with it).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotReady(pub String);
+
 /// The shard as the gateway sees it.
 pub trait HostLink: Send + Sync + 'static {
     /// Register a connection on a host and return the host's bus.
@@ -107,6 +112,12 @@ pub trait HostLink: Send + Sync + 'static {
     /// The connection is gone (closed, dropped, or evicted).
     fn detach(&self, host: &HostKey, connection: ConnectionId) -> impl Future<Output = ()> + Send;
 
-    /// Prometheus text-format metrics of the shard side.
+    /// This process's Prometheus text ([`crate::telemetry::render`]), with the shard side's scrape-time
+    /// gauges brought up to date first when the shard side runs in this process. A shard in another process
+    /// records into its own recorder and serves it on its own `/metrics`.
     fn metrics(&self) -> impl Future<Output = String> + Send;
+
+    /// Whether the shard side can take traffic: an in-process shard reaches its store; a remote shard answers
+    /// a cheap call in time. Callers bound the wait themselves too.
+    fn ready(&self) -> impl Future<Output = Result<(), NotReady>> + Send;
 }

@@ -3,9 +3,14 @@
 //! The read side and the bus are served by one task, so a reply's subscription changes are applied before any
 //! later bus event is looked at (design §5). Writes go through a bounded queue to a writer task; a connection
 //! that cannot keep up is closed with a resumable close code instead of slowing its host (invariant 8).
+//!
+//! Each inbound message is handled inside an `ahp.call` span (method, host), which the gRPC link carries to
+//! the shard as trace context. The writer records how long each bus event took from its stamp to the client's
+//! socket (`ahp_relay_fanout_latency_seconds`, see [`relay_core::telemetry`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use bytes::Bytes;
@@ -13,8 +18,9 @@ use futures_util::{SinkExt, StreamExt};
 use relay_core::bus::{BusEvent, SharedBusEvent};
 use relay_core::link::{CommandReply, HostLink};
 use relay_core::rpc;
-use relay_core::{ConnectionId, HostKey, Identity, Limits};
+use relay_core::{telemetry, ConnectionId, HostKey, Identity, Limits};
 use tokio::sync::{broadcast, mpsc};
+use tracing::Instrument;
 
 use crate::filter::SubscriptionFilter;
 use crate::quotas::{ConnectionPermit, TenantQuotas};
@@ -32,7 +38,8 @@ pub mod close_code {
 }
 
 enum Outbound {
-    Frame(Bytes),
+    /// A frame, and when it was stamped if it is a bus event (for the fan-out latency).
+    Frame(Bytes, Option<Instant>),
     Close(u16, String),
 }
 
@@ -52,6 +59,7 @@ impl<L: HostLink> Connection<L> {
     /// Serve the socket until either side closes it.
     pub async fn run(self, socket: WebSocket) {
         let id = ConnectionId::next();
+        let _open = telemetry::connection_opened();
         let (sink, mut stream) = socket.split();
         let (out_tx, out_rx) = mpsc::channel::<Outbound>(self.limits.outbound_queue_frames.max(1));
         let writer = tokio::spawn(write_loop(sink, out_rx));
@@ -111,6 +119,9 @@ impl<L: HostLink> Connection<L> {
 
         if let Some((code, reason)) = &close {
             tracing::info!(connection = %id, code, %reason, "closing connection");
+            if *code == close_code::TRY_AGAIN_LATER {
+                telemetry::slow_consumer_closed();
+            }
         }
         self.link.detach(&self.host, id).await;
         drop(delivery);
@@ -145,12 +156,15 @@ impl<L: HostLink> Connection<L> {
             Ok(message) => message,
             Err(rejection) => return delivery.send(rpc::error_frame(rejection.id, &rejection.error)),
         };
+        let span = tracing::info_span!("ahp.call", method = %message.method, host = %self.host);
         let CommandReply {
             frame,
             subscriptions,
             session_started,
             close,
-        } = delivery.during(self.link.call(&self.host, id, message)).await?;
+        } = delivery
+            .during(self.link.call(&self.host, id, message).instrument(span))
+            .await?;
         for change in subscriptions {
             delivery.filter.apply(change);
         }
@@ -222,13 +236,17 @@ impl Delivery {
 
     fn deliver(&mut self, event: &BusEvent) -> Result<(), Close> {
         if self.filter.admits(event) {
-            self.send(event.frame.clone())?;
+            self.send_stamped(event.frame.clone(), event.published_at)?;
         }
         Ok(())
     }
 
     fn send(&self, frame: Bytes) -> Result<(), Close> {
-        if enqueue(&self.out, frame) {
+        self.send_stamped(frame, None)
+    }
+
+    fn send_stamped(&self, frame: Bytes, published_at: Option<Instant>) -> Result<(), Close> {
+        if enqueue(&self.out, frame, published_at) {
             Ok(())
         } else {
             Err(slow_consumer())
@@ -237,8 +255,8 @@ impl Delivery {
 }
 
 /// Queue a frame without waiting; `false` when the connection's queue is full.
-fn enqueue(queue: &mpsc::Sender<Outbound>, frame: Bytes) -> bool {
-    match queue.try_send(Outbound::Frame(frame)) {
+fn enqueue(queue: &mpsc::Sender<Outbound>, frame: Bytes, published_at: Option<Instant>) -> bool {
+    match queue.try_send(Outbound::Frame(frame, published_at)) {
         Ok(()) => true,
         Err(mpsc::error::TrySendError::Full(_)) => false,
         // The writer is gone: the socket is closing anyway.
@@ -256,21 +274,25 @@ fn classify_read_error(error: &axum::Error) -> Option<Close> {
 }
 
 /// Writes queued frames to the socket. Frames already queued are written together and flushed once, so a
-/// burst becomes few TCP segments even with `TCP_NODELAY`, while a lone frame leaves at once.
+/// burst becomes few TCP segments even with `TCP_NODELAY`, while a lone frame leaves at once. Once a flush
+/// has put bus events on the socket, their fan-out latencies are recorded.
 async fn write_loop(
     mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
     mut queue: mpsc::Receiver<Outbound>,
 ) {
     const MAX_COALESCED: usize = 256;
+    let latency = telemetry::fanout_latency();
+    let mut stamps: Vec<Instant> = Vec::new();
     while let Some(mut item) = queue.recv().await {
         let mut written = 0;
         loop {
             match item {
-                Outbound::Frame(frame) => match Utf8Bytes::try_from(frame) {
+                Outbound::Frame(frame, published_at) => match Utf8Bytes::try_from(frame) {
                     Ok(text) => {
                         if sink.feed(Message::Text(text)).await.is_err() {
                             return;
                         }
+                        stamps.extend(published_at);
                     }
                     Err(error) => tracing::error!(%error, "dropping a frame that is not UTF-8"),
                 },
@@ -288,7 +310,7 @@ async fn write_loop(
             match queue.try_recv() {
                 Ok(next) if written < MAX_COALESCED => item = next,
                 Ok(next) => {
-                    if sink.flush().await.is_err() {
+                    if !flush(&mut sink, &mut stamps, &latency).await {
                         return;
                     }
                     written = 0;
@@ -297,9 +319,24 @@ async fn write_loop(
                 Err(_) => break,
             }
         }
-        if sink.flush().await.is_err() {
+        if !flush(&mut sink, &mut stamps, &latency).await {
             return;
         }
     }
     let _ = sink.close().await;
+}
+
+/// Flush the socket; then every bus event written since the last flush has reached the client's socket.
+async fn flush(
+    sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    stamps: &mut Vec<Instant>,
+    latency: &telemetry::FanoutLatency,
+) -> bool {
+    if sink.flush().await.is_err() {
+        return false;
+    }
+    for stamp in stamps.drain(..) {
+        latency.delivered(stamp);
+    }
+    true
 }

@@ -2,12 +2,13 @@
 //!
 //! The filter is what makes a connection's stream exact (invariant 3): a channel delivers only envelopes
 //! numbered after the snapshot or replay that opened it, and nothing is ever delivered twice or out of order.
+//! Every filter's subscriptions count in the gateway's `ahp_relay_subscriptions` gauge while it lives.
 
 use std::collections::HashMap;
 
 use relay_core::bus::{Audience, BusEvent, BusEventKind};
 use relay_core::link::SubscriptionChange;
-use relay_core::ConnectionId;
+use relay_core::{telemetry, ConnectionId};
 
 /// The delivery filter of one connection.
 #[derive(Debug)]
@@ -29,6 +30,7 @@ impl SubscriptionFilter {
     }
 
     pub fn apply(&mut self, change: SubscriptionChange) {
+        let before = self.channels.len();
         match change {
             SubscriptionChange::Add { channel, after_seq } => {
                 self.channels.insert(channel, after_seq);
@@ -38,6 +40,7 @@ impl SubscriptionFilter {
             }
             SubscriptionChange::Clear => self.channels.clear(),
         }
+        telemetry::subscriptions_changed(before, self.channels.len());
     }
 
     /// Host-wide notifications start flowing once the connection is initialized.
@@ -53,7 +56,9 @@ impl SubscriptionFilter {
     pub fn admits(&mut self, event: &BusEvent) -> bool {
         match event.kind {
             BusEventKind::ChannelDisposed => {
-                self.channels.remove(event.channel.as_ref());
+                if self.channels.remove(event.channel.as_ref()).is_some() {
+                    telemetry::subscriptions_changed(1, 0);
+                }
                 false
             }
             BusEventKind::Notification => self.notifications && event.audience == Audience::Everyone,
@@ -76,6 +81,12 @@ impl SubscriptionFilter {
     }
 }
 
+impl Drop for SubscriptionFilter {
+    fn drop(&mut self) {
+        telemetry::subscriptions_changed(self.channels.len(), 0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +100,7 @@ mod tests {
             prev_seq: seq.saturating_sub(1),
             audience,
             frame: Bytes::new(),
+            published_at: None,
         }
     }
 
@@ -136,5 +148,52 @@ mod tests {
         assert!(!f.admits(&note));
         f.enable_notifications();
         assert!(f.admits(&note));
+    }
+
+    #[test]
+    fn subscriptions_are_counted_while_the_filter_lives() {
+        let gauge = |text: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("ahp_relay_subscriptions "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        let mut kept = None;
+        let text = telemetry::capture(|| {
+            let mut f = SubscriptionFilter::new(ConnectionId(1));
+            for channel in ["a", "b", "c"] {
+                f.apply(SubscriptionChange::Add {
+                    channel: channel.into(),
+                    after_seq: 0,
+                });
+            }
+            f.apply(SubscriptionChange::Add {
+                channel: "a".into(),
+                after_seq: 3,
+            });
+            f.apply(SubscriptionChange::Remove { channel: "b".into() });
+            let mut disposed = action(0, "c", Audience::Subscribers);
+            disposed.kind = BusEventKind::ChannelDisposed;
+            f.admits(&disposed);
+            let mut other = SubscriptionFilter::new(ConnectionId(2));
+            other.apply(SubscriptionChange::Add {
+                channel: "a".into(),
+                after_seq: 0,
+            });
+            other.apply(SubscriptionChange::Add {
+                channel: "d".into(),
+                after_seq: 0,
+            });
+            drop(f);
+            other.apply(SubscriptionChange::Clear);
+            other.apply(SubscriptionChange::Add {
+                channel: "e".into(),
+                after_seq: 0,
+            });
+            kept = Some(other);
+        })
+        .expect("recorder");
+        // `f` is gone; `other` (still alive) holds "e".
+        assert_eq!(kept.map(|f| f.subscription_count()), Some(1));
+        assert_eq!(gauge(&text), Some(1.0), "{text}");
     }
 }

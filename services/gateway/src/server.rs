@@ -1,4 +1,5 @@
-//! The HTTP surface: `GET /v1/ws`, `GET /v1/hosts/{host}/ws`, `GET /healthz`.
+//! The HTTP surface: `GET /v1/ws`, `GET /v1/hosts/{host}/ws`, `GET /healthz` (the process is up), `GET /readyz`
+//! (it is not draining and its shard side answers), `GET /metrics` (this process's Prometheus metrics).
 //!
 //! The token is checked before the upgrade: a missing, malformed, wrongly signed or expired token gets HTTP 401
 //! and never reaches AHP. The host of a connection is the path's host (or `default`) inside the token's
@@ -39,17 +40,40 @@ pub fn router<L: HostLink>(state: Arc<GatewayState<L>>) -> Router {
         .route("/v1/ws", get(default_host_ws::<L>))
         .route("/v1/hosts/{host}/ws", get(named_host_ws::<L>))
         .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz::<L>))
         .route("/metrics", get(metrics::<L>))
         .with_state(state)
 }
 
-async fn metrics<L: HostLink>(State(state): State<Arc<GatewayState<L>>>) -> String {
-    let connections = state.quotas.total_connections();
-    format!(
-        "# HELP ahp_relay_connections Open client WebSocket connections.\n# TYPE ahp_relay_connections gauge\n\
-         ahp_relay_connections {connections}\n{}",
-        state.link.metrics().await
+/// The Prometheus text exposition format.
+const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// How long `/readyz` waits for the shard side before answering 503.
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+async fn metrics<L: HostLink>(State(state): State<Arc<GatewayState<L>>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)],
+        state.link.metrics().await,
     )
+        .into_response()
+}
+
+/// 200 while the gateway takes connections and its shard side answers; 503 once it drains (SIGTERM) or when
+/// the shard side does not answer in time.
+async fn readyz<L: HostLink>(State(state): State<Arc<GatewayState<L>>>) -> Response {
+    if *state.shutdown.borrow() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
+    }
+    match tokio::time::timeout(READY_TIMEOUT, state.link.ready()).await {
+        Ok(Ok(())) => (StatusCode::OK, "ready").into_response(),
+        Ok(Err(why)) => (StatusCode::SERVICE_UNAVAILABLE, why.to_string()).into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the shard did not answer in time",
+        )
+            .into_response(),
+    }
 }
 
 #[derive(Deserialize)]

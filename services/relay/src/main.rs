@@ -6,6 +6,8 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 mod chat;
+mod observe;
+mod ops;
 mod secret;
 mod serve;
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use relay_bus::RedisPublisher;
 use relay_core::link::HostLink;
+use relay_core::telemetry::Side;
 use relay_core::{Limits, Role};
 use relay_gateway::auth::{mint_hs256, Claims, TokenVerifier};
 use relay_gateway::GatewayState;
@@ -107,6 +108,8 @@ pub struct ShardArgs {
     /// Address of the internal gRPC endpoint gateways call.
     #[arg(long, env = "AHP_RELAY_GRPC_LISTEN", default_value = "127.0.0.1:7879")]
     pub grpc_listen: SocketAddr,
+    #[command(flatten)]
+    pub http: crate::ops::ShardHttpArgs,
     /// Redis URL (redis://…): publish every host's bus there too, for gateways to follow.
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
@@ -197,16 +200,6 @@ impl EdgeArgs {
     }
 }
 
-fn init_tracing() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 /// The host logic on its store, with the demo provider and the retention job.
 async fn open_hosts(
     data: &DataArgs,
@@ -241,7 +234,7 @@ async fn flush(link: &ShardLink) {
 
 /// `ahp-relay serve`.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    init_tracing();
+    let _observability = crate::observe::init("serve", &[Side::Gateway, Side::Shard])?;
     let limits = args.edge.apply(args.host.apply(Limits::default()));
     let link = open_hosts(&args.data, &args.host, limits.clone(), None, None).await?;
     serve_edge(&args.data, &args.edge, limits, link.clone()).await?;
@@ -251,7 +244,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 /// `ahp-relay shard`.
 pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
-    init_tracing();
+    let _observability = crate::observe::init("shard", &[Side::Shard])?;
     let limits = args.host.apply(Limits::default());
     let redis = match &args.redis_url {
         Some(url) => Some(
@@ -271,6 +264,7 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| format!("http://{addr}"));
     let ownership = relay_shard::ownership::Ownership::new(&advertise, args.lease_ttl);
     let link = open_hosts(&args.data, &args.host, limits, redis, Some(ownership)).await?;
+    let grpc_serving = crate::ops::serve_shard_http(&args.http, link.clone()).await?;
     {
         let mut out = std::io::stdout().lock();
         writeln!(
@@ -280,9 +274,10 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
         )?;
         out.flush()?;
     }
+    let shutdown = grpc_serving.until(wait_for_signal());
     let draining = link.clone();
     relay_rpc::serve(listener, link.clone(), async move {
-        wait_for_signal().await;
+        shutdown.await;
         tracing::info!("shutting down: committing, releasing host leases");
         // Commits what is queued, closes every host's bus (gateways move their clients) and releases the
         // leases; the gRPC server then finishes the calls in flight.
@@ -299,7 +294,7 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
 
 /// `ahp-relay gateway`.
 pub async fn run_gateway(args: GatewayArgs) -> anyhow::Result<()> {
-    init_tracing();
+    let _observability = crate::observe::init("gateway", &[Side::Gateway])?;
     let limits = args.edge.apply(Limits::default());
     let shards: Vec<String> = args
         .shard

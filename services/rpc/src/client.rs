@@ -14,6 +14,9 @@
 //! detection. Lost Redis messages are fetched back with `FetchRange` ([`ShardRepair`]); every range that
 //! brought back at least one event counts in `ahp_relay_gap_repairs_total` on the gateway's `/metrics`. When
 //! the last connection of this gateway to a host detaches, the host is unfollowed.
+//!
+//! `Call` requests carry the current span's trace context ([`crate::trace`]); [`RemoteShard`]'s readiness is
+//! the shard answering `Metrics` within [`READY_TIMEOUT`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +25,7 @@ use std::sync::Arc;
 use parking_lot::Mutex as SyncMutex;
 use relay_bus::{BoxFuture, GapRepair, RedisSubscriber, RepairError, SubscriberOptions};
 use relay_core::bus::{BusEvent, SharedBusEvent};
-use relay_core::link::{CommandReply, HostLink, LinkError};
+use relay_core::link::{CommandReply, HostLink, LinkError, NotReady};
 use relay_core::rpc::{error_frame, InboundMessage, RpcError};
 use relay_core::{ConnectionId, HostKey, Identity};
 use serde::Serialize;
@@ -50,7 +53,6 @@ pub enum ClientError {
 /// Fetches lost bus events from the shard with `FetchRange`, counting the ranges that brought events back.
 pub struct ShardRepair {
     client: ShardClient<Channel>,
-    repairs: Arc<AtomicU64>,
 }
 
 impl GapRepair for ShardRepair {
@@ -79,7 +81,7 @@ impl GapRepair for ShardRepair {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|error| RepairError(Box::new(error)))?;
             if !events.is_empty() {
-                self.repairs.fetch_add(1, Ordering::Relaxed);
+                relay_core::telemetry::gap_repaired();
             }
             Ok(events)
         })
@@ -109,6 +111,9 @@ struct Follower {
     task: tokio::task::AbortHandle,
 }
 
+/// How long the shard may take to answer a readiness probe.
+pub const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How long Redis may take to confirm a host's subscription before an attach fails.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -125,8 +130,6 @@ pub struct RemoteShard {
     generations: AtomicU64,
     /// Set when hosts are followed over Redis instead of `Events` streams.
     redis: Option<RedisBus>,
-    /// Gaps in the Redis bus repaired from the shard.
-    repairs: Arc<AtomicU64>,
 }
 
 impl RemoteShard {
@@ -154,7 +157,6 @@ impl RemoteShard {
             followers: Arc::new(Mutex::new(HashMap::new())),
             generations: AtomicU64::new(0),
             redis: None,
-            repairs: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -163,7 +165,6 @@ impl RemoteShard {
     pub fn with_redis(mut self, url: &str) -> Result<Self, ClientError> {
         let repair = Arc::new(ShardRepair {
             client: self.client.clone(),
-            repairs: self.repairs.clone(),
         });
         let options = SubscriberOptions {
             capacity: self.bus_capacity,
@@ -174,11 +175,6 @@ impl RemoteShard {
             followed: Arc::new(SyncMutex::new(HashMap::new())),
         });
         Ok(self)
-    }
-
-    /// Gaps in the Redis bus repaired from this shard so far.
-    pub fn repairs(&self) -> u64 {
-        self.repairs.load(Ordering::Relaxed)
     }
 
     /// Register `connection` on `host` and return a receiver of its Redis bus once the subscription holds.
@@ -443,11 +439,11 @@ impl HostLink for RemoteShard {
         let reply = self
             .client
             .clone()
-            .call(pb::CallRequest {
+            .call(crate::trace::traced(pb::CallRequest {
                 host: Some(host_to_pb(host)),
                 connection: connection.0,
                 frame,
-            })
+            }))
             .await;
         match reply {
             Ok(reply) => match reply_from_pb(reply.into_inner()) {
@@ -483,18 +479,15 @@ impl HostLink for RemoteShard {
     }
 
     async fn metrics(&self) -> String {
-        let shard = match self.client.clone().metrics(pb::MetricsRequest {}).await {
-            Ok(reply) => reply.into_inner().text,
-            Err(status) => {
-                tracing::warn!(%status, "shard metrics unavailable");
-                format!("# shard metrics unavailable: {}\n", status.code())
-            }
-        };
-        format!(
-            "# HELP ahp_relay_gap_repairs_total Gaps in the Redis bus this gateway repaired from the shard.\n\
-             # TYPE ahp_relay_gap_repairs_total counter\n\
-             ahp_relay_gap_repairs_total {}\n{shard}",
-            self.repairs.load(Ordering::Relaxed)
-        )
+        relay_core::telemetry::render()
+    }
+
+    async fn ready(&self) -> Result<(), NotReady> {
+        let mut client = self.client.clone();
+        match tokio::time::timeout(READY_TIMEOUT, client.metrics(pb::MetricsRequest {})).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(status)) => Err(NotReady(format!("the shard does not answer: {status}"))),
+            Err(_) => Err(NotReady("the shard did not answer in time".into())),
+        }
     }
 }

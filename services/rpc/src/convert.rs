@@ -159,6 +159,8 @@ pub fn event_from_pb(event: pb::BusEvent) -> Result<BusEvent, Malformed> {
         prev_seq: event.prev_seq,
         audience,
         frame: bytes::Bytes::from(event.frame),
+        // Received now: the shard's clock is not this process's.
+        published_at: Some(std::time::Instant::now()),
     })
 }
 
@@ -212,6 +214,7 @@ mod tests {
                 prev_seq: 4,
                 audience: audience.clone(),
                 frame: bytes::Bytes::from_static(b"{}"),
+                published_at: None,
             };
             let back = event_from_pb(event_to_pb(&event)).expect("round trip");
             assert_eq!(back.audience, audience);

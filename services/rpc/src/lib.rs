@@ -11,6 +11,9 @@
 //! With several shards, [`router::ShardRouter`] places each host on a shard and follows redirects when its
 //! ownership moves (see its docs).
 //!
+//! Trace context travels as W3C `traceparent` metadata ([`trace`]): a shard's `Call` span continues the
+//! gateway's `ahp.call` span.
+//!
 //! Connection ids come from [`relay_core::ConnectionId::next`], prefixed per gateway process, so several
 //! gateways can attach connections to one shard.
 
@@ -18,6 +21,7 @@ pub mod client;
 mod convert;
 pub mod router;
 pub mod server;
+pub mod trace;
 
 /// The code generated from `proto/relay.proto`.
 #[allow(clippy::all, missing_docs)]

@@ -13,13 +13,12 @@
 //! and the client's next connection is placed afresh.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use relay_core::bus::SharedBusEvent;
-use relay_core::link::{CommandReply, HostLink, LinkError};
+use relay_core::link::{CommandReply, HostLink, LinkError, NotReady};
 use relay_core::rpc::InboundMessage;
 use relay_core::{ConnectionId, HostKey, Identity};
 use tokio::sync::broadcast;
@@ -51,7 +50,6 @@ pub struct ShardRouter {
     routes: Mutex<HashMap<HostKey, String>>,
     /// The shard each attached connection is on.
     attached: Mutex<HashMap<(HostKey, ConnectionId), Arc<RemoteShard>>>,
-    redirects: AtomicU64,
 }
 
 impl ShardRouter {
@@ -68,7 +66,6 @@ impl ShardRouter {
             links: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
             attached: Mutex::new(HashMap::new()),
-            redirects: AtomicU64::new(0),
         };
         // Fail fast on a bad URL rather than at the first attach.
         for url in shards {
@@ -128,7 +125,7 @@ impl ShardRouter {
                     return Ok(bus);
                 }
                 Err(LinkError::Moved { owner, .. }) if owner != url => {
-                    self.redirects.fetch_add(1, Ordering::Relaxed);
+                    relay_core::telemetry::redirect_followed();
                     tracing::debug!(host = %host, from = %url, to = %owner, "following a redirect");
                     url = owner;
                 }
@@ -205,17 +202,26 @@ impl HostLink for ShardRouter {
     }
 
     async fn metrics(&self) -> String {
-        let links: Vec<Arc<RemoteShard>> = self.links.lock().values().cloned().collect();
-        let repairs: u64 = links.iter().map(|link| link.repairs()).sum();
-        format!(
-            "# HELP ahp_relay_gap_repairs_total Gaps in the Redis bus this gateway repaired from the shard.\n\
-             # TYPE ahp_relay_gap_repairs_total counter\n\
-             ahp_relay_gap_repairs_total {repairs}\n\
-             # HELP ahp_relay_redirects_total Redirects to a host's owning shard this gateway followed.\n\
-             # TYPE ahp_relay_redirects_total counter\n\
-             ahp_relay_redirects_total {}\n",
-            self.redirects.load(Ordering::Relaxed)
-        )
+        relay_core::telemetry::render()
+    }
+
+    /// Ready when any configured shard answers: hosts of the others are found through redirects or move.
+    async fn ready(&self) -> Result<(), NotReady> {
+        let links: Vec<Arc<RemoteShard>> = {
+            let links = self.links.lock();
+            self.shards
+                .iter()
+                .filter_map(|url| links.get(url).cloned())
+                .collect()
+        };
+        let mut why = NotReady("no shard is configured".into());
+        for link in links {
+            match link.ready().await {
+                Ok(()) => return Ok(()),
+                Err(error) => why = error,
+            }
+        }
+        Err(why)
     }
 }
 

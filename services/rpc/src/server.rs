@@ -26,6 +26,7 @@ use relay_shard::ShardLink;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::convert::{event_to_pb, host_from_pb, identity_from_pb, reply_to_pb};
 use crate::pb;
@@ -223,12 +224,16 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
     }
 
     async fn call(&self, request: Request<pb::CallRequest>) -> Result<Response<pb::CallReply>, Status> {
+        let span = crate::trace::call_span(&request);
         let request = request.into_inner();
         let host = host_from_pb(request.host)?;
         let reply = match read_frame(&request.frame, self.max_json_depth) {
             Ok(message) => {
+                span.record("method", message.method.as_str())
+                    .record("host", tracing::field::display(&host));
                 self.link
                     .call(&host, ConnectionId(request.connection), message)
+                    .instrument(span)
                     .await
             }
             Err(rejection) => CommandReply::frame(error_frame(rejection.id, &rejection.error)),

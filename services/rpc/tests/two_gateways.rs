@@ -328,13 +328,36 @@ async fn an_unreachable_shard_answers_requests_with_an_internal_error_and_notifi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shard_metrics_come_over_grpc() {
+async fn shard_metrics_come_over_grpc_and_readiness_follows_the_shard() {
+    relay_core::telemetry::install(&[relay_core::telemetry::Side::Shard]).expect("recorder");
     let shard = start_shard().await;
-    let remote = RemoteShard::connect_lazy(&shard.url, 16).expect("url");
-    let text = tokio::time::timeout(PATIENCE, remote.metrics())
+    let channel = tonic::transport::Endpoint::from_shared(shard.url.clone())
+        .expect("url")
+        .connect()
         .await
-        .expect("in time");
+        .expect("grpc");
+    let text = relay_rpc::pb::shard_client::ShardClient::new(channel)
+        .metrics(relay_rpc::pb::MetricsRequest {})
+        .await
+        .expect("metrics")
+        .into_inner()
+        .text;
     assert!(text.contains("ahp_relay_hosts_open 0"), "{text}");
+    assert!(text.contains("# TYPE ahp_relay_actions_total counter"), "{text}");
+
+    let remote = RemoteShard::connect_lazy(&shard.url, 16).expect("url");
+    tokio::time::timeout(PATIENCE, remote.ready())
+        .await
+        .expect("in time")
+        .expect("a serving shard is ready");
+    drop(shard);
+    let stopped = tokio::time::timeout(PATIENCE, async {
+        while remote.ready().await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(stopped.is_ok(), "a stopped shard must not count as ready");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

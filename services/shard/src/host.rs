@@ -23,10 +23,12 @@ use relay_bus::RedisPublisher;
 use relay_core::bus::{Audience, BusEvent, BusEventKind, SharedBusEvent};
 use relay_core::link::CommandReply;
 use relay_core::rpc::{self, InboundMessage, RpcError};
+use relay_core::telemetry::CommitTimer;
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use relay_runner::{ChatSink, ProviderRegistry};
 use relay_store::{CommitBatch, Lease, Store, StoreError};
 use tokio::sync::{broadcast, watch, Notify};
+use tracing::Instrument;
 
 use crate::error::ShardError;
 use crate::model::HostModel;
@@ -279,6 +281,7 @@ impl Host {
                     prev_seq,
                     audience: Audience::Subscribers,
                     frame,
+                    published_at: None,
                 };
                 prev_seq = seq;
                 event
@@ -414,6 +417,13 @@ async fn commit_loop(host: Weak<Host>) {
             return;
         }
         let number = batch.number;
+        let timer = CommitTimer::start(batch.envelope_count());
+        let span = tracing::info_span!(
+            "ahp.commit",
+            host = %strong.key,
+            batch = number,
+            envelopes = timer.envelopes()
+        );
         let (commit, publications) = batch.into_parts();
         let mut backoff = Duration::from_millis(10);
         loop {
@@ -422,12 +432,14 @@ async fn commit_loop(host: Weak<Host>) {
                     strong
                         .store
                         .commit_fenced(&lease.tenant, &lease.host, &lease.owner, lease.epoch, &commit)
+                        .instrument(span.clone())
                         .await
                 }
                 None => {
                     strong
                         .store
                         .commit(&strong.key.tenant, &strong.key.host, &commit)
+                        .instrument(span.clone())
                         .await
                 }
             };
@@ -456,6 +468,7 @@ async fn commit_loop(host: Weak<Host>) {
             // closed; the next owner publishes nothing of it either — clients get it by resuming.
             return;
         }
+        timer.finish();
         let events: Vec<SharedBusEvent> = {
             let mut publisher = strong.publisher.lock();
             publications

@@ -9,6 +9,7 @@ pub mod catalog;
 pub mod commands;
 pub mod dispatch;
 pub mod error;
+pub mod health;
 pub mod history;
 pub mod host;
 pub mod link;

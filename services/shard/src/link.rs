@@ -14,7 +14,7 @@ use std::sync::{Arc, Weak};
 
 use relay_bus::RedisPublisher;
 use relay_core::bus::{BusEvent, SharedBusEvent};
-use relay_core::link::{CommandReply, HostLink, LinkError};
+use relay_core::link::{CommandReply, HostLink, LinkError, NotReady};
 use relay_core::rpc::InboundMessage;
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use relay_runner::ProviderRegistry;
@@ -105,6 +105,10 @@ impl ShardLink {
         };
         if let Some(lease) = &lease {
             tracing::info!(host = %key, epoch = lease.epoch, "serving the host under its lease");
+            // Epoch 1 is the host's first placement; any later epoch is a move from another owner.
+            if lease.epoch > 1 {
+                relay_core::telemetry::lease_acquired();
+            }
         }
         self.hosts.lock().insert(key.clone(), host.clone());
         Ok(host)
@@ -297,14 +301,15 @@ impl HostLink for ShardLink {
             sessions += s;
             chats += c;
         }
-        format!(
-            "# HELP ahp_relay_hosts_open Hosts opened by this shard.\n# TYPE ahp_relay_hosts_open gauge\n\
-             ahp_relay_hosts_open {}\n\
-             # HELP ahp_relay_sessions_loaded Sessions held in memory.\n# TYPE ahp_relay_sessions_loaded gauge\n\
-             ahp_relay_sessions_loaded {sessions}\n\
-             # HELP ahp_relay_chats_loaded Chats held in memory.\n# TYPE ahp_relay_chats_loaded gauge\n\
-             ahp_relay_chats_loaded {chats}\n",
-            hosts.len()
-        )
+        relay_core::telemetry::set_loaded(relay_core::telemetry::Loaded {
+            hosts: hosts.len(),
+            sessions,
+            chats,
+        });
+        relay_core::telemetry::render()
+    }
+
+    async fn ready(&self) -> Result<(), NotReady> {
+        crate::health::store_ready(&self.store).await
     }
 }

@@ -3,11 +3,13 @@
 //! The replay comes from the host's in-memory buffer when it still holds every envelope after the client's
 //! `lastSeenServerSeq` (no store read), from the store's action log in bounded pages when the gap is inside the
 //! retention window, and as snapshots otherwise. Disposed or unknown channels are reported as `missing`.
+//! Each answered `reconnect` counts in `ahp_relay_replays_total` under the path it took.
 
 use crate::error::ShardError;
 use ahp_types::commands::{ReconnectParams, ReconnectResult, ReconnectSnapshotResult};
 use relay_core::link::{CommandReply, SubscriptionChange};
 use relay_core::rpc::{self, InboundMessage, RpcError};
+use relay_core::telemetry::{self, ReplaySource};
 use relay_core::ConnectionId;
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -64,6 +66,10 @@ impl Host {
                 return CommandReply::frame(rpc::error_frame(plan.id, &error));
             }
         };
+        telemetry::replayed(match replayed {
+            Some(_) => ReplaySource::Store,
+            None => ReplaySource::Snapshot,
+        });
         let result = match &replayed {
             Some(envelopes) => {
                 let actions = envelopes.iter().map(|e| e.as_ref()).collect();
@@ -195,7 +201,9 @@ impl HostCore {
         };
         if last_seen > current {
             // A sequence number this host never issued: the client's state cannot be trusted.
-            return ready(self.snapshot_reply(message.id, &live, current)?);
+            let reply = self.snapshot_reply(message.id, &live, current)?;
+            telemetry::replayed(ReplaySource::Snapshot);
+            return ready(reply);
         }
         if !self.seq.replay().covers(last_seen) {
             return Ok(Resume::FromStore(StorePlan {
@@ -222,6 +230,7 @@ impl HostCore {
                 missing: &missing,
             },
         )?;
+        telemetry::replayed(ReplaySource::Memory);
         ready(out)
     }
 

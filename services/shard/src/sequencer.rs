@@ -49,6 +49,15 @@ impl PendingBatch {
             && self.disposed.is_empty()
     }
 
+    /// The envelopes numbered in this batch (accepted, rejected and per-connection ones): what its commit makes
+    /// visible, counted in `ahp_relay_actions_total`.
+    pub fn envelope_count(&self) -> usize {
+        self.publications
+            .iter()
+            .filter(|p| p.kind == BusEventKind::Action)
+            .count()
+    }
+
     /// Split into the store's batch and the publications to make after it commits.
     pub fn into_parts(self) -> (CommitBatch, Vec<Publication>) {
         (
@@ -289,6 +298,7 @@ impl Publisher {
             prev_seq,
             audience: publication.audience,
             frame: publication.frame,
+            published_at: Some(std::time::Instant::now()),
         });
         // No receivers simply means no connection is attached right now.
         if let Some(bus) = &self.bus {

@@ -238,6 +238,12 @@ impl Store {
         Ok(())
     }
 
+    /// A trivial round trip to the database (`SELECT 1`): whether the store is reachable right now.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     /// Closes the pool, waiting for connections in use to be returned.
     pub async fn close(&self) {
         self.pool.close().await;

@@ -147,6 +147,7 @@ on_both_backends!(
     an_acquire_cannot_slip_between_the_fencing_check_and_the_writes,
     orphaned_hosts_lists_released_and_expired_leases_only,
     leases_are_isolated_between_tenants_and_hosts,
+    ping_answers_while_the_store_is_reachable,
 );
 
 const T: &str = "acme";
@@ -1514,4 +1515,13 @@ async fn unsupported_urls_are_refused_without_echoing_them() {
         message.contains("mysql") && !message.contains("secret"),
         "{message}"
     );
+}
+
+async fn ping_answers_while_the_store_is_reachable(db: &TestDb) {
+    db.store.ping().await.unwrap();
+    let other = Store::connect(&db.url).await.unwrap();
+    other.ping().await.unwrap();
+    other.close().await;
+    assert!(other.ping().await.is_err(), "a closed store is not reachable");
+    db.store.ping().await.unwrap();
 }

@@ -41,6 +41,7 @@ pub fn action(seq: u64, prev_seq: u64) -> BusEvent {
         frame: Bytes::from(format!(
             r#"{{"jsonrpc":"2.0","method":"action","params":{{"serverSeq":{seq}}}}}"#
         )),
+        published_at: None,
     }
 }
 
@@ -54,6 +55,7 @@ pub fn notification(seq: u64, prev_seq: u64) -> BusEvent {
         frame: Bytes::from(format!(
             r#"{{"jsonrpc":"2.0","method":"root/sessionAdded","n":{seq}}}"#
         )),
+        published_at: None,
     }
 }
 
