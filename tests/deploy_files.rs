@@ -1525,7 +1525,8 @@ fn dockerfile_builds_and_runs_the_binary() {
     let stage = final_stage(&instructions);
     let runtime = stage.first().map_or("", |from| from.args.as_str());
     let distroless = runtime.starts_with("gcr.io/distroless/cc");
-    if !(runtime.starts_with("debian:") && runtime.contains("slim")) && !distroless {
+    let slim_debian = runtime.starts_with("debian:") && runtime.contains("slim");
+    if !slim_debian && !distroless {
         problems.push(format!(
             "{DOCKERFILE}: the runtime stage is {runtime:?}, not debian:*-slim or distroless cc"
         ));
