@@ -205,6 +205,11 @@ fn scalar(value: &Value) -> Option<String> {
     }
 }
 
+/// A value for a message, or `nothing`.
+fn shown(value: Option<impl std::fmt::Display>) -> String {
+    value.map_or_else(|| "nothing".to_string(), |value| value.to_string())
+}
+
 fn str_at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
     path.iter()
         .try_fold(value, |value, key| value.get(*key))?
@@ -712,8 +717,8 @@ fn helm_processes(chart: &Chart) -> (Vec<Process>, Vec<String>) {
                         .and_then(|n| u16::try_from(n).ok());
                     if number.is_none() {
                         problems.push(format!(
-                            "{origin}: containerPort {:?} is not a port number",
-                            port.get("containerPort")
+                            "{origin}: containerPort {} is not a port number",
+                            shown(port.get("containerPort").and_then(scalar))
                         ));
                     }
                     Some((str_at(port, &["name"]).map(str::to_string), number?))
@@ -1170,8 +1175,10 @@ fn compose_wiring() {
         let advertised = shard.env_value("AHP_RELAY_ADVERTISE_URL").map(str::to_string);
         if advertised.is_none() || advertised != expected {
             problems.push(format!(
-                "{}: AHP_RELAY_ADVERTISE_URL is {advertised:?}; others reach this shard at {expected:?}",
-                shard.origin
+                "{}: AHP_RELAY_ADVERTISE_URL is {}; others reach this shard at {}",
+                shard.origin,
+                shown(advertised),
+                shown(expected)
             ));
         }
     }
@@ -1193,9 +1200,10 @@ fn compose_wiring() {
                     gateway.origin
                 )),
                 Some((_, port)) if *port != grpc_port(shard) => problems.push(format!(
-                    "{}: lists {name} at port {port:?}, but it serves gRPC on {:?}",
+                    "{}: lists {name} at port {}, but it serves gRPC on {}",
                     gateway.origin,
-                    grpc_port(shard)
+                    shown(*port),
+                    shown(grpc_port(shard))
                 )),
                 Some(_) => {}
             }
@@ -1229,7 +1237,8 @@ fn helm_chart_wiring() {
         let value = chart_yaml.get(field).and_then(scalar);
         if value.is_none() || (expected.is_some() && value.as_deref() != expected) {
             problems.push(format!(
-                "{CHART}/Chart.yaml: {field} is {value:?}, expected {}",
+                "{CHART}/Chart.yaml: {field} is {}, expected {}",
+                shown(value),
                 expected.unwrap_or("a value")
             ));
         }
@@ -1355,8 +1364,9 @@ fn helm_chart_wiring() {
             };
             if !matches {
                 problems.push(format!(
-                    "{CHART}: Service {} targets port {target:?}, which {} does not declare",
+                    "{CHART}: Service {} targets port {}, which {} does not declare",
                     name(service),
+                    shown(target.and_then(scalar)),
                     name(workload)
                 ));
             }
@@ -1447,8 +1457,9 @@ fn helm_chart_wiring() {
                 || grpc.is_none_or(|port| !advertise.ends_with(&format!(":{port}")))
             {
                 problems.push(format!(
-                    "{}: AHP_RELAY_ADVERTISE_URL {advertise:?} must be {expected_prefix}...:{grpc:?}",
-                    process.origin
+                    "{}: AHP_RELAY_ADVERTISE_URL {advertise:?} must be {expected_prefix}...:{}",
+                    process.origin,
+                    shown(grpc)
                 ));
             }
             if position("POD_NAME").is_none() || position("POD_NAME") > position("AHP_RELAY_ADVERTISE_URL") {
