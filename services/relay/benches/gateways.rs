@@ -4,13 +4,16 @@
 //! Run: `scripts/bench gateways` (starts a throw-away Redis; the shard uses the embedded SQLite store in a
 //! temporary directory). Everything is on loopback, bounded in count and time, and every child process is
 //! killed when the bench ends or panics.
-//! - Throughput: N subscribers of one chat, half on each gateway; one client (on gateway 1) dispatches M actions
-//!   with at most W in flight. Delivered frames per second of wall clock, and per CPU-second of the two gateway
-//!   processes together (utime + stime from `/proc/<pid>/stat`, before/after). The baseline is the bare
-//!   broadcast server, run as its own process (this bench re-executed), with the same N subscribers, the same
-//!   frame (a frame the gateways delivered, byte for byte), the same publisher and window, measured the same way.
-//! - Latency: the same N subscribers; a fixed offered load of actions/s, each carrying its index; dispatch →
-//!   arrival at the *last* of the N subscribers, p50/p99.
+//! - Throughput: N subscribers of one chat, half on each gateway; 32 clients (alternating gateways) dispatch M
+//!   actions round-robin, with at most W in flight (a gateway forwards one client's frames one gRPC call at a
+//!   time, so a single dispatching client caps the action rate far below what the fan-out takes). Delivered frames per
+//!   second of wall clock, and per CPU-second of the two gateway processes together (utime + stime from
+//!   `/proc/<pid>/stat`, before/after). The baseline is the bare broadcast server, run as its own process (this
+//!   bench re-executed, on the same kind of tokio runtime as `ahp-relay`), with the same N subscribers, the
+//!   same frame (one the gateways delivered, byte for byte), the same dispatchers and window, measured the same
+//!   way: once as fast as it goes, once paced at the action rate the gateways reached.
+//! - Latency: 100 of those subscribers (50 per gateway; the others disconnect); a fixed offered load of
+//!   actions/s, each carrying its index; dispatch → arrival at the *last* of them, p50/p99.
 
 mod common;
 
@@ -35,9 +38,13 @@ const SUBSCRIBERS: usize = 1_000;
 const WARMUP_ACTIONS: usize = 200;
 /// Actions of the measured throughput round.
 const ACTIONS: usize = 5_000;
-/// Most actions the publisher runs ahead of the slowest subscriber (well under the relay's outbound queue of
-/// 4,096 frames per connection, so nobody is closed as a slow consumer).
+/// Clients dispatching the actions, round-robin, alternating between the gateways.
+const PUBLISHERS: usize = 32;
+/// Most actions the dispatchers run ahead of the subscribers on average (well under the relay's outbound queue
+/// of 4,096 frames per connection, so nobody is closed as a slow consumer).
 const WINDOW: usize = 1_000;
+/// Subscribers kept for the latency phase (the others disconnect), alternating between the gateways.
+const LATENCY_SUBSCRIBERS: usize = 100;
 /// Offered load of the latency phase, in actions per second, and how long it lasts.
 const LATENCY_RATE: u64 = 200;
 const LATENCY_SECONDS: u64 = 10;
@@ -107,18 +114,21 @@ async fn run() {
         .collect();
     let redis_pid = redis_pid(&redis_url).await;
 
-    let mut publisher = initialized(&urls[0], "publisher").await;
-    create_chat(&mut publisher).await;
+    let mut first = initialized(&urls[0], "publisher-0").await;
+    create_chat(&mut first).await;
+    let mut publishers = vec![drain(first)];
+    for i in 1..PUBLISHERS {
+        publishers.push(drain(initialized(&urls[i % 2], &format!("publisher-{i}")).await));
+    }
     let mut subscribers = Vec::new();
     for i in 0..SUBSCRIBERS {
         let mut s = initialized(&urls[i % 2], &format!("sub-{i}")).await;
         request(&mut s, "subscribe", json!({"channel": common::CHAT})).await;
         subscribers.push(s);
     }
-    let mut publisher = drain(publisher);
     println!(
         "1 shard (SQLite store) + 2 gateways following it over Redis; {SUBSCRIBERS} subscribers of one chat \
-         ({} per gateway); publisher on gateway 1",
+         ({} per gateway); {PUBLISHERS} clients dispatching (alternating gateways)",
         SUBSCRIBERS / 2
     );
 
@@ -126,7 +136,9 @@ async fn run() {
     let warmup = (0..WARMUP_ACTIONS)
         .map(|i| dispatch_frame(i, &format!("w{i:08}")))
         .collect();
-    let (subscribers, _, sample) = round(&mut publisher, subscribers, warmup).await;
+    let Round {
+        subscribers, sample, ..
+    } = round(&mut publishers, subscribers, warmup, None).await;
     let frames = (0..ACTIONS)
         .map(|i| dispatch_frame(WARMUP_ACTIONS + i, &format!("d{i:08}")))
         .collect();
@@ -136,48 +148,58 @@ async fn run() {
         pid(&shard),
         std::process::id(),
     ];
-    let before = pids.map(cpu_seconds);
-    let redis_before = redis_pid.and_then(try_cpu_seconds);
-    let (subscribers, elapsed, _) = round(&mut publisher, subscribers, frames).await;
-    let after = pids.map(cpu_seconds);
-    let cpu: Vec<f64> = before.iter().zip(&after).map(|(b, a)| a - b).collect();
-    let redis_cpu = match (redis_before, redis_pid.and_then(try_cpu_seconds)) {
-        (Some(before), Some(after)) => format!("{:.2} s", after - before),
+    let before = pids.map(Cpu::of);
+    let redis_before = redis_pid.and_then(Cpu::try_of);
+    let Round {
+        subscribers,
+        elapsed,
+        blocked,
+        ..
+    } = round(&mut publishers, subscribers, frames, None).await;
+    let after = pids.map(Cpu::of);
+    let [gw1, gw2, shard_cpu, generator] = [0, 1, 2, 3].map(|i| after[i].since(before[i]));
+    let redis_cpu = match (redis_before, redis_pid.and_then(Cpu::try_of)) {
+        (Some(before), Some(after)) => format!("{:.2} s", after.since(before).total()),
         _ => "unknown (not a local process)".into(),
     };
     let delivered = (SUBSCRIBERS * ACTIONS) as f64;
     let gateway_rate = delivered / elapsed.as_secs_f64();
-    let gateway_cpu = cpu[0] + cpu[1];
-    let gateway_per_cpu = delivered / gateway_cpu;
+    let gateway_per_cpu = delivered / (gw1.total() + gw2.total());
     println!(
         "gateways: {ACTIONS} actions x {SUBSCRIBERS} subscribers = {delivered:.0} frames of {} bytes in {:.2} s: \
-         {gateway_rate:.0} frames/s",
+         {gateway_rate:.0} frames/s ({:.0} actions/s; dispatchers waited for subscribers {:.2} s)",
         sample.len(),
-        elapsed.as_secs_f64()
+        elapsed.as_secs_f64(),
+        ACTIONS as f64 / elapsed.as_secs_f64(),
+        blocked.as_secs_f64()
     );
     println!(
-        "  CPU: gateways {:.2} + {:.2} s -> {gateway_per_cpu:.0} frames per gateway CPU-second; \
-         shard {:.2} s, Redis {redis_cpu}, load generator {:.2} s (wall {:.2} s on 2 cores)",
-        cpu[0],
-        cpu[1],
-        cpu[2],
-        cpu[3],
+        "  CPU: gateway 1 {gw1}, gateway 2 {gw2} -> {gateway_per_cpu:.0} frames per gateway CPU-second; \
+         shard {:.2} s, Redis {redis_cpu}, load generator {generator} (wall {:.2} s, 2 cores)",
+        shard_cpu.total(),
         elapsed.as_secs_f64()
     );
 
-    // Latency at a fixed offered load, to the same subscribers.
-    let (p50, p99, max) = latency(&mut publisher, subscribers, WARMUP_ACTIONS + ACTIONS).await;
+    // Latency at a fixed offered load, to some of the same subscribers (half on each gateway).
+    let mut subscribers = subscribers;
+    for mut s in subscribers.split_off(LATENCY_SUBSCRIBERS) {
+        let _ = s.close(None).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (p50, p99, max) = latency(&mut publishers, subscribers, WARMUP_ACTIONS + ACTIONS).await;
     println!(
-        "latency: {LATENCY_RATE} actions/s for {LATENCY_SECONDS} s ({} frames/s offered): dispatch -> last of \
-         {SUBSCRIBERS} subscribers p50 {p50:.2?}  p99 {p99:.2?}  max {max:.2?}",
-        LATENCY_RATE as usize * SUBSCRIBERS
+        "latency: {LATENCY_RATE} actions/s for {LATENCY_SECONDS} s to {LATENCY_SUBSCRIBERS} subscribers ({} frames/s \
+         offered): dispatch -> last subscriber p50 {p50:.2?}  p99 {p99:.2?}  max {max:.2?}",
+        LATENCY_RATE as usize * LATENCY_SUBSCRIBERS
     );
     let mut repairs = 0.0;
     for (_, addr) in &gateways {
         repairs += metric(addr, "ahp_relay_gap_repairs_total").await;
     }
     println!("gap repairs (lost Redis messages fetched from the shard) on both gateways: {repairs}");
-    let _ = publisher.close().await;
+    for mut p in publishers {
+        let _ = p.close().await;
+    }
     drop(gateways);
     drop(shard);
 
@@ -186,48 +208,84 @@ async fn run() {
     bare.env(BARE_SERVER_ENV, "1");
     let (bare, bare_addr) = spawn_until(bare, "listening on ws://").await;
     let bare_url = format!("ws://{bare_addr}/");
-    let mut bare_publisher = connect(&bare_url).await;
+    let mut bare_publishers = Vec::new();
+    for _ in 0..PUBLISHERS {
+        bare_publishers.push(connect(&bare_url).await);
+    }
     let mut bare_subscribers = Vec::new();
     for _ in 0..SUBSCRIBERS {
         bare_subscribers.push(connect(&bare_url).await);
     }
     // Every socket registers with the broadcast after its handshake: let them, then check one frame reaches all.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    bare_publisher
+    bare_publishers[0]
         .send(Message::Text("hello".into()))
         .await
         .expect("send");
     for s in &mut bare_subscribers {
         next_frame(s).await;
     }
-    let mut bare_publisher = drain(bare_publisher);
+    let mut bare_publishers: Vec<Publisher> = bare_publishers.into_iter().map(drain).collect();
     let template = sample.to_string();
-    let (bare_subscribers, _, _) = round(
-        &mut bare_publisher,
+    let mut bare_subscribers = round(
+        &mut bare_publishers,
         bare_subscribers,
         vec![template.clone(); WARMUP_ACTIONS],
+        None,
     )
-    .await;
+    .await
+    .subscribers;
     let bare_pid = pid(&bare);
-    let (before, self_before) = (cpu_seconds(bare_pid), cpu_seconds(std::process::id()));
-    let (bare_subscribers, bare_elapsed, _) =
-        round(&mut bare_publisher, bare_subscribers, vec![template; ACTIONS]).await;
-    let bare_cpu = cpu_seconds(bare_pid) - before;
-    let self_cpu = cpu_seconds(std::process::id()) - self_before;
-    let bare_rate = delivered / bare_elapsed.as_secs_f64();
-    let bare_per_cpu = delivered / bare_cpu;
+    let mut bare_results = Vec::new();
+    // As fast as it goes, then paced at the action rate the gateways reached (the input pattern they had).
+    for pace in [None, Some(elapsed / ACTIONS as u32)] {
+        let pids = [bare_pid, std::process::id()];
+        let before = pids.map(Cpu::of);
+        let Round {
+            subscribers,
+            elapsed: bare_elapsed,
+            blocked: bare_blocked,
+            ..
+        } = round(
+            &mut bare_publishers,
+            bare_subscribers,
+            vec![template.clone(); ACTIONS],
+            pace,
+        )
+        .await;
+        bare_subscribers = subscribers;
+        let after = pids.map(Cpu::of);
+        let [bare_cpu, generator] = [0, 1].map(|i| after[i].since(before[i]));
+        let bare_rate = delivered / bare_elapsed.as_secs_f64();
+        let bare_per_cpu = delivered / bare_cpu.total();
+        let how = match pace {
+            None => "as fast as it goes".to_string(),
+            Some(_) => format!(
+                "paced at the gateways' {:.0} actions/s",
+                ACTIONS as f64 / elapsed.as_secs_f64()
+            ),
+        };
+        println!(
+            "bare broadcast server (own process), {how}: {delivered:.0} frames of {} bytes in {:.2} s: \
+             {bare_rate:.0} frames/s (dispatchers waited for subscribers {:.2} s)",
+            sample.len(),
+            bare_elapsed.as_secs_f64(),
+            bare_blocked.as_secs_f64()
+        );
+        println!("  CPU: {bare_cpu} -> {bare_per_cpu:.0} frames per CPU-second; load generator {generator}");
+        bare_results.push((bare_rate, bare_per_cpu));
+    }
+    let [(max_rate, max_per_cpu), (_, paced_per_cpu)] = [bare_results[0], bare_results[1]];
     println!(
-        "bare broadcast server (own process): {delivered:.0} frames of {} bytes in {:.2} s: {bare_rate:.0} \
-         frames/s; CPU {bare_cpu:.2} s -> {bare_per_cpu:.0} frames per CPU-second (load generator {self_cpu:.2} s)",
-        sample.len(),
-        bare_elapsed.as_secs_f64()
+        "ratio gateways / bare: per CPU-second {:.2} (target >= 0.70), per wall-clock second {:.2}; \
+         per CPU-second against the bare server at the same action rate {:.2}",
+        gateway_per_cpu / max_per_cpu,
+        gateway_rate / max_rate,
+        gateway_per_cpu / paced_per_cpu
     );
-    println!(
-        "ratio gateways / bare: per CPU-second {:.2}, per wall-clock second {:.2}",
-        gateway_per_cpu / bare_per_cpu,
-        gateway_rate / bare_rate
-    );
-    let _ = bare_publisher.close().await;
+    for mut p in bare_publishers {
+        let _ = p.close().await;
+    }
     drop(bare_subscribers);
     drop(bare);
 }
@@ -240,14 +298,25 @@ fn drain(socket: Socket) -> Publisher {
     sink
 }
 
-/// Publish `frames` (at most [`WINDOW`] ahead of the subscribers) and wait until every subscriber has received
-/// one `chat/draftChanged` frame per frame sent. Returns the subscribers, the time from the first send to the
-/// last arrival, and one delivered frame.
+/// What one [`round`] measured.
+struct Round {
+    subscribers: Vec<Socket>,
+    /// From the first send to the last arrival.
+    elapsed: Duration,
+    /// How long the publishers waited for the subscribers (the window was full).
+    blocked: Duration,
+    /// One delivered frame.
+    sample: Utf8Bytes,
+}
+
+/// Publish `frames` round-robin (at most [`WINDOW`] ahead of the subscribers on average, and one per `pace`
+/// if given) and wait until every subscriber has received one `chat/draftChanged` frame per frame sent.
 async fn round(
-    publisher: &mut Publisher,
+    publishers: &mut [Publisher],
     subscribers: Vec<Socket>,
     frames: Vec<String>,
-) -> (Vec<Socket>, Duration, Utf8Bytes) {
+    pace: Option<Duration>,
+) -> Round {
     let expected = frames.len();
     let count = subscribers.len() as u64;
     let delivered = Arc::new(AtomicU64::new(0));
@@ -271,18 +340,31 @@ async fn round(
             })
         })
         .collect();
+    let mut blocked = Duration::ZERO;
+    let mut tick = pace.map(|every| {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        tick
+    });
     for (i, frame) in frames.into_iter().enumerate() {
+        if let Some(tick) = &mut tick {
+            tick.tick().await;
+        }
         if i >= WINDOW {
-            // Blocked: wait until the slowest have caught up by half a window, so sends come in bursts.
+            // The window is full: wait until the subscribers have caught up by half a window, so sends come in
+            // bursts.
             let must = (i - WINDOW) as u64 * count;
             if delivered.load(Ordering::Relaxed) < must {
+                let waiting = Instant::now();
                 let resume = (i - WINDOW / 2) as u64 * count;
                 while delivered.load(Ordering::Relaxed) < resume {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
+                blocked += waiting.elapsed();
             }
         }
-        publisher
+        let n = publishers.len();
+        publishers[i % n]
             .send(Message::Text(frame.into()))
             .await
             .expect("publish");
@@ -294,13 +376,18 @@ async fn round(
         sockets.push(s);
         sample = last;
     }
-    (sockets, started.elapsed(), sample)
+    Round {
+        subscribers: sockets,
+        elapsed: started.elapsed(),
+        blocked,
+        sample,
+    }
 }
 
 /// Offer [`LATENCY_RATE`] actions/s for [`LATENCY_SECONDS`]; each carries its index. Returns p50, p99 and max
 /// of dispatch → arrival at the last subscriber.
 async fn latency(
-    publisher: &mut Publisher,
+    publishers: &mut [Publisher],
     subscribers: Vec<Socket>,
     first_seq: usize,
 ) -> (Duration, Duration, Duration) {
@@ -332,7 +419,8 @@ async fn latency(
     for (i, slot) in sent.iter_mut().enumerate() {
         tick.tick().await;
         *slot = origin.elapsed();
-        publisher
+        let n = publishers.len();
+        publishers[i % n]
             .send(Message::Text(
                 dispatch_frame(first_seq + i, &format!("lat:{i}")).into(),
             ))
@@ -366,20 +454,54 @@ fn pid(child: &Child) -> u32 {
     child.id().expect("child is running")
 }
 
-/// CPU time (user + system, all threads) a process has used so far, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    try_cpu_seconds(pid).expect("/proc/<pid>/stat")
+/// CPU time (all threads) a process has used, in seconds, from `/proc/<pid>/stat`.
+#[derive(Clone, Copy)]
+struct Cpu {
+    user: f64,
+    system: f64,
 }
 
-fn try_cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesized command name, which may itself contain spaces: state is field 3, so
-    // utime (14) and stime (15) are the 12th and 13th.
-    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // SAFETY: sysconf only reads a system constant.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    Some(ticks as f64 / per_second as f64)
+impl Cpu {
+    fn of(pid: u32) -> Cpu {
+        Cpu::try_of(pid).expect("/proc/<pid>/stat")
+    }
+
+    fn try_of(pid: u32) -> Option<Cpu> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the parenthesized command name, which may itself contain spaces: state is field 3, so
+        // utime (14) and stime (15) are the 12th and 13th.
+        let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+        let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+        // SAFETY: sysconf only reads a system constant.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        Some(Cpu {
+            user: ticks(11)? as f64 / per_second,
+            system: ticks(12)? as f64 / per_second,
+        })
+    }
+
+    fn since(self, earlier: Cpu) -> Cpu {
+        Cpu {
+            user: self.user - earlier.user,
+            system: self.system - earlier.system,
+        }
+    }
+
+    fn total(self) -> f64 {
+        self.user + self.system
+    }
+}
+
+impl std::fmt::Display for Cpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.2} s ({:.2} user + {:.2} sys)",
+            self.total(),
+            self.user,
+            self.system
+        )
+    }
 }
 
 /// The Redis server's process id (from `INFO server`), to account its CPU time; `None` if it does not say.
