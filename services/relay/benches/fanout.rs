@@ -6,28 +6,26 @@
 //! - Latency: dispatch → last subscriber, p50/p99, at a fixed offered load.
 //! - Memory: relay RSS growth per idle, initialized WebSocket connection.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
-use relay_core::Role;
-use relay_gateway::auth::{mint_hs256, Claims};
+use common::{
+    bare_broadcast_server, connect, create_chat, dispatch_frame, initialized, next_text, request,
+    spawn_until, token, Socket, SECRET,
+};
+use futures_util::SinkExt;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
-use tokio::sync::broadcast;
 use tokio_tungstenite::tungstenite::Message;
 
-const SECRET: &str = "bench-secret";
 const SUBSCRIBERS: usize = 1_000;
 const ACTIONS: usize = 1_000;
 const LATENCY_SUBSCRIBERS: usize = 10;
 const LATENCY_RATE: u64 = 1_000;
 const LATENCY_SECONDS: u64 = 3;
 const IDLE_CONNECTIONS: usize = 2_000;
-
-type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -38,18 +36,7 @@ async fn main() {
 
     // Fan-out through the relay.
     let mut publisher = initialized(&url, "publisher").await;
-    request(
-        &mut publisher,
-        "createSession",
-        json!({"channel": "ahp-session:/bench", "provider": "demo"}),
-    )
-    .await;
-    request(
-        &mut publisher,
-        "createChat",
-        json!({"channel": "ahp-session:/bench", "chat": "ahp-chat:/bench"}),
-    )
-    .await;
+    create_chat(&mut publisher).await;
     let mut subscribers = Vec::new();
     for i in 0..SUBSCRIBERS {
         let mut s = initialized(&url, &format!("sub-{i}")).await;
@@ -195,130 +182,15 @@ async fn latency(publisher: &mut Socket, watchers: Vec<Socket>) -> (Duration, Du
     (latencies[total / 2], latencies[total * 99 / 100], total)
 }
 
-fn dispatch_frame(i: usize, text: &str) -> String {
-    json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-chat:/bench","clientSeq":i + 1,
-        "action":{"type":"chat/draftChanged","draft":{"text":text,"origin":{"kind":"user"}}}}})
-    .to_string()
-}
-
-fn token() -> String {
-    mint_hs256(
-        SECRET.as_bytes(),
-        &Claims::new("bench", "bench", Role::Admin, None, Duration::from_secs(3600)),
-    )
-    .expect("token")
-}
-
 async fn start_relay(dir: &std::path::Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+    command
         .args(["serve", "--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
         .args(["--max-connections-per-tenant", "100000"])
         .arg("--data-dir")
-        .arg(dir)
-        .env_remove("DATABASE_URL")
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn relay (build it first: cargo build --release -p ahp-relay)");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    while let Some(line) = lines.next_line().await.expect("stdout") {
-        if let Some(rest) = line.split("listening on ws://").nth(1) {
-            let addr = rest.trim_end_matches("/v1/ws").to_string();
-            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-            return (child, addr);
-        }
-    }
-    panic!("relay exited");
-}
-
-/// The baseline: every text frame received on any socket is broadcast, as is, to every socket (TCP_NODELAY,
-/// queued frames written together and flushed once — the same discipline as the relay's writer).
-async fn bare_broadcast_server() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    let (tx, _) = broadcast::channel::<bytes::Bytes>(65_536);
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let Ok(ws) = tokio_tungstenite::accept_async(stream).await else {
-                    return;
-                };
-                let (mut sink, mut stream) = ws.split();
-                let mut rx = tx.subscribe();
-                loop {
-                    tokio::select! {
-                        inbound = stream.next() => match inbound {
-                            Some(Ok(Message::Text(text))) => { let _ = tx.send(bytes::Bytes::from(text)); }
-                            Some(Ok(_)) => {}
-                            _ => return,
-                        },
-                        frame = rx.recv() => match frame {
-                            Ok(frame) => {
-                                // Same write discipline as the relay: feed what is queued, flush once.
-                                let mut next = Some(frame);
-                                while let Some(frame) = next.take() {
-                                    let Ok(text) = tokio_tungstenite::tungstenite::Utf8Bytes::try_from(frame) else { continue };
-                                    if sink.feed(Message::Text(text)).await.is_err() { return; }
-                                    next = rx.try_recv().ok();
-                                }
-                                if sink.flush().await.is_err() { return; }
-                            }
-                            Err(_) => return,
-                        },
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
-async fn connect(url: &str) -> Socket {
-    tokio_tungstenite::connect_async(url).await.expect("connect").0
-}
-
-async fn initialized(url: &str, client_id: &str) -> Socket {
-    let mut s = connect(url).await;
-    request(
-        &mut s,
-        "initialize",
-        json!({"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": client_id}),
-    )
-    .await;
-    s
-}
-
-/// Send a request and wait for its response (skipping notifications).
-async fn request(s: &mut Socket, method: &str, params: Value) -> Value {
-    s.send(Message::Text(
-        json!({"jsonrpc":"2.0","id":1,"method":method,"params":params})
-            .to_string()
-            .into(),
-    ))
-    .await
-    .expect("send");
-    loop {
-        let v: Value = serde_json::from_str(&next_text(s).await).expect("json");
-        if v.get("id").is_some() {
-            assert!(v.get("error").is_none(), "{method} failed: {v}");
-            return v;
-        }
-    }
-}
-
-async fn next_text(s: &mut Socket) -> String {
-    loop {
-        match tokio::time::timeout(Duration::from_secs(30), s.next())
-            .await
-            .expect("timed out")
-        {
-            Some(Ok(Message::Text(text))) => return text.to_string(),
-            Some(Ok(_)) => continue,
-            other => panic!("socket ended: {other:?}"),
-        }
-    }
+        .arg(dir);
+    let (child, url) = spawn_until(command, "listening on ws://").await;
+    (child, url.trim_end_matches("/v1/ws").to_string())
 }
 
 fn rss_kib(pid: u32) -> u64 {

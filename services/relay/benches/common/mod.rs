@@ -1,0 +1,187 @@
+//! What the relay benchmarks share: the bare tokio-tungstenite broadcast server they compare against, raw
+//! WebSocket clients speaking the relay's JSON-RPC, tokens, and starting `ahp-relay` processes.
+//!
+//! The clients are plain tokio-tungstenite sockets rather than the `ahp` client so that the load generator's
+//! own cost stays small next to the servers being measured (it shares the machine's cores with them).
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use relay_core::Role;
+use relay_gateway::auth::{mint_hs256, Claims};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
+use tokio::sync::broadcast;
+use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
+
+/// The HS256 secret every benchmarked relay process is started with.
+pub const SECRET: &str = "bench-secret";
+/// The chat every benchmark publishes to.
+pub const CHAT: &str = "ahp-chat:/bench";
+/// Longest wait for any single frame; a healthy run never comes near it.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+pub type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// An admin token of tenant `bench`.
+pub fn token() -> String {
+    mint_hs256(
+        SECRET.as_bytes(),
+        &Claims::new("bench", "bench", Role::Admin, None, Duration::from_secs(3600)),
+    )
+    .expect("token")
+}
+
+/// A client's `dispatchAction` of `chat/draftChanged` with `text` on [`CHAT`].
+pub fn dispatch_frame(i: usize, text: &str) -> String {
+    json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":CHAT,"clientSeq":i + 1,
+        "action":{"type":"chat/draftChanged","draft":{"text":text,"origin":{"kind":"user"}}}}})
+    .to_string()
+}
+
+/// Start `command` (an `ahp-relay` process, or this bench re-executed as a bare server), wait until a stdout
+/// line contains `marker` and return the child with the rest of that line. The child is killed when dropped
+/// (also when the bench panics), and its stdout keeps being drained so it never blocks.
+pub async fn spawn_until(mut command: Command, marker: &str) -> (Child, String) {
+    command
+        .env_remove("DATABASE_URL")
+        .env_remove("REDIS_URL")
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command
+        .spawn()
+        .expect("spawn (cargo bench builds ahp-relay first)");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let rest = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = lines.next_line().await.expect("stdout") {
+            if let Some(rest) = line.split(marker).nth(1) {
+                return rest.trim().to_string();
+            }
+        }
+        panic!("process exited before printing {marker:?}");
+    })
+    .await
+    .expect("process did not start in time");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, rest)
+}
+
+/// The baseline: every text frame received on any socket is broadcast, as is, to every socket (TCP_NODELAY,
+/// queued frames written together and flushed once — the same discipline as the relay's writer). Runs on the
+/// current tokio runtime; returns its address.
+pub async fn bare_broadcast_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let (tx, _) = broadcast::channel::<bytes::Bytes>(65_536);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let Ok(ws) = tokio_tungstenite::accept_async(stream).await else {
+                    return;
+                };
+                let (mut sink, mut stream) = ws.split();
+                let mut rx = tx.subscribe();
+                loop {
+                    tokio::select! {
+                        inbound = stream.next() => match inbound {
+                            Some(Ok(Message::Text(text))) => { let _ = tx.send(bytes::Bytes::from(text)); }
+                            Some(Ok(_)) => {}
+                            _ => return,
+                        },
+                        frame = rx.recv() => match frame {
+                            Ok(frame) => {
+                                // Same write discipline as the relay: feed what is queued, flush once.
+                                let mut next = Some(frame);
+                                while let Some(frame) = next.take() {
+                                    let Ok(text) = Utf8Bytes::try_from(frame) else { continue };
+                                    if sink.feed(Message::Text(text)).await.is_err() { return; }
+                                    next = rx.try_recv().ok();
+                                }
+                                if sink.flush().await.is_err() { return; }
+                            }
+                            Err(_) => return,
+                        },
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+pub async fn connect(url: &str) -> Socket {
+    let (socket, _) = tokio_tungstenite::connect_async(url).await.expect("connect");
+    if let tokio_tungstenite::MaybeTlsStream::Plain(tcp) = socket.get_ref() {
+        let _ = tcp.set_nodelay(true);
+    }
+    socket
+}
+
+/// A connected client that has completed `initialize` as `client_id`.
+pub async fn initialized(url: &str, client_id: &str) -> Socket {
+    let mut s = connect(url).await;
+    request(
+        &mut s,
+        "initialize",
+        json!({"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": client_id}),
+    )
+    .await;
+    s
+}
+
+/// Create the demo session `ahp-session:/bench` and its chat [`CHAT`].
+pub async fn create_chat(s: &mut Socket) {
+    request(
+        s,
+        "createSession",
+        json!({"channel": "ahp-session:/bench", "provider": "demo"}),
+    )
+    .await;
+    request(
+        s,
+        "createChat",
+        json!({"channel": "ahp-session:/bench", "chat": CHAT}),
+    )
+    .await;
+}
+
+/// Send a request and wait for its response (skipping notifications).
+pub async fn request(s: &mut Socket, method: &str, params: Value) -> Value {
+    s.send(Message::Text(
+        json!({"jsonrpc":"2.0","id":1,"method":method,"params":params})
+            .to_string()
+            .into(),
+    ))
+    .await
+    .expect("send");
+    loop {
+        let v: Value = serde_json::from_str(&next_text(s).await).expect("json");
+        if v.get("id").is_some() {
+            assert!(v.get("error").is_none(), "{method} failed: {v}");
+            return v;
+        }
+    }
+}
+
+/// The next text frame, without copying it.
+pub async fn next_frame(s: &mut Socket) -> Utf8Bytes {
+    loop {
+        match tokio::time::timeout(PATIENCE, s.next()).await.expect("timed out") {
+            Some(Ok(Message::Text(text))) => return text,
+            Some(Ok(_)) => continue,
+            other => panic!("socket ended: {other:?}"),
+        }
+    }
+}
+
+pub async fn next_text(s: &mut Socket) -> String {
+    next_frame(s).await.to_string()
+}
