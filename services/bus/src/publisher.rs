@@ -41,4 +41,28 @@ impl RedisPublisher {
             .await?;
         Ok(receivers)
     }
+
+    /// Publishes `events` on `host`'s channel, in order, in one pipelined round trip (a commit batch: the
+    /// shard does not wait for Redis per event). On an error some of them may have been published; either
+    /// way subscribers repair what they miss and drop what they already have.
+    pub async fn publish_all(
+        &self,
+        host: &HostKey,
+        events: &[impl AsRef<BusEvent>],
+    ) -> Result<(), PublishError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let channel = channel_name(host);
+        let mut pipe = redis::pipe();
+        for event in events {
+            pipe.cmd("PUBLISH")
+                .arg(&channel)
+                .arg(codec::encode(event.as_ref()).as_ref())
+                .ignore();
+        }
+        let mut connection = self.connection.clone();
+        pipe.query_async::<()>(&mut connection).await?;
+        Ok(())
+    }
 }

@@ -500,20 +500,15 @@ async fn committed_anyway(store: &Store, key: &HostKey, commit: &CommitBatch) ->
     }
 }
 
-/// Publish one batch's events to Redis in order. Failures are logged and skipped: gateways repair the gap.
+/// Publish one batch's events to Redis in order, pipelined. Failures are logged and skipped: gateways repair
+/// the gap.
 async fn publish_to_redis(redis: &RedisPublisher, key: &HostKey, events: &[SharedBusEvent]) {
-    let publish_all = async {
-        for event in events {
-            if let Err(error) = redis.publish(key, event).await {
-                tracing::warn!(host = %key, seq = event.seq, %error, "redis publish failed; gateways will repair the gap");
-            }
+    match tokio::time::timeout(REDIS_PUBLISH_TIMEOUT, redis.publish_all(key, events)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tracing::warn!(host = %key, events = events.len(), %error, "redis publish failed; gateways will repair the gap");
         }
-    };
-    if tokio::time::timeout(REDIS_PUBLISH_TIMEOUT, publish_all)
-        .await
-        .is_err()
-    {
-        tracing::warn!(host = %key, "redis publish timed out; gateways will repair the gap");
+        Err(_) => tracing::warn!(host = %key, "redis publish timed out; gateways will repair the gap"),
     }
 }
 
