@@ -174,22 +174,35 @@ impl ShardLink {
         });
     }
 
+    /// Renew every lease of this process in one statement, then depose the open hosts whose lease was not
+    /// among those renewed (taken by another shard, at another epoch).
     async fn renew_leases(&self, ownership: &Ownership) {
+        // Hosts listed before the renewal: their leases were taken before it ran, so a lease missing from
+        // what it renewed was lost (a host opened meanwhile is checked at the next tick).
         let hosts: Vec<Arc<Host>> = self.hosts.lock().values().cloned().collect();
+        let renewed = match self
+            .store
+            .renew_leases_of(ownership.owner(), ownership.ttl_ms(), now_ms())
+            .await
+        {
+            Ok(renewed) => renewed,
+            Err(error) => {
+                tracing::warn!(%error, "could not renew the leases; retrying");
+                return;
+            }
+        };
+        let held: std::collections::HashSet<(String, String, u64)> = renewed
+            .into_iter()
+            .map(|lease| (lease.tenant, lease.host, lease.epoch))
+            .collect();
         for host in hosts {
             let Some(lease) = host.lease() else {
                 continue;
             };
-            if host.is_deposed() {
-                continue;
-            }
-            match self.store.renew_lease(lease, ownership.ttl_ms(), now_ms()).await {
-                Ok(Some(_)) => {}
-                Ok(None) => {
-                    host.depose("its lease was taken by another shard");
-                    self.forget(&host);
-                }
-                Err(error) => tracing::warn!(host = %lease.host, %error, "could not renew a lease; retrying"),
+            let key = (lease.tenant.clone(), lease.host.clone(), lease.epoch);
+            if !host.is_deposed() && !held.contains(&key) {
+                host.depose("its lease was taken by another shard");
+                self.forget(&host);
             }
         }
     }

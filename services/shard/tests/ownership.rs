@@ -200,3 +200,51 @@ async fn draining_a_shard_releases_its_leases_at_once() {
         .await
         .is_err());
 }
+
+#[tokio::test]
+async fn a_kept_lease_is_not_taken_and_a_lost_one_is_noticed_at_the_next_renewal() {
+    let (_dir, store, first, second) = two_shards().await;
+    first.keep_leases();
+    let key = HostKey::new("t", "default");
+    let conn = ConnectionId::next();
+    let mut bus = first
+        .attach(&key, conn, &identity())
+        .await
+        .expect("first takes the host");
+
+    // Three lease lifetimes later the host is still the first shard's: its keeper renewed the lease.
+    let until = tokio::time::Instant::now() + 3 * TTL;
+    while tokio::time::Instant::now() < until {
+        match second.attach(&key, ConnectionId::next(), &identity()).await {
+            Err(LinkError::Moved { owner, .. }) => assert_eq!(owner, "http://first:1"),
+            other => panic!("the renewed lease was taken: {:?}", other.map(|_| ())),
+        }
+        tokio::time::sleep(TTL / 4).await;
+    }
+
+    // The lease is lost behind the first shard's back (released in the store, then taken by the second):
+    // the keeper's next renewal misses it, deposes the host and closes its bus — with no commit attempted.
+    let lease = store
+        .lease_of("t", "default")
+        .await
+        .expect("lease")
+        .expect("held");
+    store.release_lease(&lease).await.expect("release");
+    second
+        .attach(&key, ConnectionId::next(), &identity())
+        .await
+        .expect("second takes the host");
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), bus.recv())
+            .await
+            .expect("bus closes")
+        {
+            Err(RecvError::Closed) => break,
+            Ok(_) | Err(RecvError::Lagged(_)) => continue,
+        }
+    }
+    assert_eq!(
+        call(&first, &key, conn, initialize()).await.close.map(|c| c.code),
+        Some(1012)
+    );
+}

@@ -83,6 +83,31 @@ pub(crate) async fn renew(
         .transpose()
 }
 
+/// Moves the expiry of every lease `owner` still holds to `now_ms + ttl_ms`, in one statement; returns the
+/// leases renewed. A lease the owner lost (taken, or released) is not among them.
+pub(crate) async fn renew_all(
+    pool: &AnyPool,
+    owner: &str,
+    ttl_ms: i64,
+    now_ms: i64,
+) -> Result<Vec<Lease>, StoreError> {
+    let rows = sqlx::query(
+        "UPDATE leases SET expires_at_ms = $2 WHERE owner = $1 \
+         RETURNING tenant, host, owner, epoch, expires_at_ms",
+    )
+    .bind(owner)
+    .bind(expiry(now_ms, ttl_ms)?)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let tenant: String = row.try_get("tenant")?;
+            let host: String = row.try_get("host")?;
+            lease_from(&tenant, &host, row)
+        })
+        .collect()
+}
+
 /// Frees a lease still held by (`lease.owner`, `lease.epoch`), keeping its epoch; does nothing otherwise
 /// (a lease already lost is someone else's to keep).
 pub(crate) async fn release(pool: &AnyPool, lease: &Lease) -> Result<(), StoreError> {

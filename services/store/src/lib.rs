@@ -136,6 +136,18 @@ impl Store {
         leases::renew(&self.pool, lease, ttl_ms, now_ms).await
     }
 
+    /// Renews every lease `owner` holds, in one statement (a shard's lease keeper): each one's expiry moves
+    /// to `now_ms + ttl_ms`, also when it had expired and nobody took it. Returns the leases renewed; one the
+    /// owner held and that is missing was lost, and its host must no longer be served.
+    pub async fn renew_leases_of(
+        &self,
+        owner: &str,
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Vec<Lease>, StoreError> {
+        leases::renew_all(&self.pool, owner, ttl_ms, now_ms).await
+    }
+
     /// Gives the lease up at once (graceful shutdown), so another owner can take it without waiting for
     /// expiry; it keeps its epoch, and the next acquire increments it. Does nothing if the lease was already
     /// lost.

@@ -36,6 +36,11 @@ const POSTGRES: &[EmbeddedMigration] = &[
         description: "leases",
         sql: include_str!("../../../migrations/postgres/0002_leases.sql"),
     },
+    EmbeddedMigration {
+        version: 3,
+        description: "lease owner index",
+        sql: include_str!("../../../migrations/postgres/0003_lease_owner_index.sql"),
+    },
 ];
 
 const SQLITE: &[EmbeddedMigration] = &[
@@ -48,6 +53,11 @@ const SQLITE: &[EmbeddedMigration] = &[
         version: 2,
         description: "leases",
         sql: include_str!("../../../migrations/sqlite/0002_leases.sql"),
+    },
+    EmbeddedMigration {
+        version: 3,
+        description: "lease owner index",
+        sql: include_str!("../../../migrations/sqlite/0003_lease_owner_index.sql"),
     },
 ];
 

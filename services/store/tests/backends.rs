@@ -147,6 +147,7 @@ on_both_backends!(
     an_acquire_cannot_slip_between_the_fencing_check_and_the_writes,
     orphaned_hosts_lists_released_and_expired_leases_only,
     leases_are_isolated_between_tenants_and_hosts,
+    renewing_an_owners_leases_renews_exactly_what_it_still_holds,
     ping_answers_while_the_store_is_reachable,
 );
 
@@ -1524,4 +1525,75 @@ async fn ping_answers_while_the_store_is_reachable(db: &TestDb) {
     other.close().await;
     assert!(other.ping().await.is_err(), "a closed store is not reachable");
     db.store.ping().await.unwrap();
+}
+
+async fn renewing_an_owners_leases_renews_exactly_what_it_still_holds(db: &TestDb) {
+    let store = &db.store;
+    assert!(store.renew_leases_of("a", TTL, 10_000).await.unwrap().is_empty());
+    let h1 = store
+        .acquire_lease(T, "h1", "a", TTL, 10_000)
+        .await
+        .unwrap()
+        .unwrap();
+    let h2 = store
+        .acquire_lease(T, "h2", "a", TTL, 10_000)
+        .await
+        .unwrap()
+        .unwrap();
+    let other_tenant = store
+        .acquire_lease("other", "h1", "a", TTL, 10_000)
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .acquire_lease(T, "h3", "b", TTL, 10_000)
+        .await
+        .unwrap()
+        .unwrap();
+    // h2 lapses and is taken by b; h1 lapses but nobody takes it.
+    store
+        .acquire_lease(T, "h2", "b", TTL, 11_000)
+        .await
+        .unwrap()
+        .unwrap();
+
+    let mut renewed = store.renew_leases_of("a", TTL, 11_500).await.unwrap();
+    renewed.sort_by(|x, y| (&x.tenant, &x.host).cmp(&(&y.tenant, &y.host)));
+    let expected = vec![
+        Lease {
+            expires_at_ms: 12_500,
+            ..h1.clone()
+        },
+        Lease {
+            expires_at_ms: 12_500,
+            ..other_tenant
+        },
+    ];
+    assert_eq!(
+        renewed, expected,
+        "h1 (expired, not taken) and the other tenant's h1; not h2"
+    );
+    assert_eq!(
+        store.lease_of(T, "h1").await.unwrap().map(|l| l.expires_at_ms),
+        Some(12_500)
+    );
+    // b's leases are untouched, and the lost h2 is b's at a new epoch.
+    let h2_now = store.lease_of(T, "h2").await.unwrap().unwrap();
+    assert_eq!(
+        (h2_now.owner.as_str(), h2_now.epoch, h2_now.expires_at_ms),
+        ("b", h2.epoch + 1, 12_000)
+    );
+    assert_eq!(
+        store.lease_of(T, "h3").await.unwrap().map(|l| l.expires_at_ms),
+        Some(11_000)
+    );
+    // Released leases are not renewed.
+    store
+        .release_lease(&Lease {
+            expires_at_ms: 12_500,
+            ..h1
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.renew_leases_of("a", TTL, 12_000).await.unwrap().len(), 1);
 }
