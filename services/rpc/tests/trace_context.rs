@@ -3,6 +3,8 @@
 //! gateway's `ahp.call` span for it — same trace id, parent span id = the gateway span's id. A `Call` sent
 //! without trace context starts a trace of its own, so the check cannot pass by accident.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,10 +14,7 @@ use opentelemetry::Value;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use relay_core::{Limits, Role};
-use relay_gateway::auth::{mint_hs256, Claims, TokenVerifier};
-use relay_gateway::quotas::{QuotaLimits, TenantQuotas};
-use relay_gateway::GatewayState;
-use relay_rpc::RemoteShard;
+use relay_gateway::auth::{mint_hs256, Claims};
 use relay_runner::{DemoPace, DemoProvider, ProviderRegistry};
 use relay_shard::ShardLink;
 use tracing_subscriber::layer::SubscriberExt;
@@ -63,27 +62,7 @@ async fn start_shard(data: &tempfile::TempDir) -> String {
 
 /// A gateway in this process in front of the shard; returns its address.
 async fn start_gateway(shard_url: &str) -> String {
-    let limits = Limits::default();
-    let link = Arc::new(RemoteShard::connect_lazy(shard_url, limits.bus_capacity).expect("shard url"));
-    let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
-    let app = relay_gateway::router(Arc::new(GatewayState {
-        link,
-        verifier: TokenVerifier::hs256(SECRET),
-        limits,
-        shutdown,
-        quotas: TenantQuotas::new(QuotaLimits {
-            max_connections: 100,
-            messages_per_second: 10_000.0,
-            message_burst: 20_000.0,
-        }),
-    }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    tokio::spawn(async move {
-        let _keep = shutdown_tx;
-        axum::serve(listener, app).await.expect("gateway");
-    });
-    addr
+    common::start_gateway(shard_url, SECRET, 100).await
 }
 
 fn attribute<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {

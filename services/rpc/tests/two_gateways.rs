@@ -2,6 +2,8 @@
 //! rejected action reaches only its dispatcher. `FetchRange` reads published actions back, identical to what
 //! the bus carried, from the replay buffer and from the store.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,9 +16,7 @@ use ahp_types::state::{Message, MessageKind, MessageOrigin, SnapshotState};
 use relay_core::link::HostLink;
 use relay_core::rpc::read_frame;
 use relay_core::{ConnectionId, HostKey, Limits, Role};
-use relay_gateway::auth::{mint_hs256, Claims, TokenVerifier};
-use relay_gateway::quotas::{QuotaLimits, TenantQuotas};
-use relay_gateway::GatewayState;
+use relay_gateway::auth::{mint_hs256, Claims};
 use relay_rpc::RemoteShard;
 use relay_runner::{DemoPace, DemoProvider, ProviderRegistry};
 use relay_shard::ShardLink;
@@ -67,29 +67,9 @@ async fn start_shard_with(limits: Limits) -> (Shard, Arc<ShardLink>) {
     )
 }
 
-/// A gateway in this process whose link is a [`RemoteShard`]; returns its address.
+/// A gateway in this process in front of the shard; returns its address.
 async fn start_gateway(shard_url: &str) -> String {
-    let limits = Limits::default();
-    let link = Arc::new(RemoteShard::connect_lazy(shard_url, limits.bus_capacity).expect("shard url"));
-    let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
-    let app = relay_gateway::router(Arc::new(GatewayState {
-        link,
-        verifier: TokenVerifier::hs256(SECRET),
-        limits,
-        shutdown,
-        quotas: TenantQuotas::new(QuotaLimits {
-            max_connections: 1000,
-            messages_per_second: 10_000.0,
-            message_burst: 20_000.0,
-        }),
-    }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    tokio::spawn(async move {
-        let _keep = shutdown_tx;
-        axum::serve(listener, app).await.expect("gateway");
-    });
-    addr
+    common::start_gateway(shard_url, SECRET, 1000).await
 }
 
 async fn client(gateway: &str, client_id: &str) -> Client {
