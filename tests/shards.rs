@@ -40,22 +40,27 @@ struct Cluster {
 }
 
 impl Cluster {
-    async fn start(database_url: &str, redis_url: &str) -> Cluster {
-        let shard_args = [
+    /// With `redis_url`, shards publish to Redis and gateways follow hosts there; without, gateways follow
+    /// hosts over the owning shard's gRPC `Events` stream.
+    async fn start(database_url: &str, redis_url: Option<&str>) -> Cluster {
+        let mut shard_args = vec![
             "--database-url",
             database_url,
-            "--redis-url",
-            redis_url,
             "--lease-ttl",
             LEASE_TTL,
             "--demo-step-ms",
             "30",
         ];
+        let mut gateway_args = Vec::new();
+        if let Some(redis_url) = redis_url {
+            shard_args.extend(["--redis-url", redis_url]);
+            gateway_args.extend(["--redis-url", redis_url]);
+        }
         let shards = vec![Shard::start(&shard_args).await, Shard::start(&shard_args).await];
         let urls = format!("{},{}", shards[0].url, shards[1].url);
         let gateways = vec![
-            Relay::gateway_with(&urls, &["--redis-url", redis_url]).await,
-            Relay::gateway_with(&urls, &["--redis-url", redis_url]).await,
+            Relay::gateway_with(&urls, &gateway_args).await,
+            Relay::gateway_with(&urls, &gateway_args).await,
         ];
         Cluster {
             shards,
@@ -169,7 +174,7 @@ fn is_turn_end(env: &ActionEnvelope) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hosts_spread_over_two_shards_and_clients_on_two_gateways_share_a_session() {
     let Some((db, redis)) = backends() else { return };
-    let cluster = Cluster::start(&db, &redis).await;
+    let cluster = Cluster::start(&db, Some(&redis)).await;
     // Hosts are placed over both shards: sixteen tenants' default hosts, each leased by one of them.
     let mut owners = [0usize; 2];
     let mut tenants = Vec::new();
@@ -228,10 +233,11 @@ async fn hosts_spread_over_two_shards_and_clients_on_two_gateways_share_a_sessio
 
 /// Kill (`SIGKILL`) or stop (`SIGTERM`) the shard serving the chat mid-turn and check that both devices
 /// resume exactly on the other shard. Returns how long the host was unavailable: from the kill until the
-/// first device's `reconnect` was answered by the new owner.
-async fn owner_goes_away_mid_turn(kill: bool) -> Option<Duration> {
+/// first device's `reconnect` was answered by the new owner. `over_redis`: the gateways follow the host over
+/// Redis (else over the owner's gRPC `Events` stream).
+async fn owner_goes_away_mid_turn(kill: bool, over_redis: bool) -> Option<Duration> {
     let (db, redis) = backends()?;
-    let mut cluster = Cluster::start(&db, &redis).await;
+    let mut cluster = Cluster::start(&db, over_redis.then_some(redis.as_str())).await;
     let tenant = unique_tenant();
     let (creator, _) = cluster.gateways[0]
         .client_as(&tenant, "creator", Role::Member, "creator")
@@ -306,7 +312,7 @@ async fn owner_goes_away_mid_turn(kill: bool) -> Option<Duration> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_killed_mid_turn_loses_its_hosts_to_the_other_within_the_lease() {
-    let Some(unavailable) = owner_goes_away_mid_turn(true).await else {
+    let Some(unavailable) = owner_goes_away_mid_turn(true, true).await else {
         return;
     };
     // Reported, not asserted to the millisecond (the machine is shared): the lease TTL bounds it.
@@ -315,7 +321,7 @@ async fn a_shard_killed_mid_turn_loses_its_hosts_to_the_other_within_the_lease()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_stopped_with_sigterm_hands_its_hosts_over_without_waiting_for_expiry() {
-    let Some(unavailable) = owner_goes_away_mid_turn(false).await else {
+    let Some(unavailable) = owner_goes_away_mid_turn(false, true).await else {
         return;
     };
     eprintln!("handover after SIGTERM: host served again after {unavailable:?} (lease TTL {LEASE_TTL})");
@@ -327,9 +333,17 @@ async fn a_shard_stopped_with_sigterm_hands_its_hosts_over_without_waiting_for_e
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_redis_gateways_follow_the_owners_events_stream_and_move_with_the_host() {
+    let Some(unavailable) = owner_goes_away_mid_turn(true, false).await else {
+        return;
+    };
+    eprintln!("failover after SIGKILL (gRPC Events, no Redis): host served again after {unavailable:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_stopped_with_sigterm_moves_its_clients_to_the_other_gateway() {
     let Some((db, redis)) = backends() else { return };
-    let mut cluster = Cluster::start(&db, &redis).await;
+    let mut cluster = Cluster::start(&db, Some(&redis)).await;
     let tenant = unique_tenant();
     let (creator, _) = cluster.gateways[1]
         .client_as(&tenant, "creator", Role::Member, "creator")
