@@ -36,6 +36,19 @@ async fn two_shards() -> (tempfile::TempDir, Store, Arc<ShardLink>, Arc<ShardLin
     (dir, store, first, second)
 }
 
+/// Wait (bounded) until the bus reports itself closed, skipping whatever it still held.
+async fn bus_closes(bus: &mut tokio::sync::broadcast::Receiver<relay_core::bus::SharedBusEvent>) {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), bus.recv())
+            .await
+            .expect("the bus did not close")
+        {
+            Err(RecvError::Closed) => return,
+            Ok(_) | Err(RecvError::Lagged(_)) => continue,
+        }
+    }
+}
+
 fn providers() -> ProviderRegistry {
     ProviderRegistry::new().with(Arc::new(DemoProvider::new(DemoPace {
         step: Duration::from_millis(1),
@@ -123,15 +136,7 @@ async fn one_shard_serves_a_host_the_other_is_redirected_and_takes_over_a_lapsed
         "told to reconnect"
     );
     assert!(reply_json(&reply).get("error").is_some());
-    loop {
-        match tokio::time::timeout(Duration::from_secs(10), bus.recv())
-            .await
-            .expect("bus closes")
-        {
-            Err(RecvError::Closed) => break,
-            Ok(_) | Err(RecvError::Lagged(_)) => continue,
-        }
-    }
+    bus_closes(&mut bus).await;
     assert_eq!(
         store.load_host("t", "default").await.expect("host").last_seq,
         before
@@ -170,7 +175,7 @@ async fn draining_a_shard_releases_its_leases_at_once() {
         store.lease_of("t", "default").await.expect("lease").is_none(),
         "released"
     );
-    assert!(matches!(bus.recv().await, Err(RecvError::Closed) | Ok(_)));
+    bus_closes(&mut bus).await;
     // Released, not lapsed: the second shard gets the host immediately, with what the first committed.
     let conn2 = ConnectionId::next();
     second
@@ -234,15 +239,7 @@ async fn a_kept_lease_is_not_taken_and_a_lost_one_is_noticed_at_the_next_renewal
         .attach(&key, ConnectionId::next(), &identity())
         .await
         .expect("second takes the host");
-    loop {
-        match tokio::time::timeout(Duration::from_secs(10), bus.recv())
-            .await
-            .expect("bus closes")
-        {
-            Err(RecvError::Closed) => break,
-            Ok(_) | Err(RecvError::Lagged(_)) => continue,
-        }
-    }
+    bus_closes(&mut bus).await;
     assert_eq!(
         call(&first, &key, conn, initialize()).await.close.map(|c| c.code),
         Some(1012)
