@@ -8,13 +8,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ahp::{Client, ClientConfig};
 use opentelemetry::trace::{SpanId, TracerProvider as _};
 use opentelemetry::Value;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-use relay_core::{Limits, Role};
-use relay_gateway::auth::{mint_hs256, Claims};
+use relay_core::Limits;
 use relay_runner::{DemoPace, DemoProvider, ProviderRegistry};
 use relay_shard::ShardLink;
 use tracing_subscriber::layer::SubscriberExt;
@@ -102,22 +100,7 @@ async fn the_shards_call_span_continues_the_gateways_trace() {
     let shard = start_shard(&data).await;
     let gateway = start_gateway(&shard).await;
 
-    let token = mint_hs256(
-        SECRET,
-        &Claims::new("dev", "ana", Role::Member, None, Duration::from_secs(3600)),
-    )
-    .expect("mint");
-    let url = format!("ws://{gateway}/v1/ws?access_token={token}");
-    let transport = ahp_ws::WebSocketTransport::connect(&url).await.expect("connect");
-    let client = Client::connect(
-        transport,
-        ClientConfig {
-            default_request_timeout: Some(PATIENCE),
-            subscription_buffer: 1024,
-        },
-    )
-    .await
-    .expect("client");
+    let client = common::connect(&gateway, SECRET, "ana", PATIENCE).await;
     client
         .initialize(
             "device-a".into(),

@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ahp::{Client, ClientConfig, SessionSubscription, SubscriptionEvent};
+use ahp::{Client, SessionSubscription, SubscriptionEvent};
 use ahp_types::actions::{
     ActionEnvelope, ChatDraftChangedAction, ChatToolCallConfirmedAction, ChatTurnStartedAction, StateAction,
 };
@@ -16,7 +16,6 @@ use ahp_types::state::{Message, MessageKind, MessageOrigin, SnapshotState};
 use relay_core::link::HostLink;
 use relay_core::rpc::read_frame;
 use relay_core::{ConnectionId, HostKey, Limits, Role};
-use relay_gateway::auth::{mint_hs256, Claims};
 use relay_rpc::RemoteShard;
 use relay_runner::{DemoPace, DemoProvider, ProviderRegistry};
 use relay_shard::ShardLink;
@@ -73,22 +72,7 @@ async fn start_gateway(shard_url: &str) -> String {
 }
 
 async fn client(gateway: &str, client_id: &str) -> Client {
-    let token = mint_hs256(
-        SECRET,
-        &Claims::new("dev", client_id, Role::Member, None, Duration::from_secs(3600)),
-    )
-    .expect("mint");
-    let url = format!("ws://{gateway}/v1/ws?access_token={token}");
-    let transport = ahp_ws::WebSocketTransport::connect(&url).await.expect("connect");
-    let client = Client::connect(
-        transport,
-        ClientConfig {
-            default_request_timeout: Some(PATIENCE),
-            subscription_buffer: 65_536,
-        },
-    )
-    .await
-    .expect("client");
+    let client = common::connect(gateway, SECRET, client_id, PATIENCE).await;
     client
         .initialize(client_id.into(), vec!["1.0.0".into()], vec!["ahp-root://".into()])
         .await

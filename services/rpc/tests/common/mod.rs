@@ -1,9 +1,12 @@
-//! Shared set-up of the relay-rpc tests: a gateway in this process in front of a shard reached over gRPC.
+//! Shared set-up of the relay-rpc tests: a gateway in this process in front of a shard reached over gRPC,
+//! and official `ahp` clients connected to it over real WebSockets.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use relay_core::Limits;
-use relay_gateway::auth::TokenVerifier;
+use ahp::{Client, ClientConfig};
+use relay_core::{Limits, Role};
+use relay_gateway::auth::{mint_hs256, Claims, TokenVerifier};
 use relay_gateway::quotas::{QuotaLimits, TenantQuotas};
 use relay_gateway::GatewayState;
 use relay_rpc::RemoteShard;
@@ -32,4 +35,24 @@ pub async fn start_gateway(shard_url: &str, secret: &[u8], max_connections: usiz
         axum::serve(listener, app).await.expect("gateway");
     });
     addr
+}
+
+/// An `ahp` client of tenant `dev`'s default host on `gateway`, as member `subject` (not yet initialized).
+pub async fn connect(gateway: &str, secret: &[u8], subject: &str, patience: Duration) -> Client {
+    let token = mint_hs256(
+        secret,
+        &Claims::new("dev", subject, Role::Member, None, Duration::from_secs(3600)),
+    )
+    .expect("mint");
+    let url = format!("ws://{gateway}/v1/ws?access_token={token}");
+    let transport = ahp_ws::WebSocketTransport::connect(&url).await.expect("connect");
+    Client::connect(
+        transport,
+        ClientConfig {
+            default_request_timeout: Some(patience),
+            subscription_buffer: 65_536,
+        },
+    )
+    .await
+    .expect("client")
 }
