@@ -3,45 +3,10 @@
 mod support;
 
 use futures_util::{SinkExt, StreamExt};
-use serde_json::{json, Value};
+use serde_json::json;
+use support::raw::*;
 use support::*;
 use tokio_tungstenite::tungstenite::Message;
-
-type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn raw(relay: &Relay) -> Socket {
-    let url = format!(
-        "{}?access_token={}",
-        relay.url(),
-        relay.token("dev", "raw", relay_core::Role::Member)
-    );
-    let (socket, _) = tokio_tungstenite::connect_async(url).await.expect("connect");
-    socket
-}
-
-async fn send(socket: &mut Socket, text: String) {
-    socket.send(Message::Text(text.into())).await.expect("send");
-}
-
-/// The next JSON frame, within PATIENCE.
-async fn recv(socket: &mut Socket) -> Value {
-    loop {
-        let frame = tokio::time::timeout(PATIENCE, socket.next())
-            .await
-            .expect("timed out")
-            .expect("closed")
-            .expect("read");
-        if let Message::Text(text) = frame {
-            return serde_json::from_str(&text).expect("server frames are JSON");
-        }
-    }
-}
-
-fn error_code(frame: &Value) -> i64 {
-    frame["error"]["code"]
-        .as_i64()
-        .unwrap_or_else(|| panic!("not an error: {frame}"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_frames_get_json_rpc_errors_and_change_nothing() {

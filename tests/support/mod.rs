@@ -16,9 +16,10 @@ use relay_gateway::auth::{mint_hs256, Claims};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+pub mod raw;
 pub mod redis_bus;
 
-pub const SECRET: &str = "e2e-test-secret";
+pub const SECRET: &str = "e2e-test-secret-at-least-32-bytes-long";
 /// Upper bound for anything a test waits for; a correct relay answers in milliseconds.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 

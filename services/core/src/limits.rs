@@ -40,6 +40,10 @@ pub struct Limits {
     pub retention: Duration,
     /// Envelopes read from the store per page while answering `reconnect`.
     pub replay_page: usize,
+    /// How often the gateway pings a client (WebSocket ping).
+    pub ping_interval: Duration,
+    /// A connection from which nothing arrived (not even a pong) for this long is closed.
+    pub idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -62,6 +66,8 @@ impl Default for Limits {
             snapshot_every: Duration::from_secs(60),
             retention: Duration::from_secs(7 * 24 * 3600),
             replay_page: 2_000,
+            ping_interval: Duration::from_secs(20),
+            idle_timeout: Duration::from_secs(60),
         }
     }
 }

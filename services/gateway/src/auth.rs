@@ -21,6 +21,9 @@ pub struct Claims {
     pub exp: u64,
     #[serde(default)]
     pub iat: u64,
+    /// Not valid before (unix seconds), when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<u64>,
 }
 
 impl Claims {
@@ -37,6 +40,7 @@ impl Claims {
             hosts,
             exp: now.saturating_add(ttl.as_secs()),
             iat: now,
+            nbf: None,
         }
     }
 
@@ -79,6 +83,8 @@ impl TokenVerifier {
     pub fn hs256(secret: &[u8]) -> Self {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = 5;
+        // A token is not valid before its `nbf` (when it has one), within the same leeway.
+        validation.validate_nbf = true;
         validation.set_required_spec_claims(&["exp", "sub"]);
         Self {
             key: DecodingKey::from_secret(secret),
@@ -137,5 +143,16 @@ mod tests {
         old.exp = 1_000;
         let token = mint_hs256(b"secret", &old).expect("mint");
         assert!(TokenVerifier::hs256(b"secret").verify(&token).is_err());
+    }
+
+    #[test]
+    fn tokens_are_refused_before_their_nbf() {
+        let mut early = Claims::new("acme", "ana", Role::Member, None, Duration::from_secs(3600));
+        early.nbf = Some(early.iat + 600);
+        let token = mint_hs256(b"secret", &early).expect("mint");
+        assert!(TokenVerifier::hs256(b"secret").verify(&token).is_err());
+        early.nbf = Some(early.iat);
+        let token = mint_hs256(b"secret", &early).expect("mint");
+        assert!(TokenVerifier::hs256(b"secret").verify(&token).is_ok());
     }
 }

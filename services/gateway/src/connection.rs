@@ -35,11 +35,17 @@ pub mod close_code {
     pub const TRY_AGAIN_LATER: u16 = 1013;
     /// The host is not available right now.
     pub const UNAVAILABLE: u16 = 1011;
+    /// Nothing (not even a pong to the relay's pings) arrived within the idle timeout.
+    pub const GOING_AWAY: u16 = 1001;
+    /// The connection's access token expired: get a fresh token, reconnect and `reconnect`.
+    pub const TOKEN_EXPIRED: u16 = 4001;
 }
 
 enum Outbound {
     /// A frame, and when it was stamped if it is a bus event (for the fan-out latency).
     Frame(Bytes, Option<Instant>),
+    /// A WebSocket ping (liveness check).
+    Ping,
     Close(u16, String),
 }
 
@@ -53,6 +59,9 @@ pub struct Connection<L> {
     pub quotas: Arc<TenantQuotas>,
     /// This connection's slot in its tenant's quota, held while it lives.
     pub permit: ConnectionPermit,
+    /// When the token the connection was opened with expires: the connection is closed then
+    /// ([`close_code::TOKEN_EXPIRED`]).
+    pub token_expires_at: std::time::SystemTime,
 }
 
 impl<L: HostLink> Connection<L> {
@@ -85,6 +94,19 @@ impl<L: HostLink> Connection<L> {
             out: out_tx.clone(),
         };
         let mut shutdown = self.shutdown.clone();
+        let mut rate = self.quotas.connection_bucket();
+        // Liveness: a ping every interval; a connection silent for the idle timeout is closed (within the
+        // timeout plus one interval), which frees its quota slot even when its peer vanished without a FIN.
+        let ping_every = self.limits.ping_interval;
+        let mut pings = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
+        pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_heard = Instant::now();
+        let expiry = tokio::time::sleep(
+            self.token_expires_at
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default(),
+        );
+        tokio::pin!(expiry);
 
         let close: Option<Close> = loop {
             // Deliver what the host published before taking more work from the client: a connection that
@@ -94,12 +116,23 @@ impl<L: HostLink> Connection<L> {
                 _ = shutdown.changed() => {
                     break Some((close_code::RESTARTING, "relay shutting down".to_string()));
                 }
+                () = &mut expiry => {
+                    break Some((close_code::TOKEN_EXPIRED, "access token expired; reconnect with a fresh one".into()));
+                }
+                _ = pings.tick() => {
+                    if last_heard.elapsed() >= self.limits.idle_timeout {
+                        break Some((close_code::GOING_AWAY, "idle timeout: no pong".into()));
+                    }
+                    // A full queue already means a slow consumer; the next delivery closes it.
+                    let _ = out_tx.try_send(Outbound::Ping);
+                }
                 event = delivery.next_event() => {
                     if let Err(close) = event.and_then(|event| delivery.deliver(&event)) {
                         break Some(close);
                     }
                 }
                 inbound = stream.next() => {
+                    last_heard = Instant::now();
                     let text = match inbound {
                         Some(Ok(Message::Text(text))) => Bytes::from(text),
                         Some(Ok(Message::Binary(data))) => data,
@@ -110,6 +143,16 @@ impl<L: HostLink> Connection<L> {
                             break classify_read_error(&error);
                         }
                     };
+                    let wait = self.quotas.message_delay(&self.identity.tenant, &mut rate);
+                    if !wait.is_zero() {
+                        let waited = delivery
+                            .during(tokio::time::sleep(wait))
+                            .await
+                            .and_then(|()| delivery.flush_backlog());
+                        if let Err(close) = waited {
+                            break Some(close);
+                        }
+                    }
                     if let Err(close) = self.handle_frame(id, &text, &mut delivery).await {
                         break Some(close);
                     }
@@ -296,6 +339,11 @@ async fn write_loop(
                     }
                     Err(error) => tracing::error!(%error, "dropping a frame that is not UTF-8"),
                 },
+                Outbound::Ping => {
+                    if sink.feed(Message::Ping(Bytes::new())).await.is_err() {
+                        return;
+                    }
+                }
                 Outbound::Close(code, reason) => {
                     let _ = sink
                         .send(Message::Close(Some(CloseFrame {

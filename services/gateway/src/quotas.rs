@@ -1,8 +1,10 @@
-//! Per-tenant quotas at the gateway: open connections, and inbound messages per second.
+//! Per-tenant quotas at the gateway: open connections, and inbound messages per second — per tenant and per
+//! connection, so one connection cannot use up its tenant's budget.
 //!
-//! A tenant over its connection quota is refused at the upgrade (HTTP 429). A tenant sending faster than its
-//! message rate is slowed down, not refused: the gateway waits for tokens before forwarding the next frame, so
-//! its connections read more slowly and TCP pushes back on the client (invariant 8).
+//! A tenant over its connection quota is refused at the upgrade (HTTP 429). A sender faster than its message
+//! rate is slowed down, not refused: the gateway waits for tokens (of the tenant's bucket and of the
+//! connection's) before forwarding the next frame, so the connection reads more slowly and TCP pushes back
+//! on the client (invariant 8). Deliveries to the connection go on while it waits.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,12 +18,51 @@ pub struct QuotaLimits {
     pub max_connections: usize,
     pub messages_per_second: f64,
     pub message_burst: f64,
+    pub connection_messages_per_second: f64,
+    pub connection_message_burst: f64,
+}
+
+/// A token bucket: `rate` tokens a second, holding at most `burst`.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn new(rate: f64, burst: f64) -> Self {
+        let rate = rate.max(f64::MIN_POSITIVE);
+        let burst = burst.max(1.0);
+        Self {
+            rate,
+            burst,
+            tokens: burst,
+            refilled: Instant::now(),
+        }
+    }
+
+    /// Take one token (going into debt if there is none); returns how long until the debt is paid: the wait
+    /// before the message the token is for may go on (zero within the rate).
+    pub fn take(&mut self) -> Duration {
+        let now = Instant::now();
+        let elapsed = now.duration_since(self.refilled).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        self.refilled = now;
+        self.tokens -= 1.0;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / self.rate)
+        }
+    }
 }
 
 struct TenantUsage {
     connections: usize,
-    tokens: f64,
-    refilled: Instant,
+    messages: TokenBucket,
 }
 
 /// Usage of every tenant with an open connection.
@@ -52,8 +93,7 @@ impl TenantQuotas {
         let mut tenants = self.tenants.lock();
         let usage = tenants.entry(tenant.to_string()).or_insert_with(|| TenantUsage {
             connections: 0,
-            tokens: self.limits.message_burst,
-            refilled: Instant::now(),
+            messages: TokenBucket::new(self.limits.messages_per_second, self.limits.message_burst),
         });
         if usage.connections >= self.limits.max_connections {
             return None;
@@ -65,23 +105,24 @@ impl TenantQuotas {
         })
     }
 
-    /// Take one message token for `tenant`; returns how long to wait before forwarding it (zero within rate).
-    pub fn message_delay(&self, tenant: &str) -> Duration {
-        let mut tenants = self.tenants.lock();
-        let Some(usage) = tenants.get_mut(tenant) else {
-            return Duration::ZERO;
-        };
-        let now = Instant::now();
-        let rate = self.limits.messages_per_second.max(1.0);
-        let elapsed = now.duration_since(usage.refilled).as_secs_f64();
-        usage.tokens = (usage.tokens + elapsed * rate).min(self.limits.message_burst);
-        usage.refilled = now;
-        usage.tokens -= 1.0;
-        if usage.tokens >= 0.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-usage.tokens / rate)
-        }
+    /// A fresh message bucket for one connection.
+    pub fn connection_bucket(&self) -> TokenBucket {
+        TokenBucket::new(
+            self.limits.connection_messages_per_second,
+            self.limits.connection_message_burst,
+        )
+    }
+
+    /// Take one message token from `tenant` and one from the connection's `bucket`; returns how long to wait
+    /// before forwarding the message (zero within both rates).
+    pub fn message_delay(&self, tenant: &str, bucket: &mut TokenBucket) -> Duration {
+        let own = bucket.take();
+        let shared = self
+            .tenants
+            .lock()
+            .get_mut(tenant)
+            .map_or(Duration::ZERO, |usage| usage.messages.take());
+        own.max(shared)
     }
 
     /// Open connections of every tenant.
@@ -125,6 +166,8 @@ mod tests {
             max_connections,
             messages_per_second: 10.0,
             message_burst: 5.0,
+            connection_messages_per_second: 100.0,
+            connection_message_burst: 100.0,
         })
     }
 
@@ -143,13 +186,32 @@ mod tests {
     fn messages_beyond_the_burst_wait_at_the_tenant_rate() {
         let q = quotas(1);
         let _permit = q.admit("a").expect("admit");
+        let mut bucket = q.connection_bucket();
         for _ in 0..5 {
-            assert_eq!(q.message_delay("a"), Duration::ZERO);
+            assert_eq!(q.message_delay("a", &mut bucket), Duration::ZERO);
         }
-        let wait = q.message_delay("a");
+        let wait = q.message_delay("a", &mut bucket);
         assert!(
             wait > Duration::from_millis(50) && wait <= Duration::from_millis(110),
             "{wait:?}"
         );
+    }
+
+    #[test]
+    fn one_connection_waits_at_its_own_rate_below_the_tenants() {
+        let q = TenantQuotas::new(QuotaLimits {
+            max_connections: 2,
+            messages_per_second: 1_000.0,
+            message_burst: 1_000.0,
+            connection_messages_per_second: 10.0,
+            connection_message_burst: 2.0,
+        });
+        let _permit = q.admit("a").expect("admit");
+        let (mut first, mut second) = (q.connection_bucket(), q.connection_bucket());
+        assert_eq!(q.message_delay("a", &mut first), Duration::ZERO);
+        assert_eq!(q.message_delay("a", &mut first), Duration::ZERO);
+        assert!(q.message_delay("a", &mut first) > Duration::from_millis(50));
+        // another connection of the same tenant is not held back by the first one's debt
+        assert_eq!(q.message_delay("a", &mut second), Duration::ZERO);
     }
 }

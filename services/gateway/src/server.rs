@@ -145,6 +145,7 @@ fn open<L: HostLink>(
         shutdown: state.shutdown.clone(),
         quotas: state.quotas.clone(),
         permit,
+        token_expires_at: std::time::UNIX_EPOCH + std::time::Duration::from_secs(claims.exp),
     };
     upgrade
         // Small initial buffers: they grow for large frames, and an idle connection stays cheap.

@@ -75,7 +75,11 @@ fn authorized_url(args: &ChatArgs) -> anyhow::Result<String> {
     if link::has_access_token(&args.url) {
         return Ok(args.url.clone());
     }
-    let secret = crate::secret::load_or_create(None, &args.data_dir)?;
+    let secret = crate::secret::load_or_create(crate::secret::SecretSource {
+        explicit: None,
+        file: None,
+        data_dir: &args.data_dir,
+    })?;
     let claims = relay_gateway::auth::Claims::new(
         "dev",
         "dev-user",

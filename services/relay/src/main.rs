@@ -62,9 +62,12 @@ struct TokenArgs {
     /// Lifetime, e.g. 30m, 24h, 7d.
     #[arg(long, default_value = "24h", value_parser = parse_ttl)]
     ttl: Duration,
-    /// HS256 secret; default: the one kept in --data-dir.
+    /// HS256 secret; default: --jwt-secret-file, else the one kept in --data-dir.
     #[arg(long, env = "AHP_RELAY_JWT_SECRET", hide_env_values = true)]
     jwt_secret: Option<String>,
+    /// A file holding the HS256 secret (mode 0600 or stricter).
+    #[arg(long, env = "AHP_RELAY_JWT_SECRET_FILE")]
+    jwt_secret_file: Option<PathBuf>,
     #[arg(long, env = "AHP_RELAY_DATA_DIR", default_value = ".relay-data")]
     data_dir: PathBuf,
 }
@@ -90,7 +93,11 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Token(args) => {
-            let secret = secret::load_or_create(args.jwt_secret.as_deref(), &args.data_dir)?;
+            let secret = secret::load_or_create(secret::SecretSource {
+                explicit: args.jwt_secret.as_deref(),
+                file: args.jwt_secret_file.as_deref(),
+                data_dir: &args.data_dir,
+            })?;
             let hosts = (!args.hosts.is_empty()).then_some(args.hosts);
             let claims =
                 relay_gateway::auth::Claims::new(&args.tenant, &args.sub, args.role, hosts, args.ttl);

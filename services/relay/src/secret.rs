@@ -1,4 +1,10 @@
-//! The HS256 signing secret of an embedded relay: given, or generated once and kept in the data dir.
+//! The HS256 signing secret: given on the command line or in the environment, read from a file
+//! (`--jwt-secret-file`, so it never shows in `ps`), or — for the embedded relay — generated once and kept in
+//! the data directory.
+//!
+//! A secret must be at least [`MIN_SECRET_BYTES`] long (a short HMAC key can be guessed offline from any
+//! token). A secret file must not be readable by group or others: the relay refuses to start rather than
+//! sign with a key other local users may have read. The data directory is created `0700`.
 
 use std::path::{Path, PathBuf};
 
@@ -7,24 +13,84 @@ use rand::RngCore;
 
 const SECRET_FILE: &str = "jwt-secret";
 
-/// The secret from `explicit`, else from `<data_dir>/jwt-secret`, creating that file (mode 0600) if missing.
-pub fn load_or_create(explicit: Option<&str>, data_dir: &Path) -> anyhow::Result<Vec<u8>> {
-    if let Some(secret) = explicit {
-        anyhow::ensure!(!secret.is_empty(), "the JWT secret must not be empty");
-        return Ok(secret.as_bytes().to_vec());
+/// Shortest accepted HS256 secret, in bytes (RFC 7518 §3.2: a key at least as long as the hash output).
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// Where the secret comes from, in order of precedence.
+pub struct SecretSource<'a> {
+    pub explicit: Option<&'a str>,
+    pub file: Option<&'a Path>,
+    pub data_dir: &'a Path,
+}
+
+/// The secret from `explicit`, else from `file`, else from `<data_dir>/jwt-secret`, creating that file
+/// (mode 0600, in a 0700 directory) if missing.
+pub fn load_or_create(source: SecretSource<'_>) -> anyhow::Result<Vec<u8>> {
+    if let Some(secret) = source.explicit {
+        return checked(secret.as_bytes().to_vec(), "--jwt-secret");
     }
-    let path = secret_path(data_dir);
-    if let Ok(existing) = std::fs::read_to_string(&path) {
-        let trimmed = existing.trim();
-        anyhow::ensure!(!trimmed.is_empty(), "{} is empty", path.display());
-        return Ok(trimmed.as_bytes().to_vec());
+    if let Some(file) = source.file {
+        return read_private(file);
     }
-    std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    let path = secret_path(source.data_dir);
+    if path.exists() {
+        return read_private(&path);
+    }
+    create_private_dir(source.data_dir)?;
     let mut bytes = [0u8; 32];
     rand::rng().fill_bytes(&mut bytes);
     let secret: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     write_private(&path, &secret)?;
     Ok(secret.into_bytes())
+}
+
+fn checked(secret: Vec<u8>, origin: &str) -> anyhow::Result<Vec<u8>> {
+    anyhow::ensure!(
+        secret.len() >= MIN_SECRET_BYTES,
+        "the JWT secret from {origin} is {} bytes; at least {MIN_SECRET_BYTES} are required",
+        secret.len()
+    );
+    Ok(secret)
+}
+
+/// Read a secret file, refusing one that group or others may read.
+fn read_private(path: &Path) -> anyhow::Result<Vec<u8>> {
+    check_private(path)?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    checked(text.trim().as_bytes().to_vec(), &path.display().to_string())
+}
+
+#[cfg(unix)]
+fn check_private(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .permissions()
+        .mode();
+    anyhow::ensure!(
+        mode & 0o077 == 0,
+        "{} is readable by group or others (mode {:o}); run: chmod 600 {}",
+        path.display(),
+        mode & 0o777,
+        path.display()
+    );
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn check_private(_path: &Path) -> anyhow::Result<()> {
+    Ok(())
+}
+
+/// Create `dir` (and its parents) readable by its owner only.
+pub fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))
 }
 
 fn secret_path(data_dir: &Path) -> PathBuf {
@@ -48,4 +114,58 @@ fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
 #[cfg(not(unix))]
 fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
     std::fs::write(path, contents).with_context(|| format!("creating {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_secrets_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let source = |explicit| SecretSource {
+            explicit,
+            file: None,
+            data_dir: dir.path(),
+        };
+        assert!(load_or_create(source(Some("short"))).is_err());
+        assert!(load_or_create(source(Some(&"x".repeat(32)))).is_ok());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn secret_files_readable_by_others_are_refused_and_new_ones_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        let generated = load_or_create(SecretSource {
+            explicit: None,
+            file: None,
+            data_dir: &data,
+        })
+        .expect("generate");
+        assert_eq!(generated.len(), 64);
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode(&data), 0o700);
+        assert_eq!(mode(&data.join(SECRET_FILE)), 0o600);
+
+        let file = dir.path().join("secret");
+        std::fs::write(&file, "y".repeat(40)).expect("write");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let source = SecretSource {
+            explicit: None,
+            file: Some(&file),
+            data_dir: &data,
+        };
+        let refused = load_or_create(source).expect_err("0644 must be refused");
+        assert!(refused.to_string().contains("chmod 600"), "{refused}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let read = load_or_create(SecretSource {
+            explicit: None,
+            file: Some(&file),
+            data_dir: &data,
+        })
+        .expect("0600 is fine");
+        assert_eq!(read, "y".repeat(40).into_bytes());
+    }
 }

@@ -66,9 +66,13 @@ pub struct EdgeArgs {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, env = "AHP_RELAY_LISTEN", default_value = "127.0.0.1:7878")]
     pub listen: SocketAddr,
-    /// HS256 secret for access tokens; default: generated once and kept in --data-dir.
+    /// HS256 secret for access tokens (at least 32 bytes); default: --jwt-secret-file, else generated once
+    /// and kept in --data-dir.
     #[arg(long, env = "AHP_RELAY_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: Option<String>,
+    /// A file holding the HS256 secret (mode 0600 or stricter), so the secret is not on the command line.
+    #[arg(long, env = "AHP_RELAY_JWT_SECRET_FILE")]
+    pub jwt_secret_file: Option<PathBuf>,
     /// Largest accepted WebSocket message, in bytes.
     #[arg(long, env = "AHP_RELAY_MAX_FRAME_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_frame_bytes: usize,
@@ -85,6 +89,20 @@ pub struct EdgeArgs {
         default_value_t = 50_000.0
     )]
     pub messages_per_second_per_tenant: f64,
+    /// Inbound messages per second per connection (bursts of twice that), so one connection cannot use up
+    /// its tenant's budget; faster senders are slowed down.
+    #[arg(
+        long,
+        env = "AHP_RELAY_MESSAGES_PER_SECOND_PER_CONNECTION",
+        default_value_t = 1_000.0
+    )]
+    pub messages_per_second_per_connection: f64,
+    /// How often the relay pings an idle client (WebSocket ping), e.g. 20s.
+    #[arg(long, env = "AHP_RELAY_PING_INTERVAL", default_value = "20s", value_parser = crate::parse_ttl)]
+    pub ping_interval: Duration,
+    /// A connection from which nothing (not even a pong) arrived for this long is closed (1001), e.g. 60s.
+    #[arg(long, env = "AHP_RELAY_IDLE_TIMEOUT", default_value = "60s", value_parser = crate::parse_ttl)]
+    pub idle_timeout: Duration,
 }
 
 /// Arguments of `ahp-relay serve`: everything in one process.
@@ -159,7 +177,7 @@ pub fn store_url(database_url: Option<&str>, data_dir: &std::path::Path) -> anyh
     if let Some(url) = database_url {
         return Ok(url.to_string());
     }
-    std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    crate::secret::create_private_dir(data_dir)?;
     Ok(format!("sqlite://{}", data_dir.join("relay.sqlite").display()))
 }
 
@@ -193,6 +211,8 @@ impl HostArgs {
 impl EdgeArgs {
     fn apply(&self, limits: Limits) -> Limits {
         Limits {
+            ping_interval: self.ping_interval.max(Duration::from_millis(10)),
+            idle_timeout: self.idle_timeout.max(Duration::from_millis(10)),
             max_frame_bytes: self.max_frame_bytes.max(1024),
             outbound_queue_frames: self.outbound_queue.max(16),
             ..limits
@@ -237,7 +257,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let _observability = crate::observe::init("serve", &[Side::Gateway, Side::Shard])?;
     let limits = args.edge.apply(args.host.apply(Limits::default()));
     let link = open_hosts(&args.data, &args.host, limits.clone(), None, None).await?;
-    serve_edge(&args.data, &args.edge, limits, link.clone()).await?;
+    serve_edge(&args.data, &args.edge, limits, link.clone(), DevToken::Print).await?;
     flush(&link).await;
     Ok(())
 }
@@ -308,7 +328,15 @@ pub async fn run_gateway(args: GatewayArgs) -> anyhow::Result<()> {
         limits.bus_capacity,
         args.redis_url.as_deref(),
     )?);
-    serve_edge(&args.data, &args.edge, limits, link).await
+    serve_edge(&args.data, &args.edge, limits, link, DevToken::Silent).await
+}
+
+/// Whether the edge prints a ready dev token at start: only the embedded relay, for its own local use. A
+/// gateway never does (its output lands in a deployment's logs).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DevToken {
+    Print,
+    Silent,
 }
 
 /// The WebSocket side: auth, quotas, delivery, until SIGTERM / Ctrl-C closes every connection with 1012.
@@ -317,13 +345,20 @@ async fn serve_edge<L: HostLink>(
     edge: &EdgeArgs,
     limits: Limits,
     link: Arc<L>,
+    dev_token: DevToken,
 ) -> anyhow::Result<()> {
-    let secret = secret::load_or_create(edge.jwt_secret.as_deref(), &data.data_dir)?;
+    let secret = secret::load_or_create(secret::SecretSource {
+        explicit: edge.jwt_secret.as_deref(),
+        file: edge.jwt_secret_file.as_deref(),
+        data_dir: &data.data_dir,
+    })?;
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let quotas = relay_gateway::quotas::TenantQuotas::new(relay_gateway::quotas::QuotaLimits {
         max_connections: edge.max_connections_per_tenant.max(1),
         messages_per_second: edge.messages_per_second_per_tenant.max(1.0),
         message_burst: (edge.messages_per_second_per_tenant * 2.0).max(1.0),
+        connection_messages_per_second: edge.messages_per_second_per_connection.max(1.0),
+        connection_message_burst: (edge.messages_per_second_per_connection * 2.0).max(1.0),
     });
     let app = relay_gateway::router(Arc::new(GatewayState {
         link,
@@ -342,16 +377,6 @@ async fn serve_edge<L: HostLink>(
             tracing::debug!(%error, "could not set TCP_NODELAY");
         }
     });
-    let dev_token = mint_hs256(
-        &secret,
-        &Claims::new(
-            "dev",
-            "dev-user",
-            Role::Admin,
-            None,
-            Duration::from_secs(24 * 3600),
-        ),
-    )?;
     {
         let mut out = std::io::stdout().lock();
         writeln!(
@@ -359,12 +384,24 @@ async fn serve_edge<L: HostLink>(
             "ahp-relay {} listening on ws://{addr}/v1/ws",
             env!("CARGO_PKG_VERSION")
         )?;
-        writeln!(
-            out,
-            "dev token (tenant dev, user dev-user, role admin, valid 24h):"
-        )?;
-        writeln!(out, "{dev_token}")?;
-        writeln!(out, "try it: ahp-relay chat --url ws://{addr}/v1/ws")?;
+        if dev_token == DevToken::Print {
+            let token = mint_hs256(
+                &secret,
+                &Claims::new(
+                    "dev",
+                    "dev-user",
+                    Role::Admin,
+                    None,
+                    Duration::from_secs(24 * 3600),
+                ),
+            )?;
+            writeln!(
+                out,
+                "dev token (tenant dev, user dev-user, role admin, valid 24h):"
+            )?;
+            writeln!(out, "{token}")?;
+            writeln!(out, "try it: ahp-relay chat --url ws://{addr}/v1/ws")?;
+        }
         out.flush()?;
     }
 

@@ -35,6 +35,25 @@ const CLOSE_POLICY: u16 = 1008;
 /// Longest channel URI a client may choose.
 const MAX_URI_BYTES: usize = 512;
 
+/// Characters a client-chosen channel URI may not contain: a fragment or query would name something other
+/// than the channel, and white space cannot be written in a URI.
+const RESERVED_URI_CHARS: &[char] = &['#', '?', ' ', '\\'];
+
+/// The methods a host answers once the connection is initialized (besides `ping` and `initialize`, which
+/// are answered before; `listSessions`, `reconnect` and `fetchTurns` are served by [`crate::host::Host`]).
+const KNOWN_METHODS: &[&str] = &[
+    "dispatchAction",
+    "subscribe",
+    "unsubscribe",
+    "createSession",
+    "disposeSession",
+    "createChat",
+    "disposeChat",
+    "completions",
+    "resolveSessionConfig",
+    "authenticate",
+];
+
 pub(crate) fn reply<T: Serialize + ?Sized>(id: Option<u64>, result: &T) -> CommandResult {
     match id {
         Some(id) => rpc::result_frame(id, result)
@@ -60,6 +79,10 @@ impl HostCore {
             "ping" => return reply(id, &()),
             "initialize" => return self.initialize(connection, message),
             _ => {}
+        }
+        if !KNOWN_METHODS.contains(&message.method.as_str()) {
+            // Unknown whatever the connection's state: -32601, not "initialize first".
+            return Err(RpcError::method_not_found(&message.method));
         }
         self.client_id(connection)?;
         match message.method.as_str() {
@@ -260,6 +283,14 @@ impl HostCore {
                 "the URI must be a {scheme} URI of at most {MAX_URI_BYTES} bytes"
             )));
         }
+        if let Some(reserved) = uri
+            .chars()
+            .find(|c| RESERVED_URI_CHARS.contains(c) || c.is_control())
+        {
+            return Err(RpcError::invalid_params(format!(
+                "the URI may not contain {reserved:?} (no fragments, queries, spaces or control characters)"
+            )));
+        }
         if self.model.kind(uri) != ChannelKind::Unknown {
             return Err(RpcError::new(exists_code, format!("already exists: {uri}")));
         }
@@ -362,9 +393,11 @@ impl HostCore {
         for chat in &chats {
             self.seq.dispose(chat);
             self.seq.forget(&crate::history::archive_key(chat));
+            self.seq.forget(&crate::history::legacy_archive_key(chat));
         }
         self.seq.catalog(CatalogChange::Remove { uri: uri.clone() });
         self.seq.dispose(&uri);
+        self.note_disposing(std::iter::once(uri.clone()).chain(chats.iter().cloned()));
         for state in self.connections.values_mut() {
             state.subscriptions.remove(&uri);
             for chat in &chats {
@@ -518,6 +551,8 @@ impl HostCore {
         );
         self.seq.dispose(&chat);
         self.seq.forget(&crate::history::archive_key(&chat));
+        self.seq.forget(&crate::history::legacy_archive_key(&chat));
+        self.note_disposing(std::iter::once(chat.clone()));
         for state in self.connections.values_mut() {
             state.subscriptions.remove(&chat);
         }

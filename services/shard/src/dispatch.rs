@@ -39,7 +39,7 @@ impl HostCore {
         let kind = self.model.kind(&params.channel);
         if kind == ChannelKind::Unknown {
             // Actions on channels the host does not have are ignored without an echo (digest §4).
-            return Ok(CommandReply::none());
+            return crate::commands::reply(message.id, &());
         }
         let origin = ActionOrigin {
             client_id: client_id.clone(),
@@ -59,7 +59,7 @@ impl HostCore {
                 Some(origin),
                 Some(reason),
             );
-            return Ok(CommandReply::none());
+            return crate::commands::reply(message.id, &());
         }
         match self.model.reduce(&params.channel, &params.action) {
             ReduceOutcome::Invalid(error) => {
@@ -70,7 +70,7 @@ impl HostCore {
                     Some(origin),
                     Some(error.to_string()),
                 );
-                return Ok(CommandReply::none());
+                return crate::commands::reply(message.id, &());
             }
             ReduceOutcome::OutOfScope => {
                 self.seq.private(
@@ -80,13 +80,14 @@ impl HostCore {
                     Some(origin),
                     Some("action does not apply to this channel".into()),
                 );
-                return Ok(CommandReply::none());
+                return crate::commands::reply(message.id, &());
             }
             ReduceOutcome::Applied | ReduceOutcome::NoOp => {}
         }
         self.seq.accept(&params.channel, &params.action, Some(origin));
         self.after_action(&params.channel, kind, &params.action);
-        Ok(CommandReply::none())
+        // A notification gets nothing; the same call sent as a request (with an id) gets an empty result.
+        crate::commands::reply(message.id, &())
     }
 
     /// An agent's action. Returns `false` when it does not apply (its chat is gone or its turn ended).
@@ -123,7 +124,10 @@ impl HostCore {
                 self.sync_chat_summary(channel);
             }
             ChannelKind::Session => self.sync_session_summary(channel),
-            ChannelKind::Root | ChannelKind::Unknown => {}
+            // Root actions are rare (configuration): each one stores the root's document, so a restart
+            // restores it however long ago it changed (its log rows may be compacted away).
+            ChannelKind::Root => self.store_snapshot(channel),
+            ChannelKind::Unknown => {}
         }
     }
 

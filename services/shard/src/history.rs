@@ -17,8 +17,16 @@ use crate::error::ShardError;
 use crate::host::Host;
 use crate::model::{parse_turns_cursor, turns_cursor};
 
-/// The store key of a chat's turn archive.
+/// The store key of a chat's turn archive. Archives have a key space of their own: the `relay-archive:`
+/// prefix is no channel scheme, and clients may only create `ahp-session:` and `ahp-chat:` URIs, so no
+/// channel can ever share (and, disposed, delete) an archive's row.
 pub fn archive_key(chat: &str) -> String {
+    format!("relay-archive:{chat}")
+}
+
+/// Where releases before the archive had its own key space kept it (read if the new key has none, and
+/// deleted with the chat).
+pub fn legacy_archive_key(chat: &str) -> String {
     format!("{chat}#archived-turns")
 }
 
@@ -95,10 +103,14 @@ impl Host {
 
     /// The archived turns of a chat (empty when it has none).
     pub(crate) async fn read_archive(&self, chat: &str) -> Result<Vec<Turn>, ShardError> {
-        let record = self
-            .store
-            .load_channel(&self.key.tenant, &self.key.host, &archive_key(chat))
-            .await?;
+        let (tenant, host) = (&self.key.tenant, &self.key.host);
+        let mut record = self.store.load_channel(tenant, host, &archive_key(chat)).await?;
+        if record.is_none() {
+            record = self
+                .store
+                .load_channel(tenant, host, &legacy_archive_key(chat))
+                .await?;
+        }
         match record {
             Some(record) => serde_json::from_str(&record.state).map_err(ShardError::corrupt),
             None => Ok(Vec::new()),

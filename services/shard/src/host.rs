@@ -17,7 +17,6 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use ahp_types::actions::StateAction;
-use ahp_types::state::RootState;
 use parking_lot::Mutex;
 use relay_bus::RedisPublisher;
 use relay_core::bus::{Audience, BusEvent, BusEventKind, SharedBusEvent};
@@ -70,6 +69,9 @@ pub struct HostCore {
     pub sink: Arc<dyn ChatSink>,
     /// Client ids whose grace period must be armed once the lock is released.
     pub pending_grace: Vec<(String, u64)>,
+    /// Channels disposed in memory whose disposal may not be committed yet, with the batch that commits it:
+    /// until then the store still holds them, and loading them from it would bring them back.
+    pub disposing: HashMap<String, CommitBarrier>,
 }
 
 /// One AHP host.
@@ -105,36 +107,29 @@ impl Host {
         lease: Option<Lease>,
     ) -> Result<Arc<Self>, StoreError> {
         let record = store.load_host(&key.tenant, &key.host).await?;
-        let host = Arc::new_cyclic(|me: &Weak<Host>| {
-            let root = RootState {
-                agents: providers.agents(),
-                active_sessions: None,
-                terminals: None,
-                config: None,
-                meta: None,
-            };
-            Host {
-                core: Mutex::new(HostCore {
-                    seq: Sequencer::new(record.last_seq, limits.replay_buffer_envelopes),
-                    model: HostModel::new(root, record.next_catalog_no),
-                    key: key.clone(),
-                    limits: limits.clone(),
-                    providers,
-                    connections: HashMap::new(),
-                    clients: HashMap::new(),
-                    sink: Arc::new(HostSink { host: me.clone() }),
-                    pending_grace: Vec::new(),
-                }),
-                publisher: Mutex::new(Publisher::new(record.last_seq, limits.bus_capacity)),
-                durable: watch::Sender::new(0),
-                redis,
-                lease,
-                deposed: watch::Sender::new(false),
-                wakeup: Notify::new(),
-                store,
-                key,
-                me: me.clone(),
-            }
+        let root = crate::restore::restore_root(&store, &key, providers.agents()).await?;
+        let host = Arc::new_cyclic(|me: &Weak<Host>| Host {
+            core: Mutex::new(HostCore {
+                seq: Sequencer::new(record.last_seq, limits.replay_buffer_envelopes),
+                model: HostModel::new(root, record.next_catalog_no),
+                key: key.clone(),
+                limits: limits.clone(),
+                providers,
+                connections: HashMap::new(),
+                clients: HashMap::new(),
+                sink: Arc::new(HostSink { host: me.clone() }),
+                pending_grace: Vec::new(),
+                disposing: HashMap::new(),
+            }),
+            publisher: Mutex::new(Publisher::new(record.last_seq, limits.bus_capacity)),
+            durable: watch::Sender::new(0),
+            redis,
+            lease,
+            deposed: watch::Sender::new(false),
+            wakeup: Notify::new(),
+            store,
+            key,
+            me: me.clone(),
         });
         tokio::spawn(commit_loop(Arc::downgrade(&host)));
         Ok(host)
@@ -477,6 +472,12 @@ async fn commit_loop(host: Weak<Host>) {
                 .collect()
         };
         strong.durable.send_replace(number);
+        {
+            let mut core = strong.core.lock();
+            if !core.disposing.is_empty() {
+                core.disposing.retain(|_, batch| *batch > number);
+            }
+        }
         if let Some(redis) = &strong.redis {
             publish_to_redis(redis, &strong.key, &events).await;
         }
@@ -567,6 +568,14 @@ impl HostCore {
                 binding.grace_epoch += 1;
                 self.pending_grace.push((client_id, binding.grace_epoch));
             }
+        }
+    }
+
+    /// Remember that `channels` were just disposed: a store read of one of them waits for this batch.
+    pub(crate) fn note_disposing(&mut self, channels: impl Iterator<Item = String>) {
+        let barrier = self.seq.barrier();
+        for channel in channels {
+            self.disposing.insert(channel, barrier);
         }
     }
 

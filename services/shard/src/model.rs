@@ -69,6 +69,57 @@ pub struct ChatDocument<C = ChatState, T = String> {
     pub session: T,
 }
 
+/// What the store keeps of the root channel: what clients set and the host must not forget (its
+/// configuration). The rest of root state is derived at start-up (`agents` from the configured providers).
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RootDocument {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<ahp_types::state::RootConfigState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<ahp_types::common::JsonObject>,
+}
+
+/// The host configuration a new host starts with (root state `config`): what admins may change with
+/// `root/configChanged`, persisted with the root's snapshot.
+pub fn default_root_config(agents: &[ahp_types::state::AgentInfo]) -> ahp_types::state::RootConfigState {
+    let providers: Vec<&str> = agents.iter().map(|a| a.provider.as_str()).collect();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "defaultProvider": {
+                "type": "string",
+                "title": "Default agent",
+                "description": "The agent a new session gets when it names none.",
+                "enum": providers,
+                "default": providers.first(),
+            },
+            "notice": {
+                "type": "string",
+                "title": "Notice",
+                "description": "A note for everyone on this host, shown by clients that support it.",
+                "default": "",
+            },
+        },
+    });
+    let values = serde_json::json!({
+        "defaultProvider": providers.first(),
+        "notice": "",
+    });
+    let state = serde_json::json!({ "schema": schema, "values": values });
+    serde_json::from_value(state).unwrap_or_else(|error| {
+        tracing::error!(%error, "the default root configuration does not fit the AHP schema");
+        ahp_types::state::RootConfigState {
+            schema: ahp_types::state::ConfigSchema {
+                r#type: "object".into(),
+                properties: Default::default(),
+                required: None,
+            },
+            values: Default::default(),
+        }
+    })
+}
+
 /// What a channel URI names on this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChannelKind {
@@ -165,8 +216,15 @@ impl HostModel {
         chats
     }
 
-    /// The JSON the store keeps for a session or chat channel.
+    /// The JSON the store keeps for a channel: the root's configuration, or a session or chat.
     pub fn document(&self, channel: &str) -> Option<(Option<String>, String)> {
+        if channel == ROOT_RESOURCE_URI {
+            let doc = RootDocument {
+                config: self.root.config.clone(),
+                meta: self.root.meta.clone(),
+            };
+            return serde_json::to_string(&doc).ok().map(|json| (None, json));
+        }
         if let Some(s) = self.sessions.get(channel) {
             let doc = SessionDocument {
                 state: &s.state,

@@ -6,9 +6,10 @@
 
 use std::collections::BTreeSet;
 
-use ahp::reducers::{apply_action_to_chat, apply_action_to_session};
+use ahp::reducers::{apply_action_to_chat, apply_action_to_root, apply_action_to_session};
 use ahp_types::actions::{ActionEnvelope, ChatErrorAction, StateAction};
-use ahp_types::state::{ChatState, ErrorInfo, ErrorResponsePart, Turn};
+use ahp_types::state::{ChatState, ErrorInfo, ErrorResponsePart, RootState, Turn};
+use ahp_types::ROOT_RESOURCE_URI;
 use relay_core::rpc::InboundMessage;
 use relay_store::ChannelRecord;
 
@@ -18,7 +19,7 @@ use crate::model::turns_cursor;
 use serde::Deserialize;
 
 use crate::host::{Host, HostCore};
-use crate::model::{ChannelKind, ChatDocument, ChatRecord, SessionDocument, SnapshotClock};
+use crate::model::{ChannelKind, ChatDocument, ChatRecord, RootDocument, SessionDocument, SnapshotClock};
 
 /// Every session or chat URI a message refers to.
 pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
@@ -46,19 +47,64 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
         .collect()
 }
 
+/// The root state of a host as last stored: its configuration from the root's snapshot plus the root
+/// actions logged after it, with `agents` as configured now.
+pub(crate) async fn restore_root(
+    store: &relay_store::Store,
+    key: &relay_core::HostKey,
+    agents: Vec<ahp_types::state::AgentInfo>,
+) -> Result<RootState, relay_store::StoreError> {
+    let mut root = RootState {
+        config: Some(crate::model::default_root_config(&agents)),
+        agents,
+        active_sessions: None,
+        terminals: None,
+        meta: None,
+    };
+    let Some(record) = store
+        .load_channel(&key.tenant, &key.host, ROOT_RESOURCE_URI)
+        .await?
+    else {
+        return Ok(root);
+    };
+    match serde_json::from_str::<RootDocument>(&record.state) {
+        Ok(doc) => {
+            // The schema is this release's; the values are what the host's admins set.
+            if let (Some(config), Some(stored)) = (root.config.as_mut(), doc.config) {
+                config.values.extend(stored.values);
+            }
+            root.meta = doc.meta;
+        }
+        Err(error) => tracing::error!(host = %key, %error, "unreadable root snapshot; starting without it"),
+    }
+    for envelope in tail(&record) {
+        apply_action_to_root(&mut root, &envelope.action);
+    }
+    Ok(root)
+}
+
 /// A session and its chats (each with its turn archive) as read from the store, not yet reduced.
 struct LoadedSession {
     uri: String,
     session: ChannelRecord,
-    chats: Vec<(String, ChannelRecord, Vec<Turn>)>,
+    /// Each chat with its turn archive (`None`: the archive could not be read).
+    chats: Vec<(String, ChannelRecord, Option<Vec<Turn>>)>,
 }
 
 impl Host {
     /// Make sure every named session or chat that exists in the store is in memory.
     pub(crate) async fn ensure_loaded(&self, channels: &[String]) -> Result<(), ShardError> {
         for channel in channels {
-            if self.core.lock().model.kind(channel) != ChannelKind::Unknown {
-                continue;
+            let disposing = {
+                let core = self.core.lock();
+                if core.model.kind(channel) != ChannelKind::Unknown {
+                    continue;
+                }
+                core.disposing.get(channel).copied()
+            };
+            if let Some(barrier) = disposing {
+                // Disposed, but the store may still hold it until that batch commits: read it only after.
+                self.wait_committed(barrier).await;
             }
             let Some(loaded) = self.read_session_of(channel).await? else {
                 continue;
@@ -90,7 +136,16 @@ impl Host {
         let mut chats = Vec::new();
         for chat in self.store.chats_of(tenant, host, &uri).await? {
             if let Some(record) = self.store.load_channel(tenant, host, &chat).await? {
-                let archive = self.read_archive(&chat).await?;
+                let archive = match self.read_archive(&chat).await {
+                    Ok(archive) => Some(archive),
+                    // An unreadable archive costs the chat its old turns' paging, never the whole session:
+                    // it is left untouched in the store for an operator to look at.
+                    Err(error @ ShardError::Corrupt(_)) => {
+                        tracing::error!(%chat, %error, "unreadable turn archive; loading the chat without it");
+                        None
+                    }
+                    Err(error) => return Err(error),
+                };
                 chats.push((chat, record, archive));
             }
         }
@@ -193,8 +248,12 @@ impl HostCore {
         &mut self,
         chat: &str,
         state: &mut ChatState,
-        mut archive: Vec<Turn>,
+        archive: Option<Vec<Turn>>,
     ) -> (usize, bool) {
+        // Without a readable archive nothing moves into it: writing it anew would lose what it holds.
+        let Some(mut archive) = archive else {
+            return (0, false);
+        };
         let retained = self.limits.retained_turns.max(1);
         if state.turns.len() <= retained {
             return (archive.len(), false);

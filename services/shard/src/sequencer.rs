@@ -204,7 +204,7 @@ impl Sequencer {
 
     /// `channel` is gone: its stored state is deleted and gateways drop subscriptions to it.
     pub fn dispose(&mut self, channel: &str) {
-        self.pending.disposed.push(channel.to_string());
+        self.forget(channel);
         let seq = self.seq;
         self.publish(
             BusEventKind::ChannelDisposed,
@@ -215,12 +215,18 @@ impl Sequencer {
         );
     }
 
-    /// Delete stored state that is not a channel of its own (a chat's turn archive).
+    /// Delete stored state that is not a channel of its own (a chat's turn archive). A snapshot of `key`
+    /// queued earlier in this batch is dropped: the store applies a batch's deletions before its snapshots,
+    /// so the batch must say only what the channel's last fate in it is.
     pub fn forget(&mut self, key: &str) {
-        self.pending.disposed.push(key.to_string());
+        self.pending.snapshots.retain(|snapshot| snapshot.channel != key);
+        if !self.pending.disposed.iter().any(|disposed| disposed == key) {
+            self.pending.disposed.push(key.to_string());
+        }
     }
 
-    /// Store a snapshot of a channel at the current `serverSeq`.
+    /// Store a snapshot of a channel at the current `serverSeq` (after any deletion of it queued earlier in
+    /// this batch: a channel disposed and created again keeps its new snapshot).
     pub fn snapshot(&mut self, channel: &str, parent: Option<&str>, state: String) {
         self.pending.snapshots.push(SnapshotEntry {
             channel: channel.to_string(),
@@ -348,4 +354,31 @@ pub fn frame_around(json: String) -> (Box<RawValue>, Bytes) {
     // `json` came from serde_json, so it is valid JSON.
     let raw = RawValue::from_string(json).unwrap_or_else(|_| Box::<RawValue>::default());
     (raw, frame)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn channels(batch: &PendingBatch) -> (Vec<&str>, Vec<&str>) {
+        (
+            batch.snapshots.iter().map(|s| s.channel.as_str()).collect(),
+            batch.disposed.iter().map(String::as_str).collect(),
+        )
+    }
+
+    #[test]
+    fn a_batch_keeps_only_the_last_fate_of_each_channel() {
+        let mut seq = Sequencer::new(0, 16);
+        // created, then disposed in the same batch: nothing of it may be stored
+        seq.snapshot("ahp-session:/a", None, "{}".into());
+        seq.dispose("ahp-session:/a");
+        // disposed, then created again: the new snapshot is stored after the deletion
+        seq.dispose("ahp-session:/b");
+        seq.snapshot("ahp-session:/b", None, "{}".into());
+        let batch = seq.take_pending();
+        let (snapshots, disposed) = channels(&batch);
+        assert_eq!(snapshots, ["ahp-session:/b"]);
+        assert_eq!(disposed, ["ahp-session:/a", "ahp-session:/b"]);
+    }
 }

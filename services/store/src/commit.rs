@@ -62,8 +62,11 @@ async fn write(
     )
     .await?;
     log::append(&mut *conn, tenant, host, &batch.log).await?;
+    // Disposals before snapshots: a channel disposed and then created again under the same URI within one
+    // batch must end up with the new channel's snapshot. (The shard never leaves a snapshot of a channel in a
+    // batch that disposes it afterwards: its sequencer drops that snapshot when the disposal is queued.)
+    snapshots::remove(&mut *conn, tenant, host, &batch.disposed).await?;
     snapshots::store(&mut *conn, tenant, host, &batch.snapshots).await?;
     catalog::apply(&mut *conn, tenant, host, &batch.catalog).await?;
-    snapshots::remove(&mut *conn, tenant, host, &batch.disposed).await?;
     Ok(())
 }

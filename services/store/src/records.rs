@@ -40,8 +40,10 @@ pub struct CommitBatch {
     pub snapshots: Vec<SnapshotEntry>,
     /// Catalogue changes, applied in order.
     pub catalog: Vec<CatalogChange>,
-    /// Channels whose snapshot rows must be deleted. Applied after `snapshots`, so a channel both
-    /// snapshotted and disposed in one batch ends up without a snapshot.
+    /// Channels whose snapshot rows must be deleted. Applied *before* `snapshots`: a channel disposed and
+    /// re-created under the same URI in one batch keeps the new snapshot. A writer that disposes a channel
+    /// after snapshotting it in the same batch must drop that snapshot from the batch (the shard's sequencer
+    /// does).
     pub disposed: Vec<String>,
 }
 

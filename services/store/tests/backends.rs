@@ -149,6 +149,7 @@ on_both_backends!(
     leases_are_isolated_between_tenants_and_hosts,
     renewing_an_owners_leases_renews_exactly_what_it_still_holds,
     ping_answers_while_the_store_is_reachable,
+    a_channel_disposed_then_created_again_in_one_batch_stays_loadable,
 );
 
 const T: &str = "acme";
@@ -241,14 +242,13 @@ async fn commit_then_load_channel_returns_the_snapshot_and_the_tail_after_it(db:
     let chat = store.load_channel(T, H, CHAT).await.unwrap().unwrap();
     assert_eq!((chat.snapshot_seq, chat.tail.len()), (6, 0));
 
-    // Snapshotted and disposed in one batch: disposed.
-    let both = CommitBatch {
+    // Disposed alone: gone, and no longer listed under its session.
+    let disposed = CommitBatch {
         last_seq: 9,
-        snapshots: vec![snapshot(CHAT, Some(SESSION), 9)],
         disposed: vec![CHAT.into()],
         ..CommitBatch::default()
     };
-    store.commit(T, H, &both).await.unwrap();
+    store.commit(T, H, &disposed).await.unwrap();
     assert_eq!(store.load_channel(T, H, CHAT).await.unwrap(), None);
     assert!(store.chats_of(T, H, SESSION).await.unwrap().is_empty());
 }
@@ -1596,4 +1596,39 @@ async fn renewing_an_owners_leases_renews_exactly_what_it_still_holds(db: &TestD
         .await
         .unwrap();
     assert_eq!(store.renew_leases_of("a", TTL, 12_000).await.unwrap().len(), 1);
+}
+
+async fn a_channel_disposed_then_created_again_in_one_batch_stays_loadable(db: &TestDb) {
+    let store = &db.store;
+    store
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                last_seq: 1,
+                snapshots: vec![snapshot(SESSION, None, 1)],
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    // One batch: the old channel is disposed, then a new one is created under the same URI.
+    let recreated = snapshot(SESSION, None, 3);
+    store
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                last_seq: 3,
+                disposed: vec![SESSION.into()],
+                snapshots: vec![recreated.clone()],
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    let loaded = store.load_channel(T, H, SESSION).await.unwrap();
+    let loaded = loaded.expect("the re-created channel must still be loadable");
+    assert_eq!(loaded.snapshot_seq, 3);
+    assert_eq!(loaded.state, recreated.state);
 }

@@ -18,7 +18,7 @@ use tokio::sync::broadcast;
 use tokio_tungstenite::tungstenite::{Message, Utf8Bytes};
 
 /// The HS256 secret every benchmarked relay process is started with.
-pub const SECRET: &str = "bench-secret";
+pub const SECRET: &str = "bench-secret-at-least-32-bytes-long";
 /// The chat every benchmark publishes to.
 pub const CHAT: &str = "ahp-chat:/bench";
 /// Longest wait for any single frame; a healthy run never comes near it.

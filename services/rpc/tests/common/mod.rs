@@ -26,6 +26,8 @@ pub async fn start_gateway(shard_url: &str, secret: &[u8], max_connections: usiz
             max_connections,
             messages_per_second: 10_000.0,
             message_burst: 20_000.0,
+            connection_messages_per_second: 10_000.0,
+            connection_message_burst: 20_000.0,
         }),
     }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");

@@ -1,0 +1,545 @@
+//! Hardening of the core (issue 8): data that must not be lost, protocol edges, and state that must not be
+//! corrupted by what a client names. Each test drives the real `ahp-relay serve` process.
+
+mod support;
+
+use ahp_types::actions::{RootConfigChangedAction, StateAction};
+use ahp_types::commands::CreateChatParams;
+use ahp_types::state::SnapshotState;
+use relay_core::Role;
+use serde_json::json;
+use support::raw::*;
+use support::*;
+
+fn create_chat_params(session: &str, chat: &str) -> CreateChatParams {
+    CreateChatParams {
+        channel: session.into(),
+        meta: None,
+        chat: chat.into(),
+        initial_message: None,
+        source: None,
+        working_directories: None,
+    }
+}
+
+/// Run one demo turn to completion on `chat` (the client is subscribed through `sub`).
+async fn run_turn(client: &ahp::Client, sub: &mut ahp::SessionSubscription, chat: &str, id: &str) {
+    client
+        .dispatch(chat.into(), turn_started(id, &format!("hello {id}")))
+        .await
+        .expect("dispatch");
+    collect_until(sub, is_turn_complete).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatch_action_sent_as_a_request_is_answered_even_on_an_unknown_channel() {
+    let relay = Relay::start().await;
+    let mut s = raw(&relay).await;
+    initialize(&mut s, "asks").await;
+    let action = json(&turn_started("t1", "hi"));
+    send(
+        &mut s,
+        json!({"jsonrpc":"2.0","id":5,"method":"dispatchAction",
+            "params":{"channel":"ahp-chat:/nowhere","clientSeq":1,"action":action}})
+        .to_string(),
+    )
+    .await;
+    let answer = recv(&mut s).await;
+    assert_eq!(answer["id"], 5, "{answer}");
+    assert!(answer.get("result").is_some(), "{answer}");
+    // Ignored as the spec says: no echo follows, the next frame answers the next request.
+    send(
+        &mut s,
+        json!({"jsonrpc":"2.0","id":6,"method":"ping"}).to_string(),
+    )
+    .await;
+    assert_eq!(recv(&mut s).await["id"], 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_method_before_initialize_is_method_not_found() {
+    let relay = Relay::start().await;
+    let mut s = raw(&relay).await;
+    send(
+        &mut s,
+        json!({"jsonrpc":"2.0","id":1,"method":"noSuchMethod","params":{}}).to_string(),
+    )
+    .await;
+    let answer = recv(&mut s).await;
+    assert_eq!(error_code(&answer), -32601, "{answer}");
+    // A known method still needs initialize first.
+    send(
+        &mut s,
+        json!({"jsonrpc":"2.0","id":2,"method":"subscribe","params":{"channel":"ahp-root://"}}).to_string(),
+    )
+    .await;
+    assert_eq!(error_code(&recv(&mut s).await), -32600);
+}
+
+/// A chat named like another chat's turn archive cannot be created, and the victim's session loads with
+/// every turn after a restart (on 808b00f the two shared one store row and the victim became unloadable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_cannot_take_another_chats_turn_archive() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let flags = ["--retained-turns", "2"];
+    let mut relay = Relay::start_in(data.path(), &flags).await;
+    let (client, _) = relay.client("victim").await;
+    let (session, chat) = create_session_and_chat(&client, "victim").await;
+    let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
+    for i in 0..4 {
+        run_turn(&client, &mut sub, &chat, &format!("t{i}")).await;
+    }
+    for name in [
+        format!("{chat}#archived-turns"),
+        format!("{chat}?x"),
+        "ahp-chat:/a b".into(),
+    ] {
+        let refused = client
+            .request::<_, serde_json::Value>("createChat", create_chat_params(&session, &name))
+            .await;
+        assert!(refused.is_err(), "{name} must be refused, got {refused:?}");
+    }
+    client.shutdown().await;
+    relay.kill().await;
+
+    // Twice: the first restart moves the old turns into the archive, the second reads them back from it.
+    for _ in 0..2 {
+        let mut relay = Relay::start_in(data.path(), &flags).await;
+        let (client, _) = relay.client("victim").await;
+        let (mut state, from, mut sub) = subscribe_chat(&client, &chat).await;
+        assert_eq!(state.turns.len(), 2, "the newest turns stay in memory");
+        let pages = fetch_all_turns(&client, &mut sub, &chat, &mut state, from).await;
+        assert!(pages >= 1);
+        let ids: Vec<&str> = state.turns.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, ["t0", "t1", "t2", "t3"]);
+        client.shutdown().await;
+        relay.kill().await;
+    }
+}
+
+/// An archive row that cannot be read is logged, and its chat and session still load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_turn_archive_does_not_make_its_session_unloadable() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let flags = ["--retained-turns", "1"];
+    let mut relay = Relay::start_in(data.path(), &flags).await;
+    let (client, _) = relay.client("owner").await;
+    let (_, chat) = create_session_and_chat(&client, "broken").await;
+    let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
+    for i in 0..3 {
+        run_turn(&client, &mut sub, &chat, &format!("t{i}")).await;
+    }
+    client.shutdown().await;
+    relay.kill().await;
+
+    let store = relay_store::Store::connect(&format!(
+        "sqlite://{}",
+        data.path().join("relay.sqlite").display()
+    ))
+    .await
+    .expect("store");
+    let last = store.load_host("dev", "default").await.expect("host").last_seq;
+    store
+        .commit(
+            "dev",
+            "default",
+            &relay_store::CommitBatch {
+                last_seq: last,
+                snapshots: vec![relay_store::SnapshotEntry {
+                    channel: relay_shard::history::archive_key(&chat),
+                    parent: None,
+                    seq: last,
+                    state: "{not turns".into(),
+                }],
+                ..relay_store::CommitBatch::default()
+            },
+        )
+        .await
+        .expect("break the archive");
+    store.close().await;
+
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let (client, _) = relay.client("owner").await;
+    let (state, _, _) = subscribe_chat(&client, &chat).await;
+    assert_eq!(state.turns.last().map(|t| t.id.as_str()), Some("t2"));
+}
+
+/// Dispose and re-create of one URI by two connections, while a streaming turn keeps the committer busy so
+/// both land in one commit batch: after a restart every re-created session is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_disposed_and_recreated_in_one_batch_survives_a_restart() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut relay = Relay::start_in(data.path(), &["--demo-step-ms", "1"]).await;
+    let (a, _) = relay.client("a").await;
+    let (b, _) = relay.client("b").await;
+    let (_, busy) = create_session_and_chat(&a, "busy").await;
+    let (_, _, busy_sub) = subscribe_chat(&a, &busy).await;
+    a.dispatch(
+        busy.clone(),
+        turn_started("long", "a long story ".repeat(50).as_str()),
+    )
+    .await
+    .expect("start a long turn");
+    let mut recreated = Vec::new();
+    for i in 0..20 {
+        let (session, _) = create_session_and_chat(&a, &format!("race{i}")).await;
+        let dispose = a.request::<_, serde_json::Value>("disposeSession", json!({"channel": session}));
+        let create = b.request::<_, serde_json::Value>(
+            "createSession",
+            json!({"channel": session, "provider": "demo"}),
+        );
+        let (disposed, created) = tokio::join!(dispose, create);
+        disposed.expect("dispose");
+        if created.is_ok() {
+            recreated.push(session);
+        }
+    }
+    // Everything answered is committed; the busy turn may still stream.
+    drop(busy_sub);
+    a.shutdown().await;
+    b.shutdown().await;
+    relay.kill().await;
+
+    let relay = Relay::start_in(data.path(), &[]).await;
+    let (c, _) = relay.client("c").await;
+    for session in &recreated {
+        if let Err(error) = c.subscribe(session.clone()).await {
+            panic!("{session} was re-created but is gone: {error:?}");
+        }
+    }
+    eprintln!("{} of 20 sessions were re-created", recreated.len());
+}
+
+/// Host configuration set by an admin survives SIGKILL and restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn root_configuration_survives_a_crash() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut relay = Relay::start_in(data.path(), &[]).await;
+    let admin = relay.connect("dev", "boss", Role::Admin).await;
+    admin
+        .initialize("boss".into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("initialize");
+    let mut change = serde_json::Map::new();
+    change.insert("notice".into(), json!("deploy at noon"));
+    admin
+        .dispatch(
+            "ahp-root://".into(),
+            StateAction::RootConfigChanged(RootConfigChangedAction {
+                config: change,
+                replace: None,
+            }),
+        )
+        .await
+        .expect("dispatch");
+    let notice = |snapshot: &ahp_types::state::Snapshot| match &snapshot.state {
+        SnapshotState::Root(root) => root.config.as_ref().and_then(|c| c.values.get("notice").cloned()),
+        other => panic!("not root: {other:?}"),
+    };
+    // A subscribe answers only once everything queued before it is committed.
+    let (live, _) = admin.subscribe("ahp-root://".into()).await.expect("subscribe");
+    assert_eq!(
+        notice(&live.snapshot.expect("snapshot")),
+        Some(json!("deploy at noon"))
+    );
+    relay.kill().await;
+
+    let relay = Relay::start_in(data.path(), &[]).await;
+    let viewer = relay.connect("dev", "eve", Role::Viewer).await;
+    viewer
+        .initialize("eve".into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("initialize");
+    let (restored, _) = viewer.subscribe("ahp-root://".into()).await.expect("subscribe");
+    assert_eq!(
+        notice(&restored.snapshot.expect("snapshot")),
+        Some(json!("deploy at noon"))
+    );
+}
+
+/// Send `count` pings back to back on one raw socket and wait for every answer; returns how long it took.
+async fn timed_pings(socket: &mut Socket, count: u64) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    for id in 1..=count {
+        send(
+            socket,
+            json!({"jsonrpc":"2.0","id":id,"method":"ping"}).to_string(),
+        )
+        .await;
+    }
+    answer_to(socket, count).await;
+    started.elapsed()
+}
+
+/// The tenant's message rate is applied: beyond its burst (twice the rate), pings wait their turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_sending_faster_than_its_rate_is_slowed_down() {
+    let relay = Relay::start_with(&["--messages-per-second-per-tenant", "50"]).await;
+    let tenant = unique_tenant();
+    let mut s = raw_as(&relay, &tenant, "fast", Role::Member).await;
+    // 200 pings at 50/s with a burst of 100: at least (200 - 100) / 50 = 2 s.
+    let took = timed_pings(&mut s, 200).await;
+    assert!(
+        took >= std::time::Duration::from_secs(2),
+        "200 pings took {took:?}"
+    );
+}
+
+/// One connection cannot use up its tenant's budget: it is held to its own rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_is_held_to_its_own_rate() {
+    let relay = Relay::start_with(&["--messages-per-second-per-connection", "50"]).await;
+    let tenant = unique_tenant();
+    let mut s = raw_as(&relay, &tenant, "fast", Role::Member).await;
+    let took = timed_pings(&mut s, 200).await;
+    assert!(
+        took >= std::time::Duration::from_secs(2),
+        "200 pings took {took:?}"
+    );
+}
+
+/// A client that stops answering pings is closed within the idle timeout plus one ping interval, and its
+/// quota slot is freed for a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_answering_pings_is_closed_and_its_slot_freed() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let relay = Relay::start_with(&[
+        "--ping-interval",
+        "100ms",
+        "--idle-timeout",
+        "500ms",
+        "--max-connections-per-tenant",
+        "1",
+    ])
+    .await;
+    let tenant = unique_tenant();
+    // Never read: tungstenite answers pings only while it reads, so this client is silent.
+    let started = std::time::Instant::now();
+    let mut silent = raw_as(&relay, &tenant, "silent", Role::Member).await;
+    let url = format!(
+        "{}?access_token={}",
+        relay.url(),
+        relay.token(&tenant, "next", Role::Member)
+    );
+    assert!(
+        tokio_tungstenite::connect_async(&url).await.is_err(),
+        "the tenant's one slot is taken"
+    );
+    let next = loop {
+        match tokio_tungstenite::connect_async(&url).await {
+            Ok((socket, _)) => break socket,
+            Err(_) => {
+                assert!(
+                    started.elapsed() < PATIENCE,
+                    "the silent client's slot was never freed"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let freed_after = started.elapsed();
+    // 500 ms idle timeout + 100 ms ping interval, and slack for a loaded machine.
+    assert!(
+        freed_after < std::time::Duration::from_secs(5),
+        "freed after {freed_after:?}"
+    );
+    drop(next);
+    // The silent client finds its connection closed: a 1001 close frame, unless its own pong replies
+    // (written as it reads) already hit the closed socket.
+    loop {
+        match tokio::time::timeout(PATIENCE, silent.next())
+            .await
+            .expect("closed in time")
+        {
+            Some(Ok(Message::Close(frame))) => {
+                assert_eq!(frame.map(|f| u16::from(f.code)), Some(1001));
+                break;
+            }
+            Some(Ok(_)) => continue,
+            Some(Err(_)) | None => break,
+        }
+    }
+}
+
+/// A connection does not outlive its token: it is closed with 4001 when the token expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_is_closed_when_its_token_expires() {
+    use futures_util::StreamExt;
+    use relay_gateway::auth::{mint_hs256, Claims};
+    use tokio_tungstenite::tungstenite::Message;
+    let relay = Relay::start().await;
+    let claims = Claims::new(
+        "dev",
+        "brief",
+        Role::Member,
+        None,
+        std::time::Duration::from_secs(1),
+    );
+    let token = mint_hs256(SECRET.as_bytes(), &claims).expect("mint");
+    let url = format!("{}?access_token={token}", relay.url());
+    let (mut socket, _) = tokio_tungstenite::connect_async(url).await.expect("connect");
+    let close = loop {
+        match tokio::time::timeout(PATIENCE, socket.next())
+            .await
+            .expect("closed in time")
+        {
+            Some(Ok(Message::Close(frame))) => break frame,
+            Some(Ok(_)) => continue,
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    };
+    assert_eq!(close.map(|f| u16::from(f.code)), Some(4001));
+}
+
+/// Every stdout line of an `ahp-relay` process up to (and including) the one containing `marker`.
+async fn stdout_until(
+    mut command: tokio::process::Command,
+    marker: &str,
+) -> (tokio::process::Child, Vec<String>) {
+    use tokio::io::AsyncBufReadExt;
+    command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let mut child = command.spawn().expect("spawn");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = lines.next_line().await.expect("read") {
+            let done = line.contains(marker);
+            seen.push(line);
+            if done {
+                return;
+            }
+        }
+        panic!("exited before {marker:?}: {seen:?}");
+    })
+    .await
+    .expect("started in time");
+    // Keep draining, so the process never writes to a closed pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, seen)
+}
+
+fn relay_command(args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+    command.args(args).env_remove("AHP_RELAY_JWT_SECRET");
+    command
+}
+
+/// Only `serve` prints a dev token; a gateway's output (a deployment's logs) carries none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_prints_no_token() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let dir = data.path().display().to_string();
+    let (_gateway, lines) = stdout_until(
+        relay_command(&[
+            "gateway",
+            "--shard",
+            "http://127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+            "--jwt-secret",
+            SECRET,
+            "--data-dir",
+            &dir,
+        ]),
+        "listening on ws://",
+    )
+    .await;
+    assert!(
+        lines.iter().all(|l| !l.contains("token") && !l.contains("eyJ")),
+        "{lines:?}"
+    );
+    let (_serve, lines) = stdout_until(
+        relay_command(&["serve", "--listen", "127.0.0.1:0", "--data-dir", &dir]),
+        "try it:",
+    )
+    .await;
+    assert!(
+        lines.iter().any(|l| l.starts_with("eyJ")),
+        "serve prints its dev token: {lines:?}"
+    );
+}
+
+/// Secrets: too short is refused, a secret file readable by others is refused, a private one works, and a
+/// new data directory is private.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_must_be_long_and_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let data = tempfile::tempdir().expect("tempdir");
+    let dir = data.path().join("relay-data");
+    let dir_arg = dir.display().to_string();
+    let refused = |args: Vec<String>| async move {
+        let output = tokio::time::timeout(
+            PATIENCE,
+            relay_command(&args.iter().map(String::as_str).collect::<Vec<_>>()).output(),
+        )
+        .await
+        .expect("exits in time")
+        .expect("run");
+        assert!(!output.status.success(), "{args:?} must not start");
+        String::from_utf8_lossy(&output.stderr).to_string()
+    };
+    let short = refused(vec![
+        "serve".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--data-dir".into(),
+        dir_arg.clone(),
+        "--jwt-secret".into(),
+        "short".into(),
+    ])
+    .await;
+    assert!(short.contains("at least 32"), "{short}");
+
+    let file = data.path().join("secret");
+    std::fs::write(&file, "s".repeat(48)).expect("write");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let file_arg = file.display().to_string();
+    let open = refused(vec![
+        "serve".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--data-dir".into(),
+        dir_arg.clone(),
+        "--jwt-secret-file".into(),
+        file_arg.clone(),
+    ])
+    .await;
+    assert!(open.contains("chmod 600"), "{open}");
+
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let (_relay, lines) = stdout_until(
+        relay_command(&[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &dir_arg,
+            "--jwt-secret-file",
+            &file_arg,
+        ]),
+        "listening on ws://",
+    )
+    .await;
+    let addr = lines
+        .iter()
+        .find_map(|l| l.split("listening on ws://").nth(1))
+        .expect("address")
+        .trim_end_matches("/v1/ws")
+        .to_string();
+    let mode = std::fs::metadata(&dir).expect("data dir").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "the data directory is private");
+    // A token signed with the file's secret is accepted.
+    let token = relay_gateway::auth::mint_hs256(
+        "s".repeat(48).as_bytes(),
+        &relay_gateway::auth::Claims::new("dev", "f", Role::Member, None, std::time::Duration::from_secs(60)),
+    )
+    .expect("mint");
+    let url = format!("ws://{addr}/v1/ws?access_token={token}");
+    if let Err(error) = tokio_tungstenite::connect_async(&url).await {
+        panic!("{url}: {error}");
+    }
+}
