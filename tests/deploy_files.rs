@@ -839,3 +839,34 @@ fn dockerfile_builds_and_runs_the_binary() {
     }
     assert_no_problems("Dockerfile", problems);
 }
+
+/// Secrets in docker-compose.yml are required (`${VAR:?…}`), never defaulted (`${VAR:-…}` would run a
+/// deployment on a secret everyone can read in this repository), and the gateways publish on loopback only.
+#[test]
+fn compose_requires_its_secrets_and_publishes_on_loopback() {
+    let text = read(COMPOSE);
+    let mut problems = Vec::new();
+    for secret in [
+        "AHP_RELAY_JWT_SECRET",
+        "AHP_RELAY_INTERNAL_SECRET",
+        "REDIS_PASSWORD",
+    ] {
+        if text.contains(&format!("${{{secret}:-")) || text.contains(&format!("${{{secret}-")) {
+            problems.push(format!("{COMPOSE}: {secret} has a default value"));
+        }
+        if !text.contains(&format!("${{{secret}:?")) {
+            problems.push(format!(
+                "{COMPOSE}: {secret} is not required with ${{{secret}:?…}}"
+            ));
+        }
+    }
+    let compose = compose();
+    for (name, service) in compose_services(&compose) {
+        for port in seq(&service["ports"]).iter().filter_map(scalar) {
+            if !port.starts_with("127.0.0.1:") {
+                problems.push(format!("{COMPOSE}: {name} publishes {port} on every interface"));
+            }
+        }
+    }
+    assert_no_problems("docker-compose.yml secrets", problems);
+}

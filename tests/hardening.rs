@@ -164,50 +164,72 @@ async fn an_unreadable_turn_archive_does_not_make_its_session_unloadable() {
     assert_eq!(state.turns.last().map(|t| t.id.as_str()), Some("t2"));
 }
 
-/// Dispose and re-create of one URI by two connections, while a streaming turn keeps the committer busy so
-/// both land in one commit batch: after a restart every re-created session is still there.
+/// Dispose and re-create of one URI by two connections while the store is held (its SQLite write lock
+/// taken by the test), so that on 808b00f both landed in one commit batch and the re-created session was
+/// deleted by its own batch: after a restart it must still be there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_disposed_and_recreated_in_one_batch_survives_a_restart() {
+async fn a_session_disposed_and_recreated_concurrently_survives_a_restart() {
+    use sqlx::{Connection, Executor};
     let data = tempfile::tempdir().expect("tempdir");
-    let mut relay = Relay::start_in(data.path(), &["--demo-step-ms", "1"]).await;
+    let mut relay = Relay::start_in(data.path(), &[]).await;
     let (a, _) = relay.client("a").await;
     let (b, _) = relay.client("b").await;
-    let (_, busy) = create_session_and_chat(&a, "busy").await;
-    let (_, _, busy_sub) = subscribe_chat(&a, &busy).await;
-    a.dispatch(
-        busy.clone(),
-        turn_started("long", "a long story ".repeat(50).as_str()),
-    )
+    let (c, _) = relay.client("c").await;
+    let session = "ahp-session:/contested".to_string();
+    let _: serde_json::Value = a
+        .request("createSession", json!({"channel": session, "provider": "demo"}))
+        .await
+        .expect("create");
+    let loaded = || relay.metric("ahp_relay_sessions_loaded");
+    let before = loaded().await;
+
+    let mut blocker = sqlx::SqliteConnection::connect(&format!(
+        "sqlite://{}",
+        data.path().join("relay.sqlite").display()
+    ))
     .await
-    .expect("start a long turn");
-    let mut recreated = Vec::new();
-    for i in 0..20 {
-        let (session, _) = create_session_and_chat(&a, &format!("race{i}")).await;
-        let dispose = a.request::<_, serde_json::Value>("disposeSession", json!({"channel": session}));
+    .expect("open the relay's store");
+    blocker
+        .execute("BEGIN IMMEDIATE")
+        .await
+        .expect("take the write lock");
+    // A commit that waits for the lock, so what follows queues up behind it in one batch.
+    let other = c.request::<_, serde_json::Value>(
+        "createSession",
+        json!({"channel": "ahp-session:/other", "provider": "demo"}),
+    );
+    let dispose = a.request::<_, serde_json::Value>("disposeSession", json!({"channel": session}));
+    let race = async {
+        // Once the dispose is applied in memory (the session is no longer loaded), re-create it.
+        while loaded().await >= before + 1.0 {
+            tokio::task::yield_now().await;
+        }
         let create = b.request::<_, serde_json::Value>(
             "createSession",
             json!({"channel": session, "provider": "demo"}),
         );
-        let (disposed, created) = tokio::join!(dispose, create);
-        disposed.expect("dispose");
-        if created.is_ok() {
-            recreated.push(session);
-        }
-    }
-    // Everything answered is committed; the busy turn may still stream.
-    drop(busy_sub);
+        let release = async {
+            // Give the create the chance to be applied before the lock goes (it is, on 808b00f).
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            blocker.execute("ROLLBACK").await.expect("release the lock");
+        };
+        let (created, ()) = tokio::join!(create, release);
+        created
+    };
+    let (other, disposed, created) = tokio::join!(other, dispose, race);
+    other.expect("other");
+    disposed.expect("dispose");
+    created.expect("re-create");
     a.shutdown().await;
     b.shutdown().await;
+    c.shutdown().await;
     relay.kill().await;
 
     let relay = Relay::start_in(data.path(), &[]).await;
-    let (c, _) = relay.client("c").await;
-    for session in &recreated {
-        if let Err(error) = c.subscribe(session.clone()).await {
-            panic!("{session} was re-created but is gone: {error:?}");
-        }
+    let (d, _) = relay.client("d").await;
+    if let Err(error) = d.subscribe(session.clone()).await {
+        panic!("{session} was re-created but is gone after a restart: {error:?}");
     }
-    eprintln!("{} of 20 sessions were re-created", recreated.len());
 }
 
 /// Host configuration set by an admin survives SIGKILL and restart.
@@ -542,4 +564,114 @@ async fn secrets_must_be_long_and_private() {
     if let Err(error) = tokio_tungstenite::connect_async(&url).await {
         panic!("{url}: {error}");
     }
+}
+
+/// The shard's gRPC API takes calls only with the deployment's internal credential, and never lets an
+/// identity of one tenant attach to another tenant's host; the gateways, which have the credential, work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shard_refuses_calls_without_the_internal_credential() {
+    use relay_rpc::pb;
+    use relay_rpc::pb::shard_client::ShardClient;
+    use tonic::Code;
+
+    let shard = Shard::start(&[]).await;
+    let channel = tonic::transport::Endpoint::from_shared(shard.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let host = || {
+        Some(pb::HostKey {
+            tenant: "victim".into(),
+            host: "default".into(),
+        })
+    };
+    let identity = |tenant: &str| {
+        Some(pb::Identity {
+            subject: "mallory".into(),
+            tenant: tenant.into(),
+            role: pb::Role::Admin as i32,
+        })
+    };
+    let attach = |tenant: &str| pb::AttachRequest {
+        host: host(),
+        connection: 7,
+        identity: identity(tenant),
+    };
+    // Every RPC of a client, as the status codes it gets.
+    macro_rules! codes_of {
+        ($client:expr) => {{
+            let client = &mut $client;
+            [
+                client.attach(attach("victim")).await.err().map(|s| s.code()),
+                client
+                    .call(pb::CallRequest {
+                        host: host(),
+                        connection: 7,
+                        frame: br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#.to_vec(),
+                    })
+                    .await
+                    .err()
+                    .map(|s| s.code()),
+                client
+                    .detach(pb::DetachRequest {
+                        host: host(),
+                        connection: 7,
+                    })
+                    .await
+                    .err()
+                    .map(|s| s.code()),
+                client
+                    .events(pb::EventsRequest { host: host() })
+                    .await
+                    .err()
+                    .map(|s| s.code()),
+                client
+                    .fetch_range(pb::FetchRangeRequest {
+                        host: host(),
+                        after: 0,
+                        through: u64::MAX,
+                    })
+                    .await
+                    .err()
+                    .map(|s| s.code()),
+                client
+                    .metrics(pb::MetricsRequest {})
+                    .await
+                    .err()
+                    .map(|s| s.code()),
+                client
+                    .watch(pb::WatchRequest { host: host() })
+                    .await
+                    .err()
+                    .map(|s| s.code()),
+            ]
+        }};
+    }
+    let bare = codes_of!(ShardClient::new(channel.clone()));
+    assert!(
+        bare.iter().all(|c| *c == Some(Code::Unauthenticated)),
+        "no credential: {bare:?}"
+    );
+    let wrong = relay_rpc::InternalCredential::new(b"not-the-deployment-secret-but-32-bytes").expect("valid");
+    let wrong = codes_of!(ShardClient::with_interceptor(channel.clone(), wrong));
+    assert!(
+        wrong.iter().all(|c| *c == Some(Code::Unauthenticated)),
+        "wrong credential: {wrong:?}"
+    );
+
+    // With the credential: another tenant's identity cannot attach to this host; its own can.
+    let right = relay_rpc::InternalCredential::new(INTERNAL_SECRET.as_bytes()).expect("valid");
+    let mut client = ShardClient::with_interceptor(channel, right);
+    let refused = client
+        .attach(attach("mallory-inc"))
+        .await
+        .expect_err("cross-tenant attach");
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    client.attach(attach("victim")).await.expect("same-tenant attach");
+
+    // A gateway configured with the credential serves clients.
+    let gateway = Relay::gateway(&shard.url).await;
+    let (client, _) = gateway.client("works").await;
+    create_session_and_chat(&client, "through-the-gateway").await;
 }

@@ -20,6 +20,8 @@ pub mod raw;
 pub mod redis_bus;
 
 pub const SECRET: &str = "e2e-test-secret-at-least-32-bytes-long";
+/// The internal credential every shard and gateway of a test shares (AHP_RELAY_INTERNAL_SECRET).
+pub const INTERNAL_SECRET: &str = "e2e-internal-secret-at-least-32-bytes";
 /// Upper bound for anything a test waits for; a correct relay answers in milliseconds.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -220,6 +222,7 @@ pub async fn spawn_until_all(mut command: Command, markers: &[&str]) -> (Child, 
     command
         .env_remove("DATABASE_URL")
         .env_remove("REDIS_URL")
+        .env("AHP_RELAY_INTERNAL_SECRET", INTERNAL_SECRET)
         .env(
             "RUST_LOG",
             std::env::var("AHP_TEST_LOG").unwrap_or_else(|_| "warn".into()),

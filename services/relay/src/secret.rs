@@ -54,7 +54,7 @@ fn checked(secret: Vec<u8>, origin: &str) -> anyhow::Result<Vec<u8>> {
 }
 
 /// Read a secret file, refusing one that group or others may read.
-fn read_private(path: &Path) -> anyhow::Result<Vec<u8>> {
+pub fn read_private(path: &Path) -> anyhow::Result<Vec<u8>> {
     check_private(path)?;
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     checked(text.trim().as_bytes().to_vec(), &path.display().to_string())

@@ -94,7 +94,7 @@ pub struct EdgeArgs {
     #[arg(
         long,
         env = "AHP_RELAY_MESSAGES_PER_SECOND_PER_CONNECTION",
-        default_value_t = 1_000.0
+        default_value_t = 10_000.0
     )]
     pub messages_per_second_per_connection: f64,
     /// How often the relay pings an idle client (WebSocket ping), e.g. 20s.
@@ -103,6 +103,32 @@ pub struct EdgeArgs {
     /// A connection from which nothing (not even a pong) arrived for this long is closed (1001), e.g. 60s.
     #[arg(long, env = "AHP_RELAY_IDLE_TIMEOUT", default_value = "60s", value_parser = crate::parse_ttl)]
     pub idle_timeout: Duration,
+}
+
+/// The credential a deployment's shards and gateways share (the shard refuses gRPC calls without it).
+#[derive(clap::Args)]
+pub struct InternalArgs {
+    /// Secret shared by a deployment's shards and gateways (printable ASCII, at least 32 bytes, e.g.
+    /// `openssl rand -hex 32`): every internal gRPC call carries it. Required.
+    #[arg(long, env = "AHP_RELAY_INTERNAL_SECRET", hide_env_values = true)]
+    pub internal_secret: Option<String>,
+    /// A file holding the internal secret (mode 0600 or stricter), instead of --internal-secret.
+    #[arg(long, env = "AHP_RELAY_INTERNAL_SECRET_FILE")]
+    pub internal_secret_file: Option<PathBuf>,
+}
+
+impl InternalArgs {
+    fn credential(&self) -> anyhow::Result<relay_rpc::InternalCredential> {
+        let secret = match (&self.internal_secret, &self.internal_secret_file) {
+            (Some(secret), _) => secret.as_bytes().to_vec(),
+            (None, Some(file)) => secret::read_private(file)?,
+            (None, None) => anyhow::bail!(
+                "an internal secret is required: set AHP_RELAY_INTERNAL_SECRET (or --internal-secret-file) to \
+                 the same value on every shard and gateway, e.g. from `openssl rand -hex 32`"
+            ),
+        };
+        Ok(relay_rpc::InternalCredential::new(&secret)?)
+    }
 }
 
 /// Arguments of `ahp-relay serve`: everything in one process.
@@ -139,6 +165,8 @@ pub struct ShardArgs {
     /// over the hosts of a shard that died (e.g. 3s, 1500ms).
     #[arg(long, env = "AHP_RELAY_LEASE_TTL", default_value = "3s", value_parser = crate::parse_ttl)]
     pub lease_ttl: Duration,
+    #[command(flatten)]
+    pub internal: InternalArgs,
 }
 
 /// Arguments of `ahp-relay gateway`: WebSockets and auth, forwarding to a shard over gRPC.
@@ -160,6 +188,8 @@ pub struct GatewayArgs {
     /// Redis URL (redis://…): follow hosts' buses there (repairing gaps from the shard) instead of over gRPC.
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
+    #[command(flatten)]
+    pub internal: InternalArgs,
 }
 
 /// Where the relay keeps its state.
@@ -266,6 +296,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
     let _observability = crate::observe::init("shard", &[Side::Shard])?;
     let limits = args.host.apply(Limits::default());
+    let credential = args.internal.credential()?;
     let redis = match &args.redis_url {
         Some(url) => Some(
             RedisPublisher::connect(url)
@@ -296,7 +327,7 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
     }
     let shutdown = grpc_serving.until(wait_for_signal());
     let draining = link.clone();
-    relay_rpc::serve(listener, link.clone(), async move {
+    relay_rpc::serve(listener, link.clone(), &credential, async move {
         shutdown.await;
         tracing::info!("shutting down: committing, releasing host leases");
         // Commits what is queued, closes every host's bus (gateways move their clients) and releases the
@@ -327,6 +358,7 @@ pub async fn run_gateway(args: GatewayArgs) -> anyhow::Result<()> {
         &shards,
         limits.bus_capacity,
         args.redis_url.as_deref(),
+        args.internal.credential()?,
     )?);
     serve_edge(&args.data, &args.edge, limits, link, DevToken::Silent).await
 }

@@ -31,9 +31,11 @@ use relay_core::{ConnectionId, HostKey, Identity};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::sync::{broadcast, Mutex};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::convert::{event_from_pb, host_to_pb, identity_to_pb, reply_from_pb};
+use crate::credential::InternalCredential;
 use crate::pb;
 use crate::pb::shard_client::ShardClient;
 
@@ -50,9 +52,12 @@ pub enum ClientError {
     Redis(#[from] relay_bus::SubscribeError),
 }
 
+/// A channel to a shard whose every call carries the internal credential.
+pub type AuthedChannel = InterceptedService<Channel, InternalCredential>;
+
 /// Fetches lost bus events from the shard with `FetchRange`, counting the ranges that brought events back.
 pub struct ShardRepair {
-    client: ShardClient<Channel>,
+    client: ShardClient<AuthedChannel>,
 }
 
 impl GapRepair for ShardRepair {
@@ -124,7 +129,7 @@ type Followers = Arc<Mutex<HashMap<HostKey, Follower>>>;
 
 /// A shard reached over gRPC.
 pub struct RemoteShard {
-    client: ShardClient<Channel>,
+    client: ShardClient<AuthedChannel>,
     bus_capacity: usize,
     followers: Followers,
     generations: AtomicU64,
@@ -133,9 +138,14 @@ pub struct RemoteShard {
 }
 
 impl RemoteShard {
-    /// A shard at `url` (e.g. `http://127.0.0.1:7879`), connected on first use and reconnected as needed.
-    /// `bus_capacity` bounds each followed host's local bus (see `Limits::bus_capacity`).
-    pub fn connect_lazy(url: &str, bus_capacity: usize) -> Result<Self, ClientError> {
+    /// A shard at `url` (e.g. `http://127.0.0.1:7879`), connected on first use and reconnected as needed,
+    /// called with `credential`. `bus_capacity` bounds each followed host's local bus (see
+    /// `Limits::bus_capacity`).
+    pub fn connect_lazy(
+        url: &str,
+        bus_capacity: usize,
+        credential: InternalCredential,
+    ) -> Result<Self, ClientError> {
         let endpoint = Endpoint::from_shared(url.to_string())
             .map_err(|source| ClientError::InvalidUrl {
                 url: url.to_string(),
@@ -144,13 +154,13 @@ impl RemoteShard {
             .tcp_nodelay(true)
             // Attaching waits for the shard: a blackholed address must fail, not hang every attach.
             .connect_timeout(SHARD_CONNECT_TIMEOUT);
-        Ok(Self::new(endpoint.connect_lazy(), bus_capacity))
+        Ok(Self::new(endpoint.connect_lazy(), bus_capacity, credential))
     }
 
-    /// A shard behind an existing channel.
-    pub fn new(channel: Channel, bus_capacity: usize) -> Self {
+    /// A shard behind an existing channel, called with `credential`.
+    pub fn new(channel: Channel, bus_capacity: usize, credential: InternalCredential) -> Self {
         Self {
-            client: ShardClient::new(channel)
+            client: ShardClient::with_interceptor(channel, credential)
                 .max_decoding_message_size(crate::MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(crate::MAX_MESSAGE_BYTES),
             bus_capacity: bus_capacity.max(1),

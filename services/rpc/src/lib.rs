@@ -11,6 +11,9 @@
 //! With several shards, [`router::ShardRouter`] places each host on a shard and follows redirects when its
 //! ownership moves (see its docs).
 //!
+//! Every call carries the deployment's internal credential ([`credential`]); a shard refuses calls without
+//! it.
+//!
 //! Trace context travels as W3C `traceparent` metadata ([`trace`]): a shard's `Call` span continues the
 //! gateway's `ahp.call` span.
 //!
@@ -19,6 +22,7 @@
 
 pub mod client;
 mod convert;
+pub mod credential;
 pub mod router;
 pub mod server;
 pub mod trace;
@@ -30,6 +34,7 @@ pub mod pb {
 }
 
 pub use client::{ClientError, RemoteShard, ShardRepair};
+pub use credential::{CredentialError, InternalCredential};
 pub use router::ShardRouter;
 pub use server::{serve, BusHistory, HistoryError, ShardService};
 

@@ -37,6 +37,7 @@ const MAX_REDIRECTS: usize = 4;
 struct ShardSettings {
     bus_capacity: usize,
     redis_url: Option<String>,
+    credential: crate::InternalCredential,
 }
 
 /// A [`HostLink`] that places each host on one of several shards and follows ownership as it moves.
@@ -56,12 +57,18 @@ impl ShardRouter {
     /// A router over the shards at `shards` (gRPC URLs; at least one), each reached lazily. With
     /// `redis_url`, hosts are followed over Redis (see [`RemoteShard::with_redis`]). Must be created inside
     /// a Tokio runtime when `redis_url` is set.
-    pub fn new(shards: &[String], bus_capacity: usize, redis_url: Option<&str>) -> Result<Self, ClientError> {
+    pub fn new(
+        shards: &[String],
+        bus_capacity: usize,
+        redis_url: Option<&str>,
+        credential: crate::InternalCredential,
+    ) -> Result<Self, ClientError> {
         let router = Self {
             shards: shards.to_vec(),
             settings: ShardSettings {
                 bus_capacity,
                 redis_url: redis_url.map(str::to_string),
+                credential,
             },
             links: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
@@ -79,7 +86,8 @@ impl ShardRouter {
         if let Some(link) = self.links.lock().get(url) {
             return Ok(link.clone());
         }
-        let mut link = RemoteShard::connect_lazy(url, self.settings.bus_capacity)?;
+        let mut link =
+            RemoteShard::connect_lazy(url, self.settings.bus_capacity, self.settings.credential.clone())?;
         if let Some(redis) = &self.settings.redis_url {
             link = link.with_redis(redis)?;
         }

@@ -1,5 +1,7 @@
 //! The shard side of the internal gRPC: [`ShardService`] serves any [`HostLink`] that is also a
-//! [`BusHistory`] (in practice `relay_shard::ShardLink`) as `ahp_relay.v1.Shard`.
+//! [`BusHistory`] (in practice `relay_shard::ShardLink`) as `ahp_relay.v1.Shard`, to callers presenting the
+//! deployment's internal credential ([`crate::credential`]); `Attach` refuses an identity of another tenant
+//! than the host's.
 //!
 //! `FetchRange` reads published action events back from the [`BusHistory`] for gateways repairing gaps in
 //! the Redis bus; `Attach` answers with the host's last published `serverSeq` so a gateway following over
@@ -29,11 +31,16 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::convert::{event_to_pb, host_from_pb, identity_from_pb, reply_to_pb};
+use crate::credential::{CredentialCheck, InternalCredential};
 use crate::pb;
 use crate::pb::shard_server::{Shard, ShardServer};
+use tonic::service::interceptor::InterceptedService;
 
 /// The subject of the internal connections `Events` attaches to obtain a host's bus.
 pub const INTERNAL_SUBJECT: &str = "relay-internal:events";
+
+/// Subjects reserved for the relay's own connections: `Attach` refuses them.
+pub const INTERNAL_SUBJECT_PREFIX: &str = "relay-internal:";
 
 /// Bus events buffered per `Events` stream before the bus receiver itself starts to fill (and may lag).
 const EVENTS_BUFFER: usize = 1024;
@@ -147,24 +154,30 @@ impl<L: HostLink + BusHistory> ShardService<L> {
         self
     }
 
-    /// This service as a tonic service, with message limits raised to [`crate::MAX_MESSAGE_BYTES`].
-    pub fn into_server(self) -> ShardServer<Self> {
-        ShardServer::new(self)
+    /// This service as a tonic service that refuses every call without `credential`, with message limits
+    /// raised to [`crate::MAX_MESSAGE_BYTES`].
+    pub fn into_server(
+        self,
+        credential: &InternalCredential,
+    ) -> InterceptedService<ShardServer<Self>, CredentialCheck> {
+        let server = ShardServer::new(self)
             .max_decoding_message_size(crate::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(crate::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(crate::MAX_MESSAGE_BYTES);
+        InterceptedService::new(server, credential.check())
     }
 }
 
-/// Serve `link` on `listener` until `shutdown` completes.
+/// Serve `link` on `listener` to callers presenting `credential`, until `shutdown` completes.
 pub async fn serve<L: HostLink + BusHistory>(
     listener: tokio::net::TcpListener,
     link: Arc<L>,
+    credential: &InternalCredential,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     // Frames are small and latency matters more than packing: no Nagle delay.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
-        .add_service(ShardService::new(link).into_server())
+        .add_service(ShardService::new(link).into_server(credential))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())
@@ -198,6 +211,16 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
         let request = request.into_inner();
         let host = host_from_pb(request.host)?;
         let identity = identity_from_pb(request.identity)?;
+        // The gateway vouches for the identity (it verified the client's token), but never across tenants,
+        // and never as this service's own internal connections.
+        if identity.tenant != host.tenant {
+            return Err(Status::permission_denied(
+                "the identity's tenant is not the host's tenant",
+            ));
+        }
+        if identity.subject.starts_with(INTERNAL_SUBJECT_PREFIX) {
+            return Err(Status::permission_denied("reserved subject"));
+        }
         // The shard tracks the connection; its bus reaches the gateway through `Events`, not this receiver.
         let _bus = self
             .link

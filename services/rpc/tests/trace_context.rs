@@ -51,7 +51,7 @@ async fn start_shard(data: &tempfile::TempDir) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     tokio::spawn(async move {
-        relay_rpc::serve(listener, link, std::future::pending())
+        relay_rpc::serve(listener, link, &common::credential(), std::future::pending())
             .await
             .expect("serve");
     });
@@ -135,7 +135,7 @@ async fn the_shards_call_span_continues_the_gateways_trace() {
         .connect()
         .await
         .expect("grpc");
-    relay_rpc::pb::shard_client::ShardClient::new(channel)
+    relay_rpc::pb::shard_client::ShardClient::with_interceptor(channel, common::credential())
         .call(relay_rpc::pb::CallRequest {
             host: Some(relay_rpc::pb::HostKey {
                 tenant: "dev".into(),

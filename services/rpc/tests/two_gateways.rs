@@ -50,7 +50,7 @@ async fn start_shard_with(limits: Limits) -> (Shard, Arc<ShardLink>) {
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        relay_rpc::serve(listener, served, async move {
+        relay_rpc::serve(listener, served, &common::credential(), async move {
             let _ = stopped.await;
         })
         .await
@@ -262,7 +262,8 @@ async fn an_unreachable_shard_answers_requests_with_an_internal_error_and_notifi
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.local_addr().expect("addr").port()
     };
-    let shard = RemoteShard::connect_lazy(&format!("http://127.0.0.1:{port}"), 16).expect("url");
+    let shard = RemoteShard::connect_lazy(&format!("http://127.0.0.1:{port}"), 16, common::credential())
+        .expect("url");
     let host = HostKey::new("dev", "default");
 
     let request = read_frame(br#"{"jsonrpc":"2.0","id":42,"method":"ping"}"#, 64).expect("frame");
@@ -300,7 +301,7 @@ async fn shard_metrics_come_over_grpc_and_readiness_follows_the_shard() {
         .connect()
         .await
         .expect("grpc");
-    let text = relay_rpc::pb::shard_client::ShardClient::new(channel)
+    let text = relay_rpc::pb::shard_client::ShardClient::with_interceptor(channel, common::credential())
         .metrics(relay_rpc::pb::MetricsRequest {})
         .await
         .expect("metrics")
@@ -309,7 +310,7 @@ async fn shard_metrics_come_over_grpc_and_readiness_follows_the_shard() {
     assert!(text.contains("ahp_relay_hosts_open 0"), "{text}");
     assert!(text.contains("# TYPE ahp_relay_actions_total counter"), "{text}");
 
-    let remote = RemoteShard::connect_lazy(&shard.url, 16).expect("url");
+    let remote = RemoteShard::connect_lazy(&shard.url, 16, common::credential()).expect("url");
     tokio::time::timeout(PATIENCE, remote.ready())
         .await
         .expect("in time")
@@ -377,7 +378,7 @@ async fn fetch_range_reads_published_actions_back_from_the_buffer_and_the_store(
         .connect()
         .await
         .expect("grpc");
-    let mut grpc = relay_rpc::pb::shard_client::ShardClient::new(channel);
+    let mut grpc = relay_rpc::pb::shard_client::ShardClient::with_interceptor(channel, common::credential());
     let mut fetch = async |after: u64, through: u64| {
         let events = grpc
             .fetch_range(relay_rpc::pb::FetchRangeRequest {

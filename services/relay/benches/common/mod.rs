@@ -51,6 +51,13 @@ pub async fn spawn_until(mut command: Command, marker: &str) -> (Child, String) 
         .env_remove("DATABASE_URL")
         .env_remove("REDIS_URL")
         .env("RUST_LOG", "warn")
+        .env(
+            "AHP_RELAY_INTERNAL_SECRET",
+            "bench-internal-secret-at-least-32-bytes",
+        )
+        // The benches measure delivery, not the relay's inbound rate limits.
+        .env("AHP_RELAY_MESSAGES_PER_SECOND_PER_TENANT", "10000000")
+        .env("AHP_RELAY_MESSAGES_PER_SECOND_PER_CONNECTION", "10000000")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true);

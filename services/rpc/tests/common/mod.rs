@@ -15,7 +15,8 @@ use relay_rpc::RemoteShard;
 /// `secret` and admitting up to `max_connections` per tenant; returns its address.
 pub async fn start_gateway(shard_url: &str, secret: &[u8], max_connections: usize) -> String {
     let limits = Limits::default();
-    let link = Arc::new(RemoteShard::connect_lazy(shard_url, limits.bus_capacity).expect("shard url"));
+    let link =
+        Arc::new(RemoteShard::connect_lazy(shard_url, limits.bus_capacity, credential()).expect("shard url"));
     let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
     let app = relay_gateway::router(Arc::new(GatewayState {
         link,
@@ -57,4 +58,9 @@ pub async fn connect(gateway: &str, secret: &[u8], subject: &str, patience: Dura
     )
     .await
     .expect("client")
+}
+
+/// The internal credential the in-process shards and gateways of these tests share.
+pub fn credential() -> relay_rpc::InternalCredential {
+    relay_rpc::InternalCredential::new(b"rpc-tests-internal-secret-32-bytes!").expect("valid secret")
 }
