@@ -417,7 +417,20 @@ async fn thousand_turns(store: TestStore) {
     })
     .await;
     assert!(envs.iter().all(|e| e.rejection_reason.is_none()));
-    let full = fresh_chat_snapshot_for(&relay, &tenant, &chat).await;
+    // A snapshot carries the newest turns by default; a client asks for more with `view.turns`.
+    let window = fresh_chat_snapshot_for(&relay, &tenant, &chat).await;
+    assert_eq!(window.turns.len(), 100);
+    assert_eq!(window.turns_next_cursor.as_deref(), Some("turns:900"));
+    let (observer, _) = relay.client_as(&tenant, "ana", Role::Viewer, "full").await;
+    let (result, _full_sub) = observer
+        .subscribe_with_options(
+            chat.clone(),
+            None,
+            Some(ahp_types::commands::SubscribeView { turns: Some(1_000) }),
+        )
+        .await
+        .expect("subscribe");
+    let full = chat_of(&result.snapshot.expect("snapshot"));
     assert_eq!(full.turns.len(), 1_000);
 
     let (b, _) = relay.client_as(&tenant, "ana", Role::Member, "reader").await;

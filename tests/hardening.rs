@@ -446,7 +446,12 @@ async fn stdout_until(
 
 fn relay_command(args: &[&str]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
-    command.args(args).env_remove("AHP_RELAY_JWT_SECRET");
+    command
+        .args(args)
+        .env_remove("AHP_RELAY_JWT_SECRET")
+        .env_remove("DATABASE_URL")
+        .env_remove("REDIS_URL")
+        .env("AHP_RELAY_INTERNAL_SECRET", INTERNAL_SECRET);
     command
 }
 
@@ -674,4 +679,129 @@ async fn the_shard_refuses_calls_without_the_internal_credential() {
     let gateway = Relay::gateway(&shard.url).await;
     let (client, _) = gateway.client("works").await;
     create_session_and_chat(&client, "through-the-gateway").await;
+}
+
+/// A clientId belongs to the first user that used it, also after a crash and restart: another user can
+/// neither `initialize` nor `reconnect` with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_id_stays_with_its_owner_after_a_restart() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut relay = Relay::start_in(data.path(), &[]).await;
+    let (ana, _) = relay.client_as("dev", "ana", Role::Member, "ana-laptop").await;
+    ana.shutdown().await;
+    relay.kill().await;
+
+    let relay = Relay::start_in(data.path(), &[]).await;
+    let bob = relay.connect("dev", "bob", Role::Member).await;
+    let refused = bob
+        .initialize("ana-laptop".into(), vec!["1.0.0".into()], vec![])
+        .await;
+    assert!(refused.is_err(), "bob took ana's clientId with initialize");
+    let bob = relay.connect("dev", "bob", Role::Member).await;
+    let refused = bob.reconnect("ana-laptop".into(), 0, vec![]).await;
+    assert!(refused.is_err(), "bob took ana's clientId with reconnect");
+    let ana = relay.connect("dev", "ana", Role::Member).await;
+    ana.initialize("ana-laptop".into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("ana keeps her clientId");
+}
+
+/// A chat whose state is about `kib` KiB: one draft of that size.
+async fn heavy_chat(client: &ahp::Client, name: &str, kib: usize) -> String {
+    let (_, chat) = create_session_and_chat(client, name).await;
+    let (_, _, mut sub) = subscribe_chat(client, &chat).await;
+    let action = StateAction::ChatDraftChanged(ahp_types::actions::ChatDraftChangedAction {
+        draft: Some(message(&"x".repeat(kib * 1024))),
+    });
+    client.dispatch(chat.clone(), action).await.expect("dispatch");
+    next_envelope(&mut sub).await;
+    chat
+}
+
+/// 10,000 copies of one channel in `initialSubscriptions` get one snapshot, more distinct channels than one
+/// message may name get an error, and the relay's peak memory does not grow with either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_initial_subscriptions_get_one_snapshot() {
+    let relay = Relay::start().await;
+    let (owner, _) = relay.client("owner").await;
+    let chat = heavy_chat(&owner, "heavy", 64).await;
+    let (_, peak_before) = relay.memory();
+
+    let mut s = raw(&relay).await;
+    let copies = vec![chat.clone(); 10_000];
+    send(
+        &mut s,
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://",
+            "protocolVersions":["1.0.0"],"clientId":"dupes","initialSubscriptions":copies}})
+        .to_string(),
+    )
+    .await;
+    let reply = answer_to(&mut s, 1).await;
+    let snapshots = reply["result"]["snapshots"].as_array().expect("snapshots");
+    assert_eq!(snapshots.len(), 1, "one snapshot for one channel");
+
+    let mut t = raw(&relay).await;
+    let distinct: Vec<String> = (0..10_000).map(|i| format!("ahp-chat:/nope-{i}")).collect();
+    send(
+        &mut t,
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://",
+            "protocolVersions":["1.0.0"],"clientId":"many","initialSubscriptions":distinct}})
+        .to_string(),
+    )
+    .await;
+    assert_eq!(error_code(&answer_to(&mut t, 1).await), -32602);
+
+    // 10,000 copies of a 64 KiB snapshot would be 640 MiB; one is 64 KiB.
+    let (_, peak_after) = relay.memory();
+    let grown = peak_after.saturating_sub(peak_before);
+    assert!(grown < 64 * 1024 * 1024, "peak memory grew by {grown} bytes");
+}
+
+/// A reconnect whose replay would exceed the reply budget is answered with snapshots — from memory and from
+/// the store alike — and peak memory stays bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_over_the_reply_budget_gets_snapshots() {
+    use ahp_types::commands::ReconnectResult;
+    // The first relay replays from memory; the second keeps only 10 envelopes there, so it reads the store.
+    for flags in [
+        &["--max-reply-bytes", "1048576"][..],
+        &["--max-reply-bytes", "1048576", "--replay-buffer", "10"][..],
+    ] {
+        let relay = Relay::start_with(flags).await;
+        let (away, _) = relay.client("away").await;
+        let (_, chat) = create_session_and_chat(&away, "budget").await;
+        let (_, last_seen, _) = subscribe_chat(&away, &chat).await;
+        away.shutdown().await;
+
+        let (busy, _) = relay.client("busy").await;
+        let (_, _, mut sub) = subscribe_chat(&busy, &chat).await;
+        // 40 drafts of 64 KiB: 2.5 MiB of envelopes, over the 1 MiB budget.
+        for i in 0..40 {
+            let draft = format!("{i}{}", "y".repeat(64 * 1024));
+            let action = StateAction::ChatDraftChanged(ahp_types::actions::ChatDraftChangedAction {
+                draft: Some(message(&draft)),
+            });
+            busy.dispatch(chat.clone(), action).await.expect("dispatch");
+        }
+        for _ in 0..40 {
+            next_envelope(&mut sub).await;
+        }
+        let (_, peak_before) = relay.memory();
+        let back = relay.connect("dev", "away", Role::Member).await;
+        let result = back
+            .reconnect("away".into(), last_seen as i64, vec![chat.clone()])
+            .await
+            .expect("reconnect");
+        let ReconnectResult::Snapshot(snapshots) = result else {
+            panic!("{flags:?}: a replay over the budget must become snapshots");
+        };
+        let state = chat_of(&snapshots.snapshots[0]);
+        assert!(state.draft.is_some_and(|d| d.text.starts_with("39")), "{flags:?}");
+        let (_, peak_after) = relay.memory();
+        let grown = peak_after.saturating_sub(peak_before);
+        assert!(
+            grown < 64 * 1024 * 1024,
+            "{flags:?}: peak memory grew by {grown} bytes"
+        );
+    }
 }

@@ -160,6 +160,25 @@ impl Relay {
         (client, init)
     }
 
+    /// The relay process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// The relay process's resident memory now and at its peak (VmRSS, VmHWM), in bytes.
+    pub fn memory(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("proc status");
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map(|kb| kb * 1024)
+                .unwrap_or_else(|| panic!("{name} missing in /proc status"))
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
     /// The relay's Prometheus metrics.
     pub async fn metric(&self, name: &str) -> f64 {
         metric_at(&self.addr, name).await

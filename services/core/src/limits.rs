@@ -21,7 +21,8 @@ pub struct Limits {
     pub list_sessions_page: usize,
     /// How long a disconnected active client stays active before it is removed and its tool calls failed.
     pub active_client_grace: Duration,
-    /// Turns returned inline in a chat snapshot when `view.turns` is absent (None: all retained turns).
+    /// Turns returned inline in a chat snapshot when `view.turns` is absent (None: all retained turns); older
+    /// ones are behind `turnsNextCursor` (`fetchTurns`).
     pub default_snapshot_turns: Option<usize>,
     /// Turns per `fetchTurns` page.
     pub fetch_turns_page: usize,
@@ -40,6 +41,17 @@ pub struct Limits {
     pub retention: Duration,
     /// Envelopes read from the store per page while answering `reconnect`.
     pub replay_page: usize,
+    /// Distinct channels one message may name (subscriptions, `initialSubscriptions`, …): each may need a
+    /// store read.
+    pub max_channels_per_message: usize,
+    /// Largest reply the shard builds for one request (a `reconnect` replay, the snapshots of an
+    /// `initialize`), in bytes: a replay that would be larger is answered with snapshots instead, snapshots
+    /// that would be larger are refused.
+    pub max_reply_bytes: usize,
+    /// Bytes of envelopes per host kept in memory for exact `reconnect` replay (besides the count bound).
+    pub replay_buffer_bytes: usize,
+    /// Bytes queued for one connection before it is closed as a slow consumer (besides the frame bound).
+    pub outbound_queue_bytes: usize,
     /// How often the gateway pings a client (WebSocket ping).
     pub ping_interval: Duration,
     /// A connection from which nothing arrived (not even a pong) for this long is closed.
@@ -57,7 +69,7 @@ impl Default for Limits {
             replay_buffer_envelopes: 10_000,
             list_sessions_page: 100,
             active_client_grace: Duration::from_secs(30),
-            default_snapshot_turns: None,
+            default_snapshot_turns: Some(100),
             fetch_turns_page: 50,
             retained_turns: 200,
             max_sessions_per_host: 100_000,
@@ -66,6 +78,10 @@ impl Default for Limits {
             snapshot_every: Duration::from_secs(60),
             retention: Duration::from_secs(7 * 24 * 3600),
             replay_page: 2_000,
+            max_channels_per_message: 256,
+            max_reply_bytes: 16 * 1024 * 1024,
+            replay_buffer_bytes: 64 * 1024 * 1024,
+            outbound_queue_bytes: 16 * 1024 * 1024,
             ping_interval: Duration::from_secs(20),
             idle_timeout: Duration::from_secs(60),
         }

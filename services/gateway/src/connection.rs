@@ -1,14 +1,16 @@
 //! One client WebSocket: reads frames, forwards them to the host, and writes replies and bus events.
 //!
 //! The read side and the bus are served by one task, so a reply's subscription changes are applied before any
-//! later bus event is looked at (design §5). Writes go through a bounded queue to a writer task; a connection
-//! that cannot keep up is closed with a resumable close code instead of slowing its host (invariant 8).
+//! later bus event is looked at (design §5). Writes go through a queue bounded in frames and in bytes to a
+//! writer task; a connection that cannot keep up is closed with a resumable close code instead of slowing its
+//! host (invariant 8).
 //!
 //! Each inbound message is handled inside an `ahp.call` span (method, host), which the gRPC link carries to
 //! the shard as trace context. The writer records how long each bus event took from its stamp to the client's
 //! socket (`ahp_relay_fanout_latency_seconds`, see [`relay_core::telemetry`]).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -71,7 +73,8 @@ impl<L: HostLink> Connection<L> {
         let _open = telemetry::connection_opened();
         let (sink, mut stream) = socket.split();
         let (out_tx, out_rx) = mpsc::channel::<Outbound>(self.limits.outbound_queue_frames.max(1));
-        let writer = tokio::spawn(write_loop(sink, out_rx));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let writer = tokio::spawn(write_loop(sink, out_rx, queued.clone()));
 
         let bus = match self.link.attach(&self.host, id, &self.identity).await {
             Ok(bus) => bus,
@@ -90,8 +93,11 @@ impl<L: HostLink> Connection<L> {
             filter: SubscriptionFilter::new(id),
             bus,
             backlog: VecDeque::new(),
+            backlog_bytes: 0,
             backlog_limit: self.limits.bus_capacity,
             out: out_tx.clone(),
+            queued,
+            max_queued_bytes: self.limits.outbound_queue_bytes,
         };
         let mut shutdown = self.shutdown.clone();
         let mut rate = self.quotas.connection_bucket();
@@ -237,8 +243,14 @@ struct Delivery {
     filter: SubscriptionFilter,
     bus: broadcast::Receiver<SharedBusEvent>,
     backlog: VecDeque<SharedBusEvent>,
+    /// Bytes of the frames in `backlog`.
+    backlog_bytes: usize,
     backlog_limit: usize,
     out: mpsc::Sender<Outbound>,
+    /// Bytes queued for the writer and not yet written (the writer subtracts what it wrote).
+    queued: Arc<AtomicUsize>,
+    /// More than this queued (or held in the backlog) closes the connection as a slow consumer.
+    max_queued_bytes: usize,
 }
 
 impl Delivery {
@@ -261,10 +273,12 @@ impl Delivery {
                 biased;
                 output = &mut call => return Ok(output),
                 event = self.next_event() => {
-                    if self.backlog.len() >= self.backlog_limit {
+                    let event = event?;
+                    self.backlog_bytes += event.frame.len();
+                    if self.backlog.len() >= self.backlog_limit || self.backlog_bytes > self.max_queued_bytes {
                         return Err(slow_consumer());
                     }
-                    self.backlog.push_back(event?);
+                    self.backlog.push_back(event);
                 }
             }
         }
@@ -272,6 +286,7 @@ impl Delivery {
 
     fn flush_backlog(&mut self) -> Result<(), Close> {
         while let Some(event) = self.backlog.pop_front() {
+            self.backlog_bytes = self.backlog_bytes.saturating_sub(event.frame.len());
             self.deliver(&event)?;
         }
         Ok(())
@@ -288,22 +303,18 @@ impl Delivery {
         self.send_stamped(frame, None)
     }
 
+    /// Queue a frame without waiting; a slow consumer when the queue is full in frames or in bytes.
     fn send_stamped(&self, frame: Bytes, published_at: Option<Instant>) -> Result<(), Close> {
-        if enqueue(&self.out, frame, published_at) {
-            Ok(())
-        } else {
-            Err(slow_consumer())
+        let size = frame.len();
+        if self.queued.fetch_add(size, Ordering::AcqRel) + size > self.max_queued_bytes {
+            return Err(slow_consumer());
         }
-    }
-}
-
-/// Queue a frame without waiting; `false` when the connection's queue is full.
-fn enqueue(queue: &mpsc::Sender<Outbound>, frame: Bytes, published_at: Option<Instant>) -> bool {
-    match queue.try_send(Outbound::Frame(frame, published_at)) {
-        Ok(()) => true,
-        Err(mpsc::error::TrySendError::Full(_)) => false,
-        // The writer is gone: the socket is closing anyway.
-        Err(mpsc::error::TrySendError::Closed(_)) => true,
+        match self.out.try_send(Outbound::Frame(frame, published_at)) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(_)) => Err(slow_consumer()),
+            // The writer is gone: the socket is closing anyway.
+            Err(mpsc::error::TrySendError::Closed(_)) => Ok(()),
+        }
     }
 }
 
@@ -322,6 +333,7 @@ fn classify_read_error(error: &axum::Error) -> Option<Close> {
 async fn write_loop(
     mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
     mut queue: mpsc::Receiver<Outbound>,
+    queued: Arc<AtomicUsize>,
 ) {
     const MAX_COALESCED: usize = 256;
     let latency = telemetry::fanout_latency();
@@ -330,15 +342,18 @@ async fn write_loop(
         let mut written = 0;
         loop {
             match item {
-                Outbound::Frame(frame, published_at) => match Utf8Bytes::try_from(frame) {
-                    Ok(text) => {
-                        if sink.feed(Message::Text(text)).await.is_err() {
-                            return;
+                Outbound::Frame(frame, published_at) => {
+                    queued.fetch_sub(frame.len(), Ordering::AcqRel);
+                    match Utf8Bytes::try_from(frame) {
+                        Ok(text) => {
+                            if sink.feed(Message::Text(text)).await.is_err() {
+                                return;
+                            }
+                            stamps.extend(published_at);
                         }
-                        stamps.extend(published_at);
+                        Err(error) => tracing::error!(%error, "dropping a frame that is not UTF-8"),
                     }
-                    Err(error) => tracing::error!(%error, "dropping a frame that is not UTF-8"),
-                },
+                }
                 Outbound::Ping => {
                     if sink.feed(Message::Ping(Bytes::new())).await.is_err() {
                         return;

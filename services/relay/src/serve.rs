@@ -55,6 +55,16 @@ pub struct HostArgs {
     /// Turns of a chat kept in memory when it is restored; older ones are paged in from the store.
     #[arg(long, env = "AHP_RELAY_RETAINED_TURNS", default_value_t = 200)]
     pub retained_turns: usize,
+    /// Turns a chat snapshot carries when the client's `view.turns` does not say (older ones are paged in
+    /// with fetchTurns).
+    #[arg(long, env = "AHP_RELAY_SNAPSHOT_TURNS", default_value_t = 100)]
+    pub snapshot_turns: usize,
+    /// Largest reply built for one request, in bytes: a reconnect replay over it is answered with snapshots.
+    #[arg(long, env = "AHP_RELAY_MAX_REPLY_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub max_reply_bytes: usize,
+    /// Bytes of envelopes per host kept in memory for exact reconnect replay (besides --replay-buffer).
+    #[arg(long, env = "AHP_RELAY_REPLAY_BUFFER_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub replay_buffer_bytes: usize,
     /// How often the retention job runs (e.g. 1h).
     #[arg(long, env = "AHP_RELAY_COMPACT_EVERY", default_value = "1h", value_parser = crate::parse_ttl)]
     pub compact_every: Duration,
@@ -79,6 +89,9 @@ pub struct EdgeArgs {
     /// Frames queued per connection before it is closed as a slow consumer.
     #[arg(long, env = "AHP_RELAY_OUTBOUND_QUEUE", default_value_t = 4096)]
     pub outbound_queue: usize,
+    /// Bytes queued per connection before it is closed as a slow consumer.
+    #[arg(long, env = "AHP_RELAY_OUTBOUND_QUEUE_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub outbound_queue_bytes: usize,
     /// Open WebSocket connections one tenant may have (more are refused with HTTP 429).
     #[arg(long, env = "AHP_RELAY_MAX_CONNECTIONS_PER_TENANT", default_value_t = 10_000)]
     pub max_connections_per_tenant: usize,
@@ -233,6 +246,9 @@ impl HostArgs {
             snapshot_every: self.snapshot_every,
             retention: self.retention,
             retained_turns: self.retained_turns.max(1),
+            default_snapshot_turns: Some(self.snapshot_turns.max(1)),
+            max_reply_bytes: self.max_reply_bytes.max(64 * 1024),
+            replay_buffer_bytes: self.replay_buffer_bytes,
             ..limits
         }
     }
@@ -245,6 +261,7 @@ impl EdgeArgs {
             idle_timeout: self.idle_timeout.max(Duration::from_millis(10)),
             max_frame_bytes: self.max_frame_bytes.max(1024),
             outbound_queue_frames: self.outbound_queue.max(16),
+            outbound_queue_bytes: self.outbound_queue_bytes.max(64 * 1024),
             ..limits
         }
     }

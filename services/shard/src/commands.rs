@@ -147,28 +147,31 @@ impl HostCore {
             }
             Err(e) => return Err(RpcError::invalid_params(e)),
         };
-        self.bind_client(connection, &params.client_id)?;
+        // Each channel once, and no more than one message may name: a small request never builds a huge
+        // reply.
+        let mut requested = params.initial_subscriptions.unwrap_or_default();
+        let mut seen = std::collections::HashSet::new();
+        requested.retain(|channel| seen.insert(channel.clone()));
+        let limit = self.limits.max_channels_per_message;
+        if requested.len() > limit {
+            return Err(RpcError::invalid_params(format!(
+                "initialSubscriptions may name at most {limit} distinct channels"
+            )));
+        }
         let from_seq = self.seq.current();
         let mut snapshots = Vec::new();
-        let mut subscriptions = Vec::new();
-        for channel in params.initial_subscriptions.unwrap_or_default() {
+        let mut channels = Vec::new();
+        for channel in requested {
             if let Some(snapshot) =
                 self.model
                     .snapshot(&channel, from_seq, self.limits.default_snapshot_turns)
             {
                 snapshots.push(snapshot);
-                self.track_subscription(connection, &channel)?;
-                subscriptions.push(SubscriptionChange::Add {
-                    channel,
-                    after_seq: from_seq,
-                });
+                channels.push(channel);
             }
         }
-        if let Some(state) = self.connections.get_mut(&connection) {
-            state.protocol_version = Some(version.clone());
-        }
         let result = InitializeResult {
-            protocol_version: version,
+            protocol_version: version.clone(),
             server_seq: from_seq as i64,
             server_info: Some(Implementation {
                 name: "ahp-relay".into(),
@@ -184,6 +187,30 @@ impl HostCore {
             automations: None,
         };
         let mut out = reply(message.id, &result)?;
+        if out
+            .frame
+            .as_ref()
+            .is_some_and(|f| f.len() > self.limits.max_reply_bytes)
+        {
+            return Err(RpcError::invalid_params(format!(
+                "the initial snapshots would exceed {} bytes: subscribe to fewer channels at once",
+                self.limits.max_reply_bytes
+            )));
+        }
+        // Only now does the connection take its clientId and subscriptions: a refused initialize leaves it
+        // as it was.
+        self.bind_client(connection, &params.client_id)?;
+        let mut subscriptions = Vec::with_capacity(channels.len());
+        for channel in channels {
+            self.track_subscription(connection, &channel)?;
+            subscriptions.push(SubscriptionChange::Add {
+                channel,
+                after_seq: from_seq,
+            });
+        }
+        if let Some(state) = self.connections.get_mut(&connection) {
+            state.protocol_version = Some(version);
+        }
         out.subscriptions = subscriptions;
         out.session_started = true;
         Ok(out)

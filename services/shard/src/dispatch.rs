@@ -500,5 +500,7 @@ impl HostCore {
         for session in sessions {
             self.remove_active_client(&session, client_id);
         }
+        // Its owner is in the store: memory keeps only bindings in use (or within their grace).
+        self.clients.remove(client_id);
     }
 }

@@ -33,6 +33,9 @@ use crate::error::ShardError;
 use crate::model::HostModel;
 use crate::sequencer::{frame_around, CommitBarrier, Publisher, Sequencer};
 
+/// Longest accepted AHP clientId.
+pub const MAX_CLIENT_ID_BYTES: usize = 256;
+
 /// Publications a host may hold uncommitted before dispatching connections wait for the store.
 const MAX_PENDING_PUBLICATIONS: usize = 1024;
 
@@ -110,7 +113,11 @@ impl Host {
         let root = crate::restore::restore_root(&store, &key, providers.agents()).await?;
         let host = Arc::new_cyclic(|me: &Weak<Host>| Host {
             core: Mutex::new(HostCore {
-                seq: Sequencer::new(record.last_seq, limits.replay_buffer_envelopes),
+                seq: Sequencer::new(
+                    record.last_seq,
+                    limits.replay_buffer_envelopes,
+                    limits.replay_buffer_bytes,
+                ),
                 model: HostModel::new(root, record.next_catalog_no),
                 key: key.clone(),
                 limits: limits.clone(),
@@ -191,10 +198,31 @@ impl Host {
     }
 
     async fn serve_call(&self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
-        if let Err(error) = self
-            .ensure_loaded(&crate::restore::channels_named_by(&message))
-            .await
-        {
+        let opens_session = matches!(message.method.as_str(), "initialize" | "reconnect");
+        if opens_session {
+            if let Err(error) = self.load_client_binding(&message).await {
+                tracing::error!(host = %self.key, %error, "could not read a client binding from the store");
+                return CommandReply::frame(rpc::error_frame(
+                    message.id,
+                    &RpcError::internal("the store is unavailable; retry"),
+                ));
+            }
+        }
+        // Nothing is read from the store for a connection that has not initialized (it will be refused), and
+        // never more channels than one message may name.
+        let named = if opens_session || self.core.lock().client_id(connection).is_ok() {
+            crate::restore::channels_named_by(&message)
+        } else {
+            Vec::new()
+        };
+        let limit = self.core.lock().limits.max_channels_per_message;
+        if named.len() > limit {
+            return CommandReply::frame(rpc::error_frame(
+                message.id,
+                &RpcError::invalid_params(format!("a message may name at most {limit} distinct channels")),
+            ));
+        }
+        if let Err(error) = self.ensure_loaded(&named).await {
             tracing::error!(host = %self.key, %error, "could not load channels from the store");
             return CommandReply::frame(rpc::error_frame(
                 message.id,
@@ -217,6 +245,47 @@ impl Host {
             self.wait_committed(barrier).await;
         }
         reply
+    }
+
+    /// Bring the stored owner of the clientId an `initialize` or `reconnect` names into memory (a binding
+    /// survives restarts, and is dropped from memory after its grace period).
+    async fn load_client_binding(&self, message: &InboundMessage) -> Result<(), StoreError> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Named {
+            client_id: Option<String>,
+        }
+        let Some(client_id) = message
+            .params
+            .as_ref()
+            .and_then(|params| serde_json::from_str::<Named>(params.get()).ok())
+            .and_then(|named| named.client_id)
+        else {
+            return Ok(());
+        };
+        if client_id.is_empty() || client_id.len() > MAX_CLIENT_ID_BYTES {
+            return Ok(()); // refused by the command itself
+        }
+        if self.core.lock().clients.contains_key(&client_id) {
+            return Ok(());
+        }
+        let Some(subject) = self
+            .store
+            .client_binding(&self.key.tenant, &self.key.host, &client_id)
+            .await?
+        else {
+            return Ok(());
+        };
+        self.core
+            .lock()
+            .clients
+            .entry(client_id)
+            .or_insert(ClientBinding {
+                subject,
+                live_connections: 0,
+                grace_epoch: 0,
+            });
+        Ok(())
     }
 
     /// The connection is gone.
@@ -581,18 +650,25 @@ impl HostCore {
 
     /// Bind `client_id` to the connection's user, refusing another user's client id.
     pub fn bind_client(&mut self, connection: ConnectionId, client_id: &str) -> Result<(), RpcError> {
-        if client_id.is_empty() {
-            return Err(RpcError::invalid_params("clientId must not be empty"));
+        if client_id.is_empty() || client_id.len() > MAX_CLIENT_ID_BYTES {
+            return Err(RpcError::invalid_params(format!(
+                "clientId must be 1 to {MAX_CLIENT_ID_BYTES} bytes"
+            )));
         }
         let subject = self.connection(connection)?.identity.subject.clone();
-        let binding = self
-            .clients
-            .entry(client_id.to_string())
-            .or_insert_with(|| ClientBinding {
-                subject: subject.clone(),
-                live_connections: 0,
-                grace_epoch: 0,
-            });
+        // A binding the store knows was loaded before this call ([`Host::load_client_binding`]): one that is
+        // not in memory now is new, and is recorded durably with the reply's batch.
+        let binding = match self.clients.entry(client_id.to_string()) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                self.seq.bind_client(client_id, &subject);
+                entry.insert(ClientBinding {
+                    subject: subject.clone(),
+                    live_connections: 0,
+                    grace_epoch: 0,
+                })
+            }
+        };
         if binding.subject != subject {
             return Err(RpcError::permission_denied(
                 "this clientId belongs to another user",

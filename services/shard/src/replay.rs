@@ -21,32 +21,53 @@ pub struct StoredEnvelope {
     pub frame: Bytes,
 }
 
-/// A bounded FIFO of [`StoredEnvelope`]s.
+impl StoredEnvelope {
+    /// The memory it holds, roughly: its JSON twice (the envelope and the frame around it).
+    pub fn size(&self) -> usize {
+        self.envelope.get().len() + self.frame.len() + self.channel.len()
+    }
+}
+
+/// A FIFO of [`StoredEnvelope`]s bounded both in count and in bytes (so a few huge envelopes cannot hold
+/// as much memory as the count allows).
 #[derive(Debug)]
 pub struct ReplayBuffer {
     capacity: usize,
+    max_bytes: usize,
+    bytes: usize,
     entries: VecDeque<Arc<StoredEnvelope>>,
     /// Highest `serverSeq` evicted from the buffer (0 when nothing was evicted).
     floor: u64,
 }
 
 impl ReplayBuffer {
-    /// An empty buffer for a host whose envelopes up to `floor` are not held (they are in the store).
-    pub fn new(capacity: usize, floor: u64) -> Self {
+    /// An empty buffer for a host whose envelopes up to `floor` are not held (they are in the store),
+    /// holding at most `capacity` envelopes of at most `max_bytes` in all.
+    pub fn new(capacity: usize, max_bytes: usize, floor: u64) -> Self {
         Self {
             capacity: capacity.max(1),
+            max_bytes,
+            bytes: 0,
             entries: VecDeque::new(),
             floor,
         }
     }
 
     pub fn push(&mut self, envelope: Arc<StoredEnvelope>) {
-        if self.entries.len() == self.capacity {
-            if let Some(evicted) = self.entries.pop_front() {
-                self.floor = evicted.seq;
-            }
-        }
+        self.bytes += envelope.size();
         self.entries.push_back(envelope);
+        while self.entries.len() > self.capacity || (self.bytes > self.max_bytes && self.entries.len() > 1) {
+            let Some(evicted) = self.entries.pop_front() else {
+                break;
+            };
+            self.bytes -= evicted.size();
+            self.floor = evicted.seq;
+        }
+    }
+
+    /// Bytes of envelopes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// Whether every accepted envelope after `last_seen` is still held.
@@ -88,7 +109,7 @@ mod tests {
 
     #[test]
     fn replays_exactly_what_follows_last_seen_on_wanted_channels() {
-        let mut buffer = ReplayBuffer::new(3, 0);
+        let mut buffer = ReplayBuffer::new(3, usize::MAX, 0);
         for (seq, ch) in [(1, "a"), (2, "b"), (4, "a"), (5, "a")] {
             buffer.push(env(seq, ch));
         }
@@ -98,5 +119,18 @@ mod tests {
         assert_eq!(seqs, vec![4, 5]);
         let seqs: Vec<u64> = buffer.after(4, |_| true).map(|e| e.seq).collect();
         assert_eq!(seqs, vec![5]);
+    }
+
+    #[test]
+    fn the_oldest_envelopes_go_when_the_bytes_run_out() {
+        let one = env(1, "a").size();
+        let mut buffer = ReplayBuffer::new(100, one * 2, 0);
+        for seq in 1..=5 {
+            buffer.push(env(seq, "a"));
+        }
+        assert!(buffer.bytes() <= one * 2);
+        assert!(buffer.covers(3) && !buffer.covers(2));
+        let seqs: Vec<u64> = buffer.after(0, |_| true).map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![4, 5]);
     }
 }

@@ -3,7 +3,9 @@
 //! The replay comes from the host's in-memory buffer when it still holds every envelope after the client's
 //! `lastSeenServerSeq` (no store read), from the store's action log in bounded pages when the gap is inside the
 //! retention window, and as snapshots otherwise. Disposed or unknown channels are reported as `missing`.
-//! Each answered `reconnect` counts in `ahp_relay_replays_total` under the path it took.
+//! Each answered `reconnect` counts in `ahp_relay_replays_total` under the path it took. A replay that would
+//! exceed the reply budget (`Limits::max_reply_bytes`) is answered with snapshots instead: a small request
+//! never makes a huge reply.
 
 use crate::error::ShardError;
 use ahp_types::commands::{ReconnectParams, ReconnectResult, ReconnectSnapshotResult};
@@ -102,10 +104,15 @@ impl Host {
     }
 
     /// Every logged envelope on the plan's channels in `(last_seen, current]`, in bounded pages, or `None`
-    /// when part of that range was compacted away.
+    /// when part of that range was compacted away or the envelopes would exceed the reply budget (snapshots
+    /// answer then).
     async fn read_log(&self, plan: &StorePlan) -> Result<Option<Vec<Box<RawValue>>>, ShardError> {
         let (tenant, host) = (&self.key.tenant, &self.key.host);
-        let page = self.core.lock().limits.replay_page.max(1);
+        let (page, budget) = {
+            let core = self.core.lock();
+            (core.limits.replay_page.max(1), core.limits.max_reply_bytes)
+        };
+        let mut bytes = 0usize;
         if self.store.load_host(tenant, host).await?.log_floor > plan.last_seen {
             return Ok(None);
         }
@@ -122,6 +129,10 @@ impl Host {
                     break 'pages;
                 }
                 after = row.seq;
+                bytes += row.envelope.len();
+                if bytes > budget {
+                    return Ok(None);
+                }
                 out.push(RawValue::from_string(row.envelope).map_err(ShardError::corrupt)?);
             }
             if !full {
@@ -167,15 +178,25 @@ impl HostCore {
         }
         let mut live = Vec::new();
         let mut missing = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for channel in params.subscriptions {
+            if !seen.insert(channel.clone()) {
+                continue;
+            }
             if self.model.kind(&channel) == ChannelKind::Unknown {
                 missing.push(channel);
-            } else if !live.contains(&channel) {
+            } else {
                 live.push(channel);
             }
         }
-        if live.len() > self.limits.max_subscriptions_per_connection {
-            return Err(RpcError::invalid_params("too many subscriptions"));
+        let limit = self
+            .limits
+            .max_channels_per_message
+            .min(self.limits.max_subscriptions_per_connection);
+        if live.len() + missing.len() > limit {
+            return Err(RpcError::invalid_params(format!(
+                "reconnect may name at most {limit} distinct channels"
+            )));
         }
         self.bind_client(connection, &params.client_id)?;
         if let Some(state) = self.connections.get_mut(&connection) {
@@ -216,12 +237,19 @@ impl HostCore {
                 subscriptions,
             }));
         }
-        let actions = self
-            .seq
-            .replay()
-            .after(last_seen, |c| live.iter().any(|l| l == c))
-            .map(|e| e.envelope.as_ref())
-            .collect();
+        let wanted: std::collections::HashSet<&str> = live.iter().map(String::as_str).collect();
+        let mut bytes = 0usize;
+        let mut actions = Vec::new();
+        for envelope in self.seq.replay().after(last_seen, |c| wanted.contains(c)) {
+            bytes += envelope.envelope.get().len();
+            if bytes > self.limits.max_reply_bytes {
+                // Replaying would make a reply over budget: fresh snapshots say the same in less.
+                let reply = self.snapshot_reply(message.id, &live, current)?;
+                telemetry::replayed(ReplaySource::Snapshot);
+                return ready(reply);
+            }
+            actions.push(envelope.envelope.as_ref());
+        }
         let out = reply(
             message.id,
             &RawReplay {
@@ -235,7 +263,7 @@ impl HostCore {
     }
 
     /// Fresh snapshots of `live` at `from_seq` (channels gone meanwhile are left out: clients treat them as
-    /// missing).
+    /// missing); refused when even they exceed the reply budget.
     fn snapshot_reply(&self, id: Option<u64>, live: &[String], from_seq: u64) -> CommandResult {
         let snapshots = live
             .iter()
@@ -244,9 +272,20 @@ impl HostCore {
                     .snapshot(c, from_seq, self.limits.default_snapshot_turns)
             })
             .collect();
-        reply(
+        let out = reply(
             id,
             &ReconnectResult::Snapshot(ReconnectSnapshotResult { snapshots }),
-        )
+        )?;
+        if out
+            .frame
+            .as_ref()
+            .is_some_and(|f| f.len() > self.limits.max_reply_bytes)
+        {
+            return Err(RpcError::invalid_params(format!(
+                "the snapshots would exceed {} bytes: reconnect with fewer channels",
+                self.limits.max_reply_bytes
+            )));
+        }
+        Ok(out)
     }
 }

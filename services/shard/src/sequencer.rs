@@ -12,7 +12,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use relay_core::bus::{Audience, BusEvent, BusEventKind, SharedBusEvent};
 use relay_core::rpc;
 use relay_core::ConnectionId;
-use relay_store::{CatalogChange, CommitBatch, LogEntry, SnapshotEntry};
+use relay_store::{CatalogChange, ClientBinding, CommitBatch, LogEntry, SnapshotEntry};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -37,6 +37,7 @@ pub struct PendingBatch {
     pub snapshots: Vec<SnapshotEntry>,
     pub catalog: Vec<CatalogChange>,
     pub disposed: Vec<String>,
+    pub bindings: Vec<ClientBinding>,
     pub publications: Vec<Publication>,
 }
 
@@ -47,6 +48,7 @@ impl PendingBatch {
             && self.snapshots.is_empty()
             && self.catalog.is_empty()
             && self.disposed.is_empty()
+            && self.bindings.is_empty()
     }
 
     /// The envelopes numbered in this batch (accepted, rejected and per-connection ones): what its commit makes
@@ -67,6 +69,7 @@ impl PendingBatch {
                 snapshots: self.snapshots,
                 catalog: self.catalog,
                 disposed: self.disposed,
+                bindings: self.bindings,
             },
             self.publications,
         )
@@ -84,11 +87,12 @@ pub struct Sequencer {
 pub type CommitBarrier = u64;
 
 impl Sequencer {
-    /// Continue after `last_seq`, the highest number the store says was ever committed for this host.
-    pub fn new(last_seq: u64, replay_capacity: usize) -> Self {
+    /// Continue after `last_seq`, the highest number the store says was ever committed for this host,
+    /// keeping up to `replay_capacity` envelopes of up to `replay_bytes` for replay.
+    pub fn new(last_seq: u64, replay_capacity: usize, replay_bytes: usize) -> Self {
         Self {
             seq: last_seq,
-            replay: ReplayBuffer::new(replay_capacity, last_seq),
+            replay: ReplayBuffer::new(replay_capacity, replay_bytes, last_seq),
             pending: PendingBatch {
                 number: 1,
                 last_seq,
@@ -236,6 +240,14 @@ impl Sequencer {
         });
     }
 
+    /// Record that `client_id` belongs to `subject` (durably, with the next batch).
+    pub fn bind_client(&mut self, client_id: &str, subject: &str) {
+        self.pending.bindings.push(ClientBinding {
+            client_id: client_id.to_string(),
+            subject: subject.to_string(),
+        });
+    }
+
     pub fn catalog(&mut self, change: CatalogChange) {
         self.pending.catalog.push(change);
     }
@@ -369,7 +381,7 @@ mod tests {
 
     #[test]
     fn a_batch_keeps_only_the_last_fate_of_each_channel() {
-        let mut seq = Sequencer::new(0, 16);
+        let mut seq = Sequencer::new(0, 16, usize::MAX);
         // created, then disposed in the same batch: nothing of it may be stored
         seq.snapshot("ahp-session:/a", None, "{}".into());
         seq.dispose("ahp-session:/a");

@@ -5,7 +5,7 @@
 
 use sqlx::{AnyConnection, AnyPool};
 
-use crate::{catalog, hosts, leases, log, snapshots, Backend, CommitBatch, StoreError};
+use crate::{bindings, catalog, hosts, leases, log, snapshots, Backend, CommitBatch, StoreError};
 
 /// Writes `batch` for the host atomically.
 pub(crate) async fn commit(
@@ -68,5 +68,6 @@ async fn write(
     snapshots::remove(&mut *conn, tenant, host, &batch.disposed).await?;
     snapshots::store(&mut *conn, tenant, host, &batch.snapshots).await?;
     catalog::apply(&mut *conn, tenant, host, &batch.catalog).await?;
+    bindings::store(&mut *conn, tenant, host, &batch.bindings).await?;
     Ok(())
 }

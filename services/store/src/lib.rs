@@ -15,9 +15,10 @@
 //!
 //! Modules, one concern each: `connect` (URL → pool and per-backend settings), `schema` (embedded
 //! migrations), `commit` (the group-commit transaction, plain and fenced), `hosts`, `log`, `snapshots`,
-//! `catalog`, `leases` (one table each), `retention` (compaction), `sql` (placeholder numbering and
+//! `catalog`, `leases`, `bindings` (one table each), `retention` (compaction), `sql` (placeholder numbering and
 //! conversions), `records` (the values in and out), `error`.
 
+mod bindings;
 mod catalog;
 mod commit;
 mod connect;
@@ -35,7 +36,8 @@ use sqlx::AnyPool;
 
 pub use error::StoreError;
 pub use records::{
-    CatalogChange, CatalogEntry, ChannelRecord, CommitBatch, HostRecord, Lease, LogEntry, SnapshotEntry,
+    CatalogChange, CatalogEntry, ChannelRecord, ClientBinding, CommitBatch, HostRecord, Lease, LogEntry,
+    SnapshotEntry,
 };
 
 /// Which database a [`Store`] is on.
@@ -183,6 +185,16 @@ impl Store {
         channel: &str,
     ) -> Result<Option<ChannelRecord>, StoreError> {
         snapshots::restore(&self.pool, tenant, host, channel).await
+    }
+
+    /// The subject (user) `client_id` is bound to on the host, if it was ever used there.
+    pub async fn client_binding(
+        &self,
+        tenant: &str,
+        host: &str,
+        client_id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        bindings::subject_of(&self.pool, tenant, host, client_id).await
     }
 
     /// The chat channels whose snapshots name `session` as their parent, in URI order.

@@ -45,6 +45,16 @@ pub struct CommitBatch {
     /// after snapshotting it in the same batch must drop that snapshot from the batch (the shard's sequencer
     /// does).
     pub disposed: Vec<String>,
+    /// New clientId bindings to record; a clientId already bound keeps its first subject.
+    pub bindings: Vec<ClientBinding>,
+}
+
+/// An AHP clientId of a host and the user it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientBinding {
+    pub client_id: String,
+    /// The token subject that first used the clientId.
+    pub subject: String,
 }
 
 /// One envelope in a host's log.

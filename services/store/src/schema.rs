@@ -41,6 +41,11 @@ const POSTGRES: &[EmbeddedMigration] = &[
         description: "lease owner index",
         sql: include_str!("../../../migrations/postgres/0003_lease_owner_index.sql"),
     },
+    EmbeddedMigration {
+        version: 4,
+        description: "client bindings",
+        sql: include_str!("../../../migrations/postgres/0004_client_bindings.sql"),
+    },
 ];
 
 const SQLITE: &[EmbeddedMigration] = &[
@@ -58,6 +63,11 @@ const SQLITE: &[EmbeddedMigration] = &[
         version: 3,
         description: "lease owner index",
         sql: include_str!("../../../migrations/sqlite/0003_lease_owner_index.sql"),
+    },
+    EmbeddedMigration {
+        version: 4,
+        description: "client bindings",
+        sql: include_str!("../../../migrations/sqlite/0004_client_bindings.sql"),
     },
 ];
 

@@ -150,6 +150,7 @@ on_both_backends!(
     renewing_an_owners_leases_renews_exactly_what_it_still_holds,
     ping_answers_while_the_store_is_reachable,
     a_channel_disposed_then_created_again_in_one_batch_stays_loadable,
+    a_client_id_keeps_its_first_subject,
 );
 
 const T: &str = "acme";
@@ -899,7 +900,11 @@ const TTL: i64 = 1_000;
 async fn everything_of(store: &Store, tenant: &str, host: &str) -> String {
     let channels = vec![SESSION.to_owned(), CHAT.to_owned()];
     format!(
-        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
+        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
+        store
+            .client_binding(tenant, host, "deposed-client")
+            .await
+            .unwrap(),
         store.load_host(tenant, host).await.unwrap(),
         store.log_after(tenant, host, 0, &channels, 1_000).await.unwrap(),
         store.load_channel(tenant, host, SESSION).await.unwrap(),
@@ -1103,6 +1108,10 @@ async fn a_deposed_owner_cannot_commit_and_writes_nothing(db: &TestDb) {
             CatalogChange::Remove { uri: SESSION.into() },
         ],
         disposed: vec![CHAT.into()],
+        bindings: vec![relay_store::ClientBinding {
+            client_id: "deposed-client".into(),
+            subject: "mallory".into(),
+        }],
     };
     assert_eq!(
         fenced(store.commit_fenced(T, H, "a", a.epoch, &everything).await),
@@ -1631,4 +1640,25 @@ async fn a_channel_disposed_then_created_again_in_one_batch_stays_loadable(db: &
     let loaded = loaded.expect("the re-created channel must still be loadable");
     assert_eq!(loaded.snapshot_seq, 3);
     assert_eq!(loaded.state, recreated.state);
+}
+
+async fn a_client_id_keeps_its_first_subject(db: &TestDb) {
+    let store = &db.store;
+    let bind = |client_id: &str, subject: &str| CommitBatch {
+        bindings: vec![relay_store::ClientBinding {
+            client_id: client_id.into(),
+            subject: subject.into(),
+        }],
+        ..CommitBatch::default()
+    };
+    assert_eq!(store.client_binding(T, H, "laptop").await.unwrap(), None);
+    store.commit(T, H, &bind("laptop", "ana")).await.unwrap();
+    store.commit(T, H, &bind("laptop", "bob")).await.unwrap();
+    assert_eq!(
+        store.client_binding(T, H, "laptop").await.unwrap().as_deref(),
+        Some("ana")
+    );
+    // per host and tenant
+    assert_eq!(store.client_binding(T, "other", "laptop").await.unwrap(), None);
+    assert_eq!(store.client_binding("other", H, "laptop").await.unwrap(), None);
 }
