@@ -805,3 +805,83 @@ async fn a_reconnect_over_the_reply_budget_gets_snapshots() {
         );
     }
 }
+
+/// A client pushing a chat towards its limits (queued messages, action size) is refused with a clear
+/// rejection, and the host stays writable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_pushed_to_its_limits_refuses_clearly_and_stays_writable() {
+    use ahp_types::actions::{ChatDraftChangedAction, ChatPendingMessageSetAction};
+    use ahp_types::state::PendingMessageKind;
+    let relay = Relay::start().await;
+    let (client, _) = relay.client("pusher").await;
+    let (_, chat) = create_session_and_chat(&client, "limits").await;
+    let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
+    // A turn that waits for a tool confirmation keeps queued messages queued.
+    client
+        .dispatch(chat.clone(), turn_started("t1", "please use a tool"))
+        .await
+        .expect("start");
+    let queue = |i: usize| {
+        StateAction::ChatPendingMessageSet(ChatPendingMessageSetAction {
+            kind: PendingMessageKind::Queued,
+            id: format!("q{i}"),
+            message: message(&format!("queued {i}")),
+        })
+    };
+    let mut last = 0;
+    for i in 0..70 {
+        last = client
+            .dispatch(chat.clone(), queue(i))
+            .await
+            .expect("dispatch")
+            .client_seq;
+    }
+    let seen = collect_until(&mut sub, |e| {
+        e.origin.as_ref().is_some_and(|o| o.client_seq == last)
+    })
+    .await;
+    let queued: Vec<&ahp_types::actions::ActionEnvelope> = seen
+        .iter()
+        .filter(|e| matches!(e.action, StateAction::ChatPendingMessageSet(_)))
+        .collect();
+    assert_eq!(queued.len(), 70);
+    assert!(queued[..64].iter().all(|e| e.rejection_reason.is_none()));
+    for refused in &queued[64..] {
+        let reason = refused.rejection_reason.as_deref().unwrap_or_default();
+        assert!(reason.contains("64 queued messages"), "{reason}");
+    }
+
+    let huge = StateAction::ChatDraftChanged(ChatDraftChangedAction {
+        draft: Some(message(&"z".repeat(1024 * 1024 + 1))),
+    });
+    let seq = client
+        .dispatch(chat.clone(), huge)
+        .await
+        .expect("dispatch")
+        .client_seq;
+    let refused = collect_until(&mut sub, |e| {
+        e.origin.as_ref().is_some_and(|o| o.client_seq == seq)
+    })
+    .await;
+    let reason = refused
+        .last()
+        .and_then(|e| e.rejection_reason.clone())
+        .unwrap_or_default();
+    assert!(reason.contains("at most 1048576"), "{reason}");
+
+    // Still writable: a normal action is accepted, and a new session can be created.
+    let small = StateAction::ChatDraftChanged(ChatDraftChangedAction {
+        draft: Some(message("still here")),
+    });
+    let seq = client
+        .dispatch(chat.clone(), small)
+        .await
+        .expect("dispatch")
+        .client_seq;
+    let accepted = collect_until(&mut sub, |e| {
+        e.origin.as_ref().is_some_and(|o| o.client_seq == seq)
+    })
+    .await;
+    assert!(accepted.last().is_some_and(|e| e.rejection_reason.is_none()));
+    create_session_and_chat(&client, "after-limits").await;
+}

@@ -119,6 +119,13 @@ struct Follower {
 /// How long the shard may take to answer a readiness probe.
 pub const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How long one forwarded request may take at the shard (a reply waits for its commit, which retries a
+/// failing store with backoff).
+pub const CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long attaching or detaching a connection may take.
+pub const ATTACH_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long Redis may take to confirm a host's subscription before an attach fails.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -413,15 +420,15 @@ impl HostLink for RemoteShard {
             Some(redis) => Self::follow_redis(redis, host, connection).await?,
             None => self.follow(host, connection).await?,
         };
-        let attached = self
-            .client
-            .clone()
-            .attach(pb::AttachRequest {
-                host: Some(host_to_pb(host)),
-                connection: connection.0,
-                identity: Some(identity_to_pb(identity)),
-            })
-            .await;
+        let mut request = tonic::Request::new(pb::AttachRequest {
+            host: Some(host_to_pb(host)),
+            connection: connection.0,
+            identity: Some(identity_to_pb(identity)),
+        });
+        request.set_timeout(ATTACH_DEADLINE);
+        let attached = tokio::time::timeout(ATTACH_DEADLINE, self.client.clone().attach(request))
+            .await
+            .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("attach timed out")));
         match attached {
             Ok(reply) => {
                 if let Some(redis) = &self.redis {
@@ -446,15 +453,20 @@ impl HostLink for RemoteShard {
             Ok(frame) => frame,
             Err(error) => return failed(message.id, &format!("could not forward the message: {error}")),
         };
-        let reply = self
-            .client
-            .clone()
-            .call(crate::trace::traced(pb::CallRequest {
-                host: Some(host_to_pb(host)),
-                connection: connection.0,
-                frame,
-            }))
-            .await;
+        let mut request = crate::trace::traced(pb::CallRequest {
+            host: Some(host_to_pb(host)),
+            connection: connection.0,
+            frame,
+        });
+        // The shard gives up at the deadline too (grpc-timeout), so no call holds either side forever.
+        request.set_timeout(CALL_DEADLINE);
+        let reply = match tokio::time::timeout(CALL_DEADLINE, self.client.clone().call(request)).await {
+            Ok(reply) => reply,
+            Err(_) => {
+                tracing::warn!(host = %host, "call timed out");
+                return failed(message.id, "the shard did not answer in time");
+            }
+        };
         match reply {
             Ok(reply) => match reply_from_pb(reply.into_inner()) {
                 Ok(reply) => reply,
@@ -475,14 +487,14 @@ impl HostLink for RemoteShard {
             Some(redis) => Self::unfollow_redis(redis, host, connection),
             None => self.unfollow(host, connection).await,
         }
-        let detached = self
-            .client
-            .clone()
-            .detach(pb::DetachRequest {
-                host: Some(host_to_pb(host)),
-                connection: connection.0,
-            })
-            .await;
+        let mut request = tonic::Request::new(pb::DetachRequest {
+            host: Some(host_to_pb(host)),
+            connection: connection.0,
+        });
+        request.set_timeout(ATTACH_DEADLINE);
+        let detached = tokio::time::timeout(ATTACH_DEADLINE, self.client.clone().detach(request))
+            .await
+            .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("detach timed out")));
         if let Err(status) = detached {
             tracing::debug!(host = %host, %status, "detach failed (the shard may be gone)");
         }

@@ -513,6 +513,16 @@ async fn commit_loop(host: Weak<Host>) {
                     strong.depose(&error.to_string());
                     return;
                 }
+                Err(error) if error.is_permanent() => {
+                    // Writing this batch can never succeed (e.g. a value over the database's limits). It was
+                    // never published, so no client saw it: drop it with the in-memory state that produced
+                    // it. The host is deposed — its clients are told to reconnect (1012) — and reopened from
+                    // the store on the next message, without the offending action, instead of retrying
+                    // forever.
+                    tracing::error!(host = %strong.key, %error, "a commit failed permanently; reloading the host from the store");
+                    strong.depose("a commit failed permanently");
+                    return;
+                }
                 Err(error) => {
                     tracing::warn!(host = %strong.key, %error, "commit failed; retrying");
                     if strong.is_deposed() {

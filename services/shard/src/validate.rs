@@ -148,6 +148,13 @@ pub fn action_type(action: &StateAction) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// Largest client action accepted, serialized (a chat's state grows by what its actions carry).
+pub const MAX_CLIENT_ACTION_BYTES: usize = 1024 * 1024;
+/// Queued messages one chat may hold.
+pub const MAX_QUEUED_MESSAGES: usize = 64;
+/// Working directories one session may list.
+pub const MAX_WORKING_DIRECTORIES: usize = 64;
+
 /// Check a client action against the current state. `Err` carries the rejection reason.
 pub fn check_client_action(
     model: &HostModel,
@@ -174,10 +181,16 @@ pub fn check_client_action(
             action_type(action)
         ));
     }
+    let size = serde_json::to_vec(action).map_or(usize::MAX, |json| json.len());
+    if size > MAX_CLIENT_ACTION_BYTES {
+        return Err(format!(
+            "the action is {size} bytes; at most {MAX_CLIENT_ACTION_BYTES} are accepted"
+        ));
+    }
     match kind {
         ChannelKind::Root => check_root(action, who),
         ChannelKind::Session => match model.sessions.get(channel) {
-            Some(session) => check_session(&session.state.chats, action, who),
+            Some(session) => check_session(&session.state, action, who),
             None => Err("unknown session".into()),
         },
         ChannelKind::Chat => match model.chats.get(channel) {
@@ -198,11 +211,21 @@ fn check_root(action: &StateAction, who: &Dispatcher<'_>) -> Result<(), String> 
 }
 
 fn check_session(
-    chats: &[ahp_types::state::ChatSummary],
+    session: &ahp_types::state::SessionState,
     action: &StateAction,
     who: &Dispatcher<'_>,
 ) -> Result<(), String> {
+    let chats = &session.chats;
     match action {
+        StateAction::SessionWorkingDirectorySet(a)
+            if session.working_directories.as_ref().is_some_and(|dirs| {
+                dirs.len() >= MAX_WORKING_DIRECTORIES && !dirs.contains(&a.directory)
+            }) =>
+        {
+            Err(format!(
+                "a session may list at most {MAX_WORKING_DIRECTORIES} working directories"
+            ))
+        }
         StateAction::SessionDefaultChatChanged(a) => match &a.default_chat {
             Some(chat) if !chats.iter().any(|c| &c.resource == chat) => {
                 Err(format!("{chat} is not a chat of this session"))
@@ -224,6 +247,16 @@ fn check_session(
 fn check_chat(chat: &ChatState, action: &StateAction, who: &Dispatcher<'_>) -> Result<(), String> {
     use StateAction::*;
     match action {
+        ChatPendingMessageSet(a)
+            if a.kind == PendingMessageKind::Queued
+                && chat.queued_messages.as_ref().is_some_and(|queued| {
+                    queued.len() >= MAX_QUEUED_MESSAGES && !queued.iter().any(|m| m.id == a.id)
+                }) =>
+        {
+            Err(format!(
+                "this chat already has {MAX_QUEUED_MESSAGES} queued messages; remove one or wait for them to start"
+            ))
+        }
         ChatTurnStarted(a) => {
             if chat.active_turn.is_some() {
                 return Err(

@@ -54,3 +54,27 @@ pub enum StoreError {
         holder: Option<String>,
     },
 }
+
+impl StoreError {
+    /// Whether writing the same thing again can never succeed: the database refused what it was given (a
+    /// value too big for a field, a broken constraint, bad data), as opposed to failing to take it (the
+    /// database unreachable, restarting, timed out, a lost connection) — those are worth retrying.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            StoreError::Bind(_) | StoreError::OutOfRange { .. } => true,
+            StoreError::Database(sqlx::Error::Database(error)) => {
+                let code = error.code().unwrap_or_default();
+                // Postgres: class 22 (data exception, e.g. 22001 string too long, 22021 bad encoding), class
+                // 23 (integrity constraint), 54000 (program limit exceeded: a row or value too big). SQLite:
+                // SQLITE_TOOBIG (18), SQLITE_CONSTRAINT (19 and its extended codes), SQLITE_MISMATCH (20).
+                code.starts_with("22")
+                    || code.starts_with("23")
+                    || code == "54000"
+                    || matches!(code.as_ref(), "18" | "19" | "20")
+                    || (code.len() > 2 && code.parse::<u32>().is_ok_and(|c| c & 0xff == 19))
+            }
+            StoreError::Database(sqlx::Error::Encode(_) | sqlx::Error::TypeNotFound { .. }) => true,
+            _ => false,
+        }
+    }
+}
