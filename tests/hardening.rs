@@ -885,3 +885,137 @@ async fn a_chat_pushed_to_its_limits_refuses_clearly_and_stays_writable() {
     assert!(accepted.last().is_some_and(|e| e.rejection_reason.is_none()));
     create_session_and_chat(&client, "after-limits").await;
 }
+
+/// Open `count` hosts of `tenant` (one initialized client each, 25 at a time) and return the clients.
+async fn open_hosts(relay: &Relay, tenant: &str, count: usize) -> Vec<ahp::Client> {
+    let mut clients = Vec::with_capacity(count);
+    for chunk in (0..count).collect::<Vec<_>>().chunks(25) {
+        let mut opening = tokio::task::JoinSet::new();
+        for &i in chunk {
+            let url = format!(
+                "ws://{}/v1/hosts/h{i}/ws?access_token={}",
+                relay.addr,
+                relay.token(tenant, "opener", Role::Member)
+            );
+            opening.spawn(async move {
+                let transport = ahp_ws::WebSocketTransport::connect(&url).await.expect("connect");
+                let client = ahp::Client::connect(transport, ahp::ClientConfig::default())
+                    .await
+                    .expect("client");
+                client
+                    .initialize(format!("c{i}"), vec!["1.0.0".into()], vec![])
+                    .await
+                    .expect("initialize");
+                client
+            });
+        }
+        while let Some(client) = opening.join_next().await {
+            clients.push(client.expect("opened"));
+        }
+    }
+    clients
+}
+
+/// Wait until `metric` on `addr` satisfies `done` (bounded by PATIENCE × 3).
+async fn wait_metric(addr: &str, metric: &str, done: impl Fn(f64) -> bool) -> f64 {
+    let started = std::time::Instant::now();
+    loop {
+        let value = metric_at(addr, metric).await;
+        if done(value) {
+            return value;
+        }
+        assert!(started.elapsed() < PATIENCE * 3, "{metric} stayed at {value}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// 1,000 hosts opened and left idle are evicted: the open hosts fall back to zero and the memory they held
+/// is given back; a tenant cannot open more hosts than its cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_idle_hosts_are_evicted_and_their_memory_freed() {
+    let relay = Relay::start_with(&[
+        "--max-hosts-per-tenant",
+        "1000",
+        "--idle-host-timeout",
+        "1s",
+        "--active-client-grace-ms",
+        "100",
+    ])
+    .await;
+    let tenant = unique_tenant();
+    let (baseline, _) = relay.memory();
+    let clients = open_hosts(&relay, &tenant, 1_000).await;
+    assert_eq!(relay.metric("ahp_relay_hosts_open").await, 1_000.0);
+    let (loaded, _) = relay.memory();
+
+    // The tenant's cap: host 1,001 is refused (the connection is closed before it can initialize).
+    let url = format!(
+        "ws://{}/v1/hosts/one-too-many/ws?access_token={}",
+        relay.addr,
+        relay.token(&tenant, "opener", Role::Member)
+    );
+    let transport = ahp_ws::WebSocketTransport::connect(&url).await.expect("connect");
+    let extra = ahp::Client::connect(transport, ahp::ClientConfig::default())
+        .await
+        .expect("client");
+    assert!(
+        extra
+            .initialize("extra".into(), vec!["1.0.0".into()], vec![])
+            .await
+            .is_err(),
+        "a host over the tenant's cap must be refused"
+    );
+
+    for client in &clients {
+        client.shutdown().await;
+    }
+    drop(clients);
+    wait_metric(&relay.addr, "ahp_relay_hosts_open", |open| open == 0.0).await;
+    // The memory is given back once the evicted hosts are dropped: wait (bounded) for the process to give
+    // back at least a third of what the hosts held (the allocator keeps some of it for reuse).
+    let held = loaded.saturating_sub(baseline);
+    let started = std::time::Instant::now();
+    loop {
+        let (idle, _) = relay.memory();
+        if idle < loaded - held / 3 {
+            eprintln!("RSS: baseline {baseline}, 1,000 hosts {loaded}, evicted {idle}");
+            break;
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "memory did not fall back: baseline {baseline}, with hosts {loaded}, after eviction {idle}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // An evicted host opens again, with its state.
+    let again = open_hosts(&relay, &tenant, 1).await;
+    assert_eq!(again.len(), 1);
+}
+
+/// An evicted host's lease is released in the store, so another shard may take it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_hosts_lease_is_released() {
+    let shard = Shard::start(&["--idle-host-timeout", "1s", "--active-client-grace-ms", "100"]).await;
+    let gateway = Relay::gateway(&shard.url).await;
+    let tenant = unique_tenant();
+    let clients = open_hosts(&gateway, &tenant, 20).await;
+    let store = relay_store::Store::connect(&format!(
+        "sqlite://{}",
+        shard.data_dir().join("relay.sqlite").display()
+    ))
+    .await
+    .expect("the shard's store");
+    for i in 0..20 {
+        let lease = store.lease_of(&tenant, &format!("h{i}")).await.expect("lease");
+        assert!(lease.is_some(), "h{i} is served under a lease");
+    }
+    for client in &clients {
+        client.shutdown().await;
+    }
+    drop(clients);
+    wait_metric(&shard.http, "ahp_relay_hosts_open", |open| open == 0.0).await;
+    for i in 0..20 {
+        let lease = store.lease_of(&tenant, &format!("h{i}")).await.expect("lease");
+        assert!(lease.is_none(), "h{i}'s lease was not released: {lease:?}");
+    }
+}

@@ -319,6 +319,11 @@ impl Shard {
         }
     }
 
+    /// The shard's data directory (its SQLite store when it runs without --database-url).
+    pub fn data_dir(&self) -> &std::path::Path {
+        self._data.path()
+    }
+
     /// SIGTERM the shard; true if it then exited successfully.
     pub async fn terminate(&mut self) -> bool {
         terminate(&mut self.child).await

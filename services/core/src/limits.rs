@@ -52,6 +52,11 @@ pub struct Limits {
     pub replay_buffer_bytes: usize,
     /// Bytes queued for one connection before it is closed as a slow consumer (besides the frame bound).
     pub outbound_queue_bytes: usize,
+    /// Hosts of one tenant a shard holds open at once (opening one more is refused).
+    pub max_hosts_per_tenant: usize,
+    /// A host with no connection, no running turn and nothing to commit for this long is evicted from
+    /// memory (its lease released); the next message reopens it from the store.
+    pub idle_host_after: Duration,
     /// How often the gateway pings a client (WebSocket ping).
     pub ping_interval: Duration,
     /// A connection from which nothing arrived (not even a pong) for this long is closed.
@@ -65,7 +70,7 @@ impl Default for Limits {
             max_json_depth: 64,
             max_subscriptions_per_connection: 1024,
             outbound_queue_frames: 4096,
-            bus_capacity: 16_384,
+            bus_capacity: 4_096,
             replay_buffer_envelopes: 10_000,
             list_sessions_page: 100,
             active_client_grace: Duration::from_secs(30),
@@ -79,6 +84,8 @@ impl Default for Limits {
             retention: Duration::from_secs(7 * 24 * 3600),
             replay_page: 2_000,
             max_channels_per_message: 256,
+            max_hosts_per_tenant: 100,
+            idle_host_after: Duration::from_secs(300),
             max_reply_bytes: 16 * 1024 * 1024,
             replay_buffer_bytes: 64 * 1024 * 1024,
             outbound_queue_bytes: 16 * 1024 * 1024,

@@ -79,8 +79,9 @@ impl CommandReply {
 pub enum LinkError {
     #[error("host {0} is not available")]
     HostUnavailable(String),
-    #[error("too many connections for tenant {0}")]
-    TooManyConnections(String),
+    /// A quota of the tenant is used up (e.g. its open hosts): the reason says which.
+    #[error("{0}")]
+    OverQuota(String),
     /// Another shard serves the host: ask the one at `owner` (its gRPC URL).
     #[error("host {host} is served by {owner}")]
     Moved { host: String, owner: String },

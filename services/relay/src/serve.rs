@@ -65,6 +65,13 @@ pub struct HostArgs {
     /// Bytes of envelopes per host kept in memory for exact reconnect replay (besides --replay-buffer).
     #[arg(long, env = "AHP_RELAY_REPLAY_BUFFER_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub replay_buffer_bytes: usize,
+    /// Hosts of one tenant held open at once (per shard); opening one more is refused.
+    #[arg(long, env = "AHP_RELAY_MAX_HOSTS_PER_TENANT", default_value_t = 100)]
+    pub max_hosts_per_tenant: usize,
+    /// A host with no connection, no running turn and nothing to commit for this long is evicted from
+    /// memory and its lease released (e.g. 5m); the next message reopens it from the store.
+    #[arg(long, env = "AHP_RELAY_IDLE_HOST_TIMEOUT", default_value = "5m", value_parser = crate::parse_ttl)]
+    pub idle_host_timeout: Duration,
     /// How often the retention job runs (e.g. 1h).
     #[arg(long, env = "AHP_RELAY_COMPACT_EVERY", default_value = "1h", value_parser = crate::parse_ttl)]
     pub compact_every: Duration,
@@ -247,6 +254,11 @@ impl HostArgs {
             retention: self.retention,
             retained_turns: self.retained_turns.max(1),
             default_snapshot_turns: Some(self.snapshot_turns.max(1)),
+            max_hosts_per_tenant: self.max_hosts_per_tenant.max(1),
+            // Never before a disconnected client's grace ends: its expiry must still reach the host.
+            idle_host_after: self
+                .idle_host_timeout
+                .max(Duration::from_millis(self.active_client_grace_ms) + Duration::from_secs(1)),
             max_reply_bytes: self.max_reply_bytes.max(64 * 1024),
             replay_buffer_bytes: self.replay_buffer_bytes,
             ..limits
@@ -285,6 +297,7 @@ async fn open_hosts(
     }
     let link = Arc::new(link);
     link.keep_leases();
+    link.evict_idle_hosts();
     spawn_retention(link.clone(), host.compact_every);
     Ok(link)
 }

@@ -363,7 +363,7 @@ impl RemoteShard {
 /// [`crate::OWNER_METADATA`], the tenant's connection quota, or an unavailable host.
 fn link_error(host: &HostKey, status: &tonic::Status) -> LinkError {
     match status.code() {
-        tonic::Code::ResourceExhausted => LinkError::TooManyConnections(host.tenant.clone()),
+        tonic::Code::ResourceExhausted => LinkError::OverQuota(status.message().to_string()),
         tonic::Code::FailedPrecondition => match status
             .metadata()
             .get(crate::OWNER_METADATA)

@@ -175,7 +175,7 @@ impl HostLink for ShardRouter {
             for url in self.candidates(host) {
                 match self.attach_from(&url, host, connection, identity).await {
                     Ok(bus) => return Ok(bus),
-                    Err(error @ LinkError::TooManyConnections(_)) => return Err(error),
+                    Err(error @ LinkError::OverQuota(_)) => return Err(error),
                     Err(error) => {
                         tracing::debug!(host = %host, %url, %error, "shard did not take the host");
                         if self.routes.lock().get(host) == Some(&url) {

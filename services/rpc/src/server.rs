@@ -186,7 +186,7 @@ pub async fn serve<L: HostLink + BusHistory>(
 fn link_status(error: LinkError) -> Status {
     match error {
         LinkError::HostUnavailable(_) => Status::unavailable(error.to_string()),
-        LinkError::TooManyConnections(_) => Status::resource_exhausted(error.to_string()),
+        LinkError::OverQuota(_) => Status::resource_exhausted(error.to_string()),
         LinkError::Moved { owner, .. } => moved_status(&owner),
     }
 }

@@ -72,6 +72,9 @@ pub struct HostCore {
     pub sink: Arc<dyn ChatSink>,
     /// Client ids whose grace period must be armed once the lock is released.
     pub pending_grace: Vec<(String, u64)>,
+    /// When the host last did anything (a message, an agent action, a connection coming or going): an idle
+    /// host is evicted from memory ([`Host::is_idle`]).
+    pub last_activity: std::time::Instant,
     /// Channels disposed in memory whose disposal may not be committed yet, with the batch that commits it:
     /// until then the store still holds them, and loading them from it would bring them back.
     pub disposing: HashMap<String, CommitBarrier>,
@@ -93,8 +96,15 @@ pub struct Host {
     /// Set once this process stops serving the host (its lease was lost or released): nothing more is
     /// committed or published, the bus is closed, and replies become "reconnect".
     deposed: watch::Sender<bool>,
-    wakeup: Notify,
+    wakeup: Arc<Notify>,
     me: Weak<Host>,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        // Lets the committer see the host is gone and end.
+        self.wakeup.notify_one();
+    }
 }
 
 impl Host {
@@ -127,13 +137,14 @@ impl Host {
                 sink: Arc::new(HostSink { host: me.clone() }),
                 pending_grace: Vec::new(),
                 disposing: HashMap::new(),
+                last_activity: std::time::Instant::now(),
             }),
             publisher: Mutex::new(Publisher::new(record.last_seq, limits.bus_capacity)),
             durable: watch::Sender::new(0),
             redis,
             lease,
             deposed: watch::Sender::new(false),
-            wakeup: Notify::new(),
+            wakeup: Arc::new(Notify::new()),
             store,
             key,
             me: me.clone(),
@@ -146,6 +157,7 @@ impl Host {
     pub(crate) fn with_core<R>(&self, work: impl FnOnce(&mut HostCore) -> R) -> R {
         let (result, pending, grace) = {
             let mut core = self.core.lock();
+            core.last_activity = std::time::Instant::now();
             let result = work(&mut core);
             (
                 result,
@@ -291,6 +303,19 @@ impl Host {
     /// The connection is gone.
     pub fn detach(&self, connection: ConnectionId) {
         self.with_core(|core| core.disconnect(connection));
+    }
+
+    /// Whether the host can be evicted from memory: no connection attached, no agent turn running, nothing
+    /// waiting to be committed or in flight, and no activity for `idle_for`. Everything it holds is then in
+    /// the store, and reopening it restores the same state.
+    pub fn is_idle(&self, idle_for: std::time::Duration) -> bool {
+        let core = self.core.lock();
+        core.connections.is_empty()
+            && core.last_activity.elapsed() >= idle_for
+            && !core.seq.has_pending()
+            && *self.durable.borrow() >= core.seq.barrier()
+            && core.model.chats.values().all(|chat| chat.running.is_none())
+            && core.clients.values().all(|binding| binding.live_connections == 0)
     }
 
     /// Sessions and chats held in memory.
@@ -468,13 +493,14 @@ async fn commit_loop(host: Weak<Host>) {
         };
         let batch = strong.core.lock().seq.take_pending();
         if batch.is_empty() {
-            // Wait for more work without keeping the host alive.
-            let weak = Arc::downgrade(&strong);
-            drop(strong);
-            match weak.upgrade() {
-                Some(host) => host.wakeup.notified().await,
-                None => return,
+            if strong.is_deposed() {
+                return;
             }
+            // Wait for more work without keeping the host alive: dropping the host wakes this loop too, and
+            // it then ends (an idle host's memory is freed once it is evicted).
+            let wakeup = strong.wakeup.clone();
+            drop(strong);
+            wakeup.notified().await;
             continue;
         }
         if strong.is_deposed() {

@@ -80,6 +80,18 @@ impl ShardLink {
         if self.draining.load(Ordering::Acquire) {
             return Err(LinkError::HostUnavailable(key.to_string()));
         }
+        let open_of_tenant = self
+            .hosts
+            .lock()
+            .keys()
+            .filter(|open| open.tenant == key.tenant)
+            .count();
+        if open_of_tenant >= self.limits.max_hosts_per_tenant {
+            return Err(LinkError::OverQuota(format!(
+                "tenant {} has its maximum of {} open hosts",
+                key.tenant, self.limits.max_hosts_per_tenant
+            )));
+        }
         let lease = match &self.ownership {
             Some(ownership) => Some(self.take_lease(key, ownership).await?),
             None => None,
@@ -207,6 +219,70 @@ impl ShardLink {
         }
     }
 
+    /// Evict idle hosts ([`Host::is_idle`]) every so often, until the link is dropped: each is forgotten,
+    /// deposed (its bus closes) and its lease released, so its memory and its lease go; the next message
+    /// for it opens it again from the store.
+    pub fn evict_idle_hosts(self: &Arc<Self>) {
+        let idle_for = self.limits.idle_host_after;
+        let every = (idle_for / 4).clamp(
+            std::time::Duration::from_millis(50),
+            std::time::Duration::from_secs(30),
+        );
+        let link: Weak<Self> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(link) = link.upgrade() else {
+                    return;
+                };
+                link.evict_idle(idle_for).await;
+            }
+        });
+    }
+
+    /// One eviction pass; returns how many hosts were evicted.
+    pub async fn evict_idle(&self, idle_for: std::time::Duration) -> usize {
+        // Under the opening lock: no host is reopened (and no lease re-taken) while one is being let go, so
+        // a release below can only ever release the evicted instance's lease.
+        let _opening = self.opening.lock().await;
+        let evicted: Vec<Arc<Host>> = {
+            let mut hosts = self.hosts.lock();
+            let idle: Vec<HostKey> = hosts
+                .iter()
+                .filter(|(_, host)| host.is_idle(idle_for))
+                .map(|(key, _)| key.clone())
+                .collect();
+            idle.iter().filter_map(|key| hosts.remove(key)).collect()
+        };
+        for host in &evicted {
+            host.depose("idle");
+            if let Some(lease) = host.lease() {
+                if let Err(error) = self.store.release_lease(lease).await {
+                    tracing::warn!(host = %lease.host, %error, "could not release an idle host's lease; it will lapse");
+                }
+            }
+        }
+        let count = evicted.len();
+        if count > 0 {
+            tracing::debug!(hosts = count, "evicted idle hosts");
+            // Their committers drop the last references as they notice; then the memory is free to give back.
+            let gone: Vec<Weak<Host>> = evicted.iter().map(Arc::downgrade).collect();
+            drop(evicted);
+            tokio::spawn(async move {
+                let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+                while gone.iter().any(|host| host.strong_count() > 0)
+                    && tokio::time::Instant::now() < deadline
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                give_back_freed_memory();
+            });
+        }
+        count
+    }
+
     /// Graceful shutdown: open no more hosts, commit what every host has queued, stop serving them (their
     /// buses close, so gateways move their clients) and release their leases, so other shards take them
     /// over at once instead of waiting for expiry.
@@ -326,3 +402,17 @@ impl HostLink for ShardLink {
         crate::health::store_ready(&self.store).await
     }
 }
+
+/// Hand memory freed by evicted hosts back to the operating system. glibc's allocator keeps freed chunks in
+/// its per-thread arenas (and, once its dynamic mmap threshold has grown, even large ones), so without this a
+/// shard's resident memory would stay at its peak after its hosts went idle.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn give_back_freed_memory() {
+    // SAFETY: malloc_trim only walks glibc's own heaps; it takes no pointers and is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn give_back_freed_memory() {}

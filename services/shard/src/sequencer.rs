@@ -270,32 +270,49 @@ impl Sequencer {
 }
 
 /// Turns committed publications into bus events, tracking `prev_seq` for gap detection.
+///
+/// The bus's ring (a broadcast channel of `bus_capacity` slots) exists only while someone listens: it is made
+/// at the first subscribe and dropped at the first publish that finds no receiver, so a host nobody is
+/// connected to holds no ring.
 pub struct Publisher {
     last_published: u64,
-    /// `None` once closed: receivers then see the bus end.
-    bus: Option<tokio::sync::broadcast::Sender<SharedBusEvent>>,
+    bus_capacity: usize,
+    bus: Bus,
+}
+
+enum Bus {
+    /// Nobody listens: no ring is allocated.
+    Idle,
+    Open(tokio::sync::broadcast::Sender<SharedBusEvent>),
+    /// Closed for good (the host was deposed): receivers see the bus end.
+    Closed,
 }
 
 impl Publisher {
     pub fn new(last_seq: u64, bus_capacity: usize) -> Self {
-        let (bus, _) = tokio::sync::broadcast::channel(bus_capacity.max(16));
         Self {
             last_published: last_seq,
-            bus: Some(bus),
+            bus_capacity: bus_capacity.max(16),
+            bus: Bus::Idle,
         }
     }
 
     /// A receiver of the bus; once the bus is closed, one that reports it closed.
-    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<SharedBusEvent> {
+    pub fn subscribe(&mut self) -> tokio::sync::broadcast::Receiver<SharedBusEvent> {
         match &self.bus {
-            Some(bus) => bus.subscribe(),
-            None => tokio::sync::broadcast::channel(1).1,
+            Bus::Open(bus) => bus.subscribe(),
+            Bus::Idle => {
+                let (bus, receiver) = tokio::sync::broadcast::channel(self.bus_capacity);
+                self.bus = Bus::Open(bus);
+                receiver
+            }
+            Bus::Closed => tokio::sync::broadcast::channel(1).1,
         }
     }
 
     /// Close the bus: every receiver sees it end after the events it already holds.
     pub fn close(&mut self) {
-        self.bus = None;
+        self.bus = Bus::Closed;
     }
 
     /// The `serverSeq` of the last action published (what the next event's `prev_seq` will be).
@@ -318,9 +335,11 @@ impl Publisher {
             frame: publication.frame,
             published_at: Some(std::time::Instant::now()),
         });
-        // No receivers simply means no connection is attached right now.
-        if let Some(bus) = &self.bus {
-            let _ = bus.send(event.clone());
+        // No receivers means no connection is attached right now: the ring is freed until the next one.
+        if let Bus::Open(bus) = &self.bus {
+            if bus.send(event.clone()).is_err() {
+                self.bus = Bus::Idle;
+            }
         }
         event
     }
