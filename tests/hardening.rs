@@ -627,7 +627,10 @@ async fn the_shard_refuses_calls_without_the_internal_credential() {
                     .err()
                     .map(|s| s.code()),
                 client
-                    .events(pb::EventsRequest { host: host() })
+                    .events(pb::EventsRequest {
+                        host: host(),
+                        gateway: 0,
+                    })
                     .await
                     .err()
                     .map(|s| s.code()),
@@ -646,7 +649,10 @@ async fn the_shard_refuses_calls_without_the_internal_credential() {
                     .err()
                     .map(|s| s.code()),
                 client
-                    .watch(pb::WatchRequest { host: host() })
+                    .watch(pb::WatchRequest {
+                        host: host(),
+                        gateway: 0,
+                    })
                     .await
                     .err()
                     .map(|s| s.code()),
@@ -1018,4 +1024,76 @@ async fn an_idle_hosts_lease_is_released() {
         let lease = store.lease_of(&tenant, &format!("h{i}")).await.expect("lease");
         assert!(lease.is_none(), "h{i}'s lease was not released: {lease:?}");
     }
+}
+
+/// A gateway killed while one of its clients owns a pending client tool call: the shard detaches that
+/// gateway's connections when the gateway's stream of the host ends, and after the client's grace period the
+/// tool call fails and the turn goes on — seen by a client on another gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_gateways_clients_are_released_and_their_tool_calls_fail() {
+    use ahp_types::commands::CreateSessionParams;
+    use ahp_types::state::{SessionActiveClient, ToolDefinition};
+    let shard = Shard::start(&["--active-client-grace-ms", "500"]).await;
+    let mut doomed = Relay::gateway(&shard.url).await;
+    let survivor = Relay::gateway(&shard.url).await;
+
+    let owner = doomed.connect("dev", "ana", Role::Member).await;
+    owner
+        .initialize("tool-owner".into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("initialize");
+    let session = "ahp-session:/client-tools".to_string();
+    let chat = "ahp-chat:/client-tools".to_string();
+    let _: serde_json::Value = owner
+        .request(
+            "createSession",
+            CreateSessionParams {
+                channel: session.clone(),
+                meta: None,
+                provider: Some("demo".into()),
+                working_directories: None,
+                config: None,
+                active_client: Some(SessionActiveClient {
+                    client_id: "tool-owner".into(),
+                    display_name: Some("Ana's editor".into()),
+                    tools: vec![ToolDefinition {
+                        name: "open_file".into(),
+                        title: None,
+                        description: Some("Opens a file in the editor".into()),
+                        input_schema: None,
+                        output_schema: None,
+                        annotations: None,
+                        meta: None,
+                    }],
+                    customizations: None,
+                }),
+                progress_token: None,
+            },
+        )
+        .await
+        .expect("createSession");
+    let _: serde_json::Value = owner
+        .request("createChat", create_chat_params(&session, &chat))
+        .await
+        .expect("createChat");
+
+    let (watcher, _) = survivor.client_as("dev", "bob", Role::Member, "watcher").await;
+    let (_, _, mut watching) = subscribe_chat(&watcher, &chat).await;
+    owner
+        .dispatch(chat.clone(), turn_started("t1", "please run the client tool"))
+        .await
+        .expect("start the turn");
+    collect_until(&mut watching, |e| {
+        matches!(e.action, StateAction::ChatToolCallReady(_))
+    })
+    .await;
+
+    doomed.kill().await;
+    let rest = collect_until(&mut watching, is_turn_complete).await;
+    let failed = rest.iter().find_map(|e| match &e.action {
+        StateAction::ChatToolCallComplete(done) if done.tool_call_id == "t1-client-tool" => Some(done),
+        _ => None,
+    });
+    let failed = failed.expect("the client tool call was completed by the host");
+    assert!(!failed.result.success, "the owner is gone: the call must fail");
 }

@@ -88,17 +88,27 @@ impl ConnectionId {
     /// deployment: the high 32 bits are a per-process prefix (process id mixed with the start time), the low
     /// 32 bits count connections.
     pub fn next() -> Self {
-        static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        let prefix = *PREFIX.get_or_init(|| {
+        ConnectionId((Self::process_prefix() << 32) | (NEXT.fetch_add(1, Ordering::Relaxed) & 0xFFFF_FFFF))
+    }
+
+    /// This process's prefix: the high 32 bits of every id [`ConnectionId::next`] gives out. A shard knows a
+    /// gateway's connections by it (and detaches them all when that gateway is gone).
+    pub fn process_prefix() -> u64 {
+        static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        *PREFIX.get_or_init(|| {
             let nanos = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.subsec_nanos())
                 .unwrap_or(0);
-            // Below 2^31 so ids stay far from the range relay-rpc reserves for internal attachments.
-            (u64::from(std::process::id() ^ nanos.rotate_left(16)) & 0x7FFF_FFFF) << 32
-        });
-        ConnectionId(prefix | (NEXT.fetch_add(1, Ordering::Relaxed) & 0xFFFF_FFFF))
+            // Below 2^31 so ids stay far from the range relay-rpc reserves for internal attachments; never 0.
+            (u64::from(std::process::id() ^ nanos.rotate_left(16)) & 0x7FFF_FFFF).max(1)
+        })
+    }
+
+    /// The prefix of the process that gave out this id.
+    pub fn prefix(self) -> u64 {
+        self.0 >> 32
     }
 }
 

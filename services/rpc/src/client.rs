@@ -258,6 +258,7 @@ impl RemoteShard {
                 .clone()
                 .watch(pb::WatchRequest {
                     host: Some(host_to_pb(&key)),
+                    gateway: ConnectionId::process_prefix(),
                 })
                 .await;
             if let Ok(stream) = watched {
@@ -297,6 +298,7 @@ impl RemoteShard {
             .clone()
             .events(pb::EventsRequest {
                 host: Some(host_to_pb(host)),
+                gateway: ConnectionId::process_prefix(),
             })
             .await
             .map_err(|status| link_error(host, &status))?

@@ -7,7 +7,10 @@
 //! the Redis bus; `Attach` answers with the host's last published `serverSeq` so a gateway following over
 //! Redis knows where it follows from.
 //!
-//! `Attach`, `Call` and `Detach` forward to the link, which keeps each connection's protocol state. `Events`
+//! `Attach`, `Call` and `Detach` forward to the link, which keeps each connection's protocol state. A
+//! gateway's connections live no longer than its `Events` or `Watch` stream of their host: when that ends
+//! (the gateway was killed, or unfollowed the host) they are detached, so their active-client slots and
+//! client tool calls are released after the usual grace instead of never. `Events`
 //! follows a host's bus: it attaches an internal connection (id counted down from `u64::MAX`, identity
 //! [`INTERNAL_SUBJECT`], role viewer) only to obtain the bus receiver, streams every event in order, and
 //! detaches when the stream ends. That internal connection never sends a frame, so it never initializes or
@@ -94,6 +97,10 @@ pub trait BusHistory: Send + Sync + 'static {
 
     /// Resolves once this shard stops serving `host` (at once if it does not serve it now).
     fn served_until_moved(&self, host: &HostKey) -> impl Future<Output = ()> + Send;
+
+    /// Detach every connection the gateway with connection-id prefix `gateway` has on `host` (its stream
+    /// for the host ended: it died, or follows the host no more).
+    fn detach_gateway(&self, host: &HostKey, gateway: u64) -> impl Future<Output = ()> + Send;
 }
 
 impl BusHistory for ShardLink {
@@ -127,6 +134,10 @@ impl BusHistory for ShardLink {
 
     async fn served_until_moved(&self, host: &HostKey) {
         ShardLink::served_until_moved(self, host).await;
+    }
+
+    async fn detach_gateway(&self, host: &HostKey, gateway: u64) {
+        ShardLink::detach_gateway(self, host, gateway);
     }
 }
 
@@ -277,7 +288,9 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
         &self,
         request: Request<pb::EventsRequest>,
     ) -> Result<Response<Self::EventsStream>, Status> {
-        let host = host_from_pb(request.into_inner().host)?;
+        let request = request.into_inner();
+        let gateway = request.gateway;
+        let host = host_from_pb(request.host)?;
         let id = ConnectionId(u64::MAX - self.internal.fetch_add(1, Ordering::Relaxed));
         let identity = Identity {
             subject: INTERNAL_SUBJECT.into(),
@@ -320,6 +333,11 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
             }
             drop(bus);
             link.detach(&host, id).await;
+            // Whatever ended the stream, the gateway receives nothing more of this host: its connections to
+            // it are gone (their clients reconnect, and resume).
+            if gateway != 0 {
+                link.detach_gateway(&host, gateway).await;
+            }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -327,13 +345,20 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
     type WatchStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        let host = host_from_pb(request.into_inner().host)?;
+        let request = request.into_inner();
+        let gateway = request.gateway;
+        let host = host_from_pb(request.host)?;
         let link = self.link.clone();
         // Nothing is ever sent: the stream only ends, when the host moves.
         let (tx, rx) = mpsc::channel::<Result<pb::WatchEvent, Status>>(1);
         tokio::spawn(async move {
             tokio::select! {
-                () = tx.closed() => {}
+                () = tx.closed() => {
+                    // The gateway let go of the watch (it died, or follows the host no more).
+                    if gateway != 0 {
+                        link.detach_gateway(&host, gateway).await;
+                    }
+                }
                 () = link.served_until_moved(&host) => {
                     let _ = tx.send(Err(Status::unavailable("the host moved"))).await;
                 }

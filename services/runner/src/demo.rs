@@ -2,7 +2,8 @@
 //!
 //! It exercises every part of a turn that clients must handle: a reasoning part, a markdown reply streamed in
 //! several `chat/delta`s, usage, a session title, a tool call that needs confirmation (when the prompt contains
-//! "tool"), and an input request (when the prompt contains "input"). It stops promptly on
+//! "tool"), a tool call that an active client of the session runs itself (when it contains "client tool" and a
+//! client offers a tool), and an input request (when the prompt contains "input"). It stops promptly on
 //! [`TurnControl::Cancelled`]. Its pace is configurable so tests can stream slowly enough to interrupt.
 
 use std::sync::Arc;
@@ -17,7 +18,8 @@ use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
     AgentInfo, ChatInputAnswer, ChatInputAnswerValue, ChatInputQuestion, ChatInputRequest,
     ChatInputResponseKind, ChatInputTextQuestion, ConfirmationOption, ConfirmationOptionKind,
-    MarkdownResponsePart, ReasoningResponsePart, ResponsePart, ToolCallResult, ToolInput, ToolResultContent,
+    MarkdownResponsePart, ReasoningResponsePart, ResponsePart, ToolCallClientContributor,
+    ToolCallConfirmationReason, ToolCallContributor, ToolCallResult, ToolInput, ToolResultContent,
     ToolResultTextContent, UsageInfo,
 };
 use tokio::sync::mpsc;
@@ -164,8 +166,11 @@ impl DemoTurn {
 
         self.stream_markdown("reply", &reply_chunks(&prompt)).await?;
 
-        if lower.contains("tool") {
-            self.run_tool_call(&prompt).await?;
+        let client_tool = self.turn.client_tools.first().cloned();
+        match client_tool {
+            Some(tool) if lower.contains("client tool") => self.run_client_tool(&tool, &prompt).await?,
+            _ if lower.contains("tool") => self.run_tool_call(&prompt).await?,
+            _ => {}
         }
         if lower.contains("input") {
             self.ask_for_input().await?;
@@ -273,6 +278,57 @@ impl DemoTurn {
             )
             .await
         }
+    }
+
+    /// Hand a tool call to the client that offers `tool`, and wait until it completes (or fails because that
+    /// client went away).
+    async fn run_client_tool(&mut self, tool: &crate::provider::ClientTool, prompt: &str) -> Option<()> {
+        let turn_id = self.turn.turn_id.clone();
+        let tool_call_id = format!("{turn_id}-client-tool");
+        let contributor = Some(ToolCallContributor::Client(ToolCallClientContributor {
+            client_id: tool.client_id.clone(),
+        }));
+        self.pause().await?;
+        self.emit(StateAction::ChatToolCallStart(ChatToolCallStartAction {
+            turn_id: turn_id.clone(),
+            tool_call_id: tool_call_id.clone(),
+            meta: None,
+            tool_name: tool.name.clone(),
+            display_name: tool.name.clone(),
+            intention: Some("Run the client's tool".into()),
+            contributor: contributor.clone(),
+        }))?;
+        self.emit(StateAction::ChatToolCallReady(ChatToolCallReadyAction {
+            turn_id,
+            tool_call_id: tool_call_id.clone(),
+            meta: None,
+            contributor,
+            intention: None,
+            invocation_message: StringOrMarkdown::Plain(format!("Run {}", tool.name)),
+            tool_input: Some(ToolInput::Inline(prompt.to_string())),
+            confirmation_title: None,
+            risk_assessment: None,
+            edits: None,
+            editable: None,
+            confirmed: Some(ToolCallConfirmationReason::NotNeeded),
+            options: None,
+        }))?;
+        let success = loop {
+            match self.control.recv().await? {
+                TurnControl::ToolCallCompleted {
+                    tool_call_id: id,
+                    success,
+                } if id == tool_call_id => break success,
+                TurnControl::Cancelled => return None,
+                _ => continue,
+            }
+        };
+        let outcome = if success {
+            "The client's tool finished."
+        } else {
+            "The client's tool failed, so I carried on without it."
+        };
+        self.stream_markdown("after-client-tool", &[outcome.into()]).await
     }
 
     async fn ask_for_input(&mut self) -> Option<()> {

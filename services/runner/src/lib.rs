@@ -9,4 +9,4 @@ pub mod demo;
 pub mod provider;
 
 pub use demo::{DemoPace, DemoProvider};
-pub use provider::{ChatSink, Provider, ProviderRegistry, TurnControl, TurnHandle, TurnRequest};
+pub use provider::{ChatSink, ClientTool, Provider, ProviderRegistry, TurnControl, TurnHandle, TurnRequest};

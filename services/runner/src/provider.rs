@@ -24,6 +24,15 @@ pub struct TurnRequest {
     pub prompt: String,
     /// Whether this is the first turn of the session (providers may set a title).
     pub first_turn: bool,
+    /// Tools the session's active clients offer to run themselves (client tools), as (client id, tool name).
+    pub client_tools: Vec<ClientTool>,
+}
+
+/// A tool an active client of the session runs itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTool {
+    pub client_id: String,
+    pub name: String,
 }
 
 /// A user decision the host forwards to the provider running a turn.
@@ -37,6 +46,9 @@ pub enum TurnControl {
         response: ChatInputResponseKind,
         answers: Option<std::collections::HashMap<String, ChatInputAnswer>>,
     },
+    /// A tool call of the turn completed (by the client that ran it, or failed by the host when that client
+    /// went away).
+    ToolCallCompleted { tool_call_id: String, success: bool },
     /// The turn was cancelled: stop now and emit nothing more.
     Cancelled,
 }

@@ -157,6 +157,13 @@ impl HostCore {
                     approved: a.approved,
                 },
             ),
+            StateAction::ChatToolCallComplete(a) => self.control_turn(
+                chat,
+                TurnControl::ToolCallCompleted {
+                    tool_call_id: a.tool_call_id.clone(),
+                    success: a.result.success,
+                },
+            ),
             StateAction::ChatInputCompleted(a) => self.control_turn(
                 chat,
                 TurnControl::InputCompleted {
@@ -184,12 +191,24 @@ impl HostCore {
             return;
         };
         let first_turn = session.state.title.is_empty();
+        let client_tools = session
+            .state
+            .active_clients
+            .iter()
+            .flat_map(|client| {
+                client.tools.iter().map(|tool| relay_runner::ClientTool {
+                    client_id: client.client_id.clone(),
+                    name: tool.name.clone(),
+                })
+            })
+            .collect();
         let request = TurnRequest {
             session: record.session.clone(),
             chat: chat.to_string(),
             turn_id: turn_id.to_string(),
             prompt: prompt.to_string(),
             first_turn,
+            client_tools,
         };
         let handle = provider.start_turn(request, self.sink.clone());
         if let Some(record) = self.model.chats.get_mut(chat) {

@@ -305,6 +305,17 @@ impl Host {
         self.with_core(|core| core.disconnect(connection));
     }
 
+    /// Detach every connection `gone` picks; returns how many.
+    pub fn detach_where(&self, gone: impl Fn(ConnectionId) -> bool) -> usize {
+        self.with_core(|core| {
+            let picked: Vec<ConnectionId> = core.connections.keys().copied().filter(|c| gone(*c)).collect();
+            for connection in &picked {
+                core.disconnect(*connection);
+            }
+            picked.len()
+        })
+    }
+
     /// Whether the host can be evicted from memory: no connection attached, no agent turn running, nothing
     /// waiting to be committed or in flight, and no activity for `idle_for`. Everything it holds is then in
     /// the store, and reopening it restores the same state.

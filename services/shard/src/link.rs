@@ -302,6 +302,16 @@ impl ShardLink {
         }
     }
 
+    /// Detach every connection of the gateway whose connection ids carry `gateway` as prefix from `key`.
+    pub fn detach_gateway(&self, key: &HostKey, gateway: u64) {
+        if let Some(host) = self.existing(key) {
+            let gone = host.detach_where(|connection| connection.prefix() == gateway);
+            if gone > 0 {
+                tracing::info!(host = %key, gateway, connections = gone, "a gateway's stream ended; detached its connections");
+            }
+        }
+    }
+
     /// Resolves once this process stops serving `key` (at once if it does not serve it now).
     pub async fn served_until_moved(&self, key: &HostKey) {
         if let Some(host) = self.existing(key) {
