@@ -455,12 +455,41 @@ fn relay_command(args: &[&str]) -> tokio::process::Command {
     command
 }
 
+/// Every stdout line an `ahp-relay` process writes from its start until it exits after SIGTERM, sent once
+/// it printed `marker` (so everything it prints at start-up is in).
+async fn whole_stdout(mut command: tokio::process::Command, marker: &str) -> Vec<String> {
+    use tokio::io::AsyncBufReadExt;
+    command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let mut child = command.spawn().expect("spawn");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        let mut terminated = false;
+        while let Some(line) = lines.next_line().await.expect("read") {
+            if !terminated && line.contains(marker) {
+                let pid = child.id().expect("running").to_string();
+                let status = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+                assert!(status.expect("kill").success());
+                terminated = true;
+            }
+            seen.push(line);
+        }
+        assert!(terminated, "exited before {marker:?}: {seen:?}");
+    })
+    .await
+    .expect("ran and exited in time");
+    seen
+}
+
 /// Only `serve` prints a dev token; a gateway's output (a deployment's logs) carries none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_prints_no_token() {
     let data = tempfile::tempdir().expect("tempdir");
     let dir = data.path().display().to_string();
-    let (_gateway, lines) = stdout_until(
+    let lines = whole_stdout(
         relay_command(&[
             "gateway",
             "--shard",
@@ -479,9 +508,9 @@ async fn a_gateway_prints_no_token() {
         lines.iter().all(|l| !l.contains("token") && !l.contains("eyJ")),
         "{lines:?}"
     );
-    let (_serve, lines) = stdout_until(
+    let lines = whole_stdout(
         relay_command(&["serve", "--listen", "127.0.0.1:0", "--data-dir", &dir]),
-        "try it:",
+        "listening on ws://",
     )
     .await;
     assert!(
