@@ -1126,3 +1126,20 @@ async fn a_killed_gateways_clients_are_released_and_their_tool_calls_fail() {
     let failed = failed.expect("the client tool call was completed by the host");
     assert!(!failed.result.success, "the owner is gone: the call must fail");
 }
+
+/// clientIds are bounded: one over 256 bytes is refused with -32602 and binds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overlong_client_id_is_refused() {
+    let relay = Relay::start().await;
+    let mut s = raw(&relay).await;
+    send(
+        &mut s,
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://",
+            "protocolVersions":["1.0.0"],"clientId":"x".repeat(257)}})
+        .to_string(),
+    )
+    .await;
+    assert_eq!(error_code(&answer_to(&mut s, 1).await), -32602);
+    // The connection is still uninitialized, and can initialize with a proper id.
+    initialize(&mut s, "proper").await;
+}
