@@ -8,9 +8,10 @@
 //! Redis knows where it follows from.
 //!
 //! `Attach`, `Call` and `Detach` forward to the link, which keeps each connection's protocol state. A
-//! gateway's connections live no longer than its `Events` or `Watch` stream of their host: when that ends
-//! (the gateway was killed, or unfollowed the host) they are detached, so their active-client slots and
-//! client tool calls are released after the usual grace instead of never. `Events`
+//! gateway's connections live no longer than its `Events` or `Watch` streams of their host: when the last one
+//! ends (the gateway was killed, or unfollowed the host) and none opened within [`GATEWAY_STREAM_GRACE`], they
+//! are detached, so their active-client slots and client tool calls are released after the usual grace
+//! instead of never. `Events`
 //! follows a host's bus: it attaches an internal connection (id counted down from `u64::MAX`, identity
 //! [`INTERNAL_SUBJECT`], role viewer) only to obtain the bus receiver, streams every event in order, and
 //! detaches when the stream ends. That internal connection never sends a frame, so it never initializes or
@@ -148,6 +149,75 @@ pub struct ShardService<L: HostLink + BusHistory> {
     max_json_depth: usize,
     /// Internal `Events` connections so far; their ids are `u64::MAX - n`.
     internal: AtomicU64,
+    /// The gateways' open `Events`/`Watch` streams per host.
+    gateway_streams: GatewayStreams,
+}
+
+/// How long after a gateway's last stream of a host ended its connections to the host are detached, unless
+/// it opened another one meanwhile (a client reconnecting to the same gateway re-follows the host).
+pub const GATEWAY_STREAM_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Counts each gateway's live `Events`/`Watch` streams of each host, and detaches a gateway's connections from
+/// a host once it has had none for [`GATEWAY_STREAM_GRACE`].
+#[derive(Clone, Default)]
+struct GatewayStreams {
+    open: Arc<parking_lot::Mutex<std::collections::HashMap<(HostKey, u64), usize>>>,
+}
+
+/// One live stream; dropping it ends it.
+struct GatewayStream<L: HostLink + BusHistory> {
+    streams: GatewayStreams,
+    key: (HostKey, u64),
+    link: Arc<L>,
+}
+
+impl GatewayStreams {
+    /// A stream of `host` by the gateway with connection-id prefix `gateway` (0: not a gateway's).
+    fn open<L: HostLink + BusHistory>(
+        &self,
+        link: &Arc<L>,
+        host: &HostKey,
+        gateway: u64,
+    ) -> Option<GatewayStream<L>> {
+        if gateway == 0 {
+            return None;
+        }
+        let key = (host.clone(), gateway);
+        *self.open.lock().entry(key.clone()).or_insert(0) += 1;
+        Some(GatewayStream {
+            streams: self.clone(),
+            key,
+            link: link.clone(),
+        })
+    }
+}
+
+impl<L: HostLink + BusHistory> Drop for GatewayStream<L> {
+    fn drop(&mut self) {
+        let last = {
+            let mut open = self.streams.open.lock();
+            match open.get_mut(&self.key) {
+                Some(count) if *count > 1 => {
+                    *count -= 1;
+                    false
+                }
+                _ => {
+                    open.remove(&self.key);
+                    true
+                }
+            }
+        };
+        if !last {
+            return;
+        }
+        let (streams, key, link) = (self.streams.clone(), self.key.clone(), self.link.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(GATEWAY_STREAM_GRACE).await;
+            if !streams.open.lock().contains_key(&key) {
+                link.detach_gateway(&key.0, key.1).await;
+            }
+        });
+    }
 }
 
 impl<L: HostLink + BusHistory> ShardService<L> {
@@ -156,6 +226,7 @@ impl<L: HostLink + BusHistory> ShardService<L> {
             link,
             max_json_depth: Limits::default().max_json_depth,
             internal: AtomicU64::new(0),
+            gateway_streams: GatewayStreams::default(),
         }
     }
 
@@ -306,7 +377,11 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
             .map_err(link_status)?;
         let (tx, rx) = mpsc::channel(EVENTS_BUFFER);
         let link = self.link.clone();
+        let stream = self.gateway_streams.open(&self.link, &host, gateway);
         tokio::spawn(async move {
+            // Whatever ends this task ends the gateway's stream: its connections to the host go after the
+            // grace unless it follows the host again.
+            let _stream = stream;
             loop {
                 let received = tokio::select! {
                     () = tx.closed() => break,
@@ -333,11 +408,6 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
             }
             drop(bus);
             link.detach(&host, id).await;
-            // Whatever ended the stream, the gateway receives nothing more of this host: its connections to
-            // it are gone (their clients reconnect, and resume).
-            if gateway != 0 {
-                link.detach_gateway(&host, gateway).await;
-            }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -349,16 +419,14 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
         let gateway = request.gateway;
         let host = host_from_pb(request.host)?;
         let link = self.link.clone();
+        let stream = self.gateway_streams.open(&self.link, &host, gateway);
         // Nothing is ever sent: the stream only ends, when the host moves.
         let (tx, rx) = mpsc::channel::<Result<pb::WatchEvent, Status>>(1);
         tokio::spawn(async move {
+            let _stream = stream;
             tokio::select! {
-                () = tx.closed() => {
-                    // The gateway let go of the watch (it died, or follows the host no more).
-                    if gateway != 0 {
-                        link.detach_gateway(&host, gateway).await;
-                    }
-                }
+                // The gateway let go of the watch (it died, or follows the host no more).
+                () = tx.closed() => {}
                 () = link.served_until_moved(&host) => {
                     let _ = tx.send(Err(Status::unavailable("the host moved"))).await;
                 }
