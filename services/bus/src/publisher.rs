@@ -21,9 +21,10 @@ pub struct RedisPublisher {
 }
 
 impl RedisPublisher {
-    /// Connects to the Redis server at `url` (`redis://host:port[/db]`). The connection is re-established
-    /// automatically after it is lost.
+    /// Connects to the Redis server at `url` (`redis://[:PASSWORD@]host:port[/db]`, or `rediss://…` for
+    /// TLS). The connection is re-established automatically after it is lost.
     pub async fn connect(url: &str) -> Result<Self, PublishError> {
+        crate::tls::ensure_provider();
         let client = redis::Client::open(url)?;
         let connection = client.get_connection_manager().await?;
         Ok(Self { connection })

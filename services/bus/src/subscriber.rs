@@ -122,6 +122,7 @@ impl RedisSubscriber {
         repair: Arc<dyn GapRepair>,
         options: SubscriberOptions,
     ) -> Result<Self, SubscribeError> {
+        crate::tls::ensure_provider();
         let client = redis::Client::open(url)?;
         let shared = Arc::new(Shared {
             hosts: Mutex::new(HashMap::new()),
