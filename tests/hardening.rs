@@ -293,31 +293,29 @@ async fn timed_pings(socket: &mut Socket, count: u64) -> std::time::Duration {
     started.elapsed()
 }
 
-/// The tenant's message rate is applied: beyond its burst (twice the rate), pings wait their turn.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_sending_faster_than_its_rate_is_slowed_down() {
-    let relay = Relay::start_with(&["--messages-per-second-per-tenant", "50"]).await;
+/// With `flag` set to 50 messages/s (bursts of 100), 200 pings on one connection take at least
+/// (200 - 100) / 50 = 2 s.
+async fn pings_are_slowed_by(flag: &str) {
+    let relay = Relay::start_with(&[flag, "50"]).await;
     let tenant = unique_tenant();
     let mut s = raw_as(&relay, &tenant, "fast", Role::Member).await;
-    // 200 pings at 50/s with a burst of 100: at least (200 - 100) / 50 = 2 s.
     let took = timed_pings(&mut s, 200).await;
     assert!(
         took >= std::time::Duration::from_secs(2),
-        "200 pings took {took:?}"
+        "{flag}: 200 pings took {took:?}"
     );
+}
+
+/// The tenant's message rate is applied: beyond its burst (twice the rate), pings wait their turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_sending_faster_than_its_rate_is_slowed_down() {
+    pings_are_slowed_by("--messages-per-second-per-tenant").await;
 }
 
 /// One connection cannot use up its tenant's budget: it is held to its own rate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_connection_is_held_to_its_own_rate() {
-    let relay = Relay::start_with(&["--messages-per-second-per-connection", "50"]).await;
-    let tenant = unique_tenant();
-    let mut s = raw_as(&relay, &tenant, "fast", Role::Member).await;
-    let took = timed_pings(&mut s, 200).await;
-    assert!(
-        took >= std::time::Duration::from_secs(2),
-        "200 pings took {took:?}"
-    );
+    pings_are_slowed_by("--messages-per-second-per-connection").await;
 }
 
 /// A client that stops answering pings is closed within the idle timeout plus one ping interval, and its
