@@ -550,9 +550,13 @@ async fn commit_loop(host: Weak<Host>) {
                     strong.depose(&error.to_string());
                     return;
                 }
-                Err(error) if error.is_permanent() => {
-                    // Writing this batch can never succeed (e.g. a value over the database's limits). It was
-                    // never published, so no client saw it: drop it with the in-memory state that produced
+                Err(error)
+                    if error.is_permanent()
+                        && !committed_anyway(&strong.store, &strong.key, &commit).await =>
+                {
+                    // Writing this batch can never succeed (e.g. a value over the database's limits) — and it
+                    // is not a retry of an attempt that went through after all (its log rows would break the
+                    // primary key). It was never published, so no client saw it: drop it with the in-memory state that produced
                     // it. The host is deposed — its clients are told to reconnect (1012) — and reopened from
                     // the store on the next message, without the offending action, instead of retrying
                     // forever.
