@@ -1,11 +1,11 @@
 //! The host validates client actions: invalid ones are echoed to their dispatcher alone with a
-//! `rejectionReason`, take no effect, and are never replayed.
+//! `rejectionReason`, take no effect, and are replayed to nobody but their dispatcher's clientId.
 
 mod support;
 
 use ahp_types::actions::{
-    ChatDraftChangedAction, ChatPendingMessageSetAction, ChatToolCallConfirmedAction, ChatTurnCompleteAction,
-    StateAction,
+    ActionEnvelope, ChatDraftChangedAction, ChatPendingMessageSetAction, ChatToolCallConfirmedAction,
+    ChatTurnCompleteAction, StateAction,
 };
 use ahp_types::commands::ReconnectResult;
 use ahp_types::state::PendingMessageKind;
@@ -83,7 +83,8 @@ async fn an_invalid_action_is_rejected_to_its_dispatcher_only_and_changes_nothin
     assert_eq!(json(&first_on_b), json(&accepted_on_a));
     assert!(first_on_b.server_seq > server_only.server_seq);
 
-    // Rejections are not in the replay log.
+    // A replay carries a client's own rejections (it may have dropped before reading them), in order, and
+    // nobody else's.
     let a2 = relay.connect("dev", "device-a", Role::Member).await;
     let ReconnectResult::Replay(replay) = a2
         .reconnect("device-a".into(), 0, vec![chat.clone()])
@@ -92,8 +93,26 @@ async fn an_invalid_action_is_rejected_to_its_dispatcher_only_and_changes_nothin
     else {
         panic!("expected replay");
     };
-    assert!(replay.actions.iter().all(|e| e.rejection_reason.is_none()));
+    let rejected: Vec<&ActionEnvelope> = replay
+        .actions
+        .iter()
+        .filter(|e| e.rejection_reason.is_some())
+        .collect();
+    assert!(rejected.last().is_some_and(|e| json(e) == json(&server_only)));
+    assert!(rejected
+        .iter()
+        .all(|e| e.origin.as_ref().is_some_and(|o| o.client_id == "device-a")));
+    assert_increasing(&replay.actions);
     assert_eq!(replay.actions.last().map(json), Some(json(&accepted_on_a)));
+    let b2 = relay.connect("dev", "device-b", Role::Member).await;
+    let ReconnectResult::Replay(replay) = b2
+        .reconnect("device-b".into(), 0, vec![chat.clone()])
+        .await
+        .expect("reconnect")
+    else {
+        panic!("expected replay");
+    };
+    assert!(replay.actions.iter().all(|e| e.rejection_reason.is_none()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

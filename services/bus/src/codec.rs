@@ -7,8 +7,8 @@
 //! |---|---|---|
 //! | 0 | 1 | format version ([`VERSION`]) |
 //! | 1 | 1 | kind: 0 action, 1 notification, 2 channel disposed |
-//! | 2 | 1 | audience: 0 subscribers, 1 one connection, 2 everyone |
-//! | 3 | 8 | connection id (audience 1), otherwise 0 |
+//! | 2 | 1 | audience: 0 subscribers, 1 one connection, 2 everyone, 3 subscribers and one connection |
+//! | 3 | 8 | connection id (audience 1 or 3), otherwise 0 |
 //! | 11 | 8 | seq |
 //! | 19 | 8 | prev_seq |
 //! | 27 | 4 | channel length `n` in bytes |
@@ -62,6 +62,7 @@ pub fn encode(event: &BusEvent) -> Bytes {
         Audience::Subscribers => (0, 0),
         Audience::Connection(id) => (1, id.0),
         Audience::Everyone => (2, 0),
+        Audience::SubscribersAnd(id) => (3, id.0),
     };
     out.put_u8(audience);
     out.put_u64(connection);
@@ -99,9 +100,10 @@ pub fn decode(input: &[u8]) -> Result<BusEvent, CodecError> {
         0 => Audience::Subscribers,
         1 => Audience::Connection(ConnectionId(connection)),
         2 => Audience::Everyone,
+        3 => Audience::SubscribersAnd(ConnectionId(connection)),
         a => return Err(CodecError::Audience(a)),
     };
-    if header[2] != 1 && connection != 0 {
+    if !matches!(header[2], 1 | 3) && connection != 0 {
         return Err(CodecError::StrayConnection(connection));
     }
     let seq = u64_at(11);
@@ -161,6 +163,7 @@ mod tests {
             for audience in [
                 Audience::Subscribers,
                 Audience::Connection(ConnectionId(7)),
+                Audience::SubscribersAnd(ConnectionId(8)),
                 Audience::Everyone,
             ] {
                 let event = sample(kind, audience);

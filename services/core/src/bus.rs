@@ -18,7 +18,10 @@ pub enum Audience {
     Subscribers,
     /// Only this connection (a rejected action goes back to its dispatcher alone).
     Connection(ConnectionId),
-    /// Every initialized connection of the host (`root/session*` notifications).
+    /// The channel's subscribers and this connection, which dispatched the action without being subscribed
+    /// to its channel: the dispatcher always gets its echo.
+    SubscribersAnd(ConnectionId),
+    /// Every initialized connection of the host.
     Everyone,
 }
 

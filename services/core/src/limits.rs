@@ -21,13 +21,11 @@ pub struct Limits {
     pub list_sessions_page: usize,
     /// How long a disconnected active client stays active before it is removed and its tool calls failed.
     pub active_client_grace: Duration,
-    /// Turns returned inline in a chat snapshot when `view.turns` is absent (None: all retained turns); older
-    /// ones are behind `turnsNextCursor` (`fetchTurns`).
-    pub default_snapshot_turns: Option<usize>,
     /// Turns per `fetchTurns` page.
     pub fetch_turns_page: usize,
-    /// Turns of a chat kept in memory when it is restored; older ones stay in the store's turn archive and are
-    /// paged in with `fetchTurns`.
+    /// A chat's retained turns: the newest this many, which a snapshot without `view.turns` carries (before
+    /// and after a restart alike) and a restore keeps in memory; older ones stay in the store's turn archive
+    /// and are paged in with `fetchTurns` (see `docs/protocol.md`).
     pub retained_turns: usize,
     /// Sessions one host may hold.
     pub max_sessions_per_host: usize,
@@ -74,9 +72,8 @@ impl Default for Limits {
             replay_buffer_envelopes: 10_000,
             list_sessions_page: 100,
             active_client_grace: Duration::from_secs(30),
-            default_snapshot_turns: Some(100),
             fetch_turns_page: 50,
-            retained_turns: 200,
+            retained_turns: 100,
             max_sessions_per_host: 100_000,
             max_chats_per_session: 256,
             snapshot_every_actions: 500,

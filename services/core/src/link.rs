@@ -42,6 +42,9 @@ pub struct CommandReply {
     /// The connection completed `initialize` or `reconnect`: host-wide notifications may now flow to it.
     pub session_started: bool,
     pub close: Option<CloseRequest>,
+    /// The bus event numbered this (addressed to this connection) is written before `frame`: a reply the
+    /// protocol says comes after an action (`fetchTurns` after its `chat/turnsLoaded`) names that action.
+    pub deliver_first: Option<u64>,
 }
 
 impl CommandReply {

@@ -67,6 +67,8 @@ pub const HOSTS_OPEN: &str = "ahp_relay_hosts_open";
 pub const SESSIONS_LOADED: &str = "ahp_relay_sessions_loaded";
 /// Chats held in memory (gauge, shard).
 pub const CHATS_LOADED: &str = "ahp_relay_chats_loaded";
+/// Counter: JSON-RPC notifications the host refused (never answered, as JSON-RPC 2.0 requires).
+pub const NOTIFICATIONS_REFUSED_TOTAL: &str = "ahp_relay_notifications_refused_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -195,6 +197,12 @@ fn register(side: Side) {
                 counter!(REPLAYS_TOTAL, "source" => source.label()).increment(0);
             }
             counter!(LEASE_MOVES_TOTAL).increment(0);
+            describe_counter!(
+                NOTIFICATIONS_REFUSED_TOTAL,
+                Unit::Count,
+                "Notifications refused (unknown method, bad params, not initialized): logged, never answered."
+            );
+            counter!(NOTIFICATIONS_REFUSED_TOTAL).increment(0);
             set_loaded(Loaded::default());
         }
     }
@@ -272,6 +280,11 @@ pub fn slow_consumer_closed() {
 }
 
 // ---- shard --------------------------------------------------------------------------------------------------
+
+/// A notification was refused: JSON-RPC 2.0 forbids answering it, so it is only counted (and logged).
+pub fn notification_refused() {
+    counter!(NOTIFICATIONS_REFUSED_TOTAL).increment(1);
+}
 
 /// One group commit under way: started before its first attempt, finished once the store took it.
 #[must_use = "call finish() once the batch is committed"]

@@ -17,7 +17,7 @@ use std::time::Instant;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use relay_core::bus::{BusEvent, SharedBusEvent};
+use relay_core::bus::{BusEvent, BusEventKind, SharedBusEvent};
 use relay_core::link::{CommandReply, HostLink};
 use relay_core::rpc;
 use relay_core::{telemetry, ConnectionId, HostKey, Identity, Limits};
@@ -211,6 +211,7 @@ impl<L: HostLink> Connection<L> {
             subscriptions,
             session_started,
             close,
+            deliver_first,
         } = delivery
             .during(self.link.call(&self.host, id, message).instrument(span))
             .await?;
@@ -219,6 +220,12 @@ impl<L: HostLink> Connection<L> {
         }
         if session_started {
             delivery.filter.enable_notifications();
+        }
+        if let Some(seq) = deliver_first {
+            // The reply comes after that event (e.g. `fetchTurns` after its `chat/turnsLoaded`): in the
+            // distributed shape the event may still be on its way over Redis when the gRPC reply arrives.
+            delivery.await_event(seq).await?;
+            delivery.flush_backlog()?;
         }
         if let Some(frame) = frame {
             delivery.send(frame)?;
@@ -280,6 +287,38 @@ impl Delivery {
                     }
                     self.backlog.push_back(event);
                 }
+            }
+        }
+    }
+
+    /// Read the bus into the backlog until it holds the action numbered `seq` (or a later one: everything
+    /// up to `seq` then arrived or was lost). Bounded: a lost event must not hold the reply forever.
+    async fn await_event(&mut self, seq: u64) -> Result<(), Close> {
+        const PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+        let arrived = |event: &BusEvent| event.kind == BusEventKind::Action && event.seq >= seq;
+        if self.backlog.iter().any(|event| arrived(event)) {
+            return Ok(());
+        }
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let event = match tokio::time::timeout_at(deadline, self.next_event()).await {
+                Ok(event) => event?,
+                Err(_) => {
+                    tracing::warn!(
+                        seq,
+                        "an event a reply waits for did not arrive; replying without it"
+                    );
+                    return Ok(());
+                }
+            };
+            let done = arrived(&event);
+            self.backlog_bytes += event.frame.len();
+            if self.backlog.len() >= self.backlog_limit || self.backlog_bytes > self.max_queued_bytes {
+                return Err(slow_consumer());
+            }
+            self.backlog.push_back(event);
+            if done {
+                return Ok(());
             }
         }
     }

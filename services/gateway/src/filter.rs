@@ -61,14 +61,24 @@ impl SubscriptionFilter {
                 }
                 false
             }
-            BusEventKind::Notification => self.notifications && event.audience == Audience::Everyone,
+            // A channel's notifications (`root/session*` on the root channel) go to its subscribers.
+            BusEventKind::Notification => match &event.audience {
+                Audience::Everyone => self.notifications,
+                Audience::Connection(id) => self.notifications && *id == self.connection,
+                Audience::Subscribers | Audience::SubscribersAnd(_) => {
+                    self.notifications && self.channels.contains_key(event.channel.as_ref())
+                }
+            },
             BusEventKind::Action => {
-                let addressed = match &event.audience {
-                    Audience::Subscribers => self
-                        .channels
+                let subscribed = || {
+                    self.channels
                         .get(event.channel.as_ref())
-                        .is_some_and(|&after| event.seq > after),
+                        .is_some_and(|&after| event.seq > after)
+                };
+                let addressed = match &event.audience {
+                    Audience::Subscribers => subscribed(),
                     Audience::Connection(id) => *id == self.connection,
+                    Audience::SubscribersAnd(id) => *id == self.connection || subscribed(),
                     Audience::Everyone => true,
                 };
                 if !addressed || event.seq <= self.last_delivered {
@@ -147,6 +157,28 @@ mod tests {
         note.kind = BusEventKind::Notification;
         assert!(!f.admits(&note));
         f.enable_notifications();
+        assert!(f.admits(&note));
+    }
+
+    #[test]
+    fn a_dispatcher_gets_its_echo_and_channel_notifications_go_to_subscribers() {
+        let me = ConnectionId(1);
+        let mut f = SubscriptionFilter::new(me);
+        f.enable_notifications();
+        assert!(f.admits(&action(1, "c", Audience::SubscribersAnd(me))), "my echo");
+        assert!(!f.admits(&action(2, "c", Audience::SubscribersAnd(ConnectionId(2)))));
+        f.apply(SubscriptionChange::Add {
+            channel: "c".into(),
+            after_seq: 2,
+        });
+        assert!(f.admits(&action(3, "c", Audience::SubscribersAnd(ConnectionId(2)))));
+        let mut note = action(3, "ahp-root://", Audience::Subscribers);
+        note.kind = BusEventKind::Notification;
+        assert!(!f.admits(&note), "not subscribed to root");
+        f.apply(SubscriptionChange::Add {
+            channel: "ahp-root://".into(),
+            after_seq: 3,
+        });
         assert!(f.admits(&note));
     }
 

@@ -52,13 +52,13 @@ pub struct HostArgs {
     /// How long the action log is kept: the resume window (e.g. 7d). Older rows are compacted into snapshots.
     #[arg(long, env = "AHP_RELAY_RETENTION", default_value = "7d", value_parser = crate::parse_ttl)]
     pub retention: Duration,
-    /// Turns of a chat kept in memory when it is restored; older ones are paged in from the store.
-    #[arg(long, env = "AHP_RELAY_RETAINED_TURNS", default_value_t = 200)]
+    /// A chat's retained turns: the newest this many, sent in a snapshot when `view.turns` is omitted and
+    /// kept in memory when a chat is restored; older ones are paged in from the store with fetchTurns.
+    #[arg(long, env = "AHP_RELAY_RETAINED_TURNS", default_value_t = 100)]
     pub retained_turns: usize,
-    /// Turns a chat snapshot carries when the client's `view.turns` does not say (older ones are paged in
-    /// with fetchTurns).
-    #[arg(long, env = "AHP_RELAY_SNAPSHOT_TURNS", default_value_t = 100)]
-    pub snapshot_turns: usize,
+    /// Turns per `fetchTurns` page.
+    #[arg(long, env = "AHP_RELAY_FETCH_TURNS_PAGE", default_value_t = 50)]
+    pub fetch_turns_page: usize,
     /// Largest reply built for one request, in bytes: a reconnect replay over it is answered with snapshots.
     #[arg(long, env = "AHP_RELAY_MAX_REPLY_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_reply_bytes: usize,
@@ -253,7 +253,7 @@ impl HostArgs {
             snapshot_every: self.snapshot_every,
             retention: self.retention,
             retained_turns: self.retained_turns.max(1),
-            default_snapshot_turns: Some(self.snapshot_turns.max(1)),
+            fetch_turns_page: self.fetch_turns_page.max(1),
             max_hosts_per_tenant: self.max_hosts_per_tenant.max(1),
             // Never before a disconnected client's grace ends: its expiry must still reach the host.
             idle_host_after: self

@@ -75,6 +75,7 @@ pub fn reply_to_pb(reply: CommandReply) -> pb::CallReply {
             })
             .collect(),
         session_started: reply.session_started,
+        deliver_first: reply.deliver_first,
         close: reply.close.map(|close| pb::Close {
             code: u32::from(close.code),
             reason: close.reason,
@@ -113,6 +114,7 @@ pub fn reply_from_pb(reply: pb::CallReply) -> Result<CommandReply, Malformed> {
         subscriptions,
         session_started: reply.session_started,
         close,
+        deliver_first: reply.deliver_first,
     })
 }
 
@@ -127,6 +129,7 @@ pub fn event_to_pb(event: &BusEvent) -> pb::BusEvent {
         Audience::Subscribers => PbAudience::Subscribers(pb::Subscribers {}),
         Audience::Connection(id) => PbAudience::Connection(id.0),
         Audience::Everyone => PbAudience::Everyone(pb::Everyone {}),
+        Audience::SubscribersAnd(id) => PbAudience::SubscribersAnd(id.0),
     };
     pb::BusEvent {
         kind: kind.into(),
@@ -150,6 +153,7 @@ pub fn event_from_pb(event: pb::BusEvent) -> Result<BusEvent, Malformed> {
         Some(PbAudience::Subscribers(_)) => Audience::Subscribers,
         Some(PbAudience::Connection(id)) => Audience::Connection(ConnectionId(id)),
         Some(PbAudience::Everyone(_)) => Audience::Everyone,
+        Some(PbAudience::SubscribersAnd(id)) => Audience::SubscribersAnd(ConnectionId(id)),
         None => return Err(Malformed("bus event audience is missing")),
     };
     Ok(BusEvent {
@@ -189,8 +193,10 @@ mod tests {
                 code: 4001,
                 reason: "bye".into(),
             }),
+            deliver_first: Some(42),
         };
         let back = reply_from_pb(reply_to_pb(reply)).expect("round trip");
+        assert_eq!(back.deliver_first, Some(42));
         assert_eq!(back.subscriptions.len(), 3);
         assert_eq!(
             back.subscriptions[1],
@@ -206,6 +212,7 @@ mod tests {
             Audience::Subscribers,
             Audience::Connection(ConnectionId(9)),
             Audience::Everyone,
+            Audience::SubscribersAnd(ConnectionId(7)),
         ] {
             let event = BusEvent {
                 kind: BusEventKind::Action,

@@ -4,7 +4,8 @@
 //! several `chat/delta`s, usage, a session title, a tool call that needs confirmation (when the prompt contains
 //! "tool"), a tool call that an active client of the session runs itself (when it contains "client tool" and a
 //! client offers a tool), and an input request (when the prompt contains "input"). It stops promptly on
-//! [`TurnControl::Cancelled`]. Its pace is configurable so tests can stream slowly enough to interrupt.
+//! [`TurnControl::Cancelled`], and answers a steering message ([`TurnControl::Steer`]) at the end of its reply.
+//! Its pace is configurable so tests can stream slowly enough to interrupt.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,11 +17,11 @@ use ahp_types::actions::{
 };
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
-    AgentInfo, ChatInputAnswer, ChatInputAnswerValue, ChatInputQuestion, ChatInputRequest,
+    AgentCapabilities, AgentInfo, ChatInputAnswer, ChatInputAnswerValue, ChatInputQuestion, ChatInputRequest,
     ChatInputResponseKind, ChatInputTextQuestion, ConfirmationOption, ConfirmationOptionKind,
-    MarkdownResponsePart, ReasoningResponsePart, ResponsePart, ToolCallClientContributor,
-    ToolCallConfirmationReason, ToolCallContributor, ToolCallResult, ToolInput, ToolResultContent,
-    ToolResultTextContent, UsageInfo,
+    MarkdownResponsePart, MultipleWorkingDirectoriesCapability, ReasoningResponsePart, ResponsePart,
+    ToolCallClientContributor, ToolCallConfirmationReason, ToolCallContributor, ToolCallResult, ToolInput,
+    ToolResultContent, ToolResultTextContent, UsageInfo,
 };
 use tokio::sync::mpsc;
 
@@ -67,7 +68,14 @@ impl Provider for DemoProvider {
             models: vec![],
             protected_resources: None,
             customizations: None,
-            capabilities: None,
+            // It works in any number of working directories; the first stays its primary.
+            capabilities: Some(AgentCapabilities {
+                multiple_working_directories: Some(MultipleWorkingDirectoriesCapability {
+                    immutable_primary: Some(true),
+                    primary_replacement: None,
+                }),
+                ..Default::default()
+            }),
         }
     }
 
@@ -82,6 +90,7 @@ impl Provider for DemoProvider {
                 pace,
                 started: Instant::now(),
                 output_words: 0,
+                steering: Default::default(),
             };
             if run.run().await.is_none() {
                 tracing::debug!(chat = %run.turn.chat, turn = %run.turn.turn_id, "demo turn stopped early");
@@ -129,6 +138,8 @@ struct DemoTurn {
     pace: DemoPace,
     started: Instant,
     output_words: i64,
+    /// Steering messages taken at a step and not answered yet.
+    steering: std::collections::VecDeque<String>,
 }
 
 impl DemoTurn {
@@ -177,6 +188,13 @@ impl DemoTurn {
         }
 
         self.pause().await?;
+        let mut steered = 0;
+        while let Some(text) = self.steering.pop_front() {
+            steered += 1;
+            let part = format!("steering-{steered}");
+            self.stream_markdown(&part, &[format!("Steering taken: \"{text}\".")])
+                .await?;
+        }
         self.emit(StateAction::ChatUsage(ChatUsageAction {
             turn_id: turn_id.clone(),
             usage: UsageInfo {
@@ -246,6 +264,7 @@ impl DemoTurn {
                     approved,
                 } if id == tool_call_id => break approved,
                 TurnControl::Cancelled => return None,
+                TurnControl::Steer { text } => self.steering.push_back(text),
                 _ => continue,
             }
         };
@@ -320,6 +339,7 @@ impl DemoTurn {
                     success,
                 } if id == tool_call_id => break success,
                 TurnControl::Cancelled => return None,
+                TurnControl::Steer { text } => self.steering.push_back(text),
                 _ => continue,
             }
         };
@@ -360,6 +380,7 @@ impl DemoTurn {
                     answers,
                 } if id == request_id => break (response, answers),
                 TurnControl::Cancelled => return None,
+                TurnControl::Steer { text } => self.steering.push_back(text),
                 _ => continue,
             }
         };
@@ -414,6 +435,7 @@ impl DemoTurn {
                 _ = &mut sleep => return Some(()),
                 control = self.control.recv() => match control {
                     Some(TurnControl::Cancelled) | None => return None,
+                    Some(TurnControl::Steer { text }) => self.steering.push_back(text),
                     Some(_) => continue,
                 },
             }

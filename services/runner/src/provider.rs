@@ -49,6 +49,9 @@ pub enum TurnControl {
     /// A tool call of the turn completed (by the client that ran it, or failed by the host when that client
     /// went away).
     ToolCallCompleted { tool_call_id: String, success: bool },
+    /// A steering message for the running turn: the agent takes it at its next step (the host has already
+    /// removed it from the chat's pending steering message).
+    Steer { text: String },
     /// The turn was cancelled: stop now and emit nothing more.
     Cancelled,
 }

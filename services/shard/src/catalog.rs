@@ -1,23 +1,29 @@
-//! `listSessions`: the session catalogue, read from the store, newest first.
+//! `listSessions`: the session catalogue, read from the store, most recently modified first (AHP's SHOULD).
 //!
-//! The cursor is a catalogue number: a page lists sessions numbered below it, so sessions created while a
-//! client pages never shift later pages (no duplicates, no omissions).
+//! The cursor is the last listed session's (modifiedAt, catalogue number): a page lists what sorts after it,
+//! so sessions created or modified while a client pages move ahead of the cursor and never shift later pages
+//! (no duplicates; a session modified meanwhile is announced by `root/sessionSummaryChanged`).
 
 use ahp_types::commands::{ListSessionsParams, ListSessionsResult};
 use ahp_types::state::SessionSummary;
 use relay_core::link::CommandReply;
 use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
+use relay_store::CatalogCursor;
 
 use crate::commands::{answer, reply};
 use crate::host::Host;
 
-pub fn encode_cursor(catalog_no: u64) -> String {
-    format!("s{catalog_no}")
+pub fn encode_cursor(at: &CatalogCursor) -> String {
+    format!("{}@{}", at.catalog_no, at.modified_at)
 }
 
-pub fn decode_cursor(cursor: &str) -> Option<u64> {
-    cursor.strip_prefix('s')?.parse().ok()
+pub fn decode_cursor(cursor: &str) -> Option<CatalogCursor> {
+    let (number, modified_at) = cursor.split_once('@')?;
+    Some(CatalogCursor {
+        modified_at: modified_at.to_string(),
+        catalog_no: number.parse().ok()?,
+    })
 }
 
 impl Host {
@@ -45,7 +51,7 @@ impl Host {
             Some(n) => (n as usize).min(page),
             None => page,
         };
-        let before = match params.cursor.as_deref() {
+        let after = match params.cursor.as_deref() {
             None => None,
             Some(c) => Some(decode_cursor(c).ok_or_else(|| RpcError::invalid_params("unknown cursor"))?),
         };
@@ -53,7 +59,7 @@ impl Host {
         self.wait_committed(barrier).await;
         let rows = self
             .store
-            .list_sessions(&self.key.tenant, &self.key.host, before, limit + 1)
+            .list_sessions(&self.key.tenant, &self.key.host, after.as_ref(), limit + 1)
             .await
             .map_err(|error| {
                 tracing::error!(host = %self.key, %error, "listing sessions failed");
@@ -61,15 +67,19 @@ impl Host {
             })?;
         let more = rows.len() > limit;
         let mut items = Vec::with_capacity(limit);
-        let mut last_no = None;
+        let mut last = None;
         for row in rows.into_iter().take(limit) {
-            last_no = Some(row.catalog_no);
+            last = Some(row.cursor());
             match serde_json::from_str::<SessionSummary>(&row.summary) {
                 Ok(summary) => items.push(summary),
                 Err(error) => tracing::error!(uri = %row.uri, %error, "unreadable catalogue entry"),
             }
         }
-        let next_cursor = if more { last_no.map(encode_cursor) } else { None };
+        let next_cursor = if more {
+            last.as_ref().map(encode_cursor)
+        } else {
+            None
+        };
         reply(message.id, &ListSessionsResult { next_cursor, items })
     }
 }

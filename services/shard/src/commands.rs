@@ -17,7 +17,7 @@ use ahp_types::notifications::{SessionAddedParams, SessionRemovedParams};
 use ahp_types::state::{
     ChatOrigin, ChatState, SessionConfigSchema, SessionLifecycle, SessionState, SessionStatus,
 };
-use ahp_types::{negotiate_protocol_version, ROOT_RESOURCE_URI, SUPPORTED_PROTOCOL_VERSIONS};
+use ahp_types::{negotiate_protocol_version, PROTOCOL_VERSION, ROOT_RESOURCE_URI};
 use relay_core::link::{CloseRequest, CommandReply, SubscriptionChange};
 use relay_core::rpc::{self, InboundMessage, RpcError};
 use relay_core::ConnectionId;
@@ -53,6 +53,24 @@ const KNOWN_METHODS: &[&str] = &[
     "resolveSessionConfig",
     "authenticate",
 ];
+
+/// The `InitializeResult._meta` key listing `initialSubscriptions` that name no channel of this host.
+pub const UNAVAILABLE_SUBSCRIPTIONS: &str = "ahpRelay/unavailableSubscriptions";
+
+/// The protocol version to speak, from the versions a client offers: this relay speaks AHP 1.0.0 (and so any
+/// 1.x a client offers, which SemVer makes compatible with it). 0.x versions differ on the wire and are never
+/// chosen, though the `ahp-types` crate would negotiate 0.9.0.
+fn negotiate(offered: &[String]) -> Result<Option<String>, String> {
+    let ours = PROTOCOL_VERSION.split('.').next().unwrap_or("1");
+    let same_major: Vec<String> = offered
+        .iter()
+        .filter(|version| version.split('.').next() == Some(ours))
+        .cloned()
+        .collect();
+    // Invalid offers are still reported as such.
+    negotiate_protocol_version(offered)?;
+    Ok(negotiate_protocol_version(&same_major)?.map(str::to_string))
+}
 
 pub(crate) fn reply<T: Serialize + ?Sized>(id: Option<u64>, result: &T) -> CommandResult {
     match id {
@@ -121,14 +139,11 @@ impl HostCore {
             return Err(RpcError::invalid_request("the connection is already initialized"));
         }
         let params: InitializeParams = message.parse_params()?;
-        let version = match negotiate_protocol_version(&params.protocol_versions) {
-            Ok(Some(version)) => version.to_string(),
+        let version = match negotiate(&params.protocol_versions) {
+            Ok(Some(version)) => version,
             Ok(None) => {
                 let data = UnsupportedProtocolVersionErrorData {
-                    supported_versions: SUPPORTED_PROTOCOL_VERSIONS
-                        .iter()
-                        .map(|v| v.to_string())
-                        .collect(),
+                    supported_versions: vec![PROTOCOL_VERSION.to_string()],
                 };
                 let error = RpcError::new(
                     ahp_error_codes::UNSUPPORTED_PROTOCOL_VERSION,
@@ -143,6 +158,7 @@ impl HostCore {
                         code: CLOSE_POLICY,
                         reason: "unsupported protocol version".into(),
                     }),
+                    deliver_first: None,
                 });
             }
             Err(e) => return Err(RpcError::invalid_params(e)),
@@ -161,15 +177,25 @@ impl HostCore {
         let from_seq = self.seq.current();
         let mut snapshots = Vec::new();
         let mut channels = Vec::new();
+        let mut unavailable = Vec::new();
         for channel in requested {
-            if let Some(snapshot) =
-                self.model
-                    .snapshot(&channel, from_seq, self.limits.default_snapshot_turns)
+            match self
+                .model
+                .snapshot(&channel, from_seq, self.limits.retained_turns)
             {
-                snapshots.push(snapshot);
-                channels.push(channel);
+                Some(snapshot) => {
+                    channels.push((channel, crate::model::first_turn_of(&snapshot)));
+                    snapshots.push(snapshot);
+                }
+                None => unavailable.push(channel),
             }
         }
+        // Channels that do not exist (or are not this host's) are said so, not silently left out.
+        let meta = (!unavailable.is_empty()).then(|| {
+            let mut meta = ahp_types::common::JsonObject::new();
+            meta.insert(UNAVAILABLE_SUBSCRIPTIONS.into(), serde_json::json!(unavailable));
+            meta
+        });
         let result = InitializeResult {
             protocol_version: version.clone(),
             server_seq: from_seq as i64,
@@ -178,7 +204,7 @@ impl HostCore {
                 version: Some(env!("CARGO_PKG_VERSION").into()),
                 title: Some("AHP relay".into()),
             }),
-            meta: None,
+            meta,
             snapshots,
             default_directory: None,
             completion_trigger_characters: None,
@@ -201,8 +227,9 @@ impl HostCore {
         // as it was.
         self.bind_client(connection, &params.client_id)?;
         let mut subscriptions = Vec::with_capacity(channels.len());
-        for channel in channels {
+        for (channel, first_turn) in channels {
             self.track_subscription(connection, &channel)?;
+            self.open_window(connection, &channel, first_turn);
             subscriptions.push(SubscriptionChange::Add {
                 channel,
                 after_seq: from_seq,
@@ -234,18 +261,34 @@ impl HostCore {
         Ok(())
     }
 
+    /// The connection got a snapshot of `channel` holding its turns from absolute index `first_turn` on.
+    pub(crate) fn open_window(&mut self, connection: ConnectionId, channel: &str, first_turn: usize) {
+        if self.model.kind(channel) != ChannelKind::Chat {
+            return;
+        }
+        if let Some(state) = self.connections.get_mut(&connection) {
+            state.turn_windows.insert(channel.to_string(), first_turn);
+        }
+    }
+
     fn subscribe(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
         let params: SubscribeParams = message.parse_params()?;
         let turns = match params.view.and_then(|v| v.turns) {
             Some(n) if n < 0 => return Err(RpcError::invalid_params("view.turns must not be negative")),
-            Some(n) => Some(n as usize),
-            None => self.limits.default_snapshot_turns,
+            Some(n) => n as usize,
+            // "All retained turns" (see crate::archive).
+            None => self.limits.retained_turns,
         };
         let from_seq = self.seq.current();
         let Some(snapshot) = self.model.snapshot(&params.channel, from_seq, turns) else {
             return Err(not_found(&params.channel));
         };
         self.track_subscription(connection, &params.channel)?;
+        self.open_window(
+            connection,
+            &params.channel,
+            crate::model::first_turn_of(&snapshot),
+        );
         let mut out = reply(
             message.id,
             &SubscribeResult {
@@ -264,6 +307,7 @@ impl HostCore {
         let client_id = self.client_id(connection)?;
         if let Some(state) = self.connections.get_mut(&connection) {
             state.subscriptions.remove(&params.channel);
+            state.turn_windows.remove(&params.channel);
         }
         if self.model.kind(&params.channel) == ChannelKind::Session
             && !self.client_subscribed(&client_id, &params.channel)
@@ -351,6 +395,20 @@ impl HostCore {
                 format!("provider not found: {provider}"),
             ));
         }
+        let directories = params.working_directories.as_deref().unwrap_or_default();
+        let multiple = self
+            .model
+            .root
+            .agents
+            .iter()
+            .find(|agent| agent.provider == provider)
+            .and_then(|agent| agent.capabilities.as_ref())
+            .is_some_and(|capabilities| capabilities.multiple_working_directories.is_some());
+        if directories.len() > 1 && !multiple {
+            return Err(RpcError::invalid_params(format!(
+                "the agent {provider} does not advertise multipleWorkingDirectories: name at most one working directory"
+            )));
+        }
         let client_id = self.client_id(connection)?;
         let active_clients = match params.active_client {
             Some(active) if active.client_id != client_id => {
@@ -419,8 +477,8 @@ impl HostCore {
         let chats = self.model.remove_session(&uri);
         for chat in &chats {
             self.seq.dispose(chat);
-            self.seq.forget(&crate::history::archive_key(chat));
-            self.seq.forget(&crate::history::legacy_archive_key(chat));
+            self.seq.forget(&crate::archive::key(chat));
+            self.seq.forget(&crate::archive::legacy_key(chat));
         }
         self.seq.catalog(CatalogChange::Remove { uri: uri.clone() });
         self.seq.dispose(&uri);
@@ -454,6 +512,10 @@ impl HostCore {
         if record.state.chats.len() >= self.limits.max_chats_per_session {
             return Err(RpcError::invalid_request("chat limit reached for this session"));
         }
+        if let Some(directories) = &params.working_directories {
+            crate::validate::check_in_session_directories(Some(&record.state), directories)
+                .map_err(RpcError::invalid_params)?;
+        }
         let (origin, turns) = match params.source {
             None => (None, vec![]),
             Some(ChatSource::Fork(source)) => {
@@ -466,14 +528,17 @@ impl HostCore {
                     turns,
                 )
             }
+            // A side chat takes its source's context without copying it into its own history: its origin
+            // keeps the source turn and the selection exactly as given.
             Some(ChatSource::SideChat(source)) => {
-                let turns = self.fork_turns(&session, &source.chat, &chat, &source.turn_id)?;
+                self.check_source_turn(&session, &source.chat, &chat, &source.turn_id, true)?;
                 (
-                    Some(ChatOrigin::Fork {
+                    Some(ChatOrigin::SideChat {
                         chat: source.chat,
                         turn_id: source.turn_id,
+                        selection: source.selection,
                     }),
-                    turns,
+                    vec![],
                 )
             }
             Some(ChatSource::Unknown(_)) => {
@@ -537,7 +602,8 @@ impl HostCore {
         reply(message.id, &())
     }
 
-    /// The turns of `source` up to and including `turn_id`, for a fork inside `session`.
+    /// The turns of `source` up to and including `turn_id`, for a fork inside `session` (archived turns were
+    /// loaded into the source's state before: [`crate::history`]).
     fn fork_turns(
         &self,
         session: &str,
@@ -545,6 +611,27 @@ impl HostCore {
         target: &str,
         turn_id: &str,
     ) -> Result<Vec<ahp_types::state::Turn>, RpcError> {
+        self.check_source_turn(session, source, target, turn_id, false)?;
+        let record = self.model.chats.get(source).ok_or_else(|| not_found(source))?;
+        let index = record
+            .state
+            .turns
+            .iter()
+            .position(|t| t.id == turn_id)
+            .ok_or_else(|| RpcError::invalid_params(format!("unknown turn {turn_id} in {source}")))?;
+        Ok(record.state.turns[..=index].to_vec())
+    }
+
+    /// A chat source must be another chat of the same session with the named turn (completed, or for a
+    /// side chat also the active one).
+    fn check_source_turn(
+        &self,
+        session: &str,
+        source: &str,
+        target: &str,
+        turn_id: &str,
+        active_allowed: bool,
+    ) -> Result<(), RpcError> {
         if source == target {
             return Err(RpcError::invalid_params("a chat cannot be forked onto itself"));
         }
@@ -556,12 +643,15 @@ impl HostCore {
                 "the source chat belongs to another session",
             ));
         }
-        let Some(index) = record.state.turns.iter().position(|t| t.id == turn_id) else {
-            return Err(RpcError::invalid_params(format!(
+        let completed = record.state.turns.iter().any(|t| t.id == turn_id);
+        let active = record.state.active_turn.as_ref().is_some_and(|t| t.id == turn_id);
+        if completed || (active_allowed && active) {
+            Ok(())
+        } else {
+            Err(RpcError::invalid_params(format!(
                 "unknown turn {turn_id} in {source}"
-            )));
-        };
-        Ok(record.state.turns[..=index].to_vec())
+            )))
+        }
     }
 
     fn dispose_chat(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
@@ -572,13 +662,14 @@ impl HostCore {
             return Err(not_found(&chat));
         };
         drop(record.running);
+        self.clear_input_needed(&record.session, &chat);
         self.apply_server_action(
             &record.session,
             StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }),
         );
         self.seq.dispose(&chat);
-        self.seq.forget(&crate::history::archive_key(&chat));
-        self.seq.forget(&crate::history::legacy_archive_key(&chat));
+        self.seq.forget(&crate::archive::key(&chat));
+        self.seq.forget(&crate::archive::legacy_key(&chat));
         self.note_disposing(std::iter::once(chat.clone()));
         for state in self.connections.values_mut() {
             state.subscriptions.remove(&chat);
@@ -620,9 +711,17 @@ impl HostCore {
 
 /// The error for a channel that does not exist (or that this identity may not see: the same answer).
 pub fn not_found(channel: &str) -> RpcError {
-    if channel.starts_with("ahp-session:") {
+    // -32001 names a missing session; a session's sub-resources (e.g. `<session>/annotations`) and other
+    // URIs are -32008.
+    if channel.starts_with("ahp-session:") && !is_session_subresource(channel) {
         RpcError::session_not_found(channel)
     } else {
         RpcError::not_found(channel)
     }
+}
+
+/// Whether a URI under `ahp-session:` names something of a session other than the session itself.
+fn is_session_subresource(uri: &str) -> bool {
+    const SUBRESOURCES: &[&str] = &["/annotations", "/changesets", "/terminals"];
+    SUBRESOURCES.iter().any(|suffix| uri.ends_with(suffix))
 }

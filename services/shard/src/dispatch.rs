@@ -9,13 +9,19 @@ use ahp::reducers::ReduceOutcome;
 use ahp_types::actions::PartialChatSummary;
 use ahp_types::actions::{
     ActionOrigin, ChatPendingMessageRemovedAction, ChatToolCallCompleteAction, ChatTurnStartedAction,
-    SessionActiveClientRemovedAction, SessionChatUpdatedAction, StateAction,
+    SessionActiveClientRemovedAction, SessionChatUpdatedAction, SessionInputNeededRemovedAction,
+    SessionInputNeededSetAction, StateAction,
 };
 use ahp_types::commands::DispatchActionParams;
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::notifications::{PartialSessionSummary, SessionSummaryChangedParams};
-use ahp_types::state::{Message, PendingMessageKind, ResponsePart, ToolCallContributor, ToolCallResult};
+use ahp_types::state::{
+    ChatState, Message, PendingMessageKind, ResponsePart, SessionChatInputRequest, SessionInputRequest,
+    SessionToolAuthenticationRequest, SessionToolClientExecutionRequest, SessionToolConfirmationRequest,
+    ToolCallConfirmationState, ToolCallContributor, ToolCallResult, ToolCallState,
+};
 use ahp_types::ROOT_RESOURCE_URI;
+use relay_core::bus::Audience;
 use relay_core::link::CommandReply;
 use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
@@ -49,42 +55,42 @@ impl HostCore {
             client_id: &client_id,
             role,
         };
-        if let Err(reason) =
-            validate::check_client_action(&self.model, kind, &params.channel, &params.action, &who)
-        {
-            self.seq.private(
+        let verdict = validate::check_client_action(&self.model, kind, &params.channel, &params.action, &who)
+            .and_then(|()| match self.model.reduce(&params.channel, &params.action) {
+                ReduceOutcome::Invalid(error) => Err(error.to_string()),
+                ReduceOutcome::OutOfScope => Err("action does not apply to this channel".into()),
+                ReduceOutcome::Applied | ReduceOutcome::NoOp => Ok(()),
+            });
+        if let Err(reason) = verdict {
+            // The rejection goes to its dispatcher alone, and is owed to its clientId until a reconnect.
+            if let Some(rejected) = self.seq.private(
                 connection,
                 &params.channel,
                 &params.action,
                 Some(origin),
                 Some(reason),
-            );
+            ) {
+                self.owed.owe(&client_id, rejected);
+            }
             return crate::commands::reply(message.id, &());
         }
-        match self.model.reduce(&params.channel, &params.action) {
-            ReduceOutcome::Invalid(error) => {
-                self.seq.private(
-                    connection,
-                    &params.channel,
-                    &params.action,
-                    Some(origin),
-                    Some(error.to_string()),
-                );
-                return crate::commands::reply(message.id, &());
-            }
-            ReduceOutcome::OutOfScope => {
-                self.seq.private(
-                    connection,
-                    &params.channel,
-                    &params.action,
-                    Some(origin),
-                    Some("action does not apply to this channel".into()),
-                );
-                return crate::commands::reply(message.id, &());
-            }
-            ReduceOutcome::Applied | ReduceOutcome::NoOp => {}
+        // The dispatcher always gets its echo, subscribed to the channel or not (it may answer an input
+        // request on a chat it never subscribed to).
+        let subscribed = self
+            .connections
+            .get(&connection)
+            .is_some_and(|state| state.subscriptions.contains(&params.channel));
+        let audience = if subscribed {
+            Audience::Subscribers
+        } else {
+            Audience::SubscribersAnd(connection)
+        };
+        let echo = self
+            .seq
+            .accept_for(&params.channel, &params.action, Some(origin), audience);
+        if let (false, Some(echo)) = (subscribed, echo) {
+            self.owed.owe(&client_id, echo);
         }
-        self.seq.accept(&params.channel, &params.action, Some(origin));
         self.after_action(&params.channel, kind, &params.action);
         // A notification gets nothing; the same call sent as a request (with an id) gets an empty result.
         crate::commands::reply(message.id, &())
@@ -120,7 +126,11 @@ impl HostCore {
         self.maybe_snapshot(channel);
         match kind {
             ChannelKind::Chat => {
+                self.sync_archived(channel);
                 self.chat_side_effects(channel, action);
+                if affects_input_needed(action) {
+                    self.sync_input_needed(channel);
+                }
                 self.sync_chat_summary(channel);
             }
             ChannelKind::Session => self.sync_session_summary(channel),
@@ -175,6 +185,7 @@ impl HostCore {
             StateAction::ChatPendingMessageSet(a) if a.kind == PendingMessageKind::Queued => {
                 self.drain_queue(chat)
             }
+            StateAction::ChatPendingMessageSet(_) => self.steer(chat),
             _ => {}
         }
     }
@@ -229,12 +240,54 @@ impl HostCore {
         }
     }
 
-    /// Start the next queued message when the chat is idle (digest §6).
+    /// Hand the chat's steering message to its running turn: the agent takes it at its next step, and it
+    /// stops being pending. An idle chat starts a turn with it; a turn no agent runs (e.g. one restored
+    /// after a restart) leaves it for the end of the turn.
+    fn steer(&mut self, chat: &str) {
+        let Some(record) = self.model.chats.get(chat) else {
+            return;
+        };
+        let Some(steering) = record.state.steering_message.clone() else {
+            return;
+        };
+        if record.state.active_turn.is_none() {
+            self.drain_queue(chat);
+            return;
+        }
+        let taken = record.running.as_ref().is_some_and(|turn| {
+            turn.send(TurnControl::Steer {
+                text: steering.message.text.clone(),
+            })
+        });
+        if taken {
+            self.apply_server_action(
+                chat,
+                StateAction::ChatPendingMessageRemoved(ChatPendingMessageRemovedAction {
+                    kind: PendingMessageKind::Steering,
+                    id: steering.id,
+                }),
+            );
+        }
+    }
+
+    /// Start the next pending message when the chat is idle (digest §6): a steering message no turn took
+    /// first, then the queue in order.
     fn drain_queue(&mut self, chat: &str) {
         let Some(record) = self.model.chats.get(chat) else {
             return;
         };
-        if record.state.active_turn.is_some() || record.state.steering_message.is_some() {
+        if record.state.active_turn.is_some() {
+            return;
+        }
+        if let Some(steering) = record.state.steering_message.clone() {
+            self.apply_server_action(
+                chat,
+                StateAction::ChatPendingMessageRemoved(ChatPendingMessageRemovedAction {
+                    kind: PendingMessageKind::Steering,
+                    id: steering.id,
+                }),
+            );
+            self.start_server_turn(chat, steering.message, None);
             return;
         }
         let Some(next) = record
@@ -254,6 +307,83 @@ impl HostCore {
             }),
         );
         self.start_server_turn(chat, next.message, Some(next.id));
+    }
+
+    /// Keep `archived` in step with the chat state's cursor (turns loaded back, or the chat truncated); once
+    /// the state holds every turn, the archive row goes.
+    fn sync_archived(&mut self, chat: &str) {
+        let Some(record) = self.model.chats.get_mut(chat) else {
+            return;
+        };
+        let first = crate::archive::first_held(&record.state);
+        if first == record.archived {
+            return;
+        }
+        record.archived = first;
+        if first == 0 {
+            self.seq.forget(&crate::archive::key(chat));
+            self.seq.forget(&crate::archive::legacy_key(chat));
+            self.store_snapshot(chat);
+        }
+    }
+
+    /// A chat is gone: what it needed from the session's clients is no longer outstanding.
+    pub(crate) fn clear_input_needed(&mut self, session: &str, chat: &str) {
+        let ids: Vec<String> = self
+            .model
+            .sessions
+            .get(session)
+            .iter()
+            .flat_map(|s| s.state.input_needed.iter().flatten())
+            .filter(|request| input_chat(request) == Some(chat))
+            .filter_map(|request| input_id(request).map(str::to_string))
+            .collect();
+        for id in ids {
+            self.apply_server_action(
+                session,
+                StateAction::SessionInputNeededRemoved(SessionInputNeededRemovedAction { id }),
+            );
+        }
+    }
+
+    /// Mirror the chat's outstanding input (open input requests, tool calls awaiting confirmation or
+    /// authentication, client tools running) into its session's `inputNeeded` with
+    /// `session/inputNeededSet` / `session/inputNeededRemoved`, so a client of the session alone sees it.
+    pub(crate) fn sync_input_needed(&mut self, chat: &str) {
+        let (session, wanted) = match self.model.chats.get(chat) {
+            Some(record) => (record.session.clone(), input_requests_of(chat, &record.state)),
+            None => return,
+        };
+        let Some(listed) = self.model.sessions.get(&session) else {
+            return;
+        };
+        let current: Vec<SessionInputRequest> = listed
+            .state
+            .input_needed
+            .iter()
+            .flatten()
+            .filter(|request| input_chat(request) == Some(chat))
+            .cloned()
+            .collect();
+        for gone in current
+            .iter()
+            .filter(|r| !wanted.iter().any(|w| input_id(w) == input_id(r)))
+        {
+            if let Some(id) = input_id(gone) {
+                self.apply_server_action(
+                    &session,
+                    StateAction::SessionInputNeededRemoved(SessionInputNeededRemovedAction {
+                        id: id.to_string(),
+                    }),
+                );
+            }
+        }
+        for request in wanted.into_iter().filter(|w| !current.contains(w)) {
+            self.apply_server_action(
+                &session,
+                StateAction::SessionInputNeededSet(Box::new(SessionInputNeededSetAction { request })),
+            );
+        }
     }
 
     /// Start a turn on the host's initiative (a queued message, or `createChat.initialMessage`).
@@ -412,11 +542,12 @@ impl HostCore {
         summary: &ahp_types::state::SessionSummary,
     ) {
         match serde_json::to_string(summary) {
-            Ok(summary) => self.seq.catalog(CatalogChange::Upsert {
+            Ok(json) => self.seq.catalog(CatalogChange::Upsert {
                 uri: uri.to_string(),
                 catalog_no,
                 created_at: created_at.to_string(),
-                summary,
+                modified_at: summary.modified_at.clone(),
+                summary: json,
             }),
             Err(error) => tracing::error!(%uri, %error, "could not serialize a session summary"),
         }
@@ -521,5 +652,108 @@ impl HostCore {
         }
         // Its owner is in the store: memory keeps only bindings in use (or within their grace).
         self.clients.remove(client_id);
+        self.owed.forget(client_id);
     }
+}
+
+/// Whether an action can change a chat's outstanding input.
+fn affects_input_needed(action: &StateAction) -> bool {
+    use StateAction::*;
+    matches!(
+        action,
+        ChatInputRequested(_)
+            | ChatInputCompleted(_)
+            | ChatInputAnswerChanged(_)
+            | ChatToolCallStart(_)
+            | ChatToolCallReady(_)
+            | ChatToolCallConfirmed(_)
+            | ChatToolCallComplete(_)
+            | ChatToolCallResultConfirmed(_)
+            | ChatToolCallAuthRequired(_)
+            | ChatToolCallAuthResolved(_)
+            | ChatTurnComplete(_)
+            | ChatTurnCancelled(_)
+            | ChatError(_)
+            | ChatTruncated(_)
+    )
+}
+
+/// The session-level mirror of a chat's outstanding input, keyed `<chat>#<kind>/<id>`.
+fn input_requests_of(chat: &str, state: &ChatState) -> Vec<SessionInputRequest> {
+    let Some(turn) = state.active_turn.as_ref() else {
+        return Vec::new();
+    };
+    let key = |kind: &str, id: &str| format!("{chat}#{kind}/{id}");
+    turn.response_parts
+        .iter()
+        .filter_map(|part| match part {
+            ResponsePart::InputRequest(input) if input.response.is_none() => {
+                Some(SessionInputRequest::ChatInput(SessionChatInputRequest {
+                    id: key("input", &input.request.id),
+                    chat: chat.to_string(),
+                    request: input.request.clone(),
+                }))
+            }
+            ResponsePart::ToolCall(tc) => match &tc.tool_call {
+                ToolCallState::PendingConfirmation(s) => Some(SessionInputRequest::ToolConfirmation(
+                    SessionToolConfirmationRequest {
+                        id: key("tool", &s.tool_call_id),
+                        chat: chat.to_string(),
+                        turn_id: turn.id.clone(),
+                        tool_call: ToolCallConfirmationState::PendingConfirmation(s.clone()),
+                    },
+                )),
+                ToolCallState::PendingResultConfirmation(s) => Some(SessionInputRequest::ToolConfirmation(
+                    SessionToolConfirmationRequest {
+                        id: key("tool", &s.tool_call_id),
+                        chat: chat.to_string(),
+                        turn_id: turn.id.clone(),
+                        tool_call: ToolCallConfirmationState::PendingResultConfirmation(s.clone()),
+                    },
+                )),
+                ToolCallState::Running(s) => match &s.contributor {
+                    Some(ToolCallContributor::Client(client)) => Some(
+                        SessionInputRequest::ToolClientExecution(SessionToolClientExecutionRequest {
+                            id: key("tool", &s.tool_call_id),
+                            chat: chat.to_string(),
+                            turn_id: turn.id.clone(),
+                            client_id: client.client_id.clone(),
+                            tool_call: s.clone(),
+                        }),
+                    ),
+                    _ => None,
+                },
+                ToolCallState::AuthRequired(s) => Some(SessionInputRequest::ToolAuthentication(Box::new(
+                    SessionToolAuthenticationRequest {
+                        id: key("tool", &s.tool_call_id),
+                        chat: chat.to_string(),
+                        turn_id: turn.id.clone(),
+                        tool_call: (**s).clone(),
+                    },
+                ))),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+fn input_id(request: &SessionInputRequest) -> Option<&str> {
+    Some(match request {
+        SessionInputRequest::ChatInput(r) => &r.id,
+        SessionInputRequest::ToolConfirmation(r) => &r.id,
+        SessionInputRequest::ToolClientExecution(r) => &r.id,
+        SessionInputRequest::ToolAuthentication(r) => &r.id,
+        SessionInputRequest::Unknown(_) => return None,
+    })
+}
+
+fn input_chat(request: &SessionInputRequest) -> Option<&str> {
+    Some(match request {
+        SessionInputRequest::ChatInput(r) => &r.chat,
+        SessionInputRequest::ToolConfirmation(r) => &r.chat,
+        SessionInputRequest::ToolClientExecution(r) => &r.chat,
+        SessionInputRequest::ToolAuthentication(r) => &r.chat,
+        SessionInputRequest::Unknown(_) => return None,
+    })
 }

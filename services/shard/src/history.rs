@@ -1,39 +1,29 @@
-//! Chat history: the newest turns in memory, older ones in the store's turn archive, paged with `fetchTurns`.
+//! `fetchTurns`, and loading archived turns back into a chat's state before an operation names one of them.
 //!
-//! When a chat is restored with more than `retained_turns` turns, the older ones move to an archive row beside
-//! the chat's snapshot and the chat's `turnsNextCursor` points at them, so a long chat's snapshot stays small.
-//! Cursors are absolute turn indexes (`turns:<end>` = the turns before `end`); a page is sent to the asking
-//! connection alone as `chat/turnsLoaded`, dispatched before the `fetchTurns` response (digest §6).
+//! A page goes to the asking connection alone as `chat/turnsLoaded` (each connection has its own window into a
+//! chat's history: its snapshot's `view.turns` and the pages it fetched), numbered and written to the client
+//! before the `fetchTurns` response (the reply names it in `deliver_first`). Without a cursor the page is the
+//! one before the oldest turn the connection holds. Where the archived turns live and how they page is
+//! [`crate::archive`]'s.
 
 use ahp_types::actions::{ChatTurnsLoadedAction, StateAction};
-use ahp_types::commands::FetchTurnsParams;
+use ahp_types::commands::{ChatSource, CreateChatParams, DispatchActionParams, FetchTurnsParams};
 use ahp_types::state::Turn;
 use relay_core::link::CommandReply;
 use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
 
+use crate::archive::{self, Page};
 use crate::commands::{answer, not_found, reply};
 use crate::error::ShardError;
-use crate::host::Host;
-use crate::model::{parse_turns_cursor, turns_cursor};
+use crate::host::{Host, HostCore};
 
-/// The store key of a chat's turn archive. Archives have a key space of their own: the `relay-archive:`
-/// prefix is no channel scheme, and clients may only create `ahp-session:` and `ahp-chat:` URIs, so no
-/// channel can ever share (and, disposed, delete) an archive's row.
-pub fn archive_key(chat: &str) -> String {
-    format!("relay-archive:{chat}")
-}
-
-/// Where releases before the archive had its own key space kept it (read if the new key has none, and
-/// deleted with the chat).
-pub fn legacy_archive_key(chat: &str) -> String {
-    format!("{chat}#archived-turns")
-}
-
-/// Where the requested page lives.
-enum PageSource {
-    Memory(Vec<Turn>, usize),
-    Archive { end: usize },
+/// An operation that names a turn which may be archived.
+enum NamedTurn {
+    /// `chat/truncated{turnId}`: the turns from it on must be in state.
+    Truncate { chat: String, turn_id: String },
+    /// A fork: every turn up to it must be in state.
+    Fork { chat: String, turn_id: String },
 }
 
 impl Host {
@@ -54,66 +44,173 @@ impl Host {
         let chat = params.channel;
         // The archive may have been written by the restore that loaded this chat: make sure it is stored.
         self.flush().await;
-        let (source, page_size) = {
+        let (page, memory) = {
             let core = self.core.lock();
             core.client_id(connection)?;
             let record = core.model.chats.get(&chat).ok_or_else(|| not_found(&chat))?;
             let total = record.archived + record.state.turns.len();
             let end = match params.cursor.as_deref() {
-                None => total,
-                Some(cursor) => match parse_turns_cursor(cursor) {
+                // "Load the next older page": before the oldest turn this connection holds.
+                None => core.window_start(connection, &chat),
+                Some(cursor) => match archive::parse_cursor(cursor) {
                     Some(end) if end <= total => end,
                     _ => return Err(RpcError::invalid_params("unknown turns cursor")),
                 },
             };
-            let page = core.limits.fetch_turns_page.max(1);
-            let source = if end > record.archived {
-                let start = end.saturating_sub(page).max(record.archived);
-                let turns = record.state.turns[start - record.archived..end - record.archived].to_vec();
-                PageSource::Memory(turns, start)
-            } else {
-                PageSource::Archive { end }
-            };
-            (source, page)
+            let page = Page::before(end, core.limits.fetch_turns_page, record.archived);
+            let memory = (!page.in_archive(record.archived)).then(|| {
+                record.state.turns[page.start - record.archived..page.end - record.archived].to_vec()
+            });
+            (page, memory)
         };
-        let (turns, start) = match source {
-            PageSource::Memory(turns, start) => (turns, start),
-            PageSource::Archive { end } => {
-                let archive = self.read_archive(&chat).await.map_err(|error| {
+        let turns = match memory {
+            Some(turns) => turns,
+            None => {
+                let stored = self.read_archive(&chat).await.map_err(|error| {
                     tracing::error!(%chat, %error, "reading the turn archive failed");
                     RpcError::internal("the store is unavailable; retry")
                 })?;
-                let end = end.min(archive.len());
-                let start = end.saturating_sub(page_size);
-                (archive[start..end].to_vec(), start)
+                stored[page.start.min(stored.len())..page.end.min(stored.len())].to_vec()
             }
         };
         let action = StateAction::ChatTurnsLoaded(ChatTurnsLoadedAction {
             turns,
-            turns_next_cursor: (start > 0).then(|| turns_cursor(start)),
+            turns_next_cursor: page.next_cursor(),
         });
-        let barrier = self.with_core(|core| {
+        let (loaded, barrier) = self.with_core(|core| {
+            core.narrow_window(connection, &chat, page.start);
             // A page is part of this connection's view only: it goes to it alone and is not logged.
-            core.seq.private(connection, &chat, &action, None, None);
-            core.seq.barrier()
+            let loaded = core.seq.private(connection, &chat, &action, None, None);
+            (loaded, core.seq.barrier())
         });
         self.wait_committed(barrier).await;
-        reply(message.id, &serde_json::json!({}))
+        let mut out = reply(message.id, &serde_json::json!({}))?;
+        out.deliver_first = loaded.map(|loaded| loaded.seq);
+        Ok(out)
     }
 
     /// The archived turns of a chat (empty when it has none).
     pub(crate) async fn read_archive(&self, chat: &str) -> Result<Vec<Turn>, ShardError> {
-        let (tenant, host) = (&self.key.tenant, &self.key.host);
-        let mut record = self.store.load_channel(tenant, host, &archive_key(chat)).await?;
-        if record.is_none() {
-            record = self
-                .store
-                .load_channel(tenant, host, &legacy_archive_key(chat))
-                .await?;
+        archive::read(&self.store, &self.key, chat).await
+    }
+
+    /// Before an operation that names an archived turn (a truncation or a fork) is applied, load the turns it
+    /// needs back into the chat's state, for every subscriber (`chat/turnsLoaded`, logged like any action),
+    /// so host and clients reduce it against the same turns.
+    pub(crate) async fn load_named_turns(&self, message: &InboundMessage) -> Result<(), ShardError> {
+        let Some(named) = named_turn(message) else {
+            return Ok(());
+        };
+        let chat = match &named {
+            NamedTurn::Truncate { chat, .. } | NamedTurn::Fork { chat, .. } => chat.clone(),
+        };
+        let needs_archive = {
+            let core = self.core.lock();
+            core.model.chats.get(&chat).is_some_and(|record| {
+                record.archived > 0
+                    && match &named {
+                        // A fork copies every turn up to the one it names, archived ones too.
+                        NamedTurn::Fork { .. } => true,
+                        NamedTurn::Truncate { turn_id, .. } => {
+                            !record.state.turns.iter().any(|turn| &turn.id == turn_id)
+                        }
+                    }
+            })
+        };
+        if !needs_archive {
+            return Ok(());
         }
-        match record {
-            Some(record) => serde_json::from_str(&record.state).map_err(ShardError::corrupt),
-            None => Ok(Vec::new()),
+        let stored = self.read_archive(&chat).await?;
+        self.with_core(|core| core.load_archived(&chat, &named, &stored));
+        Ok(())
+    }
+}
+
+impl HostCore {
+    /// The absolute index of the oldest turn of `chat` the connection holds: what its snapshot and pages
+    /// brought, or (when it has no snapshot of the chat) where a snapshot without `view.turns` starts.
+    pub(crate) fn window_start(&self, connection: ConnectionId, chat: &str) -> usize {
+        if let Some(start) = self
+            .connections
+            .get(&connection)
+            .and_then(|state| state.turn_windows.get(chat))
+        {
+            return *start;
         }
+        self.model
+            .snapshot(chat, 0, self.limits.retained_turns)
+            .map_or(0, |snapshot| crate::model::first_turn_of(&snapshot))
+    }
+
+    /// The connection now holds the turns of `chat` from absolute index `start` on.
+    pub(crate) fn narrow_window(&mut self, connection: ConnectionId, chat: &str, start: usize) {
+        if let Some(state) = self.connections.get_mut(&connection) {
+            let window = state.turn_windows.entry(chat.to_string()).or_insert(start);
+            *window = (*window).min(start);
+        }
+    }
+
+    /// Load the archived turns `named` needs into the chat's state (see [`Host::load_named_turns`]).
+    fn load_archived(&mut self, chat: &str, named: &NamedTurn, stored: &[Turn]) {
+        let Some(record) = self.model.chats.get(chat) else {
+            return;
+        };
+        let archived = record.archived;
+        let (start, turns) = match named {
+            NamedTurn::Truncate { turn_id, .. } => match archive::from_turn(stored, archived, turn_id) {
+                Some(found) => found,
+                None => return,
+            },
+            NamedTurn::Fork { turn_id, .. } => {
+                let held = record.state.turns.iter().any(|turn| &turn.id == turn_id);
+                if !held && archive::from_turn(stored, archived, turn_id).is_none() {
+                    return; // refused by createChat: no such turn
+                }
+                (0, archive::all_held(stored, archived))
+            }
+        };
+        self.apply_server_action(
+            chat,
+            StateAction::ChatTurnsLoaded(ChatTurnsLoadedAction {
+                turns,
+                turns_next_cursor: archive::cursor_before(start),
+            }),
+        );
+        let subscribers: Vec<ConnectionId> = self
+            .connections
+            .iter()
+            .filter(|(_, state)| state.subscriptions.contains(chat))
+            .map(|(id, _)| *id)
+            .collect();
+        for connection in subscribers {
+            self.narrow_window(connection, chat, start);
+        }
+    }
+}
+
+/// The archived turn a message may name: `chat/truncated{turnId}`, or a `createChat` fork.
+fn named_turn(message: &InboundMessage) -> Option<NamedTurn> {
+    match message.method.as_str() {
+        "dispatchAction" => {
+            let params: DispatchActionParams = message.parse_params().ok()?;
+            match params.action {
+                StateAction::ChatTruncated(truncated) => Some(NamedTurn::Truncate {
+                    chat: params.channel,
+                    turn_id: truncated.turn_id?,
+                }),
+                _ => None,
+            }
+        }
+        "createChat" => {
+            let params: CreateChatParams = message.parse_params().ok()?;
+            match params.source? {
+                ChatSource::Fork(fork) => Some(NamedTurn::Fork {
+                    chat: fork.chat,
+                    turn_id: fork.turn_id,
+                }),
+                _ => None,
+            }
+        }
+        _ => None,
     }
 }

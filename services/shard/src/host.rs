@@ -49,6 +49,8 @@ pub struct ConnectionState {
     pub client_id: Option<String>,
     pub protocol_version: Option<String>,
     pub subscriptions: HashSet<String>,
+    /// Per chat, the absolute index of the oldest turn the connection holds (its snapshot and fetched pages).
+    pub turn_windows: HashMap<String, usize>,
 }
 
 /// A client id, the user it belongs to, and how many live connections use it.
@@ -78,6 +80,8 @@ pub struct HostCore {
     /// Channels disposed in memory whose disposal may not be committed yet, with the batch that commits it:
     /// until then the store still holds them, and loading them from it would bring them back.
     pub disposing: HashMap<String, CommitBarrier>,
+    /// Rejections and unsubscribed echoes each client is owed on `reconnect`.
+    pub owed: crate::owed::OwedEnvelopes,
 }
 
 /// One AHP host.
@@ -137,6 +141,7 @@ impl Host {
                 sink: Arc::new(HostSink { host: me.clone() }),
                 pending_grace: Vec::new(),
                 disposing: HashMap::new(),
+                owed: Default::default(),
                 last_activity: std::time::Instant::now(),
             }),
             publisher: Mutex::new(Publisher::new(record.last_seq, limits.bus_capacity)),
@@ -188,6 +193,7 @@ impl Host {
                     client_id: None,
                     protocol_version: None,
                     subscriptions: HashSet::new(),
+                    turn_windows: HashMap::new(),
                 },
             );
         });
@@ -202,9 +208,18 @@ impl Host {
         if self.is_deposed() {
             return CommandReply::moved(id);
         }
-        let reply = self.serve_call(connection, message).await;
+        let method = message.method.clone();
+        let mut reply = self.serve_call(connection, message).await;
         if self.is_deposed() {
             return CommandReply::moved(id);
+        }
+        if id.is_none() {
+            // JSON-RPC 2.0: a notification is never answered, not even with an error (a refused
+            // `dispatchAction` is answered by its rejected echo instead). It is logged and counted.
+            if let Some(frame) = reply.frame.take() {
+                tracing::debug!(host = %self.key, %method, error = %String::from_utf8_lossy(&frame), "notification refused");
+                relay_core::telemetry::notification_refused();
+            }
         }
         reply
     }
@@ -240,6 +255,16 @@ impl Host {
                 message.id,
                 &RpcError::internal("the store is unavailable; retry"),
             ));
+        }
+        if self.core.lock().client_id(connection).is_ok() {
+            // An operation on an archived turn reduces against state that holds it (AHP: eager loading).
+            if let Err(error) = self.load_named_turns(&message).await {
+                tracing::error!(host = %self.key, %error, "could not load archived turns from the store");
+                return CommandReply::frame(rpc::error_frame(
+                    message.id,
+                    &RpcError::internal("the store is unavailable; retry"),
+                ));
+            }
         }
         match message.method.as_str() {
             "listSessions" => return self.list_sessions(connection, &message).await,
@@ -652,12 +677,7 @@ impl HostCore {
         let id = message.id;
         match self.route(connection, &message) {
             Ok(reply) => reply,
-            Err(error) => {
-                if id.is_none() {
-                    tracing::debug!(method = %message.method, %error, "notification refused");
-                }
-                CommandReply::frame(rpc::error_frame(id, &error))
-            }
+            Err(error) => CommandReply::frame(rpc::error_frame(id, &error)),
         }
     }
 

@@ -5,6 +5,7 @@
 //! it to its bus, keeps the newest envelopes for exact replay, restores sessions lazily from the store, and
 //! runs the host side effects (provider turns, queued messages, active clients). [`ShardLink`] is the in-process implementation of the gateway↔shard interface.
 
+pub mod archive;
 pub mod catalog;
 pub mod commands;
 pub mod dispatch;
@@ -14,6 +15,7 @@ pub mod history;
 pub mod host;
 pub mod link;
 pub mod model;
+pub mod owed;
 pub mod ownership;
 pub mod replay;
 pub mod restore;

@@ -9,8 +9,8 @@ use std::time::Instant;
 use ahp::reducers::{apply_action_to_chat, apply_action_to_root, apply_action_to_session, ReduceOutcome};
 use ahp_types::actions::StateAction;
 use ahp_types::state::{
-    ChatState, ChatSummary, RootState, SessionChatSummary, SessionState, SessionSummary, Snapshot,
-    SnapshotState,
+    ChatState, ChatSummary, RootState, SessionChatSummary, SessionState, SessionStatus, SessionSummary,
+    Snapshot, SnapshotState,
 };
 use ahp_types::ROOT_RESOURCE_URI;
 use relay_runner::TurnHandle;
@@ -243,8 +243,9 @@ impl HostModel {
             .map(|json| (Some(chat.session.clone()), json))
     }
 
-    /// A snapshot of `channel` at `from_seq`; for chats, `turns` limits the inline history to the newest turns.
-    pub fn snapshot(&self, channel: &str, from_seq: u64, turns: Option<usize>) -> Option<Snapshot> {
+    /// A snapshot of `channel` at `from_seq`; for chats, only the newest `turns` turns inline (with a cursor
+    /// to the older ones).
+    pub fn snapshot(&self, channel: &str, from_seq: u64, turns: usize) -> Option<Snapshot> {
         let state = match self.kind(channel) {
             ChannelKind::Root => SnapshotState::Root(Box::new(self.root.clone())),
             ChannelKind::Session => {
@@ -266,34 +267,32 @@ impl HostModel {
 
 /// A chat state with only its newest `turns` turns inline, and a cursor to fetch the older ones. `archived` is
 /// the absolute index of the first turn held in memory.
-pub fn limit_turns(chat: &ChatState, turns: Option<usize>, archived: usize) -> ChatState {
+pub fn limit_turns(chat: &ChatState, turns: usize, archived: usize) -> ChatState {
     let mut limited = chat.clone();
-    if let Some(keep) = turns {
-        if chat.turns.len() > keep {
-            let cut = chat.turns.len() - keep;
-            limited.turns = chat.turns[cut..].to_vec();
-            limited.turns_next_cursor = Some(turns_cursor(archived + cut));
-        }
+    if chat.turns.len() > turns {
+        let cut = chat.turns.len() - turns;
+        limited.turns = chat.turns[cut..].to_vec();
+        limited.turns_next_cursor = crate::archive::cursor_before(archived + cut);
     }
     limited
 }
 
-/// The `turnsNextCursor` meaning "the turns before absolute index `end`".
-pub fn turns_cursor(end: usize) -> String {
-    format!("turns:{end}")
-}
-
-pub fn parse_turns_cursor(cursor: &str) -> Option<usize> {
-    cursor.strip_prefix("turns:")?.parse().ok()
+/// The absolute index of the first turn a chat snapshot carries (0 for other snapshots).
+pub fn first_turn_of(snapshot: &Snapshot) -> usize {
+    match &snapshot.state {
+        SnapshotState::Chat(chat) => crate::archive::first_held(chat),
+        _ => 0,
+    }
 }
 
 /// The `SessionSummary` projection of a session.
 pub fn summary_of(uri: &str, state: &SessionState, created_at: &str) -> SessionSummary {
+    let (status, lead_activity) = aggregate_status(state);
     SessionSummary {
         provider: state.provider.clone(),
         title: state.title.clone(),
-        status: state.status,
-        activity: state.activity.clone(),
+        status,
+        activity: lead_activity.or_else(|| state.activity.clone()),
         origin: state.origin.clone(),
         project: state.project.clone(),
         working_directories: state.working_directories.clone(),
@@ -312,6 +311,49 @@ pub fn summary_of(uri: &str, state: &SessionState, created_at: &str) -> SessionS
         chats: Some(state.chats.iter().map(session_chat_summary).collect()),
         default_chat: state.default_chat.clone(),
     }
+}
+
+/// The activity bits of a status (`Idle`, `Error`, `InProgress`, `InputNeeded`: bits 0–4).
+const ACTIVITY_BITS: u32 = 0b1_1111;
+
+/// A session summary's status and activity, aggregated over its chats as AHP's `SessionSummary` says: the
+/// activity bits of the default chat (else the most recently modified one), `InputNeeded` promoted when any
+/// chat (or the session's own input queue) needs input, `Error` promoted when any chat is in error; the flag
+/// bits (`IsRead`, `IsArchived`) stay the session's own.
+pub fn aggregate_status(state: &SessionState) -> (u32, Option<String>) {
+    let flags = state.status & !ACTIVITY_BITS;
+    let lead = state
+        .default_chat
+        .as_ref()
+        .and_then(|default| state.chats.iter().find(|c| &c.resource == default))
+        .or_else(|| {
+            state
+                .chats
+                .iter()
+                .max_by(|a, b| a.modified_at.cmp(&b.modified_at))
+        });
+    let mut activity = lead.map_or(state.status & ACTIVITY_BITS, |chat| chat.status & ACTIVITY_BITS);
+    let mut activity_text = lead.and_then(|chat| chat.activity.clone());
+    let input = SessionStatus::InputNeeded.bits();
+    let error = SessionStatus::Error.bits();
+    let idle = SessionStatus::Idle.bits();
+    let needing = state.chats.iter().find(|c| c.status & input == input);
+    if needing.is_some() || state.status & input == input {
+        if activity & input != input {
+            activity_text = needing.and_then(|chat| chat.activity.clone()).or(activity_text);
+        }
+        activity = (activity & !idle) | input;
+    }
+    if let Some(failed) = state.chats.iter().find(|c| c.status & error != 0) {
+        if activity & error == 0 {
+            activity_text = failed.activity.clone().or(activity_text);
+        }
+        activity = (activity & !idle) | error;
+    }
+    if activity == 0 {
+        activity = idle;
+    }
+    (flags | activity, activity_text)
 }
 
 fn session_chat_summary(chat: &ChatSummary) -> SessionChatSummary {

@@ -8,14 +8,12 @@ use std::collections::BTreeSet;
 
 use ahp::reducers::{apply_action_to_chat, apply_action_to_root, apply_action_to_session};
 use ahp_types::actions::{ActionEnvelope, ChatErrorAction, StateAction};
-use ahp_types::state::{ChatState, ErrorInfo, ErrorResponsePart, RootState, Turn};
+use ahp_types::state::{ErrorInfo, ErrorResponsePart, RootState, Turn};
 use ahp_types::ROOT_RESOURCE_URI;
 use relay_core::rpc::InboundMessage;
 use relay_store::ChannelRecord;
 
 use crate::error::ShardError;
-use crate::history::archive_key;
-use crate::model::turns_cursor;
 use serde::Deserialize;
 
 use crate::host::{Host, HostCore};
@@ -192,7 +190,13 @@ impl HostCore {
             if let Some(turn) = &state.active_turn {
                 interrupted.push((uri.clone(), turn.id.clone(), turn.started_at.clone()));
             }
-            let (archived, moved) = self.archive_old_turns(&uri, &mut state, archive);
+            let retained = crate::archive::retain_newest(&mut state, archive, self.limits.retained_turns);
+            if let Some(rewrite) = &retained.rewrite {
+                match serde_json::to_string(rewrite) {
+                    Ok(json) => self.seq.snapshot(&crate::archive::key(&uri), None, json),
+                    Err(error) => tracing::error!(chat = %uri, %error, "could not serialize a turn archive"),
+                }
+            }
             self.model.chats.insert(
                 uri.clone(),
                 ChatRecord {
@@ -200,10 +204,10 @@ impl HostCore {
                     state,
                     running: None,
                     clock: SnapshotClock::fresh(),
-                    archived,
+                    archived: retained.archived,
                 },
             );
-            if moved {
+            if retained.rewrite.is_some() {
                 // The stored chat must stop carrying the turns that moved to the archive (same batch).
                 self.store_snapshot(&uri);
             }
@@ -238,34 +242,6 @@ impl HostCore {
                 }),
             );
         }
-    }
-}
-
-impl HostCore {
-    /// Keep the newest `retained_turns` turns of a restored chat in memory and move older ones to its archive;
-    /// returns how many turns are archived in all, and whether any moved now.
-    fn archive_old_turns(
-        &mut self,
-        chat: &str,
-        state: &mut ChatState,
-        archive: Option<Vec<Turn>>,
-    ) -> (usize, bool) {
-        // Without a readable archive nothing moves into it: writing it anew would lose what it holds.
-        let Some(mut archive) = archive else {
-            return (0, false);
-        };
-        let retained = self.limits.retained_turns.max(1);
-        if state.turns.len() <= retained {
-            return (archive.len(), false);
-        }
-        let cut = state.turns.len() - retained;
-        archive.extend(state.turns.drain(..cut));
-        state.turns_next_cursor = Some(turns_cursor(archive.len()));
-        match serde_json::to_string(&archive) {
-            Ok(json) => self.seq.snapshot(&archive_key(chat), None, json),
-            Err(error) => tracing::error!(%chat, %error, "could not serialize a turn archive"),
-        }
-        (archive.len(), true)
     }
 }
 

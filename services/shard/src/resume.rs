@@ -19,7 +19,9 @@ use serde_json::value::RawValue;
 use crate::commands::{reply, CommandResult};
 use crate::host::{Host, HostCore};
 use crate::model::ChannelKind;
+use crate::replay::StoredEnvelope;
 use crate::sequencer::CommitBarrier;
+use std::sync::Arc;
 
 /// The wire shape of `ReconnectResult::Replay`, with envelopes spliced in as the JSON already serialized.
 #[derive(Serialize)]
@@ -39,6 +41,8 @@ enum Resume {
 
 struct StorePlan {
     id: Option<u64>,
+    /// What the client is owed outside the replayed channels ([`crate::owed`]).
+    owed: Vec<Arc<StoredEnvelope>>,
     last_seen: u64,
     current: u64,
     barrier: CommitBarrier,
@@ -74,7 +78,8 @@ impl Host {
         });
         let result = match &replayed {
             Some(envelopes) => {
-                let actions = envelopes.iter().map(|e| e.as_ref()).collect();
+                let logged = envelopes.iter().map(|(seq, e)| (*seq, e.as_ref())).collect();
+                let actions = with_owed(logged, &plan.owed);
                 reply(
                     plan.id,
                     &RawReplay {
@@ -88,7 +93,7 @@ impl Host {
             // Outside the retention window: fresh snapshots at a fresh sequence number.
             None => self.with_core(|core| {
                 let current = core.seq.current();
-                core.snapshot_reply(plan.id, &plan.live, current)
+                core.snapshot_reply(connection, plan.id, &plan.live, current)
                     .map(|r| (r, current, core.seq.barrier()))
             }),
         };
@@ -106,7 +111,7 @@ impl Host {
     /// Every logged envelope on the plan's channels in `(last_seen, current]`, in bounded pages, or `None`
     /// when part of that range was compacted away or the envelopes would exceed the reply budget (snapshots
     /// answer then).
-    async fn read_log(&self, plan: &StorePlan) -> Result<Option<Vec<Box<RawValue>>>, ShardError> {
+    async fn read_log(&self, plan: &StorePlan) -> Result<Option<Vec<(u64, Box<RawValue>)>>, ShardError> {
         let (tenant, host) = (&self.key.tenant, &self.key.host);
         let (page, budget) = {
             let core = self.core.lock();
@@ -133,7 +138,10 @@ impl Host {
                 if bytes > budget {
                     return Ok(None);
                 }
-                out.push(RawValue::from_string(row.envelope).map_err(ShardError::corrupt)?);
+                out.push((
+                    row.seq,
+                    RawValue::from_string(row.envelope).map_err(ShardError::corrupt)?,
+                ));
             }
             if !full {
                 break;
@@ -145,6 +153,16 @@ impl Host {
         }
         Ok(Some(out))
     }
+}
+
+/// Replayed envelopes and owed ones, in `serverSeq` order, each once (an owed echo on a channel the client
+/// subscribes to again is in both).
+fn with_owed<'a>(replayed: Vec<(u64, &'a RawValue)>, owed: &'a [Arc<StoredEnvelope>]) -> Vec<&'a RawValue> {
+    let mut all: Vec<(u64, &RawValue)> = replayed;
+    all.extend(owed.iter().map(|e| (e.seq, e.envelope.as_ref())));
+    all.sort_by_key(|(seq, _)| *seq);
+    all.dedup_by_key(|(seq, _)| *seq);
+    all.into_iter().map(|(_, envelope)| envelope).collect()
 }
 
 /// Point every added subscription at `from_seq`.
@@ -222,13 +240,14 @@ impl HostCore {
         };
         if last_seen > current {
             // A sequence number this host never issued: the client's state cannot be trusted.
-            let reply = self.snapshot_reply(message.id, &live, current)?;
+            let reply = self.snapshot_reply(connection, message.id, &live, current)?;
             telemetry::replayed(ReplaySource::Snapshot);
             return ready(reply);
         }
         if !self.seq.replay().covers(last_seen) {
             return Ok(Resume::FromStore(StorePlan {
                 id: message.id,
+                owed: self.owed.after(&params.client_id, last_seen, current),
                 last_seen,
                 current,
                 barrier: self.seq.barrier(),
@@ -239,16 +258,24 @@ impl HostCore {
         }
         let wanted: std::collections::HashSet<&str> = live.iter().map(String::as_str).collect();
         let mut bytes = 0usize;
-        let mut actions = Vec::new();
-        for envelope in self.seq.replay().after(last_seen, |c| wanted.contains(c)) {
-            bytes += envelope.envelope.get().len();
+        let owed = self.owed.after(&params.client_id, last_seen, current);
+        let replayed: Vec<(u64, &RawValue)> = self
+            .seq
+            .replay()
+            .after(last_seen, |c| wanted.contains(c))
+            .map(|e| (e.seq, e.envelope.as_ref()))
+            .collect();
+        let merged = with_owed(replayed, &owed);
+        let mut actions = Vec::with_capacity(merged.len());
+        for envelope in merged {
+            bytes += envelope.get().len();
             if bytes > self.limits.max_reply_bytes {
                 // Replaying would make a reply over budget: fresh snapshots say the same in less.
-                let reply = self.snapshot_reply(message.id, &live, current)?;
+                let reply = self.snapshot_reply(connection, message.id, &live, current)?;
                 telemetry::replayed(ReplaySource::Snapshot);
                 return ready(reply);
             }
-            actions.push(envelope.envelope.as_ref());
+            actions.push(envelope);
         }
         let out = reply(
             message.id,
@@ -263,15 +290,25 @@ impl HostCore {
     }
 
     /// Fresh snapshots of `live` at `from_seq` (channels gone meanwhile are left out: clients treat them as
-    /// missing); refused when even they exceed the reply budget.
-    fn snapshot_reply(&self, id: Option<u64>, live: &[String], from_seq: u64) -> CommandResult {
-        let snapshots = live
+    /// missing), each chat with its retained turns; refused when even they exceed the reply budget.
+    fn snapshot_reply(
+        &mut self,
+        connection: ConnectionId,
+        id: Option<u64>,
+        live: &[String],
+        from_seq: u64,
+    ) -> CommandResult {
+        let snapshots: Vec<_> = live
             .iter()
-            .filter_map(|c| {
-                self.model
-                    .snapshot(c, from_seq, self.limits.default_snapshot_turns)
-            })
+            .filter_map(|c| self.model.snapshot(c, from_seq, self.limits.retained_turns))
             .collect();
+        for snapshot in &snapshots {
+            self.open_window(
+                connection,
+                &snapshot.resource,
+                crate::model::first_turn_of(snapshot),
+            );
+        }
         let out = reply(
             id,
             &ReconnectResult::Snapshot(ReconnectSnapshotResult { snapshots }),

@@ -146,28 +146,41 @@ impl Sequencer {
 
     /// Sequence an accepted action: logged, kept for replay, and published to the channel's subscribers.
     pub fn accept(&mut self, channel: &str, action: &StateAction, origin: Option<ActionOrigin>) -> u64 {
+        self.accept_for(channel, action, origin, Audience::Subscribers)
+            .map_or(self.seq, |stored| stored.seq)
+    }
+
+    /// Sequence an accepted action for `audience` (its channel's subscribers, and maybe its dispatcher);
+    /// returns the stored envelope (`None` only if it could not be serialized).
+    pub fn accept_for(
+        &mut self,
+        channel: &str,
+        action: &StateAction,
+        origin: Option<ActionOrigin>,
+        audience: Audience,
+    ) -> Option<Arc<StoredEnvelope>> {
         let seq = self.next();
-        let Some((envelope, frame)) = encode(channel, action, seq, origin, None) else {
-            return seq;
-        };
+        let (envelope, frame) = encode(channel, action, seq, origin, None)?;
         self.pending.log.push(LogEntry {
             seq,
             channel: channel.to_string(),
             envelope: envelope.get().to_string(),
             at_ms: now_ms(),
         });
-        self.replay.push(Arc::new(StoredEnvelope {
+        let stored = Arc::new(StoredEnvelope {
             seq,
             channel: channel.into(),
             envelope,
             frame: frame.clone(),
-        }));
-        self.publish(BusEventKind::Action, channel, seq, Audience::Subscribers, frame);
-        seq
+        });
+        self.replay.push(stored.clone());
+        self.publish(BusEventKind::Action, channel, seq, audience, frame);
+        Some(stored)
     }
 
     /// Sequence an envelope for one connection only (a rejection, or a `chat/turnsLoaded` page). It is not
-    /// logged, so no replay ever contains it, but its number is committed so it is never reused.
+    /// logged, so no replay ever contains it, but its number is committed so it is never reused. Returns it
+    /// (`None` only if it could not be serialized).
     pub fn private(
         &mut self,
         connection: ConnectionId,
@@ -175,21 +188,26 @@ impl Sequencer {
         action: &StateAction,
         origin: Option<ActionOrigin>,
         rejection_reason: Option<String>,
-    ) -> u64 {
+    ) -> Option<Arc<StoredEnvelope>> {
         let seq = self.next();
-        if let Some((_, frame)) = encode(channel, action, seq, origin, rejection_reason) {
-            self.publish(
-                BusEventKind::Action,
-                channel,
-                seq,
-                Audience::Connection(connection),
-                frame,
-            );
-        }
-        seq
+        let (envelope, frame) = encode(channel, action, seq, origin, rejection_reason)?;
+        self.publish(
+            BusEventKind::Action,
+            channel,
+            seq,
+            Audience::Connection(connection),
+            frame.clone(),
+        );
+        Some(Arc::new(StoredEnvelope {
+            seq,
+            channel: channel.into(),
+            envelope,
+            frame,
+        }))
     }
 
-    /// An unsequenced protocol notification to every connection of the host.
+    /// An unsequenced protocol notification to the subscribers of `channel` (`root/session*` go to the root
+    /// channel's subscribers).
     pub fn notify<P: Serialize>(&mut self, channel: &str, method: &str, params: &P) {
         match rpc::notification_frame(method, params) {
             Ok(frame) => {
@@ -198,7 +216,7 @@ impl Sequencer {
                     BusEventKind::Notification,
                     channel,
                     seq,
-                    Audience::Everyone,
+                    Audience::Subscribers,
                     frame,
                 )
             }

@@ -6,8 +6,8 @@
 
 use ahp_types::actions::StateAction;
 use ahp_types::state::{
-    ChatInputQuestion, ChatInputResponseKind, ChatState, PendingMessageKind, ResponsePart,
-    ToolCallContributor, ToolCallState, TurnState,
+    ChatInputQuestion, ChatInputResponseKind, ChatState, MessageKind, MultipleWorkingDirectoriesCapability,
+    PendingMessageKind, ResponsePart, ToolCallContributor, ToolCallState, TurnState,
 };
 use relay_core::Role;
 
@@ -187,17 +187,109 @@ pub fn check_client_action(
             "the action is {size} bytes; at most {MAX_CLIENT_ACTION_BYTES} are accepted"
         ));
     }
+    check_message_kind(action)?;
     match kind {
         ChannelKind::Root => check_root(action, who),
         ChannelKind::Session => match model.sessions.get(channel) {
-            Some(session) => check_session(&session.state, action, who),
+            Some(session) => {
+                check_working_directories(model, &session.state, action)?;
+                check_session(&session.state, action, who)
+            }
             None => Err("unknown session".into()),
         },
         ChannelKind::Chat => match model.chats.get(channel) {
-            Some(chat) => check_chat(&chat.state, action, who),
+            Some(chat) => {
+                if let StateAction::ChatWorkingDirectorySet(a) = action {
+                    let session = model.sessions.get(&chat.session).map(|s| &s.state);
+                    check_in_session_directories(session, std::slice::from_ref(&a.directory))?;
+                }
+                check_chat(&chat.state, action, who)
+            }
             None => Err("unknown chat".into()),
         },
         ChannelKind::Unknown => Err("unknown channel".into()),
+    }
+}
+
+/// Clients send only messages of kind `user` (turns, pending messages, drafts).
+fn check_message_kind(action: &StateAction) -> Result<(), String> {
+    let message = match action {
+        StateAction::ChatTurnStarted(a) => Some(&a.message),
+        StateAction::ChatPendingMessageSet(a) => Some(&a.message),
+        StateAction::ChatDraftChanged(a) => a.draft.as_ref(),
+        _ => None,
+    };
+    match message.map(|m| &m.origin.kind) {
+        None | Some(MessageKind::User) => Ok(()),
+        Some(kind) => Err(format!(
+            "clients may only send user messages, not {}",
+            serde_json::to_string(kind).unwrap_or_default()
+        )),
+    }
+}
+
+/// The working-directory capability of the agent of a session (`None`: it has one working directory).
+pub fn working_directories_capability<'a>(
+    model: &'a HostModel,
+    session: &ahp_types::state::SessionState,
+) -> Option<&'a MultipleWorkingDirectoriesCapability> {
+    model
+        .root
+        .agents
+        .iter()
+        .find(|agent| agent.provider == session.provider)
+        .and_then(|agent| agent.capabilities.as_ref())
+        .and_then(|capabilities| capabilities.multiple_working_directories.as_ref())
+}
+
+/// A session's working-directory set may change only when its agent advertises
+/// `multipleWorkingDirectories`, and an immutable primary (the first) is never removed or replaced.
+fn check_working_directories(
+    model: &HostModel,
+    session: &ahp_types::state::SessionState,
+    action: &StateAction,
+) -> Result<(), String> {
+    let touched = match action {
+        StateAction::SessionWorkingDirectorySet(a) => Some(&a.directory),
+        StateAction::SessionWorkingDirectoryRemoved(a) => Some(&a.directory),
+        StateAction::SessionWorkingDirectoryReplaced(a) => Some(&a.directory),
+        _ => None,
+    };
+    let Some(directory) = touched else {
+        return Ok(());
+    };
+    let Some(capability) = working_directories_capability(model, session) else {
+        return Err(format!(
+            "the agent {} does not advertise multipleWorkingDirectories: the session's working directories cannot change",
+            session.provider
+        ));
+    };
+    let primary = session.working_directories.as_ref().and_then(|dirs| dirs.first());
+    let changes_primary = !matches!(action, StateAction::SessionWorkingDirectorySet(_));
+    if capability.immutable_primary == Some(true)
+        && capability.primary_replacement != Some(true)
+        && changes_primary
+        && primary == Some(directory)
+    {
+        return Err(format!(
+            "{directory} is the session's immutable primary working directory"
+        ));
+    }
+    Ok(())
+}
+
+/// Directories a chat names must be working directories of its session.
+pub fn check_in_session_directories(
+    session: Option<&ahp_types::state::SessionState>,
+    directories: &[String],
+) -> Result<(), String> {
+    let listed = session.and_then(|s| s.working_directories.as_ref());
+    match directories
+        .iter()
+        .find(|d| !listed.is_some_and(|listed| listed.contains(d)))
+    {
+        Some(outside) => Err(format!("{outside} is not a working directory of the session")),
+        None => Ok(()),
     }
 }
 
@@ -232,6 +324,20 @@ fn check_session(
             }
             _ => Ok(()),
         },
+        StateAction::SessionConfigChanged(a) => {
+            let schema = session.config.as_ref().map(|config| &config.schema.properties);
+            let mutable = |key: &str| {
+                schema
+                    .and_then(|properties| properties.get(key))
+                    .is_some_and(|property| property.session_mutable == Some(true))
+            };
+            match a.config.keys().find(|key| !mutable(key)) {
+                Some(key) => Err(format!(
+                    "config property {key} is not sessionMutable: it cannot change after the session is created"
+                )),
+                None => Ok(()),
+            }
+        }
         StateAction::SessionActiveClientSet(a) if a.active_client.client_id != who.client_id => {
             Err("a client may only set itself as active client".into())
         }
@@ -422,4 +528,73 @@ fn required_question(question: &ChatInputQuestion) -> Option<(&str, bool)> {
         ChatInputQuestion::MultiSelect(q) => (&q.id, q.required.unwrap_or(false)),
         ChatInputQuestion::Unknown(_) => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ahp_types::actions::SessionWorkingDirectorySetAction;
+    use ahp_types::state::{AgentCapabilities, AgentInfo, RootState, SessionLifecycle, SessionState};
+
+    fn model_with_agent(capabilities: Option<AgentCapabilities>) -> HostModel {
+        let agent = AgentInfo {
+            provider: "solo".into(),
+            display_name: "Solo".into(),
+            description: String::new(),
+            models: vec![],
+            protected_resources: None,
+            customizations: None,
+            capabilities,
+        };
+        let root = RootState {
+            agents: vec![agent],
+            active_sessions: None,
+            terminals: None,
+            config: None,
+            meta: None,
+        };
+        let mut model = HostModel::new(root, 1);
+        let session: SessionState = serde_json::from_value(serde_json::json!({
+            "provider": "solo", "title": "", "status": 1, "lifecycle": "ready",
+            "workingDirectories": ["file:///a"], "activeClients": [], "chats": []
+        }))
+        .expect("session state");
+        assert_eq!(session.lifecycle, SessionLifecycle::Ready);
+        model.insert_new_session(
+            "ahp-session:/s".into(),
+            session,
+            "2026-01-01T00:00:00.000Z".into(),
+        );
+        model
+    }
+
+    fn add_directory() -> StateAction {
+        StateAction::SessionWorkingDirectorySet(SessionWorkingDirectorySetAction {
+            directory: "file:///b".into(),
+        })
+    }
+
+    #[test]
+    fn working_directories_change_only_for_agents_that_advertise_it() {
+        let who = Dispatcher {
+            client_id: "c",
+            role: Role::Member,
+        };
+        let check = |model: &HostModel| {
+            check_client_action(
+                model,
+                ChannelKind::Session,
+                "ahp-session:/s",
+                &add_directory(),
+                &who,
+            )
+        };
+        let single = model_with_agent(None);
+        assert!(check(&single).is_err_and(|reason| reason.contains("multipleWorkingDirectories")));
+        let multiple = model_with_agent(Some(AgentCapabilities {
+            multiple_working_directories: Some(MultipleWorkingDirectoriesCapability::default()),
+            ..Default::default()
+        }));
+        assert_eq!(check(&multiple), Ok(()));
+    }
 }

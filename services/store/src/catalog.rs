@@ -1,13 +1,15 @@
-//! The `catalog` table: the sessions a host lists in `listSessions`, numbered in creation order — applying a
-//! batch's changes and reading newest-first pages. A page's cursor is a catalogue number, and numbers only
-//! grow and are never reused, so sessions created between two pages never shift or repeat what follows.
+//! The `catalog` table: the sessions a host lists in `listSessions`, most recently modified first (ties: newest
+//! catalogue number first) — applying a batch's changes and reading pages. A page's cursor is the last entry's
+//! (modified_at, catalog_no): sessions created or modified between two pages move ahead of the cursor, so
+//! nothing after it shifts or repeats (a session modified while a client pages is announced to it by
+//! `root/sessionSummaryChanged` instead).
 
 use std::collections::HashMap;
 
 use sqlx::{AnyConnection, AnyPool, Row};
 
 use crate::sql::{from_db, limit_to_db, to_db, Statement, VALUES_PER_LIST, WIDE_ROWS_PER_INSERT};
-use crate::{CatalogChange, CatalogEntry, StoreError};
+use crate::{CatalogChange, CatalogCursor, CatalogEntry, StoreError};
 
 /// The catalogue number following every number `changes` uses (1 if they use none).
 pub(crate) fn next_number_after(changes: &[CatalogChange]) -> u64 {
@@ -37,8 +39,15 @@ pub(crate) async fn apply(
                 uri,
                 catalog_no,
                 created_at,
+                modified_at,
                 summary,
-            } => upserts.push((uri.as_str(), *catalog_no, created_at.as_str(), summary.as_str())),
+            } => upserts.push((
+                uri.as_str(),
+                *catalog_no,
+                created_at.as_str(),
+                modified_at.as_str(),
+                summary.as_str(),
+            )),
             CatalogChange::Remove { uri } => removes.push(uri.as_str()),
         }
     }
@@ -53,20 +62,22 @@ pub(crate) async fn apply(
     }
     for chunk in upserts.chunks(WIDE_ROWS_PER_INSERT) {
         let mut upsert = Statement::scoped(
-            "INSERT INTO catalog (tenant, host, uri, catalog_no, created_at, summary) VALUES ",
+            "INSERT INTO catalog (tenant, host, uri, catalog_no, created_at, modified_at, summary) VALUES ",
             tenant,
             host,
         )?;
-        for (i, (uri, catalog_no, created_at, summary)) in chunk.iter().enumerate() {
+        for (i, (uri, catalog_no, created_at, modified_at, summary)) in chunk.iter().enumerate() {
             upsert.push(if i == 0 { "($1, $2, " } else { ", ($1, $2, " });
             upsert.bind(*uri)?.push(", ");
             upsert.bind(to_db(*catalog_no, "catalog_no")?)?.push(", ");
             upsert.bind(*created_at)?.push(", ");
+            upsert.bind(*modified_at)?.push(", ");
             upsert.bind(*summary)?.push(")");
         }
         upsert.push(
             " ON CONFLICT (tenant, host, uri) DO UPDATE SET \
-             catalog_no = excluded.catalog_no, created_at = excluded.created_at, summary = excluded.summary",
+             catalog_no = excluded.catalog_no, created_at = excluded.created_at, \
+             modified_at = excluded.modified_at, summary = excluded.summary",
         );
         upsert.execute(conn).await?;
     }
@@ -92,29 +103,36 @@ fn last_change_per_uri(changes: &[CatalogChange]) -> Vec<&CatalogChange> {
     last
 }
 
-/// Up to `limit` sessions with catalog_no < `before` (all if `None`), newest first.
+/// Up to `limit` sessions after `after` (from the first if `None`), most recently modified first.
 pub(crate) async fn page(
     pool: &AnyPool,
     tenant: &str,
     host: &str,
-    before: Option<u64>,
+    after: Option<&CatalogCursor>,
     limit: usize,
 ) -> Result<Vec<CatalogEntry>, StoreError> {
     if limit == 0 {
         return Ok(Vec::new());
     }
     let mut select = Statement::scoped(
-        "SELECT uri, catalog_no, created_at, summary FROM catalog WHERE tenant = $1 AND host = $2",
+        "SELECT uri, catalog_no, created_at, modified_at, summary FROM catalog WHERE tenant = $1 AND host = $2",
         tenant,
         host,
     )?;
-    if let Some(before) = before {
-        // A cursor past the largest number the store holds means "from the newest".
-        let before = i64::try_from(before).unwrap_or(i64::MAX);
-        select.push(" AND catalog_no < ").bind(before)?;
+    if let Some(after) = after {
+        // A number past the largest the store holds compares as the largest.
+        let number = i64::try_from(after.catalog_no).unwrap_or(i64::MAX);
+        select
+            .push(" AND (modified_at < ")
+            .bind(after.modified_at.clone())?
+            .push(" OR (modified_at = ")
+            .bind(after.modified_at.clone())?
+            .push(" AND catalog_no < ")
+            .bind(number)?
+            .push("))");
     }
     select
-        .push(" ORDER BY catalog_no DESC LIMIT ")
+        .push(" ORDER BY modified_at DESC, catalog_no DESC LIMIT ")
         .bind(limit_to_db(limit))?;
     let rows = select.fetch_all(pool).await?;
     rows.iter()
@@ -123,6 +141,7 @@ pub(crate) async fn page(
                 uri: row.try_get("uri")?,
                 catalog_no: from_db(row.try_get("catalog_no")?, "catalog_no")?,
                 created_at: row.try_get("created_at")?,
+                modified_at: row.try_get("modified_at")?,
                 summary: row.try_get("summary")?,
             })
         })
@@ -138,6 +157,7 @@ mod tests {
             uri: uri.into(),
             catalog_no,
             created_at: "2025-01-01T00:00:00Z".into(),
+            modified_at: "2025-01-01T00:00:00Z".into(),
             summary: "{}".into(),
         }
     }

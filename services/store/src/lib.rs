@@ -36,8 +36,8 @@ use sqlx::AnyPool;
 
 pub use error::StoreError;
 pub use records::{
-    CatalogChange, CatalogEntry, ChannelRecord, ClientBinding, CommitBatch, HostRecord, Lease, LogEntry,
-    SnapshotEntry,
+    CatalogChange, CatalogCursor, CatalogEntry, ChannelRecord, ClientBinding, CommitBatch, HostRecord, Lease,
+    LogEntry, SnapshotEntry,
 };
 
 /// Which database a [`Store`] is on.
@@ -227,16 +227,16 @@ impl Store {
         log::range(&self.pool, tenant, host, after_seq, through_seq, limit).await
     }
 
-    /// A newest-first page of the catalogue: at most `limit` sessions with catalog_no < `before` (`None`:
-    /// from the newest). The next page's cursor is the last entry's `catalog_no`.
+    /// A page of the catalogue, most recently modified first: at most `limit` sessions after `after` (`None`:
+    /// from the first). The next page's cursor is the last entry's [`CatalogEntry::cursor`].
     pub async fn list_sessions(
         &self,
         tenant: &str,
         host: &str,
-        before: Option<u64>,
+        after: Option<&CatalogCursor>,
         limit: usize,
     ) -> Result<Vec<CatalogEntry>, StoreError> {
-        catalog::page(&self.pool, tenant, host, before, limit).await
+        catalog::page(&self.pool, tenant, host, after, limit).await
     }
 
     /// Retention, over every host: deletes log rows older than `older_than_ms` (unix ms) whose seq is at most

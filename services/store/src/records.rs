@@ -94,6 +94,9 @@ pub enum CatalogChange {
         catalog_no: u64,
         /// When it was created, as the shard formats it.
         created_at: String,
+        /// When it was last modified, formatted like `created_at` (text order is time order): `listSessions`
+        /// lists the most recently modified first.
+        modified_at: String,
         /// The session summary, raw JSON text.
         summary: String,
     },
@@ -120,10 +123,29 @@ pub struct ChannelRecord {
 pub struct CatalogEntry {
     /// The session URI.
     pub uri: String,
-    /// Its catalogue number (the listSessions cursor).
+    /// Its catalogue number (breaks ties between equal `modified_at`).
     pub catalog_no: u64,
     /// When it was created.
     pub created_at: String,
+    /// When it was last modified (the list's order).
+    pub modified_at: String,
     /// The session summary, raw JSON text.
     pub summary: String,
+}
+
+impl CatalogEntry {
+    /// The cursor of the page after this entry.
+    pub fn cursor(&self) -> CatalogCursor {
+        CatalogCursor {
+            modified_at: self.modified_at.clone(),
+            catalog_no: self.catalog_no,
+        }
+    }
+}
+
+/// A place in the catalogue's most-recently-modified-first order: a page lists the entries after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogCursor {
+    pub modified_at: String,
+    pub catalog_no: u64,
 }

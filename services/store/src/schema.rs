@@ -46,6 +46,11 @@ const POSTGRES: &[EmbeddedMigration] = &[
         description: "client bindings",
         sql: include_str!("../../../migrations/postgres/0004_client_bindings.sql"),
     },
+    EmbeddedMigration {
+        version: 5,
+        description: "catalog modified",
+        sql: include_str!("../../../migrations/postgres/0005_catalog_modified.sql"),
+    },
 ];
 
 const SQLITE: &[EmbeddedMigration] = &[
@@ -68,6 +73,11 @@ const SQLITE: &[EmbeddedMigration] = &[
         version: 4,
         description: "client bindings",
         sql: include_str!("../../../migrations/sqlite/0004_client_bindings.sql"),
+    },
+    EmbeddedMigration {
+        version: 5,
+        description: "catalog modified",
+        sql: include_str!("../../../migrations/sqlite/0005_catalog_modified.sql"),
     },
 ];
 

@@ -10,8 +10,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use relay_store::{
-    Backend, CatalogChange, CatalogEntry, CommitBatch, HostRecord, Lease, LogEntry, SnapshotEntry, Store,
-    StoreError,
+    Backend, CatalogChange, CatalogCursor, CatalogEntry, CommitBatch, HostRecord, Lease, LogEntry,
+    SnapshotEntry, Store, StoreError,
 };
 use sqlx::{Connection, Executor};
 
@@ -181,6 +181,7 @@ fn upsert(uri: &str, catalog_no: u64) -> CatalogChange {
         uri: uri.into(),
         catalog_no,
         created_at: format!("2025-01-01T00:00:{catalog_no:02}Z"),
+        modified_at: format!("2025-01-01T00:00:{catalog_no:02}Z"),
         summary: format!(r#"{{"resource":"{uri}","title":"session {catalog_no}"}}"#),
     }
 }
@@ -451,6 +452,7 @@ async fn list_sessions_pages_newest_first_without_duplicates_under_concurrent_cr
             uri: "ahp-session:/5".into(),
             catalog_no: 5,
             created_at: "2025-01-01T00:00:05Z".into(),
+            modified_at: "2025-01-01T00:00:05Z".into(),
             summary: r#"{"resource":"ahp-session:/5","title":"session 5"}"#.into(),
         }
     );
@@ -472,26 +474,61 @@ async fn list_sessions_pages_newest_first_without_duplicates_under_concurrent_cr
         .unwrap();
 
     let page2 = store
-        .list_sessions(T, H, Some(page1[1].catalog_no), 2)
+        .list_sessions(T, H, Some(&page1[1].cursor()), 2)
         .await
         .unwrap();
     assert_eq!(uris(&page2), ["ahp-session:/3", "ahp-session:/2"]);
     let page3 = store
-        .list_sessions(T, H, Some(page2[1].catalog_no), 2)
+        .list_sessions(T, H, Some(&page2[1].cursor()), 2)
         .await
         .unwrap();
     assert_eq!(uris(&page3), ["ahp-session:/1"]);
-    assert!(store.list_sessions(T, H, Some(1), 2).await.unwrap().is_empty());
+    assert!(store
+        .list_sessions(T, H, Some(&page3[0].cursor()), 2)
+        .await
+        .unwrap()
+        .is_empty());
 
     // Starting over shows the new sessions first.
     let all = store.list_sessions(T, H, None, 100).await.unwrap();
     let numbers: Vec<u64> = all.iter().map(|entry| entry.catalog_no).collect();
     assert_eq!(numbers, [7, 6, 5, 4, 3, 2, 1]);
     assert!(store.list_sessions(T, H, None, 0).await.unwrap().is_empty());
+    let past_everything = CatalogCursor {
+        modified_at: "9999".into(),
+        catalog_no: u64::MAX,
+    };
     assert_eq!(
-        store.list_sessions(T, H, Some(u64::MAX), 1).await.unwrap()[0].catalog_no,
+        store
+            .list_sessions(T, H, Some(&past_everything), 1)
+            .await
+            .unwrap()[0]
+            .catalog_no,
         7
     );
+
+    // A session modified later lists first, whatever its number.
+    let touched = vec![CatalogChange::Upsert {
+        uri: "ahp-session:/2".into(),
+        catalog_no: 2,
+        created_at: "2025-01-01T00:00:02Z".into(),
+        modified_at: "2025-01-01T00:01:00Z".into(),
+        summary: "{}".into(),
+    }];
+    store
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                catalog: touched,
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    let all = store.list_sessions(T, H, None, 100).await.unwrap();
+    let numbers: Vec<u64> = all.iter().map(|entry| entry.catalog_no).collect();
+    assert_eq!(numbers, [2, 7, 6, 5, 4, 3, 1]);
 }
 
 async fn removed_sessions_leave_the_list_and_their_numbers_are_not_reused(db: &TestDb) {
@@ -546,6 +583,7 @@ async fn removed_sessions_leave_the_list_and_their_numbers_are_not_reused(db: &T
             uri: "ahp-session:/1".into(),
             catalog_no: 1,
             created_at: "2025-01-01T00:00:01Z".into(),
+            modified_at: "2025-01-01T00:00:01Z".into(),
             summary: r#"{"title":"renamed"}"#.into(),
         },
         upsert("ahp-session:/4", 4),

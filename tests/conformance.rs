@@ -1,0 +1,1059 @@
+//! AHP 1.0 conformance of the served commands (issue 14): one test per rule the relay used to break, with raw
+//! frames where the official client would hide the difference. Rules 1–4 are checked in the embedded relay
+//! and in the distributed shape (one shard, two gateways, Redis); the official reducers replay what clients
+//! received and must agree with a fresh snapshot.
+
+mod support;
+
+use ahp::SubscriptionEvent;
+use ahp_types::actions::{
+    ActionEnvelope, ChatDraftChangedAction, ChatPendingMessageSetAction, ChatToolCallConfirmedAction,
+    ChatTruncatedAction, ChatWorkingDirectorySetAction, SessionConfigChangedAction,
+    SessionWorkingDirectoryRemovedAction, StateAction,
+};
+use ahp_types::commands::{CreateChatParams, CreateSessionParams, SubscribeView};
+use ahp_types::state::{
+    ChatOrigin, ChatState, MessageKind, PendingMessageKind, ResponsePart, SessionStatus, SideChatSelection,
+};
+use relay_core::Role;
+use serde_json::{json, Value};
+use support::raw::*;
+use support::redis_bus::{channel_of, wait_subscribers};
+use support::*;
+
+/// Where a test's clients connect: one embedded relay, or two gateways in front of a shard over Redis.
+enum Shape {
+    Embedded(Relay),
+    Distributed {
+        shard: Box<Shard>,
+        gateways: Box<[Relay; 2]>,
+        tenant: String,
+    },
+}
+
+impl Shape {
+    async fn embedded() -> Shape {
+        Shape::Embedded(Relay::start().await)
+    }
+
+    /// `None` (the test is skipped) without `REDIS_URL`; scripts/test always sets it.
+    async fn distributed() -> Option<Shape> {
+        let Ok(url) = std::env::var("REDIS_URL") else {
+            eprintln!("skipped: REDIS_URL not set");
+            return None;
+        };
+        let shard = Box::new(Shard::start(&["--redis-url", &url]).await);
+        let gateways = Box::new([
+            Relay::gateway_with(&shard.url, &["--redis-url", &url]).await,
+            Relay::gateway_with(&shard.url, &["--redis-url", &url]).await,
+        ]);
+        Some(Shape::Distributed {
+            shard,
+            gateways,
+            tenant: unique_tenant(),
+        })
+    }
+
+    fn tenant(&self) -> &str {
+        match self {
+            Shape::Embedded(_) => "dev",
+            Shape::Distributed { tenant, .. } => tenant,
+        }
+    }
+
+    /// The entry point clients numbered `i` use: the second gateway for odd `i` in the distributed shape.
+    fn entry(&self, i: usize) -> &Relay {
+        match self {
+            Shape::Embedded(relay) => relay,
+            Shape::Distributed { gateways, .. } => &gateways[i % 2],
+        }
+    }
+
+    async fn client(&self, i: usize, client_id: &str) -> ahp::Client {
+        let (client, _) = self
+            .entry(i)
+            .client_as(self.tenant(), client_id, Role::Member, client_id)
+            .await;
+        client
+    }
+
+    async fn raw(&self, i: usize, sub: &str) -> Socket {
+        raw_as(self.entry(i), self.tenant(), sub, Role::Member).await
+    }
+
+    /// Wait until both gateways follow the tenant's host over Redis (the host is open once a client is).
+    async fn settle(&self) {
+        if let (Shape::Distributed { tenant, .. }, Ok(url)) = (self, std::env::var("REDIS_URL")) {
+            let mut control = redis::Client::open(url.as_str())
+                .expect("redis url")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("redis");
+            wait_subscribers(&mut control, &channel_of(tenant), 2).await;
+        }
+    }
+
+    /// The shard side's counter `series`.
+    async fn shard_metric(&self, series: &str) -> f64 {
+        match self {
+            Shape::Embedded(relay) => relay.metric(series).await,
+            Shape::Distributed { shard, .. } => shard.metric(series).await,
+        }
+    }
+}
+
+/// Two tests of one check: `<name>::embedded` and `<name>::distributed` (skipped without `REDIS_URL`).
+macro_rules! in_both_shapes {
+    ($name:ident, $check:ident) => {
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn embedded() {
+                $check(&Shape::embedded().await).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn distributed() {
+                if let Some(shape) = Shape::distributed().await {
+                    $check(&shape).await;
+                }
+            }
+        }
+    };
+}
+
+fn frame(method: &str, id: Option<u64>, params: Value) -> String {
+    let mut frame = json!({"jsonrpc": "2.0", "method": method, "params": params});
+    if let Some(id) = id {
+        frame["id"] = json!(id);
+    }
+    frame.to_string()
+}
+
+/// Send a ping and assert that its answer is the very next frame: nothing was sent before it.
+async fn next_frame_answers_ping(socket: &mut Socket, id: u64) {
+    send(socket, frame("ping", Some(id), json!({}))).await;
+    assert_eq!(
+        recv(socket).await,
+        json!({"jsonrpc": "2.0", "id": id, "result": null}),
+        "a frame arrived before the answer to ping {id}"
+    );
+}
+
+fn dispatch_frame(channel: &str, client_seq: u64, action: Value) -> String {
+    frame(
+        "dispatchAction",
+        None,
+        json!({"channel": channel, "clientSeq": client_seq, "action": action}),
+    )
+}
+
+/// Run `count` demo turns `t0..` in a chat, each to completion.
+async fn run_turns(client: &ahp::Client, chat: &str, count: usize) {
+    let (_, _, mut sub) = subscribe_chat(client, chat).await;
+    for i in 0..count {
+        client
+            .dispatch(chat.into(), turn_started(&format!("t{i}"), &format!("turn {i}")))
+            .await
+            .expect("dispatch");
+        collect_until(&mut sub, is_turn_complete).await;
+    }
+    client.unsubscribe(chat.into()).await.expect("unsubscribe");
+}
+
+fn turn_ids(state: &ChatState) -> Vec<String> {
+    state.turns.iter().map(|t| t.id.clone()).collect()
+}
+
+/// The next envelope on `sub` answering this client's `client_seq`.
+async fn echo_of(sub: &mut ahp::SessionSubscription, client_id: &str, client_seq: u64) -> ActionEnvelope {
+    loop {
+        let envelope = next_envelope(sub).await;
+        if envelope
+            .origin
+            .as_ref()
+            .is_some_and(|o| o.client_id == client_id && o.client_seq == client_seq as i64)
+        {
+            return envelope;
+        }
+    }
+}
+
+// ---- 1. Notifications are never answered ------------------------------------------------------------------
+
+async fn notifications_are_never_answered(shape: &Shape) {
+    let owner = shape.client(0, "owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "quiet").await;
+    let refused_before = shape.shard_metric("ahp_relay_notifications_refused_total").await;
+    let mut s = shape.raw(1, "raw").await;
+
+    // Before initialize.
+    send(
+        &mut s,
+        dispatch_frame(&chat, 1, json!({"type": "chat/draftChanged"})),
+    )
+    .await;
+    next_frame_answers_ping(&mut s, 1).await;
+    initialize(&mut s, "raw-client").await;
+    // An unknown notification.
+    send(
+        &mut s,
+        frame("noSuchNotification", None, json!({"channel": chat})),
+    )
+    .await;
+    next_frame_answers_ping(&mut s, 2).await;
+    // dispatchAction with bad params.
+    send(
+        &mut s,
+        frame(
+            "dispatchAction",
+            None,
+            json!({"channel": chat, "clientSeq": "x", "action": {"type": "chat/draftChanged"}}),
+        ),
+    )
+    .await;
+    next_frame_answers_ping(&mut s, 3).await;
+    // An action on a chat that does not exist is ignored without an echo.
+    send(
+        &mut s,
+        dispatch_frame("ahp-chat:/nowhere", 4, json!({"type": "chat/draftChanged"})),
+    )
+    .await;
+    next_frame_answers_ping(&mut s, 4).await;
+
+    // Logged and counted instead.
+    let refused = shape.shard_metric("ahp_relay_notifications_refused_total").await;
+    assert!(
+        refused >= refused_before + 3.0,
+        "refused notifications counted: {refused_before} -> {refused}"
+    );
+}
+
+in_both_shapes!(notifications_are_never_answered, notifications_are_never_answered);
+
+// ---- 2. The dispatcher always gets its echo -------------------------------------------------------------
+
+async fn an_unsubscribed_dispatcher_gets_its_echo(shape: &Shape) {
+    let owner = shape.client(0, "owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "echo").await;
+    let (state, from, mut owner_sub) = subscribe_chat(&owner, &chat).await;
+
+    // Device B never subscribes to the chat.
+    let mut b = shape.raw(1, "device-b").await;
+    initialize(&mut b, "device-b").await;
+    shape.settle().await;
+    let draft = json!({"type": "chat/draftChanged", "draft": {"text": "from b", "origin": {"kind": "user"}}});
+    send(&mut b, dispatch_frame(&chat, 1, draft)).await;
+    let echo = recv(&mut b).await;
+    assert_eq!(echo["method"], "action", "{echo}");
+    assert_eq!(
+        echo["params"]["origin"],
+        json!({"clientId": "device-b", "clientSeq": 1})
+    );
+    assert!(echo["params"].get("rejectionReason").is_none(), "{echo}");
+
+    // A refused one comes back to it with its reason.
+    send(
+        &mut b,
+        dispatch_frame(&chat, 2, json!({"type": "chat/turnCancelled", "turnId": "none"})),
+    )
+    .await;
+    let rejected = recv(&mut b).await;
+    assert_eq!(rejected["params"]["origin"]["clientSeq"], 2, "{rejected}");
+    assert!(rejected["params"]["rejectionReason"].is_string(), "{rejected}");
+    next_frame_answers_ping(&mut b, 10).await;
+
+    // Subscribers see the accepted action, and their state agrees with a fresh snapshot.
+    let seen = echo_of(&mut owner_sub, "device-b", 1).await;
+    assert_eq!(
+        seen.server_seq,
+        echo["params"]["serverSeq"].as_u64().expect("seq")
+    );
+    assert_eq!(
+        json(&reduce_chat(state, from, &[seen])),
+        json(&fresh_chat_snapshot_for(shape.entry(0), shape.tenant(), &chat).await)
+    );
+}
+
+in_both_shapes!(
+    an_unsubscribed_dispatcher_gets_its_echo,
+    an_unsubscribed_dispatcher_gets_its_echo
+);
+
+// ---- 3. Session status follows its chats ----------------------------------------------------------------
+
+fn status_of(event: &SubscriptionEvent) -> Option<u32> {
+    match event {
+        SubscriptionEvent::SessionSummaryChanged(change) => change.changes.status,
+        _ => None,
+    }
+}
+
+async fn next_status(root: &mut ahp::SessionSubscription, wanted: impl Fn(u32) -> bool) -> u32 {
+    loop {
+        let event = tokio::time::timeout(PATIENCE, root.recv())
+            .await
+            .expect("timed out waiting for a session status")
+            .expect("root closed");
+        if let Some(status) = status_of(&event).filter(|s| wanted(*s)) {
+            return status;
+        }
+    }
+}
+
+async fn listed_status(client: &ahp::Client, session: &str) -> u32 {
+    let listed: ahp_types::commands::ListSessionsResult = client
+        .request("listSessions", json!({"channel": "ahp-root://"}))
+        .await
+        .expect("listSessions");
+    listed
+        .items
+        .iter()
+        .find(|s| s.resource == session)
+        .map(|s| s.status)
+        .expect("listed")
+}
+
+async fn session_status_follows_its_chats(shape: &Shape) {
+    let user = shape.client(0, "user").await;
+    let watcher = shape.client(1, "watcher").await;
+    let mut root = watcher.attach_subscription("ahp-root://").await;
+    let (session, chat) = create_session_and_chat(&user, "busy").await;
+    let (session_sub_result, mut session_sub) = watcher.subscribe(session.clone()).await.expect("subscribe");
+    let session_state = session_of(&session_sub_result.snapshot.expect("snapshot"));
+    shape.settle().await;
+    let has = |status: u32, flag: SessionStatus| status & flag.bits() == flag.bits();
+
+    // "tool" makes the demo agent ask before running a tool: the session needs input.
+    user.dispatch(chat.clone(), turn_started("t1", "use the tool"))
+        .await
+        .expect("dispatch");
+    next_status(&mut root, |s| has(s, SessionStatus::InProgress)).await;
+    next_status(&mut root, |s| has(s, SessionStatus::InputNeeded)).await;
+    assert!(has(
+        listed_status(&watcher, &session).await,
+        SessionStatus::InputNeeded
+    ));
+
+    // The session channel mirrors the pending confirmation, so a client of the session alone can answer it.
+    let mut session_envelopes = Vec::new();
+    let request = loop {
+        let envelope = next_envelope(&mut session_sub).await;
+        session_envelopes.push(envelope.clone());
+        if let StateAction::SessionInputNeededSet(set) = &envelope.action {
+            break set.request.clone();
+        }
+    };
+    let ahp_types::state::SessionInputRequest::ToolConfirmation(confirmation) = request else {
+        panic!("expected a tool confirmation, got {request:?}");
+    };
+    assert_eq!(confirmation.chat, chat);
+    let tool_call_id = match &confirmation.tool_call {
+        ahp_types::state::ToolCallConfirmationState::PendingConfirmation(s) => s.tool_call_id.clone(),
+        other => panic!("unexpected {other:?}"),
+    };
+    // The watcher answers without subscribing to the chat.
+    watcher
+        .dispatch(
+            chat.clone(),
+            StateAction::ChatToolCallConfirmed(ChatToolCallConfirmedAction {
+                turn_id: "t1".into(),
+                tool_call_id,
+                meta: None,
+                approved: true,
+                confirmed: None,
+                reason: None,
+                edited_tool_input: None,
+                user_suggestion: None,
+                reason_message: None,
+                selected_option_id: None,
+            }),
+        )
+        .await
+        .expect("confirm");
+    loop {
+        let envelope = next_envelope(&mut session_sub).await;
+        session_envelopes.push(envelope.clone());
+        if matches!(envelope.action, StateAction::SessionInputNeededRemoved(_)) {
+            break;
+        }
+    }
+    let idle = next_status(&mut root, |s| has(s, SessionStatus::Idle)).await;
+    assert!(!has(idle, SessionStatus::InputNeeded));
+    assert!(has(listed_status(&watcher, &session).await, SessionStatus::Idle));
+
+    // The official reducers agree with a fresh snapshot of the session.
+    let mut reduced = session_state;
+    for envelope in &session_envelopes {
+        ahp::reducers::apply_action_to_session(&mut reduced, &envelope.action);
+    }
+    let reader = shape.client(0, "reader").await;
+    loop {
+        // Catch up with what the fresh snapshot includes (the turn's last summary updates).
+        let (fresh, _) = reader.subscribe(session.clone()).await.expect("fresh");
+        let fresh = session_of(&fresh.snapshot.expect("snapshot"));
+        reader.unsubscribe(session.clone()).await.expect("unsubscribe");
+        if json(&fresh) == json(&reduced) {
+            break;
+        }
+        let envelope = next_envelope(&mut session_sub).await;
+        ahp::reducers::apply_action_to_session(&mut reduced, &envelope.action);
+    }
+}
+
+in_both_shapes!(session_status_follows_its_chats, session_status_follows_its_chats);
+
+// ---- 4. fetchTurns writes its page before it responds ---------------------------------------------------
+
+async fn fetch_turns_answers_after_its_page(shape: &Shape) {
+    let owner = shape.client(0, "owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "paged").await;
+    run_turns(&owner, &chat, 3).await;
+
+    let mut s = shape.raw(1, "reader").await;
+    initialize(&mut s, "reader").await;
+    shape.settle().await;
+    send(
+        &mut s,
+        frame(
+            "subscribe",
+            Some(1),
+            json!({"channel": chat, "view": {"turns": 1}}),
+        ),
+    )
+    .await;
+    let subscribed = answer_to(&mut s, 1).await;
+    let cursor = subscribed["result"]["snapshot"]["state"]["turnsNextCursor"].clone();
+    assert!(cursor.is_string(), "{subscribed}");
+    for (id, params) in [
+        (2, json!({"channel": chat, "cursor": cursor})),
+        (3, json!({"channel": chat})),
+    ] {
+        send(&mut s, frame("fetchTurns", Some(id), params)).await;
+        let first = recv(&mut s).await;
+        assert_eq!(
+            first["method"], "action",
+            "the page comes before the answer: {first}"
+        );
+        assert_eq!(first["params"]["action"]["type"], "chat/turnsLoaded", "{first}");
+        let answer = recv(&mut s).await;
+        assert_eq!(answer["id"], id, "{answer}");
+        assert!(answer.get("result").is_some(), "{answer}");
+    }
+}
+
+in_both_shapes!(
+    fetch_turns_answers_after_its_page,
+    fetch_turns_answers_after_its_page
+);
+
+// ---- 5. fetchTurns without a cursor loads the next older page -------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_turns_without_a_cursor_loads_what_the_connection_lacks() {
+    let relay = Relay::start().await;
+    let (owner, _) = relay.client("owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "older").await;
+    run_turns(&owner, &chat, 5).await;
+
+    let (reader, _) = relay.client("reader").await;
+    let (result, mut sub) = reader
+        .subscribe_with_options(chat.clone(), None, Some(SubscribeView { turns: Some(2) }))
+        .await
+        .expect("subscribe");
+    let snapshot = result.snapshot.expect("snapshot");
+    let mut state = chat_of(&snapshot);
+    assert_eq!(turn_ids(&state), ["t3", "t4"]);
+    let mut pages = Vec::new();
+    for _ in 0..2 {
+        let _: Value = reader
+            .request("fetchTurns", json!({"channel": chat}))
+            .await
+            .expect("fetchTurns");
+        let loaded = next_envelope(&mut sub).await;
+        let StateAction::ChatTurnsLoaded(page) = &loaded.action else {
+            panic!("expected chat/turnsLoaded, got {:?}", loaded.action);
+        };
+        pages.push(page.turns.iter().map(|t| t.id.clone()).collect::<Vec<_>>());
+        ahp::reducers::apply_action_to_chat(&mut state, &loaded.action);
+    }
+    // Each page is the one before what the connection holds; the cursor only moves back.
+    assert_eq!(pages, [vec!["t0", "t1", "t2"], Vec::<&str>::new()]);
+    assert_eq!(turn_ids(&state), ["t0", "t1", "t2", "t3", "t4"]);
+    assert!(state.turns_next_cursor.is_none());
+    assert_eq!(json(&state), json(&fresh_chat_snapshot(&relay, &chat).await));
+}
+
+// ---- 6. Operations on archived turns load them first ----------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_on_archived_turns_load_them_first() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let flags = ["--retained-turns", "2"];
+    let mut relay = Relay::start_in(data.path(), &flags).await;
+    let (owner, _) = relay.client("owner").await;
+    let (session, chat) = create_session_and_chat(&owner, "archived").await;
+    run_turns(&owner, &chat, 5).await;
+    owner.shutdown().await;
+    assert!(relay.terminate().await);
+    // Restored with 2 turns retained: t0..t2 are in the store's archive.
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let (owner, _) = relay.client("owner").await;
+    let (state, from, mut sub) = subscribe_chat(&owner, &chat).await;
+    assert_eq!(turn_ids(&state), ["t3", "t4"]);
+
+    // Truncating to an archived turn: every subscriber first gets the turns it needs, then the truncation.
+    owner
+        .dispatch(
+            chat.clone(),
+            StateAction::ChatTruncated(ChatTruncatedAction {
+                turn_id: Some("t1".into()),
+            }),
+        )
+        .await
+        .expect("truncate");
+    let envelopes = collect_until(&mut sub, |e| matches!(e.action, StateAction::ChatTruncated(_))).await;
+    assert!(envelopes.iter().all(|e| e.rejection_reason.is_none()));
+    assert!(envelopes
+        .iter()
+        .any(|e| matches!(e.action, StateAction::ChatTurnsLoaded(_))));
+    let reduced = reduce_chat(state, from, &envelopes);
+    assert_eq!(turn_ids(&reduced), ["t1"]);
+    assert_eq!(json(&reduced), json(&fresh_chat_snapshot(&relay, &chat).await));
+    // What is before t1 still pages in from the archive.
+    let (reader, _) = relay.client("reader").await;
+    let (mut paged, paged_from, mut paged_sub) = subscribe_chat(&reader, &chat).await;
+    fetch_all_turns(&reader, &mut paged_sub, &chat, &mut paged, paged_from).await;
+    assert_eq!(turn_ids(&paged), ["t0", "t1"]);
+
+    // A fork from an archived turn copies the history through it.
+    let fork = "ahp-chat:/archived-fork".to_string();
+    let _: Value = owner
+        .request(
+            "createChat",
+            json!({"channel": session, "chat": fork, "source": {"kind": "fork", "chat": chat, "turnId": "t0"}}),
+        )
+        .await
+        .expect("fork from an archived turn");
+    assert_eq!(turn_ids(&fresh_chat_snapshot(&relay, &fork).await), ["t0"]);
+
+    // Truncating the whole chat leaves nothing to page back in, now or after a restart.
+    owner
+        .dispatch(
+            chat.clone(),
+            StateAction::ChatTruncated(ChatTruncatedAction { turn_id: None }),
+        )
+        .await
+        .expect("truncate all");
+    let _ = collect_until(
+        &mut sub,
+        |e| matches!(&e.action, StateAction::ChatTruncated(t) if t.turn_id.is_none()),
+    )
+    .await;
+    let _: Value = owner
+        .request("fetchTurns", json!({"channel": chat}))
+        .await
+        .expect("fetchTurns");
+    let StateAction::ChatTurnsLoaded(page) = next_envelope(&mut sub).await.action else {
+        panic!("expected chat/turnsLoaded");
+    };
+    assert!(page.turns.is_empty() && page.turns_next_cursor.is_none());
+    let emptied = fresh_chat_snapshot(&relay, &chat).await;
+    assert!(emptied.turns.is_empty() && emptied.turns_next_cursor.is_none());
+    drop(relay);
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let restored = fresh_chat_snapshot(&relay, &chat).await;
+    assert!(restored.turns.is_empty() && restored.turns_next_cursor.is_none());
+}
+
+// ---- 7. Retained turns: the same before and after a restart ---------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribe_without_view_returns_the_retained_turns_before_and_after_a_restart() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let flags = ["--retained-turns", "3"];
+    let mut relay = Relay::start_in(data.path(), &flags).await;
+    let (owner, _) = relay.client("owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "retained").await;
+    run_turns(&owner, &chat, 5).await;
+    let before = fresh_chat_snapshot(&relay, &chat).await;
+    assert_eq!(turn_ids(&before), ["t2", "t3", "t4"]);
+    owner.shutdown().await;
+    assert!(relay.terminate().await);
+
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let after = fresh_chat_snapshot(&relay, &chat).await;
+    assert_eq!(turn_ids(&after), turn_ids(&before));
+    assert_eq!(after.turns_next_cursor, before.turns_next_cursor);
+    // And fetchTurns pages the rest from where the snapshot stops.
+    let (reader, _) = relay.client("reader").await;
+    let (mut state, from, mut sub) = subscribe_chat(&reader, &chat).await;
+    fetch_all_turns(&reader, &mut sub, &chat, &mut state, from).await;
+    assert_eq!(turn_ids(&state), ["t0", "t1", "t2", "t3", "t4"]);
+}
+
+// ---- 8. Validation holes -------------------------------------------------------------------------------
+
+fn agent_message(text: &str) -> ahp_types::state::Message {
+    let mut m = message(text);
+    m.origin.kind = MessageKind::Agent;
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions_that_would_corrupt_shared_state_are_refused() {
+    let relay = Relay::start().await;
+    let (owner, _) = relay.client("owner").await;
+    let session = "ahp-session:/dirs".to_string();
+    let chat = "ahp-chat:/dirs".to_string();
+    let (primary, other) = ("file:///work/a".to_string(), "file:///work/b".to_string());
+    let _: Value = owner
+        .request(
+            "createSession",
+            CreateSessionParams {
+                channel: session.clone(),
+                meta: None,
+                provider: Some("demo".into()),
+                working_directories: Some(vec![primary.clone(), other.clone()]),
+                config: None,
+                active_client: None,
+                progress_token: None,
+            },
+        )
+        .await
+        .expect("createSession");
+    // A chat's working directories must be the session's.
+    let outside = owner
+        .request::<_, Value>(
+            "createChat",
+            CreateChatParams {
+                channel: session.clone(),
+                meta: None,
+                chat: "ahp-chat:/elsewhere".into(),
+                initial_message: None,
+                source: None,
+                working_directories: Some(vec!["file:///etc".into()]),
+            },
+        )
+        .await;
+    assert!(matches!(outside, Err(ahp::ClientError::Rpc(e)) if e.code == -32602));
+    let _: Value = owner
+        .request(
+            "createChat",
+            CreateChatParams {
+                channel: session.clone(),
+                meta: None,
+                chat: chat.clone(),
+                initial_message: None,
+                source: None,
+                working_directories: Some(vec![other.clone()]),
+            },
+        )
+        .await
+        .expect("createChat");
+    let (chat_state, chat_from, mut chat_sub) = subscribe_chat(&owner, &chat).await;
+    let (session_result, mut session_sub) = owner.subscribe(session.clone()).await.expect("subscribe");
+    let session_state = session_of(&session_result.snapshot.expect("snapshot"));
+
+    let mut chat_seen = Vec::new();
+    let mut session_seen = Vec::new();
+    let mut verdicts = Vec::new();
+    let mut client_seq = 0;
+    for (channel, action, accepted) in [
+        (
+            &chat,
+            StateAction::ChatWorkingDirectorySet(ChatWorkingDirectorySetAction {
+                directory: "file:///etc".into(),
+            }),
+            false,
+        ),
+        (
+            &chat,
+            StateAction::ChatWorkingDirectorySet(ChatWorkingDirectorySetAction {
+                directory: primary.clone(),
+            }),
+            true,
+        ),
+        (
+            &session,
+            StateAction::SessionWorkingDirectoryRemoved(SessionWorkingDirectoryRemovedAction {
+                directory: primary.clone(),
+            }),
+            false,
+        ),
+        (
+            &session,
+            StateAction::SessionWorkingDirectoryRemoved(SessionWorkingDirectoryRemovedAction {
+                directory: other.clone(),
+            }),
+            true,
+        ),
+        (
+            &session,
+            StateAction::SessionConfigChanged(SessionConfigChangedAction {
+                config: serde_json::from_value(json!({"model": "other"})).expect("object"),
+                replace: None,
+            }),
+            false,
+        ),
+        (
+            &chat,
+            turn_started_with("t1", agent_message("I am the agent")),
+            false,
+        ),
+        (
+            &chat,
+            StateAction::ChatPendingMessageSet(ChatPendingMessageSetAction {
+                kind: PendingMessageKind::Queued,
+                id: "q1".into(),
+                message: agent_message("queued by a forger"),
+            }),
+            false,
+        ),
+        (
+            &chat,
+            StateAction::ChatDraftChanged(ChatDraftChangedAction {
+                draft: Some(agent_message("draft")),
+            }),
+            false,
+        ),
+        (
+            &chat,
+            StateAction::ChatDraftChanged(ChatDraftChangedAction {
+                draft: Some(message("my draft")),
+            }),
+            true,
+        ),
+    ] {
+        client_seq += 1;
+        owner.dispatch(channel.clone(), action).await.expect("dispatch");
+        let sub = if channel == &chat {
+            &mut chat_sub
+        } else {
+            &mut session_sub
+        };
+        let echo = echo_of(sub, "owner", client_seq).await;
+        verdicts.push((client_seq, echo.rejection_reason.is_none(), accepted));
+        if channel == &chat {
+            chat_seen.push(echo);
+        } else {
+            session_seen.push(echo);
+        }
+    }
+    let wrong: Vec<_> = verdicts.iter().filter(|(_, got, want)| got != want).collect();
+    assert!(wrong.is_empty(), "(clientSeq, accepted, expected): {wrong:?}");
+
+    // Host and clients agree.
+    assert_eq!(
+        json(&reduce_chat(chat_state, chat_from, &chat_seen)),
+        json(&fresh_chat_snapshot(&relay, &chat).await)
+    );
+    let mut reduced = session_state;
+    for envelope in session_seen.iter().filter(|e| e.rejection_reason.is_none()) {
+        ahp::reducers::apply_action_to_session(&mut reduced, &envelope.action);
+    }
+    assert_eq!(reduced.working_directories, Some(vec![primary.clone()]));
+}
+
+fn turn_started_with(turn_id: &str, message: ahp_types::state::Message) -> StateAction {
+    StateAction::ChatTurnStarted(ahp_types::actions::ChatTurnStartedAction {
+        turn_id: turn_id.into(),
+        started_at: "2026-11-22T10:00:00.000Z".into(),
+        message,
+        queued_message_id: None,
+        meta: None,
+    })
+}
+
+// ---- 9. Steering ----------------------------------------------------------------------------------------
+
+fn markdown_of(state: &ChatState, turn_id: &str) -> String {
+    state
+        .turns
+        .iter()
+        .find(|t| t.id == turn_id)
+        .map(|t| {
+            t.response_parts
+                .iter()
+                .filter_map(|p| match p {
+                    ResponsePart::Markdown(m) => Some(m.content.clone()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steering_reaches_the_running_agent_and_queued_messages_still_run() {
+    let relay = Relay::start_with(&["--demo-step-ms", "30"]).await;
+    let (owner, _) = relay.client("owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "steer").await;
+    let (state, from, mut sub) = subscribe_chat(&owner, &chat).await;
+    owner
+        .dispatch(chat.clone(), turn_started("t1", "write a long answer"))
+        .await
+        .expect("dispatch");
+    let pending = |kind, id: &str, text: &str| {
+        StateAction::ChatPendingMessageSet(ChatPendingMessageSetAction {
+            kind,
+            id: id.into(),
+            message: message(text),
+        })
+    };
+    owner
+        .dispatch(
+            chat.clone(),
+            pending(PendingMessageKind::Steering, "s1", "focus on tests"),
+        )
+        .await
+        .expect("steer");
+    owner
+        .dispatch(
+            chat.clone(),
+            pending(PendingMessageKind::Queued, "q1", "and then this"),
+        )
+        .await
+        .expect("queue");
+    // t1 completes, then the queued message runs as the next turn, to completion.
+    let mut envelopes = collect_until(&mut sub, is_turn_complete).await;
+    envelopes.extend(collect_until(&mut sub, is_turn_complete).await);
+    assert!(envelopes.iter().all(|e| e.rejection_reason.is_none()));
+    let state = reduce_chat(state, from, &envelopes);
+    assert!(
+        state.steering_message.is_none(),
+        "the steering message was consumed"
+    );
+    assert!(state.queued_messages.iter().flatten().next().is_none());
+    assert!(
+        markdown_of(&state, "t1").contains("Steering taken: \"focus on tests\""),
+        "{}",
+        markdown_of(&state, "t1")
+    );
+    let second = state.turns.last().expect("a second turn");
+    assert_eq!(second.message.text, "and then this");
+    assert_eq!(json(&state), json(&fresh_chat_snapshot(&relay, &chat).await));
+}
+
+// ---- 10. Side chats -------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_side_chat_keeps_its_selection_and_copies_no_turns() {
+    let relay = Relay::start_with(&["--demo-step-ms", "30"]).await;
+    let (owner, _) = relay.client("owner").await;
+    let (session, chat) = create_session_and_chat(&owner, "side").await;
+    run_turns(&owner, &chat, 1).await;
+    let (_, _, mut sub) = subscribe_chat(&owner, &chat).await;
+    owner
+        .dispatch(chat.clone(), turn_started("t1", "a running turn"))
+        .await
+        .expect("dispatch");
+    let _ = collect_until(&mut sub, |e| matches!(e.action, StateAction::ChatTurnStarted(_))).await;
+
+    let selection = SideChatSelection {
+        text: "the selected words".into(),
+        response_part_id: Some("t0-reply".into()),
+    };
+    for (side, turn_id) in [("ahp-chat:/side-done", "t0"), ("ahp-chat:/side-active", "t1")] {
+        let _: Value = owner
+            .request(
+                "createChat",
+                json!({"channel": session, "chat": side, "source": {
+                    "kind": "sideChat", "chat": chat, "turnId": turn_id, "selection": selection}}),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("side chat from {turn_id}: {e:?}"));
+        let state = fresh_chat_snapshot(&relay, side).await;
+        assert!(state.turns.is_empty(), "a side chat copies no turns");
+        assert_eq!(
+            state.origin,
+            Some(ChatOrigin::SideChat {
+                chat: chat.clone(),
+                turn_id: turn_id.into(),
+                selection: Some(selection.clone()),
+            })
+        );
+    }
+}
+
+// ---- 11. Only versions the relay speaks ------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_0_9_is_never_claimed() {
+    let relay = Relay::start().await;
+    let mut s = raw(&relay).await;
+    send(
+        &mut s,
+        frame(
+            "initialize",
+            Some(1),
+            json!({"channel": "ahp-root://", "protocolVersions": ["0.9.0"], "clientId": "old"}),
+        ),
+    )
+    .await;
+    let reply = recv(&mut s).await;
+    assert_eq!(error_code(&reply), -32005, "{reply}");
+}
+
+// ---- 12. Smaller rules ----------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn root_notifications_go_to_root_subscribers_only() {
+    let relay = Relay::start().await;
+    let mut bystander = raw(&relay).await;
+    initialize(&mut bystander, "bystander").await;
+    let mut listener = raw(&relay).await;
+    send(
+        &mut listener,
+        frame(
+            "initialize",
+            Some(1),
+            json!({"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": "listener",
+                "initialSubscriptions": ["ahp-root://"]}),
+        ),
+    )
+    .await;
+    answer_to(&mut listener, 1).await;
+    let (maker, _) = relay.client("maker").await;
+    let (session, _) = create_session_and_chat(&maker, "announced").await;
+    let added = recv(&mut listener).await;
+    assert_eq!(added["method"], "root/sessionAdded", "{added}");
+    assert_eq!(added["params"]["summary"]["resource"], json!(session));
+    // The bystander's bus already carried it: it was filtered, not delayed.
+    next_frame_answers_ping(&mut bystander, 7).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_sessions_lists_the_most_recently_modified_first() {
+    let relay = Relay::start().await;
+    let (owner, _) = relay.client("owner").await;
+    let (_, older_chat) = create_session_and_chat(&owner, "older").await;
+    create_session_and_chat(&owner, "newer").await;
+    // A turn in the older session (its start time, which the client gives, is later than anything else).
+    let (_, _, mut sub) = subscribe_chat(&owner, &older_chat).await;
+    let mut later = message("later");
+    later.origin.kind = MessageKind::User;
+    let started = StateAction::ChatTurnStarted(ahp_types::actions::ChatTurnStartedAction {
+        turn_id: "t0".into(),
+        started_at: "2099-01-01T00:00:00.000Z".into(),
+        message: later,
+        queued_message_id: None,
+        meta: None,
+    });
+    owner
+        .dispatch(older_chat.clone(), started)
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, is_turn_complete).await;
+    let listed: ahp_types::commands::ListSessionsResult = owner
+        .request("listSessions", json!({"channel": "ahp-root://"}))
+        .await
+        .expect("listSessions");
+    let order: Vec<&str> = listed.items.iter().map(|s| s.resource.as_str()).collect();
+    assert_eq!(order, ["ahp-session:/older", "ahp-session:/newer"]);
+    let paged: ahp_types::commands::ListSessionsResult = owner
+        .request("listSessions", json!({"channel": "ahp-root://", "limit": 1}))
+        .await
+        .expect("listSessions");
+    let rest: ahp_types::commands::ListSessionsResult = owner
+        .request(
+            "listSessions",
+            json!({"channel": "ahp-root://", "limit": 1, "cursor": paged.next_cursor}),
+        )
+        .await
+        .expect("listSessions");
+    assert_eq!(rest.items[0].resource, "ahp-session:/newer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_channels_get_the_right_error_and_unknown_initial_subscriptions_are_named() {
+    let relay = Relay::start().await;
+    let mut s = raw(&relay).await;
+    send(
+        &mut s,
+        frame(
+            "initialize",
+            Some(1),
+            json!({"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": "c",
+                "initialSubscriptions": ["ahp-root://", "ahp-chat:/nope"]}),
+        ),
+    )
+    .await;
+    let init = answer_to(&mut s, 1).await;
+    assert_eq!(
+        init["result"]["_meta"]["ahpRelay/unavailableSubscriptions"],
+        json!(["ahp-chat:/nope"]),
+        "{init}"
+    );
+    for (id, channel, code) in [
+        (2, "ahp-session:/x/annotations", -32008),
+        (3, "ahp-session:/x", -32001),
+        (4, "ahp-chat:/x", -32008),
+    ] {
+        send(&mut s, frame("subscribe", Some(id), json!({"channel": channel}))).await;
+        assert_eq!(error_code(&answer_to(&mut s, id).await), code, "{channel}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_carries_the_rejections_and_echoes_a_dropped_client_is_owed() {
+    let relay = Relay::start().await;
+    let (owner, _) = relay.client("owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "owed").await;
+    let (_, other_chat) = create_session_and_chat(&owner, "unwatched").await;
+
+    let mut s = raw(&relay).await;
+    initialize(&mut s, "phone").await;
+    send(&mut s, frame("subscribe", Some(1), json!({"channel": chat}))).await;
+    let subscribed = answer_to(&mut s, 1).await;
+    let last_seen = subscribed["result"]["snapshot"]["fromSeq"]
+        .as_u64()
+        .expect("fromSeq");
+    // A refused action, and an accepted one on a chat the phone does not subscribe to; then the phone
+    // drops without reading anything.
+    send(
+        &mut s,
+        dispatch_frame(&chat, 1, json!({"type": "chat/turnCancelled", "turnId": "none"})),
+    )
+    .await;
+    let draft = json!({"type": "chat/draftChanged", "draft": {"text": "hi", "origin": {"kind": "user"}}});
+    send(&mut s, dispatch_frame(&other_chat, 2, draft)).await;
+    // Once the ping is answered both were handled; what arrived is forgotten (the phone died before
+    // applying it).
+    send(&mut s, frame("ping", Some(2), json!({}))).await;
+    loop {
+        if answer_is(&recv(&mut s).await, 2) {
+            break;
+        }
+    }
+    drop(s);
+
+    let mut again = raw(&relay).await;
+    send(
+        &mut again,
+        frame(
+            "reconnect",
+            Some(1),
+            json!({"channel": "ahp-root://", "clientId": "phone", "lastSeenServerSeq": last_seen,
+                "subscriptions": [chat]}),
+        ),
+    )
+    .await;
+    let replay = answer_to(&mut again, 1).await;
+    let actions = replay["result"]["actions"].as_array().expect("a replay").clone();
+    let mine: Vec<&Value> = actions
+        .iter()
+        .filter(|a| a["origin"]["clientId"] == "phone")
+        .collect();
+    assert_eq!(mine.len(), 2, "{replay}");
+    assert_eq!(mine[0]["origin"]["clientSeq"], 1);
+    assert!(mine[0]["rejectionReason"].is_string());
+    assert_eq!(mine[1]["origin"]["clientSeq"], 2);
+    assert!(mine[1].get("rejectionReason").is_none());
+    let seqs: Vec<u64> = actions.iter().filter_map(|a| a["serverSeq"].as_u64()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+}
+
+fn answer_is(frame: &Value, id: u64) -> bool {
+    frame["id"].as_u64() == Some(id)
+}
