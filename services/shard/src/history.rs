@@ -137,14 +137,24 @@ impl HostCore {
         {
             return *start;
         }
-        self.model
-            .snapshot(chat, 0, self.limits.retained_turns)
-            .map_or(0, |snapshot| crate::model::first_turn_of(&snapshot))
+        self.model.chats.get(chat).map_or(0, |record| {
+            record.archived
+                + record
+                    .state
+                    .turns
+                    .len()
+                    .saturating_sub(self.limits.retained_turns)
+        })
     }
 
-    /// The connection now holds the turns of `chat` from absolute index `start` on.
+    /// The connection now holds the turns of `chat` from absolute index `start` on (remembered while it
+    /// subscribes to the chat).
     pub(crate) fn narrow_window(&mut self, connection: ConnectionId, chat: &str, start: usize) {
-        if let Some(state) = self.connections.get_mut(&connection) {
+        if let Some(state) = self
+            .connections
+            .get_mut(&connection)
+            .filter(|state| state.subscriptions.contains(chat))
+        {
             let window = state.turn_windows.entry(chat.to_string()).or_insert(start);
             *window = (*window).min(start);
         }
@@ -190,6 +200,16 @@ impl HostCore {
 
 /// The archived turn a message may name: `chat/truncated{turnId}`, or a `createChat` fork.
 fn named_turn(message: &InboundMessage) -> Option<NamedTurn> {
+    // Every action passes here: parse its params again only when they can name a turn.
+    let params = message.params.as_ref()?.get();
+    let candidate = match message.method.as_str() {
+        "dispatchAction" => params.contains("\"chat/truncated\""),
+        "createChat" => params.contains("\"fork\""),
+        _ => false,
+    };
+    if !candidate {
+        return None;
+    }
     match message.method.as_str() {
         "dispatchAction" => {
             let params: DispatchActionParams = message.parse_params().ok()?;
