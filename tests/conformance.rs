@@ -183,7 +183,6 @@ async fn echo_of(sub: &mut ahp::SessionSubscription, client_id: &str, client_seq
 async fn notifications_are_never_answered(shape: &Shape) {
     let owner = shape.client(0, "owner").await;
     let (_, chat) = create_session_and_chat(&owner, "quiet").await;
-    let refused_before = shape.shard_metric("ahp_relay_notifications_refused_total").await;
     let mut s = shape.raw(1, "raw").await;
 
     // Before initialize.
@@ -220,12 +219,9 @@ async fn notifications_are_never_answered(shape: &Shape) {
     .await;
     next_frame_answers_ping(&mut s, 4).await;
 
-    // Logged and counted instead.
+    // Logged and counted instead (each shape's shard serves this test alone).
     let refused = shape.shard_metric("ahp_relay_notifications_refused_total").await;
-    assert!(
-        refused >= refused_before + 3.0,
-        "refused notifications counted: {refused_before} -> {refused}"
-    );
+    assert!(refused >= 3.0, "refused notifications counted: {refused}");
 }
 
 in_both_shapes!(notifications_are_never_answered, notifications_are_never_answered);
