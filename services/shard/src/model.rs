@@ -382,3 +382,48 @@ pub fn chat_summary_of(chat: &ChatState) -> ChatSummary {
         working_directories: chat.working_directories.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(status: u32, default_chat: Option<&str>, chats: &[(&str, u32, &str)]) -> SessionState {
+        let chats: Vec<serde_json::Value> = chats
+            .iter()
+            .map(|(uri, status, modified)| {
+                serde_json::json!({"resource": uri, "title": "", "status": status, "modifiedAt": modified,
+                    "activity": format!("{uri} activity")})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "provider": "demo", "title": "", "status": status, "lifecycle": "ready",
+            "activeClients": [], "chats": chats, "defaultChat": default_chat
+        }))
+        .expect("session state")
+    }
+
+    const IDLE: u32 = SessionStatus::Idle.bits();
+    const BUSY: u32 = SessionStatus::InProgress.bits();
+    const INPUT: u32 = SessionStatus::InputNeeded.bits();
+    const ERROR: u32 = SessionStatus::Error.bits();
+    const READ: u32 = SessionStatus::IsRead.bits();
+
+    #[test]
+    fn the_default_chat_leads_and_input_and_errors_are_promoted() {
+        // The default chat's activity, the session's own flags.
+        let s = session(IDLE | READ, Some("b"), &[("a", BUSY, "2"), ("b", IDLE, "1")]);
+        assert_eq!(aggregate_status(&s), (IDLE | READ, Some("b activity".into())));
+        // Without a default chat, the most recently modified one.
+        let s = session(IDLE, None, &[("a", BUSY, "2"), ("b", IDLE, "1")]);
+        assert_eq!(aggregate_status(&s).0, BUSY);
+        // Any chat needing input promotes InputNeeded, with that chat's activity.
+        let s = session(IDLE, Some("b"), &[("a", INPUT, "1"), ("b", IDLE, "2")]);
+        assert_eq!(aggregate_status(&s), (INPUT, Some("a activity".into())));
+        // Any chat in error promotes Error.
+        let s = session(IDLE, Some("b"), &[("a", ERROR, "1"), ("b", BUSY, "2")]);
+        assert_eq!(aggregate_status(&s).0, BUSY | ERROR);
+        // No chats: the session's own status.
+        let s = session(INPUT, None, &[]);
+        assert_eq!(aggregate_status(&s).0, INPUT);
+    }
+}
