@@ -37,6 +37,9 @@ pub struct HostArgs {
     /// Pause between the demo agent's streamed actions, in milliseconds.
     #[arg(long, env = "AHP_RELAY_DEMO_STEP_MS", default_value_t = 40)]
     pub demo_step_ms: u64,
+    /// The ACP agents this deployment offers besides `demo` (TOML; see deploy/agents.example.toml).
+    #[arg(long, env = "AHP_RELAY_AGENTS")]
+    pub agents: Option<PathBuf>,
     /// Envelopes per host kept in memory for exact reconnect replay.
     #[arg(long, env = "AHP_RELAY_REPLAY_BUFFER", default_value_t = 10_000)]
     pub replay_buffer: usize,
@@ -287,9 +290,16 @@ async fn open_hosts(
     redis: Option<RedisPublisher>,
     ownership: Option<relay_shard::ownership::Ownership>,
 ) -> anyhow::Result<Arc<ShardLink>> {
-    let providers = ProviderRegistry::new().with(Arc::new(DemoProvider::new(DemoPace {
+    let mut providers = ProviderRegistry::new().with(Arc::new(DemoProvider::new(DemoPace {
         step: Duration::from_millis(host.demo_step_ms),
     })));
+    if let Some(path) = &host.agents {
+        let file = relay_runner::acp::AgentsFile::load(path)?;
+        for agent in relay_runner::acp::AcpProvider::from_file(&file) {
+            providers = providers.with(Arc::new(agent));
+        }
+        tracing::info!(agents = file.agents.len(), path = %path.display(), "ACP agents configured");
+    }
     let store = open_store(host.database_url.as_deref(), &data.data_dir).await?;
     let mut link = ShardLink::new(limits, providers, store, redis);
     if let Some(ownership) = ownership {

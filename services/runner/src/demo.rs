@@ -262,6 +262,7 @@ impl DemoTurn {
                 TurnControl::ToolCallConfirmed {
                     tool_call_id: id,
                     approved,
+                    ..
                 } if id == tool_call_id => break approved,
                 TurnControl::Cancelled => return None,
                 TurnControl::Steer { text } => self.steering.push_back(text),

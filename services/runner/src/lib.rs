@@ -5,8 +5,12 @@
 //! host validates, sequences and publishes like any other action. Providers never see connections, tenants or
 //! storage.
 
+pub mod acp;
 pub mod demo;
 pub mod provider;
 
 pub use demo::{DemoPace, DemoProvider};
-pub use provider::{ChatSink, ClientTool, Provider, ProviderRegistry, TurnControl, TurnHandle, TurnRequest};
+pub use provider::{
+    ChatSink, ClientTool, Provider, ProviderRegistry, SessionRequest, SessionStart, TurnControl, TurnHandle,
+    TurnRequest,
+};

@@ -19,6 +19,10 @@ pub trait ChatSink: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct TurnRequest {
     pub session: String,
+    /// The tenant of the session (an agent restarted for this turn works in that tenant's workspace).
+    pub tenant: String,
+    /// The session's working directory as its client named it, if any.
+    pub working_directory: Option<String>,
     pub chat: String,
     pub turn_id: String,
     pub prompt: String,
@@ -38,8 +42,13 @@ pub struct ClientTool {
 /// A user decision the host forwards to the provider running a turn.
 #[derive(Debug, Clone)]
 pub enum TurnControl {
-    /// A client confirmed or denied a tool call (already applied to state by the host).
-    ToolCallConfirmed { tool_call_id: String, approved: bool },
+    /// A client confirmed or denied a tool call (already applied to state by the host), maybe naming the
+    /// option it chose.
+    ToolCallConfirmed {
+        tool_call_id: String,
+        approved: bool,
+        selected_option_id: Option<String>,
+    },
     /// A client answered an input request (already applied to state by the host).
     InputCompleted {
         request_id: String,
@@ -79,18 +88,49 @@ impl Drop for TurnHandle {
     }
 }
 
+/// A session the host asks a provider to prepare.
+#[derive(Debug, Clone)]
+pub struct SessionRequest {
+    /// The session's URI (the channel `session/ready` or `session/creationFailed` goes to).
+    pub session: String,
+    /// The tenant the session belongs to (its agent works under that tenant's part of the workspace).
+    pub tenant: String,
+    /// The session's working directory as the client named it (`file://` URI or path), if any.
+    pub working_directory: Option<String>,
+}
+
+/// How a session's preparation goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionStart {
+    /// Ready at once: the host dispatches `session/ready` itself.
+    Ready,
+    /// Under way: the provider emits `session/ready` or `session/creationFailed` on the session later.
+    Pending,
+    /// Refused before anything started (e.g. a working directory outside the workspace): the host refuses
+    /// `createSession` with this message.
+    Refused(String),
+}
+
 /// An agent backend.
 pub trait Provider: Send + Sync + 'static {
     /// The `AgentInfo` listed in root state's `agents`.
     fn info(&self) -> AgentInfo;
+    /// Prepare a new session. Must not block and must not emit synchronously (the host holds its lock).
+    fn create_session(&self, _session: SessionRequest, _sink: Arc<dyn ChatSink>) -> SessionStart {
+        SessionStart::Ready
+    }
     /// Start running a turn; output goes to `sink`.
     fn start_turn(&self, turn: TurnRequest, sink: Arc<dyn ChatSink>) -> TurnHandle;
+    /// The session is gone: stop everything the provider runs for it.
+    fn dispose_session(&self, _session: &str) {}
 }
 
 /// The providers configured for a host, by provider id.
 #[derive(Clone, Default)]
 pub struct ProviderRegistry {
     providers: BTreeMap<String, Arc<dyn Provider>>,
+    /// The first provider added: the default.
+    first: Option<String>,
 }
 
 impl ProviderRegistry {
@@ -99,7 +139,9 @@ impl ProviderRegistry {
     }
 
     pub fn with(mut self, provider: Arc<dyn Provider>) -> Self {
-        self.providers.insert(provider.info().provider, provider);
+        let id = provider.info().provider;
+        self.first.get_or_insert_with(|| id.clone());
+        self.providers.insert(id, provider);
         self
     }
 
@@ -109,10 +151,15 @@ impl ProviderRegistry {
 
     /// The provider used when `createSession` names none.
     pub fn default_provider(&self) -> Option<&str> {
-        self.providers.keys().next().map(String::as_str)
+        self.first.as_deref()
     }
 
+    /// Every provider's `AgentInfo`, the default first.
     pub fn agents(&self) -> Vec<AgentInfo> {
-        self.providers.values().map(|p| p.info()).collect()
+        let mut agents: Vec<AgentInfo> = self.providers.values().map(|p| p.info()).collect();
+        if let Some(first) = &self.first {
+            agents.sort_by_key(|agent| agent.provider != *first);
+        }
+        agents
     }
 }

@@ -389,12 +389,12 @@ impl HostCore {
                 })?
                 .to_string(),
         };
-        if self.providers.get(&provider).is_none() {
+        let Some(agent) = self.providers.get(&provider).cloned() else {
             return Err(RpcError::new(
                 ahp_error_codes::PROVIDER_NOT_FOUND,
                 format!("provider not found: {provider}"),
             ));
-        }
+        };
         let directories = params.working_directories.as_deref().unwrap_or_default();
         let multiple = self
             .model
@@ -419,6 +419,21 @@ impl HostCore {
             Some(active) => vec![active],
             None => vec![],
         };
+        // The agent prepares the session (e.g. starts its process); it reports back on the session channel.
+        let start = agent.create_session(
+            relay_runner::SessionRequest {
+                session: uri.clone(),
+                tenant: self.key.tenant.clone(),
+                working_directory: params
+                    .working_directories
+                    .as_ref()
+                    .and_then(|d| d.first().cloned()),
+            },
+            self.sink.clone(),
+        );
+        if let relay_runner::SessionStart::Refused(message) = &start {
+            return Err(RpcError::invalid_params(message.clone()));
+        }
         let created_at = now();
         let state = SessionState {
             provider,
@@ -455,8 +470,9 @@ impl HostCore {
                 summary,
             },
         );
-        // The demo provider needs no preparation: the session is ready at once.
-        self.apply_server_action(&uri, StateAction::SessionReady(SessionReadyAction {}));
+        if start == relay_runner::SessionStart::Ready {
+            self.apply_server_action(&uri, StateAction::SessionReady(SessionReadyAction {}));
+        }
         reply(message.id, &())
     }
 
@@ -467,6 +483,9 @@ impl HostCore {
         let Some(session) = self.model.sessions.get(&uri) else {
             return Err(RpcError::session_not_found(&uri));
         };
+        if let Some(agent) = self.providers.get(&session.state.provider) {
+            agent.dispose_session(&uri);
+        }
         let listed: Vec<String> = session.state.chats.iter().map(|c| c.resource.clone()).collect();
         for chat in &listed {
             self.apply_server_action(

@@ -165,6 +165,7 @@ impl HostCore {
                 TurnControl::ToolCallConfirmed {
                     tool_call_id: a.tool_call_id.clone(),
                     approved: a.approved,
+                    selected_option_id: a.selected_option_id.clone(),
                 },
             ),
             StateAction::ChatToolCallComplete(a) => self.control_turn(
@@ -215,6 +216,12 @@ impl HostCore {
             .collect();
         let request = TurnRequest {
             session: record.session.clone(),
+            tenant: self.key.tenant.clone(),
+            working_directory: session
+                .state
+                .working_directories
+                .as_ref()
+                .and_then(|dirs| dirs.first().cloned()),
             chat: chat.to_string(),
             turn_id: turn_id.to_string(),
             prompt: prompt.to_string(),

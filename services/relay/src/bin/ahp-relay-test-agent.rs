@@ -1,0 +1,253 @@
+//! A scripted ACP agent for the relay's tests (and an example of an agent the relay can host), built on the
+//! agent side of the `agent-client-protocol` crate. Deterministic, offline, no model.
+//!
+//! Every prompt gets a thought and a reply streamed in small chunks. A prompt containing:
+//! - "permission": a tool call that asks for permission to write `notes.txt` in the session's directory
+//!   (allow → the file is written through the relay's `fs/write_text_file` and the call completes; deny → it
+//!   fails);
+//! - "escape": attempts to write outside the working directory through `fs/write_text_file` (`../`, an
+//!   absolute path, a symlink named `link`), reporting each as `refused:` or `WRITTEN:`;
+//! - "slow": a long reply, one chunk every 20 ms, that stops at `session/cancel` with `cancelled`;
+//! - "chunks N": N one-character chunks as fast as possible (the coalescing benchmark);
+//! - "fail": a JSON-RPC error instead of an answer;
+//! - "environment": the names of the variables it runs with.
+//!
+//! It also prints its process id to stderr at start (tests check the process is gone after a dispose).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use agent_client_protocol::v1::schema::{
+    AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, InitializeRequest, InitializeResponse,
+    NewSessionRequest, NewSessionResponse, PermissionOption, PermissionOptionKind, PromptRequest,
+    PromptResponse, RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionNotification,
+    SessionUpdate, StopReason, ToolCall, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    WriteTextFileRequest,
+};
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::{Agent, Client, Stdio};
+use parking_lot::Mutex;
+
+#[derive(Default)]
+struct Sessions {
+    /// Working directory and cancel flag of each session.
+    by_id: Mutex<HashMap<String, (PathBuf, Arc<AtomicBool>)>>,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> agent_client_protocol::Result<()> {
+    eprintln!("ahp-relay-test-agent pid {}", std::process::id());
+    let sessions = Arc::new(Sessions::default());
+    let for_new = sessions.clone();
+    let for_prompt = sessions.clone();
+    let for_cancel = sessions;
+    Agent
+        .v1()
+        .name("ahp-relay-test-agent")
+        .on_receive_request(
+            async move |initialize: InitializeRequest, responder, _cx| {
+                responder.respond(
+                    InitializeResponse::new(initialize.protocol_version)
+                        .agent_capabilities(AgentCapabilities::new()),
+                )
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |new: NewSessionRequest, responder, _cx| {
+                let id = format!("test-session-{}", for_new.by_id.lock().len() + 1);
+                for_new
+                    .by_id
+                    .lock()
+                    .insert(id.clone(), (new.cwd.clone(), Arc::new(AtomicBool::new(false))));
+                responder.respond(NewSessionResponse::new(SessionId::new(id)))
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_notification(
+            async move |cancel: CancelNotification, _cx| {
+                if let Some((_, flag)) = for_cancel.by_id.lock().get(&cancel.session_id.to_string()) {
+                    flag.store(true, Ordering::SeqCst);
+                }
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |prompt: PromptRequest, responder, cx: ConnectionTo<Client>| {
+                let Some((cwd, cancelled)) = for_prompt
+                    .by_id
+                    .lock()
+                    .get(&prompt.session_id.to_string())
+                    .cloned()
+                else {
+                    return responder.respond_with_error(agent_client_protocol::Error::invalid_params());
+                };
+                cancelled.store(false, Ordering::SeqCst);
+                let text: String = prompt
+                    .prompt
+                    .iter()
+                    .filter_map(|block| match block {
+                        ContentBlock::Text(t) => Some(t.text.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                // The script runs in its own task: a handler never waits (for permissions, or time).
+                let runner = cx.clone();
+                cx.spawn(async move {
+                    match script(&runner, &prompt.session_id, &text, &cwd, &cancelled).await {
+                        Ok(stop) => responder.respond(PromptResponse::new(stop)),
+                        Err(error) => responder.respond_with_error(error),
+                    }
+                })
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .connect_to(Stdio::new())
+        .await
+}
+
+fn say(
+    cx: &ConnectionTo<Client>,
+    session: &SessionId,
+    update: SessionUpdate,
+) -> agent_client_protocol::Result<()> {
+    cx.send_notification(SessionNotification::new(session.clone(), update))
+}
+
+fn chunk(text: &str) -> ContentChunk {
+    ContentChunk::new(ContentBlock::from(text.to_string()))
+}
+
+async fn script(
+    cx: &ConnectionTo<Client>,
+    session: &SessionId,
+    prompt: &str,
+    cwd: &std::path::Path,
+    cancelled: &AtomicBool,
+) -> agent_client_protocol::Result<StopReason> {
+    if prompt.contains("fail") {
+        return Err(agent_client_protocol::Error::internal_error().data("the test agent was asked to fail"));
+    }
+    if let Some(count) = prompt
+        .split_whitespace()
+        .skip_while(|w| *w != "chunks")
+        .nth(1)
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        for _ in 0..count {
+            say(cx, session, SessionUpdate::AgentMessageChunk(chunk("x")))?;
+        }
+        return Ok(StopReason::EndTurn);
+    }
+    if prompt.contains("environment") {
+        let mut names: Vec<String> = std::env::vars().map(|(name, _)| name).collect();
+        names.sort();
+        say(
+            cx,
+            session,
+            SessionUpdate::AgentMessageChunk(chunk(&format!("ENV: {}.", names.join(",")))),
+        )?;
+        return Ok(StopReason::EndTurn);
+    }
+    say(
+        cx,
+        session,
+        SessionUpdate::AgentThoughtChunk(chunk("Thinking about it.")),
+    )?;
+    for word in format!("The test agent heard: {prompt}.").split_inclusive(' ') {
+        say(cx, session, SessionUpdate::AgentMessageChunk(chunk(word)))?;
+    }
+    if prompt.contains("permission") {
+        let tool = ToolCall::new("write-notes", "Write notes.txt")
+            .kind(ToolKind::Edit)
+            .status(ToolCallStatus::Pending);
+        say(cx, session, SessionUpdate::ToolCall(tool))?;
+        let options = vec![
+            PermissionOption::new("allow", "Allow once", PermissionOptionKind::AllowOnce),
+            PermissionOption::new("allow-always", "Always allow", PermissionOptionKind::AllowAlways),
+            PermissionOption::new("reject", "Reject", PermissionOptionKind::RejectOnce),
+        ];
+        let asked = RequestPermissionRequest::new(
+            session.clone(),
+            ToolCallUpdate::new(
+                "write-notes",
+                ToolCallUpdateFields::new().title("Write notes.txt".to_string()),
+            ),
+            options,
+        );
+        let answer = cx.send_request(asked).block_task().await?;
+        let allowed = matches!(&answer.outcome, RequestPermissionOutcome::Selected(s) if s.option_id.to_string() == "allow");
+        if matches!(answer.outcome, RequestPermissionOutcome::Cancelled) || cancelled.load(Ordering::SeqCst) {
+            return Ok(StopReason::Cancelled);
+        }
+        if allowed {
+            // Through the client (the relay), which keeps it inside the session's directory.
+            cx.send_request(WriteTextFileRequest::new(
+                session.clone(),
+                cwd.join("notes.txt"),
+                "written by the test agent\n",
+            ))
+            .block_task()
+            .await?;
+        }
+        let status = if allowed {
+            ToolCallStatus::Completed
+        } else {
+            ToolCallStatus::Failed
+        };
+        say(
+            cx,
+            session,
+            SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
+                "write-notes",
+                ToolCallUpdateFields::new().status(status),
+            )),
+        )?;
+        let outcome = if allowed {
+            " Wrote notes.txt."
+        } else {
+            " Did not write notes.txt."
+        };
+        say(cx, session, SessionUpdate::AgentMessageChunk(chunk(outcome)))?;
+    }
+    if prompt.contains("escape") {
+        // Try to leave the working directory through the relay: each attempt must be refused.
+        for target in [
+            cwd.join("../escaped.txt"),
+            PathBuf::from("/tmp/ahp-relay-escaped.txt"),
+            cwd.join("link/escaped.txt"),
+        ] {
+            let written = cx
+                .send_request(WriteTextFileRequest::new(
+                    session.clone(),
+                    target.clone(),
+                    "escaped",
+                ))
+                .block_task()
+                .await;
+            let verdict = if written.is_ok() { "WRITTEN" } else { "refused" };
+            say(
+                cx,
+                session,
+                SessionUpdate::AgentMessageChunk(chunk(&format!(" {verdict}:{}", target.display()))),
+            )?;
+        }
+    }
+    if prompt.contains("slow") {
+        for i in 0..500 {
+            if cancelled.load(Ordering::SeqCst) {
+                return Ok(StopReason::Cancelled);
+            }
+            say(
+                cx,
+                session,
+                SessionUpdate::AgentMessageChunk(chunk(&format!(" {i}"))),
+            )?;
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    Ok(StopReason::EndTurn)
+}

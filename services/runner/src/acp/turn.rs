@@ -1,0 +1,460 @@
+//! One AHP turn of an ACP session: the agent's updates mapped to AHP chat actions, and the user's
+//! decisions mapped back (digest: `acp-bridge.md` §2).
+//!
+//! Text and thought chunks go to parts the relay creates; chunks that arrive in a burst are coalesced into
+//! one `chat/delta` / `chat/reasoning` (flushed on a short timer and before any other action), so a fast
+//! agent does not make one envelope per token. Tool calls become `chat/toolCall*`; a permission request
+//! becomes a pending confirmation that any device may answer, mapped to the agent's option ids by kind.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use agent_client_protocol::v1::schema::{
+    ContentBlock, PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest,
+    RequestPermissionResponse, SelectedPermissionOutcome, SessionUpdate, StopReason, ToolCallContent,
+    ToolCallStatus, ToolCallUpdateFields,
+};
+use agent_client_protocol::v1::Responder;
+use ahp_types::actions::{
+    ChatDeltaAction, ChatErrorAction, ChatReasoningAction, ChatResponsePartAction,
+    ChatToolCallCompleteAction, ChatToolCallReadyAction, ChatToolCallStartAction, ChatTurnCancelledAction,
+    ChatTurnCompleteAction, StateAction,
+};
+use ahp_types::common::StringOrMarkdown;
+use ahp_types::state::{
+    ConfirmationOption, ConfirmationOptionKind, ErrorInfo, ErrorResponsePart, MarkdownResponsePart,
+    ReasoningResponsePart, ResponsePart, ToolCallConfirmationReason, ToolCallResult, ToolInput,
+    ToolResultContent, ToolResultTextContent,
+};
+
+use crate::provider::ChatSink;
+
+/// The kind of text part being streamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TextKind {
+    Markdown,
+    Reasoning,
+}
+
+/// Where a tool call stands, as AHP sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ToolPhase {
+    Streaming,
+    PendingConfirmation,
+    Running,
+    Done,
+}
+
+/// A permission request waiting for a device's answer.
+pub struct ParkedPermission {
+    options: Vec<PermissionOption>,
+    responder: Responder<RequestPermissionResponse>,
+}
+
+/// The mapping state of one turn.
+pub struct TurnMapper {
+    chat: String,
+    turn_id: String,
+    sink: Arc<dyn ChatSink>,
+    started: Instant,
+    parts: usize,
+    /// The text part being streamed and its not yet emitted text.
+    current: Option<(TextKind, String)>,
+    pending_text: String,
+    tools: HashMap<String, (ToolPhase, String)>,
+    parked: HashMap<String, ParkedPermission>,
+    /// Actions emitted (for the coalescing measurement).
+    pub emitted: usize,
+}
+
+impl TurnMapper {
+    pub fn new(chat: String, turn_id: String, sink: Arc<dyn ChatSink>) -> Self {
+        Self {
+            chat,
+            turn_id,
+            sink,
+            started: Instant::now(),
+            parts: 0,
+            current: None,
+            pending_text: String::new(),
+            tools: HashMap::new(),
+            parked: HashMap::new(),
+            emitted: 0,
+        }
+    }
+
+    fn emit(&mut self, action: StateAction) -> bool {
+        self.emitted += 1;
+        self.sink.emit(&self.chat, action)
+    }
+
+    fn duration(&self) -> i64 {
+        i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Emit the text gathered since the last flush.
+    pub fn flush(&mut self) {
+        if self.pending_text.is_empty() {
+            return;
+        }
+        let Some((kind, part_id)) = self.current.clone() else {
+            return;
+        };
+        let content = std::mem::take(&mut self.pending_text);
+        let turn_id = self.turn_id.clone();
+        self.emit(match kind {
+            TextKind::Markdown => StateAction::ChatDelta(ChatDeltaAction {
+                turn_id,
+                part_id,
+                content,
+                meta: None,
+            }),
+            TextKind::Reasoning => StateAction::ChatReasoning(ChatReasoningAction {
+                turn_id,
+                part_id,
+                content,
+                meta: None,
+            }),
+        });
+    }
+
+    /// Whether text is waiting to be flushed.
+    pub fn has_pending_text(&self) -> bool {
+        !self.pending_text.is_empty()
+    }
+
+    fn text(&mut self, kind: TextKind, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        if self.current.as_ref().is_some_and(|(k, _)| *k == kind) {
+            self.pending_text.push_str(text);
+            return;
+        }
+        self.flush();
+        self.parts += 1;
+        let id = format!("{}-part{}", self.turn_id, self.parts);
+        let part = match kind {
+            TextKind::Markdown => ResponsePart::Markdown(MarkdownResponsePart {
+                id: id.clone(),
+                content: text.to_string(),
+            }),
+            TextKind::Reasoning => ResponsePart::Reasoning(ReasoningResponsePart {
+                id: id.clone(),
+                content: text.to_string(),
+            }),
+        };
+        self.current = Some((kind, id));
+        let turn_id = self.turn_id.clone();
+        self.emit(StateAction::ChatResponsePart(ChatResponsePartAction {
+            turn_id,
+            part,
+            meta: None,
+        }));
+    }
+
+    /// One `session/update` of the agent.
+    pub fn update(&mut self, update: SessionUpdate) {
+        match update {
+            SessionUpdate::AgentMessageChunk(chunk) => {
+                self.text(TextKind::Markdown, &text_of(&chunk.content))
+            }
+            SessionUpdate::AgentThoughtChunk(chunk) => {
+                self.text(TextKind::Reasoning, &text_of(&chunk.content))
+            }
+            SessionUpdate::ToolCall(call) => {
+                let id = call.tool_call_id.to_string();
+                self.start_tool(&id, &call.title, call.name.as_deref(), call.raw_input.as_ref());
+                let fields = ToolCallUpdateFields::new()
+                    .status(call.status)
+                    .content(call.content);
+                self.tool_update(&id, fields);
+            }
+            SessionUpdate::ToolCallUpdate(update) => {
+                let id = update.tool_call_id.to_string();
+                if !self.tools.contains_key(&id) {
+                    let title = update.fields.title.clone().unwrap_or_else(|| id.clone());
+                    self.start_tool(
+                        &id,
+                        &title,
+                        update.fields.name.as_deref(),
+                        update.fields.raw_input.as_ref(),
+                    );
+                }
+                self.tool_update(&id, update.fields);
+            }
+            // The AHP message is the source of truth for the user's text; the rest has no place in AHP 1.0
+            // yet (plans, commands, modes: see docs/protocol.md).
+            _ => {}
+        }
+    }
+
+    fn start_tool(
+        &mut self,
+        id: &str,
+        title: &str,
+        name: Option<&str>,
+        raw_input: Option<&serde_json::Value>,
+    ) {
+        if self.tools.contains_key(id) {
+            return;
+        }
+        self.flush();
+        self.current = None;
+        self.tools
+            .insert(id.to_string(), (ToolPhase::Streaming, title.to_string()));
+        let turn_id = self.turn_id.clone();
+        self.emit(StateAction::ChatToolCallStart(ChatToolCallStartAction {
+            turn_id,
+            tool_call_id: id.to_string(),
+            meta: None,
+            tool_name: name.unwrap_or(title).to_string(),
+            display_name: title.to_string(),
+            intention: raw_input.map(|input| input.to_string()),
+            contributor: None,
+        }));
+    }
+
+    fn ready(&mut self, id: &str, options: Option<Vec<ConfirmationOption>>) {
+        let Some((phase, title)) = self.tools.get(id).cloned() else {
+            return;
+        };
+        let pending = options.is_some();
+        if phase == ToolPhase::Done || (!pending && phase != ToolPhase::Streaming) {
+            return;
+        }
+        let turn_id = self.turn_id.clone();
+        self.emit(StateAction::ChatToolCallReady(ChatToolCallReadyAction {
+            turn_id,
+            tool_call_id: id.to_string(),
+            meta: None,
+            contributor: None,
+            intention: None,
+            invocation_message: StringOrMarkdown::Plain(title.clone()),
+            tool_input: None::<ToolInput>,
+            confirmation_title: pending.then(|| StringOrMarkdown::Plain(title.clone())),
+            risk_assessment: None,
+            edits: None,
+            editable: Some(false),
+            confirmed: (!pending).then_some(ToolCallConfirmationReason::NotNeeded),
+            options,
+        }));
+        let phase = if pending {
+            ToolPhase::PendingConfirmation
+        } else {
+            ToolPhase::Running
+        };
+        self.tools.insert(id.to_string(), (phase, title));
+    }
+
+    fn tool_update(&mut self, id: &str, fields: ToolCallUpdateFields) {
+        self.flush();
+        self.current = None;
+        if let Some(title) = &fields.title {
+            if let Some(entry) = self.tools.get_mut(id) {
+                entry.1 = title.clone();
+            }
+        }
+        let status = fields.status.unwrap_or(ToolCallStatus::Pending);
+        match status {
+            ToolCallStatus::InProgress => self.ready(id, None),
+            ToolCallStatus::Completed | ToolCallStatus::Failed => {
+                self.ready(id, None);
+                let Some((phase, title)) = self.tools.get(id).cloned() else {
+                    return;
+                };
+                if phase == ToolPhase::Done {
+                    return;
+                }
+                let content: Vec<ToolResultContent> = fields
+                    .content
+                    .iter()
+                    .flatten()
+                    .filter_map(|content| match content {
+                        ToolCallContent::Content(c) => Some(ToolResultContent::Text(ToolResultTextContent {
+                            text: text_of(&c.content),
+                        })),
+                        _ => None,
+                    })
+                    .collect();
+                let turn_id = self.turn_id.clone();
+                self.emit(StateAction::ChatToolCallComplete(ChatToolCallCompleteAction {
+                    turn_id,
+                    tool_call_id: id.to_string(),
+                    meta: None,
+                    result: ToolCallResult {
+                        success: status == ToolCallStatus::Completed,
+                        past_tense_message: StringOrMarkdown::Plain(title.clone()),
+                        content: (!content.is_empty()).then_some(content),
+                        structured_content: None,
+                        error: None,
+                    },
+                    requires_result_confirmation: None,
+                }));
+                self.tools.insert(id.to_string(), (ToolPhase::Done, title));
+            }
+            _ => {}
+        }
+    }
+
+    /// The agent asks for permission: a pending confirmation any device of the session may answer.
+    pub fn permission(
+        &mut self,
+        request: RequestPermissionRequest,
+        responder: Responder<RequestPermissionResponse>,
+    ) {
+        let id = request.tool_call.tool_call_id.to_string();
+        let title = request
+            .tool_call
+            .fields
+            .title
+            .clone()
+            .unwrap_or_else(|| id.clone());
+        self.start_tool(
+            &id,
+            &title,
+            request.tool_call.fields.name.as_deref(),
+            request.tool_call.fields.raw_input.as_ref(),
+        );
+        let options = request
+            .options
+            .iter()
+            .map(|option| ConfirmationOption {
+                id: option.option_id.to_string(),
+                label: option.name.clone(),
+                kind: if is_allow(option.kind) {
+                    ConfirmationOptionKind::Approve
+                } else {
+                    ConfirmationOptionKind::Deny
+                },
+                group: None,
+            })
+            .collect();
+        self.ready(&id, Some(options));
+        self.parked.insert(
+            id,
+            ParkedPermission {
+                options: request.options,
+                responder,
+            },
+        );
+    }
+
+    /// A device answered a pending confirmation: answer the agent with the chosen option, or the first of
+    /// the right kind (allow once before always; reject once before always).
+    pub fn confirmed(&mut self, tool_call_id: &str, approved: bool, selected: Option<&str>) {
+        let Some(parked) = self.parked.remove(tool_call_id) else {
+            return;
+        };
+        let by_kind = |kinds: &[PermissionOptionKind]| {
+            kinds.iter().find_map(|kind| {
+                parked
+                    .options
+                    .iter()
+                    .find(|o| o.kind == *kind)
+                    .map(|o| o.option_id.clone())
+            })
+        };
+        let chosen = selected
+            .and_then(|id| {
+                parked
+                    .options
+                    .iter()
+                    .find(|o| o.option_id.to_string() == id && is_allow(o.kind) == approved)
+            })
+            .map(|o| o.option_id.clone())
+            .or_else(|| {
+                if approved {
+                    by_kind(&[PermissionOptionKind::AllowOnce, PermissionOptionKind::AllowAlways])
+                } else {
+                    by_kind(&[
+                        PermissionOptionKind::RejectOnce,
+                        PermissionOptionKind::RejectAlways,
+                    ])
+                }
+            });
+        let outcome = match chosen {
+            Some(option) => RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(option)),
+            None => RequestPermissionOutcome::Cancelled,
+        };
+        if let Err(error) = parked.responder.respond(RequestPermissionResponse::new(outcome)) {
+            tracing::debug!(%error, "the agent no longer waits for this permission");
+        }
+        if let Some(entry) = self.tools.get_mut(tool_call_id) {
+            entry.0 = ToolPhase::Running;
+        }
+    }
+
+    /// The turn was cancelled: every pending permission is answered `cancelled` (ACP: MUST).
+    pub fn cancel_permissions(&mut self) {
+        for (_, parked) in self.parked.drain() {
+            let _ = parked.responder.respond(RequestPermissionResponse::new(
+                RequestPermissionOutcome::Cancelled,
+            ));
+        }
+    }
+
+    /// The prompt ended: close the turn the way AHP says for its stop reason.
+    pub fn finish(&mut self, stop: StopReason) {
+        self.flush();
+        self.cancel_permissions();
+        let turn_id = self.turn_id.clone();
+        let duration = self.duration();
+        let action = match stop {
+            StopReason::EndTurn => StateAction::ChatTurnComplete(ChatTurnCompleteAction {
+                turn_id,
+                duration,
+                meta: None,
+            }),
+            StopReason::Cancelled => StateAction::ChatTurnCancelled(ChatTurnCancelledAction {
+                turn_id,
+                duration,
+                meta: None,
+            }),
+            StopReason::MaxTokens | StopReason::MaxTurnRequests => {
+                return self.fail("limitReached", &format!("the agent stopped: {stop:?}"), true);
+            }
+            other => return self.fail("refusal", &format!("the agent stopped: {other:?}"), false),
+        };
+        self.emit(action);
+    }
+
+    /// End the turn with an error saying what the agent said.
+    pub fn fail(&mut self, error_type: &str, message: &str, resumable: bool) {
+        self.flush();
+        self.cancel_permissions();
+        let turn_id = self.turn_id.clone();
+        let duration = self.duration();
+        self.emit(StateAction::ChatError(ChatErrorAction {
+            turn_id,
+            duration,
+            part: ErrorResponsePart {
+                error: ErrorInfo {
+                    error_type: error_type.into(),
+                    message: message.into(),
+                    stack: None,
+                    meta: None,
+                },
+                resumable: Some(resumable),
+            },
+            meta: None,
+        }));
+    }
+}
+
+fn is_allow(kind: PermissionOptionKind) -> bool {
+    matches!(
+        kind,
+        PermissionOptionKind::AllowOnce | PermissionOptionKind::AllowAlways
+    )
+}
+
+/// The text of a content block (other kinds are named, not shown: AHP needs hosted URIs for them).
+fn text_of(content: &ContentBlock) -> String {
+    match content {
+        ContentBlock::Text(text) => text.text.clone(),
+        ContentBlock::ResourceLink(link) => link.uri.clone(),
+        _ => String::new(),
+    }
+}

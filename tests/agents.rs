@@ -1,0 +1,386 @@
+//! ACP agents through the relay (issue 9): the scripted test agent (`ahp-relay-test-agent`, built on the
+//! agent side of the `agent-client-protocol` crate) configured with `--agents`, driven by official `ahp`
+//! clients over real WebSockets — two devices share a session: one prompts, the other approves or cancels.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ahp_types::actions::{ChatToolCallConfirmedAction, ChatTurnCancelledAction, StateAction};
+use ahp_types::commands::{CreateChatParams, CreateSessionParams};
+use ahp_types::state::{ResponsePart, SessionLifecycle, ToolCallState};
+use serde_json::Value;
+use support::*;
+
+/// A relay with the scripted agent configured as `scripted`, its workspace in a temporary directory.
+struct AgentRelay {
+    relay: Relay,
+    workspace: tempfile::TempDir,
+    _config: tempfile::TempDir,
+}
+
+async fn relay_with_agent() -> AgentRelay {
+    let workspace = tempfile::tempdir().expect("workspace");
+    let config = tempfile::tempdir().expect("config");
+    let file = config.path().join("agents.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nenv = [\"PATH\"]\nmodels = [\"scripted-1\"]\n",
+            workspace.path().display().to_string(),
+            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
+        ),
+    )
+    .expect("write agents file");
+    let relay = Relay::start_with(&["--agents", &file.display().to_string()]).await;
+    AgentRelay {
+        relay,
+        workspace,
+        _config: config,
+    }
+}
+
+/// Create a session on the scripted agent and wait until the agent made it ready; then a chat in it.
+async fn scripted_session(client: &ahp::Client, name: &str) -> (String, String) {
+    let session = format!("ahp-session:/{name}");
+    let chat = format!("ahp-chat:/{name}");
+    let _: Value = client
+        .request(
+            "createSession",
+            CreateSessionParams {
+                channel: session.clone(),
+                meta: None,
+                provider: Some("scripted".into()),
+                working_directories: None,
+                config: None,
+                active_client: None,
+                progress_token: None,
+            },
+        )
+        .await
+        .expect("createSession");
+    let (result, mut sub) = client.subscribe(session.clone()).await.expect("subscribe");
+    let mut state = session_of(&result.snapshot.expect("snapshot"));
+    while state.lifecycle != SessionLifecycle::Ready {
+        assert_ne!(state.lifecycle, SessionLifecycle::Failed, "{state:?}");
+        let envelope = next_envelope(&mut sub).await;
+        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
+    }
+    client.unsubscribe(session.clone()).await.expect("unsubscribe");
+    let _: Value = client
+        .request(
+            "createChat",
+            CreateChatParams {
+                channel: session.clone(),
+                meta: None,
+                chat: chat.clone(),
+                initial_message: None,
+                source: None,
+                working_directories: None,
+            },
+        )
+        .await
+        .expect("createChat");
+    (session, chat)
+}
+
+fn is_turn_end(envelope: &ahp_types::actions::ActionEnvelope) -> bool {
+    matches!(
+        envelope.action,
+        StateAction::ChatTurnComplete(_) | StateAction::ChatTurnCancelled(_) | StateAction::ChatError(_)
+    )
+}
+
+fn markdown(state: &ahp_types::state::ChatState) -> String {
+    state
+        .turns
+        .iter()
+        .flat_map(|t| t.response_parts.iter())
+        .filter_map(|p| match p {
+            ResponsePart::Markdown(m) => Some(m.content.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The processes running the scripted agent in `dir`.
+fn agents_in(dir: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
+            String::from_utf8_lossy(&cmdline).contains("ahp-relay-test-agent") && cwd.as_deref() == Some(dir)
+        })
+        .collect()
+}
+
+fn session_dir(workspace: &Path, name: &str) -> PathBuf {
+    workspace
+        .join("dev")
+        .join(format!("_{name}"))
+        .canonicalize()
+        .expect("session dir")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_devices_share_an_acp_agents_turn_one_prompts_the_other_approves() {
+    let setup = relay_with_agent().await;
+    let (a, init) = setup.relay.client("device-a").await;
+    let root = match &init.snapshots[0].state {
+        ahp_types::state::SnapshotState::Root(root) => root.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert!(root.agents.iter().any(|agent| agent.provider == "scripted"));
+    let (b, _) = setup.relay.client("device-b").await;
+    let (_, chat) = scripted_session(&a, "shared").await;
+    let (a_state, a_from, mut a_sub) = subscribe_chat(&a, &chat).await;
+    let (b_state, b_from, mut b_sub) = subscribe_chat(&b, &chat).await;
+
+    a.dispatch(chat.clone(), turn_started("t1", "please ask permission"))
+        .await
+        .expect("dispatch");
+    // Device B sees the agent's permission request as a pending confirmation and approves it.
+    let mut b_seen = Vec::new();
+    let tool_call_id = loop {
+        let envelope = next_envelope(&mut b_sub).await;
+        b_seen.push(envelope.clone());
+        if let StateAction::ChatToolCallReady(ready) = &envelope.action {
+            if ready.options.is_some() {
+                break ready.tool_call_id.clone();
+            }
+        }
+    };
+    b.dispatch(
+        chat.clone(),
+        StateAction::ChatToolCallConfirmed(ChatToolCallConfirmedAction {
+            turn_id: "t1".into(),
+            tool_call_id,
+            meta: None,
+            approved: true,
+            confirmed: None,
+            reason: None,
+            edited_tool_input: None,
+            user_suggestion: None,
+            reason_message: None,
+            selected_option_id: None,
+        }),
+    )
+    .await
+    .expect("approve");
+    b_seen.extend(collect_until(&mut b_sub, is_turn_end).await);
+    let a_seen = collect_until(&mut a_sub, is_turn_end).await;
+    assert!(
+        matches!(
+            a_seen.last().map(|e| &e.action),
+            Some(StateAction::ChatTurnComplete(_))
+        ),
+        "{:?}",
+        a_seen.last()
+    );
+
+    // Both devices saw the same envelopes and reduce to the host's state.
+    let from = a_from.max(b_from);
+    let after = |seen: &[ahp_types::actions::ActionEnvelope]| {
+        json(&seen.iter().filter(|e| e.server_seq > from).collect::<Vec<_>>())
+    };
+    assert_eq!(after(&a_seen), after(&b_seen));
+    let fresh = fresh_chat_snapshot(&setup.relay, &chat).await;
+    assert_eq!(json(&reduce_chat(a_state, a_from, &a_seen)), json(&fresh));
+    assert_eq!(json(&reduce_chat(b_state, b_from, &b_seen)), json(&fresh));
+    let reply = markdown(&fresh);
+    assert!(
+        reply.contains("The test agent heard: please ask permission."),
+        "{reply}"
+    );
+    assert!(reply.contains("Wrote notes.txt."), "{reply}");
+    let tool = fresh.turns[0]
+        .response_parts
+        .iter()
+        .find_map(|p| match p {
+            ResponsePart::ToolCall(tc) => Some(tc.tool_call.clone()),
+            _ => None,
+        })
+        .expect("a tool call");
+    assert!(matches!(tool, ToolCallState::Completed(_)), "{tool:?}");
+
+    // The file exists in the session's directory and nowhere else in the workspace.
+    let dir = session_dir(setup.workspace.path(), "shared");
+    assert!(dir.join("notes.txt").exists());
+    let found: Vec<PathBuf> = walk(setup.workspace.path())
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n == "notes.txt"))
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_from_another_device_stops_the_agent_and_the_next_prompt_works() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (b, _) = setup.relay.client("device-b").await;
+    let (_, chat) = scripted_session(&a, "cancelled").await;
+    let (state, from, mut a_sub) = subscribe_chat(&a, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t1", "a slow answer please"))
+        .await
+        .expect("dispatch");
+    // Wait until the agent streams, then cancel from the other device.
+    let mut seen = collect_until(&mut a_sub, |e| matches!(e.action, StateAction::ChatDelta(_))).await;
+    b.dispatch(
+        chat.clone(),
+        StateAction::ChatTurnCancelled(ChatTurnCancelledAction {
+            turn_id: "t1".into(),
+            duration: 0,
+            meta: None,
+        }),
+    )
+    .await
+    .expect("cancel");
+    seen.extend(collect_until(&mut a_sub, is_turn_end).await);
+    assert!(matches!(
+        seen.last().map(|e| &e.action),
+        Some(StateAction::ChatTurnCancelled(_))
+    ));
+    // The next prompt runs once the agent has stopped.
+    a.dispatch(chat.clone(), turn_started("t2", "hello again"))
+        .await
+        .expect("dispatch");
+    seen.extend(collect_until(&mut a_sub, is_turn_end).await);
+    assert!(
+        matches!(
+            seen.last().map(|e| &e.action),
+            Some(StateAction::ChatTurnComplete(_))
+        ),
+        "{:?}",
+        seen.last()
+    );
+    let fresh = fresh_chat_snapshot(&setup.relay, &chat).await;
+    assert_eq!(json(&reduce_chat(state, from, &seen)), json(&fresh));
+    assert!(markdown(&fresh).contains("The test agent heard: hello again."));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_error_ends_the_turn_and_disposing_kills_the_agent() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (session, chat) = scripted_session(&a, "failing").await;
+    let (_, _, mut sub) = subscribe_chat(&a, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t1", "please fail"))
+        .await
+        .expect("dispatch");
+    let seen = collect_until(&mut sub, is_turn_end).await;
+    let Some(StateAction::ChatError(error)) = seen.last().map(|e| &e.action) else {
+        panic!("expected chat/error, got {:?}", seen.last());
+    };
+    assert!(
+        error.part.error.message.contains("asked to fail"),
+        "{}",
+        error.part.error.message
+    );
+    a.ping().await.expect("the relay is healthy");
+
+    // The agent runs in the session's directory until the session is disposed.
+    let dir = session_dir(setup.workspace.path(), "failing");
+    assert!(
+        !agents_in(&dir).is_empty(),
+        "the agent process runs in {}",
+        dir.display()
+    );
+    let _: Value = a
+        .request("disposeSession", serde_json::json!({"channel": session}))
+        .await
+        .expect("dispose");
+    let gone = tokio::time::timeout(PATIENCE, async {
+        while !agents_in(&dir).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "the agent still runs: {:?}", agents_in(&dir));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_runs_with_exactly_its_allowed_environment() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (_, chat) = scripted_session(&a, "environment").await;
+    let (_, _, mut sub) = subscribe_chat(&a, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t1", "show your environment"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, is_turn_end).await;
+    // The relay runs with the test's whole environment (secrets included); the agent sees PATH only.
+    let reply = markdown(&fresh_chat_snapshot(&setup.relay, &chat).await);
+    assert_eq!(reply, "ENV: PATH.");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_cannot_write_outside_its_working_directory_through_the_relay() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (_, chat) = scripted_session(&a, "escape").await;
+    let dir = session_dir(setup.workspace.path(), "escape");
+    let elsewhere = setup.workspace.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).expect("mkdir");
+    std::os::unix::fs::symlink(&elsewhere, dir.join("link")).expect("symlink");
+    let (_, _, mut sub) = subscribe_chat(&a, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t1", "try to escape"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, is_turn_end).await;
+    let reply = markdown(&fresh_chat_snapshot(&setup.relay, &chat).await);
+    assert_eq!(reply.matches(" refused:").count(), 3, "{reply}");
+    assert!(!reply.contains("WRITTEN"), "{reply}");
+    assert!(!dir.parent().expect("tenant dir").join("escaped.txt").exists());
+    assert!(!Path::new("/tmp/ahp-relay-escaped.txt").exists());
+    assert!(std::fs::read_dir(&elsewhere).expect("elsewhere").next().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_working_directory_outside_the_tenants_workspace_is_refused() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    for outside in [
+        "file:///etc".to_string(),
+        format!("file://{}/other-tenant/x", setup.workspace.path().display()),
+        format!("file://{}/dev/../other-tenant", setup.workspace.path().display()),
+    ] {
+        let refused = a
+            .request::<_, Value>(
+                "createSession",
+                CreateSessionParams {
+                    channel: "ahp-session:/escape".into(),
+                    meta: None,
+                    provider: Some("scripted".into()),
+                    working_directories: Some(vec![outside.clone()]),
+                    config: None,
+                    active_client: None,
+                    progress_token: None,
+                },
+            )
+            .await;
+        assert!(
+            matches!(&refused, Err(ahp::ClientError::Rpc(e)) if e.code == -32602 && e.message.contains("outside")),
+            "{outside}: {refused:?}"
+        );
+    }
+    assert!(!setup.workspace.path().join("other-tenant").exists());
+}
