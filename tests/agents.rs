@@ -384,3 +384,44 @@ async fn a_working_directory_outside_the_tenants_workspace_is_refused() {
     }
     assert!(!setup.workspace.path().join("other-tenant").exists());
 }
+
+/// Not a timed assertion: it checks that every chunk arrives, in order, on two devices, and prints what
+/// coalescing did (recorded in docs/benchmarks.md; run with `-- --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_agents_chunks_reach_every_device_coalesced() {
+    const CHUNKS: usize = 10_000;
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (b, _) = setup.relay.client("device-b").await;
+    let (_, chat) = scripted_session(&a, "fast").await;
+    let (_, _, mut a_sub) = subscribe_chat(&a, &chat).await;
+    let (b_state, b_from, mut b_sub) = subscribe_chat(&b, &chat).await;
+    let started = std::time::Instant::now();
+    a.dispatch(chat.clone(), turn_started("t1", &format!("chunks {CHUNKS}")))
+        .await
+        .expect("dispatch");
+    let a_seen = collect_until(&mut a_sub, is_turn_end).await;
+    let b_seen = collect_until(&mut b_sub, is_turn_end).await;
+    let to_last_device = started.elapsed();
+    let state = reduce_chat(b_state, b_from, &b_seen);
+    assert_eq!(
+        markdown(&state),
+        "x".repeat(CHUNKS),
+        "every chunk, once, in order"
+    );
+    assert_eq!(json(&a_seen), json(&b_seen));
+    let text_envelopes = b_seen
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.action,
+                StateAction::ChatDelta(_) | StateAction::ChatResponsePart(_)
+            )
+        })
+        .count();
+    println!(
+        "coalescing: {CHUNKS} agent chunks -> {text_envelopes} text envelopes ({:.4} per chunk); prompt to last device {:?}",
+        text_envelopes as f64 / CHUNKS as f64,
+        to_last_device
+    );
+}
