@@ -21,18 +21,12 @@ struct AgentRelay {
 }
 
 async fn relay_with_agent() -> AgentRelay {
-    let workspace = tempfile::tempdir().expect("workspace");
-    let config = tempfile::tempdir().expect("config");
-    let file = config.path().join("agents.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nenv = [\"PATH\"]\nmodels = [\"scripted-1\"]\n",
-            workspace.path().display().to_string(),
-            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
-        ),
-    )
-    .expect("write agents file");
+    relay_with_agents(&[]).await
+}
+
+/// The scripted agent plus third-party ones, as (id, command, extra arguments).
+async fn relay_with_agents(others: &[(&str, &str, &[&str])]) -> AgentRelay {
+    let (workspace, config, file) = agents_file(&[], others);
     let relay = Relay::start_with(&["--agents", &file.display().to_string()]).await;
     AgentRelay {
         relay,
@@ -41,8 +35,36 @@ async fn relay_with_agent() -> AgentRelay {
     }
 }
 
+/// A workspace and an agents file: the scripted agent (with `scripted_args`) plus `others`.
+fn agents_file(
+    scripted_args: &[&str],
+    others: &[(&str, &str, &[&str])],
+) -> (tempfile::TempDir, tempfile::TempDir, PathBuf) {
+    let workspace = tempfile::tempdir().expect("workspace");
+    let config = tempfile::tempdir().expect("config");
+    let file = config.path().join("agents.toml");
+    let mut text = format!(
+        "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nargs = {scripted_args:?}\nenv = [\"PATH\"]\nmodels = [\"scripted-1\"]\n",
+        workspace.path().display().to_string(),
+        env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
+    );
+    for (id, command, args) in others {
+        // Third-party agents want a HOME (for their settings); they get the relay's.
+        text.push_str(&format!(
+            "\n[[agent]]\nid = {id:?}\ndisplay_name = {id:?}\ncommand = {command:?}\nargs = {args:?}\nenv = [\"PATH\", \"HOME\"]\n"
+        ));
+    }
+    std::fs::write(&file, text).expect("write agents file");
+    (workspace, config, file)
+}
+
 /// Create a session on the scripted agent and wait until the agent made it ready; then a chat in it.
 async fn scripted_session(client: &ahp::Client, name: &str) -> (String, String) {
+    agent_session(client, "scripted", name).await
+}
+
+/// Create a session on `agent` and wait until the agent made it ready; then a chat in it.
+async fn agent_session(client: &ahp::Client, agent: &str, name: &str) -> (String, String) {
     let session = format!("ahp-session:/{name}");
     let chat = format!("ahp-chat:/{name}");
     let _: Value = client
@@ -51,7 +73,7 @@ async fn scripted_session(client: &ahp::Client, name: &str) -> (String, String) 
             CreateSessionParams {
                 channel: session.clone(),
                 meta: None,
-                provider: Some("scripted".into()),
+                provider: Some(agent.into()),
                 working_directories: None,
                 config: None,
                 active_client: None,
@@ -424,4 +446,175 @@ async fn a_fast_agents_chunks_reach_every_device_coalesced() {
         text_envelopes as f64 / CHUNKS as f64,
         to_last_device
     );
+}
+
+/// An installed third-party agent (scripts/with-acp-agents exports it), or `None` with a note.
+fn third_party(variable: &str) -> Option<String> {
+    let path = std::env::var(variable).ok();
+    if path.is_none() {
+        eprintln!(
+            "skipped: {variable} not set (scripts/test installs the agent with scripts/with-acp-agents)"
+        );
+    }
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elizacp_from_crates_io_completes_a_prompt_through_the_relay() {
+    let Some(elizacp) = third_party("AHP_TEST_ELIZACP") else {
+        return;
+    };
+    let setup = relay_with_agents(&[("eliza", &elizacp, &["--deterministic", "acp"])]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (b, _) = setup.relay.client("device-b").await;
+    let (_, chat) = agent_session(&a, "eliza", "eliza").await;
+    let (_, _, mut a_sub) = subscribe_chat(&a, &chat).await;
+    let (b_state, b_from, mut b_sub) = subscribe_chat(&b, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t1", "I feel a bit tired today"))
+        .await
+        .expect("dispatch");
+    let a_seen = collect_until(&mut a_sub, is_turn_end).await;
+    let b_seen = collect_until(&mut b_sub, is_turn_end).await;
+    assert!(
+        matches!(
+            b_seen.last().map(|e| &e.action),
+            Some(StateAction::ChatTurnComplete(_))
+        ),
+        "{:?}",
+        b_seen.last()
+    );
+    assert_eq!(json(&a_seen), json(&b_seen));
+    let state = reduce_chat(b_state, b_from, &b_seen);
+    assert!(!markdown(&state).trim().is_empty(), "Eliza answered");
+    assert_eq!(
+        json(&state),
+        json(&fresh_chat_snapshot(&setup.relay, &chat).await)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_agent_acp_lists_its_models_and_a_prompt_without_credentials_ends_in_an_error() {
+    let Some(claude) = third_party("AHP_TEST_CLAUDE_ACP") else {
+        return;
+    };
+    let setup = relay_with_agents(&[("claude", &claude, &[])]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (b, _) = setup.relay.client("device-b").await;
+    let mut root = b.attach_subscription("ahp-root://").await;
+    let (_, chat) = agent_session(&a, "claude", "claude").await;
+    // The models the agent reported in session/new are now listed in root state.
+    let agents = loop {
+        let event = tokio::time::timeout(PATIENCE, root.recv())
+            .await
+            .expect("timed out waiting for root/agentsChanged")
+            .expect("root closed");
+        if let ahp::SubscriptionEvent::Action(envelope) = event {
+            if let StateAction::RootAgentsChanged(changed) = envelope.action {
+                break changed.agents;
+            }
+        }
+    };
+    let claude_info = agents
+        .iter()
+        .find(|a| a.provider == "claude")
+        .expect("claude listed");
+    assert!(
+        claude_info.models.iter().any(|m| m.id == "haiku"),
+        "{:?}",
+        claude_info.models
+    );
+
+    let (_, _, mut a_sub) = subscribe_chat(&a, &chat).await;
+    let (_, _, mut b_sub) = subscribe_chat(&b, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t1", "hello"))
+        .await
+        .expect("dispatch");
+    for sub in [&mut a_sub, &mut b_sub] {
+        let seen = collect_until(sub, is_turn_end).await;
+        let Some(StateAction::ChatError(error)) = seen.last().map(|e| &e.action) else {
+            panic!("expected chat/error, got {:?}", seen.last());
+        };
+        assert!(
+            error.part.error.message.contains("Authentication required"),
+            "{}",
+            error.part.error.message
+        );
+    }
+    a.ping().await.expect("the relay is healthy");
+    b.ping().await.expect("the relay is healthy");
+}
+
+/// Prompt on `chat` and return the reduced state once the turn ended.
+async fn prompt(client: &ahp::Client, chat: &str, turn_id: &str, text: &str) -> ahp_types::state::ChatState {
+    let (state, from, mut sub) = subscribe_chat(client, chat).await;
+    client
+        .dispatch(chat.into(), turn_started(turn_id, text))
+        .await
+        .expect("dispatch");
+    let seen = collect_until(&mut sub, is_turn_end).await;
+    client.unsubscribe(chat.into()).await.expect("unsubscribe");
+    reduce_chat(state, from, &seen)
+}
+
+fn turn_text(state: &ahp_types::state::ChatState, turn_id: &str) -> (String, Vec<String>) {
+    let turn = state.turns.iter().find(|t| t.id == turn_id).expect("turn");
+    let mut markdown = String::new();
+    let mut notes = Vec::new();
+    for part in &turn.response_parts {
+        match part {
+            ResponsePart::Markdown(m) => markdown.push_str(&m.content),
+            ResponsePart::SystemNotification(n) => notes.push(match &n.content {
+                ahp_types::common::StringOrMarkdown::Plain(text) => text.clone(),
+                other => serde_json::to_string(other).unwrap_or_default(),
+            }),
+            _ => {}
+        }
+    }
+    (markdown, notes)
+}
+
+/// Prompt once, restart the relay (the agent process goes with it), prompt again.
+async fn prompt_across_a_restart(scripted_args: &[&str]) -> (String, Vec<String>) {
+    let (workspace, _config, file) = agents_file(scripted_args, &[]);
+    let data = tempfile::tempdir().expect("data");
+    let flags = ["--agents", &file.display().to_string()];
+    let mut relay = Relay::start_in(data.path(), &flags).await;
+    let (a, _) = relay.client("device-a").await;
+    let (_, chat) = scripted_session(&a, "restarted").await;
+    let state = prompt(&a, &chat, "t1", "first").await;
+    assert!(turn_text(&state, "t1")
+        .0
+        .contains("This session has seen 1 prompts."));
+    a.shutdown().await;
+    assert!(relay.terminate().await);
+    let dir = session_dir(workspace.path(), "restarted");
+    assert!(agents_in(&dir).is_empty(), "the agent stopped with the relay");
+
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let (a, _) = relay.client("device-a").await;
+    let state = prompt(&a, &chat, "t2", "second").await;
+    assert_eq!(json(&state), json(&fresh_chat_snapshot(&relay, &chat).await));
+    turn_text(&state, "t2")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_next_prompt_continues_the_agents_session() {
+    let (reply, notes) = prompt_across_a_restart(&[]).await;
+    assert!(reply.contains("This session has seen 2 prompts."), "{reply}");
+    assert!(
+        !reply.contains("replayed history"),
+        "the load's replay is not published: {reply}"
+    );
+    assert!(notes.is_empty(), "{notes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_an_agent_that_cannot_load_says_its_context_was_reset() {
+    let (reply, notes) = prompt_across_a_restart(&["--no-load"]).await;
+    assert!(
+        reply.contains("This session has seen 1 prompts."),
+        "a new ACP session: {reply}"
+    );
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].contains("could not restore"), "{notes:?}");
 }

@@ -12,5 +12,5 @@ pub mod provider;
 pub use demo::{DemoPace, DemoProvider};
 pub use provider::{
     ChatSink, ClientTool, Provider, ProviderRegistry, SessionRequest, SessionStart, TurnControl, TurnHandle,
-    TurnRequest,
+    TurnRequest, AGENT_STATE_META,
 };

@@ -13,7 +13,13 @@ pub trait ChatSink: Send + Sync + 'static {
     /// Emit one server action on `channel` (the turn's chat, or its session). Returns `false` when the channel
     /// no longer exists or the action no longer applies (e.g. the turn ended), so the provider can stop.
     fn emit(&self, channel: &str, action: StateAction) -> bool;
+    /// What the host lists for an agent changed (e.g. the models its agent reported): the host updates root
+    /// state `agents` with `root/agentsChanged`.
+    fn agent_changed(&self, _info: AgentInfo) {}
 }
+
+/// The key of a session's `_meta` where its provider keeps what it needs to continue the session later.
+pub const AGENT_STATE_META: &str = "ahpRelay/agent";
 
 /// A turn the host asks a provider to run.
 #[derive(Debug, Clone)]
@@ -23,6 +29,9 @@ pub struct TurnRequest {
     pub tenant: String,
     /// The session's working directory as its client named it, if any.
     pub working_directory: Option<String>,
+    /// What the provider stored about the session in its state (`_meta["ahpRelay/agent"]`, e.g. the ACP
+    /// session id), to continue it after a restart.
+    pub agent_state: Option<serde_json::Value>,
     pub chat: String,
     pub turn_id: String,
     pub prompt: String,

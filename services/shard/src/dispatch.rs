@@ -222,6 +222,11 @@ impl HostCore {
                 .working_directories
                 .as_ref()
                 .and_then(|dirs| dirs.first().cloned()),
+            agent_state: session
+                .state
+                .meta
+                .as_ref()
+                .and_then(|meta| meta.get(relay_runner::AGENT_STATE_META).cloned()),
             chat: chat.to_string(),
             turn_id: turn_id.to_string(),
             prompt: prompt.to_string(),

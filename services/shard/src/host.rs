@@ -669,6 +669,24 @@ impl ChatSink for HostSink {
             .upgrade()
             .is_some_and(|host| host.emit_agent_action(channel, action))
     }
+
+    fn agent_changed(&self, info: ahp_types::state::AgentInfo) {
+        let Some(host) = self.host.upgrade() else {
+            return;
+        };
+        host.with_core(|core| {
+            let mut agents = core.model.root.agents.clone();
+            match agents.iter_mut().find(|agent| agent.provider == info.provider) {
+                Some(listed) if *listed == info => return,
+                Some(listed) => *listed = info,
+                None => return,
+            }
+            core.apply_server_action(
+                ahp_types::ROOT_RESOURCE_URI,
+                StateAction::RootAgentsChanged(ahp_types::actions::RootAgentsChangedAction { agents }),
+            );
+        });
+    }
 }
 
 impl HostCore {

@@ -12,7 +12,9 @@
 //! - "fail": a JSON-RPC error instead of an answer;
 //! - "environment": the names of the variables it runs with.
 //!
-//! It also prints its process id to stderr at start (tests check the process is gone after a dispose).
+//! Sessions are kept in `<cwd>/.test-agent/<id>` (the number of prompts seen), so a new process of the agent
+//! can `session/load` them (replaying a line of history first, as ACP agents do); every reply ends with
+//! "This session has seen N prompts." With `--no-load` it does not advertise `loadSession`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -21,10 +23,10 @@ use std::sync::Arc;
 
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, InitializeRequest, InitializeResponse,
-    NewSessionRequest, NewSessionResponse, PermissionOption, PermissionOptionKind, PromptRequest,
-    PromptResponse, RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionNotification,
-    SessionUpdate, StopReason, ToolCall, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
-    WriteTextFileRequest,
+    LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse, PermissionOption,
+    PermissionOptionKind, PromptRequest, PromptResponse, RequestPermissionOutcome, RequestPermissionRequest,
+    SessionId, SessionNotification, SessionUpdate, StopReason, ToolCall, ToolCallStatus, ToolCallUpdate,
+    ToolCallUpdateFields, ToolKind, WriteTextFileRequest,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, Stdio};
@@ -39,7 +41,9 @@ struct Sessions {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> agent_client_protocol::Result<()> {
     eprintln!("ahp-relay-test-agent pid {}", std::process::id());
+    let can_load = !std::env::args().any(|arg| arg == "--no-load");
     let sessions = Arc::new(Sessions::default());
+    let for_load = sessions.clone();
     let for_new = sessions.clone();
     let for_prompt = sessions.clone();
     let for_cancel = sessions;
@@ -50,19 +54,46 @@ async fn main() -> agent_client_protocol::Result<()> {
             async move |initialize: InitializeRequest, responder, _cx| {
                 responder.respond(
                     InitializeResponse::new(initialize.protocol_version)
-                        .agent_capabilities(AgentCapabilities::new()),
+                        .agent_capabilities(AgentCapabilities::new().load_session(can_load)),
                 )
             },
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
             async move |new: NewSessionRequest, responder, _cx| {
-                let id = format!("test-session-{}", for_new.by_id.lock().len() + 1);
+                let id = format!(
+                    "test-session-{}-{}",
+                    std::process::id(),
+                    for_new.by_id.lock().len() + 1
+                );
+                if let Err(error) = store_count(&new.cwd, &id, 0) {
+                    return responder.respond_with_error(error);
+                }
                 for_new
                     .by_id
                     .lock()
                     .insert(id.clone(), (new.cwd.clone(), Arc::new(AtomicBool::new(false))));
                 responder.respond(NewSessionResponse::new(SessionId::new(id)))
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |load: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
+                let id = load.session_id.to_string();
+                if load_count(&load.cwd, &id).is_none() {
+                    return responder.respond_with_error(agent_client_protocol::Error::invalid_params());
+                }
+                for_load
+                    .by_id
+                    .lock()
+                    .insert(id, (load.cwd.clone(), Arc::new(AtomicBool::new(false))));
+                // ACP agents replay the session's history before they answer.
+                say(
+                    &cx,
+                    &load.session_id,
+                    SessionUpdate::AgentMessageChunk(chunk("replayed history")),
+                )?;
+                responder.respond(LoadSessionResponse::new())
             },
             agent_client_protocol::on_receive_request!(),
         )
@@ -236,6 +267,13 @@ async fn script(
             )?;
         }
     }
+    let seen = load_count(cwd, &session.to_string()).unwrap_or(0) + 1;
+    store_count(cwd, &session.to_string(), seen)?;
+    say(
+        cx,
+        session,
+        SessionUpdate::AgentMessageChunk(chunk(&format!(" This session has seen {seen} prompts."))),
+    )?;
     if prompt.contains("slow") {
         for i in 0..500 {
             if cancelled.load(Ordering::SeqCst) {
@@ -250,4 +288,24 @@ async fn script(
         }
     }
     Ok(StopReason::EndTurn)
+}
+
+fn session_file(cwd: &std::path::Path, id: &str) -> PathBuf {
+    cwd.join(".test-agent").join(id)
+}
+
+fn load_count(cwd: &std::path::Path, id: &str) -> Option<u64> {
+    std::fs::read_to_string(session_file(cwd, id))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn store_count(cwd: &std::path::Path, id: &str, count: u64) -> agent_client_protocol::Result<()> {
+    let file = session_file(cwd, id);
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir).map_err(agent_client_protocol::Error::into_internal_error)?;
+    }
+    std::fs::write(file, count.to_string()).map_err(agent_client_protocol::Error::into_internal_error)
 }

@@ -29,6 +29,8 @@ pub struct AcpProvider {
     config: Arc<AgentConfig>,
     workspace_root: PathBuf,
     sessions: Arc<Mutex<HashMap<String, SessionWorker>>>,
+    /// The models the agent itself reported (its `session/new` model selector), once known.
+    reported_models: Arc<Mutex<Option<Vec<SessionModelInfo>>>>,
 }
 
 impl AcpProvider {
@@ -37,6 +39,7 @@ impl AcpProvider {
             config: Arc::new(config),
             workspace_root,
             sessions: Arc::default(),
+            reported_models: Arc::default(),
         }
     }
 
@@ -56,11 +59,22 @@ impl AcpProvider {
         tenant: &str,
         working_directory: Option<&str>,
         sink: Arc<dyn ChatSink>,
-        announce: bool,
+        start: session::Start,
     ) -> Result<mpsc::UnboundedSender<Prompt>, String> {
         let cwd = workspace::session_directory(&self.workspace_root, tenant, session, working_directory)
             .map_err(|error| error.to_string())?;
-        let worker = SessionWorker::spawn(self.config.clone(), cwd, session.to_string(), sink, announce);
+        let listing = Listing {
+            base: self.info_with(None),
+            reported: self.reported_models.clone(),
+        };
+        let worker = SessionWorker::spawn(
+            self.config.clone(),
+            cwd,
+            session.to_string(),
+            sink,
+            start,
+            listing,
+        );
         let prompts = worker.prompts();
         if let Some(old) = self.sessions.lock().insert(session.to_string(), worker) {
             old.stop();
@@ -69,27 +83,66 @@ impl AcpProvider {
     }
 }
 
-impl Provider for AcpProvider {
-    fn info(&self) -> AgentInfo {
+impl AcpProvider {
+    /// The agent as listed: the configured models, or those the agent reported.
+    fn info_with(&self, reported: Option<Vec<SessionModelInfo>>) -> AgentInfo {
+        let configured = || {
+            self.config
+                .models
+                .iter()
+                .map(|model| model_info(&self.config.id, model, model))
+                .collect()
+        };
         AgentInfo {
             provider: self.config.id.clone(),
             display_name: self.config.display_name.clone(),
             description: self.config.description.clone(),
-            models: self
-                .config
-                .models
-                .iter()
-                .filter_map(|model| {
-                    serde_json::from_value::<SessionModelInfo>(serde_json::json!({
-                        "id": model, "name": model,
-                    }))
-                    .ok()
-                })
-                .collect(),
+            models: reported.unwrap_or_else(configured),
             protected_resources: None,
             customizations: None,
             capabilities: None,
         }
+    }
+}
+
+/// How a session's worker tells the host what the agent reported about itself.
+pub struct Listing {
+    base: AgentInfo,
+    reported: Arc<Mutex<Option<Vec<SessionModelInfo>>>>,
+}
+
+impl Listing {
+    /// The agent reported its models: list them (here and in every host that lists the agent from now on).
+    pub fn models_reported(&self, models: Vec<SessionModelInfo>, sink: &dyn ChatSink) {
+        if models.is_empty() {
+            return;
+        }
+        *self.reported.lock() = Some(models.clone());
+        let mut info = self.base.clone();
+        info.models = models;
+        sink.agent_changed(info);
+    }
+}
+
+/// An `AgentInfo` model entry.
+pub fn model_info(provider: &str, id: &str, name: &str) -> SessionModelInfo {
+    SessionModelInfo {
+        id: id.to_string(),
+        provider: provider.to_string(),
+        name: name.to_string(),
+        max_context_window: None,
+        max_output_tokens: None,
+        max_prompt_tokens: None,
+        supports_vision: None,
+        policy_state: None,
+        config_schema: None,
+        meta: None,
+    }
+}
+
+impl Provider for AcpProvider {
+    fn info(&self) -> AgentInfo {
+        self.info_with(self.reported_models.lock().clone())
     }
 
     fn create_session(&self, request: SessionRequest, sink: Arc<dyn ChatSink>) -> SessionStart {
@@ -98,7 +151,7 @@ impl Provider for AcpProvider {
             &request.tenant,
             request.working_directory.as_deref(),
             sink,
-            true,
+            session::Start::New,
         ) {
             Ok(_) => SessionStart::Pending,
             Err(message) => SessionStart::Refused(message),
@@ -122,7 +175,13 @@ impl Provider for AcpProvider {
                 &turn.tenant,
                 turn.working_directory.as_deref(),
                 sink.clone(),
-                false,
+                session::Start::Continue(
+                    turn.agent_state
+                        .as_ref()
+                        .and_then(|state| state.get("acpSessionId"))
+                        .and_then(|id| id.as_str())
+                        .map(str::to_string),
+                ),
             ),
         };
         let prompt = Prompt {

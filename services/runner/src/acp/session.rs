@@ -12,14 +12,18 @@ use std::time::Duration;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     CancelNotification, ClientCapabilities, ContentBlock, FileSystemCapabilities, InitializeRequest,
-    NewSessionRequest, PromptRequest, ReadTextFileRequest, ReadTextFileResponse, RequestPermissionRequest,
-    RequestPermissionResponse, SessionId, SessionNotification, TextContent, WriteTextFileRequest,
-    WriteTextFileResponse,
+    LoadSessionRequest, NewSessionRequest, PromptRequest, ReadTextFileRequest, ReadTextFileResponse,
+    RequestPermissionRequest, RequestPermissionResponse, SessionConfigKind, SessionConfigOption,
+    SessionConfigOptionCategory, SessionConfigSelectOption, SessionConfigSelectOptions, SessionId,
+    SessionNotification, TextContent, WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{AcpAgent, AcpAgentConfig, Agent, Client};
-use ahp_types::actions::{SessionCreationFailedAction, SessionReadyAction, StateAction};
+use ahp_types::actions::{
+    SessionCreationFailedAction, SessionMetaChangedAction, SessionReadyAction, StateAction,
+};
 use ahp_types::state::ErrorInfo;
+use ahp_types::state::SessionModelInfo;
 use tokio::sync::mpsc;
 
 use super::config::AgentConfig;
@@ -30,6 +34,17 @@ use crate::provider::{ChatSink, TurnControl};
 const COALESCE_EVERY: Duration = Duration::from_millis(40);
 /// How long an agent may take to stop after `session/cancel` before the turn ends without it.
 const CANCEL_PATIENCE: Duration = Duration::from_secs(10);
+
+/// How a session's agent starts.
+#[derive(Debug, Clone)]
+pub enum Start {
+    /// For a new AHP session: `session/ready` or `session/creationFailed` tell how it went.
+    New,
+    /// For an existing session whose agent is gone (a restart): continue its ACP session when the agent can
+    /// load it (`session/load`, its replay suppressed: the relay has the history); otherwise start afresh and
+    /// say so in the chat.
+    Continue(Option<String>),
+}
 
 /// One turn to run.
 pub struct Prompt {
@@ -59,16 +74,17 @@ impl SessionWorker {
         cwd: PathBuf,
         session: String,
         sink: Arc<dyn ChatSink>,
-        announce: bool,
+        start: Start,
+        listing: super::Listing,
     ) -> SessionWorker {
         let (prompts, queue) = mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
             let announcer = Announcer {
                 session: session.clone(),
                 sink: sink.clone(),
-                pending: announce,
+                pending: matches!(start, Start::New),
             };
-            run(config, cwd, announcer, queue).await;
+            run(config, cwd, announcer, listing, start, queue).await;
         });
         SessionWorker { prompts, task }
     }
@@ -122,6 +138,8 @@ async fn run(
     config: Arc<AgentConfig>,
     cwd: PathBuf,
     mut announcer: Announcer,
+    listing: super::Listing,
+    start: Start,
     mut queue: mpsc::UnboundedReceiver<Prompt>,
 ) {
     let env = match config.environment(|name| std::env::var(name).ok()) {
@@ -191,24 +209,63 @@ async fn run(
                 )
                 .block_task()
                 .await;
-            if let Err(error) = initialized {
-                announcer.failed("agentInitialize", error.to_string());
-                return Ok(());
-            }
-            let created = cx
-                .send_request(NewSessionRequest::new(cwd.clone()))
-                .block_task()
-                .await;
-            let session_id = match created {
-                Ok(created) => created.session_id,
+            let initialized = match initialized {
+                Ok(initialized) => initialized,
                 Err(error) => {
-                    announcer.failed("agentSessionNew", error.to_string());
+                    announcer.failed("agentInitialize", error.to_string());
                     return Ok(());
+                }
+            };
+            let mut note = None;
+            let loaded = match &start {
+                Start::Continue(Some(id)) if initialized.agent_capabilities.load_session => {
+                    let loaded = cx
+                        .send_request(LoadSessionRequest::new(SessionId::new(id.clone()), cwd.clone()))
+                        .block_task()
+                        .await;
+                    // The agent replays the session's history before answering: the relay has it already.
+                    while updates.try_recv().is_ok() {}
+                    match loaded {
+                        Ok(loaded) => {
+                            let models = reported_models(&config.id, loaded.config_options.as_deref());
+                            listing.models_reported(models, announcer.sink.as_ref());
+                            Some(SessionId::new(id.clone()))
+                        }
+                        Err(error) => {
+                            tracing::info!(%error, "the agent could not load its session; starting a new one");
+                            None
+                        }
+                    }
+                }
+                _ => None,
+            };
+            let session_id = match loaded {
+                Some(id) => id,
+                None => {
+                    let created = cx
+                        .send_request(NewSessionRequest::new(cwd.clone()))
+                        .block_task()
+                        .await;
+                    match created {
+                        Ok(created) => {
+                            let models = reported_models(&config.id, created.config_options.as_deref());
+                            listing.models_reported(models, announcer.sink.as_ref());
+                            remember(&announcer, &created.session_id);
+                            if matches!(start, Start::Continue(_)) {
+                                note = Some(CONTEXT_RESET);
+                            }
+                            created.session_id
+                        }
+                        Err(error) => {
+                            announcer.failed("agentSessionNew", error.to_string());
+                            return Ok(());
+                        }
+                    }
                 }
             };
             announcer.ready();
             while let Some(prompt) = queue.recv().await {
-                run_turn(&cx, &session_id, prompt, &mut updates, &mut permissions).await;
+                run_turn(&cx, &session_id, prompt, note.take(), &mut updates, &mut permissions).await;
             }
             Ok(())
         })
@@ -224,15 +281,36 @@ async fn run(
     }
 }
 
+/// Said in the chat when an agent restarted without its earlier context.
+const CONTEXT_RESET: &str =
+    "The agent restarted and could not restore this chat's earlier context: it continues without it.";
+
+/// Keep the ACP session id in the AHP session's state (`_meta`), so a restarted agent can load it.
+fn remember(announcer: &Announcer, session_id: &SessionId) {
+    let mut meta = ahp_types::common::JsonObject::new();
+    meta.insert(
+        crate::provider::AGENT_STATE_META.into(),
+        serde_json::json!({ "acpSessionId": session_id.to_string() }),
+    );
+    announcer.sink.emit(
+        &announcer.session,
+        StateAction::SessionMetaChanged(SessionMetaChangedAction { meta: Some(meta) }),
+    );
+}
+
 /// Prompt the agent with one turn and map everything it sends until the prompt answers.
 async fn run_turn(
     cx: &ConnectionTo<Agent>,
     session_id: &SessionId,
     mut prompt: Prompt,
+    note: Option<&str>,
     updates: &mut mpsc::UnboundedReceiver<SessionNotification>,
     permissions: &mut mpsc::UnboundedReceiver<Permission>,
 ) {
     let mut mapper = TurnMapper::new(prompt.chat.clone(), prompt.turn_id.clone(), prompt.sink.clone());
+    if let Some(note) = note {
+        mapper.system_note(note);
+    }
     let reply = cx
         .send_request(PromptRequest::new(
             session_id.clone(),
@@ -310,4 +388,27 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 fn refused(error: super::fs::FsError) -> agent_client_protocol::Error {
     tracing::info!(%error, "an agent's file operation was refused");
     agent_client_protocol::Error::invalid_params().data(error.to_string())
+}
+
+/// The models an agent offers, from its `session/new` model selector (config option of category `model`).
+fn reported_models(provider: &str, options: Option<&[SessionConfigOption]>) -> Vec<SessionModelInfo> {
+    let Some(selector) = options
+        .into_iter()
+        .flatten()
+        .find(|option| matches!(option.category, Some(SessionConfigOptionCategory::Model)))
+    else {
+        return Vec::new();
+    };
+    let SessionConfigKind::Select(select) = &selector.kind else {
+        return Vec::new();
+    };
+    let choices: Vec<&SessionConfigSelectOption> = match &select.options {
+        SessionConfigSelectOptions::Ungrouped(options) => options.iter().collect(),
+        SessionConfigSelectOptions::Grouped(groups) => groups.iter().flat_map(|g| g.options.iter()).collect(),
+        _ => Vec::new(),
+    };
+    choices
+        .into_iter()
+        .map(|choice| super::model_info(provider, &choice.value.to_string(), &choice.name))
+        .collect()
 }

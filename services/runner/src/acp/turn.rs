@@ -24,8 +24,8 @@ use ahp_types::actions::{
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
     ConfirmationOption, ConfirmationOptionKind, ErrorInfo, ErrorResponsePart, MarkdownResponsePart,
-    ReasoningResponsePart, ResponsePart, ToolCallConfirmationReason, ToolCallResult, ToolInput,
-    ToolResultContent, ToolResultTextContent,
+    ReasoningResponsePart, ResponsePart, SystemNotificationResponsePart, ToolCallConfirmationReason,
+    ToolCallResult, ToolInput, ToolResultContent, ToolResultTextContent,
 };
 
 use crate::provider::ChatSink;
@@ -150,6 +150,21 @@ impl TurnMapper {
         self.emit(StateAction::ChatResponsePart(ChatResponsePartAction {
             turn_id,
             part,
+            meta: None,
+        }));
+    }
+
+    /// A system message in the turn (e.g. the agent lost its context).
+    pub fn system_note(&mut self, text: &str) {
+        self.flush();
+        self.current = None;
+        let turn_id = self.turn_id.clone();
+        self.emit(StateAction::ChatResponsePart(ChatResponsePartAction {
+            turn_id,
+            part: ResponsePart::SystemNotification(SystemNotificationResponsePart {
+                content: StringOrMarkdown::Plain(text.to_string()),
+                meta: None,
+            }),
             meta: None,
         }));
     }
