@@ -618,3 +618,79 @@ async fn after_a_restart_an_agent_that_cannot_load_says_its_context_was_reset() 
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert!(notes[0].contains("could not restore"), "{notes:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steering_message_for_an_acp_agent_runs_as_the_next_turn() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (_, chat) = scripted_session(&a, "steered").await;
+    let (state, from, mut sub) = subscribe_chat(&a, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t1", "please ask permission"))
+        .await
+        .expect("dispatch");
+    // While the turn waits for its permission, a device steers.
+    let mut seen = collect_until(
+        &mut sub,
+        |e| matches!(&e.action, StateAction::ChatToolCallReady(r) if r.options.is_some()),
+    )
+    .await;
+    let StateAction::ChatToolCallReady(ready) = &seen[seen.len() - 1].action else {
+        unreachable!()
+    };
+    let tool_call_id = ready.tool_call_id.clone();
+    a.dispatch(
+        chat.clone(),
+        StateAction::ChatPendingMessageSet(ahp_types::actions::ChatPendingMessageSetAction {
+            kind: ahp_types::state::PendingMessageKind::Steering,
+            id: "s1".into(),
+            message: message("now focus on tests"),
+        }),
+    )
+    .await
+    .expect("steer");
+    a.dispatch(
+        chat.clone(),
+        StateAction::ChatToolCallConfirmed(ChatToolCallConfirmedAction {
+            turn_id: "t1".into(),
+            tool_call_id,
+            meta: None,
+            approved: false,
+            confirmed: None,
+            reason: None,
+            edited_tool_input: None,
+            user_suggestion: None,
+            reason_message: None,
+            selected_option_id: None,
+        }),
+    )
+    .await
+    .expect("deny");
+    // The ACP agent cannot take it mid-turn: it stays pending, then starts the next turn.
+    let mut pending_during_t1 = false;
+    loop {
+        let envelope = next_envelope(&mut sub).await;
+        let done = matches!(&envelope.action, StateAction::ChatTurnComplete(c) if c.turn_id != "t1");
+        seen.push(envelope);
+        let so_far = reduce_chat(state.clone(), from, &seen);
+        if so_far.active_turn.as_ref().is_some_and(|t| t.id == "t1") && so_far.steering_message.is_some() {
+            pending_during_t1 = true;
+        }
+        if done {
+            break;
+        }
+    }
+    assert!(
+        pending_during_t1,
+        "the steering message stayed pending while t1 ran"
+    );
+    let state = reduce_chat(state, from, &seen);
+    assert!(state.steering_message.is_none());
+    let last = state.turns.last().expect("a second turn");
+    assert_eq!(last.message.text, "now focus on tests");
+    assert!(markdown(&state).contains("Did not write notes.txt."));
+    assert!(markdown(&state).contains("The test agent heard: now focus on tests."));
+    assert_eq!(
+        json(&state),
+        json(&fresh_chat_snapshot(&setup.relay, &chat).await)
+    );
+}

@@ -79,6 +79,10 @@ impl Provider for DemoProvider {
         }
     }
 
+    fn can_steer(&self) -> bool {
+        true
+    }
+
     fn start_turn(&self, turn: TurnRequest, sink: Arc<dyn ChatSink>) -> TurnHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let pace = self.pace;

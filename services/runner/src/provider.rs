@@ -128,6 +128,11 @@ pub trait Provider: Send + Sync + 'static {
     fn create_session(&self, _session: SessionRequest, _sink: Arc<dyn ChatSink>) -> SessionStart {
         SessionStart::Ready
     }
+    /// Whether a running turn takes steering messages ([`TurnControl::Steer`]). When it does not, the host
+    /// keeps a steering message pending and starts it as the next turn.
+    fn can_steer(&self) -> bool {
+        false
+    }
     /// Start running a turn; output goes to `sink`.
     fn start_turn(&self, turn: TurnRequest, sink: Arc<dyn ChatSink>) -> TurnHandle;
     /// The session is gone: stop everything the provider runs for it.

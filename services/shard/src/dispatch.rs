@@ -253,8 +253,9 @@ impl HostCore {
     }
 
     /// Hand the chat's steering message to its running turn: the agent takes it at its next step, and it
-    /// stops being pending. An idle chat starts a turn with it; a turn no agent runs (e.g. one restored
-    /// after a restart) leaves it for the end of the turn.
+    /// stops being pending. An idle chat starts a turn with it; a turn whose agent cannot be steered (ACP v1
+    /// has no steering) or that no agent runs (e.g. one restored after a restart) leaves it for the end of
+    /// the turn.
     fn steer(&mut self, chat: &str) {
         let Some(record) = self.model.chats.get(chat) else {
             return;
@@ -266,11 +267,18 @@ impl HostCore {
             self.drain_queue(chat);
             return;
         }
-        let taken = record.running.as_ref().is_some_and(|turn| {
-            turn.send(TurnControl::Steer {
-                text: steering.message.text.clone(),
-            })
-        });
+        let steerable = self
+            .model
+            .sessions
+            .get(&record.session)
+            .and_then(|session| self.providers.get(&session.state.provider))
+            .is_some_and(|provider| provider.can_steer());
+        let taken = steerable
+            && record.running.as_ref().is_some_and(|turn| {
+                turn.send(TurnControl::Steer {
+                    text: steering.message.text.clone(),
+                })
+            });
         if taken {
             self.apply_server_action(
                 chat,
