@@ -231,6 +231,13 @@ async fn two_devices_share_an_acp_agents_turn_one_prompts_the_other_approves() {
         .expect("a tool call");
     assert!(matches!(tool, ToolCallState::Completed(_)), "{tool:?}");
 
+    // The agent's title update named the session.
+    let listed: ahp_types::commands::ListSessionsResult = a
+        .request("listSessions", serde_json::json!({"channel": "ahp-root://"}))
+        .await
+        .expect("listSessions");
+    assert_eq!(listed.items[0].title, "Test: please ask permission");
+
     // The file exists in the session's directory and nowhere else in the workspace.
     let dir = session_dir(setup.workspace.path(), "shared");
     assert!(dir.join("notes.txt").exists());

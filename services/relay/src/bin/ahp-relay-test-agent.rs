@@ -25,8 +25,8 @@ use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, InitializeRequest, InitializeResponse,
     LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse, PermissionOption,
     PermissionOptionKind, PromptRequest, PromptResponse, RequestPermissionOutcome, RequestPermissionRequest,
-    SessionId, SessionNotification, SessionUpdate, StopReason, ToolCall, ToolCallStatus, ToolCallUpdate,
-    ToolCallUpdateFields, ToolKind, WriteTextFileRequest,
+    SessionId, SessionInfoUpdate, SessionNotification, SessionUpdate, StopReason, ToolCall, ToolCallStatus,
+    ToolCallUpdate, ToolCallUpdateFields, ToolKind, WriteTextFileRequest,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, Stdio};
@@ -269,6 +269,15 @@ async fn script(
     }
     let seen = load_count(cwd, &session.to_string()).unwrap_or(0) + 1;
     store_count(cwd, &session.to_string(), seen)?;
+    if seen == 1 {
+        // A title for the session, from its first prompt.
+        let title: String = prompt.split_whitespace().take(4).collect::<Vec<_>>().join(" ");
+        say(
+            cx,
+            session,
+            SessionUpdate::SessionInfoUpdate(SessionInfoUpdate::new().title(format!("Test: {title}"))),
+        )?;
+    }
     say(
         cx,
         session,

@@ -265,7 +265,16 @@ async fn run(
             };
             announcer.ready();
             while let Some(prompt) = queue.recv().await {
-                run_turn(&cx, &session_id, prompt, note.take(), &mut updates, &mut permissions).await;
+                run_turn(
+                    &cx,
+                    &session_id,
+                    &session_uri,
+                    prompt,
+                    note.take(),
+                    &mut updates,
+                    &mut permissions,
+                )
+                .await;
             }
             Ok(())
         })
@@ -302,12 +311,14 @@ fn remember(announcer: &Announcer, session_id: &SessionId) {
 async fn run_turn(
     cx: &ConnectionTo<Agent>,
     session_id: &SessionId,
+    session: &str,
     mut prompt: Prompt,
     note: Option<&str>,
     updates: &mut mpsc::UnboundedReceiver<SessionNotification>,
     permissions: &mut mpsc::UnboundedReceiver<Permission>,
 ) {
-    let mut mapper = TurnMapper::new(prompt.chat.clone(), prompt.turn_id.clone(), prompt.sink.clone());
+    let mut mapper =
+        TurnMapper::new(prompt.chat.clone(), prompt.turn_id.clone(), prompt.sink.clone()).in_session(session);
     if let Some(note) = note {
         mapper.system_note(note);
     }

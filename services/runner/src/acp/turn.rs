@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use agent_client_protocol::schema::MaybeUndefined;
 use agent_client_protocol::v1::schema::{
     ContentBlock, PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest,
     RequestPermissionResponse, SelectedPermissionOutcome, SessionUpdate, StopReason, ToolCallContent,
@@ -19,7 +20,7 @@ use agent_client_protocol::v1::Responder;
 use ahp_types::actions::{
     ChatDeltaAction, ChatErrorAction, ChatReasoningAction, ChatResponsePartAction,
     ChatToolCallCompleteAction, ChatToolCallReadyAction, ChatToolCallStartAction, ChatTurnCancelledAction,
-    ChatTurnCompleteAction, StateAction,
+    ChatTurnCompleteAction, SessionTitleChangedAction, StateAction,
 };
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
@@ -54,6 +55,8 @@ pub struct ParkedPermission {
 
 /// The mapping state of one turn.
 pub struct TurnMapper {
+    /// The chat's session (titles go there).
+    session: Option<String>,
     chat: String,
     turn_id: String,
     sink: Arc<dyn ChatSink>,
@@ -71,6 +74,7 @@ pub struct TurnMapper {
 impl TurnMapper {
     pub fn new(chat: String, turn_id: String, sink: Arc<dyn ChatSink>) -> Self {
         Self {
+            session: None,
             chat,
             turn_id,
             sink,
@@ -87,6 +91,11 @@ impl TurnMapper {
     fn emit(&mut self, action: StateAction) -> bool {
         self.emitted += 1;
         self.sink.emit(&self.chat, action)
+    }
+
+    fn emit_on(&mut self, channel: &str, action: StateAction) -> bool {
+        self.emitted += 1;
+        self.sink.emit(channel, action)
     }
 
     fn duration(&self) -> i64 {
@@ -154,6 +163,12 @@ impl TurnMapper {
         }));
     }
 
+    /// The session the chat belongs to: the agent's title updates go to it.
+    pub fn in_session(mut self, session: &str) -> Self {
+        self.session = Some(session.to_string());
+        self
+    }
+
     /// A system message in the turn (e.g. the agent lost its context).
     pub fn system_note(&mut self, text: &str) {
         self.flush();
@@ -198,6 +213,14 @@ impl TurnMapper {
                     );
                 }
                 self.tool_update(&id, update.fields);
+            }
+            SessionUpdate::SessionInfoUpdate(info) => {
+                if let (MaybeUndefined::Value(title), Some(session)) = (&info.title, &self.session) {
+                    self.emit_on(
+                        &session.clone(),
+                        StateAction::SessionTitleChanged(SessionTitleChangedAction { title: title.clone() }),
+                    );
+                }
             }
             // The AHP message is the source of truth for the user's text; the rest has no place in AHP 1.0
             // yet (plans, commands, modes: see docs/protocol.md).
