@@ -40,11 +40,19 @@ fn agents_file(
     scripted_args: &[&str],
     others: &[(&str, &str, &[&str])],
 ) -> (tempfile::TempDir, tempfile::TempDir, PathBuf) {
+    agents_file_idle(scripted_args, others, 600)
+}
+
+fn agents_file_idle(
+    scripted_args: &[&str],
+    others: &[(&str, &str, &[&str])],
+    idle_timeout_seconds: u64,
+) -> (tempfile::TempDir, tempfile::TempDir, PathBuf) {
     let workspace = tempfile::tempdir().expect("workspace");
     let config = tempfile::tempdir().expect("config");
     let file = config.path().join("agents.toml");
     let mut text = format!(
-        "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nargs = {scripted_args:?}\nenv = [\"PATH\"]\nmodels = [\"scripted-1\"]\n",
+        "workspace_root = {:?}\nidle_timeout_seconds = {idle_timeout_seconds}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nargs = {scripted_args:?}\nenv = [\"PATH\"]\nmodels = [\"scripted-1\"]\n",
         workspace.path().display().to_string(),
         env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
     );
@@ -700,4 +708,29 @@ async fn a_steering_message_for_an_acp_agent_runs_as_the_next_turn() {
         json(&state),
         json(&fresh_chat_snapshot(&setup.relay, &chat).await)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_agent_is_stopped_and_the_next_prompt_continues_its_session() {
+    let (workspace, _config, file) = agents_file_idle(&[], &[], 1);
+    let relay = Relay::start_with(&["--agents", &file.display().to_string()]).await;
+    let (a, _) = relay.client("device-a").await;
+    let (_, chat) = scripted_session(&a, "idle").await;
+    let state = prompt(&a, &chat, "t1", "first").await;
+    assert!(turn_text(&state, "t1")
+        .0
+        .contains("This session has seen 1 prompts."));
+    // Idle past the timeout: the agent's process goes (bounded wait for the condition).
+    let dir = session_dir(workspace.path(), "idle");
+    let gone = tokio::time::timeout(PATIENCE, async {
+        while !agents_in(&dir).is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "the idle agent still runs: {:?}", agents_in(&dir));
+    let state = prompt(&a, &chat, "t2", "second").await;
+    let (reply, notes) = turn_text(&state, "t2");
+    assert!(reply.contains("This session has seen 2 prompts."), "{reply}");
+    assert!(notes.is_empty(), "{notes:?}");
 }

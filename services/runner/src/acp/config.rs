@@ -24,6 +24,10 @@ pub enum AgentConfigError {
 pub struct AgentsFile {
     /// Where sessions' working directories live: `<workspace_root>/<tenant>/…`.
     pub workspace_root: PathBuf,
+    /// An agent process with no prompt for this long is stopped (its process group killed); the session's
+    /// next prompt starts it again and continues its ACP session where the agent can load it.
+    #[serde(default = "default_idle_timeout_seconds")]
+    pub idle_timeout_seconds: u64,
     /// The agents, in the order clients see them.
     #[serde(default, rename = "agent")]
     pub agents: Vec<AgentConfig>,
@@ -53,6 +57,10 @@ pub struct AgentConfig {
     pub models: Vec<String>,
 }
 
+fn default_idle_timeout_seconds() -> u64 {
+    600
+}
+
 impl AgentsFile {
     /// Read and check an agents file.
     pub fn load(path: &Path) -> Result<AgentsFile, AgentConfigError> {
@@ -70,6 +78,9 @@ impl AgentsFile {
             message,
         };
         let file: AgentsFile = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        if file.idle_timeout_seconds == 0 {
+            return Err(invalid("idle_timeout_seconds must be at least 1".into()));
+        }
         if !file.workspace_root.is_absolute() {
             return Err(invalid("workspace_root must be an absolute path".into()));
         }

@@ -28,16 +28,18 @@ use session::{Prompt, SessionWorker};
 pub struct AcpProvider {
     config: Arc<AgentConfig>,
     workspace_root: PathBuf,
+    idle_timeout: std::time::Duration,
     sessions: Arc<Mutex<HashMap<String, SessionWorker>>>,
     /// The models the agent itself reported (its `session/new` model selector), once known.
     reported_models: Arc<Mutex<Option<Vec<SessionModelInfo>>>>,
 }
 
 impl AcpProvider {
-    pub fn new(config: AgentConfig, workspace_root: PathBuf) -> Self {
+    pub fn new(config: AgentConfig, workspace_root: PathBuf, idle_timeout: std::time::Duration) -> Self {
         Self {
             config: Arc::new(config),
             workspace_root,
+            idle_timeout,
             sessions: Arc::default(),
             reported_models: Arc::default(),
         }
@@ -47,7 +49,13 @@ impl AcpProvider {
     pub fn from_file(file: &AgentsFile) -> Vec<AcpProvider> {
         file.agents
             .iter()
-            .map(|agent| AcpProvider::new(agent.clone(), file.workspace_root.clone()))
+            .map(|agent| {
+                AcpProvider::new(
+                    agent.clone(),
+                    file.workspace_root.clone(),
+                    std::time::Duration::from_secs(file.idle_timeout_seconds),
+                )
+            })
             .collect()
     }
 
@@ -74,6 +82,7 @@ impl AcpProvider {
             sink,
             start,
             listing,
+            self.idle_timeout,
         );
         let prompts = worker.prompts();
         if let Some(old) = self.sessions.lock().insert(session.to_string(), worker) {

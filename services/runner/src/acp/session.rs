@@ -76,6 +76,7 @@ impl SessionWorker {
         sink: Arc<dyn ChatSink>,
         start: Start,
         listing: super::Listing,
+        idle_timeout: Duration,
     ) -> SessionWorker {
         let (prompts, queue) = mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
@@ -84,7 +85,7 @@ impl SessionWorker {
                 sink: sink.clone(),
                 pending: matches!(start, Start::New),
             };
-            run(config, cwd, announcer, listing, start, queue).await;
+            run(config, cwd, announcer, listing, start, idle_timeout, queue).await;
         });
         SessionWorker { prompts, task }
     }
@@ -140,6 +141,7 @@ async fn run(
     mut announcer: Announcer,
     listing: super::Listing,
     start: Start,
+    idle_timeout: Duration,
     mut queue: mpsc::UnboundedReceiver<Prompt>,
 ) {
     let env = match config.environment(|name| std::env::var(name).ok()) {
@@ -264,7 +266,9 @@ async fn run(
                 }
             };
             announcer.ready();
-            while let Some(prompt) = queue.recv().await {
+            // Idle for too long: the agent stops (returning drops the connection, which kills its process
+            // group); the next prompt starts it again.
+            while let Ok(Some(prompt)) = tokio::time::timeout(idle_timeout, queue.recv()).await {
                 run_turn(
                     &cx,
                     &session_id,
