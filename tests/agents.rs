@@ -43,6 +43,18 @@ fn agents_file(
     agents_file_idle(scripted_args, others, 600)
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_runs_under_its_configured_rlimits() {
+    let (_workspace, _config, file) = agents_file(&[], &[]);
+    let text = std::fs::read_to_string(&file).expect("read");
+    std::fs::write(&file, format!("{text}limits = {{ open_files = 77 }}\n")).expect("write");
+    let relay = Relay::start_with(&["--agents", &file.display().to_string()]).await;
+    let (a, _) = relay.client("device-a").await;
+    let (_, chat) = scripted_session(&a, "limited").await;
+    let state = prompt(&a, &chat, "t1", "show your limits").await;
+    assert_eq!(turn_text(&state, "t1").0, "NOFILE: 77.");
+}
+
 fn agents_file_idle(
     scripted_args: &[&str],
     others: &[(&str, &str, &[&str])],

@@ -10,7 +10,8 @@
 //! - "slow": a long reply, one chunk every 20 ms, that stops at `session/cancel` with `cancelled`;
 //! - "chunks N": N one-character chunks as fast as possible (the coalescing benchmark);
 //! - "fail": a JSON-RPC error instead of an answer;
-//! - "environment": the names of the variables it runs with.
+//! - "environment": the names of the variables it runs with;
+//! - "limits": its open-files limit (RLIMIT_NOFILE).
 //!
 //! Sessions are kept in `<cwd>/.test-agent/<id>` (the number of prompts seen), so a new process of the agent
 //! can `session/load` them (replaying a line of history first, as ACP agents do); every reply ends with
@@ -171,6 +172,22 @@ async fn script(
         for _ in 0..count {
             say(cx, session, SessionUpdate::AgentMessageChunk(chunk("x")))?;
         }
+        return Ok(StopReason::EndTurn);
+    }
+    if prompt.contains("limits") {
+        // Its open-files limit, as the kernel applies it.
+        let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+        let open_files = limits
+            .lines()
+            .find(|line| line.starts_with("Max open files"))
+            .and_then(|line| line.split_whitespace().nth(3))
+            .unwrap_or("unknown")
+            .to_string();
+        say(
+            cx,
+            session,
+            SessionUpdate::AgentMessageChunk(chunk(&format!("NOFILE: {open_files}."))),
+        )?;
         return Ok(StopReason::EndTurn);
     }
     if prompt.contains("environment") {

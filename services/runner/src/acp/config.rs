@@ -52,9 +52,44 @@ pub struct AgentConfig {
     /// Variables whose values are read from files (e.g. mounted secrets): `NAME = "/run/secrets/name"`.
     #[serde(default)]
     pub env_files: BTreeMap<String, PathBuf>,
-    /// Models listed in the agent's `AgentInfo`.
+    /// Models listed in the agent's `AgentInfo` (until the agent reports its own).
     #[serde(default)]
     pub models: Vec<String>,
+    /// Resource limits of the agent's processes (rlimits, set with util-linux `prlimit`).
+    #[serde(default)]
+    pub limits: ProcessLimits,
+}
+
+/// Resource limits for an agent's processes; unset ones are inherited from the relay.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessLimits {
+    /// Largest virtual memory of one process, in bytes (RLIMIT_AS).
+    pub address_space_bytes: Option<u64>,
+    /// CPU time of one process, in seconds (RLIMIT_CPU).
+    pub cpu_seconds: Option<u64>,
+    /// Open files of one process (RLIMIT_NOFILE).
+    pub open_files: Option<u64>,
+    /// Processes of the agent's user (RLIMIT_NPROC).
+    pub processes: Option<u64>,
+    /// Largest file one process may write, in bytes (RLIMIT_FSIZE).
+    pub file_size_bytes: Option<u64>,
+}
+
+impl ProcessLimits {
+    /// The `prlimit` options that set these limits (soft and hard), empty when none is set.
+    pub fn prlimit_args(&self) -> Vec<String> {
+        [
+            ("--as", self.address_space_bytes),
+            ("--cpu", self.cpu_seconds),
+            ("--nofile", self.open_files),
+            ("--nproc", self.processes),
+            ("--fsize", self.file_size_bytes),
+        ]
+        .into_iter()
+        .filter_map(|(option, value)| value.map(|v| format!("{option}={v}")))
+        .collect()
+    }
 }
 
 fn default_idle_timeout_seconds() -> u64 {
@@ -149,6 +184,17 @@ models = ["sonnet"]
 "#;
 
     #[test]
+    fn limits_become_prlimit_options() {
+        let limits = ProcessLimits {
+            open_files: Some(64),
+            cpu_seconds: Some(600),
+            ..ProcessLimits::default()
+        };
+        assert_eq!(limits.prlimit_args(), ["--cpu=600", "--nofile=64"]);
+        assert!(ProcessLimits::default().prlimit_args().is_empty());
+    }
+
+    #[test]
     fn the_example_in_the_repository_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/agents.example.toml");
         let file = AgentsFile::load(&path).expect("the example is valid");
@@ -185,6 +231,7 @@ models = ["sonnet"]
             env: vec!["PATH".into(), "UNSET".into()],
             env_files: BTreeMap::from([("API_KEY".into(), secret)]),
             models: vec![],
+            limits: ProcessLimits::default(),
         };
         let relay_env = |name: &str| match name {
             "PATH" => Some("/bin".to_string()),

@@ -149,15 +149,23 @@ async fn run(
         Err(error) => return announcer.failed("agentConfiguration", error.to_string()),
     };
     // `env -i` gives the agent exactly its allowed environment (the ACP crate's spawner inherits ours);
-    // `--chdir` starts it in the session's directory.
-    let agent = AcpAgent::new(
-        AcpAgentConfig::new("env")
-            .arg("-i")
-            .arg(format!("--chdir={}", cwd.display()))
-            .args(env.iter().map(|(name, value)| format!("{name}={value}")))
-            .arg(config.command.clone())
-            .args(config.args.clone()),
-    );
+    // `--chdir` starts it in the session's directory; `prlimit` (which then runs `env`) sets its rlimits.
+    let env_args = ["-i".to_string(), format!("--chdir={}", cwd.display())]
+        .into_iter()
+        .chain(env.iter().map(|(name, value)| format!("{name}={value}")))
+        .chain(std::iter::once(config.command.clone()))
+        .chain(config.args.iter().cloned());
+    let limits = config.limits.prlimit_args();
+    let command = if limits.is_empty() {
+        AcpAgentConfig::new("env").args(env_args)
+    } else {
+        AcpAgentConfig::new("prlimit")
+            .args(limits)
+            .arg("--")
+            .arg("env")
+            .args(env_args)
+    };
+    let agent = AcpAgent::new(command);
     let (read_root, write_root) = (cwd.clone(), cwd.clone());
     let (updates_tx, mut updates) = mpsc::unbounded_channel::<SessionNotification>();
     let (permissions_tx, mut permissions) = mpsc::unbounded_channel::<Permission>();
