@@ -746,3 +746,32 @@ async fn an_idle_agent_is_stopped_and_the_next_prompt_continues_its_session() {
     assert!(reply.contains("This session has seen 2 prompts."), "{reply}");
     assert!(notes.is_empty(), "{notes:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_chat_of_a_session_has_its_own_acp_session() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (session, first) = scripted_session(&a, "two-chats").await;
+    let second = "ahp-chat:/two-chats-second".to_string();
+    let _: Value = a
+        .request(
+            "createChat",
+            CreateChatParams {
+                channel: session,
+                meta: None,
+                chat: second.clone(),
+                initial_message: None,
+                source: None,
+                working_directories: None,
+            },
+        )
+        .await
+        .expect("createChat");
+    prompt(&a, &first, "t1", "one").await;
+    prompt(&a, &first, "t2", "two").await;
+    let state = prompt(&a, &second, "t3", "three").await;
+    // The agent counts prompts per ACP session: the second chat starts at 1.
+    assert!(turn_text(&state, "t3")
+        .0
+        .contains("This session has seen 1 prompts."));
+}

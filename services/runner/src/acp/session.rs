@@ -276,10 +276,34 @@ async fn run(
             announcer.ready();
             // Idle for too long: the agent stops (returning drops the connection, which kills its process
             // group); the next prompt starts it again.
+            // One ACP session per chat (ACP multiplexes them on the connection): the first chat that prompts
+            // gets the session made (or loaded) above, every other chat a new one.
+            let mut primary = Some(session_id);
+            let mut by_chat: std::collections::HashMap<String, SessionId> = Default::default();
             while let Ok(Some(prompt)) = tokio::time::timeout(idle_timeout, queue.recv()).await {
+                let chat_session = match by_chat.get(&prompt.chat) {
+                    Some(id) => id.clone(),
+                    None => {
+                        let id = match primary.take() {
+                            Some(id) => id,
+                            None => {
+                                match cx.send_request(NewSessionRequest::new(cwd.clone())).block_task().await {
+                                    Ok(created) => created.session_id,
+                                    Err(error) => {
+                                        let message = format!("the agent could not open a session: {error}");
+                                        fail_turn(&prompt, "agentSessionNew", &message);
+                                        continue;
+                                    }
+                                }
+                            }
+                        };
+                        by_chat.insert(prompt.chat.clone(), id.clone());
+                        id
+                    }
+                };
                 run_turn(
                     &cx,
-                    &session_id,
+                    &chat_session,
                     &session_uri,
                     prompt,
                     note.take(),
