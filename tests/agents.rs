@@ -775,3 +775,62 @@ async fn each_chat_of_a_session_has_its_own_acp_session() {
         .0
         .contains("This session has seen 1 prompts."));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_question_is_an_input_request_another_device_answers() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (b, _) = setup.relay.client("device-b").await;
+    let (_, chat) = scripted_session(&a, "asked").await;
+    let (state, from, mut a_sub) = subscribe_chat(&a, &chat).await;
+    let (_, _, mut b_sub) = subscribe_chat(&b, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t1", "please ask me something"))
+        .await
+        .expect("dispatch");
+    let requested = collect_until(&mut b_sub, |e| {
+        matches!(e.action, StateAction::ChatInputRequested(_))
+    })
+    .await;
+    let StateAction::ChatInputRequested(asked) = &requested[requested.len() - 1].action else {
+        unreachable!()
+    };
+    let questions = json(&asked.request.questions);
+    let question = |id: &str| {
+        questions
+            .as_array()
+            .and_then(|all| all.iter().find(|q| q["id"] == id))
+            .cloned()
+            .unwrap_or_else(|| panic!("no question {id}: {questions}"))
+    };
+    assert_eq!(question("name")["kind"], "text");
+    assert_eq!(question("name")["required"], true);
+    assert_eq!(question("colour")["kind"], "single-select");
+    assert_eq!(question("colour")["options"][1]["id"], "green");
+    let answers: std::collections::HashMap<String, ahp_types::state::ChatInputAnswer> =
+        serde_json::from_value(serde_json::json!({
+            "name": {"state": "submitted", "value": {"kind": "text", "value": "Ada"}},
+            "colour": {"state": "submitted", "value": {"kind": "selected", "value": "green"}},
+        }))
+        .expect("answers");
+    b.dispatch(
+        chat.clone(),
+        StateAction::ChatInputCompleted(ahp_types::actions::ChatInputCompletedAction {
+            request_id: asked.request.id.clone(),
+            response: ahp_types::state::ChatInputResponseKind::Accept,
+            answers: Some(answers),
+        }),
+    )
+    .await
+    .expect("answer");
+    let seen = collect_until(&mut a_sub, is_turn_end).await;
+    let state = reduce_chat(state, from, &seen);
+    assert!(
+        markdown(&state).contains("ANSWER: name=Ada, colour=green."),
+        "{}",
+        markdown(&state)
+    );
+    assert_eq!(
+        json(&state),
+        json(&fresh_chat_snapshot(&setup.relay, &chat).await)
+    );
+}

@@ -11,7 +11,8 @@
 //! - "chunks N": N one-character chunks as fast as possible (the coalescing benchmark);
 //! - "fail": a JSON-RPC error instead of an answer;
 //! - "environment": the names of the variables it runs with;
-//! - "limits": its open-files limit (RLIMIT_NOFILE).
+//! - "limits": its open-files limit (RLIMIT_NOFILE);
+//! - "ask me": an `elicitation/create` form (a required name, a colour from a list), whose answer it repeats.
 //!
 //! Sessions are kept in `<cwd>/.test-agent/<id>` (the number of prompts seen), so a new process of the agent
 //! can `session/load` them (replaying a line of history first, as ACP agents do); every reply ends with
@@ -23,11 +24,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, InitializeRequest, InitializeResponse,
-    LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse, PermissionOption,
-    PermissionOptionKind, PromptRequest, PromptResponse, RequestPermissionOutcome, RequestPermissionRequest,
-    SessionId, SessionInfoUpdate, SessionNotification, SessionUpdate, StopReason, ToolCall, ToolCallStatus,
-    ToolCallUpdate, ToolCallUpdateFields, ToolKind, WriteTextFileRequest,
+    AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, CreateElicitationRequest,
+    InitializeRequest, InitializeResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
+    NewSessionResponse, PermissionOption, PermissionOptionKind, PromptRequest, PromptResponse,
+    RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionInfoUpdate, SessionNotification,
+    SessionUpdate, StopReason, ToolCall, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    WriteTextFileRequest,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, Stdio};
@@ -260,6 +262,35 @@ async fn script(
             " Did not write notes.txt."
         };
         say(cx, session, SessionUpdate::AgentMessageChunk(chunk(outcome)))?;
+    }
+    if prompt.contains("ask me") {
+        // A form: a required name and a colour from a list; the answer is echoed.
+        let asked: CreateElicitationRequest = serde_json::from_value(serde_json::json!({
+            "mode": "form",
+            "sessionId": session.to_string(),
+            "message": "Tell me about you",
+            "requestedSchema": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "title": "Name"},
+                    "colour": {"type": "string", "title": "Colour", "enum": ["red", "green"]}
+                },
+                "required": ["name"]
+            }
+        }))
+        .map_err(agent_client_protocol::Error::into_internal_error)?;
+        let answer = cx.send_request(asked).block_task().await?;
+        let answer =
+            serde_json::to_value(&answer).map_err(agent_client_protocol::Error::into_internal_error)?;
+        let said = match answer["action"].as_str() {
+            Some("accept") => format!(
+                " ANSWER: name={}, colour={}.",
+                answer["content"]["name"].as_str().unwrap_or("?"),
+                answer["content"]["colour"].as_str().unwrap_or("?")
+            ),
+            other => format!(" ANSWER: {}.", other.unwrap_or("?")),
+        };
+        say(cx, session, SessionUpdate::AgentMessageChunk(chunk(&said)))?;
     }
     if prompt.contains("escape") {
         // Try to leave the working directory through the relay: each attempt must be refused.

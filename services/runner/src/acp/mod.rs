@@ -7,6 +7,7 @@
 //! stopping) kills the agent's process group.
 
 pub mod config;
+pub mod elicit;
 pub mod fs;
 pub mod session;
 pub mod turn;

@@ -1,8 +1,8 @@
 //! The agent process of one session: spawned with exactly its allowed environment, initialized, given an ACP
 //! session in the session's working directory, then prompted one turn at a time.
 //!
-//! ACP handlers only forward what arrives (updates, permission requests) into channels: nothing waits for a
-//! user inside a handler. The worker task owns the connection; stopping it (dispose, relay shutdown) drops
+//! ACP handlers only forward what arrives (updates, permission and elicitation requests) into channels:
+//! nothing waits for a user inside a handler. The worker task owns the connection; stopping it (dispose, relay shutdown) drops
 //! the connection, which kills the agent's process group.
 
 use std::path::PathBuf;
@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, ClientCapabilities, ContentBlock, FileSystemCapabilities, InitializeRequest,
+    CancelNotification, ClientCapabilities, ContentBlock, CreateElicitationRequest,
+    CreateElicitationResponse, ElicitationCapabilities, FileSystemCapabilities, InitializeRequest,
     LoadSessionRequest, NewSessionRequest, PromptRequest, ReadTextFileRequest, ReadTextFileResponse,
     RequestPermissionRequest, RequestPermissionResponse, SessionConfigKind, SessionConfigOption,
     SessionConfigOptionCategory, SessionConfigSelectOption, SessionConfigSelectOptions, SessionId,
@@ -134,6 +135,14 @@ impl Announcer {
 }
 
 type Permission = (RequestPermissionRequest, Responder<RequestPermissionResponse>);
+type Elicitation = (CreateElicitationRequest, Responder<CreateElicitationResponse>);
+
+/// What a turn receives from the agent besides its answer.
+struct AgentAsks {
+    updates: mpsc::UnboundedReceiver<SessionNotification>,
+    permissions: mpsc::UnboundedReceiver<Permission>,
+    elicitations: mpsc::UnboundedReceiver<Elicitation>,
+}
 
 async fn run(
     config: Arc<AgentConfig>,
@@ -167,8 +176,14 @@ async fn run(
     };
     let agent = AcpAgent::new(command);
     let (read_root, write_root) = (cwd.clone(), cwd.clone());
-    let (updates_tx, mut updates) = mpsc::unbounded_channel::<SessionNotification>();
-    let (permissions_tx, mut permissions) = mpsc::unbounded_channel::<Permission>();
+    let (updates_tx, updates) = mpsc::unbounded_channel::<SessionNotification>();
+    let (permissions_tx, permissions) = mpsc::unbounded_channel::<Permission>();
+    let (elicitations_tx, elicitations) = mpsc::unbounded_channel::<Elicitation>();
+    let mut asks = AgentAsks {
+        updates,
+        permissions,
+        elicitations,
+    };
     let session_uri = announcer.session.clone();
     let connection = Client
         .v1()
@@ -186,6 +201,16 @@ async fn run(
                         _cx| {
                 // Parked until a device answers; never awaited here.
                 let _ = permissions_tx.send((request, responder));
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: CreateElicitationRequest,
+                        responder: Responder<CreateElicitationResponse>,
+                        _cx| {
+                // Parked until a device answers; never awaited here.
+                let _ = elicitations_tx.send((request, responder));
                 Ok(())
             },
             agent_client_protocol::on_receive_request!(),
@@ -212,9 +237,11 @@ async fn run(
             let initialized = cx
                 .send_request(
                     InitializeRequest::new(ProtocolVersion::V1).client_capabilities(
-                        ClientCapabilities::new().fs(FileSystemCapabilities::new()
-                            .read_text_file(true)
-                            .write_text_file(true)),
+                        ClientCapabilities::new()
+                            .fs(FileSystemCapabilities::new()
+                                .read_text_file(true)
+                                .write_text_file(true))
+                            .elicitation(elicitation_capabilities()),
                     ),
                 )
                 .block_task()
@@ -234,7 +261,7 @@ async fn run(
                         .block_task()
                         .await;
                     // The agent replays the session's history before answering: the relay has it already.
-                    while updates.try_recv().is_ok() {}
+                    while asks.updates.try_recv().is_ok() {}
                     match loaded {
                         Ok(loaded) => {
                             let models = reported_models(&config.id, loaded.config_options.as_deref());
@@ -307,8 +334,7 @@ async fn run(
                     &session_uri,
                     prompt,
                     note.take(),
-                    &mut updates,
-                    &mut permissions,
+                    &mut asks,
                 )
                 .await;
             }
@@ -350,8 +376,7 @@ async fn run_turn(
     session: &str,
     mut prompt: Prompt,
     note: Option<&str>,
-    updates: &mut mpsc::UnboundedReceiver<SessionNotification>,
-    permissions: &mut mpsc::UnboundedReceiver<Permission>,
+    asks: &mut AgentAsks,
 ) {
     let mut mapper =
         TurnMapper::new(prompt.chat.clone(), prompt.turn_id.clone(), prompt.sink.clone()).in_session(session);
@@ -374,7 +399,7 @@ async fn run_turn(
             biased;
             result = &mut reply => {
                 // Updates sent before the answer are in the channel already: map them first.
-                while let Ok(notification) = updates.try_recv() {
+                while let Ok(notification) = asks.updates.try_recv() {
                     if &notification.session_id == session_id {
                         mapper.update(notification.update);
                     }
@@ -385,12 +410,18 @@ async fn run_turn(
                 }
                 return;
             }
-            Some(notification) = updates.recv() => {
+            Some(notification) = asks.updates.recv() => {
                 if &notification.session_id == session_id {
                     mapper.update(notification.update);
                 }
             }
-            Some((request, responder)) = permissions.recv() => {
+            Some((request, responder)) = asks.elicitations.recv() => {
+                mapper.elicitation(request, responder);
+                if cancelled.is_some() {
+                    mapper.cancel_permissions();
+                }
+            }
+            Some((request, responder)) = asks.permissions.recv() => {
                 if cancelled.is_some() {
                     mapper.permission(request, responder);
                     mapper.cancel_permissions();
@@ -401,6 +432,9 @@ async fn run_turn(
             control = prompt.control.recv(), if control_open => match control {
                 Some(TurnControl::ToolCallConfirmed { tool_call_id, approved, selected_option_id }) => {
                     mapper.confirmed(&tool_call_id, approved, selected_option_id.as_deref());
+                }
+                Some(TurnControl::InputCompleted { request_id, response, answers }) => {
+                    mapper.input_completed(&request_id, response, answers.as_ref());
                 }
                 Some(TurnControl::Cancelled) | None => {
                     control_open = control.is_some();
@@ -458,4 +492,9 @@ fn reported_models(provider: &str, options: Option<&[SessionConfigOption]>) -> V
         .into_iter()
         .map(|choice| super::model_info(provider, &choice.value.to_string(), &choice.name))
         .collect()
+}
+
+/// Forms and URLs: both become AHP input requests.
+fn elicitation_capabilities() -> Option<ElicitationCapabilities> {
+    serde_json::from_value(serde_json::json!({"form": {}, "url": {}})).ok()
 }

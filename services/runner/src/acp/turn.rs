@@ -12,21 +12,22 @@ use std::time::Instant;
 
 use agent_client_protocol::schema::MaybeUndefined;
 use agent_client_protocol::v1::schema::{
-    ContentBlock, PermissionOption, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest,
-    RequestPermissionResponse, SelectedPermissionOutcome, SessionUpdate, StopReason, ToolCallContent,
-    ToolCallStatus, ToolCallUpdateFields,
+    ContentBlock, CreateElicitationRequest, CreateElicitationResponse, PermissionOption,
+    PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    SelectedPermissionOutcome, SessionUpdate, StopReason, ToolCallContent, ToolCallStatus,
+    ToolCallUpdateFields,
 };
 use agent_client_protocol::v1::Responder;
 use ahp_types::actions::{
-    ChatDeltaAction, ChatErrorAction, ChatReasoningAction, ChatResponsePartAction,
+    ChatDeltaAction, ChatErrorAction, ChatInputRequestedAction, ChatReasoningAction, ChatResponsePartAction,
     ChatToolCallCompleteAction, ChatToolCallReadyAction, ChatToolCallStartAction, ChatTurnCancelledAction,
     ChatTurnCompleteAction, SessionTitleChangedAction, StateAction,
 };
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
-    ConfirmationOption, ConfirmationOptionKind, ErrorInfo, ErrorResponsePart, MarkdownResponsePart,
-    ReasoningResponsePart, ResponsePart, SystemNotificationResponsePart, ToolCallConfirmationReason,
-    ToolCallResult, ToolInput, ToolResultContent, ToolResultTextContent,
+    ChatInputResponseKind, ConfirmationOption, ConfirmationOptionKind, ErrorInfo, ErrorResponsePart,
+    MarkdownResponsePart, ReasoningResponsePart, ResponsePart, SystemNotificationResponsePart,
+    ToolCallConfirmationReason, ToolCallResult, ToolInput, ToolResultContent, ToolResultTextContent,
 };
 
 use crate::provider::ChatSink;
@@ -53,6 +54,9 @@ pub struct ParkedPermission {
     responder: Responder<RequestPermissionResponse>,
 }
 
+/// An elicitation waiting for a device's answer.
+type ParkedInput = Responder<CreateElicitationResponse>;
+
 /// The mapping state of one turn.
 pub struct TurnMapper {
     /// The chat's session (titles go there).
@@ -67,6 +71,7 @@ pub struct TurnMapper {
     pending_text: String,
     tools: HashMap<String, (ToolPhase, String)>,
     parked: HashMap<String, ParkedPermission>,
+    inputs: HashMap<String, ParkedInput>,
     /// Actions emitted (for the coalescing measurement).
     pub emitted: usize,
 }
@@ -84,6 +89,7 @@ impl TurnMapper {
             pending_text: String::new(),
             tools: HashMap::new(),
             parked: HashMap::new(),
+            inputs: HashMap::new(),
             emitted: 0,
         }
     }
@@ -424,12 +430,57 @@ impl TurnMapper {
         }
     }
 
-    /// The turn was cancelled: every pending permission is answered `cancelled` (ACP: MUST).
+    /// The turn was cancelled: every pending permission and elicitation is answered `cancelled` (ACP: MUST).
     pub fn cancel_permissions(&mut self) {
         for (_, parked) in self.parked.drain() {
             let _ = parked.responder.respond(RequestPermissionResponse::new(
                 RequestPermissionOutcome::Cancelled,
             ));
+        }
+        for (_, responder) in self.inputs.drain() {
+            if let Some(cancel) = super::elicit::response_of(ChatInputResponseKind::Cancel, None) {
+                let _ = responder.respond(cancel);
+            }
+        }
+    }
+
+    /// The agent asks the user something: an AHP input request any device of the session may answer.
+    pub fn elicitation(&mut self, request: CreateElicitationRequest, responder: ParkedInput) {
+        self.flush();
+        self.current = None;
+        let id = format!("{}-input{}", self.turn_id, self.inputs.len() + 1);
+        let Some(input) = super::elicit::request_of(&id, &request) else {
+            if let Some(decline) = super::elicit::response_of(ChatInputResponseKind::Decline, None) {
+                let _ = responder.respond(decline);
+            }
+            return;
+        };
+        self.emit(StateAction::ChatInputRequested(ChatInputRequestedAction {
+            request: input,
+        }));
+        self.inputs.insert(id, responder);
+    }
+
+    /// A device answered an input request: the agent gets the answer.
+    pub fn input_completed(
+        &mut self,
+        request_id: &str,
+        response: ChatInputResponseKind,
+        answers: Option<&HashMap<String, ahp_types::state::ChatInputAnswer>>,
+    ) {
+        let Some(responder) = self.inputs.remove(request_id) else {
+            return;
+        };
+        match super::elicit::response_of(response, answers) {
+            Some(answer) => {
+                if let Err(error) = responder.respond(answer) {
+                    tracing::debug!(%error, "the agent no longer waits for this answer");
+                }
+            }
+            None => tracing::warn!(
+                request_id,
+                "could not express an answer as an ACP elicitation response"
+            ),
         }
     }
 
