@@ -165,6 +165,7 @@ fn agents_in(dir: &Path) -> Vec<u32> {
 fn session_dir(workspace: &Path, name: &str) -> PathBuf {
     workspace
         .join("dev")
+        .join("default")
         .join(format!("_{name}"))
         .canonicalize()
         .expect("session dir")
@@ -833,4 +834,28 @@ async fn an_agents_question_is_an_input_request_another_device_answers() {
         json(&state),
         json(&fresh_chat_snapshot(&setup.relay, &chat).await)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_session_uri_in_two_tenants_has_two_agents() {
+    let setup = relay_with_agent().await;
+    let (acme, _) = setup
+        .relay
+        .client_as("acme", "ana", relay_core::Role::Member, "ana")
+        .await;
+    let (globex, _) = setup
+        .relay
+        .client_as("globex", "gil", relay_core::Role::Member, "gil")
+        .await;
+    let (_, acme_chat) = scripted_session(&acme, "same").await;
+    let (_, globex_chat) = scripted_session(&globex, "same").await;
+    prompt(&acme, &acme_chat, "t1", "acme speaking").await;
+    let state = prompt(&globex, &globex_chat, "t1", "globex speaking").await;
+    // Each tenant's agent counts only its own prompts, in its own directory.
+    assert!(turn_text(&state, "t1")
+        .0
+        .contains("This session has seen 1 prompts."));
+    let acme_dir = setup.workspace.path().join("acme/default/_same");
+    let globex_dir = setup.workspace.path().join("globex/default/_same");
+    assert!(acme_dir.is_dir() && globex_dir.is_dir());
 }

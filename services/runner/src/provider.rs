@@ -27,6 +27,8 @@ pub struct TurnRequest {
     pub session: String,
     /// The tenant of the session (an agent restarted for this turn works in that tenant's workspace).
     pub tenant: String,
+    /// The host of the session.
+    pub host: String,
     /// The session's working directory as its client named it, if any.
     pub working_directory: Option<String>,
     /// What the provider stored about the session in its state (`_meta["ahpRelay/agent"]`, e.g. the ACP
@@ -104,6 +106,8 @@ pub struct SessionRequest {
     pub session: String,
     /// The tenant the session belongs to (its agent works under that tenant's part of the workspace).
     pub tenant: String,
+    /// The host (of that tenant) the session belongs to: session URIs are unique within a host only.
+    pub host: String,
     /// The session's working directory as the client named it (`file://` URI or path), if any.
     pub working_directory: Option<String>,
 }
@@ -135,8 +139,8 @@ pub trait Provider: Send + Sync + 'static {
     }
     /// Start running a turn; output goes to `sink`.
     fn start_turn(&self, turn: TurnRequest, sink: Arc<dyn ChatSink>) -> TurnHandle;
-    /// The session is gone: stop everything the provider runs for it.
-    fn dispose_session(&self, _session: &str) {}
+    /// The session (`session` on `host` of `tenant`) is gone: stop everything the provider runs for it.
+    fn dispose_session(&self, _tenant: &str, _host: &str, _session: &str) {}
 }
 
 /// The providers configured for a host, by provider id.

@@ -424,6 +424,7 @@ impl HostCore {
             relay_runner::SessionRequest {
                 session: uri.clone(),
                 tenant: self.key.tenant.clone(),
+                host: self.key.host.clone(),
                 working_directory: params
                     .working_directories
                     .as_ref()
@@ -484,7 +485,7 @@ impl HostCore {
             return Err(RpcError::session_not_found(&uri));
         };
         if let Some(agent) = self.providers.get(&session.state.provider) {
-            agent.dispose_session(&uri);
+            agent.dispose_session(&self.key.tenant, &self.key.host, &uri);
         }
         let listed: Vec<String> = session.state.chats.iter().map(|c| c.resource.clone()).collect();
         for chat in &listed {

@@ -217,6 +217,7 @@ impl HostCore {
         let request = TurnRequest {
             session: record.session.clone(),
             tenant: self.key.tenant.clone(),
+            host: self.key.host.clone(),
             working_directory: session
                 .state
                 .working_directories

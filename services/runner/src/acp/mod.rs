@@ -1,7 +1,8 @@
 //! ACP agents as AHP providers: the relay is the ACP *client* and the AHP *host*.
 //!
-//! Each session gets its own agent subprocess ([`session`]), started by `createSession` in the session's
-//! working directory under the tenant's part of the workspace ([`workspace`]), with exactly the environment
+//! Each session (keyed by tenant, host and URI: URIs are unique only within a host) gets its own agent
+//! subprocess ([`session`]), started by `createSession` in the session's working directory under the
+//! tenant's part of the workspace ([`workspace`]), with exactly the environment
 //! its configuration allows ([`config`]). Its turns are mapped both ways by [`turn`]; the files it reads and
 //! writes through the relay stay inside its working directory ([`fs`]). Disposing the session (or the relay
 //! stopping) kills the agent's process group.
@@ -25,12 +26,20 @@ use crate::provider::{ChatSink, Provider, SessionRequest, SessionStart, TurnHand
 pub use config::{AgentConfig, AgentConfigError, AgentsFile};
 use session::{Prompt, SessionWorker};
 
+/// A session of one host of one tenant: session URIs are unique only within a host.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SessionKey {
+    pub tenant: String,
+    pub host: String,
+    pub session: String,
+}
+
 /// One configured ACP agent, serving every session created with its id.
 pub struct AcpProvider {
     config: Arc<AgentConfig>,
     workspace_root: PathBuf,
     idle_timeout: std::time::Duration,
-    sessions: Arc<Mutex<HashMap<String, SessionWorker>>>,
+    sessions: Arc<Mutex<HashMap<SessionKey, SessionWorker>>>,
     /// The models the agent itself reported (its `session/new` model selector), once known.
     reported_models: Arc<Mutex<Option<Vec<SessionModelInfo>>>>,
 }
@@ -64,14 +73,19 @@ impl AcpProvider {
     /// for `session/ready` / `session/creationFailed`.
     fn start(
         &self,
-        session: &str,
-        tenant: &str,
+        key: &SessionKey,
         working_directory: Option<&str>,
         sink: Arc<dyn ChatSink>,
         start: session::Start,
     ) -> Result<mpsc::UnboundedSender<Prompt>, String> {
-        let cwd = workspace::session_directory(&self.workspace_root, tenant, session, working_directory)
-            .map_err(|error| error.to_string())?;
+        let cwd = workspace::session_directory(
+            &self.workspace_root,
+            &key.tenant,
+            &key.host,
+            &key.session,
+            working_directory,
+        )
+        .map_err(|error| error.to_string())?;
         let listing = Listing {
             base: self.info_with(None),
             reported: self.reported_models.clone(),
@@ -79,14 +93,14 @@ impl AcpProvider {
         let worker = SessionWorker::spawn(
             self.config.clone(),
             cwd,
-            session.to_string(),
+            key.session.clone(),
             sink,
             start,
             listing,
             self.idle_timeout,
         );
         let prompts = worker.prompts();
-        if let Some(old) = self.sessions.lock().insert(session.to_string(), worker) {
+        if let Some(old) = self.sessions.lock().insert(key.clone(), worker) {
             old.stop();
         }
         Ok(prompts)
@@ -156,9 +170,13 @@ impl Provider for AcpProvider {
     }
 
     fn create_session(&self, request: SessionRequest, sink: Arc<dyn ChatSink>) -> SessionStart {
+        let key = SessionKey {
+            tenant: request.tenant.clone(),
+            host: request.host.clone(),
+            session: request.session.clone(),
+        };
         match self.start(
-            &request.session,
-            &request.tenant,
+            &key,
             request.working_directory.as_deref(),
             sink,
             session::Start::New,
@@ -171,18 +189,22 @@ impl Provider for AcpProvider {
     fn start_turn(&self, turn: TurnRequest, sink: Arc<dyn ChatSink>) -> TurnHandle {
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let handle = TurnHandle::new(control_tx);
+        let key = SessionKey {
+            tenant: turn.tenant.clone(),
+            host: turn.host.clone(),
+            session: turn.session.clone(),
+        };
         let live = self
             .sessions
             .lock()
-            .get(&turn.session)
+            .get(&key)
             .map(SessionWorker::prompts)
             .filter(|prompts| !prompts.is_closed());
         // After a restart (or the agent's exit) the session has no agent: start a fresh one.
         let prompts = match live {
             Some(prompts) => Ok(prompts),
             None => self.start(
-                &turn.session,
-                &turn.tenant,
+                &key,
                 turn.working_directory.as_deref(),
                 sink.clone(),
                 session::Start::Continue(
@@ -212,8 +234,13 @@ impl Provider for AcpProvider {
         handle
     }
 
-    fn dispose_session(&self, session: &str) {
-        if let Some(worker) = self.sessions.lock().remove(session) {
+    fn dispose_session(&self, tenant: &str, host: &str, session: &str) {
+        let key = SessionKey {
+            tenant: tenant.to_string(),
+            host: host.to_string(),
+            session: session.to_string(),
+        };
+        if let Some(worker) = self.sessions.lock().remove(&key) {
             worker.stop();
         }
     }

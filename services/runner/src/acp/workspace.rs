@@ -14,11 +14,13 @@ pub enum WorkspaceError {
 }
 
 /// The directory a session's agent works in, created if missing: `requested` (a `file://` URI or absolute
-/// path) when it lies inside `<root>/<tenant>/`, or `<root>/<tenant>/<session name>` when none is named.
+/// path) when it lies inside `<root>/<tenant>/`, or `<root>/<tenant>/<host>/<session name>` when none is
+/// named.
 /// `..` components and symlinks that lead out of the tenant's directory are refused.
 pub fn session_directory(
     root: &Path,
     tenant: &str,
+    host: &str,
     session: &str,
     requested: Option<&str>,
 ) -> Result<PathBuf, WorkspaceError> {
@@ -26,7 +28,9 @@ pub fn session_directory(
     create(&tenant_dir)?;
     let tenant_real = canonical(&tenant_dir)?;
     let wanted = match requested {
-        None => tenant_dir.join(safe_name(session.trim_start_matches("ahp-session:"))),
+        None => tenant_dir
+            .join(safe_name(host))
+            .join(safe_name(session.trim_start_matches("ahp-session:"))),
         Some(requested) => {
             let path = PathBuf::from(requested.strip_prefix("file://").unwrap_or(requested));
             if !path.is_absolute() {
@@ -91,12 +95,12 @@ mod tests {
     fn a_session_works_inside_its_tenants_directory_only() {
         let root = tempfile::tempdir().expect("tempdir");
         let root = root.path();
-        let default = session_directory(root, "acme", "ahp-session:/s1", None).expect("default");
-        assert!(default.ends_with("acme/_s1"), "{}", default.display());
+        let default = session_directory(root, "acme", "default", "ahp-session:/s1", None).expect("default");
+        assert!(default.ends_with("acme/default/_s1"), "{}", default.display());
         let inside = root.join("acme/project");
         let named = format!("file://{}", inside.display());
         assert_eq!(
-            session_directory(root, "acme", "ahp-session:/s2", Some(&named)).expect("inside"),
+            session_directory(root, "acme", "default", "ahp-session:/s2", Some(&named)).expect("inside"),
             inside.canonicalize().expect("exists")
         );
         let escapes = [
@@ -107,7 +111,7 @@ mod tests {
         ];
         for escape in &escapes {
             assert!(
-                session_directory(root, "acme", "ahp-session:/s3", Some(escape)).is_err(),
+                session_directory(root, "acme", "default", "ahp-session:/s3", Some(escape)).is_err(),
                 "{escape}"
             );
         }
@@ -116,6 +120,6 @@ mod tests {
         std::fs::create_dir_all(&outside).expect("mkdir");
         std::os::unix::fs::symlink(&outside, root.join("acme/link")).expect("symlink");
         let through_link = format!("{}/acme/link", root.display());
-        assert!(session_directory(root, "acme", "ahp-session:/s4", Some(&through_link)).is_err());
+        assert!(session_directory(root, "acme", "default", "ahp-session:/s4", Some(&through_link)).is_err());
     }
 }
