@@ -859,3 +859,44 @@ async fn the_same_session_uri_in_two_tenants_has_two_agents() {
     let globex_dir = setup.workspace.path().join("globex/default/_same");
     assert!(acme_dir.is_dir() && globex_dir.is_dir());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_each_chat_continues_its_own_acp_session() {
+    let (_workspace, _config, file) = agents_file(&[], &[]);
+    let data = tempfile::tempdir().expect("data");
+    let flags = ["--agents", &file.display().to_string()];
+    let mut relay = Relay::start_in(data.path(), &flags).await;
+    let (a, _) = relay.client("device-a").await;
+    let (session, first) = scripted_session(&a, "two-restarted").await;
+    let second = "ahp-chat:/two-restarted-second".to_string();
+    let _: Value = a
+        .request(
+            "createChat",
+            CreateChatParams {
+                channel: session,
+                meta: None,
+                chat: second.clone(),
+                initial_message: None,
+                source: None,
+                working_directories: None,
+            },
+        )
+        .await
+        .expect("createChat");
+    prompt(&a, &first, "t1", "one").await;
+    prompt(&a, &second, "t2", "two").await;
+    prompt(&a, &second, "t3", "three").await;
+    a.shutdown().await;
+    assert!(relay.terminate().await);
+
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let (a, _) = relay.client("device-a").await;
+    let state = prompt(&a, &second, "t4", "four").await;
+    assert!(turn_text(&state, "t4")
+        .0
+        .contains("This session has seen 3 prompts."));
+    let state = prompt(&a, &first, "t5", "five").await;
+    assert!(turn_text(&state, "t5")
+        .0
+        .contains("This session has seen 2 prompts."));
+}

@@ -210,9 +210,15 @@ impl Provider for AcpProvider {
                 session::Start::Continue(
                     turn.agent_state
                         .as_ref()
-                        .and_then(|state| state.get("acpSessionId"))
-                        .and_then(|id| id.as_str())
-                        .map(str::to_string),
+                        .and_then(|state| state.get("acpSessions"))
+                        .and_then(|sessions| sessions.as_object())
+                        .map(|sessions| {
+                            sessions
+                                .iter()
+                                .filter_map(|(chat, id)| Some((chat.clone(), id.as_str()?.to_string())))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                 ),
             ),
         };

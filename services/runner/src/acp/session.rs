@@ -5,6 +5,7 @@
 //! nothing waits for a user inside a handler. The worker task owns the connection; stopping it (dispose, relay shutdown) drops
 //! the connection, which kills the agent's process group.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,10 +42,10 @@ const CANCEL_PATIENCE: Duration = Duration::from_secs(10);
 pub enum Start {
     /// For a new AHP session: `session/ready` or `session/creationFailed` tell how it went.
     New,
-    /// For an existing session whose agent is gone (a restart): continue its ACP session when the agent can
-    /// load it (`session/load`, its replay suppressed: the relay has the history); otherwise start afresh and
-    /// say so in the chat.
-    Continue(Option<String>),
+    /// For an existing session whose agent is gone (a restart, an idle stop): continue each chat's ACP session
+    /// (chat → ACP session id) when the agent can load it (`session/load`, its replay suppressed: the relay
+    /// has the history); otherwise start afresh and say so in the chat.
+    Continue(HashMap<String, String>),
 }
 
 /// One turn to run.
@@ -253,90 +254,82 @@ async fn run(
                     return Ok(());
                 }
             };
-            let mut note = None;
-            let loaded = match &start {
-                Start::Continue(Some(id)) if initialized.agent_capabilities.load_session => {
-                    let loaded = cx
-                        .send_request(LoadSessionRequest::new(SessionId::new(id.clone()), cwd.clone()))
-                        .block_task()
-                        .await;
-                    // The agent replays the session's history before answering: the relay has it already.
-                    while asks.updates.try_recv().is_ok() {}
-                    match loaded {
-                        Ok(loaded) => {
-                            let models = reported_models(&config.id, loaded.config_options.as_deref());
-                            listing.models_reported(models, announcer.sink.as_ref());
-                            Some(SessionId::new(id.clone()))
-                        }
-                        Err(error) => {
-                            tracing::info!(%error, "the agent could not load its session; starting a new one");
-                            None
-                        }
+            let can_load = initialized.agent_capabilities.load_session;
+            // Each chat's ACP session: those an earlier process of the agent opened (to load again), and
+            // those of this process.
+            let (mut stored, restarted) = match &start {
+                Start::New => (HashMap::new(), false),
+                Start::Continue(stored) => (stored.clone(), true),
+            };
+            let mut by_chat: HashMap<String, SessionId> = HashMap::new();
+            // A new AHP session opens its first ACP session now: creation reports the agent's success or
+            // failure. The first chat that prompts takes it.
+            let mut primary = None;
+            if !restarted {
+                match open(&cx, &cwd).await {
+                    Ok((id, options)) => {
+                        listing.models_reported(
+                            reported_models(&config.id, options.as_deref()),
+                            announcer.sink.as_ref(),
+                        );
+                        primary = Some(id);
+                    }
+                    Err(error) => {
+                        announcer.failed("agentSessionNew", error.to_string());
+                        return Ok(());
                     }
                 }
-                _ => None,
-            };
-            let session_id = match loaded {
-                Some(id) => id,
-                None => {
-                    let created = cx
-                        .send_request(NewSessionRequest::new(cwd.clone()))
-                        .block_task()
-                        .await;
-                    match created {
-                        Ok(created) => {
-                            let models = reported_models(&config.id, created.config_options.as_deref());
-                            listing.models_reported(models, announcer.sink.as_ref());
-                            remember(&announcer, &created.session_id);
-                            if matches!(start, Start::Continue(_)) {
-                                note = Some(CONTEXT_RESET);
-                            }
-                            created.session_id
-                        }
-                        Err(error) => {
-                            announcer.failed("agentSessionNew", error.to_string());
-                            return Ok(());
-                        }
-                    }
-                }
-            };
+            }
             announcer.ready();
             // Idle for too long: the agent stops (returning drops the connection, which kills its process
-            // group); the next prompt starts it again.
-            // One ACP session per chat (ACP multiplexes them on the connection): the first chat that prompts
-            // gets the session made (or loaded) above, every other chat a new one.
-            let mut primary = Some(session_id);
-            let mut by_chat: std::collections::HashMap<String, SessionId> = Default::default();
+            // group); the next prompt starts it again and loads the chats' sessions.
             while let Ok(Some(prompt)) = tokio::time::timeout(idle_timeout, queue.recv()).await {
+                let mut note = None;
                 let chat_session = match by_chat.get(&prompt.chat) {
                     Some(id) => id.clone(),
                     None => {
-                        let id = match primary.take() {
-                            Some(id) => id,
-                            None => {
-                                match cx.send_request(NewSessionRequest::new(cwd.clone())).block_task().await {
-                                    Ok(created) => created.session_id,
-                                    Err(error) => {
-                                        let message = format!("the agent could not open a session: {error}");
-                                        fail_turn(&prompt, "agentSessionNew", &message);
-                                        continue;
-                                    }
+                        let previous = stored.remove(&prompt.chat);
+                        let loaded = match (&previous, can_load) {
+                            (Some(id), true) => load(&cx, id, &cwd, &mut asks).await,
+                            _ => None,
+                        };
+                        let opened = match (primary.take(), loaded) {
+                            (Some(id), _) => Ok(id),
+                            (None, Some((id, options))) => {
+                                listing.models_reported(
+                                    reported_models(&config.id, options.as_deref()),
+                                    announcer.sink.as_ref(),
+                                );
+                                Ok(id)
+                            }
+                            (None, None) => {
+                                if previous.is_some() {
+                                    note = Some(CONTEXT_RESET);
                                 }
+                                open(&cx, &cwd).await.map(|(id, options)| {
+                                    listing.models_reported(
+                                        reported_models(&config.id, options.as_deref()),
+                                        announcer.sink.as_ref(),
+                                    );
+                                    id
+                                })
                             }
                         };
-                        by_chat.insert(prompt.chat.clone(), id.clone());
-                        id
+                        match opened {
+                            Ok(id) => {
+                                by_chat.insert(prompt.chat.clone(), id.clone());
+                                remember(&announcer, &stored, &by_chat);
+                                id
+                            }
+                            Err(error) => {
+                                let message = format!("the agent could not open a session: {error}");
+                                fail_turn(&prompt, "agentSessionNew", &message);
+                                continue;
+                            }
+                        }
                     }
                 };
-                run_turn(
-                    &cx,
-                    &chat_session,
-                    &session_uri,
-                    prompt,
-                    note.take(),
-                    &mut asks,
-                )
-                .await;
+                run_turn(&cx, &chat_session, &session_uri, prompt, note, &mut asks).await;
             }
             Ok(())
         })
@@ -356,17 +349,60 @@ async fn run(
 const CONTEXT_RESET: &str =
     "The agent restarted and could not restore this chat's earlier context: it continues without it.";
 
-/// Keep the ACP session id in the AHP session's state (`_meta`), so a restarted agent can load it.
-fn remember(announcer: &Announcer, session_id: &SessionId) {
+/// Keep each chat's ACP session id in the AHP session's state (`_meta`), so a restarted agent can load them.
+fn remember(announcer: &Announcer, stored: &HashMap<String, String>, open: &HashMap<String, SessionId>) {
+    let mut sessions: serde_json::Map<String, serde_json::Value> = stored
+        .iter()
+        .map(|(chat, id)| (chat.clone(), serde_json::Value::from(id.clone())))
+        .collect();
+    for (chat, id) in open {
+        sessions.insert(chat.clone(), serde_json::Value::from(id.to_string()));
+    }
     let mut meta = ahp_types::common::JsonObject::new();
     meta.insert(
         crate::provider::AGENT_STATE_META.into(),
-        serde_json::json!({ "acpSessionId": session_id.to_string() }),
+        serde_json::json!({ "acpSessions": sessions }),
     );
     announcer.sink.emit(
         &announcer.session,
         StateAction::SessionMetaChanged(SessionMetaChangedAction { meta: Some(meta) }),
     );
+}
+
+/// Open a new ACP session in `cwd`: its id and config options.
+async fn open(
+    cx: &ConnectionTo<Agent>,
+    cwd: &std::path::Path,
+) -> Result<(SessionId, Option<Vec<SessionConfigOption>>), agent_client_protocol::Error> {
+    let created = cx
+        .send_request(NewSessionRequest::new(cwd.to_path_buf()))
+        .block_task()
+        .await?;
+    Ok((created.session_id, created.config_options))
+}
+
+/// Load an earlier ACP session; the history the agent replays first is dropped (the relay has it).
+async fn load(
+    cx: &ConnectionTo<Agent>,
+    id: &str,
+    cwd: &std::path::Path,
+    asks: &mut AgentAsks,
+) -> Option<(SessionId, Option<Vec<SessionConfigOption>>)> {
+    let loaded = cx
+        .send_request(LoadSessionRequest::new(
+            SessionId::new(id.to_string()),
+            cwd.to_path_buf(),
+        ))
+        .block_task()
+        .await;
+    while asks.updates.try_recv().is_ok() {}
+    match loaded {
+        Ok(loaded) => Some((SessionId::new(id.to_string()), loaded.config_options)),
+        Err(error) => {
+            tracing::info!(%error, "the agent could not load its session; opening a new one");
+            None
+        }
+    }
 }
 
 /// Prompt the agent with one turn and map everything it sends until the prompt answers.
