@@ -7,8 +7,8 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ahp_types::actions::{ChatToolCallConfirmedAction, ChatTurnCancelledAction, StateAction};
-use ahp_types::commands::{CreateChatParams, CreateSessionParams};
+use ahp_types::actions::{ChatTurnCancelledAction, StateAction};
+use ahp_types::commands::CreateSessionParams;
 use ahp_types::state::{ResponsePart, SessionLifecycle, ToolCallState};
 use serde_json::Value;
 use support::*;
@@ -110,20 +110,7 @@ async fn agent_session(client: &ahp::Client, agent: &str, name: &str) -> (String
         ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
     }
     client.unsubscribe(session.clone()).await.expect("unsubscribe");
-    let _: Value = client
-        .request(
-            "createChat",
-            CreateChatParams {
-                channel: session.clone(),
-                meta: None,
-                chat: chat.clone(),
-                initial_message: None,
-                source: None,
-                working_directories: None,
-            },
-        )
-        .await
-        .expect("createChat");
+    create_chat(client, &session, &chat).await;
     (session, chat)
 }
 
@@ -199,23 +186,9 @@ async fn two_devices_share_an_acp_agents_turn_one_prompts_the_other_approves() {
             }
         }
     };
-    b.dispatch(
-        chat.clone(),
-        StateAction::ChatToolCallConfirmed(ChatToolCallConfirmedAction {
-            turn_id: "t1".into(),
-            tool_call_id,
-            meta: None,
-            approved: true,
-            confirmed: None,
-            reason: None,
-            edited_tool_input: None,
-            user_suggestion: None,
-            reason_message: None,
-            selected_option_id: None,
-        }),
-    )
-    .await
-    .expect("approve");
+    b.dispatch(chat.clone(), confirm_tool_call("t1", &tool_call_id, true))
+        .await
+        .expect("approve");
     b_seen.extend(collect_until(&mut b_sub, is_turn_end).await);
     let a_seen = collect_until(&mut a_sub, is_turn_end).await;
     assert!(
@@ -676,23 +649,9 @@ async fn a_steering_message_for_an_acp_agent_runs_as_the_next_turn() {
     )
     .await
     .expect("steer");
-    a.dispatch(
-        chat.clone(),
-        StateAction::ChatToolCallConfirmed(ChatToolCallConfirmedAction {
-            turn_id: "t1".into(),
-            tool_call_id,
-            meta: None,
-            approved: false,
-            confirmed: None,
-            reason: None,
-            edited_tool_input: None,
-            user_suggestion: None,
-            reason_message: None,
-            selected_option_id: None,
-        }),
-    )
-    .await
-    .expect("deny");
+    a.dispatch(chat.clone(), confirm_tool_call("t1", &tool_call_id, false))
+        .await
+        .expect("deny");
     // The ACP agent cannot take it mid-turn: it stays pending, then starts the next turn.
     let mut pending_during_t1 = false;
     loop {
@@ -754,20 +713,7 @@ async fn each_chat_of_a_session_has_its_own_acp_session() {
     let (a, _) = setup.relay.client("device-a").await;
     let (session, first) = scripted_session(&a, "two-chats").await;
     let second = "ahp-chat:/two-chats-second".to_string();
-    let _: Value = a
-        .request(
-            "createChat",
-            CreateChatParams {
-                channel: session,
-                meta: None,
-                chat: second.clone(),
-                initial_message: None,
-                source: None,
-                working_directories: None,
-            },
-        )
-        .await
-        .expect("createChat");
+    create_chat(&a, &session, &second).await;
     prompt(&a, &first, "t1", "one").await;
     prompt(&a, &first, "t2", "two").await;
     let state = prompt(&a, &second, "t3", "three").await;
@@ -869,20 +815,7 @@ async fn after_a_restart_each_chat_continues_its_own_acp_session() {
     let (a, _) = relay.client("device-a").await;
     let (session, first) = scripted_session(&a, "two-restarted").await;
     let second = "ahp-chat:/two-restarted-second".to_string();
-    let _: Value = a
-        .request(
-            "createChat",
-            CreateChatParams {
-                channel: session,
-                meta: None,
-                chat: second.clone(),
-                initial_message: None,
-                source: None,
-                working_directories: None,
-            },
-        )
-        .await
-        .expect("createChat");
+    create_chat(&a, &session, &second).await;
     prompt(&a, &first, "t1", "one").await;
     prompt(&a, &second, "t2", "two").await;
     prompt(&a, &second, "t3", "three").await;

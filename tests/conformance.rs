@@ -7,9 +7,9 @@ mod support;
 
 use ahp::SubscriptionEvent;
 use ahp_types::actions::{
-    ActionEnvelope, ChatDraftChangedAction, ChatPendingMessageSetAction, ChatToolCallConfirmedAction,
-    ChatTruncatedAction, ChatWorkingDirectorySetAction, SessionConfigChangedAction,
-    SessionWorkingDirectoryRemovedAction, StateAction,
+    ActionEnvelope, ChatDraftChangedAction, ChatPendingMessageSetAction, ChatTruncatedAction,
+    ChatWorkingDirectorySetAction, SessionConfigChangedAction, SessionWorkingDirectoryRemovedAction,
+    StateAction,
 };
 use ahp_types::commands::{CreateChatParams, CreateSessionParams, SubscribeView};
 use ahp_types::state::{
@@ -349,21 +349,7 @@ async fn session_status_follows_its_chats(shape: &Shape) {
     };
     // The watcher answers without subscribing to the chat.
     watcher
-        .dispatch(
-            chat.clone(),
-            StateAction::ChatToolCallConfirmed(ChatToolCallConfirmedAction {
-                turn_id: "t1".into(),
-                tool_call_id,
-                meta: None,
-                approved: true,
-                confirmed: None,
-                reason: None,
-                edited_tool_input: None,
-                user_suggestion: None,
-                reason_message: None,
-                selected_option_id: None,
-            }),
-        )
+        .dispatch(chat.clone(), confirm_tool_call("t1", &tool_call_id, true))
         .await
         .expect("confirm");
     loop {

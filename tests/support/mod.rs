@@ -375,13 +375,19 @@ pub async fn create_session_and_chat(client: &Client, name: &str) -> (String, St
         )
         .await
         .expect("createSession");
+    create_chat(client, &session, &chat).await;
+    (session, chat)
+}
+
+/// Create a plain chat in a session.
+pub async fn create_chat(client: &Client, session: &str, chat: &str) {
     let _: serde_json::Value = client
         .request(
             "createChat",
             CreateChatParams {
-                channel: session.clone(),
+                channel: session.into(),
                 meta: None,
-                chat: chat.clone(),
+                chat: chat.into(),
                 initial_message: None,
                 source: None,
                 working_directories: None,
@@ -389,7 +395,22 @@ pub async fn create_session_and_chat(client: &Client, name: &str) -> (String, St
         )
         .await
         .expect("createChat");
-    (session, chat)
+}
+
+/// A device's answer to a pending tool-call confirmation (no option named: the agent's by kind).
+pub fn confirm_tool_call(turn_id: &str, tool_call_id: &str, approved: bool) -> StateAction {
+    StateAction::ChatToolCallConfirmed(ahp_types::actions::ChatToolCallConfirmedAction {
+        turn_id: turn_id.into(),
+        tool_call_id: tool_call_id.into(),
+        meta: None,
+        approved,
+        confirmed: None,
+        reason: None,
+        edited_tool_input: None,
+        user_suggestion: None,
+        reason_message: None,
+        selected_option_id: None,
+    })
 }
 
 pub fn message(text: &str) -> Message {
