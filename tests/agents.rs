@@ -833,3 +833,43 @@ async fn after_a_restart_each_chat_continues_its_own_acp_session() {
         .0
         .contains("This session has seen 2 prompts."));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_a_message_names_is_selected_in_the_agent() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (_, chat) = scripted_session(&a, "models").await;
+    let mut smart = message("which model?");
+    smart.model = serde_json::from_value(serde_json::json!({"id": "smart"})).expect("model");
+    let started = |turn_id: &str, message: ahp_types::state::Message| {
+        StateAction::ChatTurnStarted(ahp_types::actions::ChatTurnStartedAction {
+            turn_id: turn_id.into(),
+            started_at: "2026-11-22T10:00:00.000Z".into(),
+            message,
+            queued_message_id: None,
+            meta: None,
+        })
+    };
+    let (state, from, mut sub) = subscribe_chat(&a, &chat).await;
+    a.dispatch(chat.clone(), started("t1", smart))
+        .await
+        .expect("dispatch");
+    let mut seen = collect_until(&mut sub, is_turn_end).await;
+    // A model the agent does not offer ends the turn with the agent's refusal.
+    let mut unknown = message("and now?");
+    unknown.model = serde_json::from_value(serde_json::json!({"id": "nope"})).expect("model");
+    a.dispatch(chat.clone(), started("t2", unknown))
+        .await
+        .expect("dispatch");
+    seen.extend(collect_until(&mut sub, is_turn_end).await);
+    let state = reduce_chat(state, from, &seen);
+    assert!(
+        turn_text(&state, "t1").0.contains("MODEL: smart."),
+        "{:?}",
+        turn_text(&state, "t1")
+    );
+    let Some(StateAction::ChatError(error)) = seen.last().map(|e| &e.action) else {
+        panic!("expected chat/error, got {:?}", seen.last());
+    };
+    assert_eq!(error.part.error.error_type, "modelSelectionFailed");
+}

@@ -37,6 +37,8 @@ pub struct TurnRequest {
     pub chat: String,
     pub turn_id: String,
     pub prompt: String,
+    /// The model the user picked for this turn (`Message.model`), if any.
+    pub model: Option<String>,
     /// Whether this is the first turn of the session (providers may set a title).
     pub first_turn: bool,
     /// Tools the session's active clients offer to run themselves (client tools), as (client id, tool name).

@@ -143,16 +143,17 @@ impl HostCore {
 
     fn chat_side_effects(&mut self, chat: &str, action: &StateAction) {
         match action {
-            StateAction::ChatTurnStarted(a) => self.start_provider_turn(chat, &a.turn_id, &a.message.text),
+            StateAction::ChatTurnStarted(a) => self.start_provider_turn(chat, &a.turn_id, &a.message.clone()),
             StateAction::ChatTurnResume(a) => {
-                let prompt = self
+                let message = self
                     .model
                     .chats
                     .get(chat)
                     .and_then(|c| c.state.active_turn.as_ref())
-                    .map(|t| t.message.text.clone())
-                    .unwrap_or_default();
-                self.start_provider_turn(chat, &a.turn_id, &prompt);
+                    .map(|t| t.message.clone());
+                if let Some(message) = message {
+                    self.start_provider_turn(chat, &a.turn_id, &message);
+                }
             }
             StateAction::ChatTurnCancelled(_) => self.stop_provider_turn(chat),
             StateAction::ChatError(_) => self.stop_provider_turn(chat),
@@ -191,7 +192,7 @@ impl HostCore {
         }
     }
 
-    fn start_provider_turn(&mut self, chat: &str, turn_id: &str, prompt: &str) {
+    fn start_provider_turn(&mut self, chat: &str, turn_id: &str, message: &Message) {
         let Some(record) = self.model.chats.get(chat) else {
             return;
         };
@@ -230,7 +231,8 @@ impl HostCore {
                 .and_then(|meta| meta.get(relay_runner::AGENT_STATE_META).cloned()),
             chat: chat.to_string(),
             turn_id: turn_id.to_string(),
-            prompt: prompt.to_string(),
+            prompt: message.text.clone(),
+            model: message.model.as_ref().map(|model| model.id.clone()),
             first_turn,
             client_tools,
         };

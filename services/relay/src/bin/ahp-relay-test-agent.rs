@@ -28,8 +28,8 @@ use agent_client_protocol::v1::schema::{
     InitializeRequest, InitializeResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
     NewSessionResponse, PermissionOption, PermissionOptionKind, PromptRequest, PromptResponse,
     RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionInfoUpdate, SessionNotification,
-    SessionUpdate, StopReason, ToolCall, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
-    WriteTextFileRequest,
+    SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, StopReason, ToolCall,
+    ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind, WriteTextFileRequest,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, Stdio};
@@ -45,6 +45,8 @@ struct Sessions {
 async fn main() -> agent_client_protocol::Result<()> {
     eprintln!("ahp-relay-test-agent pid {}", std::process::id());
     let can_load = !std::env::args().any(|arg| arg == "--no-load");
+    let models: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+    let for_models = models.clone();
     let sessions = Arc::new(Sessions::default());
     let for_load = sessions.clone();
     let for_new = sessions.clone();
@@ -76,7 +78,22 @@ async fn main() -> agent_client_protocol::Result<()> {
                     .by_id
                     .lock()
                     .insert(id.clone(), (new.cwd.clone(), Arc::new(AtomicBool::new(false))));
-                responder.respond(NewSessionResponse::new(SessionId::new(id)))
+                // Two models to choose from, as a config option of category `model`.
+                let created: NewSessionResponse = match serde_json::from_value(serde_json::json!({
+                    "sessionId": id,
+                    "configOptions": [{
+                        "id": "model", "name": "Model", "category": "model", "type": "select",
+                        "currentValue": "fast",
+                        "options": [{"value": "fast", "name": "Fast"}, {"value": "smart", "name": "Smart"}]
+                    }]
+                })) {
+                    Ok(created) => created,
+                    Err(error) => {
+                        return responder
+                            .respond_with_error(agent_client_protocol::Error::into_internal_error(error))
+                    }
+                };
+                responder.respond(created)
             },
             agent_client_protocol::on_receive_request!(),
         )
@@ -97,6 +114,21 @@ async fn main() -> agent_client_protocol::Result<()> {
                     SessionUpdate::AgentMessageChunk(chunk("replayed history")),
                 )?;
                 responder.respond(LoadSessionResponse::new())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |set: SetSessionConfigOptionRequest, responder, _cx| {
+                let Some(model) = set.value.as_value_id().map(|v| v.to_string()) else {
+                    return responder.respond_with_error(agent_client_protocol::Error::invalid_params());
+                };
+                if model != "fast" && model != "smart" {
+                    return responder.respond_with_error(
+                        agent_client_protocol::Error::invalid_params().data(format!("no model {model}")),
+                    );
+                }
+                for_models.lock().insert(set.session_id.to_string(), model);
+                responder.respond(SetSessionConfigOptionResponse::new(vec![]))
             },
             agent_client_protocol::on_receive_request!(),
         )
@@ -129,9 +161,10 @@ async fn main() -> agent_client_protocol::Result<()> {
                     })
                     .collect();
                 // The script runs in its own task: a handler never waits (for permissions, or time).
+                let model = models.lock().get(&prompt.session_id.to_string()).cloned();
                 let runner = cx.clone();
                 cx.spawn(async move {
-                    match script(&runner, &prompt.session_id, &text, &cwd, &cancelled).await {
+                    match script(&runner, &prompt.session_id, &text, &cwd, &cancelled, model).await {
                         Ok(stop) => responder.respond(PromptResponse::new(stop)),
                         Err(error) => responder.respond_with_error(error),
                     }
@@ -161,6 +194,7 @@ async fn script(
     prompt: &str,
     cwd: &std::path::Path,
     cancelled: &AtomicBool,
+    model: Option<String>,
 ) -> agent_client_protocol::Result<StopReason> {
     if prompt.contains("fail") {
         return Err(agent_client_protocol::Error::internal_error().data("the test agent was asked to fail"));
@@ -262,6 +296,13 @@ async fn script(
             " Did not write notes.txt."
         };
         say(cx, session, SessionUpdate::AgentMessageChunk(chunk(outcome)))?;
+    }
+    if let Some(model) = model {
+        say(
+            cx,
+            session,
+            SessionUpdate::AgentMessageChunk(chunk(&format!(" MODEL: {model}."))),
+        )?;
     }
     if prompt.contains("ask me") {
         // A form: a required name and a colour from a list; the answer is echoed.

@@ -226,6 +226,7 @@ impl Provider for AcpProvider {
             chat: turn.chat.clone(),
             turn_id: turn.turn_id.clone(),
             text: turn.prompt.clone(),
+            model: turn.model.clone(),
             control: control_rx,
             sink: sink.clone(),
         };

@@ -15,9 +15,10 @@ use agent_client_protocol::v1::schema::{
     CancelNotification, ClientCapabilities, ContentBlock, CreateElicitationRequest,
     CreateElicitationResponse, ElicitationCapabilities, FileSystemCapabilities, InitializeRequest,
     LoadSessionRequest, NewSessionRequest, PromptRequest, ReadTextFileRequest, ReadTextFileResponse,
-    RequestPermissionRequest, RequestPermissionResponse, SessionConfigKind, SessionConfigOption,
-    SessionConfigOptionCategory, SessionConfigSelectOption, SessionConfigSelectOptions, SessionId,
-    SessionNotification, TextContent, WriteTextFileRequest, WriteTextFileResponse,
+    RequestPermissionRequest, RequestPermissionResponse, SessionConfigId, SessionConfigKind,
+    SessionConfigOption, SessionConfigOptionCategory, SessionConfigOptionValue, SessionConfigSelectOption,
+    SessionConfigSelectOptions, SessionId, SessionNotification, SetSessionConfigOptionRequest, TextContent,
+    WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{AcpAgent, AcpAgentConfig, Agent, Client};
@@ -53,6 +54,8 @@ pub struct Prompt {
     pub chat: String,
     pub turn_id: String,
     pub text: String,
+    /// The model the user picked (`Message.model`): selected through the agent's model config option first.
+    pub model: Option<String>,
     pub control: mpsc::UnboundedReceiver<TurnControl>,
     pub sink: Arc<dyn ChatSink>,
 }
@@ -262,15 +265,21 @@ async fn run(
                 Start::Continue(stored) => (stored.clone(), true),
             };
             let mut by_chat: HashMap<String, SessionId> = HashMap::new();
+            // The agent's model selector (a config option of category `model`) and each ACP session's choice.
+            let mut model_option: Option<SessionConfigId> = None;
+            let mut chosen: HashMap<String, String> = HashMap::new();
             // A new AHP session opens its first ACP session now: creation reports the agent's success or
             // failure. The first chat that prompts takes it.
             let mut primary = None;
             if !restarted {
                 match open(&cx, &cwd).await {
                     Ok((id, options)) => {
-                        listing.models_reported(
-                            reported_models(&config.id, options.as_deref()),
+                        observe_options(
+                            options.as_deref(),
+                            &config.id,
+                            &listing,
                             announcer.sink.as_ref(),
+                            &mut model_option,
                         );
                         primary = Some(id);
                     }
@@ -296,9 +305,12 @@ async fn run(
                         let opened = match (primary.take(), loaded) {
                             (Some(id), _) => Ok(id),
                             (None, Some((id, options))) => {
-                                listing.models_reported(
-                                    reported_models(&config.id, options.as_deref()),
+                                observe_options(
+                                    options.as_deref(),
+                                    &config.id,
+                                    &listing,
                                     announcer.sink.as_ref(),
+                                    &mut model_option,
                                 );
                                 Ok(id)
                             }
@@ -307,9 +319,12 @@ async fn run(
                                     note = Some(CONTEXT_RESET);
                                 }
                                 open(&cx, &cwd).await.map(|(id, options)| {
-                                    listing.models_reported(
-                                        reported_models(&config.id, options.as_deref()),
+                                    observe_options(
+                                        options.as_deref(),
+                                        &config.id,
+                                        &listing,
                                         announcer.sink.as_ref(),
+                                        &mut model_option,
                                     );
                                     id
                                 })
@@ -329,6 +344,24 @@ async fn run(
                         }
                     }
                 };
+                if let (Some(model), Some(option)) = (prompt.model.clone(), model_option.clone()) {
+                    if chosen.get(&chat_session.to_string()) != Some(&model) {
+                        let selected = cx
+                            .send_request(SetSessionConfigOptionRequest::new(
+                                chat_session.clone(),
+                                option,
+                                SessionConfigOptionValue::value_id(model.clone()),
+                            ))
+                            .block_task()
+                            .await;
+                        if let Err(error) = selected {
+                            let message = format!("the agent could not switch to model {model}: {error}");
+                            fail_turn(&prompt, "modelSelectionFailed", &message);
+                            continue;
+                        }
+                        chosen.insert(chat_session.to_string(), model);
+                    }
+                }
                 run_turn(&cx, &chat_session, &session_uri, prompt, note, &mut asks).await;
             }
             Ok(())
@@ -533,4 +566,22 @@ fn reported_models(provider: &str, options: Option<&[SessionConfigOption]>) -> V
 /// Forms and URLs: both become AHP input requests.
 fn elicitation_capabilities() -> Option<ElicitationCapabilities> {
     serde_json::from_value(serde_json::json!({"form": {}, "url": {}})).ok()
+}
+
+/// What an agent's session config options tell: its models (listed in root `agents`) and its model selector.
+fn observe_options(
+    options: Option<&[SessionConfigOption]>,
+    agent: &str,
+    listing: &super::Listing,
+    sink: &dyn ChatSink,
+    model_option: &mut Option<SessionConfigId>,
+) {
+    listing.models_reported(reported_models(agent, options), sink);
+    if model_option.is_none() {
+        *model_option = options
+            .into_iter()
+            .flatten()
+            .find(|option| matches!(option.category, Some(SessionConfigOptionCategory::Model)))
+            .map(|option| option.id.clone());
+    }
 }
