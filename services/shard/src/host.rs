@@ -208,7 +208,6 @@ impl Host {
         if self.is_deposed() {
             return CommandReply::moved(id);
         }
-        let method = message.method.clone();
         let mut reply = self.serve_call(connection, message).await;
         if self.is_deposed() {
             return CommandReply::moved(id);
@@ -217,7 +216,7 @@ impl Host {
             // JSON-RPC 2.0: a notification is never answered, not even with an error (a refused
             // `dispatchAction` is answered by its rejected echo instead). It is logged and counted.
             if let Some(frame) = reply.frame.take() {
-                tracing::debug!(host = %self.key, %method, error = %String::from_utf8_lossy(&frame), "notification refused");
+                tracing::debug!(host = %self.key, error = %String::from_utf8_lossy(&frame), "notification refused");
                 relay_core::telemetry::notification_refused();
             }
         }
