@@ -841,24 +841,15 @@ async fn the_model_a_message_names_is_selected_in_the_agent() {
     let (_, chat) = scripted_session(&a, "models").await;
     let mut smart = message("which model?");
     smart.model = serde_json::from_value(serde_json::json!({"id": "smart"})).expect("model");
-    let started = |turn_id: &str, message: ahp_types::state::Message| {
-        StateAction::ChatTurnStarted(ahp_types::actions::ChatTurnStartedAction {
-            turn_id: turn_id.into(),
-            started_at: "2026-11-22T10:00:00.000Z".into(),
-            message,
-            queued_message_id: None,
-            meta: None,
-        })
-    };
     let (state, from, mut sub) = subscribe_chat(&a, &chat).await;
-    a.dispatch(chat.clone(), started("t1", smart))
+    a.dispatch(chat.clone(), turn_started_with("t1", smart))
         .await
         .expect("dispatch");
     let mut seen = collect_until(&mut sub, is_turn_end).await;
     // A model the agent does not offer ends the turn with the agent's refusal.
     let mut unknown = message("and now?");
     unknown.model = serde_json::from_value(serde_json::json!({"id": "nope"})).expect("model");
-    a.dispatch(chat.clone(), started("t2", unknown))
+    a.dispatch(chat.clone(), turn_started_with("t2", unknown))
         .await
         .expect("dispatch");
     seen.extend(collect_until(&mut sub, is_turn_end).await);

@@ -736,16 +736,6 @@ async fn actions_that_would_corrupt_shared_state_are_refused() {
     assert_eq!(reduced.working_directories, Some(vec![primary.clone()]));
 }
 
-fn turn_started_with(turn_id: &str, message: ahp_types::state::Message) -> StateAction {
-    StateAction::ChatTurnStarted(ahp_types::actions::ChatTurnStartedAction {
-        turn_id: turn_id.into(),
-        started_at: "2026-11-22T10:00:00.000Z".into(),
-        message,
-        queued_message_id: None,
-        meta: None,
-    })
-}
-
 // ---- 9. Steering ----------------------------------------------------------------------------------------
 
 fn markdown_of(state: &ChatState, turn_id: &str) -> String {
@@ -913,15 +903,8 @@ async fn list_sessions_lists_the_most_recently_modified_first() {
     create_session_and_chat(&owner, "newer").await;
     // A turn in the older session (its start time, which the client gives, is later than anything else).
     let (_, _, mut sub) = subscribe_chat(&owner, &older_chat).await;
-    let mut later = message("later");
-    later.origin.kind = MessageKind::User;
-    let started = StateAction::ChatTurnStarted(ahp_types::actions::ChatTurnStartedAction {
-        turn_id: "t0".into(),
-        started_at: "2099-01-01T00:00:00.000Z".into(),
-        message: later,
-        queued_message_id: None,
-        meta: None,
-    });
+    let later = message("later");
+    let started = turn_started_at("t0", "2099-01-01T00:00:00.000Z", later);
     owner
         .dispatch(older_chat.clone(), started)
         .await

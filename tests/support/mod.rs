@@ -427,10 +427,20 @@ pub fn message(text: &str) -> Message {
 }
 
 pub fn turn_started(turn_id: &str, text: &str) -> StateAction {
+    turn_started_with(turn_id, message(text))
+}
+
+/// `chat/turnStarted` carrying a message built by the caller (another kind, a model, …).
+pub fn turn_started_with(turn_id: &str, message: Message) -> StateAction {
+    turn_started_at(turn_id, "2026-11-22T10:00:00.000Z", message)
+}
+
+/// `chat/turnStarted` with the start time a client gives (it becomes the chat's `modifiedAt`).
+pub fn turn_started_at(turn_id: &str, started_at: &str, message: Message) -> StateAction {
     StateAction::ChatTurnStarted(ahp_types::actions::ChatTurnStartedAction {
         turn_id: turn_id.into(),
-        started_at: "2026-11-22T10:00:00.000Z".into(),
-        message: message(text),
+        started_at: started_at.into(),
+        message,
         queued_message_id: None,
         meta: None,
     })
