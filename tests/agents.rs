@@ -864,3 +864,106 @@ async fn the_model_a_message_names_is_selected_in_the_agent() {
     };
     assert_eq!(error.part.error.error_type, "modelSelectionFailed");
 }
+
+/// Start `ahp-relay runner` for `shard` with the agents of `file`, and wait until the shard counts it.
+async fn start_runner(shard: &Shard, file: &Path, runners_after: f64) -> tokio::process::Child {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+    command
+        .args([
+            "runner",
+            "--name",
+            "test-runner",
+            "--shard",
+            &shard.url,
+            "--agents",
+        ])
+        .arg(file);
+    let (child, _) = spawn_until(command, "runner serving").await;
+    wait_for_runners(shard, runners_after).await;
+    child
+}
+
+/// Wait until the shard has exactly `count` registered runners.
+async fn wait_for_runners(shard: &Shard, count: f64) {
+    let counted = tokio::time::timeout(PATIENCE, async {
+        while shard.metric("ahp_relay_agent_runners").await != count {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "the shard never counted {count} runners");
+}
+
+/// The parent process of `pid`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (2nd field) may hold spaces; the parent pid is the 2nd field after its ')'.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_killed_mid_turn_ends_it_resumably_everywhere_and_the_chat_continues_on_the_next_runner() {
+    let (workspace, _config, file) = agents_file(&[], &[]);
+    let mut shard = Shard::start(&["--agents", &file.display().to_string()]).await;
+    let gateway = Relay::gateway(&shard.url).await;
+    let (a, _) = gateway.client("device-a").await;
+    let (b, _) = gateway.client("device-b").await;
+
+    // Without a runner the shard lists the agent but cannot place its sessions, and says so.
+    let refused = a
+        .request::<_, Value>(
+            "createSession",
+            CreateSessionParams {
+                channel: "ahp-session:/unplaced".into(),
+                meta: None,
+                provider: Some("scripted".into()),
+                working_directories: None,
+                config: None,
+                active_client: None,
+                progress_token: None,
+            },
+        )
+        .await
+        .expect_err("no runner");
+    assert!(refused.to_string().contains("no runner"), "{refused}");
+
+    let mut runner = start_runner(&shard, &file, 1.0).await;
+    let (_, chat) = scripted_session(&a, "placed").await;
+    let state = prompt(&a, &chat, "t1", "first").await;
+    assert!(turn_text(&state, "t1")
+        .0
+        .contains("This session has seen 1 prompts."));
+    // The agent runs under the runner, not under the shard.
+    let dir = session_dir(workspace.path(), "placed");
+    let agent = *agents_in(&dir).first().expect("the agent runs");
+    assert_eq!(parent_of(agent), runner.id(), "the agent is the runner's child");
+
+    let (a_state, a_from, mut a_sub) = subscribe_chat(&a, &chat).await;
+    let (b_state, b_from, mut b_sub) = subscribe_chat(&b, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t2", "a slow answer please"))
+        .await
+        .expect("dispatch");
+    let mut a_seen = collect_until(&mut a_sub, |e| matches!(e.action, StateAction::ChatDelta(_))).await;
+    runner.start_kill().expect("SIGKILL the runner");
+    runner.wait().await.expect("wait");
+    a_seen.extend(collect_until(&mut a_sub, is_turn_end).await);
+    let b_seen = collect_until(&mut b_sub, is_turn_end).await;
+    for seen in [&a_seen, &b_seen] {
+        let Some(StateAction::ChatError(error)) = seen.last().map(|e| &e.action) else {
+            panic!("expected chat/error, got {:?}", seen.last());
+        };
+        assert_eq!(error.part.resumable, Some(true), "{error:?}");
+        assert_eq!(error.part.error.error_type, "runnerLost");
+    }
+    let a_final = reduce_chat(a_state, a_from, &a_seen);
+    assert_eq!(json(&a_final), json(&reduce_chat(b_state, b_from, &b_seen)));
+    assert_eq!(json(&a_final), json(&fresh_chat_snapshot(&gateway, &chat).await));
+
+    // Another runner takes the session at its next prompt and continues the same ACP session.
+    let _runner = start_runner(&shard, &file, 1.0).await;
+    let state = prompt(&a, &chat, "t3", "third").await;
+    let (reply, notes) = turn_text(&state, "t3");
+    assert!(reply.contains("This session has seen 3 prompts."), "{reply}");
+    assert!(notes.is_empty(), "{notes:?}");
+    assert!(shard.terminate().await);
+}

@@ -23,6 +23,7 @@
 //! | `ahp_relay_hosts_open` | gauge | shard | hosts opened by this shard |
 //! | `ahp_relay_sessions_loaded` | gauge | shard | sessions held in memory |
 //! | `ahp_relay_chats_loaded` | gauge | shard | chats held in memory |
+//! | `ahp_relay_agent_runners` | gauge | shard | `ahp-relay runner` processes registered with this shard |
 //!
 //! **Fan-out latency** starts when the event was stamped ([`crate::bus::BusEvent::published_at`]): in the
 //! embedded relay that is the shard publishing it on the in-process bus, right after its batch committed;
@@ -67,6 +68,8 @@ pub const HOSTS_OPEN: &str = "ahp_relay_hosts_open";
 pub const SESSIONS_LOADED: &str = "ahp_relay_sessions_loaded";
 /// Chats held in memory (gauge, shard).
 pub const CHATS_LOADED: &str = "ahp_relay_chats_loaded";
+/// `ahp-relay runner` processes registered with this shard (gauge, shard).
+pub const AGENT_RUNNERS: &str = "ahp_relay_agent_runners";
 /// Counter: JSON-RPC notifications the host refused (never answered, as JSON-RPC 2.0 requires).
 pub const NOTIFICATIONS_REFUSED_TOTAL: &str = "ahp_relay_notifications_refused_total";
 
@@ -192,6 +195,12 @@ fn register(side: Side) {
             describe_gauge!(HOSTS_OPEN, Unit::Count, "Hosts opened by this shard.");
             describe_gauge!(SESSIONS_LOADED, Unit::Count, "Sessions held in memory.");
             describe_gauge!(CHATS_LOADED, Unit::Count, "Chats held in memory.");
+            describe_gauge!(
+                AGENT_RUNNERS,
+                Unit::Count,
+                "Agent runner processes registered with this shard."
+            );
+            gauge!(AGENT_RUNNERS).set(0.0);
             counter!(ACTIONS_TOTAL).increment(0);
             for source in [ReplaySource::Memory, ReplaySource::Store, ReplaySource::Snapshot] {
                 counter!(REPLAYS_TOTAL, "source" => source.label()).increment(0);
@@ -265,6 +274,11 @@ impl FanoutLatency {
 }
 
 /// A gap in the Redis bus was repaired from the shard (the range brought events back).
+/// How many agent runners are registered with this shard now.
+pub fn agent_runners(count: usize) {
+    gauge!(AGENT_RUNNERS).set(count as f64);
+}
+
 pub fn gap_repaired() {
     counter!(GAP_REPAIRS_TOTAL).increment(1);
 }

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod chat;
 mod observe;
 mod ops;
+mod runner;
 mod secret;
 mod serve;
 
@@ -26,6 +27,8 @@ enum Command {
     Shard(serve::ShardArgs),
     /// Run a gateway (WebSockets, auth, fan-out) that forwards to a shard over gRPC.
     Gateway(serve::GatewayArgs),
+    /// Run the ACP agents of a distributed deployment, for the shards that place sessions here.
+    Runner(runner::RunnerArgs),
     /// Mint an access token signed with the relay's secret.
     Token(TokenArgs),
     /// A terminal client: create or join a session, prompt the agent, approve tool calls.
@@ -107,6 +110,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => runtime()?.block_on(serve::run(args)),
         Command::Shard(args) => runtime()?.block_on(serve::run_shard(args)),
         Command::Gateway(args) => runtime()?.block_on(serve::run_gateway(args)),
+        Command::Runner(args) => runtime()?.block_on(runner::run(args)),
         Command::Chat(args) => runtime()?.block_on(chat::run(args)),
         Command::Compact(args) => runtime()?.block_on(async move {
             let store = serve::open_store(args.store.database_url.as_deref(), &args.store.data_dir).await?;

@@ -37,7 +37,8 @@ pub struct HostArgs {
     /// Pause between the demo agent's streamed actions, in milliseconds.
     #[arg(long, env = "AHP_RELAY_DEMO_STEP_MS", default_value_t = 40)]
     pub demo_step_ms: u64,
-    /// The ACP agents this deployment offers besides `demo` (TOML; see deploy/agents.example.toml).
+    /// The ACP agents this deployment offers besides `demo` (TOML; see deploy/agents.example.toml). `serve`
+    /// runs them itself; a shard only lists them and places their sessions on `ahp-relay runner` processes.
     #[arg(long, env = "AHP_RELAY_AGENTS")]
     pub agents: Option<PathBuf>,
     /// Envelopes per host kept in memory for exact reconnect replay.
@@ -141,7 +142,7 @@ pub struct InternalArgs {
 }
 
 impl InternalArgs {
-    fn credential(&self) -> anyhow::Result<relay_rpc::InternalCredential> {
+    pub fn credential(&self) -> anyhow::Result<relay_rpc::InternalCredential> {
         let secret = match (&self.internal_secret, &self.internal_secret_file) {
             (Some(secret), _) => secret.as_bytes().to_vec(),
             (None, Some(file)) => secret::read_private(file)?,
@@ -282,6 +283,14 @@ impl EdgeArgs {
     }
 }
 
+/// Where a host's ACP agents run.
+enum AgentPlacement {
+    /// In this process (the embedded relay).
+    InProcess,
+    /// On the `ahp-relay runner` processes registered in this pool (a shard).
+    Runners(Arc<relay_rpc::RunnerPool>),
+}
+
 /// The host logic on its store, with the demo provider and the retention job.
 async fn open_hosts(
     data: &DataArgs,
@@ -289,6 +298,7 @@ async fn open_hosts(
     limits: Limits,
     redis: Option<RedisPublisher>,
     ownership: Option<relay_shard::ownership::Ownership>,
+    placement: AgentPlacement,
 ) -> anyhow::Result<Arc<ShardLink>> {
     let mut providers = ProviderRegistry::new().with(Arc::new(DemoProvider::new(DemoPace {
         step: Duration::from_millis(host.demo_step_ms),
@@ -296,7 +306,13 @@ async fn open_hosts(
     if let Some(path) = &host.agents {
         let file = relay_runner::acp::AgentsFile::load(path)?;
         for agent in relay_runner::acp::AcpProvider::from_file(&file) {
-            providers = providers.with(Arc::new(agent));
+            providers = match &placement {
+                AgentPlacement::InProcess => providers.with(Arc::new(agent)),
+                AgentPlacement::Runners(pool) => {
+                    use relay_runner::Provider;
+                    providers.with(Arc::new(relay_rpc::RemoteAgent::new(agent.info(), pool.clone())))
+                }
+            };
         }
         tracing::info!(agents = file.agents.len(), path = %path.display(), "ACP agents configured");
     }
@@ -326,7 +342,15 @@ async fn flush(link: &ShardLink) {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let _observability = crate::observe::init("serve", &[Side::Gateway, Side::Shard])?;
     let limits = args.edge.apply(args.host.apply(Limits::default()));
-    let link = open_hosts(&args.data, &args.host, limits.clone(), None, None).await?;
+    let link = open_hosts(
+        &args.data,
+        &args.host,
+        limits.clone(),
+        None,
+        None,
+        AgentPlacement::InProcess,
+    )
+    .await?;
     serve_edge(&args.data, &args.edge, limits, link.clone(), DevToken::Print).await?;
     flush(&link).await;
     Ok(())
@@ -354,7 +378,16 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| format!("http://{addr}"));
     let ownership = relay_shard::ownership::Ownership::new(&advertise, args.lease_ttl);
-    let link = open_hosts(&args.data, &args.host, limits, redis, Some(ownership)).await?;
+    let runners = relay_rpc::RunnerPool::new();
+    let link = open_hosts(
+        &args.data,
+        &args.host,
+        limits,
+        redis,
+        Some(ownership),
+        AgentPlacement::Runners(runners.clone()),
+    )
+    .await?;
     let grpc_serving = crate::ops::serve_shard_http(&args.http, link.clone()).await?;
     {
         let mut out = std::io::stdout().lock();
@@ -367,8 +400,11 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
     }
     let shutdown = grpc_serving.until(wait_for_signal());
     let draining = link.clone();
-    relay_rpc::serve(listener, link.clone(), &credential, async move {
+    let runners_closing = runners.clone();
+    relay_rpc::serve_with_runners(listener, link.clone(), runners, &credential, async move {
         shutdown.await;
+        // Runners stop the agents they ran for this shard; their sessions go with the hosts to the next one.
+        runners_closing.close();
         tracing::info!("shutting down: committing, releasing host leases");
         // Commits what is queued, closes every host's bus (gateways move their clients) and releases the
         // leases; the gRPC server then finishes the calls in flight.
@@ -510,7 +546,7 @@ fn spawn_retention(link: Arc<ShardLink>, every: Duration) {
     });
 }
 
-async fn wait_for_signal() {
+pub async fn wait_for_signal() {
     #[cfg(unix)]
     {
         let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

@@ -11,6 +11,9 @@
 //! With several shards, [`router::ShardRouter`] places each host on a shard and follows redirects when its
 //! ownership moves (see its docs).
 //!
+//! Agents run in `ahp-relay runner` processes that register with the shards ([`runner`]); a shard places
+//! sessions on them through [`placement::RemoteAgent`] providers.
+//!
 //! Every call carries the deployment's internal credential ([`credential`]); a shard refuses calls without
 //! it.
 //!
@@ -23,7 +26,9 @@
 pub mod client;
 mod convert;
 pub mod credential;
+pub mod placement;
 pub mod router;
+pub mod runner;
 pub mod server;
 pub mod trace;
 
@@ -35,8 +40,9 @@ pub mod pb {
 
 pub use client::{ClientError, RemoteShard, ShardRepair};
 pub use credential::{CredentialError, InternalCredential};
+pub use placement::{RemoteAgent, RunnerPool, RunnersService};
 pub use router::ShardRouter;
-pub use server::{serve, BusHistory, HistoryError, ShardService};
+pub use server::{serve, serve_with_runners, BusHistory, HistoryError, ShardService};
 
 /// The response metadata key naming the shard that serves a host (its gRPC URL) on a FAILED_PRECONDITION
 /// answer: the gateway asks that shard instead.

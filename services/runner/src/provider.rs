@@ -22,7 +22,7 @@ pub trait ChatSink: Send + Sync + 'static {
 pub const AGENT_STATE_META: &str = "ahpRelay/agent";
 
 /// A turn the host asks a provider to run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TurnRequest {
     pub session: String,
     /// The tenant of the session (an agent restarted for this turn works in that tenant's workspace).
@@ -46,14 +46,14 @@ pub struct TurnRequest {
 }
 
 /// A tool an active client of the session runs itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClientTool {
     pub client_id: String,
     pub name: String,
 }
 
 /// A user decision the host forwards to the provider running a turn.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum TurnControl {
     /// A client confirmed or denied a tool call (already applied to state by the host), maybe naming the
     /// option it chose.
@@ -102,7 +102,7 @@ impl Drop for TurnHandle {
 }
 
 /// A session the host asks a provider to prepare.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SessionRequest {
     /// The session's URI (the channel `session/ready` or `session/creationFailed` goes to).
     pub session: String,

@@ -1,0 +1,478 @@
+//! Agent runners seen from a shard: which `ahp-relay runner` processes are registered (the `Runners` service of
+//! `proto/relay.proto`), which sessions each one hosts, and the [`RemoteAgent`] providers that place sessions
+//! and turns on them.
+//!
+//! Agents execute arbitrary code, so in the distributed deployment they never run in the shard. A session is
+//! placed on the live runner offering its agent that hosts the fewest sessions: when it is created, and again
+//! when a turn starts and its runner is gone. A runner's stream ending is its death: every turn it ran ends as
+//! a resumable `chat/error` (the session's next prompt places it again, and the agent continues its ACP session
+//! or says its context was reset), and its sessions lose their placement. A runner reaches only the hosts of
+//! the sessions placed on it: what it emits for any other host is dropped.
+
+use std::collections::{HashMap, HashSet};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ahp_types::actions::StateAction;
+use ahp_types::state::AgentInfo;
+use parking_lot::Mutex;
+use relay_runner::acp::turn::TurnMapper;
+use relay_runner::acp::SessionKey;
+use relay_runner::{ChatSink, Provider, SessionRequest, SessionStart, TurnControl, TurnHandle, TurnRequest};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::StreamExt;
+use tonic::codegen::InterceptedService;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::credential::{CredentialCheck, InternalCredential};
+use crate::pb;
+use crate::pb::runner_report::Report;
+use crate::pb::runner_work::Work;
+use crate::pb::runners_server::{Runners, RunnersServer};
+
+/// A host of a tenant, as the runner protocol names it.
+type HostId = (String, String);
+
+/// The runners registered with this shard and the sessions placed on them.
+#[derive(Default)]
+pub struct RunnerPool {
+    state: Mutex<PoolState>,
+    next_runner: AtomicU64,
+    next_turn: AtomicU64,
+    /// What runners last reported about each agent (e.g. its models), by agent id.
+    listings: Mutex<HashMap<String, AgentInfo>>,
+}
+
+#[derive(Default)]
+struct PoolState {
+    runners: HashMap<u64, Runner>,
+    /// Each placed session's runner.
+    placements: HashMap<SessionKey, u64>,
+    /// Each running turn, by the shard's number for it.
+    turns: HashMap<u64, PlacedTurn>,
+}
+
+struct Runner {
+    name: String,
+    agents: HashSet<String>,
+    work: mpsc::UnboundedSender<pb::RunnerWork>,
+    /// How many sessions are placed here.
+    sessions: usize,
+    /// The hosts this runner may emit to (those of the sessions placed on it), with where their actions go.
+    hosts: HashMap<HostId, Arc<dyn ChatSink>>,
+}
+
+struct PlacedTurn {
+    runner: u64,
+    sink: Arc<dyn ChatSink>,
+    chat: String,
+    turn_id: String,
+}
+
+/// Why work could not be placed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementError {
+    #[error("no runner is available for agent {0} (start `ahp-relay runner` with this agent configured)")]
+    NoRunner(String),
+    #[error("cannot encode the request for the runner: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+impl RunnerPool {
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// How many runners are registered.
+    pub fn runners(&self) -> usize {
+        self.state.lock().runners.len()
+    }
+
+    /// Close every runner's stream (the shard is stopping): runners stop the agents they ran for it.
+    pub fn close(&self) {
+        let mut state = self.state.lock();
+        state.runners.clear();
+        state.placements.clear();
+        state.turns.clear();
+        relay_core::telemetry::agent_runners(0);
+    }
+
+    fn add(&self, hello: pb::RunnerHello, work: mpsc::UnboundedSender<pb::RunnerWork>) -> u64 {
+        let id = self.next_runner.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::info!(runner = %hello.name, agents = ?hello.agents, "agent runner registered");
+        let mut state = self.state.lock();
+        state.runners.insert(
+            id,
+            Runner {
+                name: hello.name,
+                agents: hello.agents.into_iter().collect(),
+                work,
+                sessions: 0,
+                hosts: HashMap::new(),
+            },
+        );
+        relay_core::telemetry::agent_runners(state.runners.len());
+        id
+    }
+
+    /// The runner of `key`, placing the session on the least-loaded live runner offering `agent` if it has
+    /// none; the runner may emit to the session's host from now on.
+    fn place(
+        state: &mut PoolState,
+        agent: &str,
+        key: &SessionKey,
+        sink: &Arc<dyn ChatSink>,
+    ) -> Result<u64, PlacementError> {
+        let placed = state
+            .placements
+            .get(key)
+            .copied()
+            .filter(|id| state.runners.contains_key(id));
+        let id = match placed {
+            Some(id) => id,
+            None => {
+                let id = state
+                    .runners
+                    .iter()
+                    .filter(|(_, runner)| runner.agents.contains(agent))
+                    .min_by_key(|(id, runner)| (runner.sessions, **id))
+                    .map(|(id, _)| *id)
+                    .ok_or_else(|| PlacementError::NoRunner(agent.to_string()))?;
+                state.placements.insert(key.clone(), id);
+                if let Some(runner) = state.runners.get_mut(&id) {
+                    runner.sessions += 1;
+                    tracing::debug!(runner = %runner.name, session = %key.session, "session placed");
+                }
+                id
+            }
+        };
+        if let Some(runner) = state.runners.get_mut(&id) {
+            runner
+                .hosts
+                .insert((key.tenant.clone(), key.host.clone()), sink.clone());
+        }
+        Ok(id)
+    }
+
+    fn send(state: &PoolState, runner: u64, work: Work) -> bool {
+        state
+            .runners
+            .get(&runner)
+            .is_some_and(|runner| runner.work.send(pb::RunnerWork { work: Some(work) }).is_ok())
+    }
+
+    fn create_session(
+        &self,
+        agent: &str,
+        request: &SessionRequest,
+        sink: &Arc<dyn ChatSink>,
+    ) -> Result<(), PlacementError> {
+        let key = SessionKey {
+            tenant: request.tenant.clone(),
+            host: request.host.clone(),
+            session: request.session.clone(),
+        };
+        let body = serde_json::to_vec(request)?;
+        let mut state = self.state.lock();
+        let runner = Self::place(&mut state, agent, &key, sink)?;
+        let work = Work::CreateSession(pb::CreateAgentSession {
+            agent: agent.to_string(),
+            request: body,
+        });
+        match Self::send(&state, runner, work) {
+            true => Ok(()),
+            false => Err(PlacementError::NoRunner(agent.to_string())),
+        }
+    }
+
+    fn start_turn(
+        &self,
+        agent: &str,
+        request: &TurnRequest,
+        sink: &Arc<dyn ChatSink>,
+    ) -> Result<u64, PlacementError> {
+        let key = SessionKey {
+            tenant: request.tenant.clone(),
+            host: request.host.clone(),
+            session: request.session.clone(),
+        };
+        let body = serde_json::to_vec(request)?;
+        let turn = self.next_turn.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut state = self.state.lock();
+        let runner = Self::place(&mut state, agent, &key, sink)?;
+        let work = Work::StartTurn(pb::StartAgentTurn {
+            agent: agent.to_string(),
+            turn,
+            request: body,
+        });
+        if !Self::send(&state, runner, work) {
+            return Err(PlacementError::NoRunner(agent.to_string()));
+        }
+        state.turns.insert(
+            turn,
+            PlacedTurn {
+                runner,
+                sink: sink.clone(),
+                chat: request.chat.clone(),
+                turn_id: request.turn_id.clone(),
+            },
+        );
+        Ok(turn)
+    }
+
+    /// Forward a decision to the runner of `turn`; `Cancelled` also ends the turn's number.
+    fn control(&self, turn: u64, control: &TurnControl) {
+        let body = match serde_json::to_vec(control) {
+            Ok(body) => body,
+            Err(error) => {
+                tracing::error!(%error, "cannot encode a turn control");
+                return;
+            }
+        };
+        let mut state = self.state.lock();
+        let Some(runner) = state.turns.get(&turn).map(|placed| placed.runner) else {
+            return;
+        };
+        if matches!(control, TurnControl::Cancelled) {
+            state.turns.remove(&turn);
+        }
+        Self::send(
+            &state,
+            runner,
+            Work::Control(pb::AgentTurnControl { turn, control: body }),
+        );
+    }
+
+    fn dispose_session(&self, key: &SessionKey) {
+        let mut state = self.state.lock();
+        let Some(runner) = state.placements.remove(key) else {
+            return;
+        };
+        if let Some(placed) = state.runners.get_mut(&runner) {
+            placed.sessions = placed.sessions.saturating_sub(1);
+        }
+        Self::send(
+            &state,
+            runner,
+            Work::DisposeSession(pb::DisposeAgentSession {
+                host: Some(pb::HostKey {
+                    tenant: key.tenant.clone(),
+                    host: key.host.clone(),
+                }),
+                session: key.session.clone(),
+            }),
+        );
+    }
+
+    /// One report of a registered runner.
+    fn report(&self, runner: u64, report: Report) {
+        match report {
+            Report::Hello(_) => tracing::warn!(runner, "a runner said hello twice; ignored"),
+            Report::Action(action) => {
+                let Some(sink) = self.sink(runner, action.host.as_ref()) else {
+                    tracing::warn!(
+                        runner,
+                        "a runner emitted for a host none of its sessions is on; dropped"
+                    );
+                    return;
+                };
+                match serde_json::from_slice::<StateAction>(&action.action) {
+                    Ok(parsed) => {
+                        sink.emit(&action.channel, parsed);
+                    }
+                    Err(error) => {
+                        tracing::warn!(runner, %error, "a runner sent an unreadable action; dropped")
+                    }
+                }
+            }
+            Report::AgentChanged(listing) => {
+                let Some(sink) = self.sink(runner, listing.host.as_ref()) else {
+                    return;
+                };
+                match serde_json::from_slice::<AgentInfo>(&listing.info) {
+                    Ok(info) => {
+                        self.listings.lock().insert(info.provider.clone(), info.clone());
+                        sink.agent_changed(info);
+                    }
+                    Err(error) => tracing::warn!(runner, %error, "a runner sent an unreadable agent listing"),
+                }
+            }
+        }
+    }
+
+    fn sink(&self, runner: u64, host: Option<&pb::HostKey>) -> Option<Arc<dyn ChatSink>> {
+        let host = host?;
+        self.state
+            .lock()
+            .runners
+            .get(&runner)?
+            .hosts
+            .get(&(host.tenant.clone(), host.host.clone()))
+            .cloned()
+    }
+
+    /// A runner's stream ended: its turns end as resumable errors and its sessions lose their placement.
+    fn runner_lost(&self, runner: u64) {
+        let orphans: Vec<PlacedTurn> = {
+            let mut state = self.state.lock();
+            let Some(gone) = state.runners.remove(&runner) else {
+                return;
+            };
+            tracing::warn!(runner = %gone.name, sessions = gone.sessions, "agent runner gone");
+            relay_core::telemetry::agent_runners(state.runners.len());
+            state.placements.retain(|_, placed| *placed != runner);
+            let turns: Vec<u64> = state
+                .turns
+                .iter()
+                .filter(|(_, turn)| turn.runner == runner)
+                .map(|(id, _)| *id)
+                .collect();
+            turns
+                .into_iter()
+                .filter_map(|id| state.turns.remove(&id))
+                .collect()
+        };
+        for turn in orphans {
+            TurnMapper::new(turn.chat, turn.turn_id, turn.sink).fail(
+                "runnerLost",
+                "The runner hosting this agent stopped during the turn; send your message again to continue.",
+                true,
+            );
+        }
+    }
+}
+
+/// An agent of the agents file, run by the registered runners.
+pub struct RemoteAgent {
+    info: AgentInfo,
+    pool: Arc<RunnerPool>,
+}
+
+impl RemoteAgent {
+    /// `info` is how the agent is listed until a runner reports more (e.g. its models).
+    pub fn new(info: AgentInfo, pool: Arc<RunnerPool>) -> Self {
+        Self { info, pool }
+    }
+}
+
+/// End a turn that could not be placed (from a task: the host holds its lock while starting a turn).
+fn fail_later(sink: Arc<dyn ChatSink>, request: &TurnRequest, error: PlacementError) {
+    let mut mapper = TurnMapper::new(request.chat.clone(), request.turn_id.clone(), sink);
+    tokio::spawn(async move { mapper.fail("agentUnavailable", &error.to_string(), true) });
+}
+
+impl Provider for RemoteAgent {
+    fn info(&self) -> AgentInfo {
+        self.pool
+            .listings
+            .lock()
+            .get(&self.info.provider)
+            .cloned()
+            .unwrap_or_else(|| self.info.clone())
+    }
+
+    fn create_session(&self, request: SessionRequest, sink: Arc<dyn ChatSink>) -> SessionStart {
+        match self.pool.create_session(&self.info.provider, &request, &sink) {
+            Ok(()) => SessionStart::Pending,
+            Err(error) => SessionStart::Refused(error.to_string()),
+        }
+    }
+
+    fn start_turn(&self, request: TurnRequest, sink: Arc<dyn ChatSink>) -> TurnHandle {
+        let (control_tx, mut control_rx) = mpsc::unbounded_channel();
+        let handle = TurnHandle::new(control_tx);
+        match self.pool.start_turn(&self.info.provider, &request, &sink) {
+            Ok(turn) => {
+                let pool = self.pool.clone();
+                tokio::spawn(async move {
+                    while let Some(control) = control_rx.recv().await {
+                        let ended = matches!(control, TurnControl::Cancelled);
+                        pool.control(turn, &control);
+                        if ended {
+                            break;
+                        }
+                    }
+                    pool.control(turn, &TurnControl::Cancelled);
+                });
+            }
+            Err(error) => fail_later(sink, &request, error),
+        }
+        handle
+    }
+
+    fn dispose_session(&self, tenant: &str, host: &str, session: &str) {
+        self.pool.dispose_session(&SessionKey {
+            tenant: tenant.to_string(),
+            host: host.to_string(),
+            session: session.to_string(),
+        });
+    }
+}
+
+/// The `Runners` gRPC service: where runners register.
+pub struct RunnersService {
+    pool: Arc<RunnerPool>,
+}
+
+impl RunnersService {
+    pub fn new(pool: Arc<RunnerPool>) -> Self {
+        Self { pool }
+    }
+
+    /// The service behind the internal credential check.
+    pub fn into_server(
+        self,
+        credential: &InternalCredential,
+    ) -> InterceptedService<RunnersServer<Self>, CredentialCheck> {
+        let server = RunnersServer::new(self)
+            .max_decoding_message_size(crate::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(crate::MAX_MESSAGE_BYTES);
+        InterceptedService::new(server, credential.check())
+    }
+}
+
+type WorkStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::RunnerWork, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Runners for RunnersService {
+    type RegisterStream = WorkStream;
+
+    async fn register(
+        &self,
+        request: Request<Streaming<pb::RunnerReport>>,
+    ) -> Result<Response<WorkStream>, Status> {
+        let mut reports = request.into_inner();
+        let hello = match reports.message().await? {
+            Some(pb::RunnerReport {
+                report: Some(Report::Hello(hello)),
+            }) => hello,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "a runner's first report must be its RunnerHello",
+                ))
+            }
+        };
+        let (work_tx, work_rx) = mpsc::unbounded_channel();
+        let runner = self.pool.add(hello, work_tx);
+        let pool = self.pool.clone();
+        tokio::spawn(async move {
+            loop {
+                match reports.message().await {
+                    Ok(Some(pb::RunnerReport { report: Some(report) })) => pool.report(runner, report),
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(error) => {
+                        tracing::warn!(runner, %error, "agent runner stream failed");
+                        break;
+                    }
+                }
+            }
+            pool.runner_lost(runner);
+        });
+        Ok(Response::new(Box::pin(
+            UnboundedReceiverStream::new(work_rx).map(Ok),
+        )))
+    }
+}

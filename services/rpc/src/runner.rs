@@ -1,0 +1,272 @@
+//! The `ahp-relay runner` side of the `Runners` service: registers with every shard, runs the sessions and
+//! turns a shard places here on this process's providers (the ACP agents of its agents file), and streams
+//! what the agents emit back to that shard.
+//!
+//! Each shard connection has its own providers: when the stream to a shard ends (it stopped, or the network
+//! failed), every agent started for it is stopped, and the runner registers again with back-off. The shard
+//! places the sessions again on their next prompt, where the agents continue their ACP sessions.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ahp_types::actions::{SessionCreationFailedAction, StateAction};
+use ahp_types::state::{AgentInfo, ErrorInfo};
+use relay_runner::{ChatSink, Provider, SessionRequest, SessionStart, TurnControl, TurnHandle, TurnRequest};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::Endpoint;
+
+use crate::credential::InternalCredential;
+use crate::pb;
+use crate::pb::runner_report::Report;
+use crate::pb::runner_work::Work;
+use crate::pb::runners_client::RunnersClient;
+
+/// Makes a fresh set of providers for one shard connection.
+pub type ProviderFactory = Arc<dyn Fn() -> Vec<Arc<dyn Provider>> + Send + Sync>;
+
+/// How a runner reaches its shards.
+#[derive(Clone)]
+pub struct RunnerConfig {
+    /// This runner's name in the shards' logs.
+    pub name: String,
+    /// The shards' gRPC URLs.
+    pub shards: Vec<String>,
+    pub credential: InternalCredential,
+    pub providers: ProviderFactory,
+}
+
+/// Why one registration with a shard ended.
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error("invalid shard URL {0}")]
+    Url(String),
+    #[error("cannot reach the shard: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("the shard refused or ended the registration: {0}")]
+    Status(#[from] tonic::Status),
+}
+
+/// Serve every shard of `config` until the process stops (registrations are retried for ever).
+pub async fn run(config: RunnerConfig) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for shard in config.shards.clone() {
+        let config = config.clone();
+        tasks.spawn(async move { follow(shard, config).await });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Register with one shard again and again, with back-off after failures.
+async fn follow(shard: String, config: RunnerConfig) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match serve_once(&shard, &config).await {
+            Ok(()) => {
+                tracing::info!(%shard, "the shard ended this runner's registration; registering again");
+                backoff = Duration::from_millis(100);
+            }
+            Err(error) => {
+                tracing::warn!(%shard, %error, "runner registration failed; retrying");
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+        tokio::time::sleep(jittered(backoff)).await;
+    }
+}
+
+/// `delay` plus up to half of it again, so runners that lost a shard together do not return in step.
+fn jittered(delay: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    delay + delay.mul_f64(f64::from(nanos % 1000) / 2000.0)
+}
+
+/// One registration: serve the shard's work until its stream ends.
+async fn serve_once(shard: &str, config: &RunnerConfig) -> Result<(), RunnerError> {
+    let endpoint = Endpoint::from_shared(shard.to_string())
+        .map_err(|_| RunnerError::Url(shard.to_string()))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true);
+    let channel = endpoint.connect().await?;
+    let mut client = RunnersClient::with_interceptor(channel, config.credential.clone())
+        .max_decoding_message_size(crate::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(crate::MAX_MESSAGE_BYTES);
+    let providers: HashMap<String, Arc<dyn Provider>> = (config.providers)()
+        .into_iter()
+        .map(|provider| (provider.info().provider, provider))
+        .collect();
+    let (reports, outgoing) = mpsc::unbounded_channel();
+    let hello = pb::RunnerHello {
+        name: config.name.clone(),
+        agents: providers.keys().cloned().collect(),
+    };
+    let _ = reports.send(pb::RunnerReport {
+        report: Some(Report::Hello(hello)),
+    });
+    let mut work = client
+        .register(UnboundedReceiverStream::new(outgoing))
+        .await?
+        .into_inner();
+    tracing::info!(%shard, agents = providers.len(), "registered with the shard");
+    let mut session = ShardSession {
+        providers,
+        turns: HashMap::new(),
+        reports,
+    };
+    while let Some(item) = work.message().await? {
+        if let Some(item) = item.work {
+            session.handle(item);
+        }
+    }
+    Ok(())
+    // Dropping the providers stops every agent started for this shard.
+}
+
+/// What runs for one shard connection.
+struct ShardSession {
+    providers: HashMap<String, Arc<dyn Provider>>,
+    /// The running turns, by the shard's number (dropping a handle cancels its turn).
+    turns: HashMap<u64, TurnHandle>,
+    reports: mpsc::UnboundedSender<pb::RunnerReport>,
+}
+
+impl ShardSession {
+    fn sink(&self, tenant: &str, host: &str) -> Arc<dyn ChatSink> {
+        Arc::new(StreamSink {
+            host: pb::HostKey {
+                tenant: tenant.to_string(),
+                host: host.to_string(),
+            },
+            reports: self.reports.clone(),
+        })
+    }
+
+    fn handle(&mut self, work: Work) {
+        match work {
+            Work::CreateSession(create) => {
+                let request: SessionRequest = match serde_json::from_slice(&create.request) {
+                    Ok(request) => request,
+                    Err(error) => return tracing::error!(%error, "unreadable session request"),
+                };
+                let sink = self.sink(&request.tenant, &request.host);
+                let Some(provider) = self.providers.get(&create.agent) else {
+                    return refuse(
+                        &*sink,
+                        &request.session,
+                        format!("this runner has no agent {}", create.agent),
+                    );
+                };
+                match provider.create_session(request.clone(), sink.clone()) {
+                    SessionStart::Ready => {
+                        sink.emit(
+                            &request.session,
+                            StateAction::SessionReady(ahp_types::actions::SessionReadyAction {}),
+                        );
+                    }
+                    SessionStart::Pending => {}
+                    SessionStart::Refused(message) => refuse(&*sink, &request.session, message),
+                }
+            }
+            Work::StartTurn(start) => {
+                let request: TurnRequest = match serde_json::from_slice(&start.request) {
+                    Ok(request) => request,
+                    Err(error) => return tracing::error!(%error, "unreadable turn request"),
+                };
+                let sink = self.sink(&request.tenant, &request.host);
+                let Some(provider) = self.providers.get(&start.agent) else {
+                    let mut mapper = relay_runner::acp::turn::TurnMapper::new(
+                        request.chat.clone(),
+                        request.turn_id.clone(),
+                        sink,
+                    );
+                    return mapper.fail(
+                        "agentUnavailable",
+                        &format!("this runner has no agent {}", start.agent),
+                        false,
+                    );
+                };
+                let handle = provider.start_turn(request, sink);
+                self.turns.insert(start.turn, handle);
+            }
+            Work::Control(control) => {
+                let decoded: TurnControl = match serde_json::from_slice(&control.control) {
+                    Ok(decoded) => decoded,
+                    Err(error) => return tracing::error!(%error, "unreadable turn control"),
+                };
+                if matches!(decoded, TurnControl::Cancelled) {
+                    // Dropping the handle cancels the turn (a no-op once it finished).
+                    self.turns.remove(&control.turn);
+                } else if let Some(handle) = self.turns.get(&control.turn) {
+                    handle.send(decoded);
+                }
+            }
+            Work::DisposeSession(dispose) => {
+                let Some(host) = dispose.host else { return };
+                for provider in self.providers.values() {
+                    provider.dispose_session(&host.tenant, &host.host, &dispose.session);
+                }
+            }
+        }
+    }
+}
+
+/// Tell the shard a session cannot be created, saying why.
+fn refuse(sink: &dyn ChatSink, session: &str, message: String) {
+    sink.emit(
+        session,
+        StateAction::SessionCreationFailed(SessionCreationFailedAction {
+            error: ErrorInfo {
+                error_type: "sessionRefused".into(),
+                message,
+                stack: None,
+                meta: None,
+            },
+        }),
+    );
+}
+
+/// Where agents' actions for one host go: the stream to the shard that placed the session.
+struct StreamSink {
+    host: pb::HostKey,
+    reports: mpsc::UnboundedSender<pb::RunnerReport>,
+}
+
+impl ChatSink for StreamSink {
+    fn emit(&self, channel: &str, action: StateAction) -> bool {
+        let action = match serde_json::to_vec(&action) {
+            Ok(action) => action,
+            Err(error) => {
+                tracing::error!(%error, "cannot encode an agent's action");
+                return false;
+            }
+        };
+        self.reports
+            .send(pb::RunnerReport {
+                report: Some(Report::Action(pb::AgentAction {
+                    host: Some(self.host.clone()),
+                    channel: channel.to_string(),
+                    action,
+                })),
+            })
+            .is_ok()
+    }
+
+    fn agent_changed(&self, info: AgentInfo) {
+        let Ok(info) = serde_json::to_vec(&info) else {
+            return;
+        };
+        let _ = self.reports.send(pb::RunnerReport {
+            report: Some(Report::AgentChanged(pb::AgentListing {
+                host: Some(self.host.clone()),
+                info,
+            })),
+        });
+    }
+}
