@@ -36,7 +36,8 @@
 //!    from deploy/Dockerfile with the repository root as context; every URL setting names a compose
 //!    service that the process waits for until healthy; each gateway lists every shard at its gRPC port;
 //!    each shard advertises its own service name and gRPC port; healthcheck programs are installed in the
-//!    image; no host port is published twice;
+//!    image; no host port is published twice; a runner service lists every shard, names the shards' agents
+//!    file, has a workspaces volume and CPU and memory limits;
 //! 6. chart wiring: Chart.yaml's fields; every `.Values.…` reference exists in values.yaml and every
 //!    `include` is defined; the gateway Deployment, Service and autoscaling/v2 HPA, the shard StatefulSet
 //!    and its headless Service, ConfigMaps and a Secret exist; Services select a workload and target its
@@ -78,6 +79,7 @@ fn route_sources(sub: &str) -> Option<&'static [&'static str]> {
     match sub {
         // `serve` mounts the gateway's router too.
         "gateway" | "serve" => Some(&["services/gateway/src/server.rs"]),
+        "runner" => Some(&["services/relay/src/runner.rs"]),
         // The shard's HTTP server (--http-listen) may live with the shard, its gRPC server or the binary.
         "shard" => Some(&["services/shard/src", "services/rpc/src", "services/relay/src"]),
         _ => None,
@@ -418,8 +420,43 @@ fn compose_wiring() {
             ));
         }
     }
-    for gateway in &gateways {
-        let urls = help("gateway")
+    let runners: Vec<&Process> = processes
+        .iter()
+        .filter(|process| process.sub() == "runner")
+        .collect();
+    if runners.is_empty() {
+        problems.push(format!(
+            "{COMPOSE}: no runner service (agents must not run in the shards)"
+        ));
+    }
+    let agents_file = |process: &Process| process.env_value("AHP_RELAY_AGENTS").map(str::to_string);
+    for runner in &runners {
+        let service = services[&service_name(runner)];
+        if agents_file(runner).is_none()
+            || shards
+                .iter()
+                .any(|shard| agents_file(shard) != agents_file(runner))
+        {
+            problems.push(format!(
+                "{}: AHP_RELAY_AGENTS must name the same agents file as every shard's",
+                runner.origin
+            ));
+        }
+        if !seq(&service["volumes"])
+            .iter()
+            .filter_map(scalar)
+            .any(|volume| volume.ends_with("/workspaces"))
+        {
+            problems.push(format!("{}: no volume for the agents' workspaces", runner.origin));
+        }
+        for limit in ["cpus", "memory"] {
+            if str_at(service, &["deploy", "resources", "limits", limit]).is_none() {
+                problems.push(format!("{}: no deploy.resources.limits.{limit}", runner.origin));
+            }
+        }
+    }
+    for gateway in gateways.iter().chain(&runners) {
+        let urls = help(gateway.sub())
             .and_then(|help| help.option("shard"))
             .and_then(|option| gateway.setting(option))
             .unwrap_or_default();

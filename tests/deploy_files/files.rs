@@ -583,6 +583,8 @@ pub fn component(labels: &Value) -> Option<&str> {
 
 pub const WORKLOADS: &[&str] = &["Deployment", "StatefulSet", "DaemonSet", "Job"];
 pub const RELAY_IMAGE: &str = "INCLUDE(ahp-relay.image)";
+/// The runners' image: the same binary, built with what agents need (the Dockerfile's `runner` target).
+pub const RUNNER_IMAGE: &str = "INCLUDE(ahp-relay.runnerImage)";
 
 /// The relay containers of the chart's workloads, with the problems met reading them.
 pub fn helm_processes(chart: &Chart) -> (Vec<Process>, Vec<String>) {
@@ -597,7 +599,9 @@ pub fn helm_processes(chart: &Chart) -> (Vec<Process>, Vec<String>) {
         let annotations = &template["metadata"]["annotations"];
         let pod = &template["spec"];
         let containers = seq(&pod["containers"]).iter().chain(seq(&pod["initContainers"]));
-        for container in containers.filter(|container| str_at(container, &["image"]) == Some(RELAY_IMAGE)) {
+        let relay_image =
+            |container: &&Value| matches!(str_at(container, &["image"]), Some(RELAY_IMAGE | RUNNER_IMAGE));
+        for container in containers.filter(relay_image) {
             let container_name = str_at(container, &["name"]).unwrap_or("?");
             let origin = format!(
                 "{CHART}/templates/{file} {} container {container_name}",

@@ -46,6 +46,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* The runners' image (the Dockerfile's `runner` target). */}}
+{{- define "ahp-relay.runnerImage" -}}
+{{- printf "%s:%s" .Values.runner.image.repository (default .Chart.AppVersion .Values.runner.image.tag) }}
+{{- end }}
+
 {{/* The Secret holding jwt-secret, database-url and redis-url: existingSecret or the chart's own. */}}
 {{- define "ahp-relay.secretName" -}}
 {{- default (include "ahp-relay.fullname" .) .Values.existingSecret }}

@@ -1,12 +1,22 @@
 //! `ahp-relay runner`: the process that runs a deployment's ACP agents, apart from the shards (agents execute
 //! arbitrary code; the shard holds every tenant's state). It registers with every shard over gRPC
 //! (`relay_rpc::runner`) and runs the sessions the shards place on it; on SIGTERM it stops every agent.
+//!
+//! Its HTTP endpoint (`--http-listen`) answers `GET /healthz` (the process is up) and `GET /readyz` (200 while
+//! it is registered with at least one shard, 503 otherwise), for orchestrators.
 
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+
 use anyhow::Context;
-use relay_core::telemetry::Side;
 use relay_runner::acp::{AcpProvider, AgentsFile};
 use relay_runner::Provider;
 
@@ -27,13 +37,16 @@ pub struct RunnerArgs {
     /// This runner's name in the shards' logs; default: the host name.
     #[arg(long, env = "AHP_RELAY_RUNNER_NAME")]
     pub name: Option<String>,
+    /// Address of the HTTP endpoint serving /healthz and /readyz (port 0 picks a free port).
+    #[arg(long, env = "AHP_RELAY_HTTP_LISTEN", default_value = "127.0.0.1:7881")]
+    pub http_listen: SocketAddr,
     #[command(flatten)]
     pub internal: crate::serve::InternalArgs,
 }
 
 /// `ahp-relay runner`.
 pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
-    let _observability = crate::observe::init("runner", &[Side::Shard])?;
+    let _observability = crate::observe::init("runner", &[])?;
     let file = AgentsFile::load(&args.agents)
         .with_context(|| format!("loading the agents file {}", args.agents.display()))?;
     let shards: Vec<String> = args
@@ -49,7 +62,10 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|_| "runner".into())
     });
     let agents = file.agents.len();
+    let registrations = Arc::new(AtomicUsize::new(0));
+    serve_http(args.http_listen, registrations.clone()).await?;
     let config = relay_rpc::runner::RunnerConfig {
+        registrations,
         name: format!("{name}/{}", std::process::id()),
         shards: shards.clone(),
         credential: args.internal.credential()?,
@@ -71,4 +87,39 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
     }
     // Returning drops the registrations and with them every agent (their process groups are killed).
     Ok(())
+}
+
+/// Bind the runner's HTTP endpoint, print `… runner http listening on http://ADDR`, and serve it in the
+/// background.
+async fn serve_http(listen: SocketAddr, registrations: Arc<AtomicUsize>) -> anyhow::Result<()> {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(registrations);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    let addr = listener.local_addr()?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "ahp-relay {} runner http listening on http://{addr}",
+            env!("CARGO_PKG_VERSION")
+        )?;
+        out.flush()?;
+    }
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "the runner's HTTP endpoint failed");
+        }
+    });
+    Ok(())
+}
+
+async fn readyz(State(registrations): State<Arc<AtomicUsize>>) -> (StatusCode, &'static str) {
+    match registrations.load(Ordering::SeqCst) {
+        0 => (StatusCode::SERVICE_UNAVAILABLE, "not registered with any shard"),
+        _ => (StatusCode::OK, "ready"),
+    }
 }

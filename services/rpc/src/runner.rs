@@ -7,6 +7,7 @@
 //! places the sessions again on their next prompt, where the agents continue their ACP sessions.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +36,8 @@ pub struct RunnerConfig {
     pub shards: Vec<String>,
     pub credential: InternalCredential,
     pub providers: ProviderFactory,
+    /// How many shards this runner is registered with now (its readiness).
+    pub registrations: Arc<AtomicUsize>,
 }
 
 /// Why one registration with a shard ended.
@@ -115,6 +118,7 @@ async fn serve_once(shard: &str, config: &RunnerConfig) -> Result<(), RunnerErro
         .await?
         .into_inner();
     tracing::info!(%shard, agents = providers.len(), "registered with the shard");
+    let _registered = Registered::new(config.registrations.clone());
     let mut session = ShardSession {
         providers,
         turns: HashMap::new(),
@@ -268,5 +272,21 @@ impl ChatSink for StreamSink {
                 info,
             })),
         });
+    }
+}
+
+/// Counts one live registration for as long as it lives.
+struct Registered(Arc<AtomicUsize>);
+
+impl Registered {
+    fn new(count: Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count)
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
