@@ -935,8 +935,9 @@ async fn a_runner_killed_mid_turn_ends_it_resumably_everywhere_and_the_chat_cont
         .contains("This session has seen 1 prompts."));
     // The agent runs under the runner, not under the shard.
     let dir = session_dir(workspace.path(), "placed");
-    let agent = *agents_in(&dir).first().expect("the agent runs");
-    assert_eq!(parent_of(agent), runner.id(), "the agent is the runner's child");
+    let agents = agents_in(&dir);
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    assert_eq!(parent_of(agents[0]), runner.id(), "the agent is the runner's child");
 
     let (a_state, a_from, mut a_sub) = subscribe_chat(&a, &chat).await;
     let (b_state, b_from, mut b_sub) = subscribe_chat(&b, &chat).await;
@@ -960,10 +961,25 @@ async fn a_runner_killed_mid_turn_ends_it_resumably_everywhere_and_the_chat_cont
     assert_eq!(json(&a_final), json(&fresh_chat_snapshot(&gateway, &chat).await));
 
     // Another runner takes the session at its next prompt and continues the same ACP session.
-    let _runner = start_runner(&shard, &file, 1.0).await;
+    let mut runner = start_runner(&shard, &file, 1.0).await;
     let state = prompt(&a, &chat, "t3", "third").await;
     let (reply, notes) = turn_text(&state, "t3");
     assert!(reply.contains("This session has seen 3 prompts."), "{reply}");
     assert!(notes.is_empty(), "{notes:?}");
+
+    // A runner that stops stops its agents.
+    assert!(
+        agents_in(&dir).into_iter().any(|pid| parent_of(pid) == runner.id()),
+        "the new runner runs the agent"
+    );
+    assert!(terminate(&mut runner).await);
+    let gone = tokio::time::timeout(PATIENCE, async {
+        while !agents_in(&dir).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "the agent outlived its runner: {:?}", agents_in(&dir));
+    wait_for_runners(&shard, 0.0).await;
     assert!(shard.terminate().await);
 }

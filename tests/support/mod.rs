@@ -342,7 +342,7 @@ impl Shard {
 }
 
 /// SIGTERM a process; true if it then exited successfully within [`PATIENCE`].
-async fn terminate(child: &mut Child) -> bool {
+pub async fn terminate(child: &mut Child) -> bool {
     let pid = child.id().expect("running");
     let status = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
