@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ahp_types::actions::{ChatTurnCancelledAction, StateAction};
 use ahp_types::commands::CreateSessionParams;
-use ahp_types::state::{ResponsePart, SessionLifecycle, ToolCallState};
+use ahp_types::state::{ResponsePart, SessionLifecycle, ToolCallState, ToolResultContent};
 use serde_json::Value;
 use support::*;
 
@@ -215,15 +215,28 @@ async fn two_devices_share_an_acp_agents_turn_one_prompts_the_other_approves() {
         "{reply}"
     );
     assert!(reply.contains("Wrote notes.txt."), "{reply}");
-    let tool = fresh.turns[0]
-        .response_parts
-        .iter()
-        .find_map(|p| match p {
-            ResponsePart::ToolCall(tc) => Some(tc.tool_call.clone()),
-            _ => None,
-        })
-        .expect("a tool call");
-    assert!(matches!(tool, ToolCallState::Completed(_)), "{tool:?}");
+    // The agent ran `cat notes.txt` in a relay terminal and read its output back.
+    assert!(
+        reply.contains("TERMINAL: written by the test agent (exit 0)."),
+        "{reply}"
+    );
+    let tools = completed_tool_calls(&fresh);
+    assert_eq!(tools.len(), 2, "{tools:?}");
+    // The file edit is tool-call content: the new file's text and its line counts.
+    let Some(ToolResultContent::FileEdit(edit)) = tools[0].content.as_ref().and_then(|c| c.first()) else {
+        panic!("a file edit: {:?}", tools[0]);
+    };
+    let after = edit.after.as_ref().expect("after");
+    assert!(after.uri.ends_with("/notes.txt"), "{}", after.uri);
+    assert_eq!(data_uri_text(&after.content.uri), "written by the test agent\n");
+    assert_eq!(edit.diff.as_ref().and_then(|d| d.added), Some(1));
+    // The command's terminal is linked from its tool call, and any device can open it.
+    let terminal = terminal_of(&tools[1]);
+    let (c, _) = setup.relay.client("device-c").await;
+    let (snapshot, _) = c.subscribe(terminal.clone()).await.expect("subscribe terminal");
+    let state = terminal_state(&snapshot.snapshot.expect("snapshot"));
+    assert_eq!(terminal_text(&state), "written by the test agent\n");
+    assert_eq!(state.lifecycle, exited(Some(0)));
 
     // The agent's title update named the session.
     let listed: ahp_types::commands::ListSessionsResult = a
@@ -240,6 +253,73 @@ async fn two_devices_share_an_acp_agents_turn_one_prompts_the_other_approves() {
         .filter(|p| p.file_name().is_some_and(|n| n == "notes.txt"))
         .collect();
     assert_eq!(found.len(), 1, "{found:?}");
+}
+
+/// The completed tool calls of a chat's first turn, in order.
+fn completed_tool_calls(chat: &ahp_types::state::ChatState) -> Vec<ahp_types::state::ToolCallCompletedState> {
+    chat.turns[0]
+        .response_parts
+        .iter()
+        .filter_map(|p| match p {
+            ResponsePart::ToolCall(tc) => match &tc.tool_call {
+                ToolCallState::Completed(done) => Some(done.clone()),
+                other => panic!("a tool call that did not complete: {other:?}"),
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// The terminal a completed tool call links to.
+fn terminal_of(tool: &ahp_types::state::ToolCallCompletedState) -> String {
+    tool.content
+        .iter()
+        .flatten()
+        .find_map(|content| match content {
+            ToolResultContent::Terminal(terminal) => Some(terminal.resource.clone()),
+            _ => None,
+        })
+        .expect("a terminal in the tool call's content")
+}
+
+fn terminal_state(snapshot: &ahp_types::state::Snapshot) -> ahp_types::state::TerminalState {
+    match &snapshot.state {
+        ahp_types::state::SnapshotState::Terminal(state) => (**state).clone(),
+        other => panic!("not a terminal: {other:?}"),
+    }
+}
+
+/// A terminal's whole output (the VT stream its content parts make up).
+fn terminal_text(state: &ahp_types::state::TerminalState) -> String {
+    serde_json::to_value(&state.content)
+        .expect("json")
+        .as_array()
+        .expect("parts")
+        .iter()
+        .map(|part| {
+            part.get("output")
+                .or_else(|| part.get("value"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+fn exited(exit_code: Option<i64>) -> ahp_types::state::TerminalLifecycleState {
+    ahp_types::state::TerminalLifecycleState::Exited(ahp_types::state::TerminalExitedLifecycleState {
+        exit_code,
+    })
+}
+
+/// The text of a `data:…;base64,` URI.
+fn data_uri_text(uri: &str) -> String {
+    use base64::Engine;
+    let encoded = uri.split_once(";base64,").expect("a base64 data: URI").1;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .expect("base64");
+    String::from_utf8(bytes).expect("utf-8")
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
@@ -372,6 +452,16 @@ async fn an_agent_cannot_write_outside_its_working_directory_through_the_relay()
     let reply = markdown(&fresh_chat_snapshot(&setup.relay, &chat).await);
     assert_eq!(reply.matches(" refused:").count(), 3, "{reply}");
     assert!(!reply.contains("WRITTEN"), "{reply}");
+    // The same directories as a terminal's working directory are refused too, and nothing ran there.
+    assert_eq!(reply.matches(" refused-cwd:").count(), 3, "{reply}");
+    assert!(!reply.contains("RAN:"), "{reply}");
+    for directory in [dir.parent().expect("tenant dir"), Path::new("/tmp"), &elsewhere] {
+        assert!(
+            !directory.join("escaped-by-terminal.txt").exists(),
+            "{}",
+            directory.display()
+        );
+    }
     assert!(!dir.parent().expect("tenant dir").join("escaped.txt").exists());
     assert!(!Path::new("/tmp/ahp-relay-escaped.txt").exists());
     assert!(std::fs::read_dir(&elsewhere).expect("elsewhere").next().is_none());
@@ -937,7 +1027,11 @@ async fn a_runner_killed_mid_turn_ends_it_resumably_everywhere_and_the_chat_cont
     let dir = session_dir(workspace.path(), "placed");
     let agents = agents_in(&dir);
     assert_eq!(agents.len(), 1, "{agents:?}");
-    assert_eq!(parent_of(agents[0]), runner.id(), "the agent is the runner's child");
+    assert_eq!(
+        parent_of(agents[0]),
+        runner.id(),
+        "the agent is the runner's child"
+    );
 
     let (a_state, a_from, mut a_sub) = subscribe_chat(&a, &chat).await;
     let (b_state, b_from, mut b_sub) = subscribe_chat(&b, &chat).await;
@@ -967,9 +1061,31 @@ async fn a_runner_killed_mid_turn_ends_it_resumably_everywhere_and_the_chat_cont
     assert!(reply.contains("This session has seen 3 prompts."), "{reply}");
     assert!(notes.is_empty(), "{notes:?}");
 
+    // The runner's terminals reach the devices through the shard like any agent output.
+    std::fs::write(dir.join("go"), "").expect("the command need not wait");
+    let state = prompt(&a, &chat, "t4", "run a command").await;
+    let tools: Vec<_> = state.turns[3]
+        .response_parts
+        .iter()
+        .filter_map(|p| match p {
+            ResponsePart::ToolCall(tc) => match &tc.tool_call {
+                ToolCallState::Completed(done) => Some(done.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    let terminal = terminal_of(&tools[0]);
+    let (watched, _) = b.subscribe(terminal).await.expect("subscribe terminal");
+    let watched = terminal_state(&watched.snapshot.expect("snapshot"));
+    assert_eq!(terminal_text(&watched), "hello-from-terminal\nbye\n");
+    assert_eq!(watched.lifecycle, exited(Some(3)));
+
     // A runner that stops stops its agents.
     assert!(
-        agents_in(&dir).into_iter().any(|pid| parent_of(pid) == runner.id()),
+        agents_in(&dir)
+            .into_iter()
+            .any(|pid| parent_of(pid) == runner.id()),
         "the new runner runs the agent"
     );
     assert!(terminate(&mut runner).await);
@@ -979,7 +1095,160 @@ async fn a_runner_killed_mid_turn_ends_it_resumably_everywhere_and_the_chat_cont
         }
     })
     .await;
-    assert!(gone.is_ok(), "the agent outlived its runner: {:?}", agents_in(&dir));
+    assert!(
+        gone.is_ok(),
+        "the agent outlived its runner: {:?}",
+        agents_in(&dir)
+    );
     wait_for_runners(&shard, 0.0).await;
     assert!(shard.terminate().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_device_watches_an_agents_terminal_live_from_its_tool_call() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (b, _) = setup.relay.client("device-b").await;
+    let (_, chat) = scripted_session(&a, "terminal").await;
+    let dir = session_dir(setup.workspace.path(), "terminal");
+    let (_, _, mut b_sub) = subscribe_chat(&b, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t1", "run a command please"))
+        .await
+        .expect("dispatch");
+    // Device B follows the tool call to its terminal while the command runs.
+    let terminal = loop {
+        let envelope = next_envelope(&mut b_sub).await;
+        if let StateAction::ChatToolCallContentChanged(changed) = &envelope.action {
+            if let Some(ToolResultContent::Terminal(terminal)) = changed.content.first() {
+                break terminal.resource.clone();
+            }
+        }
+    };
+    assert!(terminal.starts_with("ahp-terminal:/"), "{terminal}");
+    let (subscribed, mut t_sub) = b.subscribe(terminal.clone()).await.expect("subscribe terminal");
+    let snapshot = subscribed.snapshot.expect("snapshot");
+    let from = snapshot.from_seq as u64;
+    let mut state = terminal_state(&snapshot);
+    assert!(
+        matches!(
+            state.lifecycle,
+            ahp_types::state::TerminalLifecycleState::Running(_)
+        ),
+        "{:?}",
+        state.lifecycle
+    );
+    // It is listed in root state, claimed by the session's chat.
+    let (c, init) = setup.relay.client("device-c").await;
+    let root = match &init.snapshots[0].state {
+        ahp_types::state::SnapshotState::Root(root) => root.clone(),
+        other => panic!("{other:?}"),
+    };
+    let listed = root.terminals.unwrap_or_default();
+    assert!(listed.iter().any(|t| t.resource == terminal), "{listed:?}");
+    c.shutdown().await;
+    // Its output arrives live: the first line, then (once the test lets the command go on) the rest.
+    while !terminal_text(&state).contains("hello-from-terminal") {
+        let envelope = next_envelope(&mut t_sub).await;
+        if envelope.server_seq > from {
+            ahp::reducers::apply_action_to_terminal(&mut state, &envelope.action);
+        }
+    }
+    std::fs::write(dir.join("go"), "").expect("let the command finish");
+    while state.lifecycle != exited(Some(3)) {
+        let envelope = next_envelope(&mut t_sub).await;
+        if envelope.server_seq > from {
+            ahp::reducers::apply_action_to_terminal(&mut state, &envelope.action);
+        }
+    }
+    assert_eq!(terminal_text(&state), "hello-from-terminal\nbye\n");
+    let fresh = setup.relay.client("device-d").await.0;
+    let (again, _) = fresh.subscribe(terminal.clone()).await.expect("subscribe");
+    assert_eq!(
+        json(&state),
+        json(&terminal_state(&again.snapshot.expect("snapshot")))
+    );
+    collect_until(&mut b_sub, is_turn_end).await;
+    let reply = markdown(&fresh_chat_snapshot(&setup.relay, &chat).await);
+    assert!(
+        reply.contains("TERMINAL: hello-from-terminal\nbye (exit 3)."),
+        "{reply}"
+    );
+    // Clients watch an agent's terminal; they cannot type into it.
+    b.dispatch(
+        terminal.clone(),
+        StateAction::TerminalInput(ahp_types::actions::TerminalInputAction { data: "ls\n".into() }),
+    )
+    .await
+    .expect("dispatch");
+    let echo = next_envelope(&mut t_sub).await;
+    assert!(echo.rejection_reason.is_some(), "{echo:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_terminal_is_kept_across_a_restart() {
+    let (workspace, _config, file) = agents_file(&[], &[]);
+    let data = tempfile::tempdir().expect("data");
+    let flags = ["--agents", &file.display().to_string()];
+    let mut relay = Relay::start_in(data.path(), &flags).await;
+    let (a, _) = relay.client("device-a").await;
+    let (_, chat) = scripted_session(&a, "kept").await;
+    std::fs::write(session_dir(workspace.path(), "kept").join("go"), "").expect("go");
+    let state = prompt(&a, &chat, "t1", "run a command").await;
+    let terminal = terminal_of(&completed_tool_calls(&state)[0]);
+    let (before, _) = a.subscribe(terminal.clone()).await.expect("subscribe");
+    let before = terminal_state(&before.snapshot.expect("snapshot"));
+    a.shutdown().await;
+    assert!(relay.terminate().await);
+
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let (a, _) = relay.client("device-a").await;
+    // Opening the chat loads its session, terminals included.
+    let _ = subscribe_chat(&a, &chat).await;
+    let (after, _) = a.subscribe(terminal).await.expect("subscribe after the restart");
+    let after = terminal_state(&after.snapshot.expect("snapshot"));
+    assert_eq!(json(&after), json(&before));
+    assert_eq!(terminal_text(&after), "hello-from-terminal\nbye\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_turn_kills_the_command_its_agent_runs() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (b, _) = setup.relay.client("device-b").await;
+    let (_, chat) = scripted_session(&a, "killed").await;
+    let (_, _, mut a_sub) = subscribe_chat(&a, &chat).await;
+    // The command waits for a `go` file that never comes.
+    a.dispatch(chat.clone(), turn_started("t1", "run a command"))
+        .await
+        .expect("dispatch");
+    let terminal = loop {
+        let envelope = next_envelope(&mut a_sub).await;
+        if let StateAction::ChatToolCallContentChanged(changed) = &envelope.action {
+            if let Some(ToolResultContent::Terminal(terminal)) = changed.content.first() {
+                break terminal.resource.clone();
+            }
+        }
+    };
+    let (subscribed, mut t_sub) = a.subscribe(terminal).await.expect("subscribe terminal");
+    let mut state = terminal_state(&subscribed.snapshot.expect("snapshot"));
+    b.dispatch(
+        chat.clone(),
+        StateAction::ChatTurnCancelled(ChatTurnCancelledAction {
+            turn_id: "t1".into(),
+            duration: 0,
+            meta: None,
+        }),
+    )
+    .await
+    .expect("cancel");
+    while matches!(
+        state.lifecycle,
+        ahp_types::state::TerminalLifecycleState::Running(_)
+    ) {
+        let envelope = next_envelope(&mut t_sub).await;
+        ahp::reducers::apply_action_to_terminal(&mut state, &envelope.action);
+    }
+    // Killed (by a signal: no exit code).
+    assert_eq!(state.lifecycle, exited(None));
+    collect_until(&mut a_sub, is_turn_end).await;
 }

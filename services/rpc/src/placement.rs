@@ -287,6 +287,19 @@ impl RunnerPool {
                     }
                 }
             }
+            Report::OpenTerminal(terminal) => {
+                let Some(sink) = self.sink(runner, terminal.host.as_ref()) else {
+                    return;
+                };
+                match serde_json::from_slice::<ahp_types::state::TerminalState>(&terminal.state) {
+                    Ok(state) => {
+                        if !sink.open_terminal(&terminal.session, &terminal.uri, state) {
+                            tracing::warn!(runner, uri = %terminal.uri, "the host refused an agent's terminal");
+                        }
+                    }
+                    Err(error) => tracing::warn!(runner, %error, "a runner sent an unreadable terminal"),
+                }
+            }
             Report::AgentChanged(listing) => {
                 let Some(sink) = self.sink(runner, listing.host.as_ref()) else {
                     return;

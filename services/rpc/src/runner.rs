@@ -262,6 +262,23 @@ impl ChatSink for StreamSink {
             .is_ok()
     }
 
+    fn open_terminal(&self, session: &str, uri: &str, state: ahp_types::state::TerminalState) -> bool {
+        let Ok(state) = serde_json::to_vec(&state) else {
+            return false;
+        };
+        // The shard opens it before it applies anything this runner sends after (one ordered stream).
+        self.reports
+            .send(pb::RunnerReport {
+                report: Some(Report::OpenTerminal(pb::AgentTerminal {
+                    host: Some(self.host.clone()),
+                    session: session.to_string(),
+                    uri: uri.to_string(),
+                    state,
+                })),
+            })
+            .is_ok()
+    }
+
     fn agent_changed(&self, info: AgentInfo) {
         let Ok(info) = serde_json::to_vec(&info) else {
             return;

@@ -13,6 +13,13 @@ pub trait ChatSink: Send + Sync + 'static {
     /// Emit one server action on `channel` (the turn's chat, or its session). Returns `false` when the channel
     /// no longer exists or the action no longer applies (e.g. the turn ended), so the provider can stop.
     fn emit(&self, channel: &str, action: StateAction) -> bool;
+    /// Open the terminal channel `uri` (`ahp-terminal:/…`) for a command an agent of `session` runs, in its
+    /// initial `state`: the host lists it in root state `terminals` and any device may watch it; its output
+    /// then arrives with [`ChatSink::emit`] on `uri`. Returns `false` when the host refused it (the session is
+    /// gone, or holds too many running terminals).
+    fn open_terminal(&self, _session: &str, _uri: &str, _state: ahp_types::state::TerminalState) -> bool {
+        false
+    }
     /// What the host lists for an agent changed (e.g. the models its agent reported): the host updates root
     /// state `agents` with `root/agentsChanged`.
     fn agent_changed(&self, _info: AgentInfo) {}

@@ -509,6 +509,7 @@ impl HostCore {
                 state.subscriptions.remove(chat);
             }
         }
+        self.sync_terminal_list();
         self.seq.notify(
             ROOT_RESOURCE_URI,
             "root/sessionRemoved",

@@ -137,6 +137,8 @@ impl HostCore {
             // Root actions are rare (configuration): each one stores the root's document, so a restart
             // restores it however long ago it changed (its log rows may be compacted away).
             ChannelKind::Root => self.store_snapshot(channel),
+            // A terminal's lifecycle is listed in root state.
+            ChannelKind::Terminal => self.sync_terminal_list(),
             ChannelKind::Unknown => {}
         }
     }
@@ -527,12 +529,8 @@ impl HostCore {
     /// Store a channel's snapshot when enough actions or time went by since the last one.
     fn maybe_snapshot(&mut self, channel: &str) {
         let (every_actions, every) = (self.limits.snapshot_every_actions, self.limits.snapshot_every);
-        let clock = match self.model.sessions.get_mut(channel) {
-            Some(record) => &mut record.clock,
-            None => match self.model.chats.get_mut(channel) {
-                Some(record) => &mut record.clock,
-                None => return,
-            },
+        let Some(clock) = self.model.clock_mut(channel) else {
+            return;
         };
         clock.actions_since += 1;
         if clock.actions_since >= every_actions || clock.taken_at.elapsed() >= every {
@@ -546,14 +544,9 @@ impl HostCore {
             return;
         };
         self.seq.snapshot(channel, parent.as_deref(), document);
-        let clock = match self.model.sessions.get_mut(channel) {
-            Some(record) => &mut record.clock,
-            None => match self.model.chats.get_mut(channel) {
-                Some(record) => &mut record.clock,
-                None => return,
-            },
-        };
-        *clock = SnapshotClock::fresh();
+        if let Some(clock) = self.model.clock_mut(channel) {
+            *clock = SnapshotClock::fresh();
+        }
     }
 
     /// Queue the catalogue entry of a session (its summary as `listSessions` returns it).

@@ -669,6 +669,12 @@ impl ChatSink for HostSink {
             .is_some_and(|host| host.emit_agent_action(channel, action))
     }
 
+    fn open_terminal(&self, session: &str, uri: &str, state: ahp_types::state::TerminalState) -> bool {
+        self.host
+            .upgrade()
+            .is_some_and(|host| host.with_core(|core| core.open_terminal(session, uri, state)))
+    }
+
     fn agent_changed(&self, info: ahp_types::state::AgentInfo) {
         let Some(host) = self.host.upgrade() else {
             return;

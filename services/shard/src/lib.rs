@@ -21,6 +21,7 @@ pub mod replay;
 pub mod restore;
 pub mod resume;
 pub mod sequencer;
+pub mod terminals;
 pub mod validate;
 
 pub use host::Host;

@@ -1,4 +1,5 @@
-//! The authoritative state of one host: root state, sessions, chats and the session catalogue.
+//! The authoritative state of one host: root state, sessions, chats, agents' terminals and the session
+//! catalogue.
 //!
 //! State changes only through the `ahp` reducers ([`HostModel::reduce`]); this module owns lookups by URI,
 //! the newest-first catalogue behind `listSessions`, and the projections (summaries, snapshots) clients read.
@@ -6,11 +7,14 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use ahp::reducers::{apply_action_to_chat, apply_action_to_root, apply_action_to_session, ReduceOutcome};
+use ahp::reducers::{
+    apply_action_to_chat, apply_action_to_root, apply_action_to_session, apply_action_to_terminal,
+    ReduceOutcome,
+};
 use ahp_types::actions::StateAction;
 use ahp_types::state::{
     ChatState, ChatSummary, RootState, SessionChatSummary, SessionState, SessionStatus, SessionSummary,
-    Snapshot, SnapshotState,
+    Snapshot, SnapshotState, TerminalInfo, TerminalState,
 };
 use ahp_types::ROOT_RESOURCE_URI;
 use relay_runner::TurnHandle;
@@ -51,6 +55,17 @@ pub struct ChatRecord {
     /// Older turns kept only in the store's turn archive (`state.turns` starts at this absolute index).
     pub archived: usize,
 }
+
+/// A terminal an agent runs a command in (`ahp-terminal:/…`), owned by a session: any device of the host may
+/// subscribe and watch it; it goes with its session.
+pub struct TerminalRecord {
+    pub session: String,
+    pub state: TerminalState,
+    pub clock: SnapshotClock,
+}
+
+/// The URI scheme of terminal channels.
+pub const TERMINAL_SCHEME: &str = "ahp-terminal:";
 
 /// What the store keeps as a session's snapshot: its state and its place in the catalogue.
 #[derive(Serialize, Deserialize)]
@@ -126,6 +141,7 @@ pub enum ChannelKind {
     Root,
     Session,
     Chat,
+    Terminal,
     /// A URI this host has no state for (unknown, disposed, or a kind the relay does not host).
     Unknown,
 }
@@ -135,6 +151,7 @@ pub struct HostModel {
     pub root: RootState,
     pub sessions: HashMap<String, SessionRecord>,
     pub chats: HashMap<String, ChatRecord>,
+    pub terminals: HashMap<String, TerminalRecord>,
     next_catalog_no: u64,
 }
 
@@ -145,6 +162,7 @@ impl HostModel {
             root,
             sessions: HashMap::new(),
             chats: HashMap::new(),
+            terminals: HashMap::new(),
             next_catalog_no: next_catalog_no.max(1),
         }
     }
@@ -156,6 +174,8 @@ impl HostModel {
             ChannelKind::Session
         } else if self.chats.contains_key(channel) {
             ChannelKind::Chat
+        } else if self.terminals.contains_key(channel) {
+            ChannelKind::Terminal
         } else {
             ChannelKind::Unknown
         }
@@ -171,6 +191,9 @@ impl HostModel {
         }
         if let Some(chat) = self.chats.get_mut(channel) {
             return apply_action_to_chat(&mut chat.state, action);
+        }
+        if let Some(terminal) = self.terminals.get_mut(channel) {
+            return apply_action_to_terminal(&mut terminal.state, action);
         }
         ReduceOutcome::OutOfScope
     }
@@ -199,21 +222,59 @@ impl HostModel {
         );
     }
 
-    /// Remove a session and every chat that belongs to it (stopping their turns); returns the chats' URIs.
+    /// Remove a session and every chat and terminal that belongs to it (stopping their turns); returns the
+    /// chats' and terminals' URIs.
     pub fn remove_session(&mut self, uri: &str) -> Vec<String> {
         if self.sessions.remove(uri).is_none() {
             return Vec::new();
         }
-        let chats: Vec<String> = self
+        let mut children: Vec<String> = self
             .chats
             .iter()
             .filter(|(_, chat)| chat.session == uri)
             .map(|(chat, _)| chat.clone())
             .collect();
-        for chat in &chats {
+        for chat in &children {
             self.chats.remove(chat);
         }
-        chats
+        let terminals: Vec<String> = self
+            .terminals
+            .iter()
+            .filter(|(_, terminal)| terminal.session == uri)
+            .map(|(terminal, _)| terminal.clone())
+            .collect();
+        for terminal in &terminals {
+            self.terminals.remove(terminal);
+        }
+        children.extend(terminals);
+        children
+    }
+
+    /// Root state's `terminals` as the terminals held now say, oldest URI first.
+    pub fn terminal_list(&self) -> Vec<TerminalInfo> {
+        let mut list: Vec<TerminalInfo> = self
+            .terminals
+            .iter()
+            .map(|(uri, terminal)| TerminalInfo {
+                resource: uri.clone(),
+                title: terminal.state.title.clone(),
+                claim: terminal.state.claim.clone(),
+                lifecycle: terminal.state.lifecycle.clone(),
+            })
+            .collect();
+        list.sort_by(|a, b| a.resource.cmp(&b.resource));
+        list
+    }
+
+    /// The snapshot clock of a session, chat or terminal.
+    pub fn clock_mut(&mut self, channel: &str) -> Option<&mut SnapshotClock> {
+        if let Some(record) = self.sessions.get_mut(channel) {
+            return Some(&mut record.clock);
+        }
+        if let Some(record) = self.chats.get_mut(channel) {
+            return Some(&mut record.clock);
+        }
+        self.terminals.get_mut(channel).map(|record| &mut record.clock)
     }
 
     /// The JSON the store keeps for a channel: the root's configuration, or a session or chat.
@@ -232,6 +293,16 @@ impl HostModel {
                 catalog_no: s.catalog_no,
             };
             return serde_json::to_string(&doc).ok().map(|json| (None, json));
+        }
+        if let Some(terminal) = self.terminals.get(channel) {
+            // A terminal is stored like a chat: its state and its session (the parent it is restored with).
+            let doc = ChatDocument {
+                state: &terminal.state,
+                session: &terminal.session,
+            };
+            return serde_json::to_string(&doc)
+                .ok()
+                .map(|json| (Some(terminal.session.clone()), json));
         }
         let chat = self.chats.get(channel)?;
         let doc = ChatDocument {
@@ -254,6 +325,9 @@ impl HostModel {
             ChannelKind::Chat => {
                 let chat = self.chats.get(channel)?;
                 SnapshotState::Chat(Box::new(limit_turns(&chat.state, turns, chat.archived)))
+            }
+            ChannelKind::Terminal => {
+                SnapshotState::Terminal(Box::new(self.terminals.get(channel)?.state.clone()))
             }
             ChannelKind::Unknown => return None,
         };

@@ -6,9 +6,13 @@
 
 use std::collections::BTreeSet;
 
-use ahp::reducers::{apply_action_to_chat, apply_action_to_root, apply_action_to_session};
-use ahp_types::actions::{ActionEnvelope, ChatErrorAction, StateAction};
-use ahp_types::state::{ErrorInfo, ErrorResponsePart, RootState, Turn};
+use ahp::reducers::{
+    apply_action_to_chat, apply_action_to_root, apply_action_to_session, apply_action_to_terminal,
+};
+use ahp_types::actions::{ActionEnvelope, ChatErrorAction, StateAction, TerminalExitedAction};
+use ahp_types::state::{
+    ErrorInfo, ErrorResponsePart, RootState, TerminalLifecycleState, TerminalState, Turn,
+};
 use ahp_types::ROOT_RESOURCE_URI;
 use relay_core::rpc::InboundMessage;
 use relay_store::ChannelRecord;
@@ -17,7 +21,10 @@ use crate::error::ShardError;
 use serde::Deserialize;
 
 use crate::host::{Host, HostCore};
-use crate::model::{ChannelKind, ChatDocument, ChatRecord, RootDocument, SessionDocument, SnapshotClock};
+use crate::model::{
+    ChannelKind, ChatDocument, ChatRecord, RootDocument, SessionDocument, SnapshotClock, TerminalRecord,
+    TERMINAL_SCHEME,
+};
 
 /// Every session or chat URI a message refers to.
 pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
@@ -41,7 +48,11 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
     out.extend(named.initial_subscriptions.unwrap_or_default());
     out.extend(named.subscriptions.unwrap_or_default());
     out.into_iter()
-        .filter(|c| c.starts_with("ahp-session:") || c.starts_with("ahp-chat:"))
+        .filter(|c| {
+            c.starts_with("ahp-session:")
+                || c.starts_with("ahp-chat:")
+                || c.starts_with(crate::model::TERMINAL_SCHEME)
+        })
         .collect()
 }
 
@@ -87,6 +98,8 @@ struct LoadedSession {
     session: ChannelRecord,
     /// Each chat with its turn archive (`None`: the archive could not be read).
     chats: Vec<(String, ChannelRecord, Option<Vec<Turn>>)>,
+    /// The agents' terminals of the session.
+    terminals: Vec<(String, ChannelRecord)>,
 }
 
 impl Host {
@@ -118,7 +131,7 @@ impl Host {
         let Some(record) = self.store.load_channel(tenant, host, channel).await? else {
             return Ok(None);
         };
-        let (uri, session) = if channel.starts_with("ahp-chat:") {
+        let (uri, session) = if channel.starts_with("ahp-chat:") || channel.starts_with(TERMINAL_SCHEME) {
             #[derive(Deserialize)]
             struct Parent {
                 session: String,
@@ -132,7 +145,14 @@ impl Host {
             (channel.to_string(), record)
         };
         let mut chats = Vec::new();
+        let mut terminals = Vec::new();
         for chat in self.store.chats_of(tenant, host, &uri).await? {
+            if chat.starts_with(TERMINAL_SCHEME) {
+                if let Some(record) = self.store.load_channel(tenant, host, &chat).await? {
+                    terminals.push((chat, record));
+                }
+                continue;
+            }
             if let Some(record) = self.store.load_channel(tenant, host, &chat).await? {
                 let archive = match self.read_archive(&chat).await {
                     Ok(archive) => Some(archive),
@@ -151,6 +171,7 @@ impl Host {
             uri: uri.to_string(),
             session,
             chats,
+            terminals,
         }))
     }
 }
@@ -174,6 +195,7 @@ impl HostCore {
         }
         self.model
             .insert_session(loaded.uri.clone(), state, doc.created_at, doc.catalog_no);
+        self.install_terminals(loaded.terminals);
         let mut interrupted = Vec::new();
         for (uri, record, archive) in loaded.chats {
             let doc: ChatDocument = match serde_json::from_str(&record.state) {
@@ -242,6 +264,45 @@ impl HostCore {
                 }),
             );
         }
+    }
+}
+
+impl HostCore {
+    /// Reduce a session's stored terminals into memory. A terminal whose command was running when the process
+    /// died (its agent died with it, or with its runner's stream) is marked exited, without an exit code.
+    fn install_terminals(&mut self, terminals: Vec<(String, ChannelRecord)>) {
+        let mut interrupted = Vec::new();
+        for (uri, record) in terminals {
+            let doc: ChatDocument<TerminalState> = match serde_json::from_str(&record.state) {
+                Ok(doc) => doc,
+                Err(error) => {
+                    tracing::error!(terminal = %uri, %error, "unreadable terminal snapshot");
+                    continue;
+                }
+            };
+            let mut state = doc.state;
+            for envelope in tail(&record) {
+                apply_action_to_terminal(&mut state, &envelope.action);
+            }
+            if matches!(state.lifecycle, TerminalLifecycleState::Running(_)) {
+                interrupted.push(uri.clone());
+            }
+            self.model.terminals.insert(
+                uri,
+                TerminalRecord {
+                    session: doc.session,
+                    state,
+                    clock: SnapshotClock::fresh(),
+                },
+            );
+        }
+        for uri in interrupted {
+            self.apply_server_action(
+                &uri,
+                StateAction::TerminalExited(TerminalExitedAction { exit_code: None }),
+            );
+        }
+        self.sync_terminal_list();
     }
 }
 

@@ -94,6 +94,17 @@ fn family(action: &StateAction) -> Option<ChannelKind> {
         | ChatInputCompleted(_)
         | ChatTruncated(_)
         | ChatTurnsLoaded(_) => ChannelKind::Chat,
+        TerminalData(_)
+        | TerminalInput(_)
+        | TerminalResized(_)
+        | TerminalClaimed(_)
+        | TerminalTitleChanged(_)
+        | TerminalCwdChanged(_)
+        | TerminalExited(_)
+        | TerminalCleared(_)
+        | TerminalCommandDetectionAvailable(_)
+        | TerminalCommandExecuted(_)
+        | TerminalCommandFinished(_) => ChannelKind::Terminal,
         _ => return None,
     })
 }
@@ -169,6 +180,13 @@ pub fn check_client_action(
     if !who.role.can_write() {
         return Err("viewers may not dispatch actions".into());
     }
+    if kind == ChannelKind::Terminal {
+        return Err(
+            "this terminal shows an agent's command and is read-only: input, resizing, renaming, clearing and \
+             claims are not accepted"
+                .into(),
+        );
+    }
     if !is_client_dispatchable(action) {
         return Err(format!(
             "{} is a server action and cannot be dispatched by clients",
@@ -207,7 +225,7 @@ pub fn check_client_action(
             }
             None => Err("unknown chat".into()),
         },
-        ChannelKind::Unknown => Err("unknown channel".into()),
+        ChannelKind::Terminal | ChannelKind::Unknown => Err("unknown channel".into()),
     }
 }
 

@@ -3,10 +3,14 @@
 //!
 //! Every prompt gets a thought and a reply streamed in small chunks. A prompt containing:
 //! - "permission": a tool call that asks for permission to write `notes.txt` in the session's directory
-//!   (allow → the file is written through the relay's `fs/write_text_file` and the call completes; deny → it
-//!   fails);
+//!   (allow → the file is written through the relay's `fs/write_text_file`, the call completes with the diff,
+//!   and a second tool call runs `cat notes.txt` in a relay terminal (`terminal/create`), reporting
+//!   `TERMINAL: <output> (exit <code>)`; deny → it fails);
+//! - "run a command": a tool call that runs a shell in a relay terminal: it prints `hello-from-terminal`,
+//!   waits until a file `go` exists in its directory, prints `bye` and exits with 3;
 //! - "escape": attempts to write outside the working directory through `fs/write_text_file` (`../`, an
-//!   absolute path, a symlink named `link`), reporting each as `refused:` or `WRITTEN:`;
+//!   absolute path, a symlink named `link`), reporting each as `refused:` or `WRITTEN:`, then to run a
+//!   command in those directories through `terminal/create` (`refused-cwd:` or `RAN:`);
 //! - "slow": a long reply, one chunk every 20 ms, that stops at `session/cancel` with `cancelled`;
 //! - "chunks N": N one-character chunks as fast as possible (the coalescing benchmark);
 //! - "fail": a JSON-RPC error instead of an answer;
@@ -30,6 +34,10 @@ use agent_client_protocol::v1::schema::{
     RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionInfoUpdate, SessionNotification,
     SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, StopReason, ToolCall,
     ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind, WriteTextFileRequest,
+};
+use agent_client_protocol::v1::schema::{
+    CreateTerminalRequest, Diff, ReleaseTerminalRequest, Terminal, TerminalOutputRequest, ToolCallContent,
+    WaitForTerminalExitRequest,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, Stdio};
@@ -184,6 +192,69 @@ fn say(
     cx.send_notification(SessionNotification::new(session.clone(), update))
 }
 
+/// Run `command args` in a relay terminal as tool call `tool_id` (linked to the terminal), wait for it, and
+/// say what it printed and how it exited.
+async fn run_in_terminal(
+    cx: &ConnectionTo<Client>,
+    session: &SessionId,
+    tool_id: &str,
+    command: &str,
+    args: &[&str],
+    directory: Option<PathBuf>,
+) -> agent_client_protocol::Result<String> {
+    say(
+        cx,
+        session,
+        SessionUpdate::ToolCall(
+            ToolCall::new(tool_id.to_string(), format!("Run {command}"))
+                .kind(ToolKind::Execute)
+                .status(ToolCallStatus::Pending),
+        ),
+    )?;
+    let mut request = CreateTerminalRequest::new(session.clone(), command)
+        .args(args.iter().map(|arg| arg.to_string()).collect::<Vec<_>>())
+        .output_byte_limit(4096_u64);
+    if let Some(directory) = directory {
+        request = request.cwd(directory);
+    }
+    let terminal = cx.send_request(request).block_task().await?.terminal_id;
+    say(
+        cx,
+        session,
+        SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
+            tool_id.to_string(),
+            ToolCallUpdateFields::new()
+                .status(ToolCallStatus::InProgress)
+                .content(vec![ToolCallContent::Terminal(Terminal::new(terminal.clone()))]),
+        )),
+    )?;
+    let exit = cx
+        .send_request(WaitForTerminalExitRequest::new(session.clone(), terminal.clone()))
+        .block_task()
+        .await?
+        .exit_status;
+    let output = cx
+        .send_request(TerminalOutputRequest::new(session.clone(), terminal.clone()))
+        .block_task()
+        .await?
+        .output;
+    cx.send_request(ReleaseTerminalRequest::new(session.clone(), terminal.clone()))
+        .block_task()
+        .await?;
+    let code = exit.exit_code.map_or("none".to_string(), |code| code.to_string());
+    say(
+        cx,
+        session,
+        SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
+            tool_id.to_string(),
+            ToolCallUpdateFields::new()
+                .status(ToolCallStatus::Completed)
+                .content(vec![ToolCallContent::Terminal(Terminal::new(terminal))]),
+        )),
+    )?;
+    Ok(format!(" TERMINAL: {} (exit {code}).", output.trim()))
+}
+
 fn chunk(text: &str) -> ContentChunk {
     ContentChunk::new(ContentBlock::from(text.to_string()))
 }
@@ -282,13 +353,17 @@ async fn script(
         } else {
             ToolCallStatus::Failed
         };
+        let mut fields = ToolCallUpdateFields::new().status(status);
+        if allowed {
+            fields = fields.content(vec![ToolCallContent::Diff(Diff::new(
+                cwd.join("notes.txt"),
+                "written by the test agent\n",
+            ))]);
+        }
         say(
             cx,
             session,
-            SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
-                "write-notes",
-                ToolCallUpdateFields::new().status(status),
-            )),
+            SessionUpdate::ToolCallUpdate(ToolCallUpdate::new("write-notes", fields)),
         )?;
         let outcome = if allowed {
             " Wrote notes.txt."
@@ -296,6 +371,19 @@ async fn script(
             " Did not write notes.txt."
         };
         say(cx, session, SessionUpdate::AgentMessageChunk(chunk(outcome)))?;
+        if allowed {
+            let said = run_in_terminal(cx, session, "cat-notes", "cat", &["notes.txt"], None).await?;
+            say(cx, session, SessionUpdate::AgentMessageChunk(chunk(&said)))?;
+        }
+    }
+    if prompt.contains("run a command") {
+        // Waits for a file named `go` in its directory (a test creates it while watching) before it ends.
+        let args = [
+            "-c",
+            "echo hello-from-terminal; while [ ! -e go ]; do sleep 0.05; done; echo bye; exit 3",
+        ];
+        let said = run_in_terminal(cx, session, "run-shell", "sh", &args, None).await?;
+        say(cx, session, SessionUpdate::AgentMessageChunk(chunk(&said)))?;
     }
     if let Some(model) = model {
         say(
@@ -353,6 +441,22 @@ async fn script(
                 cx,
                 session,
                 SessionUpdate::AgentMessageChunk(chunk(&format!(" {verdict}:{}", target.display()))),
+            )?;
+        }
+        for directory in [cwd.join(".."), PathBuf::from("/tmp"), cwd.join("link")] {
+            let created = cx
+                .send_request(
+                    CreateTerminalRequest::new(session.clone(), "touch")
+                        .args(vec!["escaped-by-terminal.txt".to_string()])
+                        .cwd(directory.clone()),
+                )
+                .block_task()
+                .await;
+            let verdict = if created.is_ok() { "RAN" } else { "refused-cwd" };
+            say(
+                cx,
+                session,
+                SessionUpdate::AgentMessageChunk(chunk(&format!(" {verdict}:{}", directory.display()))),
             )?;
         }
     }

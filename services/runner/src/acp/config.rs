@@ -144,6 +144,32 @@ impl AgentsFile {
 }
 
 impl AgentConfig {
+    /// The program and arguments that run `program args` in `cwd` with exactly `env` (`env -i --chdir`) and
+    /// this agent's rlimits (`prlimit`, which then runs `env`): for the agent itself and the commands it runs.
+    pub fn wrapped_command(
+        &self,
+        cwd: &std::path::Path,
+        env: &BTreeMap<String, String>,
+        program: &str,
+        args: &[String],
+    ) -> (String, Vec<String>) {
+        let env_args: Vec<String> = ["-i".to_string(), format!("--chdir={}", cwd.display())]
+            .into_iter()
+            .chain(env.iter().map(|(name, value)| format!("{name}={value}")))
+            .chain(std::iter::once(program.to_string()))
+            .chain(args.iter().cloned())
+            .collect();
+        let limits = self.limits.prlimit_args();
+        if limits.is_empty() {
+            return ("env".into(), env_args);
+        }
+        let mut wrapped = limits;
+        wrapped.push("--".into());
+        wrapped.push("env".into());
+        wrapped.extend(env_args);
+        ("prlimit".into(), wrapped)
+    }
+
     /// The environment the agent runs with: the allow-listed variables of `relay_env` (the relay's own
     /// environment) and the contents of the secret files, nothing else.
     pub fn environment(

@@ -11,6 +11,7 @@ pub mod config;
 pub mod elicit;
 pub mod fs;
 pub mod session;
+pub mod terminal;
 pub mod turn;
 pub mod workspace;
 

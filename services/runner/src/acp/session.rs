@@ -13,12 +13,14 @@ use std::time::Duration;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     CancelNotification, ClientCapabilities, ContentBlock, CreateElicitationRequest,
-    CreateElicitationResponse, ElicitationCapabilities, FileSystemCapabilities, InitializeRequest,
-    LoadSessionRequest, NewSessionRequest, PromptRequest, ReadTextFileRequest, ReadTextFileResponse,
-    RequestPermissionRequest, RequestPermissionResponse, SessionConfigId, SessionConfigKind,
-    SessionConfigOption, SessionConfigOptionCategory, SessionConfigOptionValue, SessionConfigSelectOption,
-    SessionConfigSelectOptions, SessionId, SessionNotification, SetSessionConfigOptionRequest, TextContent,
-    WriteTextFileRequest, WriteTextFileResponse,
+    CreateElicitationResponse, CreateTerminalRequest, CreateTerminalResponse, ElicitationCapabilities,
+    FileSystemCapabilities, InitializeRequest, KillTerminalRequest, KillTerminalResponse, LoadSessionRequest,
+    NewSessionRequest, PromptRequest, ReadTextFileRequest, ReadTextFileResponse, ReleaseTerminalRequest,
+    ReleaseTerminalResponse, RequestPermissionRequest, RequestPermissionResponse, SessionConfigId,
+    SessionConfigKind, SessionConfigOption, SessionConfigOptionCategory, SessionConfigOptionValue,
+    SessionConfigSelectOption, SessionConfigSelectOptions, SessionId, SessionNotification,
+    SetSessionConfigOptionRequest, TerminalId, TerminalOutputRequest, TerminalOutputResponse, TextContent,
+    WaitForTerminalExitRequest, WaitForTerminalExitResponse, WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{AcpAgent, AcpAgentConfig, Agent, Client};
@@ -163,22 +165,22 @@ async fn run(
     };
     // `env -i` gives the agent exactly its allowed environment (the ACP crate's spawner inherits ours);
     // `--chdir` starts it in the session's directory; `prlimit` (which then runs `env`) sets its rlimits.
-    let env_args = ["-i".to_string(), format!("--chdir={}", cwd.display())]
-        .into_iter()
-        .chain(env.iter().map(|(name, value)| format!("{name}={value}")))
-        .chain(std::iter::once(config.command.clone()))
-        .chain(config.args.iter().cloned());
-    let limits = config.limits.prlimit_args();
-    let command = if limits.is_empty() {
-        AcpAgentConfig::new("env").args(env_args)
-    } else {
-        AcpAgentConfig::new("prlimit")
-            .args(limits)
-            .arg("--")
-            .arg("env")
-            .args(env_args)
-    };
-    let agent = AcpAgent::new(command);
+    let (program, args) = config.wrapped_command(&cwd, &env, &config.command, &config.args);
+    let agent = AcpAgent::new(AcpAgentConfig::new(program).args(args));
+    let terminals = Arc::new(super::terminal::Terminals::new(
+        cwd.clone(),
+        announcer.session.clone(),
+        announcer.sink.clone(),
+        config.clone(),
+        env.clone(),
+    ));
+    let (terminals_create, terminals_output, terminals_wait, terminals_kill, terminals_release) = (
+        terminals.clone(),
+        terminals.clone(),
+        terminals.clone(),
+        terminals.clone(),
+        terminals.clone(),
+    );
     let (read_root, write_root) = (cwd.clone(), cwd.clone());
     let (updates_tx, updates) = mpsc::unbounded_channel::<SessionNotification>();
     let (permissions_tx, permissions) = mpsc::unbounded_channel::<Permission>();
@@ -237,6 +239,68 @@ async fn run(
             },
             agent_client_protocol::on_receive_request!(),
         )
+        .on_receive_request(
+            async move |request: CreateTerminalRequest, responder: Responder<CreateTerminalResponse>, _cx| {
+                match terminals_create.create(request) {
+                    Ok(uri) => responder.respond(CreateTerminalResponse::new(TerminalId::new(uri))),
+                    Err(error) => responder.respond_with_error(terminal_refused(error)),
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: TerminalOutputRequest, responder: Responder<TerminalOutputResponse>, _cx| {
+                match terminals_output.get(&request.terminal_id.0) {
+                    Ok(terminal) => {
+                        let (output, truncated, exit) = terminal.output();
+                        responder.respond(TerminalOutputResponse::new(output, truncated).exit_status(exit))
+                    }
+                    Err(error) => responder.respond_with_error(terminal_refused(error)),
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: WaitForTerminalExitRequest,
+                        responder: Responder<WaitForTerminalExitResponse>,
+                        _cx| {
+                match terminals_wait.get(&request.terminal_id.0) {
+                    // Answered when the command exits; never awaited here.
+                    Ok(terminal) => {
+                        tokio::spawn(async move {
+                            let status = terminal.wait().await;
+                            let _ = responder.respond(WaitForTerminalExitResponse::new(status));
+                        });
+                        Ok(())
+                    }
+                    Err(error) => responder.respond_with_error(terminal_refused(error)),
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: KillTerminalRequest, responder: Responder<KillTerminalResponse>, _cx| {
+                match terminals_kill.get(&request.terminal_id.0) {
+                    Ok(terminal) => {
+                        terminal.kill();
+                        responder.respond(KillTerminalResponse::new())
+                    }
+                    Err(error) => responder.respond_with_error(terminal_refused(error)),
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: ReleaseTerminalRequest,
+                        responder: Responder<ReleaseTerminalResponse>,
+                        _cx| {
+                match terminals_release.release(&request.terminal_id.0) {
+                    Ok(()) => responder.respond(ReleaseTerminalResponse::new()),
+                    Err(error) => responder.respond_with_error(terminal_refused(error)),
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
         .connect_with(agent, async |cx: ConnectionTo<Agent>| {
             let initialized = cx
                 .send_request(
@@ -245,6 +309,7 @@ async fn run(
                             .fs(FileSystemCapabilities::new()
                                 .read_text_file(true)
                                 .write_text_file(true))
+                            .terminal(true)
                             .elicitation(elicitation_capabilities()),
                     ),
                 )
@@ -332,6 +397,7 @@ async fn run(
                         };
                         match opened {
                             Ok(id) => {
+                                terminals.chat_opened(&id.0, &prompt.chat);
                                 by_chat.insert(prompt.chat.clone(), id.clone());
                                 remember(&announcer, &stored, &by_chat);
                                 id
@@ -362,7 +428,16 @@ async fn run(
                         chosen.insert(chat_session.to_string(), model);
                     }
                 }
-                run_turn(&cx, &chat_session, &session_uri, prompt, note, &mut asks).await;
+                run_turn(
+                    &cx,
+                    &chat_session,
+                    &session_uri,
+                    prompt,
+                    note,
+                    &mut asks,
+                    &terminals,
+                )
+                .await;
             }
             Ok(())
         })
@@ -446,6 +521,7 @@ async fn run_turn(
     mut prompt: Prompt,
     note: Option<&str>,
     asks: &mut AgentAsks,
+    terminals: &super::terminal::Terminals,
 ) {
     let mut mapper =
         TurnMapper::new(prompt.chat.clone(), prompt.turn_id.clone(), prompt.sink.clone()).in_session(session);
@@ -509,6 +585,7 @@ async fn run_turn(
                     control_open = control.is_some();
                     if cancelled.is_none() {
                         cancelled = Some(tokio::time::Instant::now());
+                        terminals.kill_chat(&prompt.chat);
                         if let Err(error) = cx.send_notification(CancelNotification::new(session_id.clone())) {
                             tracing::warn!(%error, "could not send session/cancel");
                         }
@@ -535,6 +612,11 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 }
 
 /// A refused file operation, as the agent sees it.
+fn terminal_refused(error: super::terminal::TerminalError) -> agent_client_protocol::Error {
+    tracing::info!(%error, "an agent's terminal request was refused");
+    agent_client_protocol::Error::invalid_params().data(error.to_string())
+}
+
 fn refused(error: super::fs::FsError) -> agent_client_protocol::Error {
     tracing::info!(%error, "an agent's file operation was refused");
     agent_client_protocol::Error::invalid_params().data(error.to_string())

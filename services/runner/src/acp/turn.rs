@@ -20,14 +20,16 @@ use agent_client_protocol::v1::schema::{
 use agent_client_protocol::v1::Responder;
 use ahp_types::actions::{
     ChatDeltaAction, ChatErrorAction, ChatInputRequestedAction, ChatReasoningAction, ChatResponsePartAction,
-    ChatToolCallCompleteAction, ChatToolCallReadyAction, ChatToolCallStartAction, ChatTurnCancelledAction,
-    ChatTurnCompleteAction, SessionTitleChangedAction, StateAction,
+    ChatToolCallCompleteAction, ChatToolCallContentChangedAction, ChatToolCallReadyAction,
+    ChatToolCallStartAction, ChatTurnCancelledAction, ChatTurnCompleteAction, SessionTitleChangedAction,
+    StateAction,
 };
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
-    ChatInputResponseKind, ConfirmationOption, ConfirmationOptionKind, ErrorInfo, ErrorResponsePart,
-    MarkdownResponsePart, ReasoningResponsePart, ResponsePart, SystemNotificationResponsePart,
-    ToolCallConfirmationReason, ToolCallResult, ToolInput, ToolResultContent, ToolResultTextContent,
+    ChatInputResponseKind, ConfirmationOption, ConfirmationOptionKind, ContentRef, ErrorInfo,
+    ErrorResponsePart, FileEditDiffStats, FileEditSide, MarkdownResponsePart, ReasoningResponsePart,
+    ResponsePart, SystemNotificationResponsePart, ToolCallConfirmationReason, ToolCallResult, ToolInput,
+    ToolResultContent, ToolResultFileEditContent, ToolResultTerminalContent, ToolResultTextContent,
 };
 
 use crate::provider::ChatSink;
@@ -302,7 +304,25 @@ impl TurnMapper {
         }
         let status = fields.status.unwrap_or(ToolCallStatus::Pending);
         match status {
-            ToolCallStatus::InProgress => self.ready(id, None),
+            ToolCallStatus::InProgress => {
+                self.ready(id, None);
+                let content = result_contents(fields.content.as_deref());
+                let running = self
+                    .tools
+                    .get(id)
+                    .is_some_and(|(phase, _)| *phase == ToolPhase::Running);
+                if running && !content.is_empty() {
+                    let turn_id = self.turn_id.clone();
+                    self.emit(StateAction::ChatToolCallContentChanged(
+                        ChatToolCallContentChangedAction {
+                            turn_id,
+                            tool_call_id: id.to_string(),
+                            meta: None,
+                            content,
+                        },
+                    ));
+                }
+            }
             ToolCallStatus::Completed | ToolCallStatus::Failed => {
                 self.ready(id, None);
                 let Some((phase, title)) = self.tools.get(id).cloned() else {
@@ -311,17 +331,7 @@ impl TurnMapper {
                 if phase == ToolPhase::Done {
                     return;
                 }
-                let content: Vec<ToolResultContent> = fields
-                    .content
-                    .iter()
-                    .flatten()
-                    .filter_map(|content| match content {
-                        ToolCallContent::Content(c) => Some(ToolResultContent::Text(ToolResultTextContent {
-                            text: text_of(&c.content),
-                        })),
-                        _ => None,
-                    })
-                    .collect();
+                let content = result_contents(fields.content.as_deref());
                 let turn_id = self.turn_id.clone();
                 self.emit(StateAction::ChatToolCallComplete(ChatToolCallCompleteAction {
                     turn_id,
@@ -532,6 +542,85 @@ impl TurnMapper {
     }
 }
 
+/// An ACP tool call's content as AHP tool result content: text; a diff as a file edit (each side's content
+/// inline as a `data:` URI, since AHP 1.0 carries file contents by reference, with line counts); a terminal
+/// the relay runs as a link to its `ahp-terminal:` channel.
+fn result_contents(contents: Option<&[ToolCallContent]>) -> Vec<ToolResultContent> {
+    contents
+        .into_iter()
+        .flatten()
+        .filter_map(|content| match content {
+            ToolCallContent::Content(c) => Some(ToolResultContent::Text(ToolResultTextContent {
+                text: text_of(&c.content),
+            })),
+            ToolCallContent::Diff(diff) => Some(ToolResultContent::FileEdit(file_edit(
+                &diff.path,
+                diff.old_text.as_deref(),
+                &diff.new_text,
+            ))),
+            ToolCallContent::Terminal(terminal) => {
+                let uri = terminal.terminal_id.0.to_string();
+                uri.starts_with("ahp-terminal:").then(|| {
+                    ToolResultContent::Terminal(ToolResultTerminalContent {
+                        resource: uri,
+                        title: "Terminal".into(),
+                        is_pty: Some(false),
+                        result: None,
+                    })
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A file edit: `path` from `before` (absent: a new file) to `after`.
+pub fn file_edit(path: &std::path::Path, before: Option<&str>, after: &str) -> ToolResultFileEditContent {
+    let uri = format!("file://{}", path.display());
+    let side = |text: &str| FileEditSide {
+        uri: uri.clone(),
+        content: ContentRef {
+            uri: data_uri(text),
+            size_hint: i64::try_from(text.len()).ok(),
+            content_type: Some("text/plain".into()),
+            nonce: None,
+        },
+    };
+    let (added, removed) = changed_lines(before.unwrap_or(""), after);
+    ToolResultFileEditContent {
+        before: before.map(side),
+        after: Some(side(after)),
+        diff: Some(FileEditDiffStats {
+            added: Some(added),
+            removed: Some(removed),
+        }),
+    }
+}
+
+/// `text` as a `data:` URI.
+fn data_uri(text: &str) -> String {
+    use base64::Engine;
+    format!(
+        "data:text/plain;charset=utf-8;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(text)
+    )
+}
+
+/// Lines only in `after` and lines only in `before`, counted as multisets (an edit's size, not its
+/// position).
+fn changed_lines(before: &str, after: &str) -> (i64, i64) {
+    let mut counts: HashMap<&str, i64> = HashMap::new();
+    for line in before.lines() {
+        *counts.entry(line).or_default() -= 1;
+    }
+    for line in after.lines() {
+        *counts.entry(line).or_default() += 1;
+    }
+    let added = counts.values().filter(|n| **n > 0).sum();
+    let removed = -counts.values().filter(|n| **n < 0).sum::<i64>();
+    (added, removed)
+}
+
 fn is_allow(kind: PermissionOptionKind) -> bool {
     matches!(
         kind,
@@ -545,5 +634,31 @@ fn text_of(content: &ContentBlock) -> String {
         ContentBlock::Text(text) => text.text.clone(),
         ContentBlock::ResourceLink(link) => link.uri.clone(),
         _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_edit_carries_both_sides_and_its_line_counts() {
+        let edit = file_edit(
+            std::path::Path::new("/w/a.txt"),
+            Some("one\ntwo\n"),
+            "one\nthree\nfour\n",
+        );
+        assert_eq!(
+            edit.before.as_ref().map(|side| side.uri.as_str()),
+            Some("file:///w/a.txt")
+        );
+        let after = edit.after.expect("after");
+        assert_eq!(after.content.uri, data_uri("one\nthree\nfour\n"));
+        let stats = edit.diff.expect("stats");
+        assert_eq!((stats.added, stats.removed), (Some(2), Some(1)));
+        // A new file has no before side.
+        assert!(file_edit(std::path::Path::new("/w/b"), None, "x")
+            .before
+            .is_none());
     }
 }

@@ -1,0 +1,431 @@
+//! The commands an agent runs through ACP `terminal/*`: each in the session's working directory (or a directory
+//! inside it: `..`, absolute paths elsewhere and symlinks leading out are refused), with the agent's
+//! environment and rlimits, in its own process group, and shown to every device as an AHP terminal channel
+//! (`ahp-terminal:/…`, listed in root state `terminals`): `terminal/commandExecuted`, the output as
+//! `terminal/data` (coalesced), `terminal/commandFinished` and `terminal/exited`.
+//!
+//! The output the agent reads back (`terminal/output`) keeps at most the agent's `outputByteLimit` (else
+//! [`DEFAULT_OUTPUT_LIMIT`]) bytes, cut at the front on a character boundary. `terminal/kill`,
+//! `terminal/release`, a cancelled turn of the terminal's chat and the session's agent stopping kill the
+//! command's whole process group.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent_client_protocol::v1::schema::{CreateTerminalRequest, TerminalExitStatus};
+use ahp_types::actions::{
+    StateAction, TerminalCommandExecutedAction, TerminalCommandFinishedAction, TerminalDataAction,
+    TerminalExitedAction,
+};
+use ahp_types::state::{
+    TerminalClaim, TerminalLifecycleState, TerminalRunningLifecycleState, TerminalSessionClaim, TerminalState,
+};
+use parking_lot::Mutex;
+use tokio::io::AsyncReadExt;
+use tokio::sync::{mpsc, watch};
+
+use super::config::AgentConfig;
+use crate::provider::ChatSink;
+
+/// Output kept for `terminal/output` when the agent names no limit.
+pub const DEFAULT_OUTPUT_LIMIT: usize = 1024 * 1024;
+/// How often a running command's output is published at most.
+const DATA_EVERY: Duration = Duration::from_millis(40);
+/// The one command of an agent's terminal (AHP command ids are scoped to the terminal).
+const COMMAND_ID: &str = "1";
+
+/// Why a terminal request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TerminalError {
+    #[error("{0}")]
+    Outside(#[from] super::fs::FsError),
+    #[error("the working directory {0} is not a directory")]
+    NotADirectory(String),
+    #[error("unknown ACP session {0}")]
+    UnknownSession(String),
+    #[error("unknown terminal {0}")]
+    UnknownTerminal(String),
+    #[error("the relay refused to open a terminal for this session (too many running terminals?)")]
+    Refused,
+    #[error("cannot start {command}: {source}")]
+    Spawn { command: String, source: std::io::Error },
+}
+
+/// One session's terminals.
+pub struct Terminals {
+    cwd: PathBuf,
+    /// The AHP session the terminals belong to.
+    session: String,
+    sink: Arc<dyn ChatSink>,
+    config: Arc<AgentConfig>,
+    env: BTreeMap<String, String>,
+    /// Each ACP session's chat (a terminal is claimed by the chat whose agent session created it).
+    chats: Mutex<HashMap<String, String>>,
+    running: Mutex<HashMap<String, Arc<Terminal>>>,
+}
+
+/// One command and what it produced.
+pub struct Terminal {
+    /// Its AHP channel.
+    pub uri: String,
+    chat: String,
+    output: Mutex<Output>,
+    exit: watch::Receiver<Option<TerminalExitStatus>>,
+    process_group: Option<u32>,
+}
+
+struct Output {
+    text: String,
+    truncated: bool,
+    limit: usize,
+}
+
+impl Output {
+    fn push(&mut self, data: &str) {
+        self.text.push_str(data);
+        if self.text.len() > self.limit {
+            let mut cut = self.text.len() - self.limit;
+            while !self.text.is_char_boundary(cut) {
+                cut += 1;
+            }
+            self.text.drain(..cut);
+            self.truncated = true;
+        }
+    }
+}
+
+impl Terminal {
+    /// What the agent reads back: the kept output, whether it was cut, and the exit status once exited.
+    pub fn output(&self) -> (String, bool, Option<TerminalExitStatus>) {
+        let output = self.output.lock();
+        (output.text.clone(), output.truncated, self.exit.borrow().clone())
+    }
+
+    /// Wait until the command exits.
+    pub async fn wait(&self) -> TerminalExitStatus {
+        let mut exit = self.exit.clone();
+        let status = match exit.wait_for(Option::is_some).await {
+            Ok(status) => status.clone().unwrap_or_default(),
+            Err(_) => TerminalExitStatus::new(),
+        };
+        status
+    }
+
+    /// Kill the command's process group (a no-op once it exited).
+    pub fn kill(&self) {
+        if self.exit.borrow().is_some() {
+            return;
+        }
+        if let Some(group) = self
+            .process_group
+            .and_then(|pid| rustix::process::Pid::from_raw(pid as i32))
+        {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl Terminals {
+    pub fn new(
+        cwd: PathBuf,
+        session: String,
+        sink: Arc<dyn ChatSink>,
+        config: Arc<AgentConfig>,
+        env: BTreeMap<String, String>,
+    ) -> Self {
+        Self {
+            cwd,
+            session,
+            sink,
+            config,
+            env,
+            chats: Mutex::default(),
+            running: Mutex::default(),
+        }
+    }
+
+    /// `acp_session`'s terminals are claimed by `chat`.
+    pub fn chat_opened(&self, acp_session: &str, chat: &str) {
+        self.chats
+            .lock()
+            .insert(acp_session.to_string(), chat.to_string());
+    }
+
+    /// A terminal by its id (its AHP URI).
+    pub fn get(&self, id: &str) -> Result<Arc<Terminal>, TerminalError> {
+        self.running
+            .lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| TerminalError::UnknownTerminal(id.to_string()))
+    }
+
+    /// The agent released a terminal: its command is killed; the AHP channel stays (exited) for the devices.
+    pub fn release(&self, id: &str) -> Result<(), TerminalError> {
+        let terminal = self
+            .running
+            .lock()
+            .remove(id)
+            .ok_or_else(|| TerminalError::UnknownTerminal(id.to_string()))?;
+        terminal.kill();
+        Ok(())
+    }
+
+    /// A turn of `chat` was cancelled: kill its running commands.
+    pub fn kill_chat(&self, chat: &str) {
+        for terminal in self.running.lock().values().filter(|t| t.chat == chat) {
+            terminal.kill();
+        }
+    }
+
+    /// Start a command; its id is its AHP terminal URI.
+    pub fn create(&self, request: CreateTerminalRequest) -> Result<String, TerminalError> {
+        let directory = match &request.cwd {
+            Some(requested) => {
+                let directory = super::fs::confine(&self.cwd, requested)?;
+                if !directory.is_dir() {
+                    return Err(TerminalError::NotADirectory(requested.display().to_string()));
+                }
+                directory
+            }
+            None => self.cwd.clone(),
+        };
+        let chat = self
+            .chats
+            .lock()
+            .get(&*request.session_id.0)
+            .cloned()
+            .ok_or_else(|| TerminalError::UnknownSession(request.session_id.0.to_string()))?;
+        let command_line = std::iter::once(request.command.as_str())
+            .chain(request.args.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut env = self.env.clone();
+        env.extend(
+            request
+                .env
+                .iter()
+                .map(|var| (var.name.clone(), var.value.clone())),
+        );
+        let (program, args) = self
+            .config
+            .wrapped_command(&directory, &env, &request.command, &request.args);
+        let mut child = tokio::process::Command::new(&program)
+            .args(&args)
+            .process_group(0)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| TerminalError::Spawn {
+                command: command_line.clone(),
+                source,
+            })?;
+        let uri = format!("ahp-terminal:/{}", uuid::Uuid::new_v4());
+        let state = TerminalState {
+            title: title_of(&command_line),
+            cwd: Some(format!("file://{}", directory.display())),
+            cols: None,
+            rows: None,
+            content: Vec::new(),
+            lifecycle: TerminalLifecycleState::Running(TerminalRunningLifecycleState {}),
+            claim: TerminalClaim::Session(TerminalSessionClaim {
+                session: self.session.clone(),
+                chat: chat.clone(),
+                turn_id: None,
+                tool_call_id: None,
+            }),
+            supports_command_detection: Some(true),
+            is_pty: Some(false),
+        };
+        if !self.sink.open_terminal(&self.session, &uri, state) {
+            return Err(TerminalError::Refused);
+        }
+        self.sink.emit(
+            &uri,
+            StateAction::TerminalCommandExecuted(TerminalCommandExecutedAction {
+                command_id: COMMAND_ID.into(),
+                command_line,
+                timestamp: now_ms(),
+            }),
+        );
+        let (exit_tx, exit) = watch::channel(None);
+        let limit = request
+            .output_byte_limit
+            .and_then(|limit| usize::try_from(limit).ok())
+            .unwrap_or(DEFAULT_OUTPUT_LIMIT);
+        let terminal = Arc::new(Terminal {
+            uri: uri.clone(),
+            chat,
+            output: Mutex::new(Output {
+                text: String::new(),
+                truncated: false,
+                limit,
+            }),
+            exit,
+            process_group: child.id(),
+        });
+        let (chunks_tx, chunks) = mpsc::unbounded_channel();
+        if let Some(stdout) = child.stdout.take() {
+            tokio::spawn(read_into(stdout, chunks_tx.clone()));
+        }
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(read_into(stderr, chunks_tx));
+        }
+        tokio::spawn(pump(
+            child,
+            chunks,
+            Arc::downgrade(&terminal),
+            self.sink.clone(),
+            exit_tx,
+        ));
+        self.running.lock().insert(uri.clone(), terminal);
+        Ok(uri)
+    }
+
+    /// The URI of a terminal the agent names in a tool call, if it is one of this session's.
+    pub fn uri_of(&self, id: &str) -> Option<String> {
+        self.running.lock().get(id).map(|terminal| terminal.uri.clone())
+    }
+}
+
+impl Drop for Terminals {
+    fn drop(&mut self) {
+        for terminal in self.running.lock().values() {
+            terminal.kill();
+        }
+    }
+}
+
+/// A short title for a command line.
+fn title_of(command_line: &str) -> String {
+    const MAX: usize = 80;
+    match command_line.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &command_line[..cut]),
+        None => command_line.to_string(),
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Forward what a pipe yields, as text, until it closes.
+async fn read_into(mut pipe: impl tokio::io::AsyncRead + Unpin, chunks: mpsc::UnboundedSender<Vec<u8>>) {
+    let mut buffer = vec![0_u8; 16 * 1024];
+    while let Ok(read) = pipe.read(&mut buffer).await {
+        if read == 0 || chunks.send(buffer[..read].to_vec()).is_err() {
+            return;
+        }
+    }
+}
+
+/// Publish the command's output (coalesced) until both pipes close, then its end.
+async fn pump(
+    mut child: tokio::process::Child,
+    mut chunks: mpsc::UnboundedReceiver<Vec<u8>>,
+    terminal: std::sync::Weak<Terminal>,
+    sink: Arc<dyn ChatSink>,
+    exit: watch::Sender<Option<TerminalExitStatus>>,
+) {
+    let started = Instant::now();
+    let Some(uri) = terminal.upgrade().map(|t| t.uri.clone()) else {
+        return;
+    };
+    let mut pending: Vec<u8> = Vec::new();
+    let mut open = true;
+    while open {
+        match chunks.recv().await {
+            Some(chunk) => pending.extend(chunk),
+            None => open = false,
+        }
+        let deadline = tokio::time::Instant::now() + DATA_EVERY;
+        while open {
+            match tokio::time::timeout_at(deadline, chunks.recv()).await {
+                Ok(Some(chunk)) => pending.extend(chunk),
+                Ok(None) => open = false,
+                Err(_) => break,
+            }
+        }
+        // Keep an incomplete UTF-8 sequence at the end for the next chunk.
+        let complete = match std::str::from_utf8(&pending) {
+            Ok(_) => pending.len(),
+            Err(error) if error.error_len().is_none() && open => error.valid_up_to(),
+            Err(_) => pending.len(),
+        };
+        if complete == 0 {
+            continue;
+        }
+        let data = String::from_utf8_lossy(&pending[..complete]).into_owned();
+        pending.drain(..complete);
+        if let Some(terminal) = terminal.upgrade() {
+            terminal.output.lock().push(&data);
+        }
+        sink.emit(&uri, StateAction::TerminalData(TerminalDataAction { data }));
+    }
+    let status = child.wait().await;
+    let (exit_code, signal) = match &status {
+        Ok(status) => {
+            use std::os::unix::process::ExitStatusExt;
+            (status.code(), status.signal())
+        }
+        Err(_) => (None, None),
+    };
+    sink.emit(
+        &uri,
+        StateAction::TerminalCommandFinished(TerminalCommandFinishedAction {
+            command_id: COMMAND_ID.into(),
+            exit_code: exit_code.map(i64::from),
+            duration_ms: Some(i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX)),
+        }),
+    );
+    sink.emit(
+        &uri,
+        StateAction::TerminalExited(TerminalExitedAction {
+            exit_code: exit_code.map(i64::from),
+        }),
+    );
+    let status = TerminalExitStatus::new()
+        .exit_code(exit_code.and_then(|code| u32::try_from(code).ok()))
+        .signal(signal.map(|signal| format!("signal {signal}")));
+    let _ = exit.send(Some(status));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_output_is_cut_at_the_front_on_a_character_boundary() {
+        let mut output = Output {
+            text: String::new(),
+            truncated: false,
+            limit: 5,
+        };
+        output.push("aé");
+        assert_eq!((output.text.as_str(), output.truncated), ("aé", false));
+        // "aéwxyz" is 7 bytes; cutting 2 at the front would split "é" (bytes 1–2), so 3 go.
+        output.push("wxyz");
+        assert!(output.truncated);
+        assert_eq!(output.text, "wxyz");
+    }
+
+    #[test]
+    fn long_command_lines_get_a_short_title() {
+        assert_eq!(title_of("ls -la"), "ls -la");
+        let long = "x".repeat(100);
+        assert_eq!(title_of(&long).chars().count(), 81);
+    }
+}
