@@ -1252,3 +1252,98 @@ async fn cancelling_a_turn_kills_the_command_its_agent_runs() {
     assert_eq!(state.lifecycle, exited(None));
     collect_until(&mut a_sub, is_turn_end).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_plan_is_the_chats_activity_and_its_usage_is_reported() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (b, _) = setup.relay.client("device-b").await;
+    let (_, chat) = scripted_session(&a, "planned").await;
+    let (_, _, mut b_sub) = subscribe_chat(&b, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t1", "make a plan"))
+        .await
+        .expect("dispatch");
+    let seen = collect_until(&mut b_sub, is_turn_end).await;
+    let activities: Vec<Option<String>> = seen
+        .iter()
+        .filter_map(|e| match &e.action {
+            StateAction::ChatActivityChanged(changed) => Some(changed.activity.clone()),
+            _ => None,
+        })
+        .collect();
+    // The entry in progress while the turn runs; cleared when it ends.
+    assert_eq!(
+        activities,
+        vec![Some("Write the fix (1/3 done)".to_string()), None],
+        "{activities:?}"
+    );
+    let usage = seen
+        .iter()
+        .find_map(|e| match &e.action {
+            StateAction::ChatUsage(usage) => Some(usage.usage.clone()),
+            _ => None,
+        })
+        .expect("chat/usage");
+    let window = &usage.meta.expect("meta")["ahpRelay/contextWindow"];
+    assert_eq!(
+        (window["used"].as_u64(), window["size"].as_u64()),
+        (Some(1200), Some(200_000))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_needs_a_credential_says_which_and_gets_it_from_a_secret_file() {
+    // Without its key the agent refuses session/new; the failure names the agent's authentication methods.
+    let (_workspace, _config, file) = agents_file(&["--require-key"], &[]);
+    let relay = Relay::start_with(&["--agents", &file.display().to_string()]).await;
+    let (a, _) = relay.client("device-a").await;
+    let session = "ahp-session:/locked".to_string();
+    let _: Value = a
+        .request(
+            "createSession",
+            CreateSessionParams {
+                channel: session.clone(),
+                meta: None,
+                provider: Some("scripted".into()),
+                working_directories: None,
+                config: None,
+                active_client: None,
+                progress_token: None,
+            },
+        )
+        .await
+        .expect("createSession");
+    let (result, mut sub) = a.subscribe(session.clone()).await.expect("subscribe");
+    let mut state = session_of(&result.snapshot.expect("snapshot"));
+    while state.lifecycle == SessionLifecycle::Creating {
+        let envelope = next_envelope(&mut sub).await;
+        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
+    }
+    assert_eq!(state.lifecycle, SessionLifecycle::Failed);
+    let error = state.creation_error.expect("creation error");
+    assert!(
+        error.message.contains("API key (api-key): set TEST_AGENT_KEY"),
+        "{}",
+        error.message
+    );
+
+    // Given the key in a secret file (`env_files`), the same agent opens sessions.
+    let (_workspace, config, file) = agents_file(&["--require-key"], &[]);
+    let secret = config.path().join("test-agent-key");
+    std::fs::write(&secret, "s3cret\n").expect("secret");
+    let text = std::fs::read_to_string(&file).expect("read");
+    std::fs::write(
+        &file,
+        format!(
+            "{text}env_files = {{ TEST_AGENT_KEY = {:?} }}\n",
+            secret.display().to_string()
+        ),
+    )
+    .expect("write");
+    let relay = Relay::start_with(&["--agents", &file.display().to_string()]).await;
+    let (a, _) = relay.client("device-a").await;
+    let (_, chat) = scripted_session(&a, "unlocked").await;
+    let state = prompt(&a, &chat, "t1", "show your environment").await;
+    let (reply, _) = turn_text(&state, "t1");
+    assert!(reply.contains("TEST_AGENT_KEY"), "{reply}");
+}

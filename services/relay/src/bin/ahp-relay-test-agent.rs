@@ -6,6 +6,7 @@
 //!   (allow → the file is written through the relay's `fs/write_text_file`, the call completes with the diff,
 //!   and a second tool call runs `cat notes.txt` in a relay terminal (`terminal/create`), reporting
 //!   `TERMINAL: <output> (exit <code>)`; deny → it fails);
+//! - "plan": a plan (one entry done, one in progress, one pending) and a context-window usage update;
 //! - "run a command": a tool call that runs a shell in a relay terminal: it prints `hello-from-terminal`,
 //!   waits until a file `go` exists in its directory, prints `bye` and exits with 3;
 //! - "escape": attempts to write outside the working directory through `fs/write_text_file` (`../`, an
@@ -17,6 +18,9 @@
 //! - "environment": the names of the variables it runs with;
 //! - "limits": its open-files limit (RLIMIT_NOFILE);
 //! - "ask me": an `elicitation/create` form (a required name, a colour from a list), whose answer it repeats.
+//!
+//! With `--require-key` it lists an "API key" authentication method and refuses `session/new` (auth required)
+//! unless `TEST_AGENT_KEY` is in its environment.
 //!
 //! Sessions are kept in `<cwd>/.test-agent/<id>` (the number of prompts seen), so a new process of the agent
 //! can `session/load` them (replaying a line of history first, as ACP agents do); every reply ends with
@@ -36,7 +40,8 @@ use agent_client_protocol::v1::schema::{
     ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind, WriteTextFileRequest,
 };
 use agent_client_protocol::v1::schema::{
-    CreateTerminalRequest, Diff, ReleaseTerminalRequest, Terminal, TerminalOutputRequest, ToolCallContent,
+    AuthMethod, AuthMethodAgent, CreateTerminalRequest, Diff, Plan, PlanEntry, PlanEntryPriority,
+    PlanEntryStatus, ReleaseTerminalRequest, Terminal, TerminalOutputRequest, ToolCallContent, UsageUpdate,
     WaitForTerminalExitRequest,
 };
 use agent_client_protocol::v1::ConnectionTo;
@@ -53,6 +58,9 @@ struct Sessions {
 async fn main() -> agent_client_protocol::Result<()> {
     eprintln!("ahp-relay-test-agent pid {}", std::process::id());
     let can_load = !std::env::args().any(|arg| arg == "--no-load");
+    // With --require-key it offers an "API key" authentication method and opens sessions only when
+    // TEST_AGENT_KEY is set (as real agents answer `session/new` without credentials).
+    let require_key = std::env::args().any(|arg| arg == "--require-key");
     let models: Arc<Mutex<HashMap<String, String>>> = Arc::default();
     let for_models = models.clone();
     let sessions = Arc::new(Sessions::default());
@@ -65,15 +73,23 @@ async fn main() -> agent_client_protocol::Result<()> {
         .name("ahp-relay-test-agent")
         .on_receive_request(
             async move |initialize: InitializeRequest, responder, _cx| {
-                responder.respond(
-                    InitializeResponse::new(initialize.protocol_version)
-                        .agent_capabilities(AgentCapabilities::new().load_session(can_load)),
-                )
+                let mut initialized = InitializeResponse::new(initialize.protocol_version)
+                    .agent_capabilities(AgentCapabilities::new().load_session(can_load));
+                if require_key {
+                    initialized = initialized.auth_methods(vec![AuthMethod::Agent(
+                        AuthMethodAgent::new("api-key", "API key")
+                            .description("set TEST_AGENT_KEY".to_string()),
+                    )]);
+                }
+                responder.respond(initialized)
             },
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
             async move |new: NewSessionRequest, responder, _cx| {
+                if require_key && std::env::var_os("TEST_AGENT_KEY").is_none() {
+                    return responder.respond_with_error(agent_client_protocol::Error::auth_required());
+                }
                 let id = format!(
                     "test-session-{}-{}",
                     std::process::id(),
@@ -375,6 +391,31 @@ async fn script(
             let said = run_in_terminal(cx, session, "cat-notes", "cat", &["notes.txt"], None).await?;
             say(cx, session, SessionUpdate::AgentMessageChunk(chunk(&said)))?;
         }
+    }
+    if prompt.contains("plan") {
+        let plan = Plan::new(vec![
+            PlanEntry::new(
+                "Read the code",
+                PlanEntryPriority::High,
+                PlanEntryStatus::Completed,
+            ),
+            PlanEntry::new(
+                "Write the fix",
+                PlanEntryPriority::High,
+                PlanEntryStatus::InProgress,
+            ),
+            PlanEntry::new(
+                "Run the tests",
+                PlanEntryPriority::Medium,
+                PlanEntryStatus::Pending,
+            ),
+        ]);
+        say(cx, session, SessionUpdate::Plan(plan))?;
+        say(
+            cx,
+            session,
+            SessionUpdate::UsageUpdate(UsageUpdate::new(1200, 200_000)),
+        )?;
     }
     if prompt.contains("run a command") {
         // Waits for a file named `go` in its directory (a test creates it while watching) before it ends.

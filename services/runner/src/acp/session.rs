@@ -323,6 +323,10 @@ async fn run(
                 }
             };
             let can_load = initialized.agent_capabilities.load_session;
+            let auth_methods = describe_auth_methods(&initialized.auth_methods);
+            if !auth_methods.is_empty() {
+                tracing::info!(agent = %config.id, methods = %auth_methods, "the agent offers authentication");
+            }
             // Each chat's ACP session: those an earlier process of the agent opened (to load again), and
             // those of this process.
             let (mut stored, restarted) = match &start {
@@ -349,7 +353,15 @@ async fn run(
                         primary = Some(id);
                     }
                     Err(error) => {
-                        announcer.failed("agentSessionNew", error.to_string());
+                        let mut message = error.to_string();
+                        if !auth_methods.is_empty() {
+                            // Tell whoever sees the failure what the agent would accept.
+                            message.push_str(&format!(
+                                " (the agent's authentication methods: {auth_methods}; give it their credentials \
+                                 with `env` / `env_files` in the agents file)"
+                            ));
+                        }
+                        announcer.failed("agentSessionNew", message);
                         return Ok(());
                     }
                 }
@@ -612,6 +624,27 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 }
 
 /// A refused file operation, as the agent sees it.
+/// An agent's ACP `authMethods`, for its operators: `name (id): description`, `; `-separated.
+fn describe_auth_methods(methods: &[agent_client_protocol::v1::schema::AuthMethod]) -> String {
+    use agent_client_protocol::v1::schema::AuthMethod;
+    methods
+        .iter()
+        .map(|method| {
+            let (id, name, description) = match method {
+                AuthMethod::Terminal(m) => (m.id.to_string(), &m.name, m.description.as_deref()),
+                AuthMethod::Agent(m) => (m.id.to_string(), &m.name, m.description.as_deref()),
+                #[allow(unreachable_patterns)]
+                _ => return String::from("(an unknown kind of method)"),
+            };
+            match description {
+                Some(description) => format!("{name} ({id}): {description}"),
+                None => format!("{name} ({id})"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn terminal_refused(error: super::terminal::TerminalError) -> agent_client_protocol::Error {
     tracing::info!(%error, "an agent's terminal request was refused");
     agent_client_protocol::Error::invalid_params().data(error.to_string())

@@ -13,16 +13,16 @@ use std::time::Instant;
 use agent_client_protocol::schema::MaybeUndefined;
 use agent_client_protocol::v1::schema::{
     ContentBlock, CreateElicitationRequest, CreateElicitationResponse, PermissionOption,
-    PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    SelectedPermissionOutcome, SessionUpdate, StopReason, ToolCallContent, ToolCallStatus,
-    ToolCallUpdateFields,
+    PermissionOptionKind, PlanEntry, PlanEntryStatus, RequestPermissionOutcome, RequestPermissionRequest,
+    RequestPermissionResponse, SelectedPermissionOutcome, SessionUpdate, StopReason, ToolCallContent,
+    ToolCallStatus, ToolCallUpdateFields,
 };
 use agent_client_protocol::v1::Responder;
 use ahp_types::actions::{
-    ChatDeltaAction, ChatErrorAction, ChatInputRequestedAction, ChatReasoningAction, ChatResponsePartAction,
-    ChatToolCallCompleteAction, ChatToolCallContentChangedAction, ChatToolCallReadyAction,
-    ChatToolCallStartAction, ChatTurnCancelledAction, ChatTurnCompleteAction, SessionTitleChangedAction,
-    StateAction,
+    ChatActivityChangedAction, ChatDeltaAction, ChatErrorAction, ChatInputRequestedAction,
+    ChatReasoningAction, ChatResponsePartAction, ChatToolCallCompleteAction,
+    ChatToolCallContentChangedAction, ChatToolCallReadyAction, ChatToolCallStartAction,
+    ChatTurnCancelledAction, ChatTurnCompleteAction, ChatUsageAction, SessionTitleChangedAction, StateAction,
 };
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
@@ -30,6 +30,7 @@ use ahp_types::state::{
     ErrorResponsePart, FileEditDiffStats, FileEditSide, MarkdownResponsePart, ReasoningResponsePart,
     ResponsePart, SystemNotificationResponsePart, ToolCallConfirmationReason, ToolCallResult, ToolInput,
     ToolResultContent, ToolResultFileEditContent, ToolResultTerminalContent, ToolResultTextContent,
+    UsageInfo,
 };
 
 use crate::provider::ChatSink;
@@ -74,6 +75,8 @@ pub struct TurnMapper {
     tools: HashMap<String, (ToolPhase, String)>,
     parked: HashMap<String, ParkedPermission>,
     inputs: HashMap<String, ParkedInput>,
+    /// Whether the chat's activity shows the agent's plan (cleared when the turn ends).
+    plan_shown: bool,
     /// Actions emitted (for the coalescing measurement).
     pub emitted: usize,
 }
@@ -92,6 +95,7 @@ impl TurnMapper {
             tools: HashMap::new(),
             parked: HashMap::new(),
             inputs: HashMap::new(),
+            plan_shown: false,
             emitted: 0,
         }
     }
@@ -230,8 +234,36 @@ impl TurnMapper {
                     );
                 }
             }
-            // The AHP message is the source of truth for the user's text; the rest has no place in AHP 1.0
-            // yet (plans, commands, modes: see docs/protocol.md).
+            SessionUpdate::UsageUpdate(usage) => {
+                // ACP reports the context window, AHP per-turn tokens: the window travels in `_meta`.
+                let mut window = serde_json::json!({"used": usage.used, "size": usage.size});
+                if let Some(cost) = &usage.cost {
+                    window["cost"] = serde_json::json!({"amount": cost.amount, "currency": cost.currency});
+                }
+                let mut meta = serde_json::Map::new();
+                meta.insert(CONTEXT_WINDOW_META.into(), window);
+                let turn_id = self.turn_id.clone();
+                self.emit(StateAction::ChatUsage(ChatUsageAction {
+                    turn_id,
+                    usage: UsageInfo {
+                        input_tokens: None,
+                        output_tokens: None,
+                        model: None,
+                        cache_read_tokens: None,
+                        meta: Some(meta),
+                    },
+                    meta: None,
+                }));
+            }
+            SessionUpdate::Plan(plan) => {
+                let activity = plan_activity(&plan.entries);
+                self.plan_shown = activity.is_some();
+                self.emit(StateAction::ChatActivityChanged(ChatActivityChangedAction {
+                    activity,
+                }));
+            }
+            // The AHP message is the source of truth for the user's text; available commands and modes are
+            // kept by the session worker (see docs/protocol.md).
             _ => {}
         }
     }
@@ -496,6 +528,7 @@ impl TurnMapper {
 
     /// The prompt ended: close the turn the way AHP says for its stop reason.
     pub fn finish(&mut self, stop: StopReason) {
+        self.clear_plan();
         self.flush();
         self.cancel_permissions();
         let turn_id = self.turn_id.clone();
@@ -519,8 +552,18 @@ impl TurnMapper {
         self.emit(action);
     }
 
+    /// The plan ends with its turn: the chat's activity no longer shows it.
+    fn clear_plan(&mut self) {
+        if std::mem::take(&mut self.plan_shown) {
+            self.emit(StateAction::ChatActivityChanged(ChatActivityChangedAction {
+                activity: None,
+            }));
+        }
+    }
+
     /// End the turn with an error saying what the agent said.
     pub fn fail(&mut self, error_type: &str, message: &str, resumable: bool) {
+        self.clear_plan();
         self.flush();
         self.cancel_permissions();
         let turn_id = self.turn_id.clone();
@@ -540,6 +583,27 @@ impl TurnMapper {
             meta: None,
         }));
     }
+}
+
+/// The key of `chat/usage`'s `usage._meta` holding the agent's context window (`used`, `size`, `cost`).
+pub const CONTEXT_WINDOW_META: &str = "ahpRelay/contextWindow";
+
+/// A chat's activity for an agent's plan: the entry in progress (else the next pending one) and how many are
+/// done; none once every entry is done.
+fn plan_activity(entries: &[PlanEntry]) -> Option<String> {
+    let done = entries
+        .iter()
+        .filter(|entry| entry.status == PlanEntryStatus::Completed)
+        .count();
+    let current = entries
+        .iter()
+        .find(|entry| entry.status == PlanEntryStatus::InProgress)
+        .or_else(|| {
+            entries
+                .iter()
+                .find(|entry| entry.status == PlanEntryStatus::Pending)
+        })?;
+    Some(format!("{} ({done}/{} done)", current.content, entries.len()))
 }
 
 /// An ACP tool call's content as AHP tool result content: text; a diff as a file edit (each side's content
@@ -640,6 +704,19 @@ fn text_of(content: &ContentBlock) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plan_shows_its_current_entry_and_progress() {
+        use agent_client_protocol::v1::schema::PlanEntryPriority;
+        let entry = |content: &str, status| PlanEntry::new(content, PlanEntryPriority::Medium, status);
+        let plan = [
+            entry("read", PlanEntryStatus::Completed),
+            entry("write", PlanEntryStatus::InProgress),
+            entry("test", PlanEntryStatus::Pending),
+        ];
+        assert_eq!(plan_activity(&plan).as_deref(), Some("write (1/3 done)"));
+        assert_eq!(plan_activity(&plan[..1]), None);
+    }
 
     #[test]
     fn a_file_edit_carries_both_sides_and_its_line_counts() {
