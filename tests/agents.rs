@@ -85,6 +85,16 @@ async fn scripted_session(client: &ahp::Client, name: &str) -> (String, String) 
 
 /// Create a session on `agent` and wait until the agent made it ready; then a chat in it.
 async fn agent_session(client: &ahp::Client, agent: &str, name: &str) -> (String, String) {
+    configured_session(client, agent, name, None).await
+}
+
+/// [`agent_session`] with session config values.
+async fn configured_session(
+    client: &ahp::Client,
+    agent: &str,
+    name: &str,
+    config: Option<serde_json::Map<String, Value>>,
+) -> (String, String) {
     let session = format!("ahp-session:/{name}");
     let chat = format!("ahp-chat:/{name}");
     let _: Value = client
@@ -95,7 +105,7 @@ async fn agent_session(client: &ahp::Client, agent: &str, name: &str) -> (String
                 meta: None,
                 provider: Some(agent.into()),
                 working_directories: None,
-                config: None,
+                config,
                 active_client: None,
                 progress_token: None,
             },
@@ -1346,4 +1356,80 @@ async fn an_agent_that_needs_a_credential_says_which_and_gets_it_from_a_secret_f
     let state = prompt(&a, &chat, "t1", "show your environment").await;
     let (reply, _) = turn_text(&state, "t1");
     assert!(reply.contains("TEST_AGENT_KEY"), "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_settings_are_session_config_any_device_may_change() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (b, _) = setup.relay.client("device-b").await;
+    let resolve = |config: Value| {
+        let a = &a;
+        async move {
+            let resolved: ahp_types::commands::ResolveSessionConfigResult = a
+                .request(
+                    "resolveSessionConfig",
+                    serde_json::json!({"channel": "ahp-root://", "provider": "scripted", "config": config}),
+                )
+                .await
+                .expect("resolveSessionConfig");
+            resolved
+        }
+    };
+    // Until the agent ran once, the relay does not know its settings.
+    assert!(resolve(serde_json::json!({})).await.schema.properties.is_empty());
+    scripted_session(&a, "first").await;
+
+    // Its config options (but the model) and its modes are the session config, with allowed values only.
+    let resolved = resolve(serde_json::json!({"effort": "high", "mode": "warp"})).await;
+    let mut properties: Vec<&String> = resolved.schema.properties.keys().collect();
+    properties.sort();
+    assert_eq!(properties, ["effort", "mode"]);
+    assert_eq!(
+        Value::Object(resolved.values),
+        serde_json::json!({"effort": "high", "mode": "ask"})
+    );
+
+    let chosen = serde_json::json!({"effort": "high", "mode": "code"});
+    let (session, chat) = configured_session(&a, "scripted", "configured", chosen.as_object().cloned()).await;
+    let state = prompt(&a, &chat, "t1", "show your settings").await;
+    assert!(turn_text(&state, "t1")
+        .0
+        .contains("SETTINGS: effort=high, mode=code."));
+
+    // Another device changes a setting: the next prompt runs with it.
+    let (snapshot, mut sub) = b.subscribe(session.clone()).await.expect("subscribe");
+    let from = snapshot.snapshot.expect("snapshot").from_seq as u64;
+    let change = |value: &str| {
+        StateAction::SessionConfigChanged(ahp_types::actions::SessionConfigChangedAction {
+            config: serde_json::json!({"effort": value})
+                .as_object()
+                .cloned()
+                .expect("object"),
+            replace: None,
+        })
+    };
+    b.dispatch(session.clone(), change("low"))
+        .await
+        .expect("dispatch");
+    let echo = next_envelope(&mut sub).await;
+    assert!(
+        echo.server_seq > from && echo.rejection_reason.is_none(),
+        "{echo:?}"
+    );
+    let state = prompt(&a, &chat, "t2", "show your settings again").await;
+    assert!(turn_text(&state, "t2")
+        .0
+        .contains("SETTINGS: effort=low, mode=code."));
+    // A value the agent does not offer is refused.
+    b.dispatch(session.clone(), change("extreme"))
+        .await
+        .expect("dispatch");
+    loop {
+        let envelope = next_envelope(&mut sub).await;
+        if let StateAction::SessionConfigChanged(_) = envelope.action {
+            assert!(envelope.rejection_reason.is_some(), "{envelope:?}");
+            break;
+        }
+    }
 }

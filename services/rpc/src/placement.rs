@@ -43,6 +43,8 @@ pub struct RunnerPool {
     next_turn: AtomicU64,
     /// What runners last reported about each agent (e.g. its models), by agent id.
     listings: Mutex<HashMap<String, AgentInfo>>,
+    /// The session settings runners last reported for each agent, by agent id.
+    settings: Mutex<HashMap<String, ahp_types::state::SessionConfigSchema>>,
 }
 
 #[derive(Default)]
@@ -300,6 +302,14 @@ impl RunnerPool {
                     Err(error) => tracing::warn!(runner, %error, "a runner sent an unreadable terminal"),
                 }
             }
+            Report::AgentSettings(settings) => {
+                match serde_json::from_slice::<ahp_types::state::SessionConfigSchema>(&settings.schema) {
+                    Ok(schema) => {
+                        self.settings.lock().insert(settings.agent, schema);
+                    }
+                    Err(error) => tracing::warn!(runner, %error, "a runner sent unreadable agent settings"),
+                }
+            }
             Report::AgentChanged(listing) => {
                 let Some(sink) = self.sink(runner, listing.host.as_ref()) else {
                     return;
@@ -384,6 +394,10 @@ impl Provider for RemoteAgent {
             .get(&self.info.provider)
             .cloned()
             .unwrap_or_else(|| self.info.clone())
+    }
+
+    fn session_config_schema(&self) -> Option<ahp_types::state::SessionConfigSchema> {
+        self.pool.settings.lock().get(&self.info.provider).cloned()
     }
 
     fn create_session(&self, request: SessionRequest, sink: Arc<dyn ChatSink>) -> SessionStart {

@@ -279,6 +279,18 @@ impl ChatSink for StreamSink {
             .is_ok()
     }
 
+    fn agent_settings_reported(&self, agent: &str, schema: &ahp_types::state::SessionConfigSchema) {
+        let Ok(schema) = serde_json::to_vec(schema) else {
+            return;
+        };
+        let _ = self.reports.send(pb::RunnerReport {
+            report: Some(Report::AgentSettings(pb::AgentSettings {
+                agent: agent.to_string(),
+                schema,
+            })),
+        });
+    }
+
     fn agent_changed(&self, info: AgentInfo) {
         let Ok(info) = serde_json::to_vec(&info) else {
             return;

@@ -20,6 +20,9 @@ pub trait ChatSink: Send + Sync + 'static {
     fn open_terminal(&self, _session: &str, _uri: &str, _state: ahp_types::state::TerminalState) -> bool {
         false
     }
+    /// An agent reported the session settings it takes (`agent` is its provider id). Hosts need not act: a
+    /// provider that runs elsewhere (a runner) uses it to keep its shard's [`Provider::session_config_schema`].
+    fn agent_settings_reported(&self, _agent: &str, _schema: &ahp_types::state::SessionConfigSchema) {}
     /// What the host lists for an agent changed (e.g. the models its agent reported): the host updates root
     /// state `agents` with `root/agentsChanged`.
     fn agent_changed(&self, _info: AgentInfo) {}
@@ -46,6 +49,9 @@ pub struct TurnRequest {
     pub prompt: String,
     /// The model the user picked for this turn (`Message.model`), if any.
     pub model: Option<String>,
+    /// The session's config values (`SessionState.config.values`): the agent's settings to apply first.
+    #[serde(default)]
+    pub config: Option<ahp_types::common::JsonObject>,
     /// Whether this is the first turn of the session (providers may set a title).
     pub first_turn: bool,
     /// Tools the session's active clients offer to run themselves (client tools), as (client id, tool name).
@@ -140,6 +146,10 @@ pub trait Provider: Send + Sync + 'static {
     /// Prepare a new session. Must not block and must not emit synchronously (the host holds its lock).
     fn create_session(&self, _session: SessionRequest, _sink: Arc<dyn ChatSink>) -> SessionStart {
         SessionStart::Ready
+    }
+    /// The session config this provider's sessions take (`resolveSessionConfig`), if any.
+    fn session_config_schema(&self) -> Option<ahp_types::state::SessionConfigSchema> {
+        None
     }
     /// Whether a running turn takes steering messages ([`TurnControl::Steer`]). When it does not, the host
     /// keeps a steering message pending and starts it as the next turn.

@@ -436,6 +436,13 @@ impl HostCore {
             return Err(RpcError::invalid_params(message.clone()));
         }
         let created_at = now();
+        // The agent's settings, as the client chose them (checked against the schema; defaults for the rest).
+        let config = agent
+            .session_config_schema()
+            .map(|schema| ahp_types::state::SessionConfigState {
+                values: relay_runner::acp::options::resolve(&schema, params.config.as_ref()),
+                schema,
+            });
         let state = SessionState {
             provider,
             title: String::new(),
@@ -451,7 +458,7 @@ impl HostCore {
             active_clients,
             chats: vec![],
             default_chat: None,
-            config: None,
+            config,
             customizations: None,
             changesets: None,
             input_needed: None,
@@ -708,25 +715,28 @@ impl HostCore {
 
     fn resolve_session_config(&mut self, message: &InboundMessage) -> CommandResult {
         let params: ResolveSessionConfigParams = message.parse_params()?;
-        if let Some(provider) = &params.provider {
-            if self.providers.get(provider).is_none() {
-                return Err(RpcError::new(
+        let provider = match &params.provider {
+            Some(provider) => Some(self.providers.get(provider).ok_or_else(|| {
+                RpcError::new(
                     ahp_error_codes::PROVIDER_NOT_FOUND,
                     format!("provider not found: {provider}"),
-                ));
-            }
-        }
-        reply(
-            message.id,
-            &ResolveSessionConfigResult {
-                schema: SessionConfigSchema {
-                    r#type: "object".into(),
-                    properties: Default::default(),
-                    required: None,
-                },
-                values: params.config.unwrap_or_default(),
-            },
-        )
+                )
+            })?),
+            None => self
+                .providers
+                .default_provider()
+                .and_then(|id| self.providers.get(id)),
+        };
+        // An agent's settings are known once it reported them (its first session since the relay started).
+        let schema = provider
+            .and_then(|provider| provider.session_config_schema())
+            .unwrap_or_else(|| SessionConfigSchema {
+                r#type: "object".into(),
+                properties: Default::default(),
+                required: None,
+            });
+        let values = relay_runner::acp::options::resolve(&schema, params.config.as_ref());
+        reply(message.id, &ResolveSessionConfigResult { schema, values })
     }
 }
 

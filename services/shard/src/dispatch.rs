@@ -235,6 +235,7 @@ impl HostCore {
             turn_id: turn_id.to_string(),
             prompt: message.text.clone(),
             model: message.model.as_ref().map(|model| model.id.clone()),
+            config: session.state.config.as_ref().map(|config| config.values.clone()),
             first_turn,
             client_tools,
         };

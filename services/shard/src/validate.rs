@@ -349,9 +349,20 @@ fn check_session(
                     .and_then(|properties| properties.get(key))
                     .is_some_and(|property| property.session_mutable == Some(true))
             };
-            match a.config.keys().find(|key| !mutable(key)) {
-                Some(key) => Err(format!(
+            if let Some(key) = a.config.keys().find(|key| !mutable(key)) {
+                return Err(format!(
                     "config property {key} is not sessionMutable: it cannot change after the session is created"
+                ));
+            }
+            let allowed = |key: &str, value: &serde_json::Value| {
+                schema
+                    .and_then(|properties| properties.get(key))
+                    .and_then(|property| property.r#enum.as_ref())
+                    .is_none_or(|values| values.contains(value))
+            };
+            match a.config.iter().find(|(key, value)| !allowed(key, value)) {
+                Some((key, value)) => Err(format!(
+                    "{value} is not an allowed value of config property {key}"
                 )),
                 None => Ok(()),
             }

@@ -6,6 +6,8 @@
 //!   (allow → the file is written through the relay's `fs/write_text_file`, the call completes with the diff,
 //!   and a second tool call runs `cat notes.txt` in a relay terminal (`terminal/create`), reporting
 //!   `TERMINAL: <output> (exit <code>)`; deny → it fails);
+//! - "settings": its effort setting (config option `effort`: low/high) and mode (legacy modes `ask`/`code`) as
+//!   the relay set them;
 //! - "plan": a plan (one entry done, one in progress, one pending) and a context-window usage update;
 //! - "run a command": a tool call that runs a shell in a relay terminal: it prints `hello-from-terminal`,
 //!   waits until a file `go` exists in its directory, prints `bye` and exits with 3;
@@ -41,8 +43,8 @@ use agent_client_protocol::v1::schema::{
 };
 use agent_client_protocol::v1::schema::{
     AuthMethod, AuthMethodAgent, CreateTerminalRequest, Diff, Plan, PlanEntry, PlanEntryPriority,
-    PlanEntryStatus, ReleaseTerminalRequest, Terminal, TerminalOutputRequest, ToolCallContent, UsageUpdate,
-    WaitForTerminalExitRequest,
+    PlanEntryStatus, ReleaseTerminalRequest, SetSessionModeRequest, SetSessionModeResponse, Terminal,
+    TerminalOutputRequest, ToolCallContent, UsageUpdate, WaitForTerminalExitRequest,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, Stdio};
@@ -63,6 +65,10 @@ async fn main() -> agent_client_protocol::Result<()> {
     let require_key = std::env::args().any(|arg| arg == "--require-key");
     let models: Arc<Mutex<HashMap<String, String>>> = Arc::default();
     let for_models = models.clone();
+    // Each session's other settings ("<session>/effort", "<session>/mode").
+    let settings: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+    let for_settings = settings.clone();
+    let for_modes = settings.clone();
     let sessions = Arc::new(Sessions::default());
     let for_load = sessions.clone();
     let for_new = sessions.clone();
@@ -102,14 +108,23 @@ async fn main() -> agent_client_protocol::Result<()> {
                     .by_id
                     .lock()
                     .insert(id.clone(), (new.cwd.clone(), Arc::new(AtomicBool::new(false))));
-                // Two models to choose from, as a config option of category `model`.
+                // Two models to choose from, as a config option of category `model`; an effort setting; and
+                // two (legacy) modes.
                 let created: NewSessionResponse = match serde_json::from_value(serde_json::json!({
                     "sessionId": id,
                     "configOptions": [{
                         "id": "model", "name": "Model", "category": "model", "type": "select",
                         "currentValue": "fast",
                         "options": [{"value": "fast", "name": "Fast"}, {"value": "smart", "name": "Smart"}]
-                    }]
+                    }, {
+                        "id": "effort", "name": "Effort", "category": "thought_level", "type": "select",
+                        "currentValue": "low",
+                        "options": [{"value": "low", "name": "Low"}, {"value": "high", "name": "High"}]
+                    }],
+                    "modes": {
+                        "currentModeId": "ask",
+                        "availableModes": [{"id": "ask", "name": "Ask"}, {"id": "code", "name": "Code"}]
+                    }
                 })) {
                     Ok(created) => created,
                     Err(error) => {
@@ -142,10 +157,30 @@ async fn main() -> agent_client_protocol::Result<()> {
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
+            async move |set: SetSessionModeRequest, responder, _cx| {
+                let mode = set.mode_id.to_string();
+                if mode != "ask" && mode != "code" {
+                    return responder.respond_with_error(agent_client_protocol::Error::invalid_params());
+                }
+                for_modes.lock().insert(format!("{}/mode", set.session_id), mode);
+                responder.respond(SetSessionModeResponse::new())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
             async move |set: SetSessionConfigOptionRequest, responder, _cx| {
                 let Some(model) = set.value.as_value_id().map(|v| v.to_string()) else {
                     return responder.respond_with_error(agent_client_protocol::Error::invalid_params());
                 };
+                if set.config_id.to_string() == "effort" {
+                    if model != "low" && model != "high" {
+                        return responder.respond_with_error(agent_client_protocol::Error::invalid_params());
+                    }
+                    for_settings
+                        .lock()
+                        .insert(format!("{}/effort", set.session_id), model);
+                    return responder.respond(SetSessionConfigOptionResponse::new(vec![]));
+                }
                 if model != "fast" && model != "smart" {
                     return responder.respond_with_error(
                         agent_client_protocol::Error::invalid_params().data(format!("no model {model}")),
@@ -186,9 +221,21 @@ async fn main() -> agent_client_protocol::Result<()> {
                     .collect();
                 // The script runs in its own task: a handler never waits (for permissions, or time).
                 let model = models.lock().get(&prompt.session_id.to_string()).cloned();
+                let chosen = |name: &str, default: &str| {
+                    settings
+                        .lock()
+                        .get(&format!("{}/{name}", prompt.session_id))
+                        .cloned()
+                        .unwrap_or_else(|| default.to_string())
+                };
+                let set = format!(
+                    "effort={}, mode={}",
+                    chosen("effort", "low"),
+                    chosen("mode", "ask")
+                );
                 let runner = cx.clone();
                 cx.spawn(async move {
-                    match script(&runner, &prompt.session_id, &text, &cwd, &cancelled, model).await {
+                    match script(&runner, &prompt.session_id, &text, &cwd, &cancelled, model, set).await {
                         Ok(stop) => responder.respond(PromptResponse::new(stop)),
                         Err(error) => responder.respond_with_error(error),
                     }
@@ -282,6 +329,7 @@ async fn script(
     cwd: &std::path::Path,
     cancelled: &AtomicBool,
     model: Option<String>,
+    settings: String,
 ) -> agent_client_protocol::Result<StopReason> {
     if prompt.contains("fail") {
         return Err(agent_client_protocol::Error::internal_error().data("the test agent was asked to fail"));
@@ -391,6 +439,13 @@ async fn script(
             let said = run_in_terminal(cx, session, "cat-notes", "cat", &["notes.txt"], None).await?;
             say(cx, session, SessionUpdate::AgentMessageChunk(chunk(&said)))?;
         }
+    }
+    if prompt.contains("settings") {
+        say(
+            cx,
+            session,
+            SessionUpdate::AgentMessageChunk(chunk(&format!(" SETTINGS: {settings}."))),
+        )?;
     }
     if prompt.contains("plan") {
         let plan = Plan::new(vec![

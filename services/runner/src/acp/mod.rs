@@ -10,6 +10,7 @@
 pub mod config;
 pub mod elicit;
 pub mod fs;
+pub mod options;
 pub mod session;
 pub mod terminal;
 pub mod turn;
@@ -19,7 +20,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use ahp_types::state::{AgentInfo, SessionModelInfo};
+use ahp_types::state::{AgentInfo, SessionConfigSchema, SessionModelInfo};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
@@ -43,6 +44,8 @@ pub struct AcpProvider {
     sessions: Arc<Mutex<HashMap<SessionKey, SessionWorker>>>,
     /// The models the agent itself reported (its `session/new` model selector), once known.
     reported_models: Arc<Mutex<Option<Vec<SessionModelInfo>>>>,
+    /// The settings (session config) the agent reported, once known.
+    reported_settings: Arc<Mutex<Option<SessionConfigSchema>>>,
 }
 
 impl AcpProvider {
@@ -53,6 +56,7 @@ impl AcpProvider {
             idle_timeout,
             sessions: Arc::default(),
             reported_models: Arc::default(),
+            reported_settings: Arc::default(),
         }
     }
 
@@ -90,6 +94,7 @@ impl AcpProvider {
         let listing = Listing {
             base: self.info_with(None),
             reported: self.reported_models.clone(),
+            settings: self.reported_settings.clone(),
         };
         let worker = SessionWorker::spawn(
             self.config.clone(),
@@ -134,6 +139,7 @@ impl AcpProvider {
 pub struct Listing {
     base: AgentInfo,
     reported: Arc<Mutex<Option<Vec<SessionModelInfo>>>>,
+    settings: Arc<Mutex<Option<SessionConfigSchema>>>,
 }
 
 impl Listing {
@@ -146,6 +152,15 @@ impl Listing {
         let mut info = self.base.clone();
         info.models = models;
         sink.agent_changed(info);
+    }
+
+    /// The agent reported its settings: sessions created from now on offer them as session config.
+    pub fn settings_reported(&self, settings: &options::AgentSettings, sink: &dyn ChatSink) {
+        let Some(schema) = &settings.schema else {
+            return;
+        };
+        *self.settings.lock() = Some(schema.clone());
+        sink.agent_settings_reported(&self.base.provider, schema);
     }
 }
 
@@ -168,6 +183,10 @@ pub fn model_info(provider: &str, id: &str, name: &str) -> SessionModelInfo {
 impl Provider for AcpProvider {
     fn info(&self) -> AgentInfo {
         self.info_with(self.reported_models.lock().clone())
+    }
+
+    fn session_config_schema(&self) -> Option<SessionConfigSchema> {
+        self.reported_settings.lock().clone()
     }
 
     fn create_session(&self, request: SessionRequest, sink: Arc<dyn ChatSink>) -> SessionStart {
@@ -228,6 +247,7 @@ impl Provider for AcpProvider {
             turn_id: turn.turn_id.clone(),
             text: turn.prompt.clone(),
             model: turn.model.clone(),
+            config: turn.config.clone(),
             control: control_rx,
             sink: sink.clone(),
         };

@@ -18,9 +18,10 @@ use agent_client_protocol::v1::schema::{
     NewSessionRequest, PromptRequest, ReadTextFileRequest, ReadTextFileResponse, ReleaseTerminalRequest,
     ReleaseTerminalResponse, RequestPermissionRequest, RequestPermissionResponse, SessionConfigId,
     SessionConfigKind, SessionConfigOption, SessionConfigOptionCategory, SessionConfigOptionValue,
-    SessionConfigSelectOption, SessionConfigSelectOptions, SessionId, SessionNotification,
-    SetSessionConfigOptionRequest, TerminalId, TerminalOutputRequest, TerminalOutputResponse, TextContent,
-    WaitForTerminalExitRequest, WaitForTerminalExitResponse, WriteTextFileRequest, WriteTextFileResponse,
+    SessionConfigSelectOption, SessionConfigSelectOptions, SessionId, SessionModeState, SessionNotification,
+    SetSessionConfigOptionRequest, SetSessionModeRequest, TerminalId, TerminalOutputRequest,
+    TerminalOutputResponse, TextContent, WaitForTerminalExitRequest, WaitForTerminalExitResponse,
+    WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{AcpAgent, AcpAgentConfig, Agent, Client};
@@ -32,6 +33,7 @@ use ahp_types::state::SessionModelInfo;
 use tokio::sync::mpsc;
 
 use super::config::AgentConfig;
+use super::options::{AgentSettings, Setter};
 use super::turn::TurnMapper;
 use crate::provider::{ChatSink, TurnControl};
 
@@ -58,6 +60,8 @@ pub struct Prompt {
     pub text: String,
     /// The model the user picked (`Message.model`): selected through the agent's model config option first.
     pub model: Option<String>,
+    /// The session config's values (the agent's settings to apply first).
+    pub config: Option<ahp_types::common::JsonObject>,
     pub control: mpsc::UnboundedReceiver<TurnControl>,
     pub sink: Arc<dyn ChatSink>,
 }
@@ -337,6 +341,9 @@ async fn run(
             // The agent's model selector (a config option of category `model`) and each ACP session's choice.
             let mut model_option: Option<SessionConfigId> = None;
             let mut chosen: HashMap<String, String> = HashMap::new();
+            // The agent's other settings (session config) and what each ACP session has of them.
+            let mut settings = AgentSettings::default();
+            let mut chosen_settings: HashMap<(String, String), serde_json::Value> = HashMap::new();
             // A new AHP session opens its first ACP session now: creation reports the agent's success or
             // failure. The first chat that prompts takes it.
             let mut primary = None;
@@ -344,11 +351,12 @@ async fn run(
                 match open(&cx, &cwd).await {
                     Ok((id, options)) => {
                         observe_options(
-                            options.as_deref(),
+                            &options,
                             &config.id,
                             &listing,
                             announcer.sink.as_ref(),
                             &mut model_option,
+                            &mut settings,
                         );
                         primary = Some(id);
                     }
@@ -383,11 +391,12 @@ async fn run(
                             (Some(id), _) => Ok(id),
                             (None, Some((id, options))) => {
                                 observe_options(
-                                    options.as_deref(),
+                                    &options,
                                     &config.id,
                                     &listing,
                                     announcer.sink.as_ref(),
                                     &mut model_option,
+                                    &mut settings,
                                 );
                                 Ok(id)
                             }
@@ -397,11 +406,12 @@ async fn run(
                                 }
                                 open(&cx, &cwd).await.map(|(id, options)| {
                                     observe_options(
-                                        options.as_deref(),
+                                        &options,
                                         &config.id,
                                         &listing,
                                         announcer.sink.as_ref(),
                                         &mut model_option,
+                                        &mut settings,
                                     );
                                     id
                                 })
@@ -439,6 +449,12 @@ async fn run(
                         }
                         chosen.insert(chat_session.to_string(), model);
                     }
+                }
+                if let Err(message) =
+                    apply_settings(&cx, &chat_session, &prompt, &settings, &mut chosen_settings).await
+                {
+                    fail_turn(&prompt, "configSelectionFailed", &message);
+                    continue;
                 }
                 run_turn(
                     &cx,
@@ -493,12 +509,22 @@ fn remember(announcer: &Announcer, stored: &HashMap<String, String>, open: &Hash
 async fn open(
     cx: &ConnectionTo<Agent>,
     cwd: &std::path::Path,
-) -> Result<(SessionId, Option<Vec<SessionConfigOption>>), agent_client_protocol::Error> {
+) -> Result<(SessionId, Reported), agent_client_protocol::Error> {
     let created = cx
         .send_request(NewSessionRequest::new(cwd.to_path_buf()))
         .block_task()
         .await?;
-    Ok((created.session_id, created.config_options))
+    let reported = Reported {
+        options: created.config_options,
+        modes: created.modes,
+    };
+    Ok((created.session_id, reported))
+}
+
+/// What an agent says about a session's settings when it opens or loads it.
+pub struct Reported {
+    options: Option<Vec<SessionConfigOption>>,
+    modes: Option<SessionModeState>,
 }
 
 /// Load an earlier ACP session; the history the agent replays first is dropped (the relay has it).
@@ -507,7 +533,7 @@ async fn load(
     id: &str,
     cwd: &std::path::Path,
     asks: &mut AgentAsks,
-) -> Option<(SessionId, Option<Vec<SessionConfigOption>>)> {
+) -> Option<(SessionId, Reported)> {
     let loaded = cx
         .send_request(LoadSessionRequest::new(
             SessionId::new(id.to_string()),
@@ -517,7 +543,13 @@ async fn load(
         .await;
     while asks.updates.try_recv().is_ok() {}
     match loaded {
-        Ok(loaded) => Some((SessionId::new(id.to_string()), loaded.config_options)),
+        Ok(loaded) => Some((
+            SessionId::new(id.to_string()),
+            Reported {
+                options: loaded.config_options,
+                modes: loaded.modes,
+            },
+        )),
         Err(error) => {
             tracing::info!(%error, "the agent could not load its session; opening a new one");
             None
@@ -678,6 +710,49 @@ fn reported_models(provider: &str, options: Option<&[SessionConfigOption]>) -> V
         .collect()
 }
 
+/// Put the session config's values into the agent's ACP session before a prompt: each setting the agent
+/// offers whose chosen value differs from what that ACP session has. An error names the setting.
+async fn apply_settings(
+    cx: &ConnectionTo<Agent>,
+    session: &SessionId,
+    prompt: &Prompt,
+    settings: &AgentSettings,
+    chosen: &mut HashMap<(String, String), serde_json::Value>,
+) -> Result<(), String> {
+    for (property, value) in prompt.config.iter().flatten() {
+        let Some(setter) = settings.setters.get(property) else {
+            continue;
+        };
+        let key = (session.to_string(), property.clone());
+        let has = chosen.get(&key).or_else(|| settings.current.get(property));
+        if has == Some(value) {
+            continue;
+        }
+        let Some(text) = value.as_str() else {
+            continue;
+        };
+        let set = match setter {
+            Setter::ConfigOption(id) => cx
+                .send_request(SetSessionConfigOptionRequest::new(
+                    session.clone(),
+                    SessionConfigId::new(id.clone()),
+                    SessionConfigOptionValue::value_id(text.to_string()),
+                ))
+                .block_task()
+                .await
+                .map(|_| ()),
+            Setter::Mode => cx
+                .send_request(SetSessionModeRequest::new(session.clone(), text.to_string()))
+                .block_task()
+                .await
+                .map(|_| ()),
+        };
+        set.map_err(|error| format!("the agent could not set {property} to {text}: {error}"))?;
+        chosen.insert(key, value.clone());
+    }
+    Ok(())
+}
+
 /// Forms and URLs: both become AHP input requests.
 fn elicitation_capabilities() -> Option<ElicitationCapabilities> {
     serde_json::from_value(serde_json::json!({"form": {}, "url": {}})).ok()
@@ -685,13 +760,17 @@ fn elicitation_capabilities() -> Option<ElicitationCapabilities> {
 
 /// What an agent's session config options tell: its models (listed in root `agents`) and its model selector.
 fn observe_options(
-    options: Option<&[SessionConfigOption]>,
+    reported: &Reported,
     agent: &str,
     listing: &super::Listing,
     sink: &dyn ChatSink,
     model_option: &mut Option<SessionConfigId>,
+    settings: &mut AgentSettings,
 ) {
+    let options = reported.options.as_deref();
     listing.models_reported(reported_models(agent, options), sink);
+    *settings = AgentSettings::reported(options, reported.modes.as_ref());
+    listing.settings_reported(settings, sink);
     if model_option.is_none() {
         *model_option = options
             .into_iter()

@@ -22,7 +22,8 @@ use ahp_types::actions::{
     ChatActivityChangedAction, ChatDeltaAction, ChatErrorAction, ChatInputRequestedAction,
     ChatReasoningAction, ChatResponsePartAction, ChatToolCallCompleteAction,
     ChatToolCallContentChangedAction, ChatToolCallReadyAction, ChatToolCallStartAction,
-    ChatTurnCancelledAction, ChatTurnCompleteAction, ChatUsageAction, SessionTitleChangedAction, StateAction,
+    ChatTurnCancelledAction, ChatTurnCompleteAction, ChatUsageAction, SessionConfigChangedAction,
+    SessionTitleChangedAction, StateAction,
 };
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
@@ -254,6 +255,20 @@ impl TurnMapper {
                     },
                     meta: None,
                 }));
+            }
+            // The agent changed a setting itself: the session config follows.
+            SessionUpdate::ConfigOptionUpdate(update) => {
+                let current =
+                    super::options::AgentSettings::reported(Some(&update.config_options), None).current;
+                self.settings_changed(current);
+            }
+            SessionUpdate::CurrentModeUpdate(update) => {
+                let mut current = ahp_types::common::JsonObject::new();
+                current.insert(
+                    super::options::MODE_PROPERTY.into(),
+                    update.current_mode_id.to_string().into(),
+                );
+                self.settings_changed(current);
             }
             SessionUpdate::Plan(plan) => {
                 let activity = plan_activity(&plan.entries);
@@ -550,6 +565,19 @@ impl TurnMapper {
             other => return self.fail("refusal", &format!("the agent stopped: {other:?}"), false),
         };
         self.emit(action);
+    }
+
+    /// The agent's settings changed to `current`: `session/configChanged` on the session.
+    fn settings_changed(&mut self, current: ahp_types::common::JsonObject) {
+        if let (false, Some(session)) = (current.is_empty(), self.session.clone()) {
+            self.emit_on(
+                &session,
+                StateAction::SessionConfigChanged(SessionConfigChangedAction {
+                    config: current,
+                    replace: None,
+                }),
+            );
+        }
     }
 
     /// The plan ends with its turn: the chat's activity no longer shows it.
