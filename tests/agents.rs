@@ -1433,3 +1433,52 @@ async fn an_agents_settings_are_session_config_any_device_may_change() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_slash_commands_complete_in_every_devices_input() {
+    let setup = relay_with_agent().await;
+    let (a, init) = setup.relay.client("device-a").await;
+    assert_eq!(
+        init.completion_trigger_characters.as_deref(),
+        Some(&["/".to_string()][..])
+    );
+    let (session, chat) = scripted_session(&a, "commands").await;
+    // The agent announces its commands right after session/new; they land in the session's state.
+    let (subscribed, mut sub) = a.subscribe(session.clone()).await.expect("subscribe");
+    let mut state = session_of(&subscribed.snapshot.expect("snapshot"));
+    let commands = |state: &ahp_types::state::SessionState| {
+        state
+            .meta
+            .as_ref()
+            .and_then(|meta| meta.get("ahpRelay/agent"))
+            .and_then(|agent| agent.get("commands"))
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len)
+    };
+    while commands(&state) == 0 {
+        let envelope = next_envelope(&mut sub).await;
+        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
+    }
+    let (b, _) = setup.relay.client("device-b").await;
+    let completed: ahp_types::commands::CompletionsResult = b
+        .request(
+            "completions",
+            serde_json::json!({"channel": chat, "kind": "userMessage", "text": "/re", "offset": 3}),
+        )
+        .await
+        .expect("completions");
+    let offered: Vec<&str> = completed
+        .items
+        .iter()
+        .map(|item| item.insert_text.as_str())
+        .collect();
+    assert_eq!(offered, ["/review ", "/reset "]);
+    let none: ahp_types::commands::CompletionsResult = b
+        .request(
+            "completions",
+            serde_json::json!({"channel": chat, "kind": "userMessage", "text": "say /re", "offset": 7}),
+        )
+        .await
+        .expect("completions");
+    assert!(none.items.is_empty());
+}

@@ -207,7 +207,7 @@ impl HostCore {
             meta,
             snapshots,
             default_directory: None,
-            completion_trigger_characters: None,
+            completion_trigger_characters: Some(vec![crate::completions::TRIGGER.into()]),
             terminal_command_prefix: None,
             telemetry: None,
             automations: None,
@@ -707,10 +707,21 @@ impl HostCore {
 
     fn completions(&mut self, message: &InboundMessage) -> CommandResult {
         let params: CompletionsParams = message.parse_params()?;
-        if self.model.kind(&params.channel) != ChannelKind::Chat {
+        let Some(chat) = self.model.chats.get(&params.channel) else {
             return Err(not_found(&params.channel));
-        }
-        reply(message.id, &CompletionsResult { items: vec![] })
+        };
+        let commands = self
+            .model
+            .sessions
+            .get(&chat.session)
+            .and_then(|session| session.state.meta.as_ref())
+            .and_then(|meta| meta.get(relay_runner::AGENT_STATE_META))
+            .and_then(|agent| agent.get("commands"))
+            .and_then(serde_json::Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let items = crate::completions::slash_commands(&params.text, params.offset, commands);
+        reply(message.id, &CompletionsResult { items })
     }
 
     fn resolve_session_config(&mut self, message: &InboundMessage) -> CommandResult {

@@ -6,6 +6,7 @@
 //!   (allow → the file is written through the relay's `fs/write_text_file`, the call completes with the diff,
 //!   and a second tool call runs `cat notes.txt` in a relay terminal (`terminal/create`), reporting
 //!   `TERMINAL: <output> (exit <code>)`; deny → it fails);
+//! - (every new session) slash commands `/review` and `/reset`, announced right after `session/new`;
 //! - "settings": its effort setting (config option `effort`: low/high) and mode (legacy modes `ask`/`code`) as
 //!   the relay set them;
 //! - "plan": a plan (one entry done, one in progress, one pending) and a context-window usage update;
@@ -42,9 +43,10 @@ use agent_client_protocol::v1::schema::{
     ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind, WriteTextFileRequest,
 };
 use agent_client_protocol::v1::schema::{
-    AuthMethod, AuthMethodAgent, CreateTerminalRequest, Diff, Plan, PlanEntry, PlanEntryPriority,
-    PlanEntryStatus, ReleaseTerminalRequest, SetSessionModeRequest, SetSessionModeResponse, Terminal,
-    TerminalOutputRequest, ToolCallContent, UsageUpdate, WaitForTerminalExitRequest,
+    AuthMethod, AuthMethodAgent, AvailableCommand, AvailableCommandsUpdate, CreateTerminalRequest, Diff,
+    Plan, PlanEntry, PlanEntryPriority, PlanEntryStatus, ReleaseTerminalRequest, SetSessionModeRequest,
+    SetSessionModeResponse, Terminal, TerminalOutputRequest, ToolCallContent, UsageUpdate,
+    WaitForTerminalExitRequest,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, Stdio};
@@ -92,7 +94,7 @@ async fn main() -> agent_client_protocol::Result<()> {
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
-            async move |new: NewSessionRequest, responder, _cx| {
+            async move |new: NewSessionRequest, responder, cx: ConnectionTo<Client>| {
                 if require_key && std::env::var_os("TEST_AGENT_KEY").is_none() {
                     return responder.respond_with_error(agent_client_protocol::Error::auth_required());
                 }
@@ -132,7 +134,17 @@ async fn main() -> agent_client_protocol::Result<()> {
                             .respond_with_error(agent_client_protocol::Error::into_internal_error(error))
                     }
                 };
-                responder.respond(created)
+                responder.respond(created)?;
+                // Its slash commands, right after the session opened (as Claude's adapter does).
+                let commands = vec![
+                    AvailableCommand::new("review", "Review the changes"),
+                    AvailableCommand::new("reset", "Start over"),
+                ];
+                say(
+                    &cx,
+                    &SessionId::new(id),
+                    SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands)),
+                )
             },
             agent_client_protocol::on_receive_request!(),
         )

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::AvailableCommand;
 use agent_client_protocol::v1::schema::{
     CancelNotification, ClientCapabilities, ContentBlock, CreateElicitationRequest,
     CreateElicitationResponse, CreateTerminalRequest, CreateTerminalResponse, ElicitationCapabilities,
@@ -19,7 +20,7 @@ use agent_client_protocol::v1::schema::{
     ReleaseTerminalResponse, RequestPermissionRequest, RequestPermissionResponse, SessionConfigId,
     SessionConfigKind, SessionConfigOption, SessionConfigOptionCategory, SessionConfigOptionValue,
     SessionConfigSelectOption, SessionConfigSelectOptions, SessionId, SessionModeState, SessionNotification,
-    SetSessionConfigOptionRequest, SetSessionModeRequest, TerminalId, TerminalOutputRequest,
+    SessionUpdate, SetSessionConfigOptionRequest, SetSessionModeRequest, TerminalId, TerminalOutputRequest,
     TerminalOutputResponse, TextContent, WaitForTerminalExitRequest, WaitForTerminalExitResponse,
     WriteTextFileRequest, WriteTextFileResponse,
 };
@@ -30,6 +31,7 @@ use ahp_types::actions::{
 };
 use ahp_types::state::ErrorInfo;
 use ahp_types::state::SessionModelInfo;
+use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 use super::config::AgentConfig;
@@ -178,6 +180,12 @@ async fn run(
         config.clone(),
         env.clone(),
     ));
+    let agent_meta = Arc::new(Mutex::new(AgentMeta::default()));
+    let (commands_meta, commands_sink, commands_session) = (
+        agent_meta.clone(),
+        announcer.sink.clone(),
+        announcer.session.clone(),
+    );
     let (terminals_create, terminals_output, terminals_wait, terminals_kill, terminals_release) = (
         terminals.clone(),
         terminals.clone(),
@@ -200,6 +208,15 @@ async fn run(
         .name("ahp-relay")
         .on_receive_notification(
             async move |notification: SessionNotification, _cx| {
+                // Slash commands belong to the session, whenever they come (often right after session/new).
+                if let SessionUpdate::AvailableCommandsUpdate(update) = &notification.update {
+                    commands_meta.lock().commands_changed(
+                        &update.available_commands,
+                        commands_sink.as_ref(),
+                        &commands_session,
+                    );
+                    return Ok(());
+                }
                 let _ = updates_tx.send(notification);
                 Ok(())
             },
@@ -421,7 +438,7 @@ async fn run(
                             Ok(id) => {
                                 terminals.chat_opened(&id.0, &prompt.chat);
                                 by_chat.insert(prompt.chat.clone(), id.clone());
-                                remember(&announcer, &stored, &by_chat);
+                                remember(&announcer, &agent_meta, &stored, &by_chat);
                                 id
                             }
                             Err(error) => {
@@ -485,24 +502,56 @@ async fn run(
 const CONTEXT_RESET: &str =
     "The agent restarted and could not restore this chat's earlier context: it continues without it.";
 
+/// What a session's worker keeps in the AHP session's `_meta["ahpRelay/agent"]`: each chat's ACP session id
+/// (`acpSessions`, loaded after a restart) and the agent's slash commands (`commands`: `name`, `description`,
+/// answered by `completions`).
+#[derive(Default)]
+pub struct AgentMeta {
+    sessions: serde_json::Map<String, serde_json::Value>,
+    commands: Vec<serde_json::Value>,
+}
+
+impl AgentMeta {
+    /// Publish it (`session/metaChanged`).
+    fn publish(&self, sink: &dyn ChatSink, session: &str) {
+        let mut meta = ahp_types::common::JsonObject::new();
+        meta.insert(
+            crate::provider::AGENT_STATE_META.into(),
+            serde_json::json!({ "acpSessions": self.sessions, "commands": self.commands }),
+        );
+        sink.emit(
+            session,
+            StateAction::SessionMetaChanged(SessionMetaChangedAction { meta: Some(meta) }),
+        );
+    }
+
+    /// The agent announced its slash commands.
+    fn commands_changed(&mut self, commands: &[AvailableCommand], sink: &dyn ChatSink, session: &str) {
+        self.commands = commands
+            .iter()
+            .map(|command| serde_json::json!({"name": command.name, "description": command.description}))
+            .collect();
+        self.publish(sink, session);
+    }
+}
+
 /// Keep each chat's ACP session id in the AHP session's state (`_meta`), so a restarted agent can load them.
-fn remember(announcer: &Announcer, stored: &HashMap<String, String>, open: &HashMap<String, SessionId>) {
-    let mut sessions: serde_json::Map<String, serde_json::Value> = stored
+fn remember(
+    announcer: &Announcer,
+    meta: &Mutex<AgentMeta>,
+    stored: &HashMap<String, String>,
+    open: &HashMap<String, SessionId>,
+) {
+    let mut meta = meta.lock();
+    meta.sessions = stored
         .iter()
         .map(|(chat, id)| (chat.clone(), serde_json::Value::from(id.clone())))
         .collect();
     for (chat, id) in open {
-        sessions.insert(chat.clone(), serde_json::Value::from(id.to_string()));
+        meta.sessions
+            .insert(chat.clone(), serde_json::Value::from(id.to_string()));
     }
-    let mut meta = ahp_types::common::JsonObject::new();
-    meta.insert(
-        crate::provider::AGENT_STATE_META.into(),
-        serde_json::json!({ "acpSessions": sessions }),
-    );
-    announcer.sink.emit(
-        &announcer.session,
-        StateAction::SessionMetaChanged(SessionMetaChangedAction { meta: Some(meta) }),
-    );
+    meta.publish(announcer.sink.as_ref(), &announcer.session);
 }
 
 /// Open a new ACP session in `cwd`: its id and config options.
