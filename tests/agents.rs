@@ -645,6 +645,66 @@ async fn claude_agent_acp_lists_its_models_and_a_prompt_without_credentials_ends
     b.ping().await.expect("the relay is healthy");
 }
 
+/// Create a session on `agent` that the agent refuses: the error it failed with.
+async fn creation_error(client: &ahp::Client, agent: &str, name: &str) -> ahp_types::state::ErrorInfo {
+    let session = format!("ahp-session:/{name}");
+    let _: Value = client
+        .request(
+            "createSession",
+            CreateSessionParams {
+                channel: session.clone(),
+                meta: None,
+                provider: Some(agent.into()),
+                working_directories: None,
+                config: None,
+                active_client: None,
+                progress_token: None,
+            },
+        )
+        .await
+        .expect("createSession");
+    let (result, mut sub) = client.subscribe(session.clone()).await.expect("subscribe");
+    let mut state = session_of(&result.snapshot.expect("snapshot"));
+    while state.lifecycle == SessionLifecycle::Creating {
+        let envelope = next_envelope(&mut sub).await;
+        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
+    }
+    assert_eq!(state.lifecycle, SessionLifecycle::Failed);
+    state.creation_error.expect("creation error")
+}
+
+/// Codex and Gemini CLI answer `session/new` without a key with an error, and list their authentication
+/// methods in `initialize`: the session fails saying both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_and_gemini_without_credentials_fail_the_session_naming_what_to_configure() {
+    let agents = [
+        (
+            "codex",
+            "AHP_TEST_CODEX_ACP",
+            &[][..],
+            ["Authentication required", "Use OPENAI_API_KEY (openai-api-key)"],
+        ),
+        (
+            "gemini",
+            "AHP_TEST_GEMINI_CLI",
+            &["--experimental-acp"][..],
+            ["Gemini API key is missing", "Gemini API key (gemini-api-key)"],
+        ),
+    ];
+    for (id, variable, args, expected) in agents {
+        let Some(command) = third_party(variable) else {
+            continue;
+        };
+        let setup = relay_with_agents(&[(id, &command, args)]).await;
+        let (a, _) = setup.relay.client("device-a").await;
+        let error = creation_error(&a, id, id).await;
+        for said in expected {
+            assert!(error.message.contains(said), "{id}: {}", error.message);
+        }
+        a.ping().await.expect("the relay is healthy");
+    }
+}
+
 /// Prompt on `chat` and return the reduced state once the turn ended.
 async fn prompt(client: &ahp::Client, chat: &str, turn_id: &str, text: &str) -> ahp_types::state::ChatState {
     let (state, from, mut sub) = subscribe_chat(client, chat).await;
@@ -1307,30 +1367,7 @@ async fn an_agent_that_needs_a_credential_says_which_and_gets_it_from_a_secret_f
     let (_workspace, _config, file) = agents_file(&["--require-key"], &[]);
     let relay = Relay::start_with(&["--agents", &file.display().to_string()]).await;
     let (a, _) = relay.client("device-a").await;
-    let session = "ahp-session:/locked".to_string();
-    let _: Value = a
-        .request(
-            "createSession",
-            CreateSessionParams {
-                channel: session.clone(),
-                meta: None,
-                provider: Some("scripted".into()),
-                working_directories: None,
-                config: None,
-                active_client: None,
-                progress_token: None,
-            },
-        )
-        .await
-        .expect("createSession");
-    let (result, mut sub) = a.subscribe(session.clone()).await.expect("subscribe");
-    let mut state = session_of(&result.snapshot.expect("snapshot"));
-    while state.lifecycle == SessionLifecycle::Creating {
-        let envelope = next_envelope(&mut sub).await;
-        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
-    }
-    assert_eq!(state.lifecycle, SessionLifecycle::Failed);
-    let error = state.creation_error.expect("creation error");
+    let error = creation_error(&a, "scripted", "locked").await;
     assert!(
         error.message.contains("API key (api-key): set TEST_AGENT_KEY"),
         "{}",
