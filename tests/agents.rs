@@ -1519,3 +1519,63 @@ async fn an_agents_slash_commands_complete_in_every_devices_input() {
         .expect("completions");
     assert!(none.items.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_stuck_starting_fails_the_session_after_its_start_timeout() {
+    let (_workspace, _config, file) = agents_file(&["--hang-on-new-session"], &[]);
+    let text = std::fs::read_to_string(&file).expect("read");
+    std::fs::write(&file, format!("start_timeout_seconds = 1\n{text}")).expect("write");
+    let relay = Relay::start_with(&["--agents", &file.display().to_string()]).await;
+    let (a, _) = relay.client("device-a").await;
+    let error = creation_error(&a, "scripted", "stuck").await;
+    assert_eq!(error.error_type, "agentStartTimeout");
+    assert!(
+        error.message.contains("session/new within 1s"),
+        "{}",
+        error.message
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_killed_while_its_agent_starts_fails_the_session() {
+    let (workspace, _config, file) = agents_file(&["--hang-on-new-session"], &[]);
+    let shard = Shard::start(&["--agents", &file.display().to_string()]).await;
+    let gateway = Relay::gateway(&shard.url).await;
+    let mut runner = start_runner(&shard, &file, 1.0).await;
+    let (a, _) = gateway.client("device-a").await;
+    let session = "ahp-session:/unborn".to_string();
+    let _: Value = a
+        .request(
+            "createSession",
+            CreateSessionParams {
+                channel: session.clone(),
+                meta: None,
+                provider: Some("scripted".into()),
+                working_directories: None,
+                config: None,
+                active_client: None,
+                progress_token: None,
+            },
+        )
+        .await
+        .expect("createSession");
+    let (result, mut sub) = a.subscribe(session.clone()).await.expect("subscribe");
+    let mut state = session_of(&result.snapshot.expect("snapshot"));
+    // The agent has started (and hangs in session/new) when the runner dies.
+    let dir = session_dir(workspace.path(), "unborn");
+    let started = tokio::time::timeout(PATIENCE, async {
+        while agents_in(&dir).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(started.is_ok(), "the agent never started");
+    runner.start_kill().expect("SIGKILL the runner");
+    runner.wait().await.expect("wait");
+    while state.lifecycle == SessionLifecycle::Creating {
+        let envelope = next_envelope(&mut sub).await;
+        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
+    }
+    assert_eq!(state.lifecycle, SessionLifecycle::Failed);
+    assert_eq!(state.creation_error.expect("error").error_type, "runnerLost");
+}

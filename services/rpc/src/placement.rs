@@ -54,6 +54,9 @@ struct PoolState {
     placements: HashMap<SessionKey, u64>,
     /// Each running turn, by the shard's number for it.
     turns: HashMap<u64, PlacedTurn>,
+    /// Sessions whose agent is starting (until their runner reports `session/ready` or
+    /// `session/creationFailed`): their runner, and where to say that it died.
+    creating: HashMap<SessionKey, (u64, Arc<dyn ChatSink>)>,
 }
 
 struct Runner {
@@ -98,6 +101,7 @@ impl RunnerPool {
         state.runners.clear();
         state.placements.clear();
         state.turns.clear();
+        state.creating.clear();
         relay_core::telemetry::agent_runners(0);
     }
 
@@ -183,10 +187,11 @@ impl RunnerPool {
             agent: agent.to_string(),
             request: body,
         });
-        match Self::send(&state, runner, work) {
-            true => Ok(()),
-            false => Err(PlacementError::NoRunner(agent.to_string())),
+        if !Self::send(&state, runner, work) {
+            return Err(PlacementError::NoRunner(agent.to_string()));
         }
+        state.creating.insert(key, (runner, sink.clone()));
+        Ok(())
     }
 
     fn start_turn(
@@ -249,6 +254,7 @@ impl RunnerPool {
 
     fn dispose_session(&self, key: &SessionKey) {
         let mut state = self.state.lock();
+        state.creating.remove(key);
         let Some(runner) = state.placements.remove(key) else {
             return;
         };
@@ -282,6 +288,18 @@ impl RunnerPool {
                 };
                 match serde_json::from_slice::<StateAction>(&action.action) {
                     Ok(parsed) => {
+                        if matches!(
+                            parsed,
+                            StateAction::SessionReady(_) | StateAction::SessionCreationFailed(_)
+                        ) {
+                            if let Some(host) = &action.host {
+                                self.state.lock().creating.remove(&SessionKey {
+                                    tenant: host.tenant.clone(),
+                                    host: host.host.clone(),
+                                    session: action.channel.clone(),
+                                });
+                            }
+                        }
                         sink.emit(&action.channel, parsed);
                     }
                     Err(error) => {
@@ -336,9 +354,10 @@ impl RunnerPool {
             .cloned()
     }
 
-    /// A runner's stream ended: its turns end as resumable errors and its sessions lose their placement.
+    /// A runner's stream ended: its turns end as resumable errors, the sessions it was starting fail, and its
+    /// sessions lose their placement.
     fn runner_lost(&self, runner: u64) {
-        let orphans: Vec<PlacedTurn> = {
+        let (orphans, unborn): (Vec<PlacedTurn>, Vec<(SessionKey, Arc<dyn ChatSink>)>) = {
             let mut state = self.state.lock();
             let Some(gone) = state.runners.remove(&runner) else {
                 return;
@@ -352,11 +371,38 @@ impl RunnerPool {
                 .filter(|(_, turn)| turn.runner == runner)
                 .map(|(id, _)| *id)
                 .collect();
-            turns
-                .into_iter()
-                .filter_map(|id| state.turns.remove(&id))
-                .collect()
+            let unborn: Vec<SessionKey> = state
+                .creating
+                .iter()
+                .filter(|(_, (placed, _))| *placed == runner)
+                .map(|(key, _)| key.clone())
+                .collect();
+            (
+                turns
+                    .into_iter()
+                    .filter_map(|id| state.turns.remove(&id))
+                    .collect(),
+                unborn
+                    .into_iter()
+                    .filter_map(|key| state.creating.remove(&key).map(|(_, sink)| (key, sink)))
+                    .collect(),
+            )
         };
+        for (key, sink) in unborn {
+            sink.emit(
+                &key.session,
+                StateAction::SessionCreationFailed(ahp_types::actions::SessionCreationFailedAction {
+                    error: ahp_types::state::ErrorInfo {
+                        error_type: "runnerLost".into(),
+                        message:
+                            "The runner starting this session's agent stopped; create the session again."
+                                .into(),
+                        stack: None,
+                        meta: None,
+                    },
+                }),
+            );
+        }
         for turn in orphans {
             TurnMapper::new(turn.chat, turn.turn_id, turn.sink).fail(
                 "runnerLost",

@@ -25,6 +25,8 @@
 //! With `--require-key` it lists an "API key" authentication method and refuses `session/new` (auth required)
 //! unless `TEST_AGENT_KEY` is in its environment.
 //!
+//! With `--hang-on-new-session` it never answers `session/new`.
+//!
 //! Sessions are kept in `<cwd>/.test-agent/<id>` (the number of prompts seen), so a new process of the agent
 //! can `session/load` them (replaying a line of history first, as ACP agents do); every reply ends with
 //! "This session has seen N prompts." With `--no-load` it does not advertise `loadSession`.
@@ -65,6 +67,8 @@ async fn main() -> agent_client_protocol::Result<()> {
     // With --require-key it offers an "API key" authentication method and opens sessions only when
     // TEST_AGENT_KEY is set (as real agents answer `session/new` without credentials).
     let require_key = std::env::args().any(|arg| arg == "--require-key");
+    // With --hang-on-new-session it never answers `session/new` (an agent stuck starting).
+    let hang_on_new = std::env::args().any(|arg| arg == "--hang-on-new-session");
     let models: Arc<Mutex<HashMap<String, String>>> = Arc::default();
     let for_models = models.clone();
     // Each session's other settings ("<session>/effort", "<session>/mode").
@@ -97,6 +101,12 @@ async fn main() -> agent_client_protocol::Result<()> {
             async move |new: NewSessionRequest, responder, cx: ConnectionTo<Client>| {
                 if require_key && std::env::var_os("TEST_AGENT_KEY").is_none() {
                     return responder.respond_with_error(agent_client_protocol::Error::auth_required());
+                }
+                if hang_on_new {
+                    return cx.spawn(async move {
+                        std::future::pending::<()>().await;
+                        responder.respond_with_error(agent_client_protocol::Error::internal_error())
+                    });
                 }
                 let id = format!(
                     "test-session-{}-{}",

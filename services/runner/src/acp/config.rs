@@ -28,6 +28,10 @@ pub struct AgentsFile {
     /// next prompt starts it again and continues its ACP session where the agent can load it.
     #[serde(default = "default_idle_timeout_seconds")]
     pub idle_timeout_seconds: u64,
+    /// How long an agent may take to answer `initialize` and `session/new` (e.g. while `npx` downloads it):
+    /// past it the session fails with `agentStartTimeout` instead of staying `creating`.
+    #[serde(default = "default_start_timeout_seconds")]
+    pub start_timeout_seconds: u64,
     /// The agents, in the order clients see them.
     #[serde(default, rename = "agent")]
     pub agents: Vec<AgentConfig>,
@@ -92,6 +96,10 @@ impl ProcessLimits {
     }
 }
 
+fn default_start_timeout_seconds() -> u64 {
+    120
+}
+
 fn default_idle_timeout_seconds() -> u64 {
     600
 }
@@ -113,8 +121,10 @@ impl AgentsFile {
             message,
         };
         let file: AgentsFile = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
-        if file.idle_timeout_seconds == 0 {
-            return Err(invalid("idle_timeout_seconds must be at least 1".into()));
+        if file.idle_timeout_seconds == 0 || file.start_timeout_seconds == 0 {
+            return Err(invalid(
+                "idle_timeout_seconds and start_timeout_seconds must be at least 1".into(),
+            ));
         }
         if !file.workspace_root.is_absolute() {
             return Err(invalid("workspace_root must be an absolute path".into()));

@@ -40,7 +40,7 @@ pub struct SessionKey {
 pub struct AcpProvider {
     config: Arc<AgentConfig>,
     workspace_root: PathBuf,
-    idle_timeout: std::time::Duration,
+    timeouts: session::Timeouts,
     sessions: Arc<Mutex<HashMap<SessionKey, SessionWorker>>>,
     /// The models the agent itself reported (its `session/new` model selector), once known.
     reported_models: Arc<Mutex<Option<Vec<SessionModelInfo>>>>,
@@ -49,11 +49,11 @@ pub struct AcpProvider {
 }
 
 impl AcpProvider {
-    pub fn new(config: AgentConfig, workspace_root: PathBuf, idle_timeout: std::time::Duration) -> Self {
+    pub fn new(config: AgentConfig, workspace_root: PathBuf, timeouts: session::Timeouts) -> Self {
         Self {
             config: Arc::new(config),
             workspace_root,
-            idle_timeout,
+            timeouts,
             sessions: Arc::default(),
             reported_models: Arc::default(),
             reported_settings: Arc::default(),
@@ -68,7 +68,10 @@ impl AcpProvider {
                 AcpProvider::new(
                     agent.clone(),
                     file.workspace_root.clone(),
-                    std::time::Duration::from_secs(file.idle_timeout_seconds),
+                    session::Timeouts {
+                        idle: std::time::Duration::from_secs(file.idle_timeout_seconds),
+                        start: std::time::Duration::from_secs(file.start_timeout_seconds),
+                    },
                 )
             })
             .collect()
@@ -103,7 +106,7 @@ impl AcpProvider {
             sink,
             start,
             listing,
-            self.idle_timeout,
+            self.timeouts,
         );
         let prompts = worker.prompts();
         if let Some(old) = self.sessions.lock().insert(key.clone(), worker) {

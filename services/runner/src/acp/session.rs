@@ -75,6 +75,24 @@ pub fn fail_turn(prompt: &Prompt, error_type: &str, message: &str) {
     tokio::spawn(async move { mapper.fail(&error_type, &message, true) });
 }
 
+/// How long a session's agent may take.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// Without a prompt for this long, the agent is stopped.
+    pub idle: Duration,
+    /// To answer `initialize`, then `session/new`.
+    pub start: Duration,
+}
+
+impl Timeouts {
+    fn start_message(&self, request: &str) -> String {
+        format!(
+            "the agent did not answer {request} within {}s (start_timeout_seconds)",
+            self.start.as_secs()
+        )
+    }
+}
+
 /// The worker of one session's agent.
 pub struct SessionWorker {
     prompts: mpsc::UnboundedSender<Prompt>,
@@ -89,7 +107,7 @@ impl SessionWorker {
         sink: Arc<dyn ChatSink>,
         start: Start,
         listing: super::Listing,
-        idle_timeout: Duration,
+        timeouts: Timeouts,
     ) -> SessionWorker {
         let (prompts, queue) = mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
@@ -98,7 +116,7 @@ impl SessionWorker {
                 sink: sink.clone(),
                 pending: matches!(start, Start::New),
             };
-            run(config, cwd, announcer, listing, start, idle_timeout, queue).await;
+            run(config, cwd, announcer, listing, start, timeouts, queue).await;
         });
         SessionWorker { prompts, task }
     }
@@ -162,9 +180,10 @@ async fn run(
     mut announcer: Announcer,
     listing: super::Listing,
     start: Start,
-    idle_timeout: Duration,
+    timeouts: Timeouts,
     mut queue: mpsc::UnboundedReceiver<Prompt>,
 ) {
+    let idle_timeout = timeouts.idle;
     let env = match config.environment(|name| std::env::var(name).ok()) {
         Ok(env) => env,
         Err(error) => return announcer.failed("agentConfiguration", error.to_string()),
@@ -334,12 +353,15 @@ async fn run(
                             .elicitation(elicitation_capabilities()),
                     ),
                 )
-                .block_task()
-                .await;
-            let initialized = match initialized {
-                Ok(initialized) => initialized,
-                Err(error) => {
+                .block_task();
+            let initialized = match tokio::time::timeout(timeouts.start, initialized).await {
+                Ok(Ok(initialized)) => initialized,
+                Ok(Err(error)) => {
                     announcer.failed("agentInitialize", error.to_string());
+                    return Ok(());
+                }
+                Err(_) => {
+                    announcer.failed("agentStartTimeout", timeouts.start_message("initialize"));
                     return Ok(());
                 }
             };
@@ -365,7 +387,11 @@ async fn run(
             // failure. The first chat that prompts takes it.
             let mut primary = None;
             if !restarted {
-                match open(&cx, &cwd).await {
+                let Ok(opened) = tokio::time::timeout(timeouts.start, open(&cx, &cwd)).await else {
+                    announcer.failed("agentStartTimeout", timeouts.start_message("session/new"));
+                    return Ok(());
+                };
+                match opened {
                     Ok((id, options)) => {
                         observe_options(
                             &options,
