@@ -69,6 +69,9 @@ struct Runner {
     hosts: HashMap<HostId, Arc<dyn ChatSink>>,
 }
 
+/// A session whose agent is starting, and where its creation's outcome goes.
+type Starting = (SessionKey, Arc<dyn ChatSink>);
+
 struct PlacedTurn {
     runner: u64,
     sink: Arc<dyn ChatSink>,
@@ -357,7 +360,7 @@ impl RunnerPool {
     /// A runner's stream ended: its turns end as resumable errors, the sessions it was starting fail, and its
     /// sessions lose their placement.
     fn runner_lost(&self, runner: u64) {
-        let (orphans, unborn): (Vec<PlacedTurn>, Vec<(SessionKey, Arc<dyn ChatSink>)>) = {
+        let (orphans, unborn): (Vec<PlacedTurn>, Vec<Starting>) = {
             let mut state = self.state.lock();
             let Some(gone) = state.runners.remove(&runner) else {
                 return;
