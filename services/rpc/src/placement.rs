@@ -6,8 +6,9 @@
 //! placed on the live runner offering its agent that hosts the fewest sessions: when it is created, and again
 //! when a turn starts and its runner is gone. A runner's stream ending is its death: every turn it ran ends as
 //! a resumable `chat/error` (the session's next prompt places it again, and the agent continues its ACP session
-//! or says its context was reset), and its sessions lose their placement. A runner reaches only the hosts of
-//! the sessions placed on it: what it emits for any other host is dropped.
+//! or says its context was reset), and its sessions lose their placement. A runner reaches only the sessions
+//! placed on it (each action names its session, and its channel must be that session, one of its chats or one
+//! of its terminals): anything else it sends is dropped.
 
 use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
@@ -282,11 +283,8 @@ impl RunnerPool {
         match report {
             Report::Hello(_) => tracing::warn!(runner, "a runner said hello twice; ignored"),
             Report::Action(action) => {
-                let Some(sink) = self.sink(runner, action.host.as_ref()) else {
-                    tracing::warn!(
-                        runner,
-                        "a runner emitted for a host none of its sessions is on; dropped"
-                    );
+                let Some(sink) = self.session_sink(runner, action.host.as_ref(), &action.session) else {
+                    tracing::warn!(runner, "a runner emitted for a session not placed on it; dropped");
                     return;
                 };
                 match serde_json::from_slice::<StateAction>(&action.action) {
@@ -303,7 +301,9 @@ impl RunnerPool {
                                 });
                             }
                         }
-                        sink.emit(&action.channel, parsed);
+                        if !sink.emit_in(&action.session, &action.channel, parsed) {
+                            tracing::debug!(runner, channel = %action.channel, "an agent's action was not applied");
+                        }
                     }
                     Err(error) => {
                         tracing::warn!(runner, %error, "a runner sent an unreadable action; dropped")
@@ -311,7 +311,11 @@ impl RunnerPool {
                 }
             }
             Report::OpenTerminal(terminal) => {
-                let Some(sink) = self.sink(runner, terminal.host.as_ref()) else {
+                let Some(sink) = self.session_sink(runner, terminal.host.as_ref(), &terminal.session) else {
+                    tracing::warn!(
+                        runner,
+                        "a runner opened a terminal for a session not placed on it; dropped"
+                    );
                     return;
                 };
                 match serde_json::from_slice::<ahp_types::state::TerminalState>(&terminal.state) {
@@ -344,6 +348,37 @@ impl RunnerPool {
                 }
             }
         }
+    }
+
+    /// Where a runner's actions for `session` go, when that session is placed on the runner (or is starting
+    /// there).
+    fn session_sink(
+        &self,
+        runner: u64,
+        host: Option<&pb::HostKey>,
+        session: &str,
+    ) -> Option<Arc<dyn ChatSink>> {
+        let host = host?;
+        let key = SessionKey {
+            tenant: host.tenant.clone(),
+            host: host.host.clone(),
+            session: session.to_string(),
+        };
+        let state = self.state.lock();
+        let placed = state.placements.get(&key) == Some(&runner)
+            || state
+                .creating
+                .get(&key)
+                .is_some_and(|(placed, _)| *placed == runner);
+        if !placed {
+            return None;
+        }
+        state
+            .runners
+            .get(&runner)?
+            .hosts
+            .get(&(key.tenant, key.host))
+            .cloned()
     }
 
     fn sink(&self, runner: u64, host: Option<&pb::HostKey>) -> Option<Arc<dyn ChatSink>> {
@@ -550,5 +585,88 @@ impl Runners for RunnersService {
         Ok(Response::new(Box::pin(
             UnboundedReceiverStream::new(work_rx).map(Ok),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records what reaches a host.
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<(String, String)>>);
+
+    impl ChatSink for Recorded {
+        fn emit(&self, channel: &str, _action: StateAction) -> bool {
+            self.0.lock().push((String::new(), channel.to_string()));
+            true
+        }
+
+        fn emit_in(&self, session: &str, channel: &str, _action: StateAction) -> bool {
+            self.0.lock().push((session.to_string(), channel.to_string()));
+            true
+        }
+    }
+
+    fn action(session: &str, channel: &str) -> Report {
+        Report::Action(pb::AgentAction {
+            host: Some(pb::HostKey {
+                tenant: "acme".into(),
+                host: "default".into(),
+            }),
+            channel: channel.into(),
+            action: serde_json::to_vec(&StateAction::SessionReady(
+                ahp_types::actions::SessionReadyAction {},
+            ))
+            .expect("json"),
+            session: session.into(),
+        })
+    }
+
+    #[test]
+    fn a_runner_reaches_only_the_sessions_placed_on_it() {
+        let pool = RunnerPool::new();
+        let (work, _received) = mpsc::unbounded_channel();
+        let mine = pool.add(
+            pb::RunnerHello {
+                name: "mine".into(),
+                agents: vec!["scripted".into()],
+            },
+            work,
+        );
+        let recorded = Arc::new(Recorded::default());
+        let sink: Arc<dyn ChatSink> = recorded.clone();
+        let request = SessionRequest {
+            session: "ahp-session:/placed".into(),
+            tenant: "acme".into(),
+            host: "default".into(),
+            working_directory: None,
+        };
+        pool.create_session("scripted", &request, &sink).expect("placed");
+
+        pool.report(mine, action("ahp-session:/placed", "ahp-chat:/placed"));
+        // Another session of the same host, another host, a runner that does not hold the session: dropped.
+        pool.report(mine, action("ahp-session:/elsewhere", "ahp-chat:/elsewhere"));
+        let mut other_host = action("ahp-session:/placed", "ahp-chat:/placed");
+        if let Report::Action(a) = &mut other_host {
+            a.host = Some(pb::HostKey {
+                tenant: "other".into(),
+                host: "default".into(),
+            });
+        }
+        pool.report(mine, other_host);
+        pool.report(mine + 1, action("ahp-session:/placed", "ahp-chat:/placed"));
+        assert_eq!(
+            *recorded.0.lock(),
+            [("ahp-session:/placed".to_string(), "ahp-chat:/placed".to_string())]
+        );
+        // Once disposed, the session is out of the runner's reach too.
+        pool.dispose_session(&SessionKey {
+            tenant: "acme".into(),
+            host: "default".into(),
+            session: "ahp-session:/placed".into(),
+        });
+        pool.report(mine, action("ahp-session:/placed", "ahp-chat:/placed"));
+        assert_eq!(recorded.0.lock().len(), 1);
     }
 }

@@ -142,12 +142,13 @@ struct ShardSession {
 }
 
 impl ShardSession {
-    fn sink(&self, tenant: &str, host: &str) -> Arc<dyn ChatSink> {
+    fn sink(&self, tenant: &str, host: &str, session: &str) -> Arc<dyn ChatSink> {
         Arc::new(StreamSink {
             host: pb::HostKey {
                 tenant: tenant.to_string(),
                 host: host.to_string(),
             },
+            session: session.to_string(),
             reports: self.reports.clone(),
         })
     }
@@ -159,7 +160,7 @@ impl ShardSession {
                     Ok(request) => request,
                     Err(error) => return tracing::error!(%error, "unreadable session request"),
                 };
-                let sink = self.sink(&request.tenant, &request.host);
+                let sink = self.sink(&request.tenant, &request.host, &request.session);
                 let Some(provider) = self.providers.get(&create.agent) else {
                     return refuse(
                         &*sink,
@@ -183,7 +184,7 @@ impl ShardSession {
                     Ok(request) => request,
                     Err(error) => return tracing::error!(%error, "unreadable turn request"),
                 };
-                let sink = self.sink(&request.tenant, &request.host);
+                let sink = self.sink(&request.tenant, &request.host, &request.session);
                 let Some(provider) = self.providers.get(&start.agent) else {
                     let mut mapper = relay_runner::acp::turn::TurnMapper::new(
                         request.chat.clone(),
@@ -236,9 +237,10 @@ fn refuse(sink: &dyn ChatSink, session: &str, message: String) {
     );
 }
 
-/// Where agents' actions for one host go: the stream to the shard that placed the session.
+/// Where the actions of one session's agent go: the stream to the shard that placed the session.
 struct StreamSink {
     host: pb::HostKey,
+    session: String,
     reports: mpsc::UnboundedSender<pb::RunnerReport>,
 }
 
@@ -257,6 +259,7 @@ impl ChatSink for StreamSink {
                     host: Some(self.host.clone()),
                     channel: channel.to_string(),
                     action,
+                    session: self.session.clone(),
                 })),
             })
             .is_ok()

@@ -13,6 +13,12 @@ pub trait ChatSink: Send + Sync + 'static {
     /// Emit one server action on `channel` (the turn's chat, or its session). Returns `false` when the channel
     /// no longer exists or the action no longer applies (e.g. the turn ended), so the provider can stop.
     fn emit(&self, channel: &str, action: StateAction) -> bool;
+    /// [`ChatSink::emit`] for an agent of `session`: refused (false) unless `channel` is that session, one of
+    /// its chats or one of its terminals. How actions from a runner (another process) are applied.
+    fn emit_in(&self, session: &str, channel: &str, action: StateAction) -> bool {
+        let _ = session;
+        self.emit(channel, action)
+    }
     /// Open the terminal channel `uri` (`ahp-terminal:/…`) for a command an agent of `session` runs, in its
     /// initial `state`: the host lists it in root state `terminals` and any device may watch it; its output
     /// then arrives with [`ChatSink::emit`] on `uri`. Returns `false` when the host refused it (the session is

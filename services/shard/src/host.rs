@@ -669,6 +669,14 @@ impl ChatSink for HostSink {
             .is_some_and(|host| host.emit_agent_action(channel, action))
     }
 
+    fn emit_in(&self, session: &str, channel: &str, action: StateAction) -> bool {
+        self.host.upgrade().is_some_and(|host| {
+            host.with_core(|core| {
+                core.model.belongs_to(channel, session) && core.apply_agent_action(channel, action)
+            })
+        })
+    }
+
     fn open_terminal(&self, session: &str, uri: &str, state: ahp_types::state::TerminalState) -> bool {
         self.host
             .upgrade()

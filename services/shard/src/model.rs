@@ -250,6 +250,19 @@ impl HostModel {
         children
     }
 
+    /// Whether `channel` is `session`, one of its chats or one of its terminals.
+    pub fn belongs_to(&self, channel: &str, session: &str) -> bool {
+        (channel == session && self.sessions.contains_key(session))
+            || self
+                .chats
+                .get(channel)
+                .is_some_and(|chat| chat.session == session)
+            || self
+                .terminals
+                .get(channel)
+                .is_some_and(|terminal| terminal.session == session)
+    }
+
     /// Root state's `terminals` as the terminals held now say, oldest URI first.
     pub fn terminal_list(&self) -> Vec<TerminalInfo> {
         let mut list: Vec<TerminalInfo> = self
@@ -499,5 +512,33 @@ mod tests {
         // No chats: the session's own status.
         let s = session(INPUT, None, &[]);
         assert_eq!(aggregate_status(&s).0, INPUT);
+    }
+
+    #[test]
+    fn a_channel_belongs_to_its_session_only() {
+        let root: RootState = serde_json::from_value(serde_json::json!({"agents": []})).expect("root");
+        let mut model = HostModel::new(root, 1);
+        for uri in ["ahp-session:/a", "ahp-session:/b"] {
+            model.insert_new_session(uri.into(), session(IDLE, None, &[]), "now".into());
+        }
+        let chat: ChatState = serde_json::from_value(serde_json::json!({
+            "resource": "ahp-chat:/a", "title": "", "status": IDLE, "turns": [], "modifiedAt": "now"
+        }))
+        .unwrap_or_else(|error| panic!("chat state: {error}"));
+        model.chats.insert(
+            "ahp-chat:/a".into(),
+            ChatRecord {
+                session: "ahp-session:/a".into(),
+                state: chat,
+                running: None,
+                clock: SnapshotClock::fresh(),
+                archived: 0,
+            },
+        );
+        assert!(model.belongs_to("ahp-session:/a", "ahp-session:/a"));
+        assert!(model.belongs_to("ahp-chat:/a", "ahp-session:/a"));
+        assert!(!model.belongs_to("ahp-chat:/a", "ahp-session:/b"));
+        assert!(!model.belongs_to("ahp-session:/b", "ahp-session:/a"));
+        assert!(!model.belongs_to("ahp-session:/gone", "ahp-session:/gone"));
     }
 }
