@@ -181,3 +181,75 @@ async fn a_tenant_over_its_connection_quota_is_refused_with_429() {
         "other tenants are unaffected"
     );
 }
+
+/// An identity provider's RS256 token for `claims` (the throw-away key of services/gateway/tests/keys).
+fn provider_token(claims: &serde_json::Value) -> String {
+    let key = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../gateway/tests/keys/rsa.key"
+    ))
+    .expect("key");
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256),
+        claims,
+        &jsonwebtoken::EncodingKey::from_rsa_pem(&key).expect("rsa key"),
+    )
+    .expect("sign")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_identity_provider_only_its_tokens_get_in() {
+    let public_key = concat!(env!("CARGO_MANIFEST_DIR"), "/../gateway/tests/keys/rsa.pub");
+    let relay = Relay::start_with(&[
+        "--jwt-public-key-file",
+        public_key,
+        "--jwt-issuer",
+        "https://idp.test",
+        "--jwt-audience",
+        "ahp-relay",
+        "--jwt-claim-tenant",
+        "org",
+        "--jwt-claim-role",
+        "groups",
+    ])
+    .await;
+    let url = relay.url();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let claims = serde_json::json!({
+        "sub": "ana", "org": "acme", "groups": ["member"], "iss": "https://idp.test", "aud": "ahp-relay",
+        "exp": now + 600, "iat": now
+    });
+    // The provider's token opens a session of its tenant (from the `org` claim).
+    let token = provider_token(&claims);
+    let transport = ahp_ws::WebSocketTransport::connect(&format!("{url}?access_token={token}"))
+        .await
+        .expect("connect");
+    let client = ahp::Client::connect(transport, ahp::ClientConfig::default())
+        .await
+        .expect("client");
+    let initialized = client
+        .initialize(
+            "provider-client".into(),
+            vec!["1.0.0".into()],
+            vec!["ahp-root://".into()],
+        )
+        .await;
+    assert!(initialized.is_ok(), "{initialized:?}");
+    // The relay's own HS256 tokens no longer get in; nor do the provider's for another audience or issuer.
+    assert_eq!(
+        upgrade_status(url.clone(), Some(relay.token("acme", "ana", Role::Admin))).await,
+        401
+    );
+    for (claim, value) in [("aud", "someone-else"), ("iss", "https://evil.test")] {
+        let mut other = claims.clone();
+        other[claim] = value.into();
+        assert_eq!(
+            upgrade_status(url.clone(), Some(provider_token(&other))).await,
+            401,
+            "{claim}"
+        );
+    }
+}

@@ -2,7 +2,9 @@
 //!
 //! Claims are `sub` (user), `tid` (tenant), `role` (`viewer` | `member` | `admin`), optional `hosts` (host
 //! names the token may open) and `exp`. The token arrives as `Authorization: Bearer …` or, for browsers,
-//! `?access_token=…`. Embedded mode signs with an HS256 secret; the same secret mints tokens.
+//! `?access_token=…`. Without an identity provider the relay signs with an HS256 secret (the same secret mints
+//! tokens: development, `ahp-relay token`); with one ([`crate::oidc`]) only the provider's tokens are
+//! accepted.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -74,8 +76,13 @@ pub enum AuthError {
 /// Checks tokens; built once from configuration.
 #[derive(Clone)]
 pub struct TokenVerifier {
-    key: DecodingKey,
-    validation: Validation,
+    scheme: Scheme,
+}
+
+#[derive(Clone)]
+enum Scheme {
+    Hs256(Box<(DecodingKey, Validation)>),
+    Provider(std::sync::Arc<crate::oidc::IdentityProvider>),
 }
 
 impl TokenVerifier {
@@ -87,13 +94,23 @@ impl TokenVerifier {
         validation.validate_nbf = true;
         validation.set_required_spec_claims(&["exp", "sub"]);
         Self {
-            key: DecodingKey::from_secret(secret),
-            validation,
+            scheme: Scheme::Hs256(Box::new((DecodingKey::from_secret(secret), validation))),
+        }
+    }
+
+    /// A verifier of an identity provider's tokens (and no others).
+    pub fn provider(provider: crate::oidc::IdentityProvider) -> Self {
+        Self {
+            scheme: Scheme::Provider(std::sync::Arc::new(provider)),
         }
     }
 
     pub fn verify(&self, token: &str) -> Result<Claims, AuthError> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)?;
+        let (key, validation) = match &self.scheme {
+            Scheme::Provider(provider) => return provider.verify(token),
+            Scheme::Hs256(hs256) => (&hs256.0, &hs256.1),
+        };
+        let data = jsonwebtoken::decode::<Claims>(token, key, validation)?;
         let claims = data.claims;
         if claims.sub.is_empty() {
             return Err(AuthError::Claims("sub is empty"));

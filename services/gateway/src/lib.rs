@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod connection;
 pub mod filter;
+pub mod oidc;
 pub mod quotas;
 pub mod server;
 

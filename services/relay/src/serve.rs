@@ -94,6 +94,36 @@ pub struct EdgeArgs {
     /// A file holding the HS256 secret (mode 0600 or stricter), so the secret is not on the command line.
     #[arg(long, env = "AHP_RELAY_JWT_SECRET_FILE")]
     pub jwt_secret_file: Option<PathBuf>,
+    /// Accept tokens of an identity provider instead of HS256 ones: its public keys (RSA, EC P-256 or
+    /// Ed25519, PEM; comma-separated or the flag repeated).
+    #[arg(long, env = "AHP_RELAY_JWT_PUBLIC_KEY_FILES", value_delimiter = ',')]
+    pub jwt_public_key_file: Vec<PathBuf>,
+    /// The provider's signature algorithms (pinned: a token's own `alg` is never trusted).
+    #[arg(
+        long,
+        env = "AHP_RELAY_JWT_ALGORITHMS",
+        value_delimiter = ',',
+        default_value = "RS256,ES256,EdDSA"
+    )]
+    pub jwt_algorithms: Vec<String>,
+    /// Required `iss` of provider tokens.
+    #[arg(long, env = "AHP_RELAY_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+    /// Accepted `aud` values of provider tokens (one must match; comma-separated or repeated).
+    #[arg(long, env = "AHP_RELAY_JWT_AUDIENCE", value_delimiter = ',')]
+    pub jwt_audience: Vec<String>,
+    /// Clock skew accepted for provider tokens' `exp` / `nbf` (at most 5m).
+    #[arg(long, env = "AHP_RELAY_JWT_LEEWAY", default_value = "5s", value_parser = crate::parse_ttl)]
+    pub jwt_leeway: Duration,
+    /// The claim of provider tokens that names the tenant.
+    #[arg(long, env = "AHP_RELAY_JWT_CLAIM_TENANT", default_value = "tid")]
+    pub jwt_claim_tenant: String,
+    /// The claim that holds the role (`viewer` | `member` | `admin`, or a list: the highest counts).
+    #[arg(long, env = "AHP_RELAY_JWT_CLAIM_ROLE", default_value = "role")]
+    pub jwt_claim_role: String,
+    /// The claim that lists the host names a token may open (absent: all of its tenant's).
+    #[arg(long, env = "AHP_RELAY_JWT_CLAIM_HOSTS", default_value = "hosts")]
+    pub jwt_claim_hosts: String,
     /// Largest accepted WebSocket message, in bytes.
     #[arg(long, env = "AHP_RELAY_MAX_FRAME_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_frame_bytes: usize,
@@ -271,6 +301,40 @@ impl HostArgs {
 }
 
 impl EdgeArgs {
+    /// How tokens are checked: the identity provider's keys when configured, else the HS256 secret.
+    fn verifier(&self, secret: &[u8]) -> anyhow::Result<TokenVerifier> {
+        if self.jwt_public_key_file.is_empty() {
+            return Ok(TokenVerifier::hs256(secret));
+        }
+        let algorithms = self
+            .jwt_algorithms
+            .iter()
+            .map(|name| {
+                name.trim()
+                    .parse::<relay_gateway::oidc::Algorithm>()
+                    .with_context(|| format!("unknown JWT algorithm {name}"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let settings = relay_gateway::oidc::ProviderSettings {
+            algorithms,
+            issuer: self.jwt_issuer.clone(),
+            audience: self.jwt_audience.clone(),
+            leeway_seconds: self.jwt_leeway.as_secs(),
+            claims: relay_gateway::oidc::ClaimNames {
+                tenant: self.jwt_claim_tenant.clone(),
+                role: self.jwt_claim_role.clone(),
+                hosts: self.jwt_claim_hosts.clone(),
+            },
+        };
+        let provider =
+            relay_gateway::oidc::IdentityProvider::from_pem_files(&self.jwt_public_key_file, settings)?;
+        tracing::info!(
+            keys = self.jwt_public_key_file.len(),
+            "tokens checked with the identity provider's keys"
+        );
+        Ok(TokenVerifier::provider(provider))
+    }
+
     fn apply(&self, limits: Limits) -> Limits {
         Limits {
             ping_interval: self.ping_interval.max(Duration::from_millis(10)),
@@ -468,9 +532,10 @@ async fn serve_edge<L: HostLink>(
         connection_messages_per_second: edge.messages_per_second_per_connection.max(1.0),
         connection_message_burst: (edge.messages_per_second_per_connection * 2.0).max(1.0),
     });
+    let verifier = edge.verifier(&secret)?;
     let app = relay_gateway::router(Arc::new(GatewayState {
         link,
-        verifier: TokenVerifier::hs256(&secret),
+        verifier,
         limits,
         shutdown: shutdown_rx,
         quotas: quotas.clone(),
