@@ -253,3 +253,381 @@ async fn with_an_identity_provider_only_its_tokens_get_in() {
         );
     }
 }
+
+/// A file of services/gateway/tests/keys (throw-away keys).
+fn test_key(name: &str) -> Vec<u8> {
+    std::fs::read(format!(
+        "{}/../gateway/tests/keys/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .expect("test key")
+}
+
+fn public_jwk(name: &str, kid: &str) -> serde_json::Value {
+    let mut jwk: serde_json::Value =
+        serde_json::from_slice(&test_key(&format!("{name}.jwk.json"))).expect("jwk");
+    jwk["kid"] = kid.into();
+    jwk["use"] = "sig".into();
+    jwk
+}
+
+/// A token for `claims` signed with the test key `name` (`rsa`, `ec`), naming `kid`.
+fn signed(name: &str, kid: &str, claims: &serde_json::Value) -> String {
+    let (alg, key) = match name {
+        "ec" => (
+            jsonwebtoken::Algorithm::ES256,
+            jsonwebtoken::EncodingKey::from_ec_pem(&test_key("ec.key")).expect("ec"),
+        ),
+        _ => (
+            jsonwebtoken::Algorithm::RS256,
+            jsonwebtoken::EncodingKey::from_rsa_pem(&test_key(&format!("{name}.key"))).expect("rsa"),
+        ),
+    };
+    let mut header = jsonwebtoken::Header::new(alg);
+    header.kid = Some(kid.into());
+    jsonwebtoken::encode(&header, claims, &key).expect("sign")
+}
+
+/// A JWKS endpoint the test controls: the key set it serves, and how many times it was fetched.
+struct JwksEndpoint {
+    url: String,
+    keys: std::sync::Arc<parking_lot::Mutex<serde_json::Value>>,
+    fetches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl JwksEndpoint {
+    async fn start(keys: serde_json::Value) -> JwksEndpoint {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/jwks", listener.local_addr().expect("addr"));
+        let keys = std::sync::Arc::new(parking_lot::Mutex::new(keys));
+        let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (served, counted) = (keys.clone(), fetches.clone());
+        let app = axum::Router::new().route(
+            "/jwks",
+            axum::routing::get(move || {
+                let (served, counted) = (served.clone(), counted.clone());
+                async move {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    axum::Json(serde_json::json!({ "keys": served.lock().clone() }))
+                }
+            }),
+        );
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        JwksEndpoint {
+            url,
+            keys,
+            fetches,
+            server,
+        }
+    }
+
+    fn serve(&self, keys: serde_json::Value) {
+        *self.keys.lock() = keys;
+    }
+
+    fn fetches(&self) -> usize {
+        self.fetches.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+async fn http_status(addr: &str, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.expect("read");
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_from_a_jwks_rotate_while_clients_stay_connected() {
+    let jwks = JwksEndpoint::start(serde_json::json!([public_jwk("rsa", "k1")])).await;
+    let relay = Relay::start_with(&[
+        "--jwks-url",
+        &jwks.url,
+        "--jwks-min-refetch",
+        "0s",
+        "--jwt-issuer",
+        "https://idp.test",
+        "--jwt-audience",
+        "ahp-relay",
+    ])
+    .await;
+    let url = relay.url();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let claims = serde_json::json!({
+        "sub": "ana", "tid": "acme", "role": "member", "iss": "https://idp.test", "aud": "ahp-relay",
+        "exp": now + 600, "iat": now
+    });
+    let connect = |token: String| {
+        let url = url.clone();
+        async move {
+            let transport = ahp_ws::WebSocketTransport::connect(&format!("{url}?access_token={token}"))
+                .await
+                .expect("connect");
+            let client = ahp::Client::connect(transport, ahp::ClientConfig::default())
+                .await
+                .expect("client");
+            let init = client
+                .initialize(
+                    format!("jwks-{token:.8}"),
+                    vec!["1.0.0".into()],
+                    vec!["ahp-root://".into()],
+                )
+                .await;
+            assert!(init.is_ok(), "{init:?}");
+            client
+        }
+    };
+    // A token of the first key gets in; the client stays connected through the rotation.
+    let first = connect(signed("rsa", "k1", &claims)).await;
+    // Rotation, step 1: the provider adds a new key. A token naming it makes the relay fetch the set again.
+    jwks.serve(serde_json::json!([
+        public_jwk("rsa", "k1"),
+        public_jwk("ec", "k2")
+    ]));
+    let second = connect(signed("ec", "k2", &claims)).await;
+    // Step 2: the old key is removed. The relay learns it on its next fetch (here forced by an unknown kid).
+    jwks.serve(serde_json::json!([public_jwk("ec", "k2")]));
+    assert_eq!(
+        upgrade_status(url.clone(), Some(signed("other-rsa", "k3", &claims))).await,
+        401,
+        "an unknown kid"
+    );
+    assert_eq!(
+        upgrade_status(url.clone(), Some(signed("rsa", "k1", &claims))).await,
+        401,
+        "the removed key"
+    );
+    assert_eq!(
+        upgrade_status(url.clone(), Some(signed("ec", "k2", &claims))).await,
+        101,
+        "the new key"
+    );
+    // Both connections opened before and during the rotation still work.
+    for client in [&first, &second] {
+        let listed: Result<ListSessionsResult, _> = client
+            .request("listSessions", serde_json::json!({"channel": "ahp-root://"}))
+            .await;
+        assert!(listed.is_ok(), "{listed:?}");
+    }
+    // A token signed with a key of the set but claiming another one's kid does not verify.
+    assert_eq!(
+        upgrade_status(url.clone(), Some(signed("rsa", "k2", &claims))).await,
+        401
+    );
+    // Wrong issuer or audience, expired, `alg: none`, and HS256 signed with the public key: all 401.
+    for (claim, value) in [
+        ("iss", serde_json::json!("https://evil.test")),
+        ("aud", serde_json::json!("someone-else")),
+        ("exp", serde_json::json!(now - 3600)),
+    ] {
+        let mut bad = claims.clone();
+        bad[claim] = value;
+        assert_eq!(
+            upgrade_status(url.clone(), Some(signed("ec", "k2", &bad))).await,
+            401,
+            "{claim}"
+        );
+    }
+    use base64::Engine;
+    let b64 = |json: &serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(json).expect("json"))
+    };
+    let unsigned = format!(
+        "{}.{}.",
+        b64(&serde_json::json!({"alg": "none", "typ": "JWT", "kid": "k2"})),
+        b64(&claims)
+    );
+    assert_eq!(upgrade_status(url.clone(), Some(unsigned)).await, 401, "alg none");
+    let mut hs_header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    hs_header.kid = Some("k2".into());
+    let confused = jsonwebtoken::encode(
+        &hs_header,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(&test_key("ec.pub")),
+    )
+    .expect("sign");
+    assert_eq!(
+        upgrade_status(url.clone(), Some(confused)).await,
+        401,
+        "alg confusion"
+    );
+
+    // The provider becomes unreachable: the relay keeps its cached keys and stays up.
+    jwks.server.abort();
+    let _ = (&mut { jwks.server }).await;
+    assert_eq!(
+        upgrade_status(url.clone(), Some(signed("other-rsa", "k4", &claims))).await,
+        401,
+        "an unknown kid while the provider is down"
+    );
+    assert_eq!(
+        upgrade_status(url.clone(), Some(signed("ec", "k2", &claims))).await,
+        101,
+        "a cached key while the provider is down"
+    );
+    assert_eq!(http_status(&relay.addr, "/healthz").await, 200);
+    let listed: Result<ListSessionsResult, _> = second
+        .request("listSessions", serde_json::json!({"channel": "ahp-root://"}))
+        .await;
+    assert!(listed.is_ok(), "{listed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_kids_refetch_the_jwks_at_most_once_per_interval() {
+    let jwks = JwksEndpoint::start(serde_json::json!([public_jwk("rsa", "k1")])).await;
+    let relay = Relay::start_with(&["--jwks-url", &jwks.url, "--jwks-min-refetch", "1h"]).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let claims = serde_json::json!({"sub": "ana", "tid": "acme", "role": "member", "exp": now + 600});
+    // The start-up fetch.
+    assert_eq!(
+        upgrade_status(relay.url(), Some(signed("rsa", "k1", &claims))).await,
+        101
+    );
+    assert_eq!(jwks.fetches(), 1);
+    // Fifty tokens naming made-up kids within the interval since that fetch: no fetch at all (with
+    // `--jwks-min-refetch 0s`, each would fetch: see keys_from_a_jwks_rotate_while_clients_stay_connected).
+    for n in 0..50 {
+        let token = signed("other-rsa", &format!("made-up-{n}"), &claims);
+        assert_eq!(upgrade_status(relay.url(), Some(token)).await, 401);
+    }
+    assert_eq!(jwks.fetches(), 1, "no refetch within the interval");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_jwks_is_unreachable_still_starts() {
+    // A port nothing listens on.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/jwks", closed.local_addr().expect("addr"));
+    drop(closed);
+    let relay = Relay::start_with(&["--jwks-url", &url, "--jwks-timeout", "1s"]).await;
+    assert_eq!(http_status(&relay.addr, "/healthz").await, 200);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let claims = serde_json::json!({"sub": "ana", "tid": "acme", "role": "member", "exp": now + 600});
+    assert_eq!(
+        upgrade_status(relay.url(), Some(signed("rsa", "k1", &claims))).await,
+        401
+    );
+}
+
+async fn http_body(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.expect("read");
+    answer
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_never_reach_logs_or_metrics() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let log = data.path().join("relay.log");
+    // The relay at its most verbose (every crate at trace), its log written to a file the test reads.
+    let mut command = tokio::process::Command::new("sh");
+    command.args([
+        "-c",
+        "RUST_LOG=trace exec \"$0\" \"$@\" 2>>\"$RELAY_LOG\"",
+        env!("CARGO_BIN_EXE_ahp-relay"),
+        "serve",
+        "--data-dir",
+    ]);
+    command
+        .arg(data.path().join("store"))
+        .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
+        .env("RELAY_LOG", &log);
+    let (mut child, addr) = support::spawn_until(command, "listening on ws://").await;
+    let addr = addr.trim_end_matches("/v1/ws").to_string();
+    let valid = |sub: &str| {
+        mint_hs256(
+            SECRET.as_bytes(),
+            &Claims::new("acme", sub, Role::Member, None, Duration::from_secs(3600)),
+        )
+        .expect("mint")
+    };
+    let (in_query, in_header) = (valid("query-user"), valid("header-user"));
+    let expired = mint_hs256(
+        SECRET.as_bytes(),
+        &Claims {
+            exp: 1,
+            ..Claims::new("acme", "late", Role::Member, None, Duration::from_secs(1))
+        },
+    )
+    .expect("mint");
+    let forged = mint_hs256(
+        b"not-the-relay-secret-but-32-bytes-long!",
+        &Claims::new("acme", "forger", Role::Admin, None, Duration::from_secs(3600)),
+    )
+    .expect("mint");
+    // Tokens in the query (accepted, expired, forged) and in the header; a token handed to `authenticate`.
+    let transport =
+        ahp_ws::WebSocketTransport::connect(&format!("ws://{addr}/v1/ws?access_token={in_query}"))
+            .await
+            .expect("connect");
+    let client = ahp::Client::connect(transport, ahp::ClientConfig::default())
+        .await
+        .expect("client");
+    client
+        .initialize(
+            "log-check".into(),
+            vec!["1.0.0".into()],
+            vec!["ahp-root://".into()],
+        )
+        .await
+        .expect("initialize");
+    let handed = valid("handed-over");
+    let _ = client
+        .request::<_, serde_json::Value>(
+            "authenticate",
+            serde_json::json!({"resource": "https://api.example", "token": handed}),
+        )
+        .await;
+    let url = format!("ws://{addr}/v1/ws");
+    assert_eq!(upgrade_status(url.clone(), Some(in_header.clone())).await, 101);
+    for refused in [&expired, &forged] {
+        assert_eq!(
+            upgrade_status(format!("{url}?access_token={refused}"), None).await,
+            401
+        );
+        assert_eq!(upgrade_status(url.clone(), Some(refused.clone())).await, 401);
+    }
+    let metrics = http_body(&addr, "/metrics").await;
+    assert!(metrics.contains("ahp_relay"), "metrics are served");
+    drop(client);
+    // Shut the relay down so every log line is written, then read the log.
+    let pid = child.id().expect("running");
+    support::terminate(&mut child).await;
+    let logged = std::fs::read_to_string(&log).expect("log");
+    assert!(logged.len() > 1000, "the relay logged at trace level ({pid})");
+    for (name, token) in [
+        ("query", &in_query),
+        ("header", &in_header),
+        ("expired", &expired),
+        ("forged", &forged),
+        ("authenticate", &handed),
+    ] {
+        // The signature is the secret part; no piece of the token may show.
+        let signature = token.rsplit('.').next().expect("signature");
+        assert!(!logged.contains(signature), "the {name} token is in the log");
+        assert!(!metrics.contains(signature), "the {name} token is in the metrics");
+    }
+}

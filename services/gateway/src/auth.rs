@@ -69,6 +69,8 @@ pub enum AuthError {
     Missing,
     #[error("invalid access token: {0}")]
     Invalid(#[from] jsonwebtoken::errors::Error),
+    #[error("no key of the identity provider verifies the token")]
+    UnknownKey,
     #[error("token claims are incomplete: {0}")]
     Claims(&'static str),
 }
@@ -105,9 +107,11 @@ impl TokenVerifier {
         }
     }
 
-    pub fn verify(&self, token: &str) -> Result<Claims, AuthError> {
+    /// The claims of `token`, or why it is refused. With a JWKS, a token naming an unknown `kid` may wait
+    /// for one (rate-limited, time-bounded) fetch of the key set.
+    pub async fn verify(&self, token: &str) -> Result<Claims, AuthError> {
         let (key, validation) = match &self.scheme {
-            Scheme::Provider(provider) => return provider.verify(token),
+            Scheme::Provider(provider) => return provider.verify(token).await,
             Scheme::Hs256(hs256) => (&hs256.0, &hs256.1),
         };
         let data = jsonwebtoken::decode::<Claims>(token, key, validation)?;
@@ -135,6 +139,15 @@ pub fn mint_hs256(secret: &[u8], claims: &Claims) -> Result<String, AuthError> {
 mod tests {
     use super::*;
 
+    impl TokenVerifier {
+        fn verify_now(&self, token: &str) -> Result<Claims, AuthError> {
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("runtime")
+                .block_on(self.verify(token))
+        }
+    }
+
     #[test]
     fn minted_token_verifies_and_carries_its_claims() {
         let claims = Claims::new(
@@ -145,7 +158,9 @@ mod tests {
             Duration::from_secs(60),
         );
         let token = mint_hs256(b"secret", &claims).expect("mint");
-        let back = TokenVerifier::hs256(b"secret").verify(&token).expect("verify");
+        let back = TokenVerifier::hs256(b"secret")
+            .verify_now(&token)
+            .expect("verify");
         assert_eq!(back, claims);
         assert!(back.allows_host("default"));
         assert!(!back.allows_host("other"));
@@ -155,11 +170,11 @@ mod tests {
     fn wrong_secret_and_expired_tokens_are_refused() {
         let claims = Claims::new("acme", "ana", Role::Admin, None, Duration::from_secs(60));
         let token = mint_hs256(b"secret", &claims).expect("mint");
-        assert!(TokenVerifier::hs256(b"other").verify(&token).is_err());
+        assert!(TokenVerifier::hs256(b"other").verify_now(&token).is_err());
         let mut old = claims;
         old.exp = 1_000;
         let token = mint_hs256(b"secret", &old).expect("mint");
-        assert!(TokenVerifier::hs256(b"secret").verify(&token).is_err());
+        assert!(TokenVerifier::hs256(b"secret").verify_now(&token).is_err());
     }
 
     #[test]
@@ -167,9 +182,9 @@ mod tests {
         let mut early = Claims::new("acme", "ana", Role::Member, None, Duration::from_secs(3600));
         early.nbf = Some(early.iat + 600);
         let token = mint_hs256(b"secret", &early).expect("mint");
-        assert!(TokenVerifier::hs256(b"secret").verify(&token).is_err());
+        assert!(TokenVerifier::hs256(b"secret").verify_now(&token).is_err());
         early.nbf = Some(early.iat);
         let token = mint_hs256(b"secret", &early).expect("mint");
-        assert!(TokenVerifier::hs256(b"secret").verify(&token).is_ok());
+        assert!(TokenVerifier::hs256(b"secret").verify_now(&token).is_ok());
     }
 }

@@ -1,11 +1,12 @@
 //! Tokens from an identity provider: signatures checked with its public keys (RS256, ES256 or EdDSA, from PEM
-//! files), the algorithm pinned by configuration (never taken from the token: `none`, HS256 and anything not
+//! files or its JWKS URL, see [`crate::jwks`]), the algorithm pinned by configuration (never taken from the token: `none`, HS256 and anything not
 //! configured are refused), `iss` and `aud` required when configured, `exp`/`nbf` with a bounded clock skew,
 //! and the relay's identity read from configurable claims, so tokens of an existing OIDC provider work
 //! without a custom issuer.
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 pub use jsonwebtoken::Algorithm;
 use jsonwebtoken::{DecodingKey, Validation};
@@ -13,6 +14,7 @@ use relay_core::Role;
 use serde_json::Value;
 
 use crate::auth::{AuthError, Claims};
+use crate::jwks::{JwksKeys, SigningKey};
 
 /// Longest clock skew accepted for `exp` and `nbf`.
 pub const MAX_LEEWAY_SECONDS: u64 = 300;
@@ -70,16 +72,30 @@ pub enum ProviderError {
 
 /// An identity provider's public keys and the checks its tokens must pass.
 pub struct IdentityProvider {
-    /// Each key with the checks for its tokens (the configured algorithms of its key family).
-    keys: Vec<(DecodingKey, Validation)>,
+    keys: KeySource,
+    /// The checks every token must pass; its algorithms are set per token (the token's, once it is known
+    /// to be one of the configured ones).
+    validation: Validation,
     algorithms: Vec<Algorithm>,
     claims: ClaimNames,
 }
 
+/// Where the provider's keys come from.
+enum KeySource {
+    /// Public keys from PEM files, fixed for the life of the process.
+    Pem(Vec<SigningKey>),
+    /// The provider's JWKS URL, fetched and refreshed ([`crate::jwks`]).
+    Jwks(Arc<JwksKeys>),
+}
+
 impl std::fmt::Debug for IdentityProvider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let keys = match &self.keys {
+            KeySource::Pem(keys) => format!("{} PEM keys", keys.len()),
+            KeySource::Jwks(jwks) => format!("{jwks:?}"),
+        };
         f.debug_struct("IdentityProvider")
-            .field("keys", &self.keys.len())
+            .field("keys", &keys)
             .field("algorithms", &self.algorithms)
             .finish()
     }
@@ -119,7 +135,28 @@ impl IdentityProvider {
 
     /// A provider with `keys`.
     pub fn new(keys: Vec<DecodingKey>, settings: ProviderSettings) -> Result<Self, ProviderError> {
+        let keys: Vec<SigningKey> = keys
+            .into_iter()
+            .filter(|key| settings.algorithms.iter().any(|alg| alg.family() == key.family()))
+            .map(|key| SigningKey {
+                kid: None,
+                algorithm: None,
+                key,
+            })
+            .collect();
         if keys.is_empty() {
+            return Err(ProviderError::NoKeys);
+        }
+        Self::with_source(KeySource::Pem(keys), settings)
+    }
+
+    /// A provider whose keys are the JWKS `keys` keeps fresh.
+    pub fn from_jwks(keys: Arc<JwksKeys>, settings: ProviderSettings) -> Result<Self, ProviderError> {
+        Self::with_source(KeySource::Jwks(keys), settings)
+    }
+
+    fn with_source(keys: KeySource, settings: ProviderSettings) -> Result<Self, ProviderError> {
+        if settings.algorithms.is_empty() {
             return Err(ProviderError::NoKeys);
         }
         if let Some(refused) = settings.algorithms.iter().find(|alg| !ACCEPTED.contains(alg)) {
@@ -129,7 +166,6 @@ impl IdentityProvider {
             return Err(ProviderError::Leeway);
         }
         let mut validation = Validation::new(Algorithm::RS256);
-        validation.algorithms = settings.algorithms.clone();
         validation.leeway = settings.leeway_seconds;
         validation.validate_nbf = true;
         let mut required = vec!["exp", "sub"];
@@ -144,35 +180,57 @@ impl IdentityProvider {
             required.push("aud");
         }
         validation.set_required_spec_claims(&required);
-        // jsonwebtoken checks a token against one key family at a time.
-        let keys: Vec<(DecodingKey, Validation)> = keys
-            .into_iter()
-            .filter_map(|key| {
-                let mut for_key = validation.clone();
-                for_key.algorithms.retain(|alg| alg.family() == key.family());
-                (!for_key.algorithms.is_empty()).then_some((key, for_key))
-            })
-            .collect();
-        if keys.is_empty() {
-            return Err(ProviderError::NoKeys);
-        }
         Ok(Self {
             keys,
+            validation,
             algorithms: settings.algorithms,
             claims: settings.claims,
         })
     }
 
     /// The relay claims of a token this provider signed, or why it is refused.
-    pub fn verify(&self, token: &str) -> Result<Claims, AuthError> {
+    pub async fn verify(&self, token: &str) -> Result<Claims, AuthError> {
         use jsonwebtoken::errors::ErrorKind;
-        let alg = jsonwebtoken::decode_header(token)?.alg;
+        let header = jsonwebtoken::decode_header(token)?;
+        let alg = header.alg;
         if !self.algorithms.contains(&alg) {
             return Err(jsonwebtoken::errors::Error::from(ErrorKind::InvalidAlgorithm).into());
         }
+        let keys = match &self.keys {
+            KeySource::Pem(keys) => return self.check(token, alg, keys.iter()),
+            KeySource::Jwks(jwks) => {
+                let cached = jwks.keys();
+                if header.kid.is_some() && !cached.iter().any(|key| key.kid == header.kid) {
+                    // Perhaps a new key of a rotation: ask the provider (rate-limited).
+                    jwks.refetch_for_unknown_kid().await;
+                    jwks.keys()
+                } else {
+                    cached
+                }
+            }
+        };
+        let named = keys
+            .iter()
+            .filter(|key| header.kid.is_none() || key.kid == header.kid);
+        self.check(token, alg, named)
+    }
+
+    /// Check `token` (whose header names `alg`) against each of `keys` that fits the algorithm.
+    fn check<'k>(
+        &self,
+        token: &str,
+        alg: Algorithm,
+        keys: impl Iterator<Item = &'k SigningKey>,
+    ) -> Result<Claims, AuthError> {
+        use jsonwebtoken::errors::ErrorKind;
+        let mut validation = self.validation.clone();
+        validation.algorithms = vec![alg];
+        let fitting = keys.filter(|key| {
+            key.key.family() == alg.family() && key.algorithm.is_none_or(|pinned| pinned == alg)
+        });
         let mut last = None;
-        for (key, validation) in self.keys.iter().filter(|(key, _)| key.family() == alg.family()) {
-            match jsonwebtoken::decode::<HashMap<String, Value>>(token, key, validation) {
+        for key in fitting {
+            match jsonwebtoken::decode::<HashMap<String, Value>>(token, &key.key, &validation) {
                 Ok(data) => return self.relay_claims(&data.claims),
                 // Signed by another key, or one of another type: try the next key.
                 Err(error)
@@ -183,11 +241,11 @@ impl IdentityProvider {
                 {
                     last = Some(error);
                 }
-                // Expired, wrong issuer or audience, an algorithm not configured, malformed: final.
+                // Expired, wrong issuer or audience, malformed: final.
                 Err(error) => return Err(error.into()),
             }
         }
-        Err(last.map_or(AuthError::Claims("no key"), AuthError::from))
+        Err(last.map_or(AuthError::UnknownKey, AuthError::from))
     }
 
     fn relay_claims(&self, claims: &HashMap<String, Value>) -> Result<Claims, AuthError> {
@@ -298,6 +356,14 @@ mod tests {
         })
     }
 
+    /// Verify outside of a runtime (PEM keys never wait).
+    fn provider_verify(provider: &IdentityProvider, token: &str) -> Result<Claims, AuthError> {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(provider.verify(token))
+    }
+
     fn sign(alg: Algorithm, key: &EncodingKey, claims: &serde_json::Value) -> String {
         jsonwebtoken::encode(&Header::new(alg), claims, key).expect("sign")
     }
@@ -321,7 +387,7 @@ mod tests {
             ),
         ];
         for (alg, key) in signers {
-            let verified = provider.verify(&sign(alg, &key, &claims())).expect("verified");
+            let verified = provider_verify(&provider, &sign(alg, &key, &claims())).expect("verified");
             assert_eq!(
                 (verified.sub.as_str(), verified.tid.as_str()),
                 ("ana", "acme"),
@@ -334,8 +400,7 @@ mod tests {
         let mut no_role = claims();
         no_role.as_object_mut().expect("object").remove("roles");
         assert_eq!(
-            provider
-                .verify(&sign(Algorithm::RS256, &rsa(), &no_role))
+            provider_verify(&provider, &sign(Algorithm::RS256, &rsa(), &no_role))
                 .expect("ok")
                 .role,
             Role::Viewer
@@ -354,7 +419,7 @@ mod tests {
                     claims[name] = value.clone();
                 }
             }
-            provider.verify(&sign(Algorithm::RS256, &rsa(), &claims)).is_err()
+            provider_verify(&provider, &sign(Algorithm::RS256, &rsa(), &claims)).is_err()
         };
         assert!(refused(serde_json::json!({"iss": "https://evil.example"})));
         assert!(refused(serde_json::json!({"iss": null})));
@@ -367,9 +432,7 @@ mod tests {
         assert!(!refused(serde_json::json!({})));
         // Signed by a key the provider does not know.
         let other = EncodingKey::from_rsa_pem(&read("other-rsa.key")).expect("key");
-        assert!(provider
-            .verify(&sign(Algorithm::RS256, &other, &claims()))
-            .is_err());
+        assert!(provider_verify(&provider, &sign(Algorithm::RS256, &other, &claims())).is_err());
     }
 
     #[test]
@@ -385,17 +448,17 @@ mod tests {
             b64(&serde_json::json!({"alg": "none", "typ": "JWT"})),
             b64(&claims())
         );
-        assert!(provider.verify(&unsigned).is_err());
+        assert!(provider_verify(&provider, &unsigned).is_err());
         // HS256 "signed" with the public key as the secret (algorithm confusion).
         let confused = sign(
             Algorithm::HS256,
             &EncodingKey::from_secret(&read("rsa.pub")),
             &claims(),
         );
-        assert!(provider.verify(&confused).is_err());
+        assert!(provider_verify(&provider, &confused).is_err());
         // An algorithm the configuration does not list, with the right key.
         let rs512 = sign(Algorithm::RS512, &rsa(), &claims());
-        assert!(provider.verify(&rs512).is_err());
+        assert!(provider_verify(&provider, &rs512).is_err());
     }
 
     #[test]

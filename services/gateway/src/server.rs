@@ -87,7 +87,7 @@ async fn default_host_ws<L: HostLink>(
     Query(query): Query<TokenQuery>,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    open(state, "default".into(), &headers, query, upgrade)
+    open(state, "default".into(), &headers, query, upgrade).await
 }
 
 async fn named_host_ws<L: HostLink>(
@@ -97,7 +97,7 @@ async fn named_host_ws<L: HostLink>(
     Query(query): Query<TokenQuery>,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    open(state, host, &headers, query, upgrade)
+    open(state, host, &headers, query, upgrade).await
 }
 
 /// Host names: 1–63 lowercase letters, digits and dashes, starting with a letter or digit.
@@ -110,7 +110,7 @@ pub fn valid_host_name(name: &str) -> bool {
         && !name.starts_with('-')
 }
 
-fn open<L: HostLink>(
+async fn open<L: HostLink>(
     state: Arc<GatewayState<L>>,
     host: String,
     headers: &HeaderMap,
@@ -121,7 +121,7 @@ fn open<L: HostLink>(
         Some(token) => token,
         None => return refuse(StatusCode::UNAUTHORIZED, &AuthError::Missing.to_string()),
     };
-    let claims = match state.verifier.verify(&token) {
+    let claims = match state.verifier.verify(&token).await {
         Ok(claims) => claims,
         Err(error) => return refuse(StatusCode::UNAUTHORIZED, &error.to_string()),
     };

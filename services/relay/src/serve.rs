@@ -98,6 +98,19 @@ pub struct EdgeArgs {
     /// Ed25519, PEM; comma-separated or the flag repeated).
     #[arg(long, env = "AHP_RELAY_JWT_PUBLIC_KEY_FILES", value_delimiter = ',')]
     pub jwt_public_key_file: Vec<PathBuf>,
+    /// Accept tokens of an identity provider whose keys are at this JWKS URL (its OpenID configuration's
+    /// `jwks_uri`): fetched at start, refreshed, and fetched again for an unknown `kid`.
+    #[arg(long, env = "AHP_RELAY_JWKS_URL")]
+    pub jwks_url: Option<String>,
+    /// How often the JWKS is fetched again.
+    #[arg(long, env = "AHP_RELAY_JWKS_REFRESH", default_value = "5m", value_parser = crate::parse_ttl)]
+    pub jwks_refresh: Duration,
+    /// The shortest time between two fetches of the JWKS for tokens with an unknown `kid`.
+    #[arg(long, env = "AHP_RELAY_JWKS_MIN_REFETCH", default_value = "30s", value_parser = crate::parse_ttl)]
+    pub jwks_min_refetch: Duration,
+    /// How long one fetch of the JWKS may take.
+    #[arg(long, env = "AHP_RELAY_JWKS_TIMEOUT", default_value = "5s", value_parser = crate::parse_ttl)]
+    pub jwks_timeout: Duration,
     /// The provider's signature algorithms (pinned: a token's own `alg` is never trusted).
     #[arg(
         long,
@@ -302,10 +315,14 @@ impl HostArgs {
 
 impl EdgeArgs {
     /// How tokens are checked: the identity provider's keys when configured, else the HS256 secret.
-    fn verifier(&self, secret: &[u8]) -> anyhow::Result<TokenVerifier> {
-        if self.jwt_public_key_file.is_empty() {
+    async fn verifier(&self, secret: &[u8]) -> anyhow::Result<TokenVerifier> {
+        if self.jwt_public_key_file.is_empty() && self.jwks_url.is_none() {
             return Ok(TokenVerifier::hs256(secret));
         }
+        anyhow::ensure!(
+            self.jwt_public_key_file.is_empty() || self.jwks_url.is_none(),
+            "give the identity provider's keys as --jwt-public-key-file or --jwks-url, not both"
+        );
         let algorithms = self
             .jwt_algorithms
             .iter()
@@ -326,12 +343,26 @@ impl EdgeArgs {
                 hosts: self.jwt_claim_hosts.clone(),
             },
         };
-        let provider =
-            relay_gateway::oidc::IdentityProvider::from_pem_files(&self.jwt_public_key_file, settings)?;
-        tracing::info!(
-            keys = self.jwt_public_key_file.len(),
-            "tokens checked with the identity provider's keys"
-        );
+        let provider = match &self.jwks_url {
+            Some(url) => {
+                let jwks = relay_gateway::jwks::JwksKeys::start(relay_gateway::jwks::JwksSettings {
+                    url: url.clone(),
+                    refresh_every: self.jwks_refresh.max(Duration::from_secs(1)),
+                    min_refetch: self.jwks_min_refetch,
+                    timeout: self.jwks_timeout.max(Duration::from_millis(100)),
+                })
+                .await?;
+                tracing::info!(url, "tokens checked with the identity provider's JWKS");
+                relay_gateway::oidc::IdentityProvider::from_jwks(jwks, settings)?
+            }
+            None => {
+                tracing::info!(
+                    keys = self.jwt_public_key_file.len(),
+                    "tokens checked with the identity provider's keys"
+                );
+                relay_gateway::oidc::IdentityProvider::from_pem_files(&self.jwt_public_key_file, settings)?
+            }
+        };
         Ok(TokenVerifier::provider(provider))
     }
 
@@ -532,7 +563,7 @@ async fn serve_edge<L: HostLink>(
         connection_messages_per_second: edge.messages_per_second_per_connection.max(1.0),
         connection_message_burst: (edge.messages_per_second_per_connection * 2.0).max(1.0),
     });
-    let verifier = edge.verifier(&secret)?;
+    let verifier = edge.verifier(&secret).await?;
     let app = relay_gateway::router(Arc::new(GatewayState {
         link,
         verifier,
