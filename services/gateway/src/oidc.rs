@@ -135,6 +135,9 @@ impl IdentityProvider {
 
     /// A provider with `keys`.
     pub fn new(keys: Vec<DecodingKey>, settings: ProviderSettings) -> Result<Self, ProviderError> {
+        if let Some(refused) = settings.algorithms.iter().find(|alg| !ACCEPTED.contains(alg)) {
+            return Err(ProviderError::Algorithm(*refused));
+        }
         let keys: Vec<SigningKey> = keys
             .into_iter()
             .filter(|key| settings.algorithms.iter().any(|alg| alg.family() == key.family()))
