@@ -5,6 +5,7 @@ mod support;
 use std::time::Duration;
 
 use ahp::ClientError;
+use ahp_types::actions::StateAction;
 use ahp_types::commands::ListSessionsResult;
 use relay_core::Role;
 use relay_gateway::auth::{mint_hs256, Claims};
@@ -630,4 +631,187 @@ async fn tokens_never_reach_logs_or_metrics() {
         assert!(!logged.contains(signature), "the {name} token is in the log");
         assert!(!metrics.contains(signature), "the {name} token is in the metrics");
     }
+}
+
+/// Frames a raw socket receives for `request` (sent as is) up to the answer of a ping sent after it.
+async fn frames_for(
+    socket: &mut support::raw::Socket,
+    request: serde_json::Value,
+    ping_id: u64,
+) -> Vec<serde_json::Value> {
+    support::raw::send(socket, request.to_string()).await;
+    support::raw::send(
+        socket,
+        serde_json::json!({"jsonrpc": "2.0", "id": ping_id, "method": "ping"}).to_string(),
+    )
+    .await;
+    let mut frames = Vec::new();
+    loop {
+        let frame = support::raw::recv(socket).await;
+        if frame["id"] == serde_json::json!(ping_id) && frame.get("result").is_some() {
+            return frames;
+        }
+        frames.push(frame);
+    }
+}
+
+/// Session and chat as a fresh subscriber of `tenant` sees them.
+async fn session_and_chat_json(relay: &Relay, tenant: &str, session: &str, chat: &str) -> String {
+    let (observer, _) = relay.client_as(tenant, "auditor", Role::Admin, "auditor").await;
+    let (s, _) = observer.subscribe(session.to_string()).await.expect("session");
+    let (c, _) = observer.subscribe(chat.to_string()).await.expect("chat");
+    observer.shutdown().await;
+    format!(
+        "{}\n{}",
+        json(&s.snapshot.map(|s| s.state)),
+        json(&c.snapshot.map(|s| s.state))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_watches_a_live_turn_but_every_mutation_is_refused() {
+    let relay = Relay::start_with(&["--demo-step-ms", "20"]).await;
+    let (member, _) = relay.client_as("t", "mia", Role::Member, "mia-laptop").await;
+    let (session, chat) = create_session_and_chat(&member, "watched").await;
+    let (viewer, _) = relay.client_as("t", "vic", Role::Viewer, "vic-phone").await;
+    let (_, _, mut watching) = subscribe_chat(&viewer, &chat).await;
+    // The viewer sees the member's turn as it streams.
+    member
+        .dispatch(chat.clone(), turn_started("live", "hello"))
+        .await
+        .expect("dispatch");
+    let seen = collect_until(&mut watching, is_turn_complete).await;
+    assert!(
+        matches!(
+            seen.first().map(|e| &e.action),
+            Some(StateAction::ChatTurnStarted(_))
+        ),
+        "the viewer saw the turn start"
+    );
+    assert!(
+        seen.len() > 3,
+        "and its streamed parts ({} envelopes)",
+        seen.len()
+    );
+    let before = session_and_chat_json(&relay, "t", &session, &chat).await;
+
+    // Every client-dispatchable action type is rejected for the viewer, with a reason, to it alone.
+    let mut raw = support::raw::raw_as(&relay, "t", "vic", Role::Viewer).await;
+    support::raw::send(
+        &mut raw,
+        serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": "vic-raw",
+            "initialSubscriptions": ["ahp-root://", session, chat]}})
+        .to_string(),
+    )
+    .await;
+    support::raw::answer_to(&mut raw, 0).await;
+    let actions = every_client_action("vic-raw", &session, &chat);
+    for (n, (channel, action)) in actions.iter().enumerate() {
+        let frames = frames_for(
+            &mut raw,
+            serde_json::json!({"jsonrpc": "2.0", "method": "dispatchAction",
+                "params": {"channel": channel, "clientSeq": n + 1, "action": action}}),
+            1000 + n as u64,
+        )
+        .await;
+        assert_eq!(frames.len(), 1, "{action:?}: {frames:?}");
+        let reason = frames[0]["params"]["envelope"]["rejectionReason"]
+            .as_str()
+            .or_else(|| frames[0]["params"]["rejectionReason"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        assert!(reason.contains("viewer"), "{action:?}: {frames:?}");
+    }
+    // Every mutating command is refused with PermissionDenied.
+    for (n, (method, params)) in [
+        (
+            "createSession",
+            serde_json::json!({"channel": "ahp-session:/viewer-made", "provider": "demo"}),
+        ),
+        (
+            "createChat",
+            serde_json::json!({"channel": session, "chat": "ahp-chat:/viewer-made"}),
+        ),
+        ("disposeChat", serde_json::json!({"channel": chat})),
+        ("disposeSession", serde_json::json!({"channel": session})),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = 2000 + n as u64;
+        let frames = frames_for(
+            &mut raw,
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+            3000 + n as u64,
+        )
+        .await;
+        assert_eq!(frames.len(), 1, "{method}: {frames:?}");
+        assert_eq!(frames[0]["error"]["code"], -32009, "{method}: {frames:?}");
+    }
+    assert_eq!(
+        session_and_chat_json(&relay, "t", &session, &chat).await,
+        before,
+        "nothing changed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_disposes_only_its_own_sessions_and_chats_also_after_a_restart() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut relay = Relay::start_in(data.path(), &[]).await;
+    let (ana, _) = relay.client_as("t", "ana", Role::Member, "ana-laptop").await;
+    let (ana_session, ana_chat) = create_session_and_chat(&ana, "ana-s").await;
+    let (kept_session, _) = create_session_and_chat(&ana, "ana-kept").await;
+    // Bob adds a chat to Ana's session: his own chat, which he may dispose.
+    let (bob, _) = relay.client_as("t", "bob", Role::Member, "bob-laptop").await;
+    let bob_chat = "ahp-chat:/bob-in-ana-s".to_string();
+    let created: Result<serde_json::Value, _> = bob
+        .request(
+            "createChat",
+            serde_json::json!({"channel": ana_session, "chat": bob_chat}),
+        )
+        .await;
+    assert!(created.is_ok(), "{created:?}");
+    ana.shutdown().await;
+    bob.shutdown().await;
+    // The creators are stored: a crash and restart keeps them.
+    relay.kill().await;
+    let relay = Relay::start_in(data.path(), &[]).await;
+    let (bob, _) = relay.client_as("t", "bob", Role::Member, "bob-laptop").await;
+    let refused = |result: Result<serde_json::Value, ClientError>| match result {
+        Err(ClientError::Rpc(e)) => e.code,
+        other => panic!("expected an error, got {other:?}"),
+    };
+    assert_eq!(
+        refused(
+            bob.request("disposeChat", serde_json::json!({"channel": ana_chat}))
+                .await
+        ),
+        -32009,
+        "bob disposing ana's chat"
+    );
+    assert_eq!(
+        refused(
+            bob.request("disposeSession", serde_json::json!({"channel": ana_session}))
+                .await
+        ),
+        -32009,
+        "bob disposing ana's session"
+    );
+    let own: Result<serde_json::Value, _> = bob
+        .request("disposeChat", serde_json::json!({"channel": bob_chat}))
+        .await;
+    assert!(own.is_ok(), "bob disposes his own chat: {own:?}");
+    // Ana disposes her session; an admin disposes any.
+    let (ana, _) = relay.client_as("t", "ana", Role::Member, "ana-laptop").await;
+    let own: Result<serde_json::Value, _> = ana
+        .request("disposeSession", serde_json::json!({"channel": ana_session}))
+        .await;
+    assert!(own.is_ok(), "ana disposes her session: {own:?}");
+    let (admin, _) = relay.client_as("t", "root", Role::Admin, "admin-console").await;
+    let any: Result<serde_json::Value, _> = admin
+        .request("disposeSession", serde_json::json!({"channel": kept_session}))
+        .await;
+    assert!(any.is_ok(), "an admin disposes anyone's session: {any:?}");
 }

@@ -382,3 +382,50 @@ async fn a_gateway_stopped_with_sigterm_moves_its_clients_to_the_other_gateway()
         json(&fresh_chat_snapshot_for(&cluster.gateways[1], &tenant, &chat).await)
     );
 }
+
+/// A clientId belongs to the first user that used it also after its host fails over to another shard: the
+/// binding is in the store, so the new owner refuses another subject's `initialize` and `reconnect` with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_id_stays_with_its_owner_after_a_failover() {
+    let Some((db, redis)) = backends() else {
+        return;
+    };
+    let mut cluster = Cluster::start(&db, Some(&redis)).await;
+    let tenant = unique_tenant();
+    let (ana, _) = cluster.gateways[0]
+        .client_as(&tenant, "ana", Role::Member, "ana-laptop")
+        .await;
+    ana.shutdown().await;
+    let owner = cluster.owner_of(&tenant).await;
+    cluster.shards[owner].kill().await;
+    // Bob tries to take the clientId through the other gateway until the surviving shard answers (while
+    // the lease lapses, the gateway answers that the host is unavailable).
+    let deadline = Instant::now() + PATIENCE;
+    let refusal = loop {
+        assert!(Instant::now() < deadline, "the host never came back");
+        let bob = cluster.gateways[1].connect(&tenant, "bob", Role::Member).await;
+        match bob
+            .initialize("ana-laptop".into(), vec!["1.0.0".into()], vec![])
+            .await
+        {
+            Ok(_) => panic!("bob took ana's clientId after the failover"),
+            Err(ahp::ClientError::Rpc(e)) if e.code == -32009 => break e,
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    assert_eq!(
+        cluster.owner_of(&tenant).await,
+        1 - owner,
+        "the other shard answered"
+    );
+    eprintln!("refused after the failover: {}", refusal.message);
+    let bob = cluster.gateways[1].connect(&tenant, "bob", Role::Member).await;
+    assert!(
+        bob.reconnect("ana-laptop".into(), 0, vec![]).await.is_err(),
+        "bob took ana's clientId with reconnect"
+    );
+    let ana = cluster.gateways[1].connect(&tenant, "ana", Role::Member).await;
+    ana.initialize("ana-laptop".into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("ana keeps her clientId");
+}

@@ -655,3 +655,144 @@ pub async fn fetch_all_turns(
     }
     pages
 }
+
+/// One action of every type a client may dispatch, each aimed at the channel it applies to: the root, the
+/// session or the chat. `own_client` is the dispatching client's id (for `session/activeClientSet`). Each
+/// parses as a known `StateAction` (checked), so a test that sends them exercises the relay's checks, not its
+/// parser.
+pub fn every_client_action(own_client: &str, session: &str, chat: &str) -> Vec<(String, StateAction)> {
+    use serde_json::json;
+    let message = json(&message("hello"));
+    let root = "ahp-root://";
+    let raw = vec![
+        (
+            root,
+            json!({"type": "root/configChanged", "config": {"theme": "dark"}}),
+        ),
+        (
+            session,
+            json!({"type": "session/titleChanged", "title": "renamed"}),
+        ),
+        (session, json!({"type": "session/isReadChanged", "isRead": true})),
+        (
+            session,
+            json!({"type": "session/isArchivedChanged", "isArchived": true}),
+        ),
+        (
+            session,
+            json!({"type": "session/activeClientSet", "activeClient": {"clientId": own_client, "tools": []}}),
+        ),
+        (
+            session,
+            json!({"type": "session/activeClientRemoved", "clientId": "someone"}),
+        ),
+        (
+            session,
+            json!({"type": "session/workingDirectorySet", "directory": "file:///tmp/extra"}),
+        ),
+        (
+            session,
+            json!({"type": "session/workingDirectoryRemoved", "directory": "file:///tmp/extra"}),
+        ),
+        (
+            session,
+            json!({"type": "session/workingDirectoryReplaced", "directory": "file:///tmp/a", "replacement": "file:///tmp/b"}),
+        ),
+        (
+            session,
+            json!({"type": "session/customizationToggled", "id": "c1", "enablement": ["session"]}),
+        ),
+        (
+            session,
+            json!({"type": "session/mcpServerStartRequested", "id": "m1"}),
+        ),
+        (
+            session,
+            json!({"type": "session/mcpServerStopRequested", "id": "m1"}),
+        ),
+        (
+            session,
+            json!({"type": "session/mcpServerBackgroundRequested", "id": "m1"}),
+        ),
+        (
+            session,
+            json!({"type": "session/configChanged", "config": {"mode": "fast"}}),
+        ),
+        (
+            session,
+            json!({"type": "session/defaultChatChanged", "defaultChat": chat}),
+        ),
+        (
+            chat,
+            json!({"type": "chat/turnStarted", "turnId": "intruder-turn", "startedAt": "2026-01-01T00:00:00Z", "message": message}),
+        ),
+        (
+            chat,
+            json!({"type": "chat/turnCancelled", "turnId": "t1", "duration": 0}),
+        ),
+        (chat, json!({"type": "chat/turnResume", "turnId": "t1"})),
+        (chat, json!({"type": "chat/truncated"})),
+        (
+            chat,
+            json!({"type": "chat/toolCallConfirmed", "turnId": "t1", "toolCallId": "tc1", "approved": true}),
+        ),
+        (
+            chat,
+            json!({"type": "chat/toolCallComplete", "turnId": "t1", "toolCallId": "tc1",
+                "result": {"success": true, "pastTenseMessage": "done"}}),
+        ),
+        (
+            chat,
+            json!({"type": "chat/toolCallContentChanged", "turnId": "t1", "toolCallId": "tc1", "content": []}),
+        ),
+        (
+            chat,
+            json!({"type": "chat/toolCallResultConfirmed", "turnId": "t1", "toolCallId": "tc1", "approved": true}),
+        ),
+        (
+            chat,
+            json!({"type": "chat/pendingMessageSet", "kind": "queued", "id": "q1", "message": message}),
+        ),
+        (
+            chat,
+            json!({"type": "chat/pendingMessageRemoved", "kind": "queued", "id": "q1"}),
+        ),
+        (
+            chat,
+            json!({"type": "chat/queuedMessagesReordered", "order": ["q1"]}),
+        ),
+        (chat, json!({"type": "chat/draftChanged", "draft": message})),
+        (
+            chat,
+            json!({"type": "chat/inputAnswerChanged", "requestId": "r1", "questionId": "q1"}),
+        ),
+        (
+            chat,
+            json!({"type": "chat/inputCompleted", "requestId": "r1", "response": "cancel"}),
+        ),
+        (
+            chat,
+            json!({"type": "chat/workingDirectorySet", "directory": "file:///tmp/extra"}),
+        ),
+        (
+            chat,
+            json!({"type": "chat/workingDirectoryRemoved", "directory": "file:///tmp/extra"}),
+        ),
+        (chat, json!({"type": "chat/isReadChanged", "isRead": true})),
+        (
+            chat,
+            json!({"type": "chat/isArchivedChanged", "isArchived": true}),
+        ),
+    ];
+    raw.into_iter()
+        .map(|(channel, value)| {
+            let action: StateAction =
+                serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{value}: {e}"));
+            assert!(
+                !matches!(action, StateAction::Unknown(_)),
+                "not a known action: {value}"
+            );
+            (channel.to_string(), action)
+        })
+        .collect()
+}

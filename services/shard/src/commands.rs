@@ -20,7 +20,7 @@ use ahp_types::state::{
 use ahp_types::{negotiate_protocol_version, PROTOCOL_VERSION, ROOT_RESOURCE_URI};
 use relay_core::link::{CloseRequest, CommandReply, SubscriptionChange};
 use relay_core::rpc::{self, InboundMessage, RpcError};
-use relay_core::ConnectionId;
+use relay_core::{ConnectionId, Role};
 use serde::Serialize;
 
 use crate::host::HostCore;
@@ -468,6 +468,10 @@ impl HostCore {
         let catalog_no = self
             .model
             .insert_new_session(uri.clone(), state, created_at.clone());
+        let creator = self.connection(connection)?.identity.subject.clone();
+        if let Some(session) = self.model.sessions.get_mut(&uri) {
+            session.created_by = Some(creator);
+        }
         self.store_session_summary(&uri, catalog_no, &created_at, &summary);
         self.store_snapshot(&uri);
         self.seq.notify(
@@ -491,6 +495,12 @@ impl HostCore {
         let Some(session) = self.model.sessions.get(&uri) else {
             return Err(RpcError::session_not_found(&uri));
         };
+        let who = &self.connection(connection)?.identity;
+        if who.role != Role::Admin && session.created_by.as_ref() != Some(&who.subject) {
+            return Err(RpcError::permission_denied(
+                "members may dispose only sessions they created (admins may dispose any)",
+            ));
+        }
         if let Some(agent) = self.providers.get(&session.state.provider) {
             agent.dispose_session(&self.key.tenant, &self.key.host, &uri);
         }
@@ -604,6 +614,7 @@ impl HostCore {
                 running: None,
                 clock: SnapshotClock::fresh(),
                 archived: 0,
+                created_by: Some(self.connection(connection)?.identity.subject.clone()),
             },
         );
         self.store_snapshot(&chat);
@@ -686,6 +697,21 @@ impl HostCore {
         self.require_writer(connection)?;
         let params: DisposeChatParams = message.parse_params()?;
         let chat = params.channel;
+        let Some(record) = self.model.chats.get(&chat) else {
+            return Err(not_found(&chat));
+        };
+        let who = &self.connection(connection)?.identity;
+        let own = |creator: Option<&String>| creator == Some(&who.subject);
+        let session_creator = self
+            .model
+            .sessions
+            .get(&record.session)
+            .and_then(|s| s.created_by.as_ref());
+        if who.role != Role::Admin && !own(record.created_by.as_ref()) && !own(session_creator) {
+            return Err(RpcError::permission_denied(
+                "members may dispose only chats they created or chats of their sessions (admins may dispose any)",
+            ));
+        }
         let Some(record) = self.model.chats.remove(&chat) else {
             return Err(not_found(&chat));
         };

@@ -44,6 +44,9 @@ pub struct SessionRecord {
     /// The summary last announced with `root/sessionAdded` / `root/sessionSummaryChanged`.
     pub announced: SessionSummary,
     pub clock: SnapshotClock,
+    /// The subject (of the host's tenant) that created the session: a member may dispose only its own.
+    /// `None` for sessions stored before creators were recorded (only admins may dispose those).
+    pub created_by: Option<String>,
 }
 
 /// A chat, its session, and the provider turn running in it.
@@ -54,6 +57,8 @@ pub struct ChatRecord {
     pub clock: SnapshotClock,
     /// Older turns kept only in the store's turn archive (`state.turns` starts at this absolute index).
     pub archived: usize,
+    /// The subject that created the chat (see [`SessionRecord::created_by`]).
+    pub created_by: Option<String>,
 }
 
 /// A terminal an agent runs a command in (`ahp-terminal:/…`), owned by a session: any device of the host may
@@ -74,6 +79,8 @@ pub struct SessionDocument<S = SessionState, T = String> {
     pub state: S,
     pub created_at: T,
     pub catalog_no: u64,
+    #[serde(default = "Option::default", skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<T>,
 }
 
 /// What the store keeps as a chat's snapshot: its state and its session.
@@ -82,6 +89,8 @@ pub struct SessionDocument<S = SessionState, T = String> {
 pub struct ChatDocument<C = ChatState, T = String> {
     pub state: C,
     pub session: T,
+    #[serde(default = "Option::default", skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<T>,
 }
 
 /// What the store keeps of the root channel: what clients set and the host must not forget (its
@@ -218,6 +227,7 @@ impl HostModel {
                 catalog_no,
                 announced,
                 clock: SnapshotClock::fresh(),
+                created_by: None,
             },
         );
     }
@@ -304,6 +314,7 @@ impl HostModel {
                 state: &s.state,
                 created_at: &s.created_at,
                 catalog_no: s.catalog_no,
+                created_by: s.created_by.as_ref(),
             };
             return serde_json::to_string(&doc).ok().map(|json| (None, json));
         }
@@ -312,6 +323,7 @@ impl HostModel {
             let doc = ChatDocument {
                 state: &terminal.state,
                 session: &terminal.session,
+                created_by: None,
             };
             return serde_json::to_string(&doc)
                 .ok()
@@ -321,6 +333,7 @@ impl HostModel {
         let doc = ChatDocument {
             state: &chat.state,
             session: &chat.session,
+            created_by: chat.created_by.as_ref(),
         };
         serde_json::to_string(&doc)
             .ok()
@@ -533,6 +546,7 @@ mod tests {
                 running: None,
                 clock: SnapshotClock::fresh(),
                 archived: 0,
+                created_by: None,
             },
         );
         assert!(model.belongs_to("ahp-session:/a", "ahp-session:/a"));

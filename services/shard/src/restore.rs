@@ -195,6 +195,9 @@ impl HostCore {
         }
         self.model
             .insert_session(loaded.uri.clone(), state, doc.created_at, doc.catalog_no);
+        if let Some(session) = self.model.sessions.get_mut(&loaded.uri) {
+            session.created_by = doc.created_by;
+        }
         self.install_terminals(loaded.terminals);
         let mut interrupted = Vec::new();
         for (uri, record, archive) in loaded.chats {
@@ -227,6 +230,7 @@ impl HostCore {
                     running: None,
                     clock: SnapshotClock::fresh(),
                     archived: retained.archived,
+                    created_by: doc.created_by,
                 },
             );
             if retained.rewrite.is_some() {
