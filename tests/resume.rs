@@ -156,7 +156,10 @@ async fn a_client_with_an_unknown_watermark_gets_snapshots_equal_to_live_state()
 async fn a_session_disposed_while_away_comes_back_missing() {
     let relay = Relay::start().await;
     let (a, init) = relay.client("device-a").await;
-    let (b, _) = relay.client("device-b").await;
+    // The same user's other device disposes the session.
+    let (b, _) = relay
+        .client_as("dev", "device-a", relay_core::Role::Member, "device-b")
+        .await;
     let (gone, gone_chat) = create_session_and_chat(&a, "gone").await;
     let (_, kept_chat) = create_session_and_chat(&a, "kept").await;
     let (_, _, _s1) = subscribe_chat(&a, &gone_chat).await;
