@@ -11,6 +11,7 @@ pub mod commands;
 pub mod completions;
 pub mod dispatch;
 pub mod error;
+pub mod harness;
 pub mod health;
 pub mod history;
 pub mod host;

@@ -8,42 +8,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ahp_types::state::{AgentInfo, ChatState, SessionState};
+use ahp_types::state::{ChatState, SessionState};
 use proptest::prelude::*;
 use relay_core::bus::{Audience, SharedBusEvent};
 use relay_core::rpc::read_frame;
-use relay_core::{ConnectionId, HostKey, Identity, Limits, Role};
-use relay_runner::{ChatSink, Provider, ProviderRegistry, TurnHandle, TurnRequest};
+use relay_core::{ConnectionId, Identity, Role};
+use relay_shard::harness::{Harness, CHAT, SESSION};
 use relay_shard::Host;
-use relay_store::Store;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
-
-const SESSION: &str = "ahp-session:/s";
-const CHAT: &str = "ahp-chat:/c";
-
-/// An agent whose turns run until cancelled and emit nothing: the state is what clients make of it.
-struct Idle;
-
-impl Provider for Idle {
-    fn info(&self) -> AgentInfo {
-        AgentInfo {
-            provider: "idle".into(),
-            display_name: "Idle".into(),
-            description: "test".into(),
-            models: vec![],
-            protected_resources: None,
-            customizations: None,
-            capabilities: None,
-        }
-    }
-
-    fn start_turn(&self, _turn: TurnRequest, _sink: Arc<dyn ChatSink>) -> TurnHandle {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move { while rx.recv().await.is_some() {} });
-        TurnHandle::new(tx)
-    }
-}
 
 /// One client: its connection, its bus, and the state it reduced.
 struct Device {
@@ -224,38 +197,8 @@ fn op() -> impl Strategy<Value = Op> {
 
 async fn fixture() -> (Arc<Host>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::connect(&format!("sqlite://{}", dir.path().join("t.sqlite").display()))
-        .await
-        .expect("store");
-    store.migrate().await.expect("migrate");
-    let host = Host::open(
-        HostKey::new("t", "default"),
-        Limits::default(),
-        ProviderRegistry::new().with(Arc::new(Idle)),
-        store,
-        None,
-        None,
-    )
-    .await
-    .expect("open host");
-    let setup = ConnectionId::next();
-    let _bus = host.attach(
-        setup,
-        Identity {
-            subject: "setup".into(),
-            tenant: "t".into(),
-            role: Role::Member,
-        },
-    );
-    for frame in [
-        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"setup"}}),
-        json!({"jsonrpc":"2.0","id":2,"method":"createSession","params":{"channel":SESSION,"provider":"idle"}}),
-        json!({"jsonrpc":"2.0","id":3,"method":"createChat","params":{"channel":SESSION,"chat":CHAT}}),
-    ] {
-        let reply = call(&host, setup, &frame.to_string()).await.expect("reply");
-        assert!(reply.get("result").is_some(), "{reply}");
-    }
-    (host, dir)
+    let harness = Harness::open(dir.path()).await.expect("harness");
+    (harness.host, dir)
 }
 
 fn states(device: &Device) -> (Value, Value) {
