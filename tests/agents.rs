@@ -1031,6 +1031,9 @@ async fn start_runner(shard: &Shard, file: &Path, runners_after: f64) -> tokio::
     command
         .args([
             "runner",
+            // A free port each: tests start runners side by side.
+            "--http-listen",
+            "127.0.0.1:0",
             "--name",
             "test-runner",
             "--shard",

@@ -886,6 +886,7 @@ fn compose_requires_its_secrets_and_publishes_on_loopback() {
     for secret in [
         "AHP_RELAY_JWT_SECRET",
         "AHP_RELAY_INTERNAL_SECRET",
+        "AHP_RELAY_RUNNER_SECRET",
         "REDIS_PASSWORD",
     ] {
         if text.contains(&format!("${{{secret}:-")) || text.contains(&format!("${{{secret}-")) {

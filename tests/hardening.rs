@@ -1152,3 +1152,95 @@ async fn an_overlong_client_id_is_refused() {
     // The connection is still uninitialized, and can initialize with a proper id.
     initialize(&mut s, "proper").await;
 }
+
+/// Runners and gateways hold different credentials: a runner's cannot call the shard's client API (attach
+/// as any tenant, read a host's log), and the internal one cannot register a runner; a shard refuses to
+/// start with both the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runners_and_gateways_hold_different_credentials() {
+    use relay_rpc::pb;
+    use relay_rpc::pb::runners_client::RunnersClient;
+    use relay_rpc::pb::shard_client::ShardClient;
+    use tonic::Code;
+
+    let shard = Shard::start(&[]).await;
+    let channel = tonic::transport::Endpoint::from_shared(shard.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let runner = relay_rpc::InternalCredential::new(RUNNER_SECRET.as_bytes()).expect("valid");
+    let internal = relay_rpc::InternalCredential::new(INTERNAL_SECRET.as_bytes()).expect("valid");
+    // The runner's credential on the client-facing service.
+    let mut as_gateway = ShardClient::with_interceptor(channel.clone(), runner.clone());
+    let attach = as_gateway
+        .attach(pb::AttachRequest {
+            host: Some(pb::HostKey {
+                tenant: "victim".into(),
+                host: "default".into(),
+            }),
+            connection: 7,
+            identity: Some(pb::Identity {
+                subject: "mallory".into(),
+                tenant: "victim".into(),
+                role: pb::Role::Admin as i32,
+            }),
+        })
+        .await
+        .expect_err("a runner attached as a client");
+    assert_eq!(attach.code(), Code::Unauthenticated);
+    let fetch = as_gateway
+        .fetch_range(pb::FetchRangeRequest {
+            host: Some(pb::HostKey {
+                tenant: "victim".into(),
+                host: "default".into(),
+            }),
+            after: 0,
+            through: u64::MAX,
+        })
+        .await
+        .expect_err("a runner read a host's log");
+    assert_eq!(fetch.code(), Code::Unauthenticated);
+    // The internal credential on the runners' service.
+    let hello = pb::RunnerReport {
+        report: Some(pb::runner_report::Report::Hello(pb::RunnerHello {
+            name: "impostor".into(),
+            ..Default::default()
+        })),
+    };
+    let mut as_runner = RunnersClient::with_interceptor(channel.clone(), internal);
+    let registered = as_runner
+        .register(tokio_stream::iter(vec![hello.clone()]))
+        .await
+        .expect_err("the internal secret registered a runner");
+    assert_eq!(registered.code(), Code::Unauthenticated);
+    // With the runner's own credential, the runners' service answers.
+    let mut runner_client = RunnersClient::with_interceptor(channel, runner);
+    assert!(runner_client
+        .register(tokio_stream::iter(vec![hello]))
+        .await
+        .is_ok());
+
+    // A shard configured with one secret for both refuses to start.
+    let data = tempfile::tempdir().expect("tempdir");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+        .args([
+            "shard",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(data.path())
+        .env("AHP_RELAY_INTERNAL_SECRET", INTERNAL_SECRET)
+        .env("AHP_RELAY_RUNNER_SECRET", INTERNAL_SECRET)
+        .output()
+        .expect("run");
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("must differ"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -22,6 +22,8 @@ pub mod redis_bus;
 pub const SECRET: &str = "e2e-test-secret-at-least-32-bytes-long";
 /// The internal credential every shard and gateway of a test shares (AHP_RELAY_INTERNAL_SECRET).
 pub const INTERNAL_SECRET: &str = "e2e-internal-secret-at-least-32-bytes";
+/// The credential runners present to the shards of a test (AHP_RELAY_RUNNER_SECRET), apart from the internal one.
+pub const RUNNER_SECRET: &str = "e2e-runner-secret-at-least-32-bytes-long";
 /// Upper bound for anything a test waits for; a correct relay answers in milliseconds.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -242,6 +244,7 @@ pub async fn spawn_until_all(mut command: Command, markers: &[&str]) -> (Child, 
         .env_remove("DATABASE_URL")
         .env_remove("REDIS_URL")
         .env("AHP_RELAY_INTERNAL_SECRET", INTERNAL_SECRET)
+        .env("AHP_RELAY_RUNNER_SECRET", RUNNER_SECRET)
         .env(
             "RUST_LOG",
             std::env::var("AHP_TEST_LOG").unwrap_or_else(|_| "warn".into()),

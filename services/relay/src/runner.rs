@@ -41,7 +41,7 @@ pub struct RunnerArgs {
     #[arg(long, env = "AHP_RELAY_HTTP_LISTEN", default_value = "127.0.0.1:7881")]
     pub http_listen: SocketAddr,
     #[command(flatten)]
-    pub internal: crate::serve::InternalArgs,
+    pub runner: crate::serve::RunnerSecretArgs,
 }
 
 /// `ahp-relay runner`.
@@ -68,7 +68,10 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
         registrations,
         name: format!("{name}/{}", std::process::id()),
         shards: shards.clone(),
-        credential: args.internal.credential()?,
+        credential: args.runner.credential()?.context(
+            "a runner secret is required: set AHP_RELAY_RUNNER_SECRET (or --runner-secret-file) to the value \
+             the shards have",
+        )?,
         providers: Arc::new(move || {
             AcpProvider::from_file(&file)
                 .into_iter()

@@ -209,6 +209,33 @@ pub struct ServeArgs {
     pub host: HostArgs,
 }
 
+/// The credential runners present to shards, apart from the internal one (a runner cannot call what gateways
+/// call, and a gateway cannot register as a runner).
+#[derive(clap::Args)]
+pub struct RunnerSecretArgs {
+    /// Secret runners present to shards (printable ASCII, at least 32 bytes, different from the internal
+    /// secret). On a shard: runners may register only with it (none: no runner can register).
+    #[arg(long, env = "AHP_RELAY_RUNNER_SECRET", hide_env_values = true)]
+    pub runner_secret: Option<String>,
+    /// A file holding the runner secret (mode 0600 or stricter), instead of --runner-secret.
+    #[arg(long, env = "AHP_RELAY_RUNNER_SECRET_FILE")]
+    pub runner_secret_file: Option<PathBuf>,
+}
+
+impl RunnerSecretArgs {
+    /// The runner credential, if one is configured.
+    pub fn credential(&self) -> anyhow::Result<Option<relay_rpc::InternalCredential>> {
+        let secret = match (&self.runner_secret, &self.runner_secret_file) {
+            (Some(secret), _) => secret.as_bytes().to_vec(),
+            (None, Some(file)) => secret::read_private(file)?,
+            (None, None) => return Ok(None),
+        };
+        Ok(Some(
+            relay_rpc::InternalCredential::new(&secret).context("the runner secret")?,
+        ))
+    }
+}
+
 /// Arguments of `ahp-relay shard`: the host logic, served over gRPC to gateways.
 #[derive(clap::Args)]
 pub struct ShardArgs {
@@ -234,6 +261,8 @@ pub struct ShardArgs {
     pub lease_ttl: Duration,
     #[command(flatten)]
     pub internal: InternalArgs,
+    #[command(flatten)]
+    pub runner: RunnerSecretArgs,
 }
 
 /// Arguments of `ahp-relay gateway`: WebSockets and auth, forwarding to a shard over gRPC.
@@ -456,6 +485,20 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
     let _observability = crate::observe::init("shard", &[Side::Shard])?;
     let limits = args.host.apply(Limits::default());
     let credential = args.internal.credential()?;
+    let runner_credential = args.runner.credential()?;
+    if let Some(runner) = &runner_credential {
+        anyhow::ensure!(
+            !runner.same_secret_as(&credential),
+            "the runner secret must differ from the internal secret: runners must not be able to call what \
+             gateways call"
+        );
+    }
+    if args.host.agents.is_some() && runner_credential.is_none() {
+        anyhow::bail!(
+            "--agents places sessions on runners, which register with the runner secret: set \
+             AHP_RELAY_RUNNER_SECRET (or --runner-secret-file) on the shards and the runners"
+        );
+    }
     let redis = match &args.redis_url {
         Some(url) => Some(
             RedisPublisher::connect(url)
@@ -496,20 +539,27 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
     let shutdown = grpc_serving.until(wait_for_signal());
     let draining = link.clone();
     let runners_closing = runners.clone();
-    relay_rpc::serve_with_runners(listener, link.clone(), runners, &credential, async move {
-        shutdown.await;
-        // Runners stop the agents they ran for this shard; their sessions go with the hosts to the next one.
-        runners_closing.close();
-        tracing::info!("shutting down: committing, releasing host leases");
-        // Commits what is queued, closes every host's bus (gateways move their clients) and releases the
-        // leases; the gRPC server then finishes the calls in flight.
-        if tokio::time::timeout(Duration::from_secs(10), draining.drain())
-            .await
-            .is_err()
-        {
-            tracing::warn!("draining did not finish within 10s; unreleased leases will lapse");
-        }
-    })
+    relay_rpc::serve_with_runners(
+        listener,
+        link.clone(),
+        runners,
+        &credential,
+        runner_credential.as_ref(),
+        async move {
+            shutdown.await;
+            // Runners stop the agents they ran for this shard; their sessions go with the hosts to the next one.
+            runners_closing.close();
+            tracing::info!("shutting down: committing, releasing host leases");
+            // Commits what is queued, closes every host's bus (gateways move their clients) and releases the
+            // leases; the gRPC server then finishes the calls in flight.
+            if tokio::time::timeout(Duration::from_secs(10), draining.drain())
+                .await
+                .is_err()
+            {
+                tracing::warn!("draining did not finish within 10s; unreleased leases will lapse");
+            }
+        },
+    )
     .await?;
     Ok(())
 }

@@ -7,6 +7,10 @@
 //! in constant time by [`CredentialCheck`] on the server before the call reaches the service: a call without
 //! it, or with another, fails with UNAUTHENTICATED and changes nothing.
 //!
+//! Runners present a credential of their own (`--runner-secret`), which the shard accepts only on its
+//! `Runners` service: a runner cannot call the client-facing `Shard` service, and a gateway cannot register
+//! as a runner.
+//!
 //! Beyond the credential, the shard trusts the identity a gateway forwards (the gateway verified the
 //! client's JWT), but never across tenants: `Attach` of an identity whose tenant is not the host's is
 //! refused ([`crate::server`]).
@@ -59,6 +63,11 @@ impl InternalCredential {
             header,
             secret: Arc::from(secret),
         })
+    }
+
+    /// Whether `other` holds the same secret (a runner's secret must differ from the internal one).
+    pub fn same_secret_as(&self, other: &InternalCredential) -> bool {
+        self.secret.ct_eq(&other.secret).into()
     }
 
     /// The check a shard's server runs on every call.

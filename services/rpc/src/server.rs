@@ -256,22 +256,34 @@ pub async fn serve<L: HostLink + BusHistory>(
     credential: &InternalCredential,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    serve_with_runners(listener, link, crate::RunnerPool::new(), credential, shutdown).await
+    serve_with_runners(
+        listener,
+        link,
+        crate::RunnerPool::new(),
+        credential,
+        None,
+        shutdown,
+    )
+    .await
 }
 
-/// [`serve`], with the `Runners` service where agent runners register into `runners`.
+/// [`serve`], with the `Runners` service where agent runners presenting `runner_credential` register into
+/// `runners` (without it, no runner can register).
 pub async fn serve_with_runners<L: HostLink + BusHistory>(
     listener: tokio::net::TcpListener,
     link: Arc<L>,
     runners: Arc<crate::RunnerPool>,
     credential: &InternalCredential,
+    runner_credential: Option<&InternalCredential>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     // Frames are small and latency matters more than packing: no Nagle delay.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(ShardService::new(link).into_server(credential))
-        .add_service(crate::RunnersService::new(runners).into_server(credential))
+        .add_optional_service(
+            runner_credential.map(|runner| crate::RunnersService::new(runners).into_server(runner)),
+        )
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())
