@@ -79,7 +79,12 @@ impl<L: HostLink> Connection<L> {
         let bus = match self.link.attach(&self.host, id, &self.identity).await {
             Ok(bus) => bus,
             Err(error) => {
-                tracing::warn!(%error, host = %self.host, "attach failed");
+                // A tenant over its host quota is the client's doing (and may repeat quickly): not a warning.
+                if matches!(error, relay_core::link::LinkError::OverQuota(_)) {
+                    tracing::debug!(%error, host = %self.host, "attach refused");
+                } else {
+                    tracing::warn!(%error, host = %self.host, "attach failed");
+                }
                 let _ = out_tx
                     .send(Outbound::Close(close_code::UNAVAILABLE, error.to_string()))
                     .await;
@@ -149,7 +154,7 @@ impl<L: HostLink> Connection<L> {
                             break classify_read_error(&error);
                         }
                     };
-                    let wait = self.quotas.message_delay(&self.identity.tenant, &mut rate);
+                    let wait = self.quotas.message_delay(&self.identity.tenant, &mut rate, text.len());
                     if !wait.is_zero() {
                         let waited = delivery
                             .during(tokio::time::sleep(wait))
@@ -201,7 +206,9 @@ impl<L: HostLink> Connection<L> {
         if rpc::is_response(text) {
             return Ok(());
         }
-        let message = match rpc::read_frame(text, self.limits.max_json_depth) {
+        let depth = self.limits.max_json_depth;
+        let parsed = relay_core::heavy::for_message(text.len(), || rpc::read_frame(text, depth));
+        let message = match parsed {
             Ok(message) => message,
             Err(rejection) => return delivery.send(rpc::error_frame(rejection.id, &rejection.error)),
         };

@@ -1,5 +1,5 @@
-//! Per-tenant quotas at the gateway: open connections, and inbound messages per second — per tenant and per
-//! connection, so one connection cannot use up its tenant's budget.
+//! Per-tenant quotas at the gateway: open connections, inbound messages per second — per tenant and per
+//! connection, so one connection cannot use up its tenant's budget — and inbound bytes per second per tenant.
 //!
 //! A tenant over its connection quota is refused at the upgrade (HTTP 429). A sender faster than its message
 //! rate is slowed down, not refused: the gateway waits for tokens (of the tenant's bucket and of the
@@ -20,6 +20,9 @@ pub struct QuotaLimits {
     pub message_burst: f64,
     pub connection_messages_per_second: f64,
     pub connection_message_burst: f64,
+    /// Inbound bytes per second per tenant, and the burst (at least one largest frame).
+    pub bytes_per_second: f64,
+    pub byte_burst: f64,
 }
 
 /// A token bucket: `rate` tokens a second, holding at most `burst`.
@@ -47,11 +50,16 @@ impl TokenBucket {
     /// Take one token (going into debt if there is none); returns how long until the debt is paid: the wait
     /// before the message the token is for may go on (zero within the rate).
     pub fn take(&mut self) -> Duration {
+        self.take_n(1.0)
+    }
+
+    /// Take `n` tokens (going into debt if there are fewer); how long until the debt is paid.
+    pub fn take_n(&mut self, n: f64) -> Duration {
         let now = Instant::now();
         let elapsed = now.duration_since(self.refilled).as_secs_f64();
         self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
         self.refilled = now;
-        self.tokens -= 1.0;
+        self.tokens -= n;
         if self.tokens >= 0.0 {
             Duration::ZERO
         } else {
@@ -63,6 +71,7 @@ impl TokenBucket {
 struct TenantUsage {
     connections: usize,
     messages: TokenBucket,
+    bytes: TokenBucket,
 }
 
 /// Usage of every tenant with an open connection.
@@ -94,6 +103,7 @@ impl TenantQuotas {
         let usage = tenants.entry(tenant.to_string()).or_insert_with(|| TenantUsage {
             connections: 0,
             messages: TokenBucket::new(self.limits.messages_per_second, self.limits.message_burst),
+            bytes: TokenBucket::new(self.limits.bytes_per_second, self.limits.byte_burst),
         });
         if usage.connections >= self.limits.max_connections {
             return None;
@@ -113,15 +123,17 @@ impl TenantQuotas {
         )
     }
 
-    /// Take one message token from `tenant` and one from the connection's `bucket`; returns how long to wait
-    /// before forwarding the message (zero within both rates).
-    pub fn message_delay(&self, tenant: &str, bucket: &mut TokenBucket) -> Duration {
+    /// Take one message token from `tenant` and one from the connection's `bucket`, and `bytes` byte tokens
+    /// from `tenant`; returns how long to wait before forwarding the message (zero within every rate).
+    pub fn message_delay(&self, tenant: &str, bucket: &mut TokenBucket, bytes: usize) -> Duration {
         let own = bucket.take();
         let shared = self
             .tenants
             .lock()
             .get_mut(tenant)
-            .map_or(Duration::ZERO, |usage| usage.messages.take());
+            .map_or(Duration::ZERO, |usage| {
+                usage.messages.take().max(usage.bytes.take_n(bytes as f64))
+            });
         own.max(shared)
     }
 
@@ -168,6 +180,8 @@ mod tests {
             message_burst: 5.0,
             connection_messages_per_second: 100.0,
             connection_message_burst: 100.0,
+            bytes_per_second: 1000.0,
+            byte_burst: 2000.0,
         })
     }
 
@@ -188,9 +202,9 @@ mod tests {
         let _permit = q.admit("a").expect("admit");
         let mut bucket = q.connection_bucket();
         for _ in 0..5 {
-            assert_eq!(q.message_delay("a", &mut bucket), Duration::ZERO);
+            assert_eq!(q.message_delay("a", &mut bucket, 1), Duration::ZERO);
         }
-        let wait = q.message_delay("a", &mut bucket);
+        let wait = q.message_delay("a", &mut bucket, 1);
         assert!(
             wait > Duration::from_millis(50) && wait <= Duration::from_millis(110),
             "{wait:?}"
@@ -205,13 +219,35 @@ mod tests {
             message_burst: 1_000.0,
             connection_messages_per_second: 10.0,
             connection_message_burst: 2.0,
+            bytes_per_second: 1e9,
+            byte_burst: 1e9,
         });
         let _permit = q.admit("a").expect("admit");
         let (mut first, mut second) = (q.connection_bucket(), q.connection_bucket());
-        assert_eq!(q.message_delay("a", &mut first), Duration::ZERO);
-        assert_eq!(q.message_delay("a", &mut first), Duration::ZERO);
-        assert!(q.message_delay("a", &mut first) > Duration::from_millis(50));
+        assert_eq!(q.message_delay("a", &mut first, 1), Duration::ZERO);
+        assert_eq!(q.message_delay("a", &mut first, 1), Duration::ZERO);
+        assert!(q.message_delay("a", &mut first, 1) > Duration::from_millis(50));
         // another connection of the same tenant is not held back by the first one's debt
-        assert_eq!(q.message_delay("a", &mut second), Duration::ZERO);
+        assert_eq!(q.message_delay("a", &mut second, 1), Duration::ZERO);
+    }
+
+    #[test]
+    fn bytes_beyond_the_burst_wait_at_the_tenant_byte_rate() {
+        let q = quotas(2);
+        let _permit = q.admit("a").expect("admit");
+        let mut bucket = q.connection_bucket();
+        // The burst (2,000 bytes) goes through; the next 500 bytes wait half a second at 1,000 bytes/s.
+        assert_eq!(q.message_delay("a", &mut bucket, 2_000), Duration::ZERO);
+        let wait = q.message_delay("a", &mut bucket, 500);
+        assert!(
+            wait >= Duration::from_millis(450) && wait <= Duration::from_millis(510),
+            "{wait:?}"
+        );
+        // Another tenant's bytes are its own.
+        let _other = q.admit("b").expect("admit");
+        assert_eq!(
+            q.message_delay("b", &mut q.connection_bucket(), 2_000),
+            Duration::ZERO
+        );
     }
 }

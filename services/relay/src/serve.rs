@@ -69,6 +69,19 @@ pub struct HostArgs {
     /// Bytes of envelopes per host kept in memory for exact reconnect replay (besides --replay-buffer).
     #[arg(long, env = "AHP_RELAY_REPLAY_BUFFER_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub replay_buffer_bytes: usize,
+    /// Sessions one host may hold; createSession beyond it is refused (-32600).
+    #[arg(long, env = "AHP_RELAY_MAX_SESSIONS_PER_HOST", default_value_t = 100_000)]
+    pub max_sessions_per_host: usize,
+    /// Chats one session may hold; createChat beyond it is refused (-32600).
+    #[arg(long, env = "AHP_RELAY_MAX_CHATS_PER_SESSION", default_value_t = 256)]
+    pub max_chats_per_session: usize,
+    /// Channels one connection may be subscribed to at once; subscribing beyond it is refused (-32602).
+    #[arg(
+        long,
+        env = "AHP_RELAY_MAX_SUBSCRIPTIONS_PER_CONNECTION",
+        default_value_t = 1024
+    )]
+    pub max_subscriptions_per_connection: usize,
     /// Hosts of one tenant held open at once (per shard); opening one more is refused.
     #[arg(long, env = "AHP_RELAY_MAX_HOSTS_PER_TENANT", default_value_t = 100)]
     pub max_hosts_per_tenant: usize,
@@ -137,6 +150,10 @@ pub struct EdgeArgs {
     /// The claim that lists the host names a token may open (absent: all of its tenant's).
     #[arg(long, env = "AHP_RELAY_JWT_CLAIM_HOSTS", default_value = "hosts")]
     pub jwt_claim_hosts: String,
+    /// Deepest JSON nesting accepted in a client message (8–64); deeper is refused with a JSON-RPC error and
+    /// changes nothing.
+    #[arg(long, env = "AHP_RELAY_MAX_JSON_DEPTH", default_value_t = 64)]
+    pub max_json_depth: usize,
     /// Largest accepted WebSocket message, in bytes.
     #[arg(long, env = "AHP_RELAY_MAX_FRAME_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_frame_bytes: usize,
@@ -164,6 +181,14 @@ pub struct EdgeArgs {
         default_value_t = 10_000.0
     )]
     pub messages_per_second_per_connection: f64,
+    /// Inbound bytes per second per tenant (bursts of twice that, and at least one largest frame); faster
+    /// senders are slowed down.
+    #[arg(
+        long,
+        env = "AHP_RELAY_BYTES_PER_SECOND_PER_TENANT",
+        default_value_t = 64.0 * 1024.0 * 1024.0
+    )]
+    pub bytes_per_second_per_tenant: f64,
     /// How often the relay pings an idle client (WebSocket ping), e.g. 20s.
     #[arg(long, env = "AHP_RELAY_PING_INTERVAL", default_value = "20s", value_parser = crate::parse_ttl)]
     pub ping_interval: Duration,
@@ -331,6 +356,9 @@ impl HostArgs {
             retained_turns: self.retained_turns.max(1),
             fetch_turns_page: self.fetch_turns_page.max(1),
             max_hosts_per_tenant: self.max_hosts_per_tenant.max(1),
+            max_sessions_per_host: self.max_sessions_per_host.max(1),
+            max_chats_per_session: self.max_chats_per_session.max(1),
+            max_subscriptions_per_connection: self.max_subscriptions_per_connection.max(1),
             // Never before a disconnected client's grace ends: its expiry must still reach the host.
             idle_host_after: self
                 .idle_host_timeout
@@ -400,6 +428,7 @@ impl EdgeArgs {
             ping_interval: self.ping_interval.max(Duration::from_millis(10)),
             idle_timeout: self.idle_timeout.max(Duration::from_millis(10)),
             max_frame_bytes: self.max_frame_bytes.max(1024),
+            max_json_depth: self.max_json_depth.clamp(8, 64),
             outbound_queue_frames: self.outbound_queue.max(16),
             outbound_queue_bytes: self.outbound_queue_bytes.max(64 * 1024),
             ..limits
@@ -612,6 +641,8 @@ async fn serve_edge<L: HostLink>(
         message_burst: (edge.messages_per_second_per_tenant * 2.0).max(1.0),
         connection_messages_per_second: edge.messages_per_second_per_connection.max(1.0),
         connection_message_burst: (edge.messages_per_second_per_connection * 2.0).max(1.0),
+        bytes_per_second: edge.bytes_per_second_per_tenant.max(1024.0),
+        byte_burst: (edge.bytes_per_second_per_tenant * 2.0).max(edge.max_frame_bytes as f64),
     });
     let verifier = edge.verifier(&secret).await?;
     let app = relay_gateway::router(Arc::new(GatewayState {

@@ -98,7 +98,8 @@ impl Host {
     /// needs back into the chat's state, for every subscriber (`chat/turnsLoaded`, logged like any action),
     /// so host and clients reduce it against the same turns.
     pub(crate) async fn load_named_turns(&self, message: &InboundMessage) -> Result<(), ShardError> {
-        let Some(named) = named_turn(message) else {
+        let size = message.params.as_ref().map_or(0, |params| params.get().len());
+        let Some(named) = relay_core::heavy::for_message(size, || named_turn(message)) else {
             return Ok(());
         };
         let chat = match &named {

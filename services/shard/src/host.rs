@@ -224,6 +224,7 @@ impl Host {
     }
 
     async fn serve_call(&self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
+        let size = message.params.as_ref().map_or(0, |params| params.get().len());
         let opens_session = matches!(message.method.as_str(), "initialize" | "reconnect");
         if opens_session {
             if let Err(error) = self.load_client_binding(&message).await {
@@ -237,7 +238,7 @@ impl Host {
         // Nothing is read from the store for a connection that has not initialized (it will be refused), and
         // never more channels than one message may name.
         let named = if opens_session || self.core.lock().client_id(connection).is_ok() {
-            crate::restore::channels_named_by(&message)
+            relay_core::heavy::for_message(size, || crate::restore::channels_named_by(&message))
         } else {
             Vec::new()
         };
@@ -271,9 +272,11 @@ impl Host {
             "fetchTurns" => return self.fetch_turns(connection, &message).await,
             _ => {}
         }
-        let (reply, barrier, backlog) = self.with_core(|core| {
-            let reply = core.handle(connection, message);
-            (reply, core.seq.barrier(), core.seq.pending_len())
+        let (reply, barrier, backlog) = relay_core::heavy::for_message(size, || {
+            self.with_core(|core| {
+                let reply = core.handle(connection, message);
+                (reply, core.seq.barrier(), core.seq.pending_len())
+            })
         });
         // Replies show state: they wait for it to be durable. A connection that outruns the store waits too
         // (backpressure), which keeps every batch, and so every burst on the bus, bounded.

@@ -29,6 +29,8 @@ pub async fn start_gateway(shard_url: &str, secret: &[u8], max_connections: usiz
             message_burst: 20_000.0,
             connection_messages_per_second: 10_000.0,
             connection_message_burst: 20_000.0,
+            bytes_per_second: 1e9,
+            byte_burst: 1e9,
         }),
     }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
