@@ -15,7 +15,7 @@
 //!
 //! Modules, one concern each: `connect` (URL → pool and per-backend settings), `schema` (embedded
 //! migrations), `commit` (the group-commit transaction, plain and fenced), `hosts`, `log`, `snapshots`,
-//! `catalog`, `leases`, `bindings` (one table each), `retention` (compaction), `sql` (placeholder numbering and
+//! `catalog`, `leases`, `bindings` (one table each), `retention` (compaction), `usage` (a tenant's stored bytes), `sql` (placeholder numbering and
 //! conversions), `records` (the values in and out), `error`.
 
 mod bindings;
@@ -31,6 +31,7 @@ mod retention;
 mod schema;
 mod snapshots;
 mod sql;
+mod usage;
 
 use sqlx::AnyPool;
 
@@ -185,6 +186,11 @@ impl Store {
         channel: &str,
     ) -> Result<Option<ChannelRecord>, StoreError> {
         snapshots::restore(&self.pool, tenant, host, channel).await
+    }
+
+    /// The bytes `tenant` keeps in the store (its log rows and snapshots, every host).
+    pub async fn stored_bytes(&self, tenant: &str) -> Result<u64, StoreError> {
+        usage::stored_bytes(&self.pool, self.backend, tenant).await
     }
 
     /// The subject (user) `client_id` is bound to on the host, if it was ever used there.

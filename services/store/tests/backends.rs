@@ -151,6 +151,7 @@ on_both_backends!(
     ping_answers_while_the_store_is_reachable,
     a_channel_disposed_then_created_again_in_one_batch_stays_loadable,
     a_client_id_keeps_its_first_subject,
+    stored_bytes_count_a_tenants_log_and_snapshots_only,
 );
 
 const T: &str = "acme";
@@ -1699,4 +1700,38 @@ async fn a_client_id_keeps_its_first_subject(db: &TestDb) {
     // per host and tenant
     assert_eq!(store.client_binding(T, "other", "laptop").await.unwrap(), None);
     assert_eq!(store.client_binding("other", H, "laptop").await.unwrap(), None);
+}
+
+async fn stored_bytes_count_a_tenants_log_and_snapshots_only(db: &TestDb) {
+    let store = &db.store;
+    assert_eq!(store.stored_bytes(T).await.unwrap(), 0);
+    let log = vec![entry(1, SESSION), entry(2, CHAT)];
+    let shot = snapshot(SESSION, None, 2);
+    let expected = log.iter().map(|e| e.envelope.len()).sum::<usize>() + shot.state.len();
+    let batch = CommitBatch {
+        last_seq: 2,
+        log,
+        snapshots: vec![shot],
+        ..CommitBatch::default()
+    };
+    store.commit(T, H, &batch).await.unwrap();
+    // Another host of the tenant counts; another tenant does not.
+    store.commit(T, "other", &log_batch(1, vec![entry(1, SESSION)])).await.unwrap();
+    store.commit("someone-else", H, &log_batch(1, vec![entry(1, SESSION)])).await.unwrap();
+    let other_host = entry(1, SESSION).envelope.len();
+    assert_eq!(
+        store.stored_bytes(T).await.unwrap(),
+        u64::try_from(expected + other_host).unwrap()
+    );
+    // Multi-byte text counts in bytes.
+    let mut wide = snapshot(CHAT, Some(SESSION), 3);
+    wide.state = "\u{e9}".repeat(10);
+    store
+        .commit(T, H, &CommitBatch { last_seq: 3, snapshots: vec![wide], ..CommitBatch::default() })
+        .await
+        .unwrap();
+    assert_eq!(
+        store.stored_bytes(T).await.unwrap(),
+        u64::try_from(expected + other_host + 20).unwrap()
+    );
 }

@@ -1,0 +1,110 @@
+//! The per-tenant storage quota: how many bytes a tenant keeps in the store (log rows and snapshots, every
+//! host, see [`relay_store::Store::stored_bytes`]), measured when one of its hosts opens and then every
+//! `measure_every` while it has hosts open here. A tenant at or over its quota cannot grow: new sessions and
+//! chats are refused (`-32600`), and actions that add content (turns, queued or steering messages, drafts)
+//! are rejected with the reason, until disposing sessions and compaction bring it back under. What is already
+//! running (a turn's streamed reply) completes. The measurement lags writes by up to `measure_every`, so a
+//! tenant can overshoot by what it writes in that time (bounded by its byte rate at the gateway).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use ahp_types::actions::StateAction;
+use parking_lot::Mutex;
+use relay_store::Store;
+
+/// The storage quota and the last measurement of each tenant with a host open here.
+pub struct StorageQuota {
+    store: Store,
+    limit: u64,
+    measure_every: Duration,
+    /// Last measured bytes per tenant, and how many of its hosts are open here.
+    tenants: Mutex<HashMap<String, TenantStorage>>,
+}
+
+#[derive(Default)]
+struct TenantStorage {
+    bytes: u64,
+    open_hosts: usize,
+}
+
+impl StorageQuota {
+    /// A quota of `limit` bytes per tenant, measured every `measure_every` by a task that ends when the
+    /// quota is dropped.
+    pub fn start(store: Store, limit: u64, measure_every: Duration) -> Arc<Self> {
+        let quota = Arc::new(Self {
+            store,
+            limit,
+            measure_every: measure_every.max(Duration::from_millis(10)),
+            tenants: Mutex::new(HashMap::new()),
+        });
+        tokio::spawn(measure_periodically(Arc::downgrade(&quota)));
+        quota
+    }
+
+    /// A host of `tenant` opened here: measure the tenant now (so the quota holds from its first message).
+    pub async fn host_opened(&self, tenant: &str) {
+        self.tenants.lock().entry(tenant.to_string()).or_default().open_hosts += 1;
+        self.measure(tenant).await;
+    }
+
+    /// A host of `tenant` closed here; a tenant with no host open is no longer measured.
+    pub fn host_closed(&self, tenant: &str) {
+        let mut tenants = self.tenants.lock();
+        if let Some(usage) = tenants.get_mut(tenant) {
+            usage.open_hosts = usage.open_hosts.saturating_sub(1);
+            if usage.open_hosts == 0 {
+                tenants.remove(tenant);
+            }
+        }
+    }
+
+    /// Why `tenant` may not grow, if it is at or over its quota.
+    pub fn refusal(&self, tenant: &str) -> Option<String> {
+        let bytes = self.tenants.lock().get(tenant).map_or(0, |usage| usage.bytes);
+        (bytes >= self.limit).then(|| {
+            format!(
+                "the tenant keeps {bytes} bytes, at or over its storage quota of {} bytes: dispose sessions to \
+                 free space",
+                self.limit
+            )
+        })
+    }
+
+    async fn measure(&self, tenant: &str) {
+        match self.store.stored_bytes(tenant).await {
+            Ok(bytes) => {
+                if let Some(usage) = self.tenants.lock().get_mut(tenant) {
+                    usage.bytes = bytes;
+                }
+            }
+            Err(error) => tracing::warn!(tenant, %error, "could not measure the tenant's stored bytes"),
+        }
+    }
+}
+
+/// Whether a client action adds content a tenant over its storage quota may not add.
+pub fn grows_storage(action: &StateAction) -> bool {
+    match action {
+        StateAction::ChatTurnStarted(_) | StateAction::ChatPendingMessageSet(_) => true,
+        StateAction::ChatDraftChanged(draft) => draft.draft.is_some(),
+        _ => false,
+    }
+}
+
+async fn measure_periodically(quota: Weak<StorageQuota>) {
+    let Some(every) = quota.upgrade().map(|quota| quota.measure_every) else {
+        return;
+    };
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(quota) = quota.upgrade() else { return };
+        let tenants: Vec<String> = quota.tenants.lock().keys().cloned().collect();
+        for tenant in tenants {
+            quota.measure(&tenant).await;
+        }
+    }
+}
