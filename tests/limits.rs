@@ -609,3 +609,74 @@ async fn a_consumer_that_stops_reading_is_closed_1013() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_storage_quota_cannot_grow() {
+    isolated(
+        &[
+            "--max-stored-bytes-per-tenant",
+            "300000",
+            "--storage-check-every",
+            "100ms",
+        ],
+        "stored bytes per tenant",
+        |relay, abuse| async move {
+            let tenant = unique_tenant();
+            let (client, _) = relay.client_as(&tenant, "abuser", Role::Member, "hoarder").await;
+            let (_, chat) = create_session_and_chat(&client, "hoard").await;
+            let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
+            let block = "h".repeat(20 * 1024);
+            let mut ticks = attempts();
+            let mut n = 0;
+            while abuse.going() {
+                abuse.pace(&mut ticks).await;
+                n += 1;
+                // Drafts are stored: they fill the quota, and once it is measured full they are refused.
+                client
+                    .dispatch(
+                        chat.clone(),
+                        StateAction::ChatDraftChanged(ChatDraftChangedAction {
+                            draft: Some(message(&format!("{n}{block}"))),
+                        }),
+                    )
+                    .await
+                    .expect("dispatch");
+                let echo = next_envelope(&mut sub).await;
+                let Some(reason) = echo.rejection_reason else {
+                    assert!(n < 200, "300 KB of quota took {n} drafts of 20 KB");
+                    continue;
+                };
+                assert!(reason.contains("storage quota"), "{reason}");
+                // New sessions are refused too; clearing the draft (which adds nothing) is not.
+                let refused: Result<serde_json::Value, _> = client
+                    .request(
+                        "createSession",
+                        json!({"channel": format!("ahp-session:/more-{n}"), "provider": "demo"}),
+                    )
+                    .await;
+                match refused {
+                    Err(ahp::ClientError::Rpc(e)) => {
+                        assert_eq!(e.code, -32600);
+                        assert!(e.message.contains("storage quota"), "{}", e.message);
+                    }
+                    other => panic!("a session was created over the quota: {other:?}"),
+                }
+                abuse.crossed();
+            }
+            client
+                .dispatch(
+                    chat.clone(),
+                    StateAction::ChatDraftChanged(ChatDraftChangedAction { draft: None }),
+                )
+                .await
+                .expect("dispatch");
+            let cleared = next_envelope(&mut sub).await;
+            assert!(
+                cleared.rejection_reason.is_none(),
+                "{:?}",
+                cleared.rejection_reason
+            );
+        },
+    )
+    .await;
+}

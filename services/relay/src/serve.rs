@@ -82,6 +82,13 @@ pub struct HostArgs {
         default_value_t = 1024
     )]
     pub max_subscriptions_per_connection: usize,
+    /// Bytes one tenant may keep in the store (log and snapshots, every host); at or over it, new sessions,
+    /// chats and content are refused until sessions are disposed and compacted. 0: no quota.
+    #[arg(long, env = "AHP_RELAY_MAX_STORED_BYTES_PER_TENANT", default_value_t = 10 * 1024 * 1024 * 1024)]
+    pub max_stored_bytes_per_tenant: u64,
+    /// How often a tenant's stored bytes are measured (the quota may be overshot by what it writes meanwhile).
+    #[arg(long, env = "AHP_RELAY_STORAGE_CHECK_EVERY", default_value = "60s", value_parser = crate::parse_ttl)]
+    pub storage_check_every: Duration,
     /// Hosts of one tenant held open at once (per shard); opening one more is refused.
     #[arg(long, env = "AHP_RELAY_MAX_HOSTS_PER_TENANT", default_value_t = 100)]
     pub max_hosts_per_tenant: usize,
@@ -470,7 +477,17 @@ async fn open_hosts(
         tracing::info!(agents = file.agents.len(), path = %path.display(), "ACP agents configured");
     }
     let store = open_store(host.database_url.as_deref(), &data.data_dir).await?;
+    let quota = (host.max_stored_bytes_per_tenant > 0).then(|| {
+        relay_shard::storage::StorageQuota::start(
+            store.clone(),
+            host.max_stored_bytes_per_tenant,
+            host.storage_check_every,
+        )
+    });
     let mut link = ShardLink::new(limits, providers, store, redis);
+    if let Some(quota) = quota {
+        link = link.with_storage_quota(quota);
+    }
     if let Some(ownership) = ownership {
         link = link.with_ownership(ownership);
     }

@@ -371,6 +371,9 @@ impl HostCore {
     fn create_session(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
         self.require_writer(connection)?;
         let params: CreateSessionParams = message.parse_params()?;
+        if let Some(refusal) = self.storage_refusal() {
+            return Err(RpcError::invalid_request(refusal));
+        }
         let uri = params.channel;
         self.check_new_uri(&uri, "ahp-session:", ahp_error_codes::SESSION_ALREADY_EXISTS)?;
         if self.model.sessions.len() >= self.limits.max_sessions_per_host {
@@ -546,6 +549,9 @@ impl HostCore {
         let Some(record) = self.model.sessions.get(&session) else {
             return Err(RpcError::session_not_found(&session));
         };
+        if let Some(refusal) = self.storage_refusal() {
+            return Err(RpcError::invalid_request(refusal));
+        }
         self.check_new_uri(&chat, "ahp-chat:", ahp_error_codes::ALREADY_EXISTS)?;
         if record.state.chats.len() >= self.limits.max_chats_per_session {
             return Err(RpcError::invalid_request("chat limit reached for this session"));

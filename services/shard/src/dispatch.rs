@@ -55,7 +55,11 @@ impl HostCore {
             client_id: &client_id,
             role,
         };
+        let over_quota = crate::storage::grows_storage(&params.action)
+            .then(|| self.storage_refusal())
+            .flatten();
         let verdict = validate::check_client_action(&self.model, kind, &params.channel, &params.action, &who)
+            .and_then(|()| over_quota.map_or(Ok(()), Err))
             .and_then(|()| match self.model.reduce(&params.channel, &params.action) {
                 ReduceOutcome::Invalid(error) => Err(error.to_string()),
                 ReduceOutcome::OutOfScope => Err("action does not apply to this channel".into()),

@@ -82,6 +82,17 @@ pub struct HostCore {
     pub disposing: HashMap<String, CommitBarrier>,
     /// Rejections and unsubscribed echoes each client is owed on `reconnect`.
     pub owed: crate::owed::OwedEnvelopes,
+    /// The tenant's storage quota, when one is configured.
+    pub storage: Option<Arc<crate::storage::StorageQuota>>,
+}
+
+impl HostCore {
+    /// Why the host's tenant may not grow (new sessions, chats, content), if it is over its storage quota.
+    pub fn storage_refusal(&self) -> Option<String> {
+        self.storage
+            .as_ref()
+            .and_then(|quota| quota.refusal(&self.key.tenant))
+    }
 }
 
 /// One AHP host.
@@ -143,6 +154,7 @@ impl Host {
                 disposing: HashMap::new(),
                 owed: Default::default(),
                 last_activity: std::time::Instant::now(),
+                storage: None,
             }),
             publisher: Mutex::new(Publisher::new(record.last_seq, limits.bus_capacity)),
             durable: watch::Sender::new(0),
@@ -156,6 +168,12 @@ impl Host {
         });
         tokio::spawn(commit_loop(Arc::downgrade(&host)));
         Ok(host)
+    }
+
+    /// Hold the host's tenant to `quota` (measured now, so it holds from the first message).
+    pub async fn set_storage_quota(&self, quota: Arc<crate::storage::StorageQuota>) {
+        quota.host_opened(&self.key.tenant).await;
+        self.core.lock().storage = Some(quota);
     }
 
     /// Run locked work on the host, then wake the committer for whatever it queued and arm grace timers.

@@ -23,6 +23,7 @@ pub mod replay;
 pub mod restore;
 pub mod resume;
 pub mod sequencer;
+pub mod storage;
 pub mod terminals;
 pub mod validate;
 

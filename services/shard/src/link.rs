@@ -40,6 +40,8 @@ pub struct ShardLink {
     ownership: Option<Ownership>,
     /// Set by [`ShardLink::drain`]: no host is opened any more.
     draining: AtomicBool,
+    /// When set, each tenant is held to a storage quota.
+    storage: Option<Arc<crate::storage::StorageQuota>>,
 }
 
 impl ShardLink {
@@ -58,6 +60,7 @@ impl ShardLink {
             store,
             ownership: None,
             draining: AtomicBool::new(false),
+            storage: None,
         }
     }
 
@@ -65,6 +68,12 @@ impl ShardLink {
     /// [`ShardLink::keep_leases`] once the link is shared.
     pub fn with_ownership(mut self, ownership: Ownership) -> Self {
         self.ownership = Some(ownership);
+        self
+    }
+
+    /// Hold every tenant to `quota` (see [`crate::storage`]).
+    pub fn with_storage_quota(mut self, quota: Arc<crate::storage::StorageQuota>) -> Self {
+        self.storage = Some(quota);
         self
     }
 
@@ -121,6 +130,9 @@ impl ShardLink {
             if lease.epoch > 1 {
                 relay_core::telemetry::lease_acquired();
             }
+        }
+        if let Some(quota) = &self.storage {
+            host.set_storage_quota(quota.clone()).await;
         }
         self.hosts.lock().insert(key.clone(), host.clone());
         Ok(host)

@@ -1,6 +1,7 @@
 //! The per-tenant storage quota: how many bytes a tenant keeps in the store (log rows and snapshots, every
 //! host, see [`relay_store::Store::stored_bytes`]), measured when one of its hosts opens and then every
-//! `measure_every` while it has hosts open here. A tenant at or over its quota cannot grow: new sessions and
+//! `measure_every` while its hosts here are in use (a tenant nothing asked about for
+//! [`FORGET_AFTER`] is no longer measured). A tenant at or over its quota cannot grow: new sessions and
 //! chats are refused (`-32600`), and actions that add content (turns, queued or steering messages, drafts)
 //! are rejected with the reason, until disposing sessions and compaction bring it back under. What is already
 //! running (a turn's streamed reply) completes. The measurement lags writes by up to `measure_every`, so a
@@ -8,25 +9,27 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ahp_types::actions::StateAction;
 use parking_lot::Mutex;
 use relay_store::Store;
 
-/// The storage quota and the last measurement of each tenant with a host open here.
+/// A tenant whose quota nothing checked for this long is no longer measured (until a host of it opens).
+pub const FORGET_AFTER: Duration = Duration::from_secs(600);
+
+/// The storage quota and the last measurement of each tenant in use here.
 pub struct StorageQuota {
     store: Store,
     limit: u64,
     measure_every: Duration,
-    /// Last measured bytes per tenant, and how many of its hosts are open here.
+    /// Last measured bytes per tenant, and when its quota was last checked.
     tenants: Mutex<HashMap<String, TenantStorage>>,
 }
 
-#[derive(Default)]
 struct TenantStorage {
     bytes: u64,
-    open_hosts: usize,
+    checked: Instant,
 }
 
 impl StorageQuota {
@@ -45,24 +48,30 @@ impl StorageQuota {
 
     /// A host of `tenant` opened here: measure the tenant now (so the quota holds from its first message).
     pub async fn host_opened(&self, tenant: &str) {
-        self.tenants.lock().entry(tenant.to_string()).or_default().open_hosts += 1;
+        self.tenants
+            .lock()
+            .entry(tenant.to_string())
+            .or_insert_with(|| TenantStorage {
+                bytes: 0,
+                checked: Instant::now(),
+            })
+            .checked = Instant::now();
         self.measure(tenant).await;
-    }
-
-    /// A host of `tenant` closed here; a tenant with no host open is no longer measured.
-    pub fn host_closed(&self, tenant: &str) {
-        let mut tenants = self.tenants.lock();
-        if let Some(usage) = tenants.get_mut(tenant) {
-            usage.open_hosts = usage.open_hosts.saturating_sub(1);
-            if usage.open_hosts == 0 {
-                tenants.remove(tenant);
-            }
-        }
     }
 
     /// Why `tenant` may not grow, if it is at or over its quota.
     pub fn refusal(&self, tenant: &str) -> Option<String> {
-        let bytes = self.tenants.lock().get(tenant).map_or(0, |usage| usage.bytes);
+        let bytes = {
+            let mut tenants = self.tenants.lock();
+            let usage = tenants
+                .entry(tenant.to_string())
+                .or_insert_with(|| TenantStorage {
+                    bytes: 0,
+                    checked: Instant::now(),
+                });
+            usage.checked = Instant::now();
+            usage.bytes
+        };
         (bytes >= self.limit).then(|| {
             format!(
                 "the tenant keeps {bytes} bytes, at or over its storage quota of {} bytes: dispose sessions to \
@@ -102,7 +111,11 @@ async fn measure_periodically(quota: Weak<StorageQuota>) {
     loop {
         ticks.tick().await;
         let Some(quota) = quota.upgrade() else { return };
-        let tenants: Vec<String> = quota.tenants.lock().keys().cloned().collect();
+        let tenants: Vec<String> = {
+            let mut tenants = quota.tenants.lock();
+            tenants.retain(|_, usage| usage.checked.elapsed() < FORGET_AFTER);
+            tenants.keys().cloned().collect()
+        };
         for tenant in tenants {
             quota.measure(&tenant).await;
         }

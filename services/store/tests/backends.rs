@@ -1716,8 +1716,14 @@ async fn stored_bytes_count_a_tenants_log_and_snapshots_only(db: &TestDb) {
     };
     store.commit(T, H, &batch).await.unwrap();
     // Another host of the tenant counts; another tenant does not.
-    store.commit(T, "other", &log_batch(1, vec![entry(1, SESSION)])).await.unwrap();
-    store.commit("someone-else", H, &log_batch(1, vec![entry(1, SESSION)])).await.unwrap();
+    store
+        .commit(T, "other", &log_batch(1, vec![entry(1, SESSION)]))
+        .await
+        .unwrap();
+    store
+        .commit("someone-else", H, &log_batch(1, vec![entry(1, SESSION)]))
+        .await
+        .unwrap();
     let other_host = entry(1, SESSION).envelope.len();
     assert_eq!(
         store.stored_bytes(T).await.unwrap(),
@@ -1727,7 +1733,15 @@ async fn stored_bytes_count_a_tenants_log_and_snapshots_only(db: &TestDb) {
     let mut wide = snapshot(CHAT, Some(SESSION), 3);
     wide.state = "\u{e9}".repeat(10);
     store
-        .commit(T, H, &CommitBatch { last_seq: 3, snapshots: vec![wide], ..CommitBatch::default() })
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                last_seq: 3,
+                snapshots: vec![wide],
+                ..CommitBatch::default()
+            },
+        )
         .await
         .unwrap();
     assert_eq!(
