@@ -121,6 +121,9 @@ fn commands_aimed_at(target: &str, kind: &str, attacker_client: &str) -> Vec<Val
             json!({"method": "createChat", "params": {"channel": target, "chat": "ahp-chat:/intruder"}}),
             json!({"method": "resolveSessionConfig", "params": {"channel": target, "provider": "demo"}}),
             json!({"method": "disposeSession", "params": {"channel": target}}),
+            // Last: in B's own namespace the URI is free, so this creates B's session (for both targets).
+            json!({"method": "createSession", "params": {"channel": target, "provider": "demo"}}),
+            json!({"method": "disposeSession", "params": {"channel": target}}),
         ]);
     } else {
         commands.push(json!({"method": "disposeChat", "params": {"channel": target}}));
