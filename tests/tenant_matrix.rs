@@ -155,6 +155,19 @@ async fn another_tenant_gets_what_a_missing_target_gets_and_changes_nothing() {
         .await
         .expect("dispatch");
     collect_until(&mut sub, is_turn_complete).await;
+    // A also has a host named `secret-host`, with a session on it.
+    let mut secret_host = {
+        let url = format!(
+            "ws://{}/v1/hosts/secret-host/ws?access_token={}",
+            relay.addr,
+            relay.token("a", "alice", Role::Admin)
+        );
+        tokio_tungstenite::connect_async(url).await.expect("a's host").0
+    };
+    support::raw::initialize(&mut secret_host, "a-laptop").await;
+    let create = json!({"method": "createSession", "params": {"channel": "ahp-session:/on-secret-host", "provider": "demo"}});
+    let made = exchange(&mut secret_host, 50, create, "\u{0}").await;
+    assert!(made[0].contains("result"), "{made:?}");
     let before = tenant_a_state(&relay, data.path(), &session, &chat).await;
 
     // Tenant B, admin of its own `default` host.
@@ -270,6 +283,36 @@ async fn another_tenant_gets_what_a_missing_target_gets_and_changes_nothing() {
         neutral(n, [never_session, never_chat]),
         "initialize with A's clientId and channels"
     );
+
+    // A's other host, by name: B reaches its own (new, empty) host of that name, exactly as for a name
+    // nobody used.
+    let mut by_host = Vec::new();
+    for host in ["secret-host", "never-host"] {
+        let url = format!(
+            "ws://{}/v1/hosts/{host}/ws?access_token={}",
+            relay.addr,
+            relay.token("b", "bob", Role::Admin)
+        );
+        let (mut socket, _) = tokio_tungstenite::connect_async(url).await.expect("upgrade");
+        let mut answers = exchange(
+            &mut socket,
+            1,
+            init("b-laptop", vec!["ahp-session:/on-secret-host".into()]),
+            "\u{0}",
+        )
+        .await;
+        answers.extend(
+            exchange(
+                &mut socket,
+                3,
+                json!({"method": "listSessions", "params": {"channel": "ahp-root://"}}),
+                "\u{0}",
+            )
+            .await,
+        );
+        by_host.push(answers);
+    }
+    assert_eq!(by_host[0], by_host[1], "A's host name and a name nobody used");
 
     // Crafted host names: refused at the upgrade, or B's own empty host; never A's.
     for host in [
