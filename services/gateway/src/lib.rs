@@ -1,6 +1,7 @@
 //! The client-facing side of the relay: WebSocket upgrade and JWT authentication ([`server`], [`auth`], with an
 //! identity provider's keys from [`oidc`] and [`jwks`]),
-//! per-connection delivery ([`connection`], [`filter`]), per-tenant quotas ([`quotas`]). It reaches hosts only through
+//! per-connection delivery ([`connection`], [`filter`]), per-tenant quotas ([`quotas`]), the browser's `Origin`
+//! rules ([`origin`]) and the embedded web client ([`web`]). It reaches hosts only through
 //! [`relay_core::HostLink`].
 
 pub mod auth;
@@ -8,8 +9,10 @@ pub mod connection;
 pub mod filter;
 pub mod jwks;
 pub mod oidc;
+pub mod origin;
 pub mod quotas;
 pub mod server;
 mod tls;
+pub mod web;
 
 pub use server::{router, GatewayState};

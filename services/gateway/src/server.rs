@@ -1,8 +1,10 @@
 //! The HTTP surface: `GET /v1/ws`, `GET /v1/hosts/{host}/ws`, `GET /healthz` (the process is up), `GET /readyz`
-//! (it is not draining and its shard side answers), `GET /metrics` (this process's Prometheus metrics).
+//! (it is not draining and its shard side answers), `GET /metrics` (this process's Prometheus metrics), and the
+//! web client at `GET /` and `GET /assets/{name}` ([`crate::web`]).
 //!
-//! The token is checked before the upgrade: a missing, malformed, wrongly signed or expired token gets HTTP 401
-//! and never reaches AHP. The host of a connection is the path's host (or `default`) inside the token's
+//! The token is checked before the upgrade, from `Authorization: Bearer`, `?access_token=` or `?tkn=` (what VS
+//! Code appends): a missing, malformed, wrongly signed or expired token gets HTTP 401 and never reaches AHP. A
+//! browser page whose `Origin` is not allowed gets HTTP 403 ([`crate::origin`]). The host of a connection is the path's host (or `default`) inside the token's
 //! tenant, so a token can only ever address its own tenant's hosts (invariant 7).
 
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use serde::Deserialize;
 
 use crate::auth::{AuthError, TokenVerifier};
 use crate::connection::Connection;
+use crate::origin::AllowedOrigins;
 use crate::quotas::TenantQuotas;
 
 /// What the gateway is configured with.
@@ -29,6 +32,8 @@ pub struct GatewayState<L> {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// Per-tenant connection and message quotas.
     pub quotas: Arc<TenantQuotas>,
+    /// Web pages (besides the relay's own) that may open WebSockets.
+    pub allowed_origins: AllowedOrigins,
 }
 
 /// Initial WebSocket read and write buffer per connection.
@@ -42,6 +47,8 @@ pub fn router<L: HostLink>(state: Arc<GatewayState<L>>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz::<L>))
         .route("/metrics", get(metrics::<L>))
+        .route("/", get(crate::web::index))
+        .route("/assets/{name}", get(crate::web::asset))
         .with_state(state)
 }
 
@@ -79,6 +86,8 @@ async fn readyz<L: HostLink>(State(state): State<Arc<GatewayState<L>>>) -> Respo
 #[derive(Deserialize)]
 struct TokenQuery {
     access_token: Option<String>,
+    /// VS Code's name for the connection token.
+    tkn: Option<String>,
 }
 
 async fn default_host_ws<L: HostLink>(
@@ -117,7 +126,13 @@ async fn open<L: HostLink>(
     query: TokenQuery,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    let token = match bearer(headers).or(query.access_token) {
+    if !state.allowed_origins.admits(headers) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "this page's origin may not connect (see --allowed-origins)",
+        );
+    }
+    let token = match bearer(headers).or(query.access_token).or(query.tkn) {
         Some(token) => token,
         None => return refuse(StatusCode::UNAUTHORIZED, &AuthError::Missing.to_string()),
     };

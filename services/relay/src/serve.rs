@@ -107,6 +107,15 @@ pub struct EdgeArgs {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, env = "AHP_RELAY_LISTEN", default_value = "127.0.0.1:7878")]
     pub listen: SocketAddr,
+    /// Web pages that may open WebSockets besides the relay's own page (browser `Origin`s, comma-separated;
+    /// `*` allows any). Clients that send no `Origin` (not browsers) are not affected.
+    #[arg(
+        long,
+        env = "AHP_RELAY_ALLOWED_ORIGINS",
+        value_delimiter = ',',
+        default_value = "vscode-file://vscode-app"
+    )]
+    pub allowed_origins: Vec<String>,
     /// HS256 secret for access tokens (at least 32 bytes); default: --jwt-secret-file, else generated once
     /// and kept in --data-dir.
     #[arg(long, env = "AHP_RELAY_JWT_SECRET", hide_env_values = true)]
@@ -668,6 +677,7 @@ async fn serve_edge<L: HostLink>(
         limits,
         shutdown: shutdown_rx,
         quotas: quotas.clone(),
+        allowed_origins: relay_gateway::origin::AllowedOrigins::new(&edge.allowed_origins),
     }));
     let listener = tokio::net::TcpListener::bind(edge.listen)
         .await
@@ -702,6 +712,14 @@ async fn serve_edge<L: HostLink>(
                 "dev token (tenant dev, user dev-user, role admin, valid 24h):"
             )?;
             writeln!(out, "{token}")?;
+            // The token travels in the fragment: browsers never send it to the server, log it or put it in
+            // a Referer.
+            let page = if addr.ip().is_unspecified() {
+                SocketAddr::from(([127, 0, 0, 1], addr.port()))
+            } else {
+                addr
+            };
+            writeln!(out, "open the web client: http://{page}/#token={token}")?;
             writeln!(out, "try it: ahp-relay chat --url ws://{addr}/v1/ws")?;
         }
         out.flush()?;

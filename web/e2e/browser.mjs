@@ -1,0 +1,195 @@
+// Drives the relay's web client in Debian's Chromium with playwright-core (no browser download). Run by
+// tests/browser.rs, which starts the relay:
+//
+//   node web/e2e/browser.mjs flow   <base-url> <token> <out-dir>   the two-device walk-through, screenshots
+//   node web/e2e/browser.mjs reduce <base-url> <in.json> <out.json> the page's WebAssembly reducers on a stream
+//
+// Exits 0 when every check holds; otherwise prints what failed and exits 1.
+
+import { chromium } from "playwright-core";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { isDeepStrictEqual } from "node:util";
+
+const PATIENCE = 20_000;
+const FLAGS = [
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-quic",
+  "--no-first-run",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+];
+
+const [mode, base, ...rest] = process.argv.slice(2);
+const browser = await chromium.launch({
+  executablePath: process.env.AHP_TEST_CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  args: FLAGS,
+});
+
+function check(condition, message) {
+  if (!condition) throw new Error(`check failed: ${message}`);
+}
+
+/** A page that fails the run on any script error or console error (a CSP violation is one). */
+const opened = [];
+
+async function watchedPage(context, name, problems) {
+  const page = await context.newPage();
+  opened.push([name, page]);
+  page.on("pageerror", (error) => problems.push(`${name}: page error: ${error.message}`));
+  page.on("console", (message) => {
+    // While a context is offline, the page's reconnect attempts fail: expected, and said on the page.
+    if (message.type() === "error" && !message.text().includes("ERR_INTERNET_DISCONNECTED")) problems.push(`${name}: console error: ${message.text()}`);
+  });
+  return page;
+}
+
+const online = (page) => page.waitForSelector('#link-state[data-state="online"]', { timeout: PATIENCE });
+const chatState = (page) => page.evaluate(() => globalThis.ahpRelay.state(globalThis.ahpRelay.chat()));
+const transcriptText = (page) => page.locator("#transcript").innerText();
+
+const problems = [];
+
+async function flow(token, outDir) {
+  mkdirSync(outDir, { recursive: true });
+  const link = `${base}/#token=${encodeURIComponent(token)}`;
+
+  // ── Device A: a desktop browser creates a session with the demo agent and sends a prompt.
+  const desktop = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const a = await watchedPage(desktop, "desktop", problems);
+  await a.goto(link);
+  await online(a);
+  check(!(await a.evaluate(() => location.hash.includes("token="))), "the token is removed from the address bar");
+  await a.selectOption("#new-session-agent", "demo");
+  await a.click("#create-session");
+  await a.waitForSelector("#session-view:not([hidden])", { timeout: PATIENCE });
+  const session = await a.evaluate(() => globalThis.ahpRelay.session());
+
+  // Record every length the reply had on screen, to see it arrive in parts.
+  await a.evaluate(() => {
+    globalThis.replyLengths = new Set();
+    new MutationObserver(() => {
+      const reply = document.querySelector("#transcript .turn .markdown");
+      if (reply) globalThis.replyLengths.add(reply.textContent.length);
+    }).observe(document.getElementById("transcript"), { subtree: true, childList: true, characterData: true });
+  });
+  const hostile = `Please use the tool <script>window.__xss = 1</script><img src=x onerror="window.__xss = 2"> then ask for input`;
+  await a.fill("#prompt", hostile);
+  await a.click("#composer-send");
+  await a.waitForSelector("#transcript .markdown >> text=Hello from the demo agent", { timeout: PATIENCE });
+  await a.waitForSelector("#pending .confirmation button.approve", { timeout: PATIENCE });
+  const lengths = await a.evaluate(() => [...globalThis.replyLengths].filter((n) => n > 0));
+  check(lengths.length >= 2, `the reply was seen arriving in parts (lengths seen: ${lengths})`);
+
+  // Approve the tool call; the agent runs it and then asks for input.
+  await a.click("#pending .confirmation button.approve");
+  await a.waitForSelector("#transcript .tool.completed", { timeout: PATIENCE });
+  await a.waitForSelector("#pending .input-form", { timeout: PATIENCE });
+
+  // ── Device B: a phone-sized browser opens the same session and sees the same conversation.
+  const phone = await browser.newContext({
+    viewport: { width: 390, height: 844 },
+    deviceScaleFactor: 2,
+    isMobile: true,
+    hasTouch: true,
+  });
+  const b = await watchedPage(phone, "phone", problems);
+  await b.goto(link);
+  await online(b);
+  await b.click(`#sessions li[data-uri="${session}"]`);
+  await b.waitForSelector("#pending .input-form", { timeout: PATIENCE });
+  await b.waitForFunction(
+    async (expected) => JSON.stringify(globalThis.ahpRelay.state(globalThis.ahpRelay.chat())) === expected,
+    JSON.stringify(await chatState(a)),
+    { timeout: PATIENCE },
+  );
+  check((await transcriptText(a)) === (await transcriptText(b)), "both devices show the same transcript");
+  check(await b.locator("#people .person").count() >= 2, "the phone sees both devices connected");
+
+  // ── Cut A's network mid-turn (the agent waits for input); B answers and the turn finishes without A.
+  await desktop.setOffline(true);
+  await a.waitForFunction(() => document.getElementById("link-state").dataset.state !== "online", null, {
+    timeout: PATIENCE,
+  });
+  await b.fill('#pending .input-form input[name="name"]', "Phone");
+  await b.click("#pending .input-form button.approve");
+  await b.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
+  check((await transcriptText(b)).includes("Nice to meet you, Phone."), "the phone sees the end of the turn");
+  check(
+    !(await transcriptText(a)).includes("Nice to meet you"),
+    "the desktop, offline, has not received the end of the turn",
+  );
+  check(
+    (await a.evaluate(() => document.getElementById("link-state").dataset.state)) !== "online",
+    "the desktop says it is not connected",
+  );
+
+  // ── Restore A: it reconnects by itself, resumes from its last serverSeq and ends with B's exact state.
+  await desktop.setOffline(false);
+  await online(a);
+  await a.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
+  const expected = await chatState(b);
+  await a.waitForFunction(
+    (json) => JSON.stringify(globalThis.ahpRelay.state(globalThis.ahpRelay.chat())) === json,
+    JSON.stringify(expected),
+    { timeout: PATIENCE },
+  );
+  check(isDeepStrictEqual(await chatState(a), expected), "the desktop's chat state equals the phone's");
+  check((await transcriptText(a)) === (await transcriptText(b)), "both devices show the same transcript again");
+  const notes = await a.locator("#notes").innerText();
+  check(notes.includes("resumed from serverSeq"), `the desktop says it resumed (notes: ${notes})`);
+
+  // ── The agent echoed markup; both pages show it as text and run none of it.
+  for (const [name, page] of [
+    ["desktop", a],
+    ["phone", b],
+  ]) {
+    check((await page.evaluate(() => globalThis.__xss)) === undefined, `${name}: no injected script ran`);
+    check((await page.locator("#transcript img, #transcript script").count()) === 0, `${name}: no injected elements`);
+    check(
+      (await transcriptText(page)).includes(`<img src=x onerror="window.__xss = 2">`),
+      `${name}: the markup is shown as text`,
+    );
+  }
+
+  await a.screenshot({ path: join(outDir, "desktop.png") });
+  await b.screenshot({ path: join(outDir, "phone.png") });
+  check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
+  console.log(JSON.stringify({ session, screenshots: [join(outDir, "desktop.png"), join(outDir, "phone.png")] }));
+}
+
+async function reduce(inputPath, outputPath) {
+  const input = JSON.parse(readFileSync(inputPath, "utf8"));
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  await page.goto(`${base}/`);
+  const states = await page.evaluate(async ({ snapshots, envelopes, uris }) => {
+    const reducers = await import("/assets/reducers.js");
+    await reducers.default({ module_or_path: "/assets/reducers_bg.wasm" });
+    const mirror = new reducers.Mirror();
+    for (const snapshot of snapshots) mirror.applySnapshot(JSON.stringify(snapshot));
+    for (const envelope of envelopes) mirror.applyEnvelope(JSON.stringify(envelope));
+    return Object.fromEntries(uris.map((uri) => [uri, JSON.parse(mirror.state(uri) ?? "null")]));
+  }, input);
+  writeFileSync(outputPath, JSON.stringify(states));
+}
+
+try {
+  if (mode === "flow") await flow(rest[0], rest[1]);
+  else if (mode === "reduce") await reduce(rest[0], rest[1]);
+  else throw new Error(`unknown mode ${mode}`);
+} catch (error) {
+  console.error(error.stack ?? String(error));
+  process.exitCode = 1;
+  // What each page showed when the check failed, next to the test's other output.
+  for (const [name, page] of opened) {
+    if (mode === "flow") await page.screenshot({ path: join(rest[1], `failed-${name}.png`) }).catch(() => {});
+    console.error(`${name} notes: ${await page.locator("#notes").innerText().catch(() => "?")}`);
+  }
+  for (const problem of problems) console.error(problem);
+} finally {
+  await browser.close();
+}

@@ -1,0 +1,697 @@
+// The web client: signs in with the token from the link's fragment, keeps one connection to the relay (resumed
+// with `reconnect` after a drop), and renders the host's sessions and the open chat from the model.
+
+import { Link, LinkState, JsonObject, RpcError } from "./rpc";
+import { Model, ROOT, loadReducers } from "./state";
+import { renderMarkdown } from "./markdown";
+
+const TOKEN_KEY = "ahp-relay.token";
+const CLIENT_KEY = "ahp-relay.client-id";
+const PAGE_SIZE = 30;
+
+const $ = <T extends HTMLElement = HTMLElement>(id: string) => document.getElementById(id) as T;
+
+function h<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  attrs: Record<string, string> = {},
+  ...children: (Node | string)[]
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === "class") node.className = value;
+    else node.setAttribute(key, value);
+  }
+  node.append(...children);
+  return node;
+}
+
+/** The token from `#token=…` (then removed from the address bar), else the one this tab already had. */
+function takeToken(): string | undefined {
+  const hash = new URLSearchParams(location.hash.slice(1));
+  const fromLink = hash.get("token");
+  if (fromLink) {
+    sessionStorage.setItem(TOKEN_KEY, fromLink);
+    hash.delete("token");
+    const rest = hash.toString();
+    history.replaceState(null, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
+    return fromLink;
+  }
+  return sessionStorage.getItem(TOKEN_KEY) ?? undefined;
+}
+
+/** Who the token says we are, for display only (the relay checks the token). */
+function claims(token: string): JsonObject {
+  try {
+    const payload = token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+    return JSON.parse(atob(payload));
+  } catch {
+    return {};
+  }
+}
+
+function newId(): string {
+  return crypto.randomUUID();
+}
+
+function clientId(): string {
+  let id = sessionStorage.getItem(CLIENT_KEY);
+  if (!id) {
+    id = `web-${newId()}`;
+    sessionStorage.setItem(CLIENT_KEY, id);
+  }
+  return id;
+}
+
+function deviceName(): string {
+  return window.matchMedia("(max-width: 700px)").matches ? "Web (phone)" : "Web (desktop)";
+}
+
+const STATUS_IDLE = 1;
+const STATUS_ERROR = 2;
+const STATUS_IN_PROGRESS = 8;
+const STATUS_INPUT_NEEDED = 24;
+
+function statusLabel(status: number): string {
+  if ((status & STATUS_INPUT_NEEDED) === STATUS_INPUT_NEEDED) return "needs input";
+  if (status & STATUS_IN_PROGRESS) return "working";
+  if (status & STATUS_ERROR) return "error";
+  if (status & STATUS_IDLE) return "idle";
+  return "";
+}
+
+class App {
+  private model = new Model();
+  private link: Link;
+  private clientSeq = 0;
+  private session?: string;
+  private chat?: string;
+  private initialized = false;
+  private renderQueued = false;
+  private turnCache = new Map<string, { json: string; node: HTMLElement }>();
+  private modelChoice = new Map<string, string>();
+  private me: JsonObject;
+
+  constructor(private token: string) {
+    this.me = claims(token);
+    const url = new URL(location.href);
+    const host = new URLSearchParams(location.hash.slice(1)).get("host");
+    url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+    url.pathname = host ? `/v1/hosts/${encodeURIComponent(host)}/ws` : "/v1/ws";
+    url.hash = "";
+    url.search = `access_token=${encodeURIComponent(token)}`;
+    this.link = new Link(url.href, {
+      opened: (link) => this.handshake(link),
+      notification: (method, params) => this.onNotification(method, params),
+      state: (state) => this.showLinkState(state),
+    });
+  }
+
+  start(): void {
+    $("who").textContent = `${this.me.sub ?? "?"} · ${this.me.role ?? "?"}`;
+    $("new-session").addEventListener("submit", (event) => {
+      event.preventDefault();
+      void this.createSession();
+    });
+    $("new-session-agent").addEventListener("change", () => this.fillModels());
+    $("more-sessions").addEventListener("click", () => void this.loadSessions(false));
+    $("composer").addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.send();
+    });
+    $("prompt").addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey) {
+        event.preventDefault();
+        this.send();
+      }
+    });
+    $("cancel").addEventListener("click", () => this.cancelTurn());
+    $("dispose-session").addEventListener("click", () => void this.disposeSession());
+    $("new-chat").addEventListener("click", () => void this.createChat());
+    $("back").addEventListener("click", () => this.closeSession());
+    // The browser knows before the socket does: treat "offline" as a dropped connection, "online" as a cue
+    // to reconnect now rather than after the back-off.
+    window.addEventListener("offline", () => this.link.drop());
+    window.addEventListener("online", () => this.link.retryNow());
+    // Read-only inspection from the console (and the browser test): the open chat's reduced state.
+    (globalThis as any).ahpRelay = {
+      chat: () => this.chat,
+      session: () => this.session,
+      state: (uri: string) => this.model.state(uri),
+      lastSeenServerSeq: () => this.model.lastSeen,
+    };
+    this.link.start();
+  }
+
+  // ── connection ──────────────────────────────────────────────────────────────────────────────────────
+
+  /** A fresh socket: resume with `reconnect` from the last serverSeq, or start with `initialize`. */
+  private async handshake(link: Link): Promise<void> {
+    if (this.initialized) {
+      try {
+        const result = await link.request("reconnect", {
+          channel: ROOT,
+          clientId: clientId(),
+          lastSeenServerSeq: this.model.lastSeen,
+          subscriptions: this.model.channels(),
+        });
+        if (result.type === "replay") {
+          for (const envelope of result.actions ?? []) this.model.applyEnvelope(envelope);
+          for (const gone of result.missing ?? []) this.channelGone(gone);
+        } else {
+          for (const snapshot of result.snapshots ?? []) this.model.applySnapshot(snapshot);
+        }
+        this.note(`resumed from serverSeq ${this.model.lastSeen}`);
+        await this.loadSessions(true);
+        this.announcePresence();
+        this.render();
+        return;
+      } catch (error) {
+        if (!(error instanceof RpcError)) throw error;
+        this.note(`could not resume (${error.message}); starting afresh`);
+      }
+    }
+    const result = await link.request("initialize", {
+      channel: ROOT,
+      protocolVersions: ["1.0.0"],
+      clientId: clientId(),
+      initialSubscriptions: [ROOT],
+    });
+    this.model.saw(Number(result.serverSeq ?? 0));
+    for (const snapshot of result.snapshots ?? []) this.model.applySnapshot(snapshot);
+    this.initialized = true;
+    this.fillAgents();
+    await this.loadSessions(true);
+    for (const uri of [this.session, this.chat]) {
+      if (uri) await this.subscribe(uri);
+    }
+    this.announcePresence();
+    this.render();
+  }
+
+  private showLinkState(state: LinkState): void {
+    const pill = $("link-state");
+    pill.dataset.state = state.kind;
+    pill.textContent =
+      state.kind === "online"
+        ? "connected"
+        : state.kind === "connecting"
+          ? state.attempt > 1
+            ? `reconnecting (attempt ${state.attempt})…`
+            : "connecting…"
+          : state.kind === "offline"
+            ? `offline: ${state.reason}; retrying in ${(state.retryInMs / 1000).toFixed(1)}s`
+            : `signed out: ${state.reason}`;
+    $("composer-send").toggleAttribute("disabled", state.kind !== "online");
+  }
+
+  private onNotification(method: string, params: JsonObject): void {
+    if (method === "action") {
+      if (params.rejectionReason && params.origin?.clientId === clientId()) {
+        this.note(`not applied: ${params.rejectionReason}`);
+      }
+      if (this.model.applyEnvelope(params)) {
+        if (params.channel === this.session) this.followDefaultChat();
+        this.render();
+      }
+    } else if (this.model.onRootNotification(method, params)) {
+      if (method === "root/sessionRemoved" && params.session === this.session) this.closeSession();
+      this.render();
+    }
+  }
+
+  private dispatch(channel: string, action: JsonObject): void {
+    this.clientSeq += 1;
+    if (!this.link.notify("dispatchAction", { channel, clientSeq: this.clientSeq, action })) {
+      this.note("offline: the action was not sent");
+    }
+  }
+
+  private async subscribe(uri: string): Promise<boolean> {
+    try {
+      const result = await this.link.request("subscribe", { channel: uri });
+      if (result.snapshot) this.model.applySnapshot(result.snapshot);
+      return true;
+    } catch (error) {
+      this.note(`could not open ${uri}: ${(error as Error).message}`);
+      return false;
+    }
+  }
+
+  private channelGone(uri: string): void {
+    this.model.forget(uri);
+    if (uri === this.session) this.closeSession();
+    if (uri === this.chat) this.chat = undefined;
+  }
+
+  private note(text: string): void {
+    const line = h("li", {}, `${new Date().toLocaleTimeString()} ${text}`);
+    const log = $("notes");
+    log.prepend(line);
+    while (log.childElementCount > 5) log.lastElementChild?.remove();
+  }
+
+  // ── sessions ────────────────────────────────────────────────────────────────────────────────────────
+
+  private async loadSessions(first: boolean): Promise<void> {
+    const params: JsonObject = { channel: ROOT, limit: PAGE_SIZE };
+    if (!first && this.model.nextCursor) params.cursor = this.model.nextCursor;
+    const page = await this.link.request("listSessions", params);
+    if (first) this.model.sessions.clear();
+    for (const item of page.items ?? []) this.model.sessions.set(item.resource, item);
+    this.model.nextCursor = page.nextCursor ?? undefined;
+    this.render();
+  }
+
+  private fillAgents(): void {
+    const root = this.model.state(ROOT);
+    const select = $<HTMLSelectElement>("new-session-agent");
+    select.replaceChildren(
+      ...(root?.agents ?? []).map((agent: JsonObject) =>
+        h("option", { value: agent.provider }, agent.displayName || agent.provider),
+      ),
+    );
+    this.fillModels();
+  }
+
+  private fillModels(): void {
+    const root = this.model.state(ROOT);
+    const provider = $<HTMLSelectElement>("new-session-agent").value;
+    const agent = (root?.agents ?? []).find((a: JsonObject) => a.provider === provider);
+    $<HTMLSelectElement>("new-session-model").replaceChildren(
+      h("option", { value: "" }, "default model"),
+      ...(agent?.models ?? []).map((m: JsonObject) => h("option", { value: m.id }, m.name || m.id)),
+    );
+  }
+
+  private async createSession(): Promise<void> {
+    const uri = `ahp-session:/${newId()}`;
+    const provider = $<HTMLSelectElement>("new-session-agent").value;
+    const model = $<HTMLSelectElement>("new-session-model").value;
+    const directory = $<HTMLInputElement>("new-session-dir").value.trim();
+    const params: JsonObject = { channel: uri, provider };
+    if (directory) {
+      params.workingDirectories = [directory.includes("://") ? directory : `file://${directory.startsWith("/") ? "" : "/"}${directory}`];
+    }
+    const chat = `ahp-chat:/${newId()}`;
+    try {
+      await this.link.request("createSession", params);
+      // A session starts without chats: give it its first, which becomes its default.
+      await this.link.request("createChat", { channel: uri, chat });
+    } catch (error) {
+      this.note(`could not create a session: ${(error as Error).message}`);
+      return;
+    }
+    if (model) this.modelChoice.set(uri, model);
+    await this.openSession(uri);
+  }
+
+  private async openSession(uri: string): Promise<void> {
+    if (this.session && this.session !== uri) this.leave();
+    this.session = uri;
+    document.body.dataset.view = "session";
+    if (!(await this.subscribe(uri))) return;
+    this.followDefaultChat();
+    this.announcePresence();
+    this.render();
+  }
+
+  /** Opens the session's default chat (else its first) when no chat is open, e.g. once a new session has one. */
+  private followDefaultChat(): void {
+    const state = this.session ? this.model.state(this.session) : undefined;
+    const chat = state?.defaultChat ?? state?.chats?.[0]?.resource;
+    if (chat && !this.chat) void this.openChat(chat);
+  }
+
+  private async openChat(uri: string): Promise<void> {
+    if (this.chat === uri) return;
+    if (this.chat) {
+      void this.link.request("unsubscribe", { channel: this.chat }).catch(() => undefined);
+      this.model.forget(this.chat);
+    }
+    this.chat = uri;
+    this.turnCache.clear();
+    $("transcript").replaceChildren();
+    await this.subscribe(uri);
+    this.render();
+  }
+
+  private leave(): void {
+    for (const uri of [this.chat, this.session]) {
+      if (!uri) continue;
+      void this.link.request("unsubscribe", { channel: uri }).catch(() => undefined);
+      this.model.forget(uri);
+    }
+    this.session = undefined;
+    this.chat = undefined;
+    this.turnCache.clear();
+    $("transcript").replaceChildren();
+  }
+
+  private closeSession(): void {
+    this.leave();
+    document.body.dataset.view = "sessions";
+    this.render();
+  }
+
+  private async createChat(): Promise<void> {
+    if (!this.session) return;
+    const chat = `ahp-chat:/${newId()}`;
+    try {
+      await this.link.request("createChat", { channel: this.session, chat });
+      await this.openChat(chat);
+    } catch (error) {
+      this.note(`could not create a chat: ${(error as Error).message}`);
+    }
+  }
+
+  private async disposeSession(): Promise<void> {
+    if (!this.session || !window.confirm("Dispose this session for every device?")) return;
+    const uri = this.session;
+    try {
+      await this.link.request("disposeSession", { channel: uri });
+      this.closeSession();
+    } catch (error) {
+      this.note(`could not dispose: ${(error as Error).message}`);
+    }
+  }
+
+  /** Shows this device in the session's active clients (so other devices see who is connected). */
+  private announcePresence(): void {
+    if (!this.session || this.me.role === "viewer") return;
+    const state = this.model.state(this.session);
+    if (!state || (state.activeClients ?? []).some((c: JsonObject) => c.clientId === clientId())) return;
+    this.dispatch(this.session, {
+      type: "session/activeClientSet",
+      activeClient: { clientId: clientId(), displayName: `${deviceName()} · ${this.me.sub ?? ""}`, tools: [] },
+    });
+  }
+
+  // ── chat actions ────────────────────────────────────────────────────────────────────────────────────
+
+  private chatState(): JsonObject | undefined {
+    return this.chat ? this.model.state(this.chat) : undefined;
+  }
+
+  private send(): void {
+    const box = $<HTMLTextAreaElement>("prompt");
+    const text = box.value.trim();
+    const chat = this.chat;
+    if (!text || !chat || !this.link.online) return;
+    const message: JsonObject = { text, origin: { kind: "user" } };
+    const model = this.session && this.modelChoice.get(this.session);
+    if (model) message.model = { id: model };
+    if (this.chatState()?.activeTurn) {
+      this.dispatch(chat, { type: "chat/pendingMessageSet", kind: "queued", id: newId(), message });
+    } else {
+      this.dispatch(chat, { type: "chat/turnStarted", turnId: newId(), startedAt: new Date().toISOString(), message });
+    }
+    box.value = "";
+  }
+
+  private cancelTurn(): void {
+    const turn = this.chatState()?.activeTurn;
+    if (turn && this.chat) this.dispatch(this.chat, { type: "chat/turnCancelled", turnId: turn.id, duration: 0 });
+  }
+
+  private confirmTool(turnId: string, call: JsonObject, approved: boolean): void {
+    if (!this.chat) return;
+    const option = (call.options ?? []).find((o: JsonObject) => o.kind === (approved ? "approve" : "deny"));
+    const action: JsonObject = { type: "chat/toolCallConfirmed", turnId, toolCallId: call.toolCallId, approved };
+    if (approved) action.confirmed = "user-action";
+    else action.reason = "denied";
+    if (option) action.selectedOptionId = option.id;
+    this.dispatch(this.chat, action);
+  }
+
+  private answerInput(request: JsonObject, form: HTMLFormElement, accept: boolean): void {
+    if (!this.chat) return;
+    if (!accept) {
+      this.dispatch(this.chat, { type: "chat/inputCompleted", requestId: request.id, response: "decline" });
+      return;
+    }
+    const answers: JsonObject = {};
+    for (const question of request.questions ?? []) {
+      const field = form.elements.namedItem(question.id) as HTMLInputElement | HTMLSelectElement | null;
+      if (!field) continue;
+      let value: JsonObject;
+      if (question.kind === "boolean") value = { kind: "boolean", value: (field as HTMLInputElement).checked };
+      else if (question.kind === "number" || question.kind === "integer") value = { kind: "number", value: Number(field.value) };
+      else if (question.kind === "single-select") value = { kind: "selected", value: field.value };
+      else if (question.kind === "multi-select")
+        value = { kind: "selected-many", value: [...(field as HTMLSelectElement).selectedOptions].map((o) => o.value) };
+      else value = { kind: "text", value: field.value };
+      answers[question.id] = { state: "submitted", value };
+    }
+    this.dispatch(this.chat, { type: "chat/inputCompleted", requestId: request.id, response: "accept", answers });
+  }
+
+  private removeQueued(id: string): void {
+    if (this.chat) this.dispatch(this.chat, { type: "chat/pendingMessageRemoved", kind: "queued", id });
+  }
+
+  // ── rendering ───────────────────────────────────────────────────────────────────────────────────────
+
+  private render(): void {
+    if (this.renderQueued) return;
+    this.renderQueued = true;
+    requestAnimationFrame(() => {
+      this.renderQueued = false;
+      this.renderSessions();
+      this.renderSession();
+    });
+  }
+
+  private renderSessions(): void {
+    const list = $("sessions");
+    list.replaceChildren(
+      ...this.model.sessionList().map((summary) => {
+        const item = h(
+          "li",
+          { class: summary.resource === this.session ? "session current" : "session", "data-uri": summary.resource },
+          h("span", { class: "title" }, summary.title || "New session"),
+          h("span", { class: "meta" }, `${summary.provider} · ${statusLabel(summary.status ?? 0)}`),
+        );
+        item.addEventListener("click", () => void this.openSession(summary.resource));
+        return item;
+      }),
+    );
+    $("more-sessions").hidden = !this.model.nextCursor;
+    $("empty-sessions").hidden = this.model.sessions.size > 0;
+  }
+
+  private renderSession(): void {
+    const session = this.session ? this.model.state(this.session) : undefined;
+    $("session-view").hidden = !session;
+    $("no-session").hidden = !!session;
+    if (!session) return;
+    $("session-title").textContent = session.title || "New session";
+    const people = (session.activeClients ?? []).map((c: JsonObject) =>
+      h("span", { class: c.clientId === clientId() ? "person me" : "person" }, c.displayName || c.clientId),
+    );
+    $("people").replaceChildren(...people);
+    const tabs = (session.chats ?? []).map((summary: JsonObject) => {
+      const tab = h(
+        "button",
+        { type: "button", class: summary.resource === this.chat ? "tab current" : "tab" },
+        summary.title || "Chat",
+      );
+      tab.addEventListener("click", () => void this.openChat(summary.resource));
+      return tab;
+    });
+    $("chats").replaceChildren(...tabs);
+    this.renderChat();
+  }
+
+  private renderChat(): void {
+    const chat = this.chatState();
+    const transcript = $("transcript");
+    const atBottom = transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight < 40;
+    const turns: JsonObject[] = [...(chat?.turns ?? [])];
+    if (chat?.activeTurn) turns.push({ ...chat.activeTurn, state: "active" });
+    const nodes = turns.map((turn) => {
+      const json = JSON.stringify(turn);
+      const cached = this.turnCache.get(turn.id);
+      if (cached && cached.json === json) return cached.node;
+      const node = this.renderTurn(turn);
+      this.turnCache.set(turn.id, { json, node });
+      return node;
+    });
+    if (nodes.length !== transcript.childElementCount || nodes.some((n, i) => transcript.children[i] !== n)) {
+      transcript.replaceChildren(...nodes);
+    }
+    if (atBottom) transcript.scrollTop = transcript.scrollHeight;
+
+    const active = chat?.activeTurn;
+    const state = $("turn-state");
+    state.textContent = !chat
+      ? ""
+      : active
+        ? (chat.status & STATUS_INPUT_NEEDED) === STATUS_INPUT_NEEDED
+          ? "waiting for you"
+          : "agent is working…"
+        : "idle";
+    state.dataset.state = active ? "active" : "idle";
+    $("cancel").hidden = !active;
+    this.renderPending(active);
+    const queued: JsonObject[] = chat?.queuedMessages ?? [];
+    $("queued").replaceChildren(
+      ...queued.map((m) => {
+        const remove = h("button", { type: "button", class: "link" }, "remove");
+        remove.addEventListener("click", () => this.removeQueued(m.id));
+        return h("li", { class: "queued" }, h("span", {}, m.message?.text ?? ""), remove);
+      }),
+    );
+  }
+
+  private renderTurn(turn: JsonObject): HTMLElement {
+    const node = h("article", { class: `turn ${turn.state ?? ""}`, "data-turn": turn.id });
+    node.append(h("div", { class: "user" }, turn.message?.text ?? ""));
+    const reply = h("div", { class: "reply" });
+    for (const part of turn.responseParts ?? []) reply.append(this.renderPart(part));
+    node.append(reply);
+    if (turn.error) node.append(h("div", { class: "error" }, `error: ${turn.error.message ?? ""}`));
+    if (turn.state && turn.state !== "active") {
+      const usage = turn.usage ? ` · ${turn.usage.inputTokens ?? 0} in / ${turn.usage.outputTokens ?? 0} out` : "";
+      node.append(h("div", { class: "turn-end", "data-state": turn.state }, `${turn.state}${usage}`));
+    }
+    return node;
+  }
+
+  private renderPart(part: JsonObject): Node {
+    switch (part.kind) {
+      case "markdown": {
+        const body = h("div", { class: "markdown" });
+        body.append(renderMarkdown(String(part.content ?? "")));
+        return body;
+      }
+      case "reasoning": {
+        const details = h("details", { class: "reasoning" }, h("summary", {}, "Reasoning"));
+        details.append(h("div", {}, String(part.content ?? "")));
+        return details;
+      }
+      case "toolCall":
+        return this.renderToolCall(part.toolCall ?? {});
+      case "inputRequest": {
+        const request = part.request ?? {};
+        const answers = Object.entries(request.answers ?? {}).map(([id, answer]: [string, any]) =>
+          h("li", {}, `${id}: ${JSON.stringify(answer?.value?.value ?? answer?.value ?? "")}`),
+        );
+        return h(
+          "div",
+          { class: "input-request" },
+          h("div", { class: "label" }, request.message ?? "The agent asked for input"),
+          h("ul", {}, ...answers),
+          h("div", { class: "meta" }, part.response ? `answer: ${part.response}` : "waiting for an answer"),
+        );
+      }
+      default:
+        return h("pre", { class: "part" }, JSON.stringify(part, null, 2));
+    }
+  }
+
+  private renderToolCall(call: JsonObject): HTMLElement {
+    const card = h("div", { class: `tool ${call.status}`, "data-tool": call.toolCallId });
+    const title = call.status === "completed" && call.pastTenseMessage ? call.pastTenseMessage : call.invocationMessage || call.intention || "";
+    card.append(
+      h("div", { class: "tool-head" }, h("strong", {}, call.displayName || call.toolName || "tool"), ` ${title} `, h("span", { class: "badge" }, call.status ?? "")),
+    );
+    if (call.toolInput !== undefined) {
+      card.append(h("pre", { class: "tool-input" }, typeof call.toolInput === "string" ? call.toolInput : JSON.stringify(call.toolInput, null, 2)));
+    }
+    for (const item of call.content ?? []) {
+      if (item.type === "text") card.append(h("pre", { class: "tool-output" }, String(item.text ?? "")));
+      else card.append(h("pre", { class: "tool-output diff" }, item.diff ?? JSON.stringify(item, null, 2)));
+    }
+    if (call.error?.message) card.append(h("div", { class: "error" }, call.error.message));
+    return card;
+  }
+
+  /** Confirmations and input requests of the running turn, kept as they are while they stay open. */
+  private renderPending(turn: JsonObject | undefined): void {
+    const panel = $("pending");
+    const open = new Map<string, () => HTMLElement>();
+    for (const part of turn?.responseParts ?? []) {
+      const call = part.toolCall;
+      if (part.kind === "toolCall" && call?.status === "pending-confirmation") {
+        open.set(`tool:${call.toolCallId}`, () => this.confirmationCard(turn!.id, call));
+      }
+      if (part.kind === "inputRequest" && !part.response) {
+        open.set(`input:${part.request.id}`, () => this.inputForm(part.request));
+      }
+    }
+    for (const child of [...panel.children] as HTMLElement[]) {
+      if (!open.has(child.dataset.key ?? "")) child.remove();
+    }
+    for (const [key, build] of open) {
+      if (!panel.querySelector(`[data-key="${CSS.escape(key)}"]`)) {
+        const card = build();
+        card.dataset.key = key;
+        panel.append(card);
+      }
+    }
+  }
+
+  private confirmationCard(turnId: string, call: JsonObject): HTMLElement {
+    const approve = h("button", { type: "button", class: "approve" }, "Approve");
+    const deny = h("button", { type: "button", class: "deny" }, "Deny");
+    approve.addEventListener("click", () => this.confirmTool(turnId, call, true));
+    deny.addEventListener("click", () => this.confirmTool(turnId, call, false));
+    const input = typeof call.toolInput === "string" ? call.toolInput : JSON.stringify(call.toolInput ?? "", null, 2);
+    return h(
+      "div",
+      { class: "card confirmation" },
+      h("div", { class: "label" }, call.confirmationTitle?.value ?? call.confirmationTitle ?? `Run ${call.displayName ?? call.toolName}?`),
+      h("pre", {}, input),
+      h("div", { class: "actions" }, approve, deny),
+    );
+  }
+
+  private inputForm(request: JsonObject): HTMLElement {
+    const form = h("form", { class: "card input-form" });
+    form.append(h("div", { class: "label" }, request.message ?? "The agent asks:"));
+    for (const question of request.questions ?? []) {
+      const label = h("label", {}, question.title ?? question.message ?? question.id);
+      let field: HTMLElement;
+      if (question.kind === "boolean") {
+        field = h("input", { type: "checkbox", name: question.id });
+      } else if (question.kind === "single-select" || question.kind === "multi-select") {
+        field = h("select", question.kind === "multi-select" ? { name: question.id, multiple: "" } : { name: question.id },
+          ...(question.options ?? []).map((o: JsonObject) => h("option", { value: o.id }, o.label ?? o.id)));
+      } else {
+        field = h("input", { type: question.kind === "number" || question.kind === "integer" ? "number" : "text", name: question.id, placeholder: question.message ?? "" });
+        if (question.required) field.setAttribute("required", "");
+      }
+      label.append(field);
+      form.append(label);
+    }
+    const decline = h("button", { type: "button", class: "deny" }, "Decline");
+    decline.addEventListener("click", () => this.answerInput(request, form, false));
+    form.append(h("div", { class: "actions" }, h("button", { type: "submit", class: "approve" }, "Answer"), decline));
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.answerInput(request, form, true);
+    });
+    return form;
+  }
+}
+
+async function main(): Promise<void> {
+  const token = takeToken();
+  if (!token) {
+    document.body.dataset.view = "signin";
+    $("signin").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const value = $<HTMLInputElement>("signin-token").value.trim();
+      if (value) {
+        location.hash = `token=${encodeURIComponent(value)}`;
+        location.reload();
+      }
+    });
+    return;
+  }
+  await loadReducers();
+  document.body.dataset.view = "sessions";
+  new App(token).start();
+}
+
+void main();
