@@ -67,7 +67,11 @@ pub fn state_json(
     uri: &str,
 ) -> Result<Option<String>, serde_json::Error> {
     if uri == ahp_types::common::ROOT_RESOURCE_URI {
-        return mirror.root_states().get(host).map(serde_json::to_string).transpose();
+        return mirror
+            .root_states()
+            .get(host)
+            .map(serde_json::to_string)
+            .transpose();
     }
     let key = ahp::HostedResourceKey::new(host.clone(), uri);
     if let Some(session) = mirror.sessions().get(&key) {

@@ -1,0 +1,229 @@
+//! The web client in a real browser: headless Chromium (Debian's package; `scripts/with-chromium` installs it)
+//! driven by `web/e2e/browser.mjs` with playwright-core, against a running `serve`.
+//!
+//! Needs `node`, the web client's npm packages (`web/node_modules`, installed by `scripts/build-web`) and
+//! Chromium (`AHP_TEST_CHROMIUM`, else `/usr/bin/chromium`). `scripts/test` provides all three; without them
+//! these tests fail and say what is missing.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use ahp::hosts::HostId;
+use ahp::MultiHostStateMirror;
+use ahp_types::actions::{ActionEnvelope, ChatInputCompletedAction, StateAction};
+use ahp_types::state::{
+    ChatInputAnswer, ChatInputAnswerValue, ChatInputAnswered, ChatInputResponseKind,
+    ChatInputTextAnswerValue, Snapshot,
+};
+use relay_core::Role;
+use support::*;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs `web/e2e/browser.mjs` with `args`; panics with its output unless it succeeds.
+async fn browser(args: &[&str]) -> String {
+    let script = repo().join("web/e2e/browser.mjs");
+    let modules = repo().join("web/node_modules/playwright-core");
+    assert!(
+        modules.exists(),
+        "playwright-core is not installed in web/node_modules: run scripts/build-web (scripts/test does)"
+    );
+    let chromium = std::env::var("AHP_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).exists(),
+        "no Chromium at {chromium}: run the tests through scripts/with-chromium (scripts/test does)"
+    );
+    let run = tokio::process::Command::new("node")
+        .arg(&script)
+        .args(args)
+        .env("AHP_TEST_CHROMIUM", &chromium)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    // Bounded: the script's own waits are 20 s each; a hung browser must not hang CI.
+    let output = tokio::time::timeout(std::time::Duration::from_secs(180), run)
+        .await
+        .expect("the browser run did not finish in 3 minutes")
+        .expect("run node (is Node.js installed?)");
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        output.status.success(),
+        "the browser run failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// Acceptance: a desktop browser creates a session with the demo agent, sends a prompt (with markup the agent
+/// echoes), sees the reply stream in and approves the tool call; a phone-sized browser opens the same session
+/// and shows the same conversation; the desktop's network is cut mid-turn while the phone answers the agent's
+/// question, and once restored the desktop resumes by itself and ends with exactly the phone's state. Neither
+/// page runs the echoed markup. Screenshots of both land in `target/browser-test/`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_browsers_share_a_session_and_one_resumes_after_its_network_is_cut() {
+    // Slow enough that the reply visibly arrives in parts.
+    let relay = Relay::start_with(&["--demo-step-ms", "60"]).await;
+    let token = relay.token("dev", "dev-user", Role::Admin);
+    let out = repo().join("target/browser-test");
+    let _ = std::fs::remove_dir_all(&out);
+    let base = format!("http://{}", relay.addr);
+    let report = browser(&["flow", &base, &token, &out.display().to_string()]).await;
+    assert!(report.contains("\"session\""), "{report}");
+    for shot in ["desktop.png", "phone.png"] {
+        let png = std::fs::read(out.join(shot)).expect("screenshot written");
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{shot} is a PNG");
+    }
+}
+
+/// Acceptance: the same envelope stream reduced in the browser (the page's WebAssembly `ahp` reducers) and by
+/// `ahp` in Rust gives equal JSON, for a session and a chat through a turn with streaming, reasoning, a
+/// confirmed tool call, an answered input request, a title and usage, and a second turn that is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pages_reducers_and_the_servers_agree_on_a_recorded_stream() {
+    let relay = Relay::start().await;
+    let (client, _) = relay.client("recorder").await;
+    let (session, chat) = create_session_and_chat(&client, "agree").await;
+    let (session_result, mut session_sub) = client.subscribe(session.clone()).await.expect("subscribe");
+    let (chat_result, mut chat_sub) = client.subscribe(chat.clone()).await.expect("subscribe");
+    let snapshots: Vec<Snapshot> = vec![
+        session_result.snapshot.expect("session snapshot"),
+        chat_result.snapshot.expect("chat snapshot"),
+    ];
+
+    let mut chat_envelopes: Vec<ActionEnvelope> = Vec::new();
+    client
+        .dispatch(
+            chat.clone(),
+            turn_started("t1", "use the tool, then ask for input"),
+        )
+        .await
+        .expect("dispatch");
+    loop {
+        let env = next_envelope(&mut chat_sub).await;
+        match &env.action {
+            StateAction::ChatToolCallReady(ready) => {
+                client
+                    .dispatch(chat.clone(), confirm_tool_call("t1", &ready.tool_call_id, true))
+                    .await
+                    .expect("confirm");
+            }
+            StateAction::ChatInputRequested(asked) => {
+                let question = asked
+                    .request
+                    .questions
+                    .as_ref()
+                    .and_then(|q| q.first())
+                    .expect("a question");
+                let id = serde_json::to_value(question).expect("question")["id"]
+                    .as_str()
+                    .expect("question id")
+                    .to_string();
+                let answer = ChatInputAnswer::Submitted(ChatInputAnswered {
+                    value: ChatInputAnswerValue::Text(ChatInputTextAnswerValue { value: "Ana".into() }),
+                });
+                client
+                    .dispatch(
+                        chat.clone(),
+                        StateAction::ChatInputCompleted(ChatInputCompletedAction {
+                            request_id: asked.request.id.clone(),
+                            response: ChatInputResponseKind::Accept,
+                            answers: Some([(id, answer)].into_iter().collect()),
+                        }),
+                    )
+                    .await
+                    .expect("answer");
+            }
+            _ => {}
+        }
+        let done = is_turn_complete(&env);
+        chat_envelopes.push(env);
+        if done {
+            break;
+        }
+    }
+    // A second turn, cancelled while its tool call waits for confirmation.
+    client
+        .dispatch(chat.clone(), turn_started("t2", "the tool again"))
+        .await
+        .expect("dispatch");
+    loop {
+        let env = next_envelope(&mut chat_sub).await;
+        if matches!(env.action, StateAction::ChatToolCallReady(_)) {
+            client
+                .dispatch(
+                    chat.clone(),
+                    StateAction::ChatTurnCancelled(ahp_types::actions::ChatTurnCancelledAction {
+                        turn_id: "t2".into(),
+                        duration: 0,
+                        meta: None,
+                    }),
+                )
+                .await
+                .expect("cancel");
+        }
+        let done = matches!(env.action, StateAction::ChatTurnCancelled(_));
+        chat_envelopes.push(env);
+        if done {
+            break;
+        }
+    }
+    // Everything the session channel got up to the relay's current state of it.
+    let (observer, _) = relay.client_as("dev", "observer", Role::Viewer, "observer").await;
+    let (now, _) = observer.subscribe(session.clone()).await.expect("subscribe");
+    let until = u64::try_from(now.snapshot.expect("session snapshot").from_seq).expect("seq");
+    let mut session_envelopes = Vec::new();
+    while session_envelopes
+        .last()
+        .is_none_or(|e: &ActionEnvelope| e.server_seq < until)
+    {
+        session_envelopes.push(next_envelope(&mut session_sub).await);
+    }
+    assert!(chat_envelopes.iter().all(|e| e.rejection_reason.is_none()));
+    let envelopes: Vec<ActionEnvelope> = session_envelopes.into_iter().chain(chat_envelopes).collect();
+
+    // In Rust, with `ahp`.
+    let host = HostId::from("relay");
+    let mut mirror = MultiHostStateMirror::new();
+    for snapshot in &snapshots {
+        mirror.apply_snapshot(&host, snapshot);
+    }
+    for envelope in &envelopes {
+        mirror.apply_envelope(&host, envelope);
+    }
+    let key = |uri: &str| ahp::HostedResourceKey::new(host.clone(), uri);
+    let rust_session = json(mirror.sessions().get(&key(&session)).expect("session mirrored"));
+    let rust_chat = json(mirror.chats().get(&key(&chat)).expect("chat mirrored"));
+    assert_eq!(
+        rust_chat["turns"].as_array().map(Vec::len),
+        Some(2),
+        "{rust_chat}"
+    );
+
+    // In the browser, with the page's WebAssembly.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("stream.json");
+    let output = dir.path().join("states.json");
+    std::fs::write(
+        &input,
+        serde_json::json!({"snapshots": snapshots, "envelopes": envelopes, "uris": [session, chat]})
+            .to_string(),
+    )
+    .expect("write the stream");
+    let base = format!("http://{}", relay.addr);
+    browser(&[
+        "reduce",
+        &base,
+        &input.display().to_string(),
+        &output.display().to_string(),
+    ])
+    .await;
+    let page: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&output).expect("the page's states")).expect("json");
+    assert_eq!(page[&session], rust_session, "the session state");
+    assert_eq!(page[&chat], rust_chat, "the chat state");
+}
