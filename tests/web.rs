@@ -166,8 +166,17 @@ async fn vs_code_connects_with_tkn_and_its_version_list() {
         101
     );
 
+    // A client given only host:port connects at `/`, to the default host.
+    let root = format!("ws://{}/", relay.addr);
+    assert_eq!(upgrade(format!("{root}?tkn={token}"), None).await, 101);
+    assert_eq!(upgrade(format!("{root}?tkn=not-a-jwt"), None).await, 401);
+    assert_eq!(
+        upgrade(format!("{root}?tkn={token}"), Some("https://evil.example")).await,
+        403
+    );
+
     // The whole handshake as VS Code does it: no headers, `tkn`, three versions offered.
-    let mut socket = raw_socket(&format!("{url}?tkn={token}")).await;
+    let mut socket = raw_socket(&format!("{root}?tkn={token}")).await;
     send(
         &mut socket,
         json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{

@@ -1,6 +1,7 @@
 //! The HTTP surface: `GET /v1/ws`, `GET /v1/hosts/{host}/ws`, `GET /healthz` (the process is up), `GET /readyz`
 //! (it is not draining and its shard side answers), `GET /metrics` (this process's Prometheus metrics), and the
-//! web client at `GET /` and `GET /assets/{name}` ([`crate::web`]).
+//! web client at `GET /` and `GET /assets/{name}` ([`crate::web`]). A WebSocket upgrade at `/` opens the
+//! default host, like `/v1/ws`.
 //!
 //! The token is checked before the upgrade, from `Authorization: Bearer`, `?access_token=` or `?tkn=` (what VS
 //! Code appends): a missing, malformed, wrongly signed or expired token gets HTTP 401 and never reaches AHP. A
@@ -10,7 +11,7 @@
 use std::sync::Arc;
 
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -47,7 +48,7 @@ pub fn router<L: HostLink>(state: Arc<GatewayState<L>>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz::<L>))
         .route("/metrics", get(metrics::<L>))
-        .route("/", get(crate::web::index))
+        .route("/", get(root::<L>))
         .route("/assets/{name}", get(crate::web::asset))
         .with_state(state)
 }
@@ -107,6 +108,32 @@ async fn named_host_ws<L: HostLink>(
     upgrade: WebSocketUpgrade,
 ) -> Response {
     open(state, host, &headers, query, upgrade).await
+}
+
+/// `GET /`: a WebSocket upgrade opens the default host (so a client given only `host:port`, as VS Code's
+/// remote agent host setting often is, connects); anything else gets the web client's page.
+async fn root<L: HostLink>(
+    State(state): State<Arc<GatewayState<L>>>,
+    request: axum::extract::Request,
+) -> Response {
+    let (mut parts, _body) = request.into_parts();
+    let wants_websocket = parts
+        .headers
+        .get(header::UPGRADE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.eq_ignore_ascii_case("websocket"));
+    if !wants_websocket {
+        return crate::web::index().await;
+    }
+    let query = match Query::<TokenQuery>::from_request_parts(&mut parts, &state).await {
+        Ok(Query(query)) => query,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &state).await {
+        Ok(upgrade) => upgrade,
+        Err(rejection) => return rejection.into_response(),
+    };
+    open(state, "default".into(), &parts.headers, query, upgrade).await
 }
 
 /// Host names: 1–63 lowercase letters, digits and dashes, starting with a letter or digit.
