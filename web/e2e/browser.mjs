@@ -88,6 +88,20 @@ async function flow(token, outDir) {
   await a.click("#pending .confirmation button.approve");
   await a.waitForSelector("#transcript .tool.completed", { timeout: PATIENCE });
   await a.waitForSelector("#pending .input-form", { timeout: PATIENCE });
+  // The tool's output and its file edit, shown as a diff whose added line is the prompt, as text.
+  const edit = await a.evaluate(() => {
+    const box = document.querySelector("#transcript .tool.completed .file-edit");
+    return box && {
+      path: box.dataset.path,
+      added: [...box.querySelectorAll(".diff .add")].map((l) => l.textContent),
+      kept: box.querySelectorAll(".diff .same").length,
+      elements: box.querySelectorAll("script, img").length,
+    };
+  });
+  check(edit !== null, "the tool's file edit is shown");
+  check(edit.path === "/demo/notes.md", `the edit names its file (${edit.path})`);
+  check(edit.added.length === 1 && edit.added[0] === `+ ${hostile}\n`, `the diff adds the prompt as text (${edit.added})`);
+  check(edit.kept === 3 && edit.elements === 0, "the diff keeps the unchanged lines and creates no elements from the prompt");
 
   // ── Device B: a phone-sized browser opens the same session and sees the same conversation.
   const phone = await browser.newContext({

@@ -4,26 +4,14 @@
 import { Link, LinkState, JsonObject, RpcError } from "./rpc";
 import { Model, ROOT, loadReducers } from "./state";
 import { renderMarkdown } from "./markdown";
+import { h } from "./dom";
+import { renderToolContent } from "./toolcontent";
 
 const TOKEN_KEY = "ahp-relay.token";
 const CLIENT_KEY = "ahp-relay.client-id";
 const PAGE_SIZE = 30;
 
 const $ = <T extends HTMLElement = HTMLElement>(id: string) => document.getElementById(id) as T;
-
-function h<K extends keyof HTMLElementTagNameMap>(
-  tag: K,
-  attrs: Record<string, string> = {},
-  ...children: (Node | string)[]
-): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (key === "class") node.className = value;
-    else node.setAttribute(key, value);
-  }
-  node.append(...children);
-  return node;
-}
 
 /** The token from `#token=…` (then removed from the address bar), else the one this tab already had. */
 function takeToken(): string | undefined {
@@ -108,6 +96,8 @@ class App {
 
   start(): void {
     $("who").textContent = `${this.me.sub ?? "?"} · ${this.me.role ?? "?"}`;
+    // A viewer watches: the controls the relay would refuse (create, send, answer, dispose) are hidden.
+    document.body.dataset.role = String(this.me.role ?? "");
     $("new-session").addEventListener("submit", (event) => {
       event.preventDefault();
       void this.createSession();
@@ -598,10 +588,7 @@ class App {
     if (call.toolInput !== undefined) {
       card.append(h("pre", { class: "tool-input" }, typeof call.toolInput === "string" ? call.toolInput : JSON.stringify(call.toolInput, null, 2)));
     }
-    for (const item of call.content ?? []) {
-      if (item.type === "text") card.append(h("pre", { class: "tool-output" }, String(item.text ?? "")));
-      else card.append(h("pre", { class: "tool-output diff" }, item.diff ?? JSON.stringify(item, null, 2)));
-    }
+    for (const item of call.content ?? []) card.append(renderToolContent(item));
     if (call.error?.message) card.append(h("div", { class: "error" }, call.error.message));
     return card;
   }

@@ -2,7 +2,7 @@
 //!
 //! It exercises every part of a turn that clients must handle: a reasoning part, a markdown reply streamed in
 //! several `chat/delta`s, usage, a session title, a tool call that needs confirmation (when the prompt contains
-//! "tool"), a tool call that an active client of the session runs itself (when it contains "client tool" and a
+//! "tool"; its result is the prompt as text and as a file edit appending it to `notes.md`), a tool call that an active client of the session runs itself (when it contains "client tool" and a
 //! client offers a tool), and an input request (when the prompt contains "input"). It stops promptly on
 //! [`TurnControl::Cancelled`], and answers a steering message ([`TurnControl::Steer`]) at the end of its reply.
 //! Its pace is configurable so tests can stream slowly enough to interrupt.
@@ -26,6 +26,11 @@ use ahp_types::state::{
 use tokio::sync::mpsc;
 
 use crate::provider::{ChatSink, Provider, TurnControl, TurnHandle, TurnRequest};
+
+/// The file the demo's echo tool reports editing (nothing is written: the edit is shown, not applied).
+const DEMO_EDITED_FILE: &str = "/demo/notes.md";
+/// That file's content before the edit; the edit appends the prompt as a line.
+const DEMO_EDITED_BEFORE: &str = "# Notes\n\nEchoed prompts:\n";
 
 /// How fast the demo agent streams.
 #[derive(Debug, Clone, Copy)]
@@ -282,9 +287,16 @@ impl DemoTurn {
                 result: ToolCallResult {
                     success: true,
                     past_tense_message: StringOrMarkdown::Plain("Echoed the prompt".into()),
-                    content: Some(vec![ToolResultContent::Text(ToolResultTextContent {
-                        text: prompt.to_string(),
-                    })]),
+                    content: Some(vec![
+                        ToolResultContent::Text(ToolResultTextContent {
+                            text: prompt.to_string(),
+                        }),
+                        ToolResultContent::FileEdit(crate::acp::turn::file_edit(
+                            std::path::Path::new(DEMO_EDITED_FILE),
+                            Some(DEMO_EDITED_BEFORE),
+                            &format!("{DEMO_EDITED_BEFORE}{prompt}\n"),
+                        )),
+                    ]),
                     structured_content: None,
                     error: None,
                 },
