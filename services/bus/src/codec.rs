@@ -15,6 +15,16 @@
 //! | 31 | n | channel (UTF-8) |
 //! | 31+n | … | frame |
 //!
+//! A commit's events travel as one message, a **batch** ([`encode_batch`], [`decode_batch`]):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | [`BATCH_VERSION`] |
+//! | 1 | 4 | number of events `k` (at least 1) |
+//! | 5 | … | `k` times: length `m` (4 bytes), then one event encoded as above (`m` bytes) |
+//!
+//! [`decode_batch`] also accepts a single event (version 1) as a batch of one.
+//!
 //! Decoding checks every field and returns a [`CodecError`] for anything else; it never panics.
 
 use std::sync::Arc;
@@ -26,8 +36,14 @@ use relay_core::ConnectionId;
 /// The format version written by [`encode`] and the only one [`decode`] accepts.
 pub const VERSION: u8 = 1;
 
+/// The format version of a batch of events.
+pub const BATCH_VERSION: u8 = 2;
+
 /// Bytes before the channel name.
 pub const HEADER_LEN: usize = 31;
+
+/// Bytes before a batch's first event.
+const BATCH_HEADER_LEN: usize = 5;
 
 /// Why bytes are not an encoded [`BusEvent`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -46,12 +62,40 @@ pub enum CodecError {
     ChannelLength(u64),
     #[error("channel name is not UTF-8")]
     ChannelUtf8,
+    #[error("a batch of {0} events")]
+    BatchCount(u32),
+    #[error("{0} bytes after a batch's last event")]
+    Trailing(usize),
 }
 
 /// Encodes `event` as one bus message.
 pub fn encode(event: &BusEvent) -> Bytes {
+    let mut out = BytesMut::with_capacity(encoded_len(event));
+    encode_into(event, &mut out);
+    out.freeze()
+}
+
+/// The size of `event` encoded by [`encode`].
+pub fn encoded_len(event: &BusEvent) -> usize {
+    HEADER_LEN + event.channel.len() + event.frame.len()
+}
+
+/// Encodes `events` (at least one; a commit's events in order) as one bus message.
+pub fn encode_batch(events: &[impl std::borrow::Borrow<BusEvent>]) -> Bytes {
+    let size = BATCH_HEADER_LEN + events.iter().map(|e| 4 + encoded_len(e.borrow())).sum::<usize>();
+    let mut out = BytesMut::with_capacity(size);
+    out.put_u8(BATCH_VERSION);
+    out.put_u32(u32::try_from(events.len()).unwrap_or(u32::MAX));
+    for event in events {
+        let event = event.borrow();
+        out.put_u32(u32::try_from(encoded_len(event)).unwrap_or(u32::MAX));
+        encode_into(event, &mut out);
+    }
+    out.freeze()
+}
+
+fn encode_into(event: &BusEvent, out: &mut BytesMut) {
     let channel = event.channel.as_bytes();
-    let mut out = BytesMut::with_capacity(HEADER_LEN + channel.len() + event.frame.len());
     out.put_u8(VERSION);
     out.put_u8(match event.kind {
         BusEventKind::Action => 0,
@@ -73,11 +117,60 @@ pub fn encode(event: &BusEvent) -> Bytes {
     out.put_u32(u32::try_from(channel.len()).unwrap_or(u32::MAX));
     out.put_slice(channel);
     out.put_slice(&event.frame);
-    out.freeze()
 }
 
-/// Decodes one bus message. The frame is copied out of `input` once.
+/// Decodes one bus message holding a batch (or a single event, as a batch of one). The message is copied
+/// once; every frame is a slice of that copy.
+pub fn decode_batch(input: &[u8]) -> Result<Vec<BusEvent>, CodecError> {
+    let Some(&version) = input.first() else {
+        return Err(CodecError::Truncated(0));
+    };
+    if version == VERSION {
+        return decode(input).map(|event| vec![event]);
+    }
+    if version != BATCH_VERSION {
+        return Err(CodecError::Version(version));
+    }
+    let header = input
+        .get(..BATCH_HEADER_LEN)
+        .ok_or(CodecError::Truncated(input.len()))?;
+    let count = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
+    // Every event takes at least its length and header: a count beyond that cannot be true.
+    let most = (input.len() - BATCH_HEADER_LEN) / (4 + HEADER_LEN);
+    let wanted = usize::try_from(count).unwrap_or(usize::MAX);
+    if count == 0 || wanted > most {
+        return Err(CodecError::BatchCount(count));
+    }
+    let message = Bytes::copy_from_slice(input);
+    let mut events = Vec::with_capacity(wanted);
+    let mut at = BATCH_HEADER_LEN;
+    for _ in 0..wanted {
+        let len_bytes = message
+            .get(at..at + 4)
+            .ok_or(CodecError::Truncated(message.len()))?;
+        let len = u32::from_be_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]);
+        let len = usize::try_from(len).map_err(|_| CodecError::Truncated(message.len()))?;
+        let start = at + 4;
+        let end = start.checked_add(len).filter(|end| *end <= message.len());
+        let end = end.ok_or(CodecError::Truncated(message.len()))?;
+        events.push(decode_shared(&message, start, end)?);
+        at = end;
+    }
+    if at != message.len() {
+        return Err(CodecError::Trailing(message.len() - at));
+    }
+    Ok(events)
+}
+
+/// Decodes one bus message holding a single event. The frame is copied out of `input` once.
 pub fn decode(input: &[u8]) -> Result<BusEvent, CodecError> {
+    let message = Bytes::copy_from_slice(input);
+    decode_shared(&message, 0, message.len())
+}
+
+/// Decodes the event at `message[start..end]`; its frame is a slice of `message` (no copy).
+fn decode_shared(message: &Bytes, start: usize, end: usize) -> Result<BusEvent, CodecError> {
+    let input = &message[start..end];
     let header = input
         .get(..HEADER_LEN)
         .ok_or(CodecError::Truncated(input.len()))?;
@@ -114,15 +207,15 @@ pub fn decode(input: &[u8]) -> Result<BusEvent, CodecError> {
     if len > rest.len() {
         return Err(CodecError::ChannelLength(channel_len.into()));
     }
-    let (channel, frame) = rest.split_at(len);
-    let channel = std::str::from_utf8(channel).map_err(|_| CodecError::ChannelUtf8)?;
+    let channel = std::str::from_utf8(&rest[..len]).map_err(|_| CodecError::ChannelUtf8)?;
+    let frame_start = start + HEADER_LEN + len;
     Ok(BusEvent {
         kind,
         channel: Arc::from(channel),
         seq,
         prev_seq,
         audience,
-        frame: Bytes::copy_from_slice(frame),
+        frame: message.slice(frame_start..end),
         // Received now: the publisher's clock is not this process's.
         published_at: Some(std::time::Instant::now()),
     })
@@ -261,6 +354,73 @@ mod tests {
             if let Ok(event) = decode(&bytes) {
                 assert_eq!(encode(&event).as_ref(), bytes.as_slice());
             }
+        }
+    }
+
+    #[test]
+    fn batches_round_trip_and_single_events_decode_as_a_batch_of_one() {
+        let events: Vec<BusEvent> = (1..=3)
+            .map(|seq| {
+                let mut e = sample(BusEventKind::Action, Audience::Subscribers);
+                e.seq = seq;
+                e.prev_seq = seq - 1;
+                e
+            })
+            .collect();
+        let decoded = decode_batch(&encode_batch(&events.iter().collect::<Vec<_>>())).expect("batch");
+        assert_eq!(decoded.len(), 3);
+        for (a, b) in events.iter().zip(&decoded) {
+            assert_same(a, b);
+        }
+        let single = decode_batch(&encode(&events[0])).expect("a single event");
+        assert_eq!(single.len(), 1);
+        assert_same(&events[0], &single[0]);
+    }
+
+    #[test]
+    fn bad_batches_are_errors() {
+        let event = sample(BusEventKind::Action, Audience::Subscribers);
+        let good = encode_batch(&[&event, &event]).to_vec();
+        for cut in 0..good.len() {
+            assert!(
+                decode_batch(&good[..cut]).is_err(),
+                "accepted a batch cut at {cut}"
+            );
+        }
+        let mut trailing = good.clone();
+        trailing.push(0);
+        assert_eq!(decode_batch(&trailing).err(), Some(CodecError::Trailing(1)));
+        let mut zero = good.clone();
+        zero[1..5].copy_from_slice(&0u32.to_be_bytes());
+        assert_eq!(decode_batch(&zero).err(), Some(CodecError::BatchCount(0)));
+        let mut huge = good;
+        huge[1..5].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(decode_batch(&huge).err(), Some(CodecError::BatchCount(u32::MAX)));
+        assert_eq!(decode_batch(&[9]).err(), Some(CodecError::Version(9)));
+    }
+
+    /// Random bytes and damaged batches decode to a value or an error, never a panic.
+    #[test]
+    fn batch_fuzz_never_panics() {
+        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            state.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        };
+        let event = sample(BusEventKind::Notification, Audience::Everyone);
+        let valid = encode_batch(&[&event, &event, &event]).to_vec();
+        for round in 0..20_000u32 {
+            let mut b = valid.clone();
+            for _ in 0..(1 + next() % 4) {
+                let at = (next() % b.len() as u64) as usize;
+                b[at] = next() as u8;
+            }
+            if round % 3 == 0 {
+                b.truncate((next() % (b.len() as u64 + 1)) as usize);
+            }
+            let _ = decode_batch(&b);
         }
     }
 }

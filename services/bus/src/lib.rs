@@ -11,6 +11,6 @@ pub mod subscriber;
 mod tls;
 
 pub use channel::channel_name;
-pub use codec::{decode, encode, CodecError};
+pub use codec::{decode, decode_batch, encode, encode_batch, CodecError};
 pub use publisher::{PublishError, RedisPublisher};
 pub use subscriber::{BoxFuture, GapRepair, RedisSubscriber, RepairError, SubscribeError, SubscriberOptions};

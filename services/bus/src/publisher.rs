@@ -43,27 +43,55 @@ impl RedisPublisher {
         Ok(receivers)
     }
 
-    /// Publishes `events` on `host`'s channel, in order, in one pipelined round trip (a commit batch: the
-    /// shard does not wait for Redis per event). On an error some of them may have been published; either
-    /// way subscribers repair what they miss and drop what they already have.
-    pub async fn publish_all(
+    /// Publishes one commit's `events` on `host`'s channel as one message ([`codec::encode_batch`]), so a
+    /// gateway receives, wakes for and forwards the commit once. A batch over [`MAX_BATCH_MESSAGE_BYTES`] is
+    /// split into several messages, sent in order in one pipelined round trip. On an error some of them may
+    /// have been published; either way subscribers repair what they miss and drop what they already have.
+    pub async fn publish_batch(
         &self,
         host: &HostKey,
-        events: &[impl AsRef<BusEvent>],
+        events: &[impl std::borrow::Borrow<BusEvent>],
     ) -> Result<(), PublishError> {
-        if events.is_empty() {
+        let messages = batch_messages(events, MAX_BATCH_MESSAGE_BYTES);
+        let channel = channel_name(host);
+        let mut connection = self.connection.clone();
+        if let [message] = messages.as_slice() {
+            redis::cmd("PUBLISH")
+                .arg(&channel)
+                .arg(message.as_ref())
+                .query_async::<()>(&mut connection)
+                .await?;
             return Ok(());
         }
-        let channel = channel_name(host);
         let mut pipe = redis::pipe();
-        for event in events {
-            pipe.cmd("PUBLISH")
-                .arg(&channel)
-                .arg(codec::encode(event.as_ref()).as_ref())
-                .ignore();
+        for message in &messages {
+            pipe.cmd("PUBLISH").arg(&channel).arg(message.as_ref()).ignore();
         }
-        let mut connection = self.connection.clone();
         pipe.query_async::<()>(&mut connection).await?;
         Ok(())
     }
+}
+
+/// A batch message stays under this size unless a single event is bigger (then it travels alone).
+pub const MAX_BATCH_MESSAGE_BYTES: usize = 512 * 1024;
+
+/// `events` as batch messages of at most `limit` encoded bytes each (an event bigger than that alone),
+/// in order. Nothing for no events.
+pub fn batch_messages(events: &[impl std::borrow::Borrow<BusEvent>], limit: usize) -> Vec<bytes::Bytes> {
+    let mut messages = Vec::new();
+    let mut start = 0;
+    let mut size = 0;
+    for (i, event) in events.iter().enumerate() {
+        let len = 4 + codec::encoded_len(event.borrow());
+        if i > start && size + len > limit {
+            messages.push(codec::encode_batch(&events[start..i]));
+            start = i;
+            size = 0;
+        }
+        size += len;
+    }
+    if start < events.len() {
+        messages.push(codec::encode_batch(&events[start..]));
+    }
+    messages
 }

@@ -1,5 +1,7 @@
 //! The gateway side of the Redis bus: follows hosts on demand, decodes their events and forwards them in
-//! `serverSeq` order to one local broadcast per host, repairing lost messages (invariant 10).
+//! `serverSeq` order to one local broadcast per host, repairing lost messages (invariant 10). A Redis message
+//! is a commit's batch of events ([`codec::decode_batch`]); what it forwards of it goes on as one
+//! [`BusBatch`].
 //!
 //! Redis pub/sub is at-most-once. Per host the subscriber remembers the last action `seq` it forwarded:
 //! - an action whose `prev_seq` is above it reveals a gap: the missing range is fetched from a [`GapRepair`]
@@ -26,7 +28,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use parking_lot::Mutex;
-use relay_core::bus::{BusEvent, BusEventKind, SharedBusEvent};
+use relay_core::bus::{BusBatch, BusEvent, BusEventKind, SharedBusEvent};
 use relay_core::HostKey;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
@@ -86,7 +88,7 @@ impl Default for SubscriberOptions {
 
 struct HostState {
     key: HostKey,
-    tx: broadcast::Sender<SharedBusEvent>,
+    tx: broadcast::Sender<BusBatch>,
     /// The last action seq forwarded (`None` before the first one).
     last: Option<u64>,
     /// The connection was lost since the last event: repair up to the next event.
@@ -140,7 +142,7 @@ impl RedisSubscriber {
 
     /// Follows `host`: its events, from the moment Redis confirms the subscription, go to the returned
     /// receiver (and to every other receiver of the same host).
-    pub fn follow(&self, host: &HostKey) -> broadcast::Receiver<SharedBusEvent> {
+    pub fn follow(&self, host: &HostKey) -> broadcast::Receiver<BusBatch> {
         let name = channel_name(host);
         let mut hosts = self.shared.hosts.lock();
         if let Some(state) = hosts.get(&name) {
@@ -165,7 +167,7 @@ impl RedisSubscriber {
     /// Like [`follow`](Self::follow), but returns only once Redis has confirmed the subscription: every
     /// event published afterwards reaches the receiver (or is repaired). Returns a closed receiver if the
     /// host is unfollowed meanwhile.
-    pub async fn follow_subscribed(&self, host: &HostKey) -> broadcast::Receiver<SharedBusEvent> {
+    pub async fn follow_subscribed(&self, host: &HostKey) -> broadcast::Receiver<BusBatch> {
         let receiver = self.follow(host);
         let subscribed = self
             .shared
@@ -321,8 +323,8 @@ fn apply_repair(
             events.sort_by_key(|e| e.seq);
             events.dedup_by_key(|e| e.seq);
             let newest = events.last().map_or(after, |e| e.seq);
-            for e in events {
-                let _ = state.tx.send(Arc::new(e));
+            if !events.is_empty() {
+                let _ = state.tx.send(events.into_iter().map(Arc::new).collect());
             }
             // A bounded range is complete up to `through` (missing numbers were never stored); an open one
             // ends at the newest event the host had published.
@@ -340,50 +342,74 @@ fn apply_repair(
 
 /// What to do with one decoded event, decided under the lock.
 enum Plan {
-    Drop,
     Forward,
     Repair { key: HostKey, after: u64, through: u64 },
 }
 
+/// Forward what one Redis message (a batch) brings, in order, as one batch; a gap before any of its events is
+/// repaired first (the repaired range goes out as its own batch, before the rest).
 async fn handle(shared: &Shared, channel: &str, payload: &[u8]) {
-    let event = match codec::decode(payload) {
-        Ok(event) => Arc::new(event),
+    let events = match codec::decode_batch(payload) {
+        Ok(events) => events,
         Err(error) => {
             tracing::warn!(%error, channel, "undecodable bus message dropped");
             return;
         }
     };
-    let plan = {
-        let hosts = shared.hosts.lock();
-        let Some(state) = hosts.get(channel) else {
-            return; // unfollowed while the message was in flight
+    let mut ready: Vec<SharedBusEvent> = Vec::with_capacity(events.len());
+    let mut events = events.into_iter();
+    loop {
+        // Under the lock, up to the first event that reveals a gap (the lock is not held while fetching).
+        let gap = {
+            let mut hosts = shared.hosts.lock();
+            let Some(state) = hosts.get_mut(channel) else {
+                return; // unfollowed while the message was in flight
+            };
+            let mut gap = None;
+            for event in events.by_ref() {
+                if let Plan::Repair { key, after, through } = plan(state, &event) {
+                    gap = Some((key, after, through, event));
+                    break;
+                }
+                accept(state, event, &mut ready);
+            }
+            // The events before the gap go first.
+            send(state, &mut ready);
+            gap
         };
-        plan(state, &event)
-    };
-    let repaired = match plan {
-        Plan::Drop => return,
-        Plan::Forward => None,
-        Plan::Repair { key, after, through } => {
-            Some((fetch(shared, &key, after, through).await, after, through))
-        }
-    };
-    let mut hosts = shared.hosts.lock();
-    let Some(state) = hosts.get_mut(channel) else {
-        return;
-    };
-    if let Some((repaired, after, through)) = repaired {
+        let Some((key, after, through, event)) = gap else {
+            return;
+        };
+        let repaired = fetch(shared, &key, after, through).await;
+        let mut hosts = shared.hosts.lock();
+        let Some(state) = hosts.get_mut(channel) else {
+            return;
+        };
         if !apply_repair(shared, state, after, through, repaired) {
             return;
         }
+        accept(state, event, &mut ready);
     }
+}
+
+/// Take `event` into the batch being gathered, unless it is an action already forwarded.
+fn accept(state: &mut HostState, event: BusEvent, ready: &mut Vec<SharedBusEvent>) {
     state.resync = false;
     if event.kind == BusEventKind::Action {
         if state.last.is_some_and(|last| event.seq <= last) {
-            return; // delivered by the repair
+            return; // a duplicate, or delivered by the repair
         }
         state.last = Some(event.seq);
     }
-    let _ = state.tx.send(event);
+    ready.push(Arc::new(event));
+}
+
+/// Send the events gathered so far as one batch (none: nothing).
+fn send(state: &HostState, ready: &mut Vec<SharedBusEvent>) {
+    if !ready.is_empty() {
+        // No receivers is fine: every connection may have gone since.
+        let _ = state.tx.send(std::mem::take(ready).into());
+    }
 }
 
 fn plan(state: &HostState, event: &BusEvent) -> Plan {
@@ -391,7 +417,7 @@ fn plan(state: &HostState, event: &BusEvent) -> Plan {
         return Plan::Forward;
     };
     let through = match event.kind {
-        BusEventKind::Action if event.seq <= last => return Plan::Drop,
+        BusEventKind::Action if event.seq <= last => return Plan::Forward, // a duplicate: `accept` drops it
         BusEventKind::Action => event.prev_seq,
         _ if state.resync => event.seq,
         _ => last,

@@ -46,7 +46,7 @@ impl Rig {
 async fn events_arrive_identical_and_in_order() {
     let Some(url) = redis_url() else { return };
     let mut r = rig(&url, "order").await;
-    let mut rx = r.subscriber.follow(&r.host);
+    let mut rx = relay_core::bus::EventReceiver::new(r.subscriber.follow(&r.host));
     wait_subscribed(&mut r.admin, &channel_name(&r.host)).await;
 
     let mut rejected = action(3, 2);
@@ -72,7 +72,7 @@ async fn events_arrive_identical_and_in_order() {
 async fn a_lost_message_is_repaired_exactly_once_in_order() {
     let Some(url) = redis_url() else { return };
     let mut r = rig(&url, "gap").await;
-    let mut rx = r.subscriber.follow(&r.host);
+    let mut rx = relay_core::bus::EventReceiver::new(r.subscriber.follow(&r.host));
     wait_subscribed(&mut r.admin, &channel_name(&r.host)).await;
 
     r.send(&action(1, 0)).await;
@@ -91,8 +91,8 @@ async fn a_lost_message_is_repaired_exactly_once_in_order() {
 async fn duplicates_are_dropped() {
     let Some(url) = redis_url() else { return };
     let mut r = rig(&url, "dup").await;
-    let mut rx = r.subscriber.follow(&r.host);
-    let mut rx2 = r.subscriber.follow(&r.host);
+    let mut rx = relay_core::bus::EventReceiver::new(r.subscriber.follow(&r.host));
+    let mut rx2 = relay_core::bus::EventReceiver::new(r.subscriber.follow(&r.host));
     wait_subscribed(&mut r.admin, &channel_name(&r.host)).await;
 
     for e in [
@@ -119,8 +119,8 @@ async fn undecodable_messages_are_skipped_and_hosts_are_isolated() {
     let Some(url) = redis_url() else { return };
     let mut r = rig(&url, "garbage").await;
     let other = relay_core::HostKey::new(format!("{}x", r.host.tenant), "default");
-    let mut rx = r.subscriber.follow(&r.host);
-    let mut other_rx = r.subscriber.follow(&other);
+    let mut rx = relay_core::bus::EventReceiver::new(r.subscriber.follow(&r.host));
+    let mut other_rx = relay_core::bus::EventReceiver::new(r.subscriber.follow(&other));
     wait_subscribed(&mut r.admin, &channel_name(&r.host)).await;
     wait_subscribed(&mut r.admin, &channel_name(&other)).await;
 
@@ -143,7 +143,7 @@ async fn a_seeded_follower_repairs_a_loss_before_its_first_event() {
     let r = rig(&url, "seed").await;
     r.log.commit(&action(1, 0)); // published before the follower existed
                                  // Confirmed by Redis on return: nothing published from here on is missed.
-    let mut rx = r.subscriber.follow_subscribed(&r.host).await;
+    let mut rx = relay_core::bus::EventReceiver::new(r.subscriber.follow_subscribed(&r.host).await);
     r.subscriber.seed(&r.host, 1);
     r.log.commit(&action(2, 1)); // committed, but its publish is lost
     r.send(&action(3, 2)).await;

@@ -20,7 +20,7 @@ async fn reconnects_and_repairs_across_connection_loss() {
     let subscriber =
         RedisSubscriber::connect(&url, log.clone(), SubscriberOptions::default()).expect("subscriber");
     let mut admin = admin(&url).await;
-    let mut rx = subscriber.follow(&host);
+    let mut rx = relay_core::bus::EventReceiver::new(subscriber.follow(&host));
     wait_subscribed(&mut admin, &channel).await;
 
     let send = |event: BusEvent| {

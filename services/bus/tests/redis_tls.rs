@@ -138,7 +138,7 @@ async fn the_bus_works_over_tls_with_a_password() {
     let subscriber =
         RedisSubscriber::connect(&url, log.clone(), SubscriberOptions::default()).expect("subscriber");
     let host = unique_host("tls");
-    let mut rx = subscriber.follow(&host);
+    let mut rx = relay_core::bus::EventReceiver::new(subscriber.follow(&host));
     let mut admin = admin(&url).await;
     wait_subscribed(&mut admin, &channel_name(&host)).await;
     let event = action(1, 0);

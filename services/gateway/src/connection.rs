@@ -1,27 +1,32 @@
 //! One client WebSocket: reads frames, forwards them to the host, and writes replies and bus events.
 //!
-//! The read side and the bus are served by one task, so a reply's subscription changes are applied before any
-//! later bus event is looked at (design §5). Writes go through a queue bounded in frames and in bytes to a
-//! writer task; a connection that cannot keep up is closed with a resumable close code instead of slowing its
-//! host (invariant 8).
+//! One task serves the whole connection: the read side, the host's bus and the writes, so a reply's
+//! subscription changes are applied before any later bus event is looked at (design §5), and a bus batch goes
+//! from the host to the socket without another task hop. The bus brings a commit's events as one batch; the
+//! connection filters it, queues the frames it admits (the shard's bytes, shared, never re-encoded) and writes
+//! everything queued with one flush. The queue is bounded in frames and in bytes; a connection that cannot
+//! keep up is closed with a resumable close code instead of slowing its host (invariant 8). Writes make
+//! progress whenever the task waits — for the bus, the client, or a call to the host.
 //!
 //! Each inbound message is handled inside an `ahp.call` span (method, host), which the gRPC link carries to
-//! the shard as trace context. The writer records how long each bus event took from its stamp to the client's
-//! socket (`ahp_relay_fanout_latency_seconds`, see [`relay_core::telemetry`]).
+//! the shard as trace context. Once a flush has put bus events on the socket, their time from stamp to socket
+//! is recorded (`ahp_relay_fanout_latency_seconds`, see [`relay_core::telemetry`]).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::future::poll_fn;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
-use relay_core::bus::{BusEvent, BusEventKind, SharedBusEvent};
+use futures_util::stream::SplitSink;
+use futures_util::{Sink, StreamExt};
+use relay_core::bus::{BusBatch, BusEventKind};
 use relay_core::link::{CommandReply, HostLink};
 use relay_core::rpc;
 use relay_core::{telemetry, ConnectionId, HostKey, Identity, Limits};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast;
 use tracing::Instrument;
 
 use crate::filter::SubscriptionFilter;
@@ -43,13 +48,8 @@ pub mod close_code {
     pub const TOKEN_EXPIRED: u16 = 4001;
 }
 
-enum Outbound {
-    /// A frame, and when it was stamped if it is a bus event (for the fan-out latency).
-    Frame(Bytes, Option<Instant>),
-    /// A WebSocket ping (liveness check).
-    Ping,
-    Close(u16, String),
-}
+/// How long a closing connection may take to write what it still has queued and its close frame.
+const CLOSE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Everything one connection needs.
 pub struct Connection<L> {
@@ -72,9 +72,7 @@ impl<L: HostLink> Connection<L> {
         let id = ConnectionId::next();
         let _open = telemetry::connection_opened();
         let (sink, mut stream) = socket.split();
-        let (out_tx, out_rx) = mpsc::channel::<Outbound>(self.limits.outbound_queue_frames.max(1));
-        let queued = Arc::new(AtomicUsize::new(0));
-        let writer = tokio::spawn(write_loop(sink, out_rx, queued.clone()));
+        let outbox = Outbox::new(sink, &self.limits);
 
         let bus = match self.link.attach(&self.host, id, &self.identity).await {
             Ok(bus) => bus,
@@ -85,11 +83,7 @@ impl<L: HostLink> Connection<L> {
                 } else {
                     tracing::warn!(%error, host = %self.host, "attach failed");
                 }
-                let _ = out_tx
-                    .send(Outbound::Close(close_code::UNAVAILABLE, error.to_string()))
-                    .await;
-                drop(out_tx);
-                let _ = writer.await;
+                outbox.close(close_code::UNAVAILABLE, error.to_string()).await;
                 return;
             }
         };
@@ -100,9 +94,7 @@ impl<L: HostLink> Connection<L> {
             backlog: VecDeque::new(),
             backlog_bytes: 0,
             backlog_limit: self.limits.bus_capacity,
-            out: out_tx.clone(),
-            queued,
-            max_queued_bytes: self.limits.outbound_queue_bytes,
+            outbox,
         };
         let mut shutdown = self.shutdown.clone();
         let mut rate = self.quotas.connection_bucket();
@@ -135,10 +127,10 @@ impl<L: HostLink> Connection<L> {
                         break Some((close_code::GOING_AWAY, "idle timeout: no pong".into()));
                     }
                     // A full queue already means a slow consumer; the next delivery closes it.
-                    let _ = out_tx.try_send(Outbound::Ping);
+                    delivery.outbox.ping();
                 }
-                event = delivery.next_event() => {
-                    if let Err(close) = event.and_then(|event| delivery.deliver(&event)) {
+                batch = delivery.next_batch() => {
+                    if let Err(close) = batch.and_then(|batch| delivery.deliver(&batch)) {
                         break Some(close);
                     }
                 }
@@ -164,7 +156,8 @@ impl<L: HostLink> Connection<L> {
                             break Some(close);
                         }
                     }
-                    if let Err(close) = self.handle_frame(id, &text, &mut delivery).await {
+                    // Boxed: a call's state is big and rare; an idle connection should not carry its room.
+                    if let Err(close) = Box::pin(self.handle_frame(id, &text, &mut delivery)).await {
                         break Some(close);
                     }
                 }
@@ -178,17 +171,16 @@ impl<L: HostLink> Connection<L> {
             }
         }
         self.link.detach(&self.host, id).await;
-        drop(delivery);
-        if let Some((code, reason)) = close {
-            // The queue may be full (slow consumer): closing must not wait behind it forever.
-            let _ = tokio::time::timeout(
-                std::time::Duration::from_secs(1),
-                out_tx.send(Outbound::Close(code, reason)),
-            )
-            .await;
+        let Delivery { mut outbox, .. } = delivery;
+        match close {
+            // A slow consumer's queue is what it could not take: it resumes from its last serverSeq instead.
+            Some((code, reason)) if code == close_code::TRY_AGAIN_LATER => {
+                outbox.discard();
+                outbox.close(code, reason).await;
+            }
+            Some((code, reason)) => outbox.close(code, reason).await,
+            None => outbox.finish().await,
         }
-        drop(out_tx);
-        let _ = writer.await;
         tracing::debug!(connection = %id, "disconnected");
     }
 
@@ -251,116 +243,134 @@ fn slow_consumer() -> Close {
     (close_code::TRY_AGAIN_LATER, "slow consumer".to_string())
 }
 
-/// One connection's outbound side: its delivery filter, its host's bus, and the events that arrived while a
-/// call was in flight (held until the call's subscription changes are applied, so none is dropped early).
+/// One connection's outbound side: its delivery filter, its host's bus, the events that arrived while a call
+/// was in flight (held until the call's subscription changes are applied, so none is dropped early), and the
+/// queue of frames being written.
 struct Delivery {
     filter: SubscriptionFilter,
-    bus: broadcast::Receiver<SharedBusEvent>,
-    backlog: VecDeque<SharedBusEvent>,
+    bus: broadcast::Receiver<BusBatch>,
+    backlog: VecDeque<BusBatch>,
     /// Bytes of the frames in `backlog`.
     backlog_bytes: usize,
     backlog_limit: usize,
-    out: mpsc::Sender<Outbound>,
-    /// Bytes queued for the writer and not yet written (the writer subtracts what it wrote).
-    queued: Arc<AtomicUsize>,
-    /// More than this queued (or held in the backlog) closes the connection as a slow consumer.
-    max_queued_bytes: usize,
+    outbox: Outbox,
 }
 
 impl Delivery {
-    async fn next_event(&mut self) -> Result<SharedBusEvent, Close> {
-        match self.bus.recv().await {
-            Ok(event) => Ok(event),
-            Err(broadcast::error::RecvError::Lagged(missed)) => {
-                tracing::info!(missed, "connection fell behind its host's bus");
-                Err(slow_consumer())
-            }
-            Err(broadcast::error::RecvError::Closed) => Err((close_code::RESTARTING, "host closed".into())),
-        }
-    }
-
-    /// Run `call` while keeping the bus drained into the backlog.
-    async fn during<F: std::future::Future>(&mut self, call: F) -> Result<F::Output, Close> {
-        tokio::pin!(call);
+    /// The next batch of the host's bus; meanwhile, what is queued is written.
+    async fn next_batch(&mut self) -> Result<BusBatch, Close> {
+        let Self { bus, outbox, .. } = self;
         loop {
             tokio::select! {
                 biased;
-                output = &mut call => return Ok(output),
-                event = self.next_event() => {
-                    let event = event?;
-                    self.backlog_bytes += event.frame.len();
-                    if self.backlog.len() >= self.backlog_limit || self.backlog_bytes > self.max_queued_bytes {
-                        return Err(slow_consumer());
-                    }
-                    self.backlog.push_back(event);
-                }
+                received = bus.recv() => return received_batch(received),
+                written = outbox.written(), if outbox.has_work() => written?,
             }
         }
+    }
+
+    /// Run `call` while keeping the bus drained into the backlog and writing what is queued.
+    async fn during<F: std::future::Future>(&mut self, call: F) -> Result<F::Output, Close> {
+        tokio::pin!(call);
+        loop {
+            let Self { bus, outbox, .. } = self;
+            let batch = tokio::select! {
+                biased;
+                output = &mut call => return Ok(output),
+                received = bus.recv() => received_batch(received)?,
+                written = outbox.written(), if outbox.has_work() => {
+                    written?;
+                    continue;
+                }
+            };
+            self.hold(batch)?;
+        }
+    }
+
+    /// Keep `batch` until the call in flight has been answered.
+    fn hold(&mut self, batch: BusBatch) -> Result<(), Close> {
+        self.backlog_bytes += relay_core::bus::batch_bytes(&batch);
+        if self.backlog.len() >= self.backlog_limit || self.backlog_bytes > self.outbox.max_bytes {
+            return Err(slow_consumer());
+        }
+        self.backlog.push_back(batch);
+        Ok(())
     }
 
     /// Read the bus into the backlog until it holds the action numbered `seq` (or a later one: everything
     /// up to `seq` then arrived or was lost). Bounded: a lost event must not hold the reply forever.
     async fn await_event(&mut self, seq: u64) -> Result<(), Close> {
         const PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
-        let arrived = |event: &BusEvent| event.kind == BusEventKind::Action && event.seq >= seq;
-        if self.backlog.iter().any(|event| arrived(event)) {
+        let arrived = |batch: &BusBatch| {
+            batch
+                .iter()
+                .any(|event| event.kind == BusEventKind::Action && event.seq >= seq)
+        };
+        if self.backlog.iter().any(arrived) {
             return Ok(());
         }
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            let event = match tokio::time::timeout_at(deadline, self.next_event()).await {
-                Ok(event) => event?,
-                Err(_) => {
-                    tracing::warn!(
-                        seq,
-                        "an event a reply waits for did not arrive; replying without it"
-                    );
+        let waited = tokio::time::timeout(PATIENCE, async {
+            loop {
+                let Self { bus, outbox, .. } = &mut *self;
+                let batch = tokio::select! {
+                    biased;
+                    received = bus.recv() => received_batch(received)?,
+                    written = outbox.written(), if outbox.has_work() => {
+                        written?;
+                        continue;
+                    }
+                };
+                let done = arrived(&batch);
+                self.hold(batch)?;
+                if done {
                     return Ok(());
                 }
-            };
-            let done = arrived(&event);
-            self.backlog_bytes += event.frame.len();
-            if self.backlog.len() >= self.backlog_limit || self.backlog_bytes > self.max_queued_bytes {
-                return Err(slow_consumer());
             }
-            self.backlog.push_back(event);
-            if done {
-                return Ok(());
-            }
-        }
+        })
+        .await;
+        waited.unwrap_or_else(|_| {
+            tracing::warn!(
+                seq,
+                "an event a reply waits for did not arrive; replying without it"
+            );
+            Ok(())
+        })
     }
 
     fn flush_backlog(&mut self) -> Result<(), Close> {
-        while let Some(event) = self.backlog.pop_front() {
-            self.backlog_bytes = self.backlog_bytes.saturating_sub(event.frame.len());
-            self.deliver(&event)?;
+        while let Some(batch) = self.backlog.pop_front() {
+            self.backlog_bytes = self
+                .backlog_bytes
+                .saturating_sub(relay_core::bus::batch_bytes(&batch));
+            self.deliver(&batch)?;
         }
         Ok(())
     }
 
-    fn deliver(&mut self, event: &BusEvent) -> Result<(), Close> {
-        if self.filter.admits(event) {
-            self.send_stamped(event.frame.clone(), event.published_at)?;
+    /// Queue the frames of `batch` this connection admits, in order; they are written together.
+    fn deliver(&mut self, batch: &BusBatch) -> Result<(), Close> {
+        for event in batch.iter() {
+            if self.filter.admits(event) {
+                self.outbox
+                    .push(Outbound::Frame(event.frame.clone(), event.published_at))?;
+            }
         }
         Ok(())
     }
 
-    fn send(&self, frame: Bytes) -> Result<(), Close> {
-        self.send_stamped(frame, None)
+    fn send(&mut self, frame: Bytes) -> Result<(), Close> {
+        self.outbox.push(Outbound::Frame(frame, None))
     }
+}
 
-    /// Queue a frame without waiting; a slow consumer when the queue is full in frames or in bytes.
-    fn send_stamped(&self, frame: Bytes, published_at: Option<Instant>) -> Result<(), Close> {
-        let size = frame.len();
-        if self.queued.fetch_add(size, Ordering::AcqRel) + size > self.max_queued_bytes {
-            return Err(slow_consumer());
+fn received_batch(received: Result<BusBatch, broadcast::error::RecvError>) -> Result<BusBatch, Close> {
+    match received {
+        Ok(batch) => Ok(batch),
+        Err(broadcast::error::RecvError::Lagged(missed)) => {
+            tracing::info!(missed, "connection fell behind its host's bus");
+            Err(slow_consumer())
         }
-        match self.out.try_send(Outbound::Frame(frame, published_at)) {
-            Ok(()) => Ok(()),
-            Err(mpsc::error::TrySendError::Full(_)) => Err(slow_consumer()),
-            // The writer is gone: the socket is closing anyway.
-            Err(mpsc::error::TrySendError::Closed(_)) => Ok(()),
-        }
+        Err(broadcast::error::RecvError::Closed) => Err((close_code::RESTARTING, "host closed".into())),
     }
 }
 
@@ -373,79 +383,141 @@ fn classify_read_error(error: &axum::Error) -> Option<Close> {
     }
 }
 
-/// Writes queued frames to the socket. Frames already queued are written together and flushed once, so a
-/// burst becomes few TCP segments even with `TCP_NODELAY`, while a lone frame leaves at once. Once a flush
-/// has put bus events on the socket, their fan-out latencies are recorded.
-async fn write_loop(
-    mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
-    mut queue: mpsc::Receiver<Outbound>,
-    queued: Arc<AtomicUsize>,
-) {
-    const MAX_COALESCED: usize = 256;
-    let latency = telemetry::fanout_latency();
-    let mut stamps: Vec<Instant> = Vec::new();
-    while let Some(mut item) = queue.recv().await {
-        let mut written = 0;
-        loop {
-            match item {
-                Outbound::Frame(frame, published_at) => {
-                    queued.fetch_sub(frame.len(), Ordering::AcqRel);
-                    match Utf8Bytes::try_from(frame) {
-                        Ok(text) => {
-                            if sink.feed(Message::Text(text)).await.is_err() {
-                                return;
-                            }
-                            stamps.extend(published_at);
-                        }
-                        Err(error) => tracing::error!(%error, "dropping a frame that is not UTF-8"),
-                    }
-                }
-                Outbound::Ping => {
-                    if sink.feed(Message::Ping(Bytes::new())).await.is_err() {
-                        return;
-                    }
-                }
-                Outbound::Close(code, reason) => {
-                    let _ = sink
-                        .send(Message::Close(Some(CloseFrame {
-                            code,
-                            reason: Utf8Bytes::from(reason),
-                        })))
-                        .await;
-                    return;
-                }
-            }
-            written += 1;
-            match queue.try_recv() {
-                Ok(next) if written < MAX_COALESCED => item = next,
-                Ok(next) => {
-                    if !flush(&mut sink, &mut stamps, &latency).await {
-                        return;
-                    }
-                    written = 0;
-                    item = next;
-                }
-                Err(_) => break,
-            }
-        }
-        if !flush(&mut sink, &mut stamps, &latency).await {
-            return;
-        }
-    }
-    let _ = sink.close().await;
+/// What is queued for the socket.
+enum Outbound {
+    /// A frame, and when it was stamped if it is a bus event (for the fan-out latency).
+    Frame(Bytes, Option<Instant>),
+    /// A WebSocket ping (liveness check).
+    Ping,
 }
 
-/// Flush the socket; then every bus event written since the last flush has reached the client's socket.
-async fn flush(
-    sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
-    stamps: &mut Vec<Instant>,
-    latency: &telemetry::FanoutLatency,
-) -> bool {
-    if sink.flush().await.is_err() {
-        return false;
+/// The socket's write half and what is queued for it: frames are handed to the socket as the socket takes
+/// them and flushed once when the queue is empty, so a batch leaves in as few TCP segments as it fits even with
+/// `TCP_NODELAY`, while a lone frame leaves at once. Once a flush has put bus events on the socket, their
+/// fan-out latencies are recorded.
+struct Outbox {
+    sink: SplitSink<WebSocket, Message>,
+    queue: VecDeque<Outbound>,
+    /// Bytes of the frames in `queue`.
+    bytes: usize,
+    /// Frames handed to the socket since its last flush.
+    unflushed: bool,
+    /// Stamps of the bus events handed to the socket since its last flush.
+    stamps: Vec<Instant>,
+    max_frames: usize,
+    /// More than this queued (or held in the backlog) closes the connection as a slow consumer.
+    max_bytes: usize,
+}
+
+impl Outbox {
+    fn new(sink: SplitSink<WebSocket, Message>, limits: &Limits) -> Self {
+        Self {
+            sink,
+            queue: VecDeque::new(),
+            bytes: 0,
+            unflushed: false,
+            stamps: Vec::new(),
+            max_frames: limits.outbound_queue_frames.max(1),
+            max_bytes: limits.outbound_queue_bytes,
+        }
     }
-    for stamp in stamps.drain(..) {
-        latency.delivered(stamp);
+
+    /// Queue a frame; a slow consumer when the queue is full in frames or in bytes.
+    fn push(&mut self, item: Outbound) -> Result<(), Close> {
+        let size = match &item {
+            Outbound::Frame(frame, _) => frame.len(),
+            Outbound::Ping => 0,
+        };
+        if self.queue.len() >= self.max_frames || self.bytes + size > self.max_bytes {
+            return Err(slow_consumer());
+        }
+        self.bytes += size;
+        self.queue.push_back(item);
+        Ok(())
     }
-    true
+
+    /// Queue a ping unless the queue is full (a full queue is a slow consumer the next delivery closes).
+    fn ping(&mut self) {
+        if self.queue.len() < self.max_frames {
+            self.queue.push_back(Outbound::Ping);
+        }
+    }
+
+    fn has_work(&self) -> bool {
+        !self.queue.is_empty() || self.unflushed
+    }
+
+    /// Completes once everything queued is written and flushed; an error closes the connection.
+    async fn written(&mut self) -> Result<(), Close> {
+        poll_fn(|cx| self.poll_write(cx))
+            .await
+            .map_err(|_| (close_code::GOING_AWAY, "write failed".to_string()))
+    }
+
+    /// Hand queued frames to the socket as it takes them, then flush. Cancel-safe: a frame leaves the queue
+    /// only when the socket has taken it.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), axum::Error>> {
+        while !self.queue.is_empty() {
+            ready!(std::pin::Pin::new(&mut self.sink).poll_ready(cx))?;
+            let message = match self.queue.pop_front() {
+                Some(Outbound::Frame(frame, stamp)) => {
+                    self.bytes -= frame.len();
+                    self.stamps.extend(stamp);
+                    match Utf8Bytes::try_from(frame) {
+                        Ok(text) => Message::Text(text),
+                        Err(error) => {
+                            tracing::error!(%error, "dropping a frame that is not UTF-8");
+                            continue;
+                        }
+                    }
+                }
+                Some(Outbound::Ping) => Message::Ping(Bytes::new()),
+                None => break,
+            };
+            std::pin::Pin::new(&mut self.sink).start_send(message)?;
+            self.unflushed = true;
+        }
+        if self.unflushed {
+            ready!(std::pin::Pin::new(&mut self.sink).poll_flush(cx))?;
+            self.unflushed = false;
+            if !self.stamps.is_empty() {
+                let latency = telemetry::fanout_latency();
+                for stamp in self.stamps.drain(..) {
+                    latency.delivered(stamp);
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn discard(&mut self) {
+        self.queue.clear();
+        self.bytes = 0;
+    }
+
+    /// Write what is queued, then the close frame; bounded by [`CLOSE_PATIENCE`].
+    async fn close(mut self, code: u16, reason: String) {
+        let _ = tokio::time::timeout(CLOSE_PATIENCE, async {
+            if self.written().await.is_ok() {
+                use futures_util::SinkExt;
+                let frame = CloseFrame {
+                    code,
+                    reason: Utf8Bytes::from(reason),
+                };
+                let _ = self.sink.send(Message::Close(Some(frame))).await;
+            }
+        })
+        .await;
+    }
+
+    /// The client closed: write what is queued and close our side; bounded by [`CLOSE_PATIENCE`].
+    async fn finish(mut self) {
+        let _ = tokio::time::timeout(CLOSE_PATIENCE, async {
+            if self.written().await.is_ok() {
+                use futures_util::SinkExt;
+                let _ = self.sink.close().await;
+            }
+        })
+        .await;
+    }
 }

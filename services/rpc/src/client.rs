@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex as SyncMutex;
 use relay_bus::{BoxFuture, GapRepair, RedisSubscriber, RepairError, SubscriberOptions};
-use relay_core::bus::{BusEvent, SharedBusEvent};
+use relay_core::bus::{BusBatch, BusEvent};
 use relay_core::link::{CommandReply, HostLink, LinkError, NotReady};
 use relay_core::rpc::{error_frame, InboundMessage, RpcError};
 use relay_core::{ConnectionId, HostKey, Identity};
@@ -109,7 +109,7 @@ struct RedisFollow {
 
 /// One followed host: its local bus and the connections of this gateway attached to it.
 struct Follower {
-    bus: broadcast::Sender<SharedBusEvent>,
+    bus: broadcast::Sender<BusBatch>,
     connections: HashSet<ConnectionId>,
     /// Tells this follower apart from a later one of the same host.
     generation: u64,
@@ -199,7 +199,7 @@ impl RemoteShard {
         redis: &RedisBus,
         host: &HostKey,
         connection: ConnectionId,
-    ) -> Result<broadcast::Receiver<SharedBusEvent>, LinkError> {
+    ) -> Result<broadcast::Receiver<BusBatch>, LinkError> {
         redis
             .followed
             .lock()
@@ -285,7 +285,7 @@ impl RemoteShard {
         &self,
         host: &HostKey,
         connection: ConnectionId,
-    ) -> Result<broadcast::Receiver<SharedBusEvent>, LinkError> {
+    ) -> Result<broadcast::Receiver<BusBatch>, LinkError> {
         let mut followers = self.followers.lock().await;
         if let Some(follower) = followers.get_mut(host) {
             if !follower.task.is_finished() {
@@ -312,9 +312,16 @@ impl RemoteShard {
             tokio::spawn(async move {
                 loop {
                     match stream.message().await {
-                        Ok(Some(event)) => match event_from_pb(event) {
-                            // No receivers is fine: every connection may have gone since.
-                            Ok(event) => drop(bus.send(Arc::new(event))),
+                        Ok(Some(batch)) => match batch
+                            .events
+                            .into_iter()
+                            .map(|event| event_from_pb(event).map(Arc::new))
+                            .collect::<Result<BusBatch, _>>()
+                        {
+                            // An empty batch is never sent; no receivers is fine: every connection may have
+                            // gone since.
+                            Ok(batch) if batch.is_empty() => {}
+                            Ok(batch) => drop(bus.send(batch)),
                             Err(error) => {
                                 tracing::warn!(host = %host, %error, "bad bus event; unfollowing the host");
                                 break;
@@ -417,7 +424,7 @@ impl HostLink for RemoteShard {
         host: &HostKey,
         connection: ConnectionId,
         identity: &Identity,
-    ) -> Result<broadcast::Receiver<SharedBusEvent>, LinkError> {
+    ) -> Result<broadcast::Receiver<BusBatch>, LinkError> {
         let receiver = match &self.redis {
             Some(redis) => Self::follow_redis(redis, host, connection).await?,
             None => self.follow(host, connection).await?,

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use relay_core::bus::SharedBusEvent;
+use relay_core::bus::BusBatch;
 use relay_core::link::{CommandReply, HostLink, LinkError, NotReady};
 use relay_core::rpc::InboundMessage;
 use relay_core::{ConnectionId, HostKey, Identity};
@@ -119,7 +119,7 @@ impl ShardRouter {
         host: &HostKey,
         connection: ConnectionId,
         identity: &Identity,
-    ) -> Result<broadcast::Receiver<SharedBusEvent>, LinkError> {
+    ) -> Result<broadcast::Receiver<BusBatch>, LinkError> {
         let mut url = url.to_string();
         for _ in 0..=MAX_REDIRECTS {
             let link = self.link(&url).map_err(|error| {
@@ -168,7 +168,7 @@ impl HostLink for ShardRouter {
         host: &HostKey,
         connection: ConnectionId,
         identity: &Identity,
-    ) -> Result<broadcast::Receiver<SharedBusEvent>, LinkError> {
+    ) -> Result<broadcast::Receiver<BusBatch>, LinkError> {
         let deadline = tokio::time::Instant::now() + ATTACH_PATIENCE;
         let mut backoff = Duration::from_millis(50);
         loop {

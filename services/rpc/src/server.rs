@@ -309,7 +309,7 @@ fn moved_status(owner: &str) -> Status {
     status
 }
 
-type EventStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::BusEvent, Status>> + Send>>;
+type EventStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::BusEventBatch, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl<L: HostLink + BusHistory> Shard for ShardService<L> {
@@ -412,15 +412,18 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
                     received = bus.recv() => received,
                 };
                 match received {
-                    Ok(event) => {
-                        if tx.send(Ok(event_to_pb(&event))).await.is_err() {
+                    Ok(batch) => {
+                        let batch = pb::BusEventBatch {
+                            events: batch.iter().map(|event| event_to_pb(event)).collect(),
+                        };
+                        if tx.send(Ok(batch)).await.is_err() {
                             break;
                         }
                     }
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::warn!(host = %host, missed, "bus follower fell behind; ending its stream");
                         let status =
-                            Status::data_loss(format!("bus follower fell behind by {missed} events"));
+                            Status::data_loss(format!("bus follower fell behind by {missed} batches"));
                         let _ = tx.send(Err(status)).await;
                         break;
                     }

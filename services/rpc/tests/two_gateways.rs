@@ -363,10 +363,11 @@ async fn fetch_range_reads_published_actions_back_from_the_buffer_and_the_store(
 
     // What the bus carried to subscribers so far (the client saw the turn complete, so it was published).
     let mut expected = Vec::new();
-    while let Ok(event) = bus.try_recv() {
-        if event.kind == relay_core::bus::BusEventKind::Action
-            && event.audience == relay_core::bus::Audience::Subscribers
-        {
+    while let Ok(batch) = bus.try_recv() {
+        for event in batch.iter().filter(|event| {
+            event.kind == relay_core::bus::BusEventKind::Action
+                && event.audience == relay_core::bus::Audience::Subscribers
+        }) {
             expected.push((event.seq, event.channel.to_string(), event.frame.to_vec()));
         }
     }

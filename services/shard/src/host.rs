@@ -19,7 +19,7 @@ use std::time::Duration;
 use ahp_types::actions::StateAction;
 use parking_lot::Mutex;
 use relay_bus::RedisPublisher;
-use relay_core::bus::{Audience, BusEvent, BusEventKind, SharedBusEvent};
+use relay_core::bus::{Audience, BusBatch, BusEvent, BusEventKind, SharedBusEvent};
 use relay_core::link::CommandReply;
 use relay_core::rpc::{self, InboundMessage, RpcError};
 use relay_core::telemetry::CommitTimer;
@@ -196,11 +196,7 @@ impl Host {
     }
 
     /// Register a connection and hand it the host's bus.
-    pub fn attach(
-        &self,
-        connection: ConnectionId,
-        identity: Identity,
-    ) -> broadcast::Receiver<SharedBusEvent> {
+    pub fn attach(&self, connection: ConnectionId, identity: Identity) -> broadcast::Receiver<BusBatch> {
         // Subscribe before registering: nothing published after this point is missed.
         let bus = self.publisher.lock().subscribe();
         self.with_core(|core| {
@@ -629,13 +625,7 @@ async fn commit_loop(host: Weak<Host>) {
             return;
         }
         timer.finish();
-        let events: Vec<SharedBusEvent> = {
-            let mut publisher = strong.publisher.lock();
-            publications
-                .into_iter()
-                .map(|publication| publisher.publish(publication))
-                .collect()
-        };
+        let batch = strong.publisher.lock().publish(publications);
         strong.durable.send_replace(number);
         {
             let mut core = strong.core.lock();
@@ -643,8 +633,8 @@ async fn commit_loop(host: Weak<Host>) {
                 core.disposing.retain(|_, batch| *batch > number);
             }
         }
-        if let Some(redis) = &strong.redis {
-            publish_to_redis(redis, &strong.key, &events).await;
+        if let (Some(redis), Some(batch)) = (&strong.redis, batch) {
+            publish_to_redis(redis, &strong.key, &batch).await;
         }
     }
 }
@@ -666,10 +656,10 @@ async fn committed_anyway(store: &Store, key: &HostKey, commit: &CommitBatch) ->
     }
 }
 
-/// Publish one batch's events to Redis in order, pipelined. Failures are logged and skipped: gateways repair
-/// the gap.
+/// Publish one commit's batch to Redis as one message. Failures are logged and skipped: gateways repair the
+/// gap.
 async fn publish_to_redis(redis: &RedisPublisher, key: &HostKey, events: &[SharedBusEvent]) {
-    match tokio::time::timeout(REDIS_PUBLISH_TIMEOUT, redis.publish_all(key, events)).await {
+    match tokio::time::timeout(REDIS_PUBLISH_TIMEOUT, redis.publish_batch(key, events)).await {
         Ok(Ok(())) => {}
         Ok(Err(error)) => {
             tracing::warn!(host = %key, events = events.len(), %error, "redis publish failed; gateways will repair the gap");

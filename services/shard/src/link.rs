@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use relay_bus::RedisPublisher;
-use relay_core::bus::{BusEvent, SharedBusEvent};
+use relay_core::bus::{BusBatch, BusEvent};
 use relay_core::link::{CommandReply, HostLink, LinkError, NotReady};
 use relay_core::rpc::InboundMessage;
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
@@ -386,7 +386,7 @@ impl HostLink for ShardLink {
         host: &HostKey,
         connection: ConnectionId,
         identity: &Identity,
-    ) -> Result<broadcast::Receiver<SharedBusEvent>, LinkError> {
+    ) -> Result<broadcast::Receiver<BusBatch>, LinkError> {
         Ok(self.host(host).await?.attach(connection, identity.clone()))
     }
 

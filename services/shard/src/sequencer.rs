@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use ahp_types::actions::{ActionEnvelope, ActionOrigin, StateAction};
 use bytes::{BufMut, Bytes, BytesMut};
-use relay_core::bus::{Audience, BusEvent, BusEventKind, SharedBusEvent};
+use relay_core::bus::{Audience, BusBatch, BusEvent, BusEventKind};
 use relay_core::rpc;
 use relay_core::ConnectionId;
 use relay_store::{CatalogChange, ClientBinding, CommitBatch, LogEntry, SnapshotEntry};
@@ -301,7 +301,7 @@ pub struct Publisher {
 enum Bus {
     /// Nobody listens: no ring is allocated.
     Idle,
-    Open(tokio::sync::broadcast::Sender<SharedBusEvent>),
+    Open(tokio::sync::broadcast::Sender<BusBatch>),
     /// Closed for good (the host was deposed): receivers see the bus end.
     Closed,
 }
@@ -316,7 +316,7 @@ impl Publisher {
     }
 
     /// A receiver of the bus; once the bus is closed, one that reports it closed.
-    pub fn subscribe(&mut self) -> tokio::sync::broadcast::Receiver<SharedBusEvent> {
+    pub fn subscribe(&mut self) -> tokio::sync::broadcast::Receiver<BusBatch> {
         match &self.bus {
             Bus::Open(bus) => bus.subscribe(),
             Bus::Idle => {
@@ -338,28 +338,38 @@ impl Publisher {
         self.last_published
     }
 
-    /// Publish on the local bus; returns the event, for other buses (Redis) to carry too.
-    pub fn publish(&mut self, publication: Publication) -> SharedBusEvent {
-        let prev_seq = self.last_published;
-        if publication.kind == BusEventKind::Action {
-            self.last_published = publication.seq;
+    /// Publish one commit's publications on the local bus as one batch; returns the batch, for other buses
+    /// (Redis) to carry too. `None` when there is nothing to publish.
+    pub fn publish(&mut self, publications: Vec<Publication>) -> Option<BusBatch> {
+        if publications.is_empty() {
+            return None;
         }
-        let event = Arc::new(BusEvent {
-            kind: publication.kind,
-            channel: publication.channel,
-            seq: publication.seq,
-            prev_seq,
-            audience: publication.audience,
-            frame: publication.frame,
-            published_at: Some(std::time::Instant::now()),
-        });
+        let now = std::time::Instant::now();
+        let batch: BusBatch = publications
+            .into_iter()
+            .map(|publication| {
+                let prev_seq = self.last_published;
+                if publication.kind == BusEventKind::Action {
+                    self.last_published = publication.seq;
+                }
+                Arc::new(BusEvent {
+                    kind: publication.kind,
+                    channel: publication.channel,
+                    seq: publication.seq,
+                    prev_seq,
+                    audience: publication.audience,
+                    frame: publication.frame,
+                    published_at: Some(now),
+                })
+            })
+            .collect();
         // No receivers means no connection is attached right now: the ring is freed until the next one.
         if let Bus::Open(bus) = &self.bus {
-            if bus.send(event.clone()).is_err() {
+            if bus.send(batch.clone()).is_err() {
                 self.bus = Bus::Idle;
             }
         }
-        event
+        Some(batch)
     }
 }
 

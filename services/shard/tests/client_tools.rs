@@ -10,14 +10,13 @@ use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
     AgentInfo, ToolCallClientContributor, ToolCallConfirmationReason, ToolCallContributor,
 };
-use relay_core::bus::{Audience, SharedBusEvent};
+use relay_core::bus::Audience;
 use relay_core::rpc::read_frame;
 use relay_core::{ConnectionId, HostKey, Identity, Limits, Role};
 use relay_runner::{ChatSink, Provider, ProviderRegistry, TurnHandle, TurnRequest};
 use relay_shard::Host;
 use relay_store::Store;
 use serde_json::{json, Value};
-use tokio::sync::broadcast;
 
 /// Starts every turn by handing a running tool call to client `owner`.
 struct HandsToolToClient;
@@ -80,7 +79,7 @@ impl Provider for HandsToolToClient {
 
 struct Device {
     id: ConnectionId,
-    bus: broadcast::Receiver<SharedBusEvent>,
+    bus: relay_core::bus::EventReceiver,
 }
 
 /// A host on a fresh SQLite store (kept alive by the returned directory).
@@ -126,7 +125,10 @@ async fn connect(host: &Host, client_id: &str) -> Device {
             role: Role::Member,
         },
     );
-    let device = Device { id, bus };
+    let device = Device {
+        id,
+        bus: relay_core::bus::EventReceiver::new(bus),
+    };
     let reply = call(
         host,
         &device,

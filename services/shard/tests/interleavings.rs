@@ -10,18 +10,17 @@ use std::time::Duration;
 
 use ahp_types::state::{ChatState, SessionState};
 use proptest::prelude::*;
-use relay_core::bus::{Audience, SharedBusEvent};
+use relay_core::bus::Audience;
 use relay_core::rpc::read_frame;
 use relay_core::{ConnectionId, Identity, Role};
 use relay_shard::harness::{Harness, CHAT, SESSION};
 use relay_shard::Host;
 use serde_json::{json, Value};
-use tokio::sync::broadcast;
 
 /// One client: its connection, its bus, and the state it reduced.
 struct Device {
     id: ConnectionId,
-    bus: broadcast::Receiver<SharedBusEvent>,
+    bus: relay_core::bus::EventReceiver,
     session: SessionState,
     chat: ChatState,
     last_seq: u64,
@@ -66,7 +65,7 @@ async fn connect(host: &Host, client_id: &str) -> Device {
     let (chat, chat_seq) = subscribe(host, id, CHAT).await;
     Device {
         id,
-        bus,
+        bus: relay_core::bus::EventReceiver::new(bus),
         session,
         chat,
         last_seq: session_seq.max(chat_seq),

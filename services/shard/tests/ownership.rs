@@ -37,7 +37,7 @@ async fn two_shards() -> (tempfile::TempDir, Store, Arc<ShardLink>, Arc<ShardLin
 }
 
 /// Wait (bounded) until the bus reports itself closed, skipping whatever it still held.
-async fn bus_closes(bus: &mut tokio::sync::broadcast::Receiver<relay_core::bus::SharedBusEvent>) {
+async fn bus_closes(bus: &mut tokio::sync::broadcast::Receiver<relay_core::bus::BusBatch>) {
     loop {
         match tokio::time::timeout(Duration::from_secs(10), bus.recv())
             .await

@@ -11,7 +11,6 @@ use parking_lot::Mutex;
 use relay_bus::{BoxFuture, GapRepair, RepairError};
 use relay_core::bus::{Audience, BusEvent, BusEventKind, SharedBusEvent};
 use relay_core::HostKey;
-use tokio::sync::broadcast;
 
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -113,7 +112,7 @@ impl GapRepair for MemoryLog {
 }
 
 /// The next event, waiting at most [`WAIT`].
-pub async fn recv(rx: &mut broadcast::Receiver<SharedBusEvent>) -> SharedBusEvent {
+pub async fn recv(rx: &mut relay_core::bus::EventReceiver) -> SharedBusEvent {
     match tokio::time::timeout(WAIT, rx.recv()).await {
         Ok(Ok(event)) => event,
         Ok(Err(error)) => panic!("bus receiver failed: {error}"),
