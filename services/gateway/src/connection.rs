@@ -74,7 +74,9 @@ impl<L: HostLink> Connection<L> {
         let (sink, mut stream) = socket.split();
         let outbox = Outbox::new(sink, &self.limits);
 
-        let bus = match self.link.attach(&self.host, id, &self.identity).await {
+        // Awaits that happen once (attach, detach, close) and calls are boxed: the future of a connection is
+        // as big as its biggest await, and an idle connection should not carry their room.
+        let bus = match Box::pin(self.link.attach(&self.host, id, &self.identity)).await {
             Ok(bus) => bus,
             Err(error) => {
                 // A tenant over its host quota is the client's doing (and may repeat quickly): not a warning.
@@ -83,7 +85,7 @@ impl<L: HostLink> Connection<L> {
                 } else {
                     tracing::warn!(%error, host = %self.host, "attach failed");
                 }
-                outbox.close(close_code::UNAVAILABLE, error.to_string()).await;
+                Box::pin(outbox.close(close_code::UNAVAILABLE, error.to_string())).await;
                 return;
             }
         };
@@ -148,15 +150,13 @@ impl<L: HostLink> Connection<L> {
                     };
                     let wait = self.quotas.message_delay(&self.identity.tenant, &mut rate, text.len());
                     if !wait.is_zero() {
-                        let waited = delivery
-                            .during(tokio::time::sleep(wait))
+                        let waited = Box::pin(delivery.during(tokio::time::sleep(wait)))
                             .await
                             .and_then(|()| delivery.flush_backlog());
                         if let Err(close) = waited {
                             break Some(close);
                         }
                     }
-                    // Boxed: a call's state is big and rare; an idle connection should not carry its room.
                     if let Err(close) = Box::pin(self.handle_frame(id, &text, &mut delivery)).await {
                         break Some(close);
                     }
@@ -170,16 +170,16 @@ impl<L: HostLink> Connection<L> {
                 telemetry::slow_consumer_closed();
             }
         }
-        self.link.detach(&self.host, id).await;
+        Box::pin(self.link.detach(&self.host, id)).await;
         let Delivery { mut outbox, .. } = delivery;
         match close {
             // A slow consumer's queue is what it could not take: it resumes from its last serverSeq instead.
             Some((code, reason)) if code == close_code::TRY_AGAIN_LATER => {
                 outbox.discard();
-                outbox.close(code, reason).await;
+                Box::pin(outbox.close(code, reason)).await;
             }
-            Some((code, reason)) => outbox.close(code, reason).await,
-            None => outbox.finish().await,
+            Some((code, reason)) => Box::pin(outbox.close(code, reason)).await,
+            None => Box::pin(outbox.finish()).await,
         }
         tracing::debug!(connection = %id, "disconnected");
     }

@@ -78,12 +78,12 @@ async fn main() {
 
     // Memory per idle connection.
     let pid = relay.id().expect("pid");
-    let before = rss_kib(pid);
+    let before = common::rss_kib(pid);
     let mut idle = Vec::new();
     for i in 0..IDLE_CONNECTIONS {
         idle.push(initialized(&url, &format!("idle-{i}")).await);
     }
-    let after = rss_kib(pid);
+    let after = common::rss_kib(pid);
     println!(
         "memory per idle connection: {:.1} KiB ({IDLE_CONNECTIONS} connections, RSS {before} -> {after} KiB; target <= 16 KiB)",
         (after.saturating_sub(before)) as f64 / IDLE_CONNECTIONS as f64
@@ -191,13 +191,4 @@ async fn start_relay(dir: &std::path::Path) -> (Child, String) {
         .arg(dir);
     let (child, url) = spawn_until(command, "listening on ws://").await;
     (child, url.trim_end_matches("/v1/ws").to_string())
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }

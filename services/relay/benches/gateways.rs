@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    bare_broadcast_server, connect, create_chat, dispatch_frame, initialized, next_frame, request,
-    spawn_until, token, Socket, SECRET,
+    bare_broadcast_server, connect, create_chat, dispatch_frame, initialized, next_frame, redis_pid, request,
+    spawn_until, token, Cpu, Socket, SECRET,
 };
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
@@ -453,73 +453,6 @@ fn lat_index(frame: &str) -> Option<usize> {
 
 fn pid(child: &Child) -> u32 {
     child.id().expect("child is running")
-}
-
-/// CPU time (all threads) a process has used, in seconds, from `/proc/<pid>/stat`.
-#[derive(Clone, Copy)]
-struct Cpu {
-    user: f64,
-    system: f64,
-}
-
-impl Cpu {
-    fn of(pid: u32) -> Cpu {
-        Cpu::try_of(pid).expect("/proc/<pid>/stat")
-    }
-
-    fn try_of(pid: u32) -> Option<Cpu> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Fields after the parenthesized command name, which may itself contain spaces: state is field 3, so
-        // utime (14) and stime (15) are the 12th and 13th.
-        let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-        let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
-        // SAFETY: sysconf only reads a system constant.
-        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        Some(Cpu {
-            user: ticks(11)? as f64 / per_second,
-            system: ticks(12)? as f64 / per_second,
-        })
-    }
-
-    fn since(self, earlier: Cpu) -> Cpu {
-        Cpu {
-            user: self.user - earlier.user,
-            system: self.system - earlier.system,
-        }
-    }
-
-    fn total(self) -> f64 {
-        self.user + self.system
-    }
-}
-
-impl std::fmt::Display for Cpu {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{:.2} s ({:.2} user + {:.2} sys)",
-            self.total(),
-            self.user,
-            self.system
-        )
-    }
-}
-
-/// The Redis server's process id (from `INFO server`), to account its CPU time; `None` if it does not say.
-async fn redis_pid(url: &str) -> Option<u32> {
-    let mut conn = redis::Client::open(url)
-        .expect("redis url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect to redis");
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO server");
-    info.lines()
-        .find_map(|l| l.strip_prefix("process_id:"))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// A value from a gateway's Prometheus `/metrics`.

@@ -80,7 +80,7 @@ pub async fn spawn_until(mut command: Command, marker: &str) -> (Child, String) 
 }
 
 /// The baseline: every text frame received on any socket is broadcast, as is, to every socket (TCP_NODELAY,
-/// queued frames written together and flushed once — the same discipline as the relay's writer). Runs on the
+/// 4 KiB socket buffers, queued frames written together and flushed once — the same as the relay's gateway). Runs on the
 /// current tokio runtime; returns its address.
 pub async fn bare_broadcast_server() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -91,7 +91,11 @@ pub async fn bare_broadcast_server() -> String {
             let _ = stream.set_nodelay(true);
             let tx = tx.clone();
             tokio::spawn(async move {
-                let Ok(ws) = tokio_tungstenite::accept_async(stream).await else {
+                // The same 4 KiB socket buffers as the relay's gateway.
+                let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+                    .read_buffer_size(4 * 1024)
+                    .write_buffer_size(4 * 1024);
+                let Ok(ws) = tokio_tungstenite::accept_async_with_config(stream, Some(config)).await else {
                     return;
                 };
                 let (mut sink, mut stream) = ws.split();
@@ -191,4 +195,88 @@ pub async fn next_frame(s: &mut Socket) -> Utf8Bytes {
 
 pub async fn next_text(s: &mut Socket) -> String {
     next_frame(s).await.to_string()
+}
+
+/// CPU time (all threads) a process has used, in seconds, from `/proc/<pid>/stat`.
+#[derive(Clone, Copy, Default)]
+pub struct Cpu {
+    user: f64,
+    system: f64,
+}
+
+impl Cpu {
+    pub fn of(pid: u32) -> Cpu {
+        Cpu::try_of(pid).expect("/proc/<pid>/stat")
+    }
+
+    pub fn try_of(pid: u32) -> Option<Cpu> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the parenthesized command name, which may itself contain spaces: state is field 3, so
+        // utime (14) and stime (15) are the 12th and 13th.
+        let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+        let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+        // SAFETY: sysconf only reads a system constant.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        Some(Cpu {
+            user: ticks(11)? as f64 / per_second,
+            system: ticks(12)? as f64 / per_second,
+        })
+    }
+
+    pub fn since(self, earlier: Cpu) -> Cpu {
+        Cpu {
+            user: self.user - earlier.user,
+            system: self.system - earlier.system,
+        }
+    }
+
+    pub fn plus(self, other: Cpu) -> Cpu {
+        Cpu {
+            user: self.user + other.user,
+            system: self.system + other.system,
+        }
+    }
+
+    pub fn total(self) -> f64 {
+        self.user + self.system
+    }
+}
+
+impl std::fmt::Display for Cpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.2} s ({:.2} user + {:.2} sys)",
+            self.total(),
+            self.user,
+            self.system
+        )
+    }
+}
+
+/// The Redis server's process id (from `INFO server`), to account its CPU time; `None` if it does not say.
+pub async fn redis_pid(url: &str) -> Option<u32> {
+    let mut conn = redis::Client::open(url)
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to redis");
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO server");
+    info.lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Resident memory of a process, in KiB (0 if it is gone).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }
