@@ -1,10 +1,11 @@
-//! Fan-out, latency and memory of the embedded relay, each beside a baseline measured in the same run.
+//! Fan-out and latency of the embedded relay, each beside a baseline measured in the same run.
 //!
 //! Run: `scripts/bench fanout`. Everything is on loopback and bounded in count and time.
 //! - Fan-out: N subscribers of one chat, one client dispatching M actions; delivered frames/s against a bare
 //!   tokio-tungstenite broadcast server that forwards each frame of one publisher to the same N sockets.
-//! - Latency: dispatch → last subscriber, p50/p99, at a fixed offered load.
-//! - Memory: relay RSS growth per idle, initialized WebSocket connection.
+//! - Latency: dispatch → last of 100 subscribers, p50/p99, at 1,000 actions/s.
+//!
+//! Memory per idle connection is measured on fresh processes by `scripts/bench peers` and `scripts/bench idle`.
 
 mod common;
 
@@ -22,10 +23,9 @@ use tokio_tungstenite::tungstenite::Message;
 
 const SUBSCRIBERS: usize = 1_000;
 const ACTIONS: usize = 1_000;
-const LATENCY_SUBSCRIBERS: usize = 10;
+const LATENCY_SUBSCRIBERS: usize = 100;
 const LATENCY_RATE: u64 = 1_000;
-const LATENCY_SECONDS: u64 = 3;
-const IDLE_CONNECTIONS: usize = 2_000;
+const LATENCY_SECONDS: u64 = 5;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -76,19 +76,7 @@ async fn main() {
     let (p50, p99, count) = latency(&mut publisher, watchers).await;
     println!("dispatch -> last of {LATENCY_SUBSCRIBERS} subscribers at {LATENCY_RATE}/s for {LATENCY_SECONDS}s ({count} actions): p50 {p50:.2?}  p99 {p99:.2?}  (target p99 <= 10ms embedded)");
 
-    // Memory per idle connection.
-    let pid = relay.id().expect("pid");
-    let before = common::rss_kib(pid);
-    let mut idle = Vec::new();
-    for i in 0..IDLE_CONNECTIONS {
-        idle.push(initialized(&url, &format!("idle-{i}")).await);
-    }
-    let after = common::rss_kib(pid);
-    println!(
-        "memory per idle connection: {:.1} KiB ({IDLE_CONNECTIONS} connections, RSS {before} -> {after} KiB; target <= 16 KiB)",
-        (after.saturating_sub(before)) as f64 / IDLE_CONNECTIONS as f64
-    );
-    drop(idle);
+    // Memory per idle connection: `scripts/bench peers` and `scripts/bench idle` measure it on fresh processes.
     relay.start_kill().expect("kill");
     let _ = relay.wait().await;
 }

@@ -47,8 +47,8 @@ const WINDOW: usize = 1_000;
 /// Subscribers kept for the latency phase (the others disconnect), alternating between the gateways.
 const LATENCY_SUBSCRIBERS: usize = 100;
 /// Offered load of the latency phase, in actions per second, and how long it lasts.
-const LATENCY_RATE: u64 = 200;
-const LATENCY_SECONDS: u64 = 10;
+const LATENCY_RATE: u64 = 1_000;
+const LATENCY_SECONDS: u64 = 5;
 /// The whole run is cut off (and fails) after this long.
 const DEADLINE: Duration = Duration::from_secs(170);
 /// Set in the environment of the re-executed bench that serves as the bare broadcast server.
