@@ -267,9 +267,9 @@ pub fn fanout_latency() -> FanoutLatency {
 }
 
 impl FanoutLatency {
-    /// A frame stamped at `published_at` was flushed to its client's socket just now.
-    pub fn delivered(&self, published_at: Instant) {
-        self.0.record(published_at.elapsed());
+    /// A frame stamped at `published_at` was flushed to its client's socket at `flushed_at`.
+    pub fn delivered(&self, published_at: Instant, flushed_at: Instant) {
+        self.0.record(flushed_at.saturating_duration_since(published_at));
     }
 }
 
@@ -411,7 +411,8 @@ mod tests {
                 sessions: 2,
                 chats: 3,
             });
-            fanout_latency().delivered(Instant::now());
+            let now = Instant::now();
+            fanout_latency().delivered(now, now);
         })
         .expect("recorder");
         assert!(still_open.is_some());

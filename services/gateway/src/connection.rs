@@ -98,7 +98,13 @@ impl<L: HostLink> Connection<L> {
             backlog_limit: self.limits.bus_capacity,
             outbox,
         };
+        // Polled on every wake-up, so created once: a fresh `changed()` each time would register with (and
+        // leave) the watch's waiter list, a lock every connection of the process shares.
         let mut shutdown = self.shutdown.clone();
+        let shutdown = async move {
+            let _ = shutdown.changed().await;
+        };
+        tokio::pin!(shutdown);
         let mut rate = self.quotas.connection_bucket();
         // Liveness: a ping every interval; a connection silent for the idle timeout is closed (within the
         // timeout plus one interval), which frees its quota slot even when its peer vanished without a FIN.
@@ -118,7 +124,7 @@ impl<L: HostLink> Connection<L> {
             // floods requests cannot starve its own deliveries.
             tokio::select! {
                 biased;
-                _ = shutdown.changed() => {
+                () = &mut shutdown => {
                     break Some((close_code::RESTARTING, "relay shutting down".to_string()));
                 }
                 () = &mut expiry => {
@@ -404,6 +410,8 @@ struct Outbox {
     unflushed: bool,
     /// Stamps of the bus events handed to the socket since its last flush.
     stamps: Vec<Instant>,
+    /// Where their stamp → socket times go (the handle is looked up once, not per flush).
+    latency: telemetry::FanoutLatency,
     max_frames: usize,
     /// More than this queued (or held in the backlog) closes the connection as a slow consumer.
     max_bytes: usize,
@@ -417,6 +425,7 @@ impl Outbox {
             bytes: 0,
             unflushed: false,
             stamps: Vec::new(),
+            latency: telemetry::fanout_latency(),
             max_frames: limits.outbound_queue_frames.max(1),
             max_bytes: limits.outbound_queue_bytes,
         }
@@ -481,9 +490,9 @@ impl Outbox {
             ready!(std::pin::Pin::new(&mut self.sink).poll_flush(cx))?;
             self.unflushed = false;
             if !self.stamps.is_empty() {
-                let latency = telemetry::fanout_latency();
+                let flushed_at = Instant::now();
                 for stamp in self.stamps.drain(..) {
-                    latency.delivered(stamp);
+                    self.latency.delivered(stamp, flushed_at);
                 }
             }
         }

@@ -4,8 +4,6 @@
 //! numbered after the snapshot or replay that opened it, and nothing is ever delivered twice or out of order.
 //! Every filter's subscriptions count in the gateway's `ahp_relay_subscriptions` gauge while it lives.
 
-use std::collections::HashMap;
-
 use relay_core::bus::{Audience, BusEvent, BusEventKind};
 use relay_core::link::SubscriptionChange;
 use relay_core::{telemetry, ConnectionId};
@@ -14,7 +12,8 @@ use relay_core::{telemetry, ConnectionId};
 #[derive(Debug)]
 pub struct SubscriptionFilter {
     connection: ConnectionId,
-    channels: HashMap<String, u64>,
+    /// Looked up for every bus event the connection sees: a fast seeded hash (foldhash), not SipHash.
+    channels: foldhash::HashMap<String, u64>,
     notifications: bool,
     last_delivered: u64,
 }
@@ -23,7 +22,7 @@ impl SubscriptionFilter {
     pub fn new(connection: ConnectionId) -> Self {
         Self {
             connection,
-            channels: HashMap::new(),
+            channels: foldhash::HashMap::default(),
             notifications: false,
             last_delivered: 0,
         }

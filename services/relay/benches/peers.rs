@@ -123,6 +123,8 @@ struct Outcome {
     delivered_per_second: f64,
     lost: usize,
     duplicated: usize,
+    /// Frames subscribers received besides the publications (the relay's other notifications, if any).
+    other: usize,
     cpu: Cpu,
 }
 
@@ -144,7 +146,15 @@ async fn run() {
 
     let mut memory = Vec::new();
     let mut results: Vec<(&'static str, Vec<Outcome>)> = Vec::new();
+    // `AHP_BENCH_SERVERS=nchan,relay embedded` runs only those.
+    let only = std::env::var("AHP_BENCH_SERVERS").ok();
     for name in ["bare", "nchan", "relay embedded", "relay 2 gateways"] {
+        if only
+            .as_deref()
+            .is_some_and(|only| !only.split(',').any(|n| n.trim() == name))
+        {
+            continue;
+        }
         let mut outcomes = Vec::new();
         for (i, &(subscribers, rate)) in LOADS.iter().enumerate() {
             // Fresh processes for every load, so one load's memory and backlog do not shape the next.
@@ -161,10 +171,13 @@ async fn run() {
             }
             let outcome = fan_out(&server, subscribers, rate, seconds).await;
             println!(
-                "{name:>16}: {subscribers} x {rate}/s: p50 {:.2?} p99 {:.2?} p99.9 {:.2?} max {:.2?}; {:.0} delivered/s; lost {} duplicated {}; server CPU {}",
+                "{name:>16}: {subscribers} x {rate}/s: p50 {:.2?} p99 {:.2?} p99.9 {:.2?} max {:.2?}; {:.0} delivered/s; lost {} duplicated {}; other frames {}; server CPU {}",
                 outcome.p50, outcome.p99, outcome.p999, outcome.max, outcome.delivered_per_second, outcome.lost,
-                outcome.duplicated, outcome.cpu
+                outcome.duplicated, outcome.other, outcome.cpu
             );
+            if server.kind == Kind::Relay {
+                println!("{:>16}  {}", "", relay_stages(&server).await);
+            }
             outcomes.push(outcome);
         }
         results.push((name, outcomes));
@@ -210,6 +223,51 @@ async fn run() {
             );
         }
     }
+}
+
+/// The relay's own view of the load, from its `/metrics` (the first gateway's, for the 2-gateway shape): how
+/// long store commits took and how long events took from commit to the socket (histogram buckets, so the
+/// quantiles are bucket bounds).
+async fn relay_stages(server: &Server) -> String {
+    let addr = server.subscribe_urls[0]
+        .trim_start_matches("ws://")
+        .split(['/', '?'])
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let Ok(mut stream) = tokio::net::TcpStream::connect(&addr).await else {
+        return "metrics unavailable".into();
+    };
+    use tokio::io::AsyncWriteExt;
+    let mut body = String::new();
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() || stream.read_to_string(&mut body).await.is_err()
+    {
+        return "metrics unavailable".into();
+    }
+    let quantiles = |name: &str| {
+        let buckets: Vec<(f64, f64)> = body
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix(&format!("{name}_bucket{{le=\""))?;
+                let (le, count) = rest.split_once("\"} ")?;
+                Some((le.parse().unwrap_or(f64::INFINITY), count.trim().parse().ok()?))
+            })
+            .collect();
+        let total = buckets.last().map_or(0.0, |b| b.1);
+        let at = |q: f64| {
+            buckets
+                .iter()
+                .find(|(_, count)| *count >= q * total)
+                .map_or(f64::NAN, |(le, _)| le * 1000.0)
+        };
+        format!("p50 <= {} ms, p99 <= {} ms ({total} samples)", at(0.5), at(0.99))
+    };
+    format!(
+        "store commit {}; commit -> socket {}",
+        quantiles(relay_core::telemetry::COMMIT_SECONDS),
+        quantiles(relay_core::telemetry::FANOUT_LATENCY_SECONDS)
+    )
 }
 
 fn ms(d: Duration) -> f64 {
@@ -407,6 +465,7 @@ async fn fan_out(server: &Server, subscribers: usize, rate: u64, seconds: u64) -
                 let mut arrivals = vec![u32::MAX; total];
                 let mut got = 0usize;
                 let mut duplicated = 0usize;
+                let mut other = 0usize;
                 let mut warm = false;
                 while got < total {
                     let wait = match *publish_end.lock() {
@@ -429,7 +488,11 @@ async fn fan_out(server: &Server, subscribers: usize, rate: u64, seconds: u64) -
                         warm = true;
                         warmed.fetch_add(1, Ordering::Relaxed);
                     }
-                    if let Some(i) = index_of(&frame) {
+                    let index = index_of(&frame);
+                    if index.is_none() && warm && !frame.contains("warm-") {
+                        other += 1;
+                    }
+                    if let Some(i) = index {
                         if i < total {
                             if arrivals[i] == u32::MAX {
                                 arrivals[i] = u32::try_from(at.as_micros()).unwrap_or(u32::MAX - 1);
@@ -440,7 +503,7 @@ async fn fan_out(server: &Server, subscribers: usize, rate: u64, seconds: u64) -
                         }
                     }
                 }
-                (arrivals, duplicated, socket)
+                (arrivals, duplicated, other, socket)
             })
         })
         .collect();
@@ -470,12 +533,13 @@ async fn fan_out(server: &Server, subscribers: usize, rate: u64, seconds: u64) -
     }
     *publish_end.lock() = Some(Instant::now());
     let mut latencies: Vec<u32> = Vec::with_capacity(total * subscribers);
-    let (mut lost, mut duplicated) = (0, 0);
+    let (mut lost, mut duplicated, mut other) = (0, 0, 0);
     let mut last_arrival = 0u32;
     let mut sockets = Vec::new();
     for reader in readers {
-        let (arrivals, dups, socket) = reader.await.expect("reader");
+        let (arrivals, dups, others, socket) = reader.await.expect("reader");
         duplicated += dups;
+        other += others;
         for (i, at) in arrivals.into_iter().enumerate() {
             if at == u32::MAX {
                 lost += 1;
@@ -503,6 +567,7 @@ async fn fan_out(server: &Server, subscribers: usize, rate: u64, seconds: u64) -
         delivered_per_second: latencies.len() as f64 / span.as_secs_f64(),
         lost,
         duplicated,
+        other,
         cpu,
     }
 }
