@@ -175,9 +175,6 @@ async fn run() {
                 outcome.p50, outcome.p99, outcome.p999, outcome.max, outcome.delivered_per_second, outcome.lost,
                 outcome.duplicated, outcome.other, outcome.cpu
             );
-            if server.kind == Kind::Relay {
-                println!("{:>16}  {}", "", relay_stages(&server).await);
-            }
             outcomes.push(outcome);
         }
         results.push((name, outcomes));
@@ -225,10 +222,8 @@ async fn run() {
     }
 }
 
-/// The relay's own view of the load, from its `/metrics` (the first gateway's, for the 2-gateway shape): how
-/// long store commits took and how long events took from commit to the socket (histogram buckets, so the
-/// quantiles are bucket bounds).
-async fn relay_stages(server: &Server) -> String {
+/// The relay's `/metrics` text (the first gateway's, for the 2-gateway shape), or empty.
+async fn relay_metrics(server: &Server) -> String {
     let addr = server.subscribe_urls[0]
         .trim_start_matches("ws://")
         .split(['/', '?'])
@@ -236,27 +231,42 @@ async fn relay_stages(server: &Server) -> String {
         .unwrap_or_default()
         .to_string();
     let Ok(mut stream) = tokio::net::TcpStream::connect(&addr).await else {
-        return "metrics unavailable".into();
+        return String::new();
     };
     use tokio::io::AsyncWriteExt;
     let mut body = String::new();
     let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
     if stream.write_all(request.as_bytes()).await.is_err() || stream.read_to_string(&mut body).await.is_err()
     {
-        return "metrics unavailable".into();
+        return String::new();
     }
-    let quantiles = |name: &str| {
-        let buckets: Vec<(f64, f64)> = body
-            .lines()
+    body
+}
+
+/// The relay's own view of the load, between two `/metrics` texts: how long store commits took and how long
+/// events took from commit to the socket (histogram buckets, so the quantiles are bucket bounds).
+fn relay_stages(before: &str, after: &str) -> String {
+    let buckets = |body: &str, name: &str| -> Vec<(f64, f64)> {
+        body.lines()
             .filter_map(|line| {
                 let rest = line.strip_prefix(&format!("{name}_bucket{{le=\""))?;
                 let (le, count) = rest.split_once("\"} ")?;
                 Some((le.parse().unwrap_or(f64::INFINITY), count.trim().parse().ok()?))
             })
+            .collect()
+    };
+    let quantiles = |name: &str| {
+        let earlier = buckets(before, name);
+        let delta: Vec<(f64, f64)> = buckets(after, name)
+            .into_iter()
+            .map(|(le, count)| {
+                let was = earlier.iter().find(|(l, _)| *l == le).map_or(0.0, |(_, c)| *c);
+                (le, count - was)
+            })
             .collect();
-        let total = buckets.last().map_or(0.0, |b| b.1);
+        let total = delta.last().map_or(0.0, |b| b.1);
         let at = |q: f64| {
-            buckets
+            delta
                 .iter()
                 .find(|(_, count)| *count >= q * total)
                 .map_or(f64::NAN, |(le, _)| le * 1000.0)
@@ -264,7 +274,7 @@ async fn relay_stages(server: &Server) -> String {
         format!("p50 <= {} ms, p99 <= {} ms ({total} samples)", at(0.5), at(0.99))
     };
     format!(
-        "store commit {}; commit -> socket {}",
+        "during the load: store commit {}; commit -> socket {}",
         quantiles(relay_core::telemetry::COMMIT_SECONDS),
         quantiles(relay_core::telemetry::FANOUT_LATENCY_SECONDS)
     )
@@ -521,6 +531,10 @@ async fn fan_out(server: &Server, subscribers: usize, rate: u64, seconds: u64) -
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
 
+    let metrics_before = match server.kind {
+        Kind::Relay => relay_metrics(server).await,
+        Kind::Plain => String::new(),
+    };
     let cpu_before = server.cpu();
     let mut sent = vec![0u32; total];
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
@@ -551,6 +565,10 @@ async fn fan_out(server: &Server, subscribers: usize, rate: u64, seconds: u64) -
         sockets.push(socket);
     }
     let cpu = server.cpu().since(cpu_before);
+    if server.kind == Kind::Relay {
+        let after = relay_metrics(server).await;
+        println!("{:>16}  {}", "", relay_stages(&metrics_before, &after));
+    }
     drop(sockets);
     drain.abort();
     latencies.sort_unstable();

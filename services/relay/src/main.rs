@@ -107,8 +107,15 @@ fn main() -> anyhow::Result<()> {
             println!("{}", relay_gateway::auth::mint_hs256(&secret, &claims)?);
             Ok(())
         }
-        Command::Serve(args) => runtime()?.block_on(serve::run(args)),
-        Command::Shard(args) => runtime()?.block_on(serve::run_shard(args)),
+        Command::Serve(args) => {
+            // Hosts' commits run on a thread of their own, not behind the connection tasks.
+            relay_shard::commit_thread::install()?;
+            runtime()?.block_on(serve::run(args))
+        }
+        Command::Shard(args) => {
+            relay_shard::commit_thread::install()?;
+            runtime()?.block_on(serve::run_shard(args))
+        }
         Command::Gateway(args) => runtime()?.block_on(serve::run_gateway(args)),
         Command::Runner(args) => runtime()?.block_on(runner::run(args)),
         Command::Chat(args) => runtime()?.block_on(chat::run(args)),

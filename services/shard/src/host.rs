@@ -166,7 +166,7 @@ impl Host {
             key,
             me: me.clone(),
         });
-        tokio::spawn(commit_loop(Arc::downgrade(&host)));
+        crate::commit_thread::spawn(commit_loop(Arc::downgrade(&host)));
         Ok(host)
     }
 

@@ -8,6 +8,7 @@
 pub mod archive;
 pub mod catalog;
 pub mod commands;
+pub mod commit_thread;
 pub mod completions;
 pub mod dispatch;
 pub mod error;
