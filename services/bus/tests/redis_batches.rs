@@ -23,17 +23,6 @@ fn big_action(seq: u64, size: usize) -> BusEvent {
     event
 }
 
-async fn kill_pubsub_clients(admin: &mut redis::aio::MultiplexedConnection) {
-    let killed: u64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("pubsub")
-        .query_async(admin)
-        .await
-        .expect("CLIENT KILL");
-    assert!(killed >= 1, "no pub/sub client to kill");
-}
-
 #[tokio::test]
 async fn a_commit_batch_is_one_message_and_one_batch_on_the_host_bus() {
     let Some(url) = redis_url() else { return };

@@ -29,17 +29,6 @@ async fn reconnects_and_repairs_across_connection_loss() {
         let host = host.clone();
         async move { publisher.publish(&host, &event).await.expect("publish") }
     };
-    let kill = |mut admin: redis::aio::MultiplexedConnection| async move {
-        let killed: u64 = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg("pubsub")
-            .query_async(&mut admin)
-            .await
-            .expect("CLIENT KILL");
-        assert!(killed >= 1, "no pub/sub client to kill");
-    };
-
     let mut expected = Vec::new();
     for (seq, prev) in [(1, 0), (2, 1)] {
         send(action(seq, prev)).await;
@@ -51,7 +40,7 @@ async fn reconnects_and_repairs_across_connection_loss() {
 
     // Round 1: actions published while the subscriber is (most likely) disconnected; the next action reveals
     // the gap through its prev_seq.
-    kill(admin.clone()).await;
+    kill_pubsub_clients(&mut admin).await;
     let mut expected = Vec::new();
     for (seq, prev) in [(3, 2), (4, 3)] {
         send(action(seq, prev)).await;
@@ -66,7 +55,7 @@ async fn reconnects_and_repairs_across_connection_loss() {
 
     // Round 2: the first event after reconnecting is a notification; the lost action comes first (repaired
     // when the subscriber re-subscribes, or up to the notification's seq).
-    kill(admin.clone()).await;
+    kill_pubsub_clients(&mut admin).await;
     send(action(6, 5)).await;
     wait_subscribed(&mut admin, &channel).await;
     send(notification(6, 6)).await;
@@ -76,7 +65,7 @@ async fn reconnects_and_repairs_across_connection_loss() {
     }
 
     // Round 3: nothing follows the lost action: re-subscribing alone repairs it.
-    kill(admin.clone()).await;
+    kill_pubsub_clients(&mut admin).await;
     send(action(8, 7)).await;
     assert_same(&action(8, 7), &recv(&mut rx).await);
 

@@ -16,10 +16,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{create_chat, dispatch_frame, initialized, spawn_until, token, Socket, CHAT, SECRET};
+use common::{create_chat, dispatch_frame, initialized, Socket, CHAT};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -32,7 +31,7 @@ const DEADLINE: Duration = Duration::from_secs(1_200);
 const PATIENCE: Duration = Duration::from_secs(120);
 
 fn main() {
-    raise_open_file_limit();
+    common::raise_open_file_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -51,8 +50,7 @@ struct Shape {
     urls: Vec<String>,
     /// Processes whose memory holds the connections.
     pids: Vec<u32>,
-    _children: Vec<Child>,
-    _dirs: Vec<tempfile::TempDir>,
+    _relay: common::RelayProcesses,
 }
 
 async fn run() {
@@ -230,74 +228,21 @@ async fn open(url: &str, i: usize) -> Socket {
 }
 
 async fn embedded() -> Shape {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
-    command
-        .args(["serve", "--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
-        .args(["--max-connections-per-tenant", "1000000"])
-        .arg("--data-dir")
-        .arg(dir.path());
-    let (child, url) = spawn_until(command, "listening on ws://").await;
+    let relay = common::start_embedded().await;
     Shape {
         name: "embedded serve",
-        urls: vec![format!("ws://{url}?access_token={}", token())],
-        pids: vec![child.id().expect("pid")],
-        _children: vec![child],
-        _dirs: vec![dir],
+        urls: relay.urls.clone(),
+        pids: relay.pids.clone(),
+        _relay: relay,
     }
 }
 
 async fn gateways(redis_url: &str) -> Shape {
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
-    let mut shard = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
-    shard
-        .args(["shard", "--grpc-listen", "127.0.0.1:0", "--redis-url", redis_url])
-        .arg("--data-dir")
-        .arg(dirs[0].path());
-    let (shard, shard_url) = spawn_until(shard, "listening on grpc ").await;
-    let mut pids = vec![shard.id().expect("pid")];
-    let mut children = vec![shard];
-    let mut urls = Vec::new();
-    for dir in &dirs[1..] {
-        let mut gateway = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
-        gateway
-            .args(["gateway", "--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
-            .args(["--shard", &shard_url, "--redis-url", redis_url])
-            .args(["--max-connections-per-tenant", "1000000"])
-            .arg("--data-dir")
-            .arg(dir.path());
-        let (child, url) = spawn_until(gateway, "listening on ws://").await;
-        pids.push(child.id().expect("pid"));
-        children.push(child);
-        urls.push(format!("ws://{url}?access_token={}", token()));
-    }
+    let relay = common::start_gateways(redis_url).await;
     Shape {
         name: "1 shard + 2 gateways",
-        urls,
-        pids,
-        _children: children,
-        _dirs: dirs,
-    }
-}
-
-/// Raise the open-file limit to its hard maximum (and the hard maximum itself when allowed): the bench holds
-/// one descriptor per connection, and the servers it starts inherit the limit.
-fn raise_open_file_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            let wanted = libc::rlimit {
-                rlim_cur: 1 << 20,
-                rlim_max: (1 << 20).max(limit.rlim_max),
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) != 0 {
-                limit.rlim_cur = limit.rlim_max;
-                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-            }
-        }
+        urls: relay.urls.clone(),
+        pids: relay.pids.clone(),
+        _relay: relay,
     }
 }

@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    bare_broadcast_server, connect, create_chat, dispatch_frame, initialized, request, spawn_until, token,
-    Cpu, Socket, SECRET,
+    bare_broadcast_server, connect, create_chat, dispatch_frame, initialized, request, spawn_until, Cpu,
+    Socket,
 };
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
@@ -58,7 +58,7 @@ fn main() {
         });
         return;
     }
-    raise_open_file_limit();
+    common::raise_open_file_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -88,8 +88,10 @@ struct Server {
     /// The server's processes (for CPU and RSS); `pids()` adds nginx's workers.
     pids: Vec<u32>,
     nginx_master: Option<u32>,
-    _children: Vec<Child>,
-    _dirs: Vec<tempfile::TempDir>,
+    /// The bare server's process (killed when dropped).
+    _child: Option<Child>,
+    /// The relay's processes (killed when dropped).
+    _relay: Option<common::RelayProcesses>,
 }
 
 impl Server {
@@ -294,8 +296,8 @@ async fn bare() -> Server {
         publish_url: format!("ws://{addr}/"),
         pids: vec![child.id().expect("pid")],
         nginx_master: None,
-        _children: vec![child],
-        _dirs: Vec::new(),
+        _child: Some(child),
+        _relay: None,
     }
 }
 
@@ -309,67 +311,38 @@ fn nchan(url: &str, master: u32, channel: &str) -> Server {
         publish_url: format!("{ws}/pub?channel={channel}"),
         pids: Vec::new(),
         nginx_master: Some(master),
-        _children: Vec::new(),
-        _dirs: Vec::new(),
+        _child: None,
+        _relay: None,
     }
 }
 
 async fn embedded() -> Server {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
-    command
-        .args(["serve", "--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
-        .args(["--max-connections-per-tenant", "1000000"])
-        .arg("--data-dir")
-        .arg(dir.path());
-    let (child, url) = spawn_until(command, "listening on ws://").await;
-    let url = format!("ws://{url}?access_token={}", token());
+    let relay = common::start_embedded().await;
     Server {
         kind: Kind::Relay,
-        subscribe_urls: vec![url.clone()],
-        publish_url: url,
-        pids: vec![child.id().expect("pid")],
+        subscribe_urls: relay.urls.clone(),
+        publish_url: relay.urls[0].clone(),
+        pids: relay.pids.clone(),
         nginx_master: None,
-        _children: vec![child],
-        _dirs: vec![dir],
+        _child: None,
+        _relay: Some(relay),
     }
 }
 
 async fn gateways(redis_url: &str) -> Server {
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
-    let mut shard = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
-    shard
-        .args(["shard", "--grpc-listen", "127.0.0.1:0", "--redis-url", redis_url])
-        .arg("--data-dir")
-        .arg(dirs[0].path());
-    let (shard, shard_url) = spawn_until(shard, "listening on grpc ").await;
-    let mut pids = vec![shard.id().expect("pid")];
-    let mut children = vec![shard];
-    let mut urls = Vec::new();
-    for dir in &dirs[1..] {
-        let mut gateway = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
-        gateway
-            .args(["gateway", "--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
-            .args(["--shard", &shard_url, "--redis-url", redis_url])
-            .args(["--max-connections-per-tenant", "1000000"])
-            .arg("--data-dir")
-            .arg(dir.path());
-        let (child, url) = spawn_until(gateway, "listening on ws://").await;
-        pids.push(child.id().expect("pid"));
-        children.push(child);
-        urls.push(format!("ws://{url}?access_token={}", token()));
-    }
+    let relay = common::start_gateways(redis_url).await;
+    let mut pids = relay.pids.clone();
     if let Some(redis) = common::redis_pid(redis_url).await {
         pids.push(redis);
     }
     Server {
         kind: Kind::Relay,
-        publish_url: urls[0].clone(),
-        subscribe_urls: urls,
+        publish_url: relay.urls[0].clone(),
+        subscribe_urls: relay.urls.clone(),
         pids,
         nginx_master: None,
-        _children: children,
-        _dirs: dirs,
+        _child: None,
+        _relay: Some(relay),
     }
 }
 
@@ -595,19 +568,4 @@ async fn send(publisher: &mut SplitSink<Socket, Message>, frame: String) {
         .send(Message::Text(frame.into()))
         .await
         .expect("publish");
-}
-
-/// Opening thousands of sockets needs more than the default 1,024 descriptors.
-fn raise_open_file_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
 }

@@ -144,3 +144,15 @@ pub async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
         .await
         .expect("redis connection")
 }
+
+/// Drop every pub/sub connection of the server, as a Redis restart does (at least one must exist).
+pub async fn kill_pubsub_clients(admin: &mut redis::aio::MultiplexedConnection) {
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(admin)
+        .await
+        .expect("CLIENT KILL");
+    assert!(killed >= 1, "no pub/sub client to kill");
+}

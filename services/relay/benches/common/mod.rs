@@ -280,3 +280,86 @@ pub fn rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
+
+/// Release `ahp-relay` processes started for a bench: killed when this is dropped (also on panic).
+pub struct RelayProcesses {
+    /// WebSocket URLs clients connect to (token included): one per gateway.
+    pub urls: Vec<String>,
+    /// The processes holding connections and doing the work (for CPU and memory).
+    pub pids: Vec<u32>,
+    pub children: Vec<Child>,
+    pub dirs: Vec<tempfile::TempDir>,
+}
+
+/// `ahp-relay serve` on an embedded SQLite store in a temporary directory.
+pub async fn start_embedded() -> RelayProcesses {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
+        .args(["--max-connections-per-tenant", "1000000"])
+        .arg("--data-dir")
+        .arg(dir.path());
+    let (child, url) = spawn_until(command, "listening on ws://").await;
+    RelayProcesses {
+        urls: vec![format!("ws://{url}?access_token={}", token())],
+        pids: vec![child.id().expect("pid")],
+        children: vec![child],
+        dirs: vec![dir],
+    }
+}
+
+/// 1 shard (SQLite store in a temporary directory) + 2 gateways, all on `redis_url`.
+pub async fn start_gateways(redis_url: &str) -> RelayProcesses {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    let mut shard = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+    shard
+        .args(["shard", "--grpc-listen", "127.0.0.1:0", "--redis-url", redis_url])
+        .arg("--data-dir")
+        .arg(dirs[0].path());
+    let (shard, shard_url) = spawn_until(shard, "listening on grpc ").await;
+    let mut pids = vec![shard.id().expect("pid")];
+    let mut children = vec![shard];
+    let mut urls = Vec::new();
+    for dir in &dirs[1..] {
+        let mut gateway = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+        gateway
+            .args(["gateway", "--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
+            .args(["--shard", &shard_url, "--redis-url", redis_url])
+            .args(["--max-connections-per-tenant", "1000000"])
+            .arg("--data-dir")
+            .arg(dir.path());
+        let (child, url) = spawn_until(gateway, "listening on ws://").await;
+        pids.push(child.id().expect("pid"));
+        children.push(child);
+        urls.push(format!("ws://{url}?access_token={}", token()));
+    }
+    RelayProcesses {
+        urls,
+        pids,
+        children,
+        dirs,
+    }
+}
+
+/// Raise the open-file limit as far as allowed (the hard limit too, where the process may): a bench holds one
+/// descriptor per connection, and the servers it starts inherit the limit.
+pub fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            let wanted = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: (1 << 20).max(limit.rlim_max),
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) != 0 {
+                limit.rlim_cur = limit.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            }
+        }
+    }
+}
