@@ -80,8 +80,13 @@ pub fn encoded_len(event: &BusEvent) -> usize {
     HEADER_LEN + event.channel.len() + event.frame.len()
 }
 
-/// Encodes `events` (at least one; a commit's events in order) as one bus message.
+/// Encodes `events` (at least one; a commit's events in order) as one bus message. A batch of one is written
+/// in format 1, which gateways of the previous release read too: during a rolling upgrade they keep following
+/// quiet hosts, and repair from the shard the multi-event batches they cannot read, instead of stalling.
 pub fn encode_batch(events: &[impl std::borrow::Borrow<BusEvent>]) -> Bytes {
+    if let [event] = events {
+        return encode(event.borrow());
+    }
     let size = BATCH_HEADER_LEN + events.iter().map(|e| 4 + encoded_len(e.borrow())).sum::<usize>();
     let mut out = BytesMut::with_capacity(size);
     out.put_u8(BATCH_VERSION);
@@ -375,6 +380,15 @@ mod tests {
         let single = decode_batch(&encode(&events[0])).expect("a single event");
         assert_eq!(single.len(), 1);
         assert_same(&events[0], &single[0]);
+    }
+
+    #[test]
+    fn a_batch_of_one_is_written_in_format_1_which_the_previous_release_reads() {
+        let event = sample(BusEventKind::Action, Audience::Subscribers);
+        let message = encode_batch(&[&event]);
+        assert_eq!(message, encode(&event), "format 1, byte for byte");
+        assert_same(&event, &decode(&message).expect("a format-1 reader decodes it"));
+        assert_eq!(encode_batch(&[&event, &event])[0], BATCH_VERSION);
     }
 
     #[test]

@@ -52,6 +52,9 @@ impl RedisPublisher {
         host: &HostKey,
         events: &[impl std::borrow::Borrow<BusEvent>],
     ) -> Result<(), PublishError> {
+        if events.is_empty() {
+            return Ok(());
+        }
         let messages = batch_messages(events, MAX_BATCH_MESSAGE_BYTES);
         let channel = channel_name(host);
         let mut connection = self.connection.clone();

@@ -13,7 +13,8 @@ pub struct Limits {
     pub max_subscriptions_per_connection: usize,
     /// Frames queued for one connection before it is closed as a slow consumer.
     pub outbound_queue_frames: usize,
-    /// Envelopes the bus holds for one host before a lagging connection is closed.
+    /// Commit batches the bus holds for one host before a lagging connection is closed (a connection's queue
+    /// and backlog are bounded in frames and bytes besides).
     pub bus_capacity: usize,
     /// Envelopes per host kept in memory for exact `reconnect` replay.
     pub replay_buffer_envelopes: usize,

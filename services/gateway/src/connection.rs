@@ -13,7 +13,7 @@
 //! is recorded (`ahp_relay_fanout_latency_seconds`, see [`relay_core::telemetry`]).
 
 use std::collections::VecDeque;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
@@ -47,6 +47,10 @@ pub mod close_code {
     /// The connection's access token expired: get a fresh token, reconnect and `reconnect`.
     pub const TOKEN_EXPIRED: u16 = 4001;
 }
+
+/// Room (in frames or batches) a connection's queues keep once drained; beyond it they are freed, so a
+/// connection that once took a burst goes back to an idle connection's size.
+const IDLE_QUEUE_CAPACITY: usize = 16;
 
 /// How long a closing connection may take to write what it still has queued and its close frame.
 const CLOSE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
@@ -245,6 +249,10 @@ impl<L: HostLink> Connection<L> {
 /// A close code and reason.
 type Close = (u16, String);
 
+fn write_failed() -> Close {
+    (close_code::GOING_AWAY, "write failed".to_string())
+}
+
 fn slow_consumer() -> Close {
     (close_code::TRY_AGAIN_LATER, "slow consumer".to_string())
 }
@@ -263,31 +271,45 @@ struct Delivery {
 }
 
 impl Delivery {
-    /// The next batch of the host's bus; meanwhile, what is queued is written.
+    /// The next batch of the host's bus; meanwhile, what is queued is written. Cancel-safe: a batch is taken
+    /// off the bus, and a frame off the queue, only when returned or written.
+    ///
+    /// The bus goes first, so a connection that wakes to several batches queues them all and writes them with
+    /// one flush — unless its queue is past half its bound: then writing goes first, so a connection that wakes
+    /// to a long backlog writes as it goes instead of filling its queue and being closed as a slow consumer
+    /// while its socket could take more.
     async fn next_batch(&mut self) -> Result<BusBatch, Close> {
         let Self { bus, outbox, .. } = self;
-        loop {
-            tokio::select! {
-                biased;
-                received = bus.recv() => return received_batch(received),
-                written = outbox.written(), if outbox.has_work() => written?,
+        let received = bus.recv();
+        tokio::pin!(received);
+        poll_fn(|cx| {
+            if outbox.pressing() {
+                if let Poll::Ready(Err(_)) = outbox.poll_write(cx) {
+                    return Poll::Ready(Err(write_failed()));
+                }
             }
-        }
+            if let Poll::Ready(received) = received.as_mut().poll(cx) {
+                return Poll::Ready(received_batch(received));
+            }
+            if outbox.has_work() {
+                if let Poll::Ready(Err(_)) = outbox.poll_write(cx) {
+                    return Poll::Ready(Err(write_failed()));
+                }
+            }
+            // Waiting for the bus (registered above) and, if anything is left, for the socket.
+            Poll::Pending
+        })
+        .await
     }
 
     /// Run `call` while keeping the bus drained into the backlog and writing what is queued.
-    async fn during<F: std::future::Future>(&mut self, call: F) -> Result<F::Output, Close> {
+    async fn during<F: Future>(&mut self, call: F) -> Result<F::Output, Close> {
         tokio::pin!(call);
         loop {
-            let Self { bus, outbox, .. } = self;
             let batch = tokio::select! {
                 biased;
                 output = &mut call => return Ok(output),
-                received = bus.recv() => received_batch(received)?,
-                written = outbox.written(), if outbox.has_work() => {
-                    written?;
-                    continue;
-                }
+                batch = self.next_batch() => batch?,
             };
             self.hold(batch)?;
         }
@@ -317,15 +339,7 @@ impl Delivery {
         }
         let waited = tokio::time::timeout(PATIENCE, async {
             loop {
-                let Self { bus, outbox, .. } = &mut *self;
-                let batch = tokio::select! {
-                    biased;
-                    received = bus.recv() => received_batch(received)?,
-                    written = outbox.written(), if outbox.has_work() => {
-                        written?;
-                        continue;
-                    }
-                };
+                let batch = self.next_batch().await?;
                 let done = arrived(&batch);
                 self.hold(batch)?;
                 if done {
@@ -349,6 +363,9 @@ impl Delivery {
                 .backlog_bytes
                 .saturating_sub(relay_core::bus::batch_bytes(&batch));
             self.deliver(&batch)?;
+        }
+        if self.backlog.capacity() > IDLE_QUEUE_CAPACITY {
+            self.backlog = VecDeque::new();
         }
         Ok(())
     }
@@ -456,11 +473,16 @@ impl Outbox {
         !self.queue.is_empty() || self.unflushed
     }
 
+    /// Past half its bound in frames or bytes: writing goes before taking more from the bus.
+    fn pressing(&self) -> bool {
+        self.queue.len() * 2 >= self.max_frames || self.bytes * 2 >= self.max_bytes
+    }
+
     /// Completes once everything queued is written and flushed; an error closes the connection.
     async fn written(&mut self) -> Result<(), Close> {
         poll_fn(|cx| self.poll_write(cx))
             .await
-            .map_err(|_| (close_code::GOING_AWAY, "write failed".to_string()))
+            .map_err(|_| write_failed())
     }
 
     /// Hand queued frames to the socket as it takes them, then flush. Cancel-safe: a frame leaves the queue
@@ -486,6 +508,10 @@ impl Outbox {
             std::pin::Pin::new(&mut self.sink).start_send(message)?;
             self.unflushed = true;
         }
+        // A burst leaves the queue's room behind; an idle connection should not keep it.
+        if self.queue.capacity() > IDLE_QUEUE_CAPACITY {
+            self.queue = VecDeque::new();
+        }
         if self.unflushed {
             ready!(std::pin::Pin::new(&mut self.sink).poll_flush(cx))?;
             self.unflushed = false;
@@ -493,6 +519,9 @@ impl Outbox {
                 let flushed_at = Instant::now();
                 for stamp in self.stamps.drain(..) {
                     self.latency.delivered(stamp, flushed_at);
+                }
+                if self.stamps.capacity() > IDLE_QUEUE_CAPACITY {
+                    self.stamps = Vec::new();
                 }
             }
         }
