@@ -315,10 +315,13 @@ impl Delivery {
         }
     }
 
-    /// Keep `batch` until the call in flight has been answered.
+    /// Keep `batch` until the call in flight has been answered. The backlog and the queue share one byte
+    /// bound: together they are what the connection has not yet taken.
     fn hold(&mut self, batch: BusBatch) -> Result<(), Close> {
         self.backlog_bytes += relay_core::bus::batch_bytes(&batch);
-        if self.backlog.len() >= self.backlog_limit || self.backlog_bytes > self.outbox.max_bytes {
+        if self.backlog.len() >= self.backlog_limit
+            || self.backlog_bytes + self.outbox.bytes > self.outbox.max_bytes
+        {
             return Err(slow_consumer());
         }
         self.backlog.push_back(batch);
