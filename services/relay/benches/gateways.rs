@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{
-    bare_broadcast_server, connect, create_chat, dispatch_frame, initialized, next_frame, redis_pid, request,
-    spawn_until, token, Cpu, Socket, SECRET,
+    connect, create_chat, dispatch_frame, initialized, next_frame, redis_pid, request, spawn_until, token,
+    Cpu, Socket, SECRET,
 };
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
@@ -51,40 +51,14 @@ const LATENCY_RATE: u64 = 1_000;
 const LATENCY_SECONDS: u64 = 5;
 /// The whole run is cut off (and fails) after this long.
 const DEADLINE: Duration = Duration::from_secs(170);
-/// Set in the environment of the re-executed bench that serves as the bare broadcast server.
-const BARE_SERVER_ENV: &str = "AHP_BENCH_BARE_SERVER";
 
 type Publisher = SplitSink<Socket, Message>;
 
 fn main() {
-    if std::env::var_os(BARE_SERVER_ENV).is_some() {
-        // The same runtime as `ahp-relay` (a multi-threaded runtime, one worker per core).
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(bare_server_process());
+    if common::serve_bare_if_asked() {
         return;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        tokio::time::timeout(DEADLINE, run())
-            .await
-            .expect("the benchmark did not finish within its deadline");
-    });
-}
-
-/// The bare server as a process of its own: serve until the parent closes our stdin (or kills us).
-async fn bare_server_process() {
-    let addr = bare_broadcast_server().await;
-    println!("bare broadcast server listening on ws://{addr}");
-    let mut stdin = tokio::io::stdin();
-    let mut buf = [0u8; 64];
-    while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
+    common::run_with_deadline(DEADLINE, run());
 }
 
 async fn run() {
@@ -206,7 +180,7 @@ async fn run() {
 
     // The same through the bare broadcast server, a process of its own.
     let mut bare = Command::new(std::env::current_exe().expect("current exe"));
-    bare.env(BARE_SERVER_ENV, "1");
+    bare.env(common::BARE_SERVER_ENV, "1");
     let (bare, bare_addr) = spawn_until(bare, "listening on ws://").await;
     let bare_url = format!("ws://{bare_addr}/");
     let mut bare_publishers = Vec::new();

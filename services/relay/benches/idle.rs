@@ -32,16 +32,7 @@ const PATIENCE: Duration = Duration::from_secs(120);
 
 fn main() {
     common::raise_open_file_limit();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        tokio::time::timeout(DEADLINE, run())
-            .await
-            .expect("the benchmark did not finish within its deadline");
-    });
+    common::run_with_deadline(DEADLINE, run());
 }
 
 struct Shape {

@@ -22,10 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{
-    bare_broadcast_server, connect, create_chat, dispatch_frame, initialized, request, spawn_until, Cpu,
-    Socket,
-};
+use common::{connect, create_chat, dispatch_frame, initialized, request, spawn_until, Cpu, Socket};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
@@ -40,35 +37,14 @@ const SECONDS: u64 = 10;
 const IDLE_CONNECTIONS: usize = 2_000;
 /// How long subscribers wait for stragglers after the last publication before counting the rest lost.
 const GRACE: Duration = Duration::from_secs(5);
-const BARE_SERVER_ENV: &str = "AHP_BENCH_BARE_SERVER";
 const DEADLINE: Duration = Duration::from_secs(900);
 
 fn main() {
-    if std::env::var_os(BARE_SERVER_ENV).is_some() {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            let addr = bare_broadcast_server().await;
-            println!("bare broadcast server listening on ws://{addr}");
-            let mut stdin = tokio::io::stdin();
-            let mut buf = [0u8; 64];
-            while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
-        });
+    if common::serve_bare_if_asked() {
         return;
     }
     common::raise_open_file_limit();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        tokio::time::timeout(DEADLINE, run())
-            .await
-            .expect("the benchmark did not finish within its deadline");
-    });
+    common::run_with_deadline(DEADLINE, run());
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -288,7 +264,7 @@ fn ms(d: Duration) -> f64 {
 
 async fn bare() -> Server {
     let mut command = Command::new(std::env::current_exe().expect("current exe"));
-    command.env(BARE_SERVER_ENV, "1");
+    command.env(common::BARE_SERVER_ENV, "1");
     let (child, addr) = spawn_until(command, "listening on ws://").await;
     Server {
         kind: Kind::Plain,

@@ -363,3 +363,42 @@ pub fn raise_open_file_limit() {
         }
     }
 }
+
+/// Set in the environment of a bench re-executed as the bare broadcast server (a process of its own).
+pub const BARE_SERVER_ENV: &str = "AHP_BENCH_BARE_SERVER";
+
+/// If this process was started as the bare server ([`BARE_SERVER_ENV`]): serve, on the same kind of runtime as
+/// `ahp-relay` (multi-threaded, one worker per core), until the parent closes our stdin (or kills us), and
+/// return `true`.
+pub fn serve_bare_if_asked() -> bool {
+    if std::env::var_os(BARE_SERVER_ENV).is_none() {
+        return false;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        use tokio::io::AsyncReadExt;
+        let addr = bare_broadcast_server().await;
+        println!("bare broadcast server listening on ws://{addr}");
+        let mut stdin = tokio::io::stdin();
+        let mut buf = [0u8; 64];
+        while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
+    });
+    true
+}
+
+/// Run a bench's `body` on a 2-worker runtime; it fails if it does not finish within `deadline`.
+pub fn run_with_deadline(deadline: Duration, body: impl std::future::Future<Output = ()>) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        tokio::time::timeout(deadline, body)
+            .await
+            .expect("the benchmark did not finish within its deadline");
+    });
+}
