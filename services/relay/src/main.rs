@@ -93,6 +93,10 @@ pub fn parse_ttl(text: &str) -> Result<Duration, String> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Inside an agent's sandbox, before anything else (no runtime, no threads): confine, then run the agent.
+    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(relay_sandbox::exec::SUBCOMMAND)) {
+        std::process::exit(relay_sandbox::exec::main(std::env::args_os().skip(2).collect()));
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Token(args) => {

@@ -20,7 +20,13 @@
 //! - "fail": a JSON-RPC error instead of an answer;
 //! - "environment": the names of the variables it runs with;
 //! - "limits": its open-files limit (RLIMIT_NOFILE);
-//! - "ask me": an `elicitation/create` form (a required name, a colour from a list), whose answer it repeats.
+//! - "ask me": an `elicitation/create` form (a required name, a colour from a list), whose answer it repeats;
+//! - "sh: COMMAND" (the whole prompt): runs `sh -c COMMAND` itself, in its working directory with its own
+//!   environment (as coding agents run their shell tools), streams what it prints as the reply and ends with
+//!   `EXIT <code>` (or `EXIT signal <n>`); a cancel kills the command's process group. What the sandbox
+//!   escape suite drives;
+//! - "term: COMMAND" (the whole prompt): runs `sh -c COMMAND` in a relay terminal (`terminal/create`) and
+//!   reports its output and exit code.
 //!
 //! With `--require-key` it lists an "API key" authentication method and refuses `session/new` (auth required)
 //! unless `TEST_AGENT_KEY` is in its environment.
@@ -353,6 +359,14 @@ async fn script(
     model: Option<String>,
     settings: String,
 ) -> agent_client_protocol::Result<StopReason> {
+    if let Some(command) = prompt.strip_prefix("sh: ") {
+        return run_shell(cx, session, command, cwd, cancelled).await;
+    }
+    if let Some(command) = prompt.strip_prefix("term: ") {
+        let said = run_in_terminal(cx, session, "term", "sh", &["-c", command], None).await?;
+        say(cx, session, SessionUpdate::AgentMessageChunk(chunk(&said)))?;
+        return Ok(StopReason::EndTurn);
+    }
     if prompt.contains("fail") {
         return Err(agent_client_protocol::Error::internal_error().data("the test agent was asked to fail"));
     }
@@ -607,6 +621,88 @@ async fn script(
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
+    Ok(StopReason::EndTurn)
+}
+
+/// Run `sh -c command` as this agent's own child, streaming its output (stdout and stderr) as the reply.
+async fn run_shell(
+    cx: &ConnectionTo<Client>,
+    session: &SessionId,
+    command: &str,
+    cwd: &std::path::Path,
+    cancelled: &AtomicBool,
+) -> agent_client_protocol::Result<StopReason> {
+    use tokio::io::AsyncReadExt;
+    let mut child = tokio::process::Command::new("sh")
+        .args(["-c", command])
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(agent_client_protocol::Error::into_internal_error)?;
+    let group = child.id();
+    let (chunks_tx, mut chunks) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    for pipe in [
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let chunks_tx = chunks_tx.clone();
+        tokio::spawn(async move {
+            let mut pipe = pipe;
+            let mut buffer = vec![0_u8; 16 * 1024];
+            while let Ok(read) = pipe.read(&mut buffer).await {
+                if read == 0 || chunks_tx.send(buffer[..read].to_vec()).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    drop(chunks_tx);
+    let mut ticker = tokio::time::interval(std::time::Duration::from_millis(20));
+    loop {
+        tokio::select! {
+            received = chunks.recv() => match received {
+                Some(bytes) => say(
+                    cx,
+                    session,
+                    SessionUpdate::AgentMessageChunk(chunk(&String::from_utf8_lossy(&bytes))),
+                )?,
+                None => break,
+            },
+            _ = ticker.tick() => {
+                if cancelled.load(Ordering::SeqCst) {
+                    if let Some(group) = group {
+                        // SAFETY: kill(2) with a negative pid signals the command's process group only.
+                        unsafe { libc::kill(-(group as i32), libc::SIGKILL) };
+                    }
+                    return Ok(StopReason::Cancelled);
+                }
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .await
+        .map_err(agent_client_protocol::Error::into_internal_error)?;
+    use std::os::unix::process::ExitStatusExt;
+    let end = match (status.code(), status.signal()) {
+        (Some(code), _) => format!("\nEXIT {code}"),
+        (None, Some(signal)) => format!("\nEXIT signal {signal}"),
+        _ => "\nEXIT unknown".to_string(),
+    };
+    say(cx, session, SessionUpdate::AgentMessageChunk(chunk(&end)))?;
     Ok(StopReason::EndTurn)
 }
 
