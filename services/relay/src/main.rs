@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+mod agents;
 mod chat;
 mod observe;
 mod ops;

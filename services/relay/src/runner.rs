@@ -42,6 +42,8 @@ pub struct RunnerArgs {
     pub http_listen: SocketAddr,
     #[command(flatten)]
     pub runner: crate::serve::RunnerSecretArgs,
+    #[command(flatten)]
+    pub sandbox: crate::agents::SandboxArgs,
 }
 
 /// `ahp-relay runner`.
@@ -62,6 +64,18 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|_| "runner".into())
     });
     let agents = file.agents.len();
+    let mut ports = vec![(args.http_listen.port(), "this runner's HTTP port".to_string())];
+    ports.extend(
+        shards
+            .iter()
+            .filter_map(|url| crate::agents::url_port(url))
+            .map(|port| (port, "a shard's gRPC port".to_string())),
+    );
+    let protected = crate::agents::Protected {
+        paths: args.runner.runner_secret_file.iter().cloned().collect(),
+        ports,
+    };
+    let sandboxes = crate::agents::sandboxes(&file, &args.agents, &args.sandbox, protected).await?;
     let registrations = Arc::new(AtomicUsize::new(0));
     serve_http(args.http_listen, registrations.clone()).await?;
     let config = relay_rpc::runner::RunnerConfig {
@@ -73,7 +87,7 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
              the shards have",
         )?,
         providers: Arc::new(move || {
-            AcpProvider::from_file(&file)
+            AcpProvider::from_file(&file, &sandboxes)
                 .into_iter()
                 .map(|agent| Arc::new(agent) as Arc<dyn Provider>)
                 .collect()

@@ -248,6 +248,8 @@ pub struct ServeArgs {
     pub edge: EdgeArgs,
     #[command(flatten)]
     pub host: HostArgs,
+    #[command(flatten)]
+    pub sandbox: crate::agents::SandboxArgs,
 }
 
 /// The credential runners present to shards, apart from the internal one (a runner cannot call what gateways
@@ -454,8 +456,11 @@ impl EdgeArgs {
 
 /// Where a host's ACP agents run.
 enum AgentPlacement {
-    /// In this process (the embedded relay).
-    InProcess,
+    /// In this process (the embedded relay), in sandboxes, never reaching what `protected` names.
+    InProcess {
+        sandbox: crate::agents::SandboxArgs,
+        protected: crate::agents::Protected,
+    },
     /// On the `ahp-relay runner` processes registered in this pool (a shard).
     Runners(Arc<relay_rpc::RunnerPool>),
 }
@@ -474,14 +479,19 @@ async fn open_hosts(
     })));
     if let Some(path) = &host.agents {
         let file = relay_runner::acp::AgentsFile::load(path)?;
-        for agent in relay_runner::acp::AcpProvider::from_file(&file) {
-            providers = match &placement {
-                AgentPlacement::InProcess => providers.with(Arc::new(agent)),
-                AgentPlacement::Runners(pool) => {
-                    use relay_runner::Provider;
-                    providers.with(Arc::new(relay_rpc::RemoteAgent::new(agent.info(), pool.clone())))
+        match placement {
+            AgentPlacement::InProcess { sandbox, protected } => {
+                let sandboxes = crate::agents::sandboxes(&file, path, &sandbox, protected).await?;
+                for agent in relay_runner::acp::AcpProvider::from_file(&file, &sandboxes) {
+                    providers = providers.with(Arc::new(agent));
                 }
-            };
+            }
+            AgentPlacement::Runners(pool) => {
+                for agent in &file.agents {
+                    let info = relay_runner::acp::agent_info(agent);
+                    providers = providers.with(Arc::new(relay_rpc::RemoteAgent::new(info, pool.clone())));
+                }
+            }
         }
         tracing::info!(agents = file.agents.len(), path = %path.display(), "ACP agents configured");
     }
@@ -521,13 +531,35 @@ async fn flush(link: &ShardLink) {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let _observability = crate::observe::init("serve", &[Side::Gateway, Side::Shard])?;
     let limits = args.edge.apply(args.host.apply(Limits::default()));
+    let mut ports = vec![(args.edge.listen.port(), "this relay's own port".to_string())];
+    if let Some(port) = args
+        .host
+        .database_url
+        .as_deref()
+        .and_then(crate::agents::url_port)
+    {
+        ports.push((port, "the store's (Postgres) port".into()));
+    }
+    let protected = crate::agents::Protected {
+        paths: [
+            Some(args.data.data_dir.clone()),
+            args.edge.jwt_secret_file.clone(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+        ports,
+    };
     let link = open_hosts(
         &args.data,
         &args.host,
         limits.clone(),
         None,
         None,
-        AgentPlacement::InProcess,
+        AgentPlacement::InProcess {
+            sandbox: args.sandbox.clone(),
+            protected,
+        },
     )
     .await?;
     serve_edge(&args.data, &args.edge, limits, link.clone(), DevToken::Print).await?;

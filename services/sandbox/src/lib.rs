@@ -202,6 +202,64 @@ fn find_on_path(program: &str) -> Option<PathBuf> {
     })
 }
 
+/// Give bubblewrap its arguments through a memory file (`--args FD`) rather than its command line: the
+/// sandbox's init process (bubblewrap, visible in the sandbox's `/proc`) then shows no paths of the relay — not
+/// the files it covers (whose names may name other tenants), not the confinement. The descriptor is inherited
+/// by this child only (its close-on-exec flag is cleared after the fork). Without memory files, on the command
+/// line.
+fn pass_arguments(command: &mut tokio::process::Command, args: &[OsString]) {
+    // bubblewrap takes options from the file; what it runs (`-- HELPER …`) stays on its command line.
+    let split = args
+        .windows(2)
+        .position(|pair| pair[0] == "--" && pair[1] == layout::HELPER_IN_SANDBOX)
+        .unwrap_or(args.len());
+    let (options, run) = args.split_at(split);
+    match arguments_file(options) {
+        Ok(file) => {
+            use std::os::fd::AsRawFd;
+            let fd = file.as_raw_fd();
+            command.arg("--args").arg(fd.to_string()).args(run);
+            // SAFETY: the closure only calls fcntl(2), which is async-signal-safe; `file` stays open (owned by
+            // the closure) until the command is spawned and dropped.
+            unsafe {
+                command.pre_exec(move || {
+                    let _owned = &file;
+                    if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "no memory file for bubblewrap's arguments; passing them on its command line");
+            command.args(args);
+        }
+    }
+}
+
+/// A sealed-size memory file holding `args`, each ended by NUL, read from its start.
+fn arguments_file(args: &[OsString]) -> std::io::Result<std::fs::File> {
+    use std::io::{Seek, Write};
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: memfd_create takes a NUL-terminated name and flags; the descriptor it returns is ours.
+    let fd = unsafe { libc::memfd_create(c"ahp-relay-bwrap-args".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut bytes = Vec::new();
+    for arg in args {
+        bytes.extend_from_slice(arg.as_bytes());
+        bytes.push(0);
+    }
+    file.write_all(&bytes)?;
+    file.rewind()?;
+    Ok(file)
+}
+
 /// Whether this process runs as root (then tenants get users of their own).
 pub fn running_as_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -236,7 +294,7 @@ impl Launcher {
                     .chain(args.iter().map(OsString::from))
                     .collect();
                 let mut command = tokio::process::Command::new(&sandbox.bwrap);
-                command.args(sandbox.layout.bwrap_args(spec, &run));
+                pass_arguments(&mut command, &sandbox.layout.bwrap_args(spec, &run));
                 command
                     .env_clear()
                     .envs(env)

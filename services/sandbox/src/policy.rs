@@ -75,31 +75,25 @@ impl From<Egress> for EgressSetting {
     }
 }
 
-/// Limits of each process in a sandbox (rlimits, set from inside before the agent runs); unset ones are
-/// inherited from the relay.
+/// Limits of each process in a sandbox (rlimits, set from inside before the agent runs). Limits not written in
+/// the agents file keep their defaults; `None` ones are inherited from the relay.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct ResourceLimits {
     /// Processes and threads (RLIMIT_NPROC). Counted per user: when the relay runs as root each tenant has a
     /// user of its own, so this bounds the tenant's processes on the machine (see `processes_per_tenant`);
     /// otherwise each sandbox has a user namespace of its own and this bounds the sandbox.
-    #[serde(default)]
     pub processes: Option<u64>,
     /// Open files of one process (RLIMIT_NOFILE).
-    #[serde(default)]
     pub open_files: Option<u64>,
     /// Largest file one process may write, in bytes (RLIMIT_FSIZE): a bigger write fails with EFBIG.
-    #[serde(default)]
     pub file_size_bytes: Option<u64>,
     /// CPU time of one process, in seconds (RLIMIT_CPU).
-    #[serde(default)]
     pub cpu_seconds: Option<u64>,
     /// Largest virtual memory of one process, in bytes (RLIMIT_AS). Node reserves far more address space than
     /// it uses: prefer `data_bytes`.
-    #[serde(default)]
     pub address_space_bytes: Option<u64>,
     /// Heap and writable private memory of one process, in bytes (RLIMIT_DATA).
-    #[serde(default)]
     pub data_bytes: Option<u64>,
 }
 

@@ -1,12 +1,17 @@
-//! The agents a deployment offers (`--agents FILE`, TOML): what to run, with which environment, and where.
+//! The agents a deployment offers (`--agents FILE`, TOML): what to run, with which environment and credentials,
+//! in which sandbox, and the quotas that bound each tenant's agents where they run.
 //!
 //! Values for an agent's environment come only from the relay's side — variables of the relay's own
 //! environment named in `env`, or secret files named in `env_files` — never from clients. The agent sees
-//! exactly those variables (its environment is cleared first). See `deploy/agents.example.toml`.
+//! exactly those variables (its environment is cleared first). Credentials are per tenant
+//! (`[agent.tenants.NAME] env_files = {…}`): a deployment-wide secret (`env_files` on the agent itself, or a
+//! variable of the relay's environment other than the locale and `PATH`) is refused unless the operator writes
+//! `shared_credentials = true`. See `deploy/agents.example.toml`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use relay_sandbox::{Egress, ResourceLimits};
 use serde::Deserialize;
 
 /// Why the agents file or an agent's environment could not be read.
@@ -22,19 +27,91 @@ pub enum AgentConfigError {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentsFile {
-    /// Where sessions' working directories live: `<workspace_root>/<tenant>/…`.
+    /// Where sessions' working directories live: `<workspace_root>/<tenant>/…` (and, apart from them, each
+    /// session's private home and `/tmp` under `<workspace_root>/.sandbox/`).
     pub workspace_root: PathBuf,
-    /// An agent process with no prompt for this long is stopped (its process group killed); the session's
-    /// next prompt starts it again and continues its ACP session where the agent can load it.
+    /// An agent process with no prompt for this long is stopped (its sandbox killed); the session's next
+    /// prompt starts it again and continues its ACP session where the agent can load it.
     #[serde(default = "default_idle_timeout_seconds")]
     pub idle_timeout_seconds: u64,
     /// How long an agent may take to answer `initialize` and `session/new` (e.g. while `npx` downloads it):
     /// past it the session fails with `agentStartTimeout` instead of staying `creating`.
     #[serde(default = "default_start_timeout_seconds")]
     pub start_timeout_seconds: u64,
+    /// How sandboxes are made.
+    #[serde(default)]
+    pub sandbox: SandboxConfig,
+    /// What each tenant's agents may use on this runner.
+    #[serde(default)]
+    pub quotas: QuotaConfig,
     /// The agents, in the order clients see them.
     #[serde(default, rename = "agent")]
     pub agents: Vec<AgentConfig>,
+}
+
+/// `[sandbox]`: how agents' sandboxes are made.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    /// When the relay runs as root each tenant's agents run as a user of their own, from
+    /// `first_uid ..= first_uid + uid_count - 1` (must be free on the machine and mapped in its container).
+    pub first_uid: u32,
+    pub uid_count: u32,
+    /// Niceness of agents' processes (0–19): the relay's own work comes first.
+    pub nice: i32,
+    /// More system directories agents may read (e.g. `/nix/store`); `/usr`, `/etc` and `/opt` always are.
+    pub system_paths: Vec<PathBuf>,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            first_uid: 200_000,
+            uid_count: 100_000,
+            nice: 10,
+            system_paths: Vec::new(),
+        }
+    }
+}
+
+/// `[quotas]`: what one tenant's agents may use on this runner (or `serve`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuotaConfig {
+    /// Agent processes and terminal commands the relay runs for one tenant at once; more are refused.
+    pub running_per_tenant: usize,
+    /// Terminal commands one session runs at once.
+    pub terminals_per_session: usize,
+    /// Processes and threads of one tenant (RLIMIT_NPROC of its user) when the relay runs as root; otherwise
+    /// each sandbox is bounded by its agent's `limits.processes`.
+    pub processes_per_tenant: u64,
+    /// Agent output (messages, tool output, terminal output) read per second for one tenant; faster agents
+    /// are slowed (their pipes fill and they wait).
+    pub output_bytes_per_second: u64,
+    /// Agent output one turn (or one terminal command) may produce; past it the turn is cut with a note.
+    pub output_bytes_per_turn: u64,
+    /// Bytes a tenant's workspace, homes and `/tmp`s may hold; at or over it, new turns and commands are
+    /// refused and running ones are stopped until files are removed.
+    pub workspace_bytes_per_tenant: u64,
+    /// How often a tenant's workspace is measured, in seconds.
+    pub workspace_check_seconds: u64,
+    /// How long a disposed session's workspace, home and `/tmp` are kept before they are removed (0: at once).
+    pub workspace_retention_seconds: u64,
+}
+
+impl Default for QuotaConfig {
+    fn default() -> Self {
+        Self {
+            running_per_tenant: 256,
+            terminals_per_session: 16,
+            processes_per_tenant: 4096,
+            output_bytes_per_second: 1024 * 1024,
+            output_bytes_per_turn: 8 * 1024 * 1024,
+            workspace_bytes_per_tenant: 20 * 1024 * 1024 * 1024,
+            workspace_check_seconds: 30,
+            workspace_retention_seconds: 0,
+        }
+    }
 }
 
 /// One agent.
@@ -53,48 +130,41 @@ pub struct AgentConfig {
     /// Variables passed through from the relay's own environment (when set there).
     #[serde(default)]
     pub env: Vec<String>,
-    /// Variables whose values are read from files (e.g. mounted secrets): `NAME = "/run/secrets/name"`.
+    /// Deployment-wide variables whose values are read from files: `NAME = "/run/secrets/name"`. Every tenant's
+    /// agent gets them, so they are refused unless `shared_credentials = true`.
     #[serde(default)]
     pub env_files: BTreeMap<String, PathBuf>,
+    /// The operator's statement that `env_files` (and secret `env` variables) may be shared by every tenant.
+    #[serde(default)]
+    pub shared_credentials: bool,
+    /// Each tenant's own credentials: `[agent.tenants.acme] env_files = { KEY = "/run/secrets/acme-key" }`.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantCredentials>,
     /// Models listed in the agent's `AgentInfo` (until the agent reports its own).
     #[serde(default)]
     pub models: Vec<String>,
-    /// Resource limits of the agent's processes (rlimits, set with util-linux `prlimit`).
+    /// Limits of each of the agent's processes (rlimits, applied inside its sandbox).
     #[serde(default)]
-    pub limits: ProcessLimits,
+    pub limits: ResourceLimits,
+    /// The TCP connections it may open: `"any"`, `"none"` or a list of ports (default: `[443]`).
+    #[serde(default)]
+    pub egress: Egress,
+    /// Directories holding the agent's installation, shown read-only in its sandbox (the command's own
+    /// directory, and the package holding it, are added when they lie outside the system directories).
+    #[serde(default)]
+    pub read_only_paths: Vec<PathBuf>,
 }
 
-/// Resource limits for an agent's processes; unset ones are inherited from the relay.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+/// One tenant's credentials for an agent.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ProcessLimits {
-    /// Largest virtual memory of one process, in bytes (RLIMIT_AS).
-    pub address_space_bytes: Option<u64>,
-    /// CPU time of one process, in seconds (RLIMIT_CPU).
-    pub cpu_seconds: Option<u64>,
-    /// Open files of one process (RLIMIT_NOFILE).
-    pub open_files: Option<u64>,
-    /// Processes of the agent's user (RLIMIT_NPROC).
-    pub processes: Option<u64>,
-    /// Largest file one process may write, in bytes (RLIMIT_FSIZE).
-    pub file_size_bytes: Option<u64>,
+pub struct TenantCredentials {
+    #[serde(default)]
+    pub env_files: BTreeMap<String, PathBuf>,
 }
 
-impl ProcessLimits {
-    /// The `prlimit` options that set these limits (soft and hard), empty when none is set.
-    pub fn prlimit_args(&self) -> Vec<String> {
-        [
-            ("--as", self.address_space_bytes),
-            ("--cpu", self.cpu_seconds),
-            ("--nofile", self.open_files),
-            ("--nproc", self.processes),
-            ("--fsize", self.file_size_bytes),
-        ]
-        .into_iter()
-        .filter_map(|(option, value)| value.map(|v| format!("{option}={v}")))
-        .collect()
-    }
-}
+/// Variables of the relay's environment an agent may take without `shared_credentials`: not secrets.
+const NON_SECRET_VARIABLES: &[&str] = &["PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TERM"];
 
 fn default_start_timeout_seconds() -> u64 {
     120
@@ -102,6 +172,15 @@ fn default_start_timeout_seconds() -> u64 {
 
 fn default_idle_timeout_seconds() -> u64 {
     600
+}
+
+/// Whether `name` is a valid environment variable name (`[A-Za-z_][A-Za-z0-9_]*`): anything else (`=`, a
+/// leading `-`, NUL) could be taken for something other than a variable by the programs that pass it on.
+pub fn valid_variable_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 256
 }
 
 impl AgentsFile {
@@ -129,6 +208,14 @@ impl AgentsFile {
         if !file.workspace_root.is_absolute() {
             return Err(invalid("workspace_root must be an absolute path".into()));
         }
+        if file.sandbox.first_uid == 0 || file.sandbox.uid_count == 0 {
+            return Err(invalid(
+                "[sandbox] first_uid and uid_count must be at least 1".into(),
+            ));
+        }
+        if !(0..=19).contains(&file.sandbox.nice) {
+            return Err(invalid("[sandbox] nice must be between 0 and 19".into()));
+        }
         let mut seen = std::collections::HashSet::new();
         for agent in &file.agents {
             let valid_id = !agent.id.is_empty()
@@ -148,42 +235,74 @@ impl AgentsFile {
             if agent.command.is_empty() {
                 return Err(invalid(format!("agent {} has no command", agent.id)));
             }
+            agent
+                .check_variables()
+                .map_err(|message| invalid(format!("agent {}: {message}", agent.id)))?;
         }
         Ok(file)
+    }
+
+    /// Every secret file the agents name (agents must never see each other's, nor the relay's).
+    pub fn secret_files(&self) -> Vec<PathBuf> {
+        self.agents
+            .iter()
+            .flat_map(|agent| {
+                agent
+                    .env_files
+                    .values()
+                    .chain(
+                        agent
+                            .tenants
+                            .values()
+                            .flat_map(|tenant| tenant.env_files.values()),
+                    )
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 }
 
 impl AgentConfig {
-    /// The program and arguments that run `program args` in `cwd` with exactly `env` (`env -i --chdir`) and
-    /// this agent's rlimits (`prlimit`, which then runs `env`): for the agent itself and the commands it runs.
-    pub fn wrapped_command(
-        &self,
-        cwd: &std::path::Path,
-        env: &BTreeMap<String, String>,
-        program: &str,
-        args: &[String],
-    ) -> (String, Vec<String>) {
-        let env_args: Vec<String> = ["-i".to_string(), format!("--chdir={}", cwd.display())]
-            .into_iter()
-            .chain(env.iter().map(|(name, value)| format!("{name}={value}")))
-            .chain(std::iter::once(program.to_string()))
-            .chain(args.iter().cloned())
-            .collect();
-        let limits = self.limits.prlimit_args();
-        if limits.is_empty() {
-            return ("env".into(), env_args);
+    /// Refuse invalid variable names and deployment-wide secrets the operator did not declare shared.
+    fn check_variables(&self) -> Result<(), String> {
+        let names = self
+            .env
+            .iter()
+            .chain(self.env_files.keys())
+            .chain(self.tenants.values().flat_map(|tenant| tenant.env_files.keys()));
+        for name in names {
+            if !valid_variable_name(name) {
+                return Err(format!("{name:?} is not a valid environment variable name"));
+            }
         }
-        let mut wrapped = limits;
-        wrapped.push("--".into());
-        wrapped.push("env".into());
-        wrapped.extend(env_args);
-        ("prlimit".into(), wrapped)
+        if self.shared_credentials {
+            return Ok(());
+        }
+        if let Some(name) = self.env_files.keys().next() {
+            return Err(format!(
+                "env_files {name} would give every tenant's agent the same credential: put it under \
+                 [agent.tenants.<tenant>] env_files, or write shared_credentials = true"
+            ));
+        }
+        let secret = self
+            .env
+            .iter()
+            .find(|name| !(NON_SECRET_VARIABLES.contains(&name.as_str()) || name.starts_with("LC_")));
+        if let Some(name) = secret {
+            return Err(format!(
+                "env {name} passes a variable of the relay's environment to every tenant's agent: give each \
+                 tenant its own in [agent.tenants.<tenant>] env_files, or write shared_credentials = true"
+            ));
+        }
+        Ok(())
     }
 
-    /// The environment the agent runs with: the allow-listed variables of `relay_env` (the relay's own
-    /// environment) and the contents of the secret files, nothing else.
+    /// The environment `tenant`'s agent runs with: the allow-listed variables of `relay_env` (the relay's own
+    /// environment), the shared secret files and the tenant's own, nothing else.
     pub fn environment(
         &self,
+        tenant: &str,
         relay_env: impl Fn(&str) -> Option<String>,
     ) -> Result<BTreeMap<String, String>, AgentConfigError> {
         let mut env = BTreeMap::new();
@@ -192,15 +311,51 @@ impl AgentConfig {
                 env.insert(name.clone(), value);
             }
         }
-        for (name, file) in &self.env_files {
-            let value = std::fs::read_to_string(file).map_err(|source| AgentConfigError::Read {
-                path: file.clone(),
-                source,
-            })?;
-            env.insert(name.clone(), value.trim_end_matches(['\n', '\r']).to_string());
+        let own = self.tenants.get(tenant).map(|tenant| &tenant.env_files);
+        for (name, file) in self.env_files.iter().chain(own.into_iter().flatten()) {
+            env.insert(name.clone(), read_secret(file)?);
         }
         Ok(env)
     }
+
+    /// The directories of the agent's installation it must be able to read: those configured, plus — for a
+    /// command given as a path outside the system directories — its directory and, when it sits in a
+    /// `node_modules` tree, the package root above it.
+    pub fn installation(&self) -> Vec<PathBuf> {
+        let mut paths = self.read_only_paths.clone();
+        let command = Path::new(&self.command);
+        if command.is_absolute() {
+            let resolved = command.canonicalize().unwrap_or_else(|_| command.to_path_buf());
+            for path in [command.to_path_buf(), resolved] {
+                let root = path
+                    .ancestors()
+                    .find(|ancestor| ancestor.file_name().is_some_and(|name| name == "node_modules"))
+                    .and_then(Path::parent)
+                    .or_else(|| path.parent())
+                    .map(Path::to_path_buf);
+                paths.extend(root);
+            }
+        }
+        paths.sort();
+        paths.dedup();
+        paths
+    }
+}
+
+/// A secret file's value: at most 64 KiB of text, without its trailing newline.
+fn read_secret(file: &Path) -> Result<String, AgentConfigError> {
+    use std::io::Read;
+    let read = |source| AgentConfigError::Read {
+        path: file.to_path_buf(),
+        source,
+    };
+    let mut value = String::new();
+    std::fs::File::open(file)
+        .map_err(read)?
+        .take(64 * 1024)
+        .read_to_string(&mut value)
+        .map_err(read)?;
+    Ok(value.trim_end_matches(['\n', '\r']).to_string())
 }
 
 #[cfg(test)]
@@ -215,20 +370,10 @@ id = "claude"
 display_name = "Claude"
 command = "claude-agent-acp"
 env = ["PATH", "HOME"]
-env_files = { ANTHROPIC_API_KEY = "/run/secrets/anthropic" }
 models = ["sonnet"]
+[agent.tenants.acme]
+env_files = { ANTHROPIC_API_KEY = "/run/secrets/acme-anthropic" }
 "#;
-
-    #[test]
-    fn limits_become_prlimit_options() {
-        let limits = ProcessLimits {
-            open_files: Some(64),
-            cpu_seconds: Some(600),
-            ..ProcessLimits::default()
-        };
-        assert_eq!(limits.prlimit_args(), ["--cpu=600", "--nofile=64"]);
-        assert!(ProcessLimits::default().prlimit_args().is_empty());
-    }
 
     #[test]
     fn the_example_in_the_repository_parses() {
@@ -242,22 +387,52 @@ models = ["sonnet"]
     fn parses_agents_and_refuses_bad_files() {
         let file = AgentsFile::parse(Path::new("a.toml"), EXAMPLE).expect("valid");
         assert_eq!(file.agents.len(), 1);
-        assert_eq!(file.agents[0].env_files.len(), 1);
+        assert_eq!(file.agents[0].tenants["acme"].env_files.len(), 1);
+        assert_eq!(
+            file.agents[0].egress,
+            Egress::Ports(vec![443]),
+            "HTTPS only by default"
+        );
+        let agent = "[[agent]]\nid = \"a\"\ndisplay_name = \"x\"\ncommand = \"c\"\n";
         for bad in [
-            "workspace_root = \"relative\"",
-            "workspace_root = \"/w\"\n[[agent]]\nid = \"a b\"\ndisplay_name = \"x\"\ncommand = \"c\"",
-            "workspace_root = \"/w\"\n[[agent]]\nid = \"a\"\ndisplay_name = \"x\"\ncommand = \"c\"\nsurprise = 1",
-            "workspace_root = \"/w\"\n[[agent]]\nid = \"a\"\ndisplay_name = \"x\"\ncommand = \"c\"\n[[agent]]\nid = \"a\"\ndisplay_name = \"y\"\ncommand = \"c\"",
+            "workspace_root = \"relative\"".to_string(),
+            "workspace_root = \"/w\"\n[[agent]]\nid = \"a b\"\ndisplay_name = \"x\"\ncommand = \"c\"".into(),
+            format!("workspace_root = \"/w\"\n{agent}surprise = 1"),
+            format!("workspace_root = \"/w\"\n{agent}{agent}"),
+            // A deployment-wide credential nobody declared shared.
+            format!("workspace_root = \"/w\"\n{agent}env_files = {{ KEY = \"/k\" }}"),
+            format!("workspace_root = \"/w\"\n{agent}env = [\"OPENAI_API_KEY\"]"),
+            // Names that are not variables.
+            format!("workspace_root = \"/w\"\n{agent}env = [\"--chdir\"]"),
+            format!("workspace_root = \"/w\"\n{agent}[agent.tenants.t]\nenv_files = {{ \"A=B\" = \"/k\" }}"),
+            format!("workspace_root = \"/w\"\n{agent}egress = \"everything\""),
+            "workspace_root = \"/w\"\n[sandbox]\nnice = 40".into(),
         ] {
-            assert!(AgentsFile::parse(Path::new("bad.toml"), bad).is_err(), "{bad}");
+            assert!(AgentsFile::parse(Path::new("bad.toml"), &bad).is_err(), "{bad}");
+        }
+        let shared = format!(
+            "workspace_root = \"/w\"\n{agent}shared_credentials = true\nenv_files = {{ KEY = \"/k\" }}"
+        );
+        assert!(AgentsFile::parse(Path::new("shared.toml"), &shared).is_ok());
+    }
+
+    #[test]
+    fn variable_names_are_posix_names() {
+        for good in ["PATH", "_X", "a1", "LC_ALL"] {
+            assert!(valid_variable_name(good), "{good}");
+        }
+        for bad in ["", "1A", "--chdir", "A=B", "A B", "Ä", "A\0"] {
+            assert!(!valid_variable_name(bad), "{bad:?}");
         }
     }
 
     #[test]
-    fn the_environment_is_the_allow_list_and_the_secret_files_only() {
+    fn each_tenant_gets_its_own_credentials_and_the_allowed_variables_only() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let secret = dir.path().join("key");
-        std::fs::write(&secret, "s3cret\n").expect("write");
+        let acme = dir.path().join("acme-key");
+        let shared = dir.path().join("shared");
+        std::fs::write(&acme, "acme-s3cret\n").expect("write");
+        std::fs::write(&shared, "everyone\n").expect("write");
         let agent = AgentConfig {
             id: "a".into(),
             display_name: "A".into(),
@@ -265,22 +440,68 @@ models = ["sonnet"]
             command: "a".into(),
             args: vec![],
             env: vec!["PATH".into(), "UNSET".into()],
-            env_files: BTreeMap::from([("API_KEY".into(), secret)]),
+            env_files: BTreeMap::from([("SHARED".into(), shared)]),
+            shared_credentials: true,
+            tenants: BTreeMap::from([(
+                "acme".to_string(),
+                TenantCredentials {
+                    env_files: BTreeMap::from([("API_KEY".into(), acme)]),
+                },
+            )]),
             models: vec![],
-            limits: ProcessLimits::default(),
+            limits: ResourceLimits::default(),
+            egress: Egress::default(),
+            read_only_paths: vec![],
         };
         let relay_env = |name: &str| match name {
             "PATH" => Some("/bin".to_string()),
             "SECRET_OF_THE_RELAY" => Some("no".to_string()),
             _ => None,
         };
-        let env = agent.environment(relay_env).expect("env");
         assert_eq!(
-            env,
+            agent.environment("acme", relay_env).expect("env"),
             BTreeMap::from([
-                ("API_KEY".to_string(), "s3cret".to_string()),
+                ("API_KEY".to_string(), "acme-s3cret".to_string()),
                 ("PATH".to_string(), "/bin".to_string()),
+                ("SHARED".to_string(), "everyone".to_string()),
             ])
+        );
+        assert_eq!(
+            agent.environment("globex", relay_env).expect("env"),
+            BTreeMap::from([
+                ("PATH".to_string(), "/bin".to_string()),
+                ("SHARED".to_string(), "everyone".to_string()),
+            ]),
+            "another tenant gets no part of acme's credentials"
+        );
+    }
+
+    #[test]
+    fn an_installation_in_node_modules_is_shown_from_its_package_root() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = dir.path().join("prefix/node_modules/.bin");
+        std::fs::create_dir_all(&bin).expect("mkdir");
+        let agent = AgentConfig {
+            command: bin.join("agent").display().to_string(),
+            ..AgentConfig {
+                id: "a".into(),
+                display_name: "A".into(),
+                description: String::new(),
+                command: String::new(),
+                args: vec![],
+                env: vec![],
+                env_files: BTreeMap::new(),
+                shared_credentials: false,
+                tenants: BTreeMap::new(),
+                models: vec![],
+                limits: ResourceLimits::default(),
+                egress: Egress::default(),
+                read_only_paths: vec![PathBuf::from("/opt/extra")],
+            }
+        };
+        assert_eq!(
+            agent.installation(),
+            [PathBuf::from("/opt/extra"), dir.path().join("prefix")]
         );
     }
 }

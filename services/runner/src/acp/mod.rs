@@ -1,23 +1,26 @@
 //! ACP agents as AHP providers: the relay is the ACP *client* and the AHP *host*.
 //!
 //! Each session (keyed by tenant, host and URI: URIs are unique only within a host) gets its own agent
-//! subprocess ([`session`]), started by `createSession` in the session's working directory under the
-//! tenant's part of the workspace ([`workspace`]), with exactly the environment
-//! its configuration allows ([`config`]). Its turns are mapped both ways by [`turn`]; the files it reads and
-//! writes through the relay stay inside its working directory ([`fs`]). Disposing the session (or the relay
-//! stopping) kills the agent's process group.
+//! subprocess ([`session`]), started by `createSession` in a sandbox of its own ([`sandboxes`]) in the
+//! session's working directory under the tenant's part of the workspace ([`workspace`]), with exactly the
+//! environment and credentials its configuration gives the tenant ([`config`]), within the tenant's quotas
+//! ([`quota`], [`meter`]). Its turns are mapped both ways by [`turn`]; the files it reads and writes through
+//! the relay stay inside its working directory ([`fs`]). Disposing the session (or the relay stopping) kills
+//! the agent's sandbox, and disposing removes its directories.
 
 pub mod config;
 pub mod elicit;
 pub mod fs;
+pub mod meter;
 pub mod options;
+pub mod quota;
+pub mod sandboxes;
 pub mod session;
 pub mod terminal;
 pub mod turn;
 pub mod workspace;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use ahp_types::state::{AgentInfo, SessionConfigSchema, SessionModelInfo};
@@ -26,6 +29,7 @@ use tokio::sync::mpsc;
 
 use crate::provider::{ChatSink, Provider, SessionRequest, SessionStart, TurnHandle, TurnRequest};
 pub use config::{AgentConfig, AgentConfigError, AgentsFile};
+pub use sandboxes::Sandboxes;
 use session::{Prompt, SessionWorker};
 
 /// A session of one host of one tenant: session URIs are unique only within a host.
@@ -39,7 +43,7 @@ pub struct SessionKey {
 /// One configured ACP agent, serving every session created with its id.
 pub struct AcpProvider {
     config: Arc<AgentConfig>,
-    workspace_root: PathBuf,
+    sandboxes: Arc<Sandboxes>,
     timeouts: session::Timeouts,
     sessions: Arc<Mutex<HashMap<SessionKey, SessionWorker>>>,
     /// The models the agent itself reported (its `session/new` model selector), once known.
@@ -49,10 +53,10 @@ pub struct AcpProvider {
 }
 
 impl AcpProvider {
-    pub fn new(config: AgentConfig, workspace_root: PathBuf, timeouts: session::Timeouts) -> Self {
+    pub fn new(config: AgentConfig, sandboxes: Arc<Sandboxes>, timeouts: session::Timeouts) -> Self {
         Self {
             config: Arc::new(config),
-            workspace_root,
+            sandboxes,
             timeouts,
             sessions: Arc::default(),
             reported_models: Arc::default(),
@@ -60,14 +64,14 @@ impl AcpProvider {
         }
     }
 
-    /// Every agent of an agents file.
-    pub fn from_file(file: &AgentsFile) -> Vec<AcpProvider> {
+    /// Every agent of an agents file, run in `sandboxes`.
+    pub fn from_file(file: &AgentsFile, sandboxes: &Arc<Sandboxes>) -> Vec<AcpProvider> {
         file.agents
             .iter()
             .map(|agent| {
                 AcpProvider::new(
                     agent.clone(),
-                    file.workspace_root.clone(),
+                    sandboxes.clone(),
                     session::Timeouts {
                         idle: std::time::Duration::from_secs(file.idle_timeout_seconds),
                         start: std::time::Duration::from_secs(file.start_timeout_seconds),
@@ -86,14 +90,11 @@ impl AcpProvider {
         sink: Arc<dyn ChatSink>,
         start: session::Start,
     ) -> Result<mpsc::UnboundedSender<Prompt>, String> {
-        let cwd = workspace::session_directory(
-            &self.workspace_root,
-            &key.tenant,
-            &key.host,
-            &key.session,
-            working_directory,
-        )
-        .map_err(|error| error.to_string())?;
+        let dirs = self
+            .sandboxes
+            .workspaces()
+            .session(&key.tenant, &key.host, &key.session, working_directory)
+            .map_err(|error| error.to_string())?;
         let listing = Listing {
             base: self.info_with(None),
             reported: self.reported_models.clone(),
@@ -101,8 +102,9 @@ impl AcpProvider {
         };
         let worker = SessionWorker::spawn(
             self.config.clone(),
-            cwd,
-            key.session.clone(),
+            self.sandboxes.clone(),
+            key.clone(),
+            dirs,
             sink,
             start,
             listing,
@@ -119,22 +121,28 @@ impl AcpProvider {
 impl AcpProvider {
     /// The agent as listed: the configured models, or those the agent reported.
     fn info_with(&self, reported: Option<Vec<SessionModelInfo>>) -> AgentInfo {
-        let configured = || {
-            self.config
-                .models
-                .iter()
-                .map(|model| model_info(&self.config.id, model, model))
-                .collect()
-        };
-        AgentInfo {
-            provider: self.config.id.clone(),
-            display_name: self.config.display_name.clone(),
-            description: self.config.description.clone(),
-            models: reported.unwrap_or_else(configured),
-            protected_resources: None,
-            customizations: None,
-            capabilities: None,
+        let mut info = agent_info(&self.config);
+        if let Some(reported) = reported {
+            info.models = reported;
         }
+        info
+    }
+}
+
+/// How an agent of the agents file is listed (root state `agents`) before it reports more about itself.
+pub fn agent_info(config: &AgentConfig) -> AgentInfo {
+    AgentInfo {
+        provider: config.id.clone(),
+        display_name: config.display_name.clone(),
+        description: config.description.clone(),
+        models: config
+            .models
+            .iter()
+            .map(|model| model_info(&config.id, model, model))
+            .collect(),
+        protected_resources: None,
+        customizations: None,
+        capabilities: None,
     }
 }
 
@@ -274,6 +282,7 @@ impl Provider for AcpProvider {
         if let Some(worker) = self.sessions.lock().remove(&key) {
             worker.stop();
         }
+        self.sandboxes.dispose(tenant, host, session);
     }
 }
 

@@ -1,9 +1,11 @@
-//! The agent process of one session: spawned with exactly its allowed environment, initialized, given an ACP
-//! session in the session's working directory, then prompted one turn at a time.
+//! The agent process of one session: started in the session's sandbox with exactly its allowed environment,
+//! initialized, given an ACP session in the session's working directory, then prompted one turn at a time.
 //!
 //! ACP handlers only forward what arrives (updates, permission and elicitation requests) into channels:
-//! nothing waits for a user inside a handler. The worker task owns the connection; stopping it (dispose, relay shutdown) drops
-//! the connection, which kills the agent's process group.
+//! nothing waits for a user inside a handler. What the agent says is bounded where it enters: its stdout is read
+//! no faster than its tenant's output rate, in lines of at most [`MAX_LINE_BYTES`], and each turn keeps at most
+//! its output budget ([`super::meter`]; past it the turn is cut with a note). The worker task owns the process;
+//! stopping it (dispose, relay shutdown) kills the agent's whole sandbox.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -25,7 +27,7 @@ use agent_client_protocol::v1::schema::{
     WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
-use agent_client_protocol::{AcpAgent, AcpAgentConfig, Agent, Client};
+use agent_client_protocol::{Agent, ByteStreams, Client};
 use ahp_types::actions::{
     SessionCreationFailedAction, SessionMetaChangedAction, SessionReadyAction, StateAction,
 };
@@ -43,6 +45,10 @@ use crate::provider::{ChatSink, TurnControl};
 const COALESCE_EVERY: Duration = Duration::from_millis(40);
 /// How long an agent may take to stop after `session/cancel` before the turn ends without it.
 const CANCEL_PATIENCE: Duration = Duration::from_secs(10);
+/// The longest line (one ACP message) an agent may write.
+pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+/// What is kept of an agent's stderr, for the message when it fails.
+const STDERR_TAIL_BYTES: usize = 4096;
 
 /// How a session's agent starts.
 #[derive(Debug, Clone)]
@@ -100,10 +106,12 @@ pub struct SessionWorker {
 }
 
 impl SessionWorker {
+    #[allow(clippy::too_many_arguments)]
     pub fn spawn(
         config: Arc<AgentConfig>,
-        cwd: PathBuf,
-        session: String,
+        sandboxes: Arc<super::sandboxes::Sandboxes>,
+        key: super::SessionKey,
+        dirs: super::workspace::SessionDirs,
         sink: Arc<dyn ChatSink>,
         start: Start,
         listing: super::Listing,
@@ -112,11 +120,16 @@ impl SessionWorker {
         let (prompts, queue) = mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
             let announcer = Announcer {
-                session: session.clone(),
+                session: key.session.clone(),
                 sink: sink.clone(),
                 pending: matches!(start, Start::New),
             };
-            run(config, cwd, announcer, listing, start, timeouts, queue).await;
+            let place = Place {
+                sandboxes,
+                tenant: key.tenant,
+                dirs,
+            };
+            run(config, place, announcer, listing, start, timeouts, queue).await;
         });
         SessionWorker { prompts, task }
     }
@@ -174,9 +187,16 @@ struct AgentAsks {
     elicitations: mpsc::UnboundedReceiver<Elicitation>,
 }
 
+/// Where a session's agent runs: its sandboxes, its tenant and its directories.
+pub struct Place {
+    pub sandboxes: Arc<super::sandboxes::Sandboxes>,
+    pub tenant: String,
+    pub dirs: super::workspace::SessionDirs,
+}
+
 async fn run(
     config: Arc<AgentConfig>,
-    cwd: PathBuf,
+    place: Place,
     mut announcer: Announcer,
     listing: super::Listing,
     start: Start,
@@ -184,16 +204,64 @@ async fn run(
     mut queue: mpsc::UnboundedReceiver<Prompt>,
 ) {
     let idle_timeout = timeouts.idle;
-    let env = match config.environment(|name| std::env::var(name).ok()) {
+    let cwd: PathBuf = place.dirs.workspace.clone();
+    let env = match config.environment(&place.tenant, |name| std::env::var(name).ok()) {
         Ok(env) => env,
-        Err(error) => return announcer.failed("agentConfiguration", error.to_string()),
+        Err(error) => {
+            announcer.failed("agentConfiguration", error.to_string());
+            return fail_queued(queue, "agentConfiguration", &error.to_string()).await;
+        }
     };
-    // `env -i` gives the agent exactly its allowed environment (the ACP crate's spawner inherits ours);
-    // `--chdir` starts it in the session's directory; `prlimit` (which then runs `env`) sets its rlimits.
-    let (program, args) = config.wrapped_command(&cwd, &env, &config.command, &config.args);
-    let agent = AcpAgent::new(AcpAgentConfig::new(program).args(args));
+    let spec = place.sandboxes.spec(&place.dirs, &cwd, &config);
+    let (mut child, slot) = match place
+        .sandboxes
+        .start(&place.tenant, &spec, &config.command, &config.args, &env)
+        .await
+    {
+        Ok(started) => started,
+        Err(error) => {
+            let kind = match error {
+                super::sandboxes::StartError::Quota(_) => "quotaExceeded",
+                super::sandboxes::StartError::Spawn(_) => "agentStart",
+            };
+            announcer.failed(kind, error.to_string());
+            return fail_queued(queue, kind, &error.to_string()).await;
+        }
+    };
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        announcer.failed("agentStart", "the agent's pipes were not opened".into());
+        return fail_queued(queue, "agentStart", "the agent's pipes were not opened").await;
+    };
+    // The process is watched by a task of its own: its exit ends the session's worker (a dead agent must not
+    // keep the session's prompts), and dropping `_kill` (the worker stopping) kills its sandbox.
+    let (kill, killed) = tokio::sync::oneshot::channel::<()>();
+    let (exit_tx, mut exited) = tokio::sync::watch::channel(None::<String>);
+    tokio::spawn(async move {
+        let status = tokio::select! {
+            status = child.wait() => status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
+            _ = killed => {
+                let _ = child.kill().await;
+                "stopped".to_string()
+            }
+        };
+        let _ = exit_tx.send(Some(status));
+    });
+    let _kill = kill;
+    let stderr_tail = Arc::new(Mutex::new(std::collections::VecDeque::<u8>::new()));
+    tokio::spawn(keep_tail(stderr, stderr_tail.clone(), announcer.session.clone()));
+    let transport = {
+        use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+        let stdout = super::quota::ThrottledReader::new(stdout, slot.output(), Some(MAX_LINE_BYTES));
+        ByteStreams::new(stdin.compat_write(), stdout.compat())
+    };
+    let meter = Arc::new(super::meter::OutputMeter::new(
+        place.sandboxes.config().output_bytes_per_turn.max(1024),
+    ));
+    let owner = place.dirs.user;
     let terminals = Arc::new(super::terminal::Terminals::new(
-        cwd.clone(),
+        place,
         announcer.session.clone(),
         announcer.sink.clone(),
         config.clone(),
@@ -222,6 +290,7 @@ async fn run(
         elicitations,
     };
     let session_uri = announcer.session.clone();
+    let handler_meter = meter.clone();
     let connection = Client
         .v1()
         .name("ahp-relay")
@@ -236,7 +305,10 @@ async fn run(
                     );
                     return Ok(());
                 }
-                let _ = updates_tx.send(notification);
+                // Counted before it is kept: past the turn's budget (or between turns) it is dropped.
+                if handler_meter.admit(super::meter::update_bytes(&notification.update)) {
+                    let _ = updates_tx.send(notification);
+                }
                 Ok(())
             },
             agent_client_protocol::on_receive_notification!(),
@@ -272,7 +344,7 @@ async fn run(
         )
         .on_receive_request(
             async move |request: WriteTextFileRequest, responder: Responder<WriteTextFileResponse>, _cx| {
-                match super::fs::write(&write_root, &request.path, &request.content).await {
+                match super::fs::write(&write_root, &request.path, &request.content, owner).await {
                     Ok(()) => responder.respond(WriteTextFileResponse::new()),
                     Err(error) => responder.respond_with_error(refused(error)),
                 }
@@ -281,7 +353,7 @@ async fn run(
         )
         .on_receive_request(
             async move |request: CreateTerminalRequest, responder: Responder<CreateTerminalResponse>, _cx| {
-                match terminals_create.create(request) {
+                match terminals_create.create(request).await {
                     Ok(uri) => responder.respond(CreateTerminalResponse::new(TerminalId::new(uri))),
                     Err(error) => responder.respond_with_error(terminal_refused(error)),
                 }
@@ -341,7 +413,7 @@ async fn run(
             },
             agent_client_protocol::on_receive_request!(),
         )
-        .connect_with(agent, async |cx: ConnectionTo<Agent>| {
+        .connect_with(transport, async |cx: ConnectionTo<Agent>| {
             let initialized = cx
                 .send_request(
                     InitializeRequest::new(ProtocolVersion::V1).client_capabilities(
@@ -420,7 +492,20 @@ async fn run(
             announcer.ready();
             // Idle for too long: the agent stops (returning drops the connection, which kills its process
             // group); the next prompt starts it again and loads the chats' sessions.
-            while let Ok(Some(prompt)) = tokio::time::timeout(idle_timeout, queue.recv()).await {
+            loop {
+                let prompt = tokio::select! {
+                    next = tokio::time::timeout(idle_timeout, queue.recv()) => match next {
+                        Ok(Some(prompt)) => prompt,
+                        _ => break,
+                    },
+                    // The agent exited (or was killed from inside its sandbox): this worker ends; the session's
+                    // next prompt starts a new agent.
+                    _ = exited.wait_for(Option::is_some) => break,
+                };
+                if let Some(refusal) = terminals.workspace_refusal() {
+                    fail_turn(&prompt, "quotaExceeded", &refusal);
+                    continue;
+                }
                 let mut note = None;
                 let chat_session = match by_chat.get(&prompt.chat) {
                     Some(id) => id.clone(),
@@ -499,6 +584,7 @@ async fn run(
                     fail_turn(&prompt, "configSelectionFailed", &message);
                     continue;
                 }
+                meter.begin_turn();
                 run_turn(
                     &cx,
                     &chat_session,
@@ -507,21 +593,76 @@ async fn run(
                     note,
                     &mut asks,
                     &terminals,
+                    Bounds {
+                        meter: &meter,
+                        slot: &slot,
+                    },
                 )
                 .await;
+                meter.end_turn();
             }
             Ok(())
         })
         .await;
     if let Err(error) = connection {
-        announcer.failed("agentExited", error.to_string());
-        tracing::warn!(session = %session_uri, %error, "the agent's connection ended");
+        let status = exited
+            .borrow()
+            .clone()
+            .unwrap_or_else(|| "still running".to_string());
+        let tail = {
+            let tail = stderr_tail.lock();
+            String::from_utf8_lossy(&tail.iter().copied().collect::<Vec<u8>>())
+                .trim()
+                .to_string()
+        };
+        let message = if tail.is_empty() {
+            format!("{error} (the agent: {status})")
+        } else {
+            format!("{error} (the agent: {status}; it said: {tail})")
+        };
+        announcer.failed("agentExited", message.clone());
+        tracing::warn!(session = %session_uri, %message, "the agent's connection ended");
     }
+    // Stop the sandbox (whatever is left of it) before the slot is given back.
+    drop(_kill);
+    let _ = exited.wait_for(Option::is_some).await;
+    drop(slot);
     // Turns queued for an agent that is gone end with an error (resumable: the next prompt starts one).
+    fail_queued(queue, "agentExited", "the agent process exited").await;
+}
+
+/// End every turn still queued for an agent that is not running.
+async fn fail_queued(mut queue: mpsc::UnboundedReceiver<Prompt>, error_type: &str, message: &str) {
     queue.close();
     while let Some(prompt) = queue.recv().await {
-        fail_turn(&prompt, "agentExited", "the agent process exited");
+        fail_turn(&prompt, error_type, message);
     }
+}
+
+/// Keep the last [`STDERR_TAIL_BYTES`] of what the agent writes to stderr (and log it, at debug).
+async fn keep_tail(
+    mut stderr: tokio::process::ChildStderr,
+    tail: Arc<Mutex<std::collections::VecDeque<u8>>>,
+    session: String,
+) {
+    use tokio::io::AsyncReadExt;
+    let mut buffer = vec![0_u8; 8192];
+    while let Ok(read) = stderr.read(&mut buffer).await {
+        if read == 0 {
+            return;
+        }
+        tracing::debug!(%session, stderr = %String::from_utf8_lossy(&buffer[..read]), "agent stderr");
+        let mut tail = tail.lock();
+        tail.extend(&buffer[..read]);
+        let excess = tail.len().saturating_sub(STDERR_TAIL_BYTES);
+        tail.drain(..excess);
+    }
+}
+
+/// What bounds a turn: its output budget, and its tenant's workspace quota.
+struct Bounds<'a> {
+    meter: &'a super::meter::OutputMeter,
+    slot: &'a super::quota::RunningSlot,
 }
 
 /// Said in the chat when an agent restarted without its earlier context.
@@ -632,7 +773,9 @@ async fn load(
     }
 }
 
-/// Prompt the agent with one turn and map everything it sends until the prompt answers.
+/// Prompt the agent with one turn and map everything it sends until the prompt answers (or the turn passes
+/// its output budget, or the tenant's workspace its quota: then the turn is cut with a note).
+#[allow(clippy::too_many_arguments)]
 async fn run_turn(
     cx: &ConnectionTo<Agent>,
     session_id: &SessionId,
@@ -641,6 +784,7 @@ async fn run_turn(
     note: Option<&str>,
     asks: &mut AgentAsks,
     terminals: &super::terminal::Terminals,
+    bounds: Bounds<'_>,
 ) {
     let mut mapper =
         TurnMapper::new(prompt.chat.clone(), prompt.turn_id.clone(), prompt.sink.clone()).in_session(session);
@@ -717,9 +861,39 @@ async fn run_turn(
                 mapper.fail("agentDidNotStop", "the agent did not stop after being cancelled", true);
                 return;
             }
+            () = bounds.meter.cut(), if cancelled.is_none() => {
+                let message = format!(
+                    "The agent's output passed the output limit of {} bytes per turn: the rest was dropped and \
+                     the turn was stopped.",
+                    bounds.meter.per_turn()
+                );
+                stop_agent_turn(cx, session_id, &prompt.chat, terminals, &mut mapper);
+                mapper.fail("outputLimit", &message, false);
+                return;
+            }
+            message = bounds.slot.workspace_exceeded(), if cancelled.is_none() => {
+                stop_agent_turn(cx, session_id, &prompt.chat, terminals, &mut mapper);
+                mapper.fail("quotaExceeded", &message, false);
+                return;
+            }
             _ = flush.tick(), if mapper.has_pending_text() => mapper.flush(),
         }
     }
+}
+
+/// Tell the agent to stop the turn the relay is ending: its commands are killed, its questions withdrawn.
+fn stop_agent_turn(
+    cx: &ConnectionTo<Agent>,
+    session_id: &SessionId,
+    chat: &str,
+    terminals: &super::terminal::Terminals,
+    mapper: &mut TurnMapper,
+) {
+    terminals.kill_chat(chat);
+    if let Err(error) = cx.send_notification(CancelNotification::new(session_id.clone())) {
+        tracing::warn!(%error, "could not send session/cancel");
+    }
+    mapper.cancel_permissions();
 }
 
 /// Resolves at `deadline`, or never without one.

@@ -1,13 +1,16 @@
-//! The commands an agent runs through ACP `terminal/*`: each in the session's working directory (or a directory
-//! inside it: `..`, absolute paths elsewhere and symlinks leading out are refused), with the agent's
-//! environment and rlimits, in its own process group, and shown to every device as an AHP terminal channel
+//! The commands an agent runs through ACP `terminal/*`: each in a sandbox of the agent's session (the same
+//! confinement as the agent), in the session's working directory (or a directory inside it: `..`, absolute
+//! paths elsewhere and symlinks leading out are refused), with the agent's environment plus the variables the
+//! agent names (valid names only), counted against the tenant's running processes and at most
+//! `terminals_per_session` at once, and shown to every device as an AHP terminal channel
 //! (`ahp-terminal:/…`, listed in root state `terminals`): `terminal/commandExecuted`, the output as
 //! `terminal/data` (coalesced), `terminal/commandFinished` and `terminal/exited`.
 //!
 //! The output the agent reads back (`terminal/output`) keeps at most the agent's `outputByteLimit` (else
-//! [`DEFAULT_OUTPUT_LIMIT`]) bytes, cut at the front on a character boundary. `terminal/kill`,
-//! `terminal/release`, a cancelled turn of the terminal's chat and the session's agent stopping kill the
-//! command's whole process group.
+//! [`DEFAULT_OUTPUT_LIMIT`]) bytes, cut at the front on a character boundary. The command's output is read no
+//! faster than its tenant's output rate, and past the output budget of a turn the command is killed with a note
+//! in its output. `terminal/kill`, `terminal/release`, a cancelled turn of the terminal's chat, the tenant's
+//! workspace going over its quota and the session's agent stopping kill the command's whole sandbox.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -49,13 +52,22 @@ pub enum TerminalError {
     UnknownTerminal(String),
     #[error("the relay refused to open a terminal for this session (too many running terminals?)")]
     Refused,
+    #[error("this session already runs {0} commands (its limit)")]
+    TooMany(usize),
+    #[error("{0:?} is not a valid environment variable name")]
+    InvalidVariable(String),
     #[error("cannot start {command}: {source}")]
-    Spawn { command: String, source: std::io::Error },
+    Spawn {
+        command: String,
+        source: super::sandboxes::StartError,
+    },
 }
 
 /// One session's terminals.
 pub struct Terminals {
     cwd: PathBuf,
+    /// Where the session's processes run (sandboxes, tenant, directories).
+    place: super::session::Place,
     /// The AHP session the terminals belong to.
     session: String,
     sink: Arc<dyn ChatSink>,
@@ -135,14 +147,15 @@ impl Drop for Terminal {
 
 impl Terminals {
     pub fn new(
-        cwd: PathBuf,
+        place: super::session::Place,
         session: String,
         sink: Arc<dyn ChatSink>,
         config: Arc<AgentConfig>,
         env: BTreeMap<String, String>,
     ) -> Self {
         Self {
-            cwd,
+            cwd: place.dirs.workspace.clone(),
+            place,
             session,
             sink,
             config,
@@ -186,8 +199,17 @@ impl Terminals {
         }
     }
 
+    /// Why the tenant may not start work now, if its workspace is over its quota.
+    pub fn workspace_refusal(&self) -> Option<String> {
+        self.place
+            .sandboxes
+            .quotas()
+            .workspace_refusal(&self.place.tenant)
+            .map(|refusal| refusal.to_string())
+    }
+
     /// Start a command; its id is its AHP terminal URI.
-    pub fn create(&self, request: CreateTerminalRequest) -> Result<String, TerminalError> {
+    pub async fn create(&self, request: CreateTerminalRequest) -> Result<String, TerminalError> {
         let directory = match &request.cwd {
             Some(requested) => {
                 let directory = super::fs::confine(&self.cwd, requested)?;
@@ -209,27 +231,37 @@ impl Terminals {
             .collect::<Vec<_>>()
             .join(" ");
         let mut env = self.env.clone();
-        env.extend(
-            request
-                .env
-                .iter()
-                .map(|var| (var.name.clone(), var.value.clone())),
-        );
-        let (program, args) = self
-            .config
-            .wrapped_command(&directory, &env, &request.command, &request.args);
-        let mut child = tokio::process::Command::new(&program)
-            .args(&args)
-            .process_group(0)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
+        for var in &request.env {
+            if !super::config::valid_variable_name(&var.name) {
+                return Err(TerminalError::InvalidVariable(var.name.clone()));
+            }
+            env.insert(var.name.clone(), var.value.clone());
+        }
+        let per_session = self.place.sandboxes.config().terminals_per_session.max(1);
+        let running = self
+            .running
+            .lock()
+            .values()
+            .filter(|terminal| terminal.exit.borrow().is_none())
+            .count();
+        if running >= per_session {
+            return Err(TerminalError::TooMany(per_session));
+        }
+        let spec = self
+            .place
+            .sandboxes
+            .spec(&self.place.dirs, &directory, &self.config);
+        let (mut child, slot) = self
+            .place
+            .sandboxes
+            .start(&self.place.tenant, &spec, &request.command, &request.args, &env)
+            .await
             .map_err(|source| TerminalError::Spawn {
                 command: command_line.clone(),
                 source,
             })?;
+        // Commands read nothing: their stdin is closed.
+        drop(child.stdin.take());
         let uri = format!("ahp-terminal:/{}", uuid::Uuid::new_v4());
         let state = TerminalState {
             title: title_of(&command_line),
@@ -274,15 +306,22 @@ impl Terminals {
             exit,
             process_group: child.id(),
         });
-        let (chunks_tx, chunks) = mpsc::unbounded_channel();
+        let (chunks_tx, chunks) = mpsc::channel(4);
         if let Some(stdout) = child.stdout.take() {
-            tokio::spawn(read_into(stdout, chunks_tx.clone()));
+            tokio::spawn(read_into(
+                super::quota::ThrottledReader::new(stdout, slot.output(), None),
+                chunks_tx.clone(),
+            ));
         }
         if let Some(stderr) = child.stderr.take() {
-            tokio::spawn(read_into(stderr, chunks_tx));
+            tokio::spawn(read_into(
+                super::quota::ThrottledReader::new(stderr, slot.output(), None),
+                chunks_tx,
+            ));
         }
+        let budget = self.place.sandboxes.config().output_bytes_per_turn.max(1024);
         tokio::spawn(pump(
-            child,
+            Running { child, slot, budget },
             chunks,
             Arc::downgrade(&terminal),
             self.sink.clone(),
@@ -322,45 +361,108 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// Forward what a pipe yields, as text, until it closes.
-async fn read_into(mut pipe: impl tokio::io::AsyncRead + Unpin, chunks: mpsc::UnboundedSender<Vec<u8>>) {
+/// Forward what a pipe yields until it closes (a bounded channel: a command that prints faster than its
+/// output is published waits).
+async fn read_into(mut pipe: impl tokio::io::AsyncRead + Unpin, chunks: mpsc::Sender<Vec<u8>>) {
     let mut buffer = vec![0_u8; 16 * 1024];
     while let Ok(read) = pipe.read(&mut buffer).await {
-        if read == 0 || chunks.send(buffer[..read].to_vec()).is_err() {
+        if read == 0 || chunks.send(buffer[..read].to_vec()).await.is_err() {
             return;
         }
     }
 }
 
-/// Publish the command's output (coalesced) until both pipes close, then its end.
+/// A command's output not yet published, and what it may still print.
+struct Budgeted {
+    pending: Vec<u8>,
+    printed: u64,
+    budget: u64,
+    /// Killed by the relay: what it prints from now on is dropped.
+    stopped: bool,
+    /// Said once, at the end of what it printed.
+    note: Option<String>,
+}
+
+impl Budgeted {
+    fn accept(&mut self, chunk: Vec<u8>, child: &mut tokio::process::Child) {
+        self.printed = self.printed.saturating_add(chunk.len() as u64);
+        if self.stopped {
+            return;
+        }
+        if self.printed > self.budget {
+            let note = format!(
+                "\n[the command passed the output limit of {} bytes and was stopped]\n",
+                self.budget
+            );
+            return self.stop(note, child);
+        }
+        self.pending.extend(chunk);
+    }
+
+    fn stop(&mut self, note: String, child: &mut tokio::process::Child) {
+        self.stopped = true;
+        self.note = Some(note);
+        let _ = child.start_kill();
+    }
+}
+
+/// A running command: its sandbox, its tenant's slot, and the output it may still print.
+struct Running {
+    child: tokio::process::Child,
+    slot: super::quota::RunningSlot,
+    budget: u64,
+}
+
+/// Publish the command's output (coalesced) until both pipes close, then its end. Past the output budget, or
+/// when the tenant's workspace goes over its quota, the command is killed and a note ends its output.
 async fn pump(
-    mut child: tokio::process::Child,
-    mut chunks: mpsc::UnboundedReceiver<Vec<u8>>,
+    running: Running,
+    mut chunks: mpsc::Receiver<Vec<u8>>,
     terminal: std::sync::Weak<Terminal>,
     sink: Arc<dyn ChatSink>,
     exit: watch::Sender<Option<TerminalExitStatus>>,
 ) {
+    let Running {
+        mut child,
+        slot,
+        budget,
+    } = running;
     let started = Instant::now();
     let Some(uri) = terminal.upgrade().map(|t| t.uri.clone()) else {
         return;
     };
-    let mut pending: Vec<u8> = Vec::new();
+    let mut output = Budgeted {
+        pending: Vec::new(),
+        printed: 0,
+        budget,
+        stopped: false,
+        note: None,
+    };
     let mut open = true;
     while open {
-        match chunks.recv().await {
-            Some(chunk) => pending.extend(chunk),
-            None => open = false,
+        tokio::select! {
+            chunk = chunks.recv() => match chunk {
+                Some(chunk) => output.accept(chunk, &mut child),
+                None => open = false,
+            },
+            message = slot.workspace_exceeded(), if !output.stopped => {
+                output.stop(format!("\n[{message}: the command was stopped]\n"), &mut child);
+            }
         }
         let deadline = tokio::time::Instant::now() + DATA_EVERY;
         while open {
             match tokio::time::timeout_at(deadline, chunks.recv()).await {
-                Ok(Some(chunk)) => pending.extend(chunk),
+                Ok(Some(chunk)) => output.accept(chunk, &mut child),
                 Ok(None) => open = false,
                 Err(_) => break,
             }
         }
+        if let Some(note) = output.note.take() {
+            output.pending.extend(note.into_bytes());
+        }
+        let pending = &mut output.pending;
         // Keep an incomplete UTF-8 sequence at the end for the next chunk.
-        let complete = match std::str::from_utf8(&pending) {
+        let complete = match std::str::from_utf8(pending) {
             Ok(_) => pending.len(),
             Err(error) if error.error_len().is_none() && open => error.valid_up_to(),
             Err(_) => pending.len(),
@@ -376,6 +478,7 @@ async fn pump(
         sink.emit(&uri, StateAction::TerminalData(TerminalDataAction { data }));
     }
     let status = child.wait().await;
+    drop(slot);
     let (exit_code, signal) = match &status {
         Ok(status) => {
             use std::os::unix::process::ExitStatusExt;

@@ -1,0 +1,133 @@
+//! Where the processes that run agents (`serve` with `--agents`, `runner`) decide how agents are confined:
+//! the sandbox probe at start, the paths agents must never see, and the refusal to run agents unconfined
+//! unless the operator said `--unsafe-no-sandbox` (then logged at start and at every agent start).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use relay_runner::acp::{AgentsFile, Sandboxes};
+use relay_sandbox::{Egress, Launcher, Sandbox, SandboxSettings};
+
+/// How agents are sandboxed (`serve` and `runner`).
+#[derive(clap::Args, Clone)]
+pub struct SandboxArgs {
+    /// Run agents as plain child processes, without a sandbox: they can then read this process's files and
+    /// secrets, other tenants' workspaces, and signal this process. Only where the whole relay is isolated per
+    /// tenant by other means.
+    #[arg(long, env = "AHP_RELAY_UNSAFE_NO_SANDBOX")]
+    pub unsafe_no_sandbox: bool,
+    /// bubblewrap's path (default: `bwrap` on the PATH).
+    #[arg(long, env = "AHP_RELAY_BWRAP")]
+    pub bwrap: Option<PathBuf>,
+}
+
+/// What the process knows agents must not reach.
+pub struct Protected {
+    /// Files and directories never shown in a sandbox (data dir, secret files, the agents file).
+    pub paths: Vec<PathBuf>,
+    /// TCP ports of the relay itself, its store and its bus: no agent's egress may name one.
+    pub ports: Vec<(u16, String)>,
+}
+
+/// The sandboxes agents of `file` run in, once this machine proved it can make them.
+pub async fn sandboxes(
+    file: &AgentsFile,
+    agents_file: &Path,
+    args: &SandboxArgs,
+    mut protected: Protected,
+) -> anyhow::Result<Arc<Sandboxes>> {
+    for agent in &file.agents {
+        if let Egress::Ports(ports) = &agent.egress {
+            for (port, what) in &protected.ports {
+                anyhow::ensure!(
+                    !ports.contains(port),
+                    "agent {}: its egress allows port {port}, which is {what}: agents must never reach it",
+                    agent.id
+                );
+            }
+        }
+    }
+    if args.unsafe_no_sandbox {
+        tracing::warn!(
+            "--unsafe-no-sandbox: agents run WITHOUT a sandbox, as this process's user: they can read its \
+             secrets and store, other tenants' workspaces, and kill it"
+        );
+        return Ok(Sandboxes::new(Launcher::Unconfined, file));
+    }
+    protected.paths.push(agents_file.to_path_buf());
+    protected.paths.push(file.workspace_root.clone());
+    protected.paths.extend(file.secret_files());
+    let paths = protected
+        .paths
+        .into_iter()
+        .flat_map(|path| {
+            let resolved = path.canonicalize().ok();
+            std::iter::once(path).chain(resolved)
+        })
+        .collect();
+    let helper = std::env::current_exe().context("finding this program's path (the sandbox runs it)")?;
+    let sandbox = Sandbox::probe(SandboxSettings {
+        helper,
+        bwrap: args.bwrap.clone(),
+        protected: paths,
+        extra_system: file.sandbox.system_paths.clone(),
+        nice: file.sandbox.nice,
+        probe_user: file.sandbox.first_uid,
+    })
+    .await
+    .map_err(|error| {
+        anyhow::anyhow!(
+            "agents cannot be sandboxed on this machine: {error}. Agents are untrusted code: the relay does not \
+             run them unconfined unless started with --unsafe-no-sandbox"
+        )
+    })?;
+    let enforced = sandbox.enforced().clone();
+    let needs_ports = file.agents.iter().any(|agent| agent.egress.needs_port_rules());
+    anyhow::ensure!(
+        !needs_ports || enforced.port_rules,
+        "this kernel cannot restrict agents' TCP ports (Landlock ABI 4, Linux 6.7+): give every agent egress = \
+         \"none\" or \"any\""
+    );
+    tracing::info!(
+        landlock = %enforced.landlock,
+        scoped = enforced.scoped,
+        per_tenant_users = relay_sandbox::running_as_root(),
+        proc = sandbox.layout().proc,
+        "agents run sandboxed"
+    );
+    Ok(Sandboxes::new(Launcher::Sandboxed(Arc::new(sandbox)), file))
+}
+
+/// The port of a URL (`scheme://[user@]host:port/…`), with the scheme's default when none is written.
+pub fn url_port(url: &str) -> Option<u16> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit('@').next()?;
+    let explicit = host_port
+        .rsplit_once(':')
+        .filter(|(host, _)| !host.ends_with(']') || host_port.starts_with('['))
+        .and_then(|(_, port)| port.parse().ok());
+    explicit.or(match scheme {
+        "postgres" | "postgresql" => Some(5432),
+        "redis" | "rediss" => Some(6379),
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_come_from_urls_or_their_schemes() {
+        assert_eq!(url_port("postgres://u:p@db:6543/relay"), Some(6543));
+        assert_eq!(url_port("postgres://u:p@db/relay"), Some(5432));
+        assert_eq!(url_port("redis://:secret@cache:6380"), Some(6380));
+        assert_eq!(url_port("rediss://cache"), Some(6379));
+        assert_eq!(url_port("http://shard-0:7879"), Some(7879));
+        assert_eq!(url_port("not a url"), None);
+    }
+}

@@ -1,0 +1,155 @@
+//! Every agent process this runner (or `serve`) starts, and every command an agent runs through a terminal,
+//! starts here: in a sandbox of its session ([`relay_sandbox`]), counted against its tenant's quotas
+//! ([`super::quota`]), in the session's directories ([`super::workspace`]). A background task measures active
+//! tenants' workspaces and removes disposed sessions' directories once their retention passed.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use relay_sandbox::{Launcher, SandboxSpec, TenantUsers};
+
+use super::config::{AgentConfig, AgentsFile, QuotaConfig};
+use super::quota::{QuotaLimits, QuotaRefusal, RunningSlot, TenantQuotas};
+use super::workspace::{SessionDirs, Workspaces};
+
+/// Why a sandboxed process did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Quota(#[from] QuotaRefusal),
+    #[error("cannot start the sandbox: {0}")]
+    Spawn(#[from] std::io::Error),
+}
+
+/// The sandboxes of this process.
+pub struct Sandboxes {
+    launcher: Launcher,
+    workspaces: Workspaces,
+    quotas: Arc<TenantQuotas>,
+    config: QuotaConfig,
+}
+
+impl Sandboxes {
+    /// Sandboxes started by `launcher` for the agents of `file`; starts the background maintenance (needs a
+    /// Tokio runtime).
+    pub fn new(launcher: Launcher, file: &AgentsFile) -> Arc<Sandboxes> {
+        let users = launcher
+            .per_tenant_users()
+            .then(|| TenantUsers::new(file.sandbox.first_uid, file.sandbox.uid_count));
+        let config = file.quotas.clone();
+        let quotas = TenantQuotas::new(QuotaLimits {
+            running_per_tenant: config.running_per_tenant.max(1),
+            output_bytes_per_second: config.output_bytes_per_second.max(1024),
+            output_burst_bytes: config.output_bytes_per_turn.max(64 * 1024) / 2,
+            workspace_bytes_per_tenant: config.workspace_bytes_per_tenant.max(1),
+        });
+        let sandboxes = Arc::new(Sandboxes {
+            launcher,
+            workspaces: Workspaces::new(file.workspace_root.clone(), users),
+            quotas,
+            config,
+        });
+        tokio::spawn(maintain(Arc::downgrade(&sandboxes)));
+        sandboxes
+    }
+
+    pub fn workspaces(&self) -> &Workspaces {
+        &self.workspaces
+    }
+
+    pub fn quotas(&self) -> &Arc<TenantQuotas> {
+        &self.quotas
+    }
+
+    pub fn config(&self) -> &QuotaConfig {
+        &self.config
+    }
+
+    /// The sandbox of a process of `agent` in a session with `dirs`, starting in `cwd`.
+    pub fn spec(&self, dirs: &SessionDirs, cwd: &Path, agent: &AgentConfig) -> SandboxSpec {
+        let mut limits = agent.limits.clone();
+        if dirs.user.is_some() {
+            // The tenant's own user: RLIMIT_NPROC counts all of the tenant's processes.
+            limits.processes = Some(self.config.processes_per_tenant);
+        }
+        SandboxSpec {
+            workspace: dirs.workspace.clone(),
+            home: dirs.home.clone(),
+            tmp: dirs.tmp.clone(),
+            shm: dirs.shm.clone(),
+            cwd: cwd.to_path_buf(),
+            install: agent.installation(),
+            egress: agent.egress.clone(),
+            limits,
+            user: dirs.user,
+        }
+    }
+
+    /// Start `program args` with exactly `env` in the sandbox `spec`, for `tenant` (counted until the returned
+    /// slot is dropped). Its stdio is piped; dropping the child kills the whole sandbox.
+    pub async fn start(
+        &self,
+        tenant: &str,
+        spec: &SandboxSpec,
+        program: &str,
+        args: &[String],
+        env: &BTreeMap<String, String>,
+    ) -> Result<(tokio::process::Child, RunningSlot), StartError> {
+        let slot = self.quotas.start(tenant)?;
+        let command = self.launcher.command(spec, program, args, env);
+        let child = Launcher::spawn(command).await?;
+        Ok((child, slot))
+    }
+
+    /// The session is gone: remove its directories (now, or after the retention).
+    pub fn dispose(&self, tenant: &str, host: &str, session: &str) {
+        self.workspaces.dispose(
+            tenant,
+            host,
+            session,
+            Duration::from_secs(self.config.workspace_retention_seconds),
+        );
+    }
+}
+
+/// Measure active tenants' workspaces and sweep disposed sessions' directories, until the sandboxes go.
+async fn maintain(sandboxes: Weak<Sandboxes>) {
+    let Some(every) = sandboxes
+        .upgrade()
+        .map(|s| Duration::from_secs(s.config.workspace_check_seconds.max(1)))
+    else {
+        return;
+    };
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(strong) = sandboxes.upgrade() else { return };
+        for tenant in strong.quotas.active_tenants(Duration::from_secs(600)) {
+            let dirs = [
+                strong.workspaces.tenant_dir(&tenant),
+                strong.workspaces.tenant_private_dir(&tenant),
+            ];
+            let measured = tokio::task::spawn_blocking(move || {
+                dirs.iter().map(|dir| super::quota::disk_usage(dir)).sum::<u64>()
+            })
+            .await;
+            if let Ok(bytes) = measured {
+                strong.quotas.workspace_measured(&tenant, bytes);
+            }
+        }
+        if strong.config.workspace_retention_seconds > 0 {
+            let swept = {
+                let sandboxes = strong.clone();
+                tokio::task::spawn_blocking(move || sandboxes.workspaces.sweep()).await
+            };
+            if let Ok(removed) = swept {
+                if removed > 0 {
+                    tracing::info!(removed, "removed disposed sessions' directories");
+                }
+            }
+        }
+    }
+}

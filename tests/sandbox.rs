@@ -1,0 +1,962 @@
+//! The agent sandbox, attacked from inside (issue 22): a scripted ACP agent that runs each prompt as a shell
+//! command (`sh: …`, as coding agents run their shell tools) is hosted for tenants `a` and `b`, in `serve` and
+//! in the runner shape, and tenant `a`'s agent tries to reach what it must not: the relay's data directory and
+//! store, every secret file, the relay's and the runner's environment, tenant `b`'s workspace and home,
+//! anything outside its own workspace, every process (`kill -9 -1`), the relay's ports, Postgres and Redis, the
+//! machine's process table (a fork bomb), the relay's memory (`yes` for 10 s) and the disk (a 10 GiB file).
+//! Each attempt must fail, and the relay, the runner and tenant `b`'s running turn must not notice.
+//!
+//! Every process an attack could reach runs in a PID namespace of the test's own
+//! (`unshare --pid --fork --kill-child`): should the sandbox ever fail, `kill -9 -1` reaches only this test.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use ahp_types::actions::{ActionEnvelope, StateAction};
+use ahp_types::commands::CreateSessionParams;
+use ahp_types::state::{ResponsePart, SessionLifecycle};
+use relay_core::Role;
+use relay_gateway::auth::{mint_hs256, Claims};
+use serde_json::Value;
+use support::*;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A canary in the environment of the relay's processes: no agent may ever print it.
+const CANARY: &str = "AHP_SANDBOX_CANARY=canary-5c1e3f0a9b";
+
+/// A secret file of tenant `b` (its agent credential): only b's agent may read it.
+const B_KEY: &str = "b-agent-key-7d2e91c4";
+
+/// A process group of the test's own, in a PID namespace of its own, killed with the test.
+struct Contained {
+    child: Child,
+}
+
+/// `ahp-relay ARGS` inside a fresh PID namespace (the relay is not its init: `kill -9 -1` from inside would
+/// reach it), waiting until stdout lines contain every marker; returns the rest of each marker's line.
+async fn contained(args: &[String], env: &[(&str, &str)], markers: &[&str]) -> (Contained, Vec<String>) {
+    let mut command = Command::new("unshare");
+    // As root a PID namespace needs no user namespace; otherwise map the test's user to root in one.
+    if unsafe_geteuid() != 0 {
+        command.args(["--user", "--map-root-user"]);
+    }
+    command
+        .args([
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            "--",
+            "sh",
+            "-c",
+        ])
+        // sh stays the namespace's init (pid 1, which `kill -9 -1` never reaches); the relay is its child.
+        .arg("\"$@\" & wait $!")
+        .arg("sh")
+        .arg(env!("CARGO_BIN_EXE_ahp-relay"))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env(
+            "AHP_SANDBOX_CANARY",
+            CANARY.split_once('=').map(|(_, v)| v).unwrap_or(""),
+        )
+        .env(
+            "RUST_LOG",
+            std::env::var("AHP_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    let mut child = command.spawn().expect("spawn unshare");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let found = tokio::time::timeout(PATIENCE, async {
+        let mut found: Vec<Option<String>> = vec![None; markers.len()];
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            for (marker, slot) in markers.iter().zip(found.iter_mut()) {
+                if let Some(rest) = line.split(marker).nth(1) {
+                    *slot = Some(rest.trim().to_string());
+                }
+            }
+            if found.iter().all(Option::is_some) {
+                return found.into_iter().flatten().collect::<Vec<_>>();
+            }
+        }
+        panic!("ahp-relay {args:?} exited before printing all of {markers:?}");
+    })
+    .await
+    .expect("ahp-relay did not start in time");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (Contained { child }, found)
+}
+
+fn unsafe_geteuid() -> u32 {
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+impl Contained {
+    /// Whether the contained process tree is still running (its `unshare` has not exited).
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+/// A file holding `content`, mode 0600 (the relay refuses secret files others may read).
+fn private_file(dir: &Path, name: &str, content: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, content).expect("write secret");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    path
+}
+
+/// The agents file: the scripted agent, with tenant b's own credential in a secret file, and limits small
+/// enough to cross quickly (64 MiB files, 1 MiB of output per turn, 256 processes per tenant).
+fn agents_file(config: &Path, workspace: &Path, b_key: &Path) -> PathBuf {
+    let file = config.join("agents.toml");
+    let text = format!(
+        r#"workspace_root = {workspace:?}
+
+[quotas]
+processes_per_tenant = 256
+output_bytes_per_second = 524288
+output_bytes_per_turn = 1048576
+workspace_bytes_per_tenant = 1073741824
+
+[[agent]]
+id = "shell"
+display_name = "Shell"
+command = {agent:?}
+env = ["PATH"]
+limits = {{ file_size_bytes = 67108864 }}
+[agent.tenants.b]
+env_files = {{ B_AGENT_KEY = {b_key:?} }}
+"#,
+        workspace = workspace.display().to_string(),
+        agent = env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
+        b_key = b_key.display().to_string(),
+    );
+    std::fs::write(&file, text).expect("write agents file");
+    file
+}
+
+/// A connected, initialized client of `tenant` at `addr`, with a token signed by `secret`.
+async fn client(addr: &str, secret: &[u8], tenant: &str) -> ahp::Client {
+    let token = mint_hs256(
+        secret,
+        &Claims::new(
+            tenant,
+            &format!("{tenant}-user"),
+            Role::Member,
+            None,
+            Duration::from_secs(3600),
+        ),
+    )
+    .expect("mint");
+    let url = format!("ws://{addr}/v1/ws?access_token={token}");
+    let transport = ahp_ws::WebSocketTransport::connect(&url).await.expect("connect");
+    let client = ahp::Client::connect(
+        transport,
+        ahp::ClientConfig {
+            default_request_timeout: Some(Duration::from_secs(60)),
+            subscription_buffer: 65_536,
+        },
+    )
+    .await
+    .expect("client");
+    client
+        .initialize(format!("{tenant}-device"), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("initialize");
+    client
+}
+
+/// Create a session on the shell agent and one chat in it, once the agent made the session ready.
+async fn shell_session(client: &ahp::Client, name: &str) -> String {
+    let session = format!("ahp-session:/{name}");
+    let chat = format!("ahp-chat:/{name}");
+    let _: Value = client
+        .request(
+            "createSession",
+            CreateSessionParams {
+                channel: session.clone(),
+                meta: None,
+                provider: Some("shell".into()),
+                working_directories: None,
+                config: None,
+                active_client: None,
+                progress_token: None,
+            },
+        )
+        .await
+        .expect("createSession");
+    let (result, mut sub) = client.subscribe(session.clone()).await.expect("subscribe");
+    let mut state = session_of(&result.snapshot.expect("snapshot"));
+    while state.lifecycle != SessionLifecycle::Ready {
+        assert_ne!(state.lifecycle, SessionLifecycle::Failed, "{state:?}");
+        let envelope = next_envelope(&mut sub).await;
+        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
+    }
+    client.unsubscribe(session.clone()).await.expect("unsubscribe");
+    create_chat(client, &session, &chat).await;
+    chat
+}
+
+fn is_turn_end(envelope: &ActionEnvelope) -> bool {
+    matches!(
+        envelope.action,
+        StateAction::ChatTurnComplete(_) | StateAction::ChatTurnCancelled(_) | StateAction::ChatError(_)
+    )
+}
+
+/// How a turn ended and everything it showed (markdown, notes, errors), as one text.
+struct Reply {
+    text: String,
+}
+
+/// Run one prompt on `chat` and return what the turn showed once it ended (within `patience`, else a reply
+/// saying it did not end).
+async fn run(client: &ahp::Client, chat: &str, turn: &str, prompt: &str, patience: Duration) -> Reply {
+    let failed = |what: String| Reply {
+        text: format!("[{what}]"),
+    };
+    let (result, mut sub) = match client.subscribe(chat.into()).await {
+        Ok(subscribed) => subscribed,
+        Err(error) => return failed(format!("subscribe failed: {error}")),
+    };
+    let Some(snapshot) = result.snapshot else {
+        return failed("no snapshot".into());
+    };
+    let (state, from) = (chat_of(&snapshot), snapshot.from_seq as u64);
+    if let Err(error) = client.dispatch(chat.into(), turn_started(turn, prompt)).await {
+        return failed(format!("dispatch failed: {error}"));
+    }
+    let seen = tokio::time::timeout(patience, async {
+        let mut seen = Vec::new();
+        loop {
+            match sub.recv().await {
+                Some(ahp::SubscriptionEvent::Action(envelope)) => {
+                    let end = is_turn_end(&envelope);
+                    seen.push(envelope);
+                    if end {
+                        return seen;
+                    }
+                }
+                Some(_) => {}
+                None => return seen,
+            }
+        }
+    })
+    .await;
+    let Ok(seen) = seen else {
+        return Reply {
+            text: format!("[the turn did not end within {patience:?}]"),
+        };
+    };
+    let _ = client.unsubscribe(chat.into()).await;
+    let state = reduce_chat(state, from, &seen);
+    let Some(turn) = state.turns.iter().find(|t| t.id == turn) else {
+        return Reply {
+            text: format!(
+                "[turn {turn} is not in the chat; last envelope: {:?}]",
+                seen.last()
+            ),
+        };
+    };
+    let mut text = String::new();
+    for part in &turn.response_parts {
+        match part {
+            ResponsePart::Markdown(m) => text.push_str(&m.content),
+            other => text.push_str(&serde_json::to_string(other).unwrap_or_default()),
+        }
+    }
+    Reply { text }
+}
+
+/// The shell command's output and exit line, for prompts that must run.
+async fn sh(client: &ahp::Client, chat: &str, turn: &str, command: &str) -> String {
+    run(client, chat, turn, &format!("sh: {command}"), PATIENCE)
+        .await
+        .text
+}
+
+/// Tenant `b` at work: its session, its workspace and home (as its agent reports them), and a secret it wrote
+/// there.
+struct TenantB {
+    client: ahp::Client,
+    chat: String,
+    workspace: String,
+    home: String,
+    marker: String,
+}
+
+async fn tenant_b(addr: &str, secret: &[u8], workspace_root: &Path) -> TenantB {
+    let client = client(addr, secret, "b").await;
+    let chat = shell_session(&client, "b-work").await;
+    let marker = format!("b-marker-{}", uuid_like());
+    let said = sh(
+        &client,
+        &chat,
+        "b-setup",
+        &format!(
+            "echo {marker} > marker.txt && if [ -n \"$HOME\" ]; then echo {marker} > \"$HOME/marker.txt\"; fi; \
+             echo \"WS=$(pwd)\"; echo \"HOME=${{HOME:-/nonexistent-home}}\""
+        ),
+    )
+    .await;
+    let field = |name: &str| {
+        said.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .unwrap_or_else(|| panic!("b's agent did not report {name}: {said}"))
+            .to_string()
+    };
+    let workspace = field("WS=");
+    // Its home as the agent sees it is the sandbox's own (/home/agent); outside, it is the session's private
+    // directory, which is what another tenant would go for.
+    let home = match field("HOME=").as_str() {
+        "/home/agent" => {
+            let outside = workspace_root.join(".sandbox/b/default/b-work/home");
+            let kept = std::fs::read_to_string(outside.join("marker.txt")).unwrap_or_default();
+            assert!(
+                kept.contains(&marker),
+                "b's home is not where the attack looks: {}",
+                outside.display()
+            );
+            outside.display().to_string()
+        }
+        other => other.to_string(),
+    };
+    TenantB {
+        workspace,
+        home,
+        client,
+        chat,
+        marker,
+    }
+}
+
+fn uuid_like() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    )
+}
+
+/// Ports on loopback the agent must not reach: the relay's own, Postgres' and Redis' (when this run has them),
+/// and one of the test's (a stand-in for any local service).
+fn ports_from_env() -> Vec<u16> {
+    ["DATABASE_URL", "REDIS_URL"]
+        .iter()
+        .filter_map(|name| std::env::var(name).ok())
+        .filter_map(|url| {
+            let after_host = url.rsplit('@').next()?.to_string();
+            let port = after_host
+                .split(['/', '?'])
+                .next()?
+                .rsplit(':')
+                .next()?
+                .to_string();
+            port.parse().ok()
+        })
+        .collect()
+}
+
+/// `bash` tries a TCP connection to each port on 127.0.0.1 and says OPEN or CLOSED.
+fn connect_command(ports: &[u16]) -> String {
+    let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+    format!(
+        "bash -c 'for p in {}; do if (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then echo OPEN $p; else echo CLOSED $p; fi; done'",
+        ports.join(" ")
+    )
+}
+
+/// What every shape's attacker does, and what must hold after each attempt.
+struct Attack<'a> {
+    a: &'a ahp::Client,
+    chat: &'a str,
+    b: &'a TenantB,
+    turn: usize,
+    /// Every attempt that succeeded (each check records its failure and the suite goes on, so one run shows
+    /// every hole).
+    failures: Vec<String>,
+}
+
+/// Record a failed check instead of stopping at the first one.
+macro_rules! check {
+    ($attack:expr, $ok:expr, $($message:tt)+) => {
+        if !$ok {
+            let message = format!($($message)+);
+            eprintln!("ESCAPE: {message}");
+            $attack.failures.push(message);
+        }
+    };
+}
+
+/// The last `n` characters of a long output, for messages.
+fn tail(text: &str, n: usize) -> &str {
+    let mut cut = text.len().saturating_sub(n);
+    while !text.is_char_boundary(cut) {
+        cut += 1;
+    }
+    &text[cut..]
+}
+
+impl<'a> Attack<'a> {
+    /// Run a shell command as A's agent and return what it printed; a command that did not run to its end
+    /// is recorded (an attempt must fail by being refused, not by hanging or crashing the relay).
+    async fn sh(&mut self, command: &str) -> String {
+        self.sh_within(command, PATIENCE).await
+    }
+
+    async fn sh_within(&mut self, command: &str, patience: Duration) -> String {
+        let said = self.run(&format!("sh: {command}"), patience).await.text;
+        check!(
+            self,
+            said.contains("\nEXIT "),
+            "{command:?} did not run to its end: {}",
+            tail(&said, 300)
+        );
+        said
+    }
+
+    fn new(a: &'a ahp::Client, chat: &'a str, b: &'a TenantB) -> Self {
+        Attack {
+            a,
+            chat,
+            b,
+            turn: 0,
+            failures: Vec::new(),
+        }
+    }
+
+    /// Every check passed.
+    fn assert_contained(&self) {
+        assert!(
+            self.failures.is_empty(),
+            "{} escapes:\n{}",
+            self.failures.len(),
+            self.failures.join("\n")
+        );
+    }
+
+    async fn run(&mut self, prompt: &str, patience: Duration) -> Reply {
+        self.turn += 1;
+        run(
+            self.a,
+            self.chat,
+            &format!("attack-{}", self.turn),
+            prompt,
+            patience,
+        )
+        .await
+    }
+
+    /// Reading each of `files` shows none of `secrets`.
+    async fn cannot_read(&mut self, files: &[&Path], secrets: &[&str]) {
+        for file in files {
+            let said = self.sh(&format!("cat '{}' 2>&1; echo", file.display())).await;
+            for secret in secrets {
+                check!(
+                    self,
+                    !said.contains(secret),
+                    "the agent read {}: {}",
+                    file.display(),
+                    tail(&said, 300)
+                );
+            }
+        }
+    }
+
+    /// Tenant b's workspace and home are out of reach: neither listed nor read, nor written.
+    async fn cannot_reach_b(&mut self) {
+        let b = self.b;
+        let said = self
+            .sh(&format!(
+                "cat '{ws}/marker.txt' '{home}/marker.txt' 2>&1; ls -la '{ws}' '{home}' 2>&1; \
+                 echo intruder > '{ws}/intruder.txt' 2>&1; echo",
+                ws = b.workspace,
+                home = b.home
+            ))
+            .await;
+        check!(self, !said.contains(&b.marker), "a read b's files: {said}");
+        check!(
+            self,
+            !said
+                .lines()
+                .any(|line| line.contains("marker.txt") && line.starts_with('-')),
+            "a listed b's directories: {said}"
+        );
+        check!(
+            self,
+            !Path::new(&b.workspace).join("intruder.txt").exists(),
+            "a wrote into b's workspace: {said}"
+        );
+    }
+
+    /// No visible process holds the canary, and the relay's processes are not among the visible ones (nor
+    /// their paths: the sandbox's own init shows nothing of the relay's layout).
+    async fn cannot_see_outside(&mut self, programs: &[&str]) {
+        let canary = CANARY.split_once('=').map(|(_, v)| v).unwrap_or(CANARY);
+        let said = self
+            .sh(
+                "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep CANARY; \
+                 for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done",
+            )
+            .await;
+        check!(
+            self,
+            !said.contains(canary),
+            "a read another process's environment: {}",
+            tail(&said, 300)
+        );
+        for program in programs {
+            check!(
+                self,
+                !said.contains(program),
+                "a sees the relay's process {program}: {}",
+                tail(&said, 600)
+            );
+        }
+    }
+
+    /// Nothing is written outside the workspace: not in the workspace root, the data dir, nor the real /tmp.
+    async fn cannot_write_outside(&mut self, places: &[PathBuf]) {
+        let mut command = String::new();
+        for place in places {
+            command.push_str(&format!("echo pwned > '{}' 2>&1; ", place.display()));
+        }
+        command.push_str("echo");
+        let said = self.sh(&command).await;
+        for place in places {
+            check!(self, !place.exists(), "a wrote {}: {said}", place.display());
+            let _ = std::fs::remove_file(place);
+        }
+    }
+
+    async fn cannot_connect(&mut self, ports: &[u16]) {
+        let said = self.sh(&connect_command(ports)).await;
+        for port in ports {
+            check!(
+                self,
+                said.contains(&format!("CLOSED {port}")),
+                "a connected to port {port}: {said}"
+            );
+        }
+    }
+
+    /// A (bounded, 8,190-process) fork bomb: forks fail at the tenant's process limit. The bomb runs in a
+    /// subshell (a shell exits when it cannot fork); what it reported is read back with builtins only (the
+    /// limit may still be reached while its processes sleep).
+    async fn fork_bomb_is_contained(&mut self) {
+        let said = self
+            .sh("b(){ if [ $1 -gt 0 ]; then b $(($1-1)) & b $(($1-1)) & wait; else sleep 3; fi; }; \
+                 (b 12) 2>bomb.err; echo bomb-done; \
+                 while read -r line; do case $line in *fork*|*emporarily*) echo FORK-REFUSED; break;; esac; done < bomb.err")
+            .await;
+        check!(
+            self,
+            said.contains("bomb-done"),
+            "the fork bomb's shell did not finish: {said}"
+        );
+        check!(
+            self,
+            said.contains("FORK-REFUSED"),
+            "the fork bomb was not limited: {said}"
+        );
+    }
+
+    /// `yes` for 10 s: its output is cut with a visible note long before it ends, and the turn ends.
+    async fn output_flood_is_cut(&mut self) {
+        let reply = self.run("sh: timeout 10 yes", Duration::from_secs(60)).await;
+        check!(
+            self,
+            reply.text.contains("output limit"),
+            "the flood was not cut ({} bytes shown): {}",
+            reply.text.len(),
+            tail(&reply.text, 300)
+        );
+        check!(
+            self,
+            reply.text.len() < 16 * 1024 * 1024,
+            "the flood kept {} bytes",
+            reply.text.len()
+        );
+    }
+
+    /// A 10 GiB file (sparse and written): refused at the per-file limit.
+    async fn big_file_is_refused(&mut self, workspace_of_a: &Path) {
+        let said = self
+            .sh_within(
+                "truncate -s 10G sparse.bin 2>&1; echo truncate=$?; \
+                 head -c 10737418240 /dev/zero > big.bin; echo head=$?; \
+                 stat -c '%n %s' big.bin sparse.bin 2>&1; rm -f big.bin sparse.bin",
+                Duration::from_secs(180),
+            )
+            .await;
+        check!(
+            self,
+            said.contains("truncate=") && !said.contains("truncate=0"),
+            "a 10 GiB sparse file was made: {said}"
+        );
+        check!(
+            self,
+            said.contains("head=") && !said.contains("head=0"),
+            "a 10 GiB file was written: {said}"
+        );
+        for name in ["big.bin", "sparse.bin"] {
+            let _ = std::fs::remove_file(workspace_of_a.join(name));
+        }
+    }
+}
+
+/// A's workspace, as its agent reports it.
+async fn workspace_of(client: &ahp::Client, chat: &str) -> PathBuf {
+    let said = sh(client, chat, "whereami", "pwd").await;
+    PathBuf::from(said.lines().next().unwrap_or_default().trim())
+}
+
+/// B starts a turn that runs until a file `go` appears in its workspace; returns once it streams (it must
+/// go on, untouched, while A attacks).
+async fn b_starts_a_long_turn(b: &TenantB) -> ahp::SessionSubscription {
+    let (_, _, mut sub) = subscribe_chat(&b.client, &b.chat).await;
+    b.client
+        .dispatch(
+            b.chat.clone(),
+            turn_started(
+                "b-long",
+                "sh: echo b-waiting; while [ ! -e go ]; do sleep 0.05; done; echo b-released",
+            ),
+        )
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, |e| {
+        matches!(
+            e.action,
+            StateAction::ChatResponsePart(_) | StateAction::ChatDelta(_)
+        )
+    })
+    .await;
+    sub
+}
+
+/// Release B's long turn; it must complete as if nothing happened.
+async fn b_turn_completes(b: &TenantB, mut sub: ahp::SessionSubscription) {
+    std::fs::write(Path::new(&b.workspace).join("go"), "").expect("release b's turn");
+    let seen = tokio::time::timeout(PATIENCE, collect_until(&mut sub, is_turn_end))
+        .await
+        .expect("b's turn did not end");
+    assert!(
+        matches!(
+            seen.last().map(|e| &e.action),
+            Some(StateAction::ChatTurnComplete(_))
+        ),
+        "b's turn did not complete: {:?}",
+        seen.last()
+    );
+    let said: String = seen
+        .iter()
+        .filter_map(|e| match &e.action {
+            StateAction::ChatDelta(delta) => Some(delta.content.clone()),
+            StateAction::ChatResponsePart(part) => match &part.part {
+                ResponsePart::Markdown(m) => Some(m.content.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert!(said.contains("b-released") && said.contains("EXIT 0"), "{said}");
+}
+
+/// A listener of the test's own on loopback (a stand-in for any local service an agent must not reach).
+async fn local_service() -> (tokio::net::TcpListener, u16) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    (listener, port)
+}
+
+/// Whether the process at `addr` still answers `/healthz`.
+async fn serving(addr: &str) -> bool {
+    matches!(http_get(addr, "/healthz").await, Ok((200, _)))
+}
+
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .expect("port")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_serve_an_agent_reaches_nothing_of_the_relay_nor_of_another_tenant() {
+    let data = tempfile::tempdir().expect("data");
+    let workspace = tempfile::tempdir().expect("workspace");
+    let config = tempfile::tempdir().expect("config");
+    let b_key = private_file(config.path(), "b-agent-key", B_KEY);
+    let agents = agents_file(config.path(), workspace.path(), &b_key);
+    let args: Vec<String> = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &data.path().display().to_string(),
+        "--agents",
+        &agents.display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (mut relay, found) = contained(&args, &[], &["listening on ws://"]).await;
+    let addr = found[0].trim_end_matches("/v1/ws").to_string();
+    // The relay generated its signing secret into its data dir: the key to every tenant.
+    let jwt_secret = std::fs::read_to_string(data.path().join("jwt-secret")).expect("jwt-secret");
+    let secret = jwt_secret.trim().as_bytes().to_vec();
+
+    let b = tenant_b(&addr, &secret, workspace.path()).await;
+    // B's prompt is in the store (the SQLite file and its WAL).
+    let b_prompt = format!("B-PROMPT-{}", uuid_like());
+    sh(&b.client, &b.chat, "b-prompt", &format!("echo ok # {b_prompt}")).await;
+    let a = client(&addr, &secret, "a").await;
+    let chat = shell_session(&a, "a-attack").await;
+    let a_workspace = workspace_of(&a, &chat).await;
+    let b_turn = b_starts_a_long_turn(&b).await;
+    let mut attack = Attack::new(&a, &chat, &b);
+
+    attack
+        .cannot_read(
+            &[&data.path().join("jwt-secret"), &b_key, &agents],
+            &[jwt_secret.trim(), B_KEY, "B_AGENT_KEY"],
+        )
+        .await;
+    let store = attack
+        .sh(&format!(
+            "ls -la '{d}' 2>&1; cat '{d}'/relay.sqlite* 2>&1 | grep -a -o 'B-PROMPT-[0-9a-f]*' | head -3",
+            d = data.path().display()
+        ))
+        .await;
+    check!(
+        attack,
+        !store.contains(&b_prompt),
+        "a read b's prompt from the store: {store}"
+    );
+    check!(
+        attack,
+        !store.contains("relay.sqlite"),
+        "a listed the data dir: {store}"
+    );
+    let env = attack.sh("env").await;
+    check!(
+        attack,
+        !env.contains("CANARY") && !env.contains("B_AGENT_KEY"),
+        "a's environment: {env}"
+    );
+    attack
+        .cannot_see_outside(&["ahp-relay serve", "\"$@\" & wait"])
+        .await;
+    attack.cannot_reach_b().await;
+    let tmp_marker = PathBuf::from(format!("/tmp/ahp-sandbox-escaped-{}", uuid_like()));
+    attack
+        .cannot_write_outside(&[
+            workspace.path().join("escaped.txt"),
+            data.path().join("escaped.txt"),
+            tmp_marker,
+        ])
+        .await;
+    let (_service, service_port) = local_service().await;
+    let mut ports = vec![port_of(&addr), service_port];
+    ports.extend(ports_from_env());
+    attack.cannot_connect(&ports).await;
+    attack.fork_bomb_is_contained().await;
+    attack.big_file_is_refused(&a_workspace).await;
+    // kill -9 -1 reaches only the agent itself: the relay serves on, and b's turn goes on.
+    let killed = attack.run("sh: kill -9 -1; echo survived", PATIENCE).await;
+    check!(
+        attack,
+        !killed.text.contains("survived"),
+        "kill -9 -1 did not reach the agent itself: {}",
+        killed.text
+    );
+    check!(
+        attack,
+        serving(&addr).await && relay.alive(),
+        "kill -9 -1 killed the relay"
+    );
+    attack.output_flood_is_cut().await;
+    check!(
+        attack,
+        serving(&addr).await && relay.alive(),
+        "the flood killed the relay"
+    );
+    attack.assert_contained();
+    a.ping().await.expect("the relay answers");
+    b_turn_completes(&b, b_turn).await;
+    // And a new session of b still starts (its agent is placed and answers).
+    let chat_b2 = shell_session(&b.client, "b-after").await;
+    assert!(sh(&b.client, &chat_b2, "b-after", "echo fine")
+        .await
+        .contains("fine"));
+    assert!(relay.alive(), "the relay died");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_runner_an_agent_reaches_nothing_of_the_runner_the_shard_nor_another_tenant() {
+    let config = tempfile::tempdir().expect("config");
+    let workspace = tempfile::tempdir().expect("workspace");
+    let shard_data = tempfile::tempdir().expect("shard data");
+    let gateway_data = tempfile::tempdir().expect("gateway data");
+    let runner_data = tempfile::tempdir().expect("runner data");
+    let internal = private_file(config.path(), "internal-secret", INTERNAL_SECRET);
+    let runner_secret = private_file(config.path(), "runner-secret", RUNNER_SECRET);
+    let jwt = private_file(config.path(), "jwt-secret", SECRET);
+    let b_key = private_file(config.path(), "b-agent-key", B_KEY);
+    let agents = agents_file(config.path(), workspace.path(), &b_key);
+    let s = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+
+    let (shard, found) = contained(
+        &s(&[
+            "shard",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &shard_data.path().display().to_string(),
+            "--agents",
+            &agents.display().to_string(),
+            "--internal-secret-file",
+            &internal.display().to_string(),
+            "--runner-secret-file",
+            &runner_secret.display().to_string(),
+        ]),
+        &[],
+        &["listening on grpc ", "http listening on "],
+    )
+    .await;
+    let shard_url = found[0].clone();
+    let shard_http = found[1].trim_start_matches("http://").to_string();
+    let (gateway, found) = contained(
+        &s(&[
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--shard",
+            &shard_url,
+            "--data-dir",
+            &gateway_data.path().display().to_string(),
+            "--internal-secret-file",
+            &internal.display().to_string(),
+            "--jwt-secret-file",
+            &jwt.display().to_string(),
+        ]),
+        &[],
+        &["listening on ws://"],
+    )
+    .await;
+    let addr = found[0].trim_end_matches("/v1/ws").to_string();
+    let (mut runner, found) = contained(
+        &s(&[
+            "runner",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--shard",
+            &shard_url,
+            "--agents",
+            &agents.display().to_string(),
+            "--runner-secret-file",
+            &runner_secret.display().to_string(),
+        ]),
+        &[("AHP_RELAY_DATA_DIR", &runner_data.path().display().to_string())],
+        &["runner http listening on http://", "runner serving"],
+    )
+    .await;
+    let runner_http = found[0].clone();
+    let runners = || async { metric_at(&shard_http, "ahp_relay_agent_runners").await };
+    tokio::time::timeout(PATIENCE, async {
+        while runners().await != 1.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the runner registered");
+
+    let secret = SECRET.as_bytes();
+    let b = tenant_b(&addr, secret, workspace.path()).await;
+    let a = client(&addr, secret, "a").await;
+    let chat = shell_session(&a, "a-attack").await;
+    let a_workspace = workspace_of(&a, &chat).await;
+    let b_turn = b_starts_a_long_turn(&b).await;
+    let mut attack = Attack::new(&a, &chat, &b);
+
+    attack
+        .cannot_read(
+            &[&internal, &runner_secret, &jwt, &b_key, &agents],
+            &[INTERNAL_SECRET, RUNNER_SECRET, SECRET, B_KEY, "B_AGENT_KEY"],
+        )
+        .await;
+    let store = attack
+        .sh(&format!("ls -la '{}' 2>&1", shard_data.path().display()))
+        .await;
+    check!(
+        attack,
+        !store.contains("relay.sqlite"),
+        "a listed the shard's data dir: {store}"
+    );
+    attack
+        .cannot_see_outside(&["ahp-relay runner", "ahp-relay shard", "\"$@\" & wait"])
+        .await;
+    attack.cannot_reach_b().await;
+    attack
+        .cannot_write_outside(&[
+            workspace.path().join("escaped.txt"),
+            runner_data.path().join("escaped.txt"),
+            PathBuf::from(format!("/tmp/ahp-sandbox-escaped-{}", uuid_like())),
+        ])
+        .await;
+    let (_service, service_port) = local_service().await;
+    let mut ports = vec![
+        port_of(&shard_url),
+        port_of(&shard_http),
+        port_of(&addr),
+        port_of(&runner_http),
+        service_port,
+    ];
+    ports.extend(ports_from_env());
+    attack.cannot_connect(&ports).await;
+    attack.fork_bomb_is_contained().await;
+    attack.big_file_is_refused(&a_workspace).await;
+    let killed = attack.run("sh: kill -9 -1; echo survived", PATIENCE).await;
+    check!(
+        attack,
+        !killed.text.contains("survived"),
+        "kill -9 -1 did not reach the agent itself: {}",
+        killed.text
+    );
+    check!(
+        attack,
+        serving(&runner_http).await && runner.alive(),
+        "kill -9 -1 killed the runner"
+    );
+    attack.output_flood_is_cut().await;
+    check!(
+        attack,
+        serving(&runner_http).await && runner.alive(),
+        "the flood killed the runner"
+    );
+    attack.assert_contained();
+    assert_eq!(runners().await, 1.0, "the runner is still registered");
+    b_turn_completes(&b, b_turn).await;
+    let chat_b2 = shell_session(&b.client, "b-after").await;
+    assert!(sh(&b.client, &chat_b2, "b-after", "echo fine")
+        .await
+        .contains("fine"));
+    drop((shard, gateway));
+}
