@@ -486,15 +486,73 @@ async fn keys_from_a_jwks_rotate_while_clients_stay_connected() {
     assert!(listed.is_ok(), "{listed:?}");
 }
 
+/// `ahp-relay ARGS` exits (it must not start); returns what it printed on stderr.
+async fn refuses_to_start(args: &[&str]) -> String {
+    let data = tempfile::tempdir().expect("tempdir");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path())
+        .args(args)
+        .env_remove("AHP_RELAY_JWT_ISSUER")
+        .env_remove("AHP_RELAY_JWT_AUDIENCE")
+        .stdin(std::process::Stdio::null())
+        .output();
+    let output = tokio::time::timeout(PATIENCE, output)
+        .await
+        .expect("the relay started instead of refusing")
+        .expect("run");
+    assert!(!output.status.success(), "it started: {output:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_provider_without_issuer_and_audience_is_refused_at_start() {
+    let public_key = concat!(env!("CARGO_MANIFEST_DIR"), "/../gateway/tests/keys/rsa.pub");
+    for missing in [
+        vec!["--jwt-public-key-file", public_key, "--jwt-audience", "ahp-relay"],
+        vec![
+            "--jwt-public-key-file",
+            public_key,
+            "--jwt-issuer",
+            "https://idp.test",
+        ],
+        vec![
+            "--jwks-url",
+            "http://127.0.0.1:9/jwks",
+            "--jwt-issuer",
+            "https://idp.test",
+        ],
+    ] {
+        let said = refuses_to_start(&missing).await;
+        assert!(
+            said.contains("--jwt-issuer") && said.contains("--jwt-audience"),
+            "{missing:?}: {said}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_kids_refetch_the_jwks_at_most_once_per_interval() {
     let jwks = JwksEndpoint::start(serde_json::json!([public_jwk("rsa", "k1")])).await;
-    let relay = Relay::start_with(&["--jwks-url", &jwks.url, "--jwks-min-refetch", "1h"]).await;
+    let relay = Relay::start_with(&[
+        "--jwks-url",
+        &jwks.url,
+        "--jwks-min-refetch",
+        "1h",
+        "--jwt-issuer",
+        "https://idp.test",
+        "--jwt-audience",
+        "ahp-relay",
+    ])
+    .await;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
         .as_secs();
-    let claims = serde_json::json!({"sub": "ana", "tid": "acme", "role": "member", "exp": now + 600});
+    let claims = serde_json::json!({
+        "sub": "ana", "tid": "acme", "role": "member", "exp": now + 600,
+        "iss": "https://idp.test", "aud": "ahp-relay",
+    });
     // The start-up fetch.
     assert_eq!(
         upgrade_status(relay.url(), Some(signed("rsa", "k1", &claims))).await,
@@ -516,13 +574,26 @@ async fn a_relay_whose_jwks_is_unreachable_still_starts() {
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}/jwks", closed.local_addr().expect("addr"));
     drop(closed);
-    let relay = Relay::start_with(&["--jwks-url", &url, "--jwks-timeout", "1s"]).await;
+    let relay = Relay::start_with(&[
+        "--jwks-url",
+        &url,
+        "--jwks-timeout",
+        "1s",
+        "--jwt-issuer",
+        "https://idp.test",
+        "--jwt-audience",
+        "ahp-relay",
+    ])
+    .await;
     assert_eq!(http_status(&relay.addr, "/healthz").await, 200);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
         .as_secs();
-    let claims = serde_json::json!({"sub": "ana", "tid": "acme", "role": "member", "exp": now + 600});
+    let claims = serde_json::json!({
+        "sub": "ana", "tid": "acme", "role": "member", "exp": now + 600,
+        "iss": "https://idp.test", "aud": "ahp-relay",
+    });
     assert_eq!(
         upgrade_status(relay.url(), Some(signed("rsa", "k1", &claims))).await,
         401

@@ -180,6 +180,14 @@ async fn client(addr: &str, secret: &[u8], tenant: &str) -> ahp::Client {
 
 /// Create a session on the shell agent and one chat in it, once the agent made the session ready.
 async fn shell_session(client: &ahp::Client, name: &str) -> String {
+    match try_shell_session(client, name).await {
+        Ok(chat) => chat,
+        Err(failed) => panic!("the session failed: {failed}"),
+    }
+}
+
+/// [`shell_session`], or why the session failed.
+async fn try_shell_session(client: &ahp::Client, name: &str) -> Result<String, String> {
     let session = format!("ahp-session:/{name}");
     let chat = format!("ahp-chat:/{name}");
     let _: Value = client
@@ -200,13 +208,15 @@ async fn shell_session(client: &ahp::Client, name: &str) -> String {
     let (result, mut sub) = client.subscribe(session.clone()).await.expect("subscribe");
     let mut state = session_of(&result.snapshot.expect("snapshot"));
     while state.lifecycle != SessionLifecycle::Ready {
-        assert_ne!(state.lifecycle, SessionLifecycle::Failed, "{state:?}");
+        if state.lifecycle == SessionLifecycle::Failed {
+            return Err(format!("{:?}", state.creation_error));
+        }
         let envelope = next_envelope(&mut sub).await;
         ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
     }
     client.unsubscribe(session.clone()).await.expect("unsubscribe");
     create_chat(client, &session, &chat).await;
-    chat
+    Ok(chat)
 }
 
 fn is_turn_end(envelope: &ActionEnvelope) -> bool {
@@ -959,4 +969,280 @@ async fn on_a_runner_an_agent_reaches_nothing_of_the_runner_the_shard_nor_anothe
         .await
         .contains("fine"));
     drop((shard, gateway));
+}
+
+/// `serve` with the shell agent (and `quotas`, lines of the agents file's `[quotas]` table), outside any PID
+/// namespace of the test's (for tests that kill it, or measure it).
+struct ShellRelay {
+    relay: Relay,
+    workspace: tempfile::TempDir,
+    _config: tempfile::TempDir,
+}
+
+async fn shell_relay(quotas: &str, extra: &[&str]) -> ShellRelay {
+    let workspace = tempfile::tempdir().expect("workspace");
+    let config = tempfile::tempdir().expect("config");
+    let file = config.path().join("agents.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "workspace_root = {:?}\n\n[quotas]\n{quotas}\n\n[[agent]]\nid = \"shell\"\ndisplay_name = \"Shell\"\ncommand = {:?}\nenv = [\"PATH\"]\n",
+            workspace.path().display().to_string(),
+            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
+        ),
+    )
+    .expect("agents file");
+    let mut args = vec!["--agents", file.to_str().expect("path")];
+    args.extend_from_slice(extra);
+    ShellRelay {
+        relay: Relay::start_with(&args).await,
+        workspace,
+        _config: config,
+    }
+}
+
+/// Every process whose working directory is `dir` (a session's sandbox: its init, its agent, its commands).
+fn processes_in(dir: &Path) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).ok().as_deref() == Some(dir))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Wait (at most `PATIENCE`) until none of `pids` runs any more; the ones still running if some do.
+async fn all_gone(pids: &[u32]) -> Vec<u32> {
+    let running = || {
+        pids.iter()
+            .copied()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                    !stat
+                        .rsplit_once(')')
+                        .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let gone = tokio::time::timeout(PATIENCE, async {
+        while !running().is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    if gone.is_ok() {
+        Vec::new()
+    } else {
+        running()
+    }
+}
+
+/// Start `sh: COMMAND` on `chat` and return once its first output arrived (the command runs on).
+async fn start_command(
+    client: &ahp::Client,
+    chat: &str,
+    turn: &str,
+    command: &str,
+) -> ahp::SessionSubscription {
+    let (_, _, mut sub) = subscribe_chat(client, chat).await;
+    client
+        .dispatch(chat.into(), turn_started(turn, &format!("sh: {command}")))
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, |e| {
+        matches!(
+            e.action,
+            StateAction::ChatResponsePart(_) | StateAction::ChatDelta(_)
+        )
+    })
+    .await;
+    sub
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_with_sigkill_takes_its_agents_and_their_commands_along() {
+    let mut setup = shell_relay("", &[]).await;
+    let (a, _) = setup.relay.client_as("a", "ana", Role::Member, "ana").await;
+    let chat = shell_session(&a, "doomed").await;
+    let _running = start_command(&a, &chat, "t1", "echo started; sleep 600").await;
+    let dir = setup
+        .workspace
+        .path()
+        .join("a/default/doomed")
+        .canonicalize()
+        .expect("workspace");
+    let pids = processes_in(&dir);
+    assert!(
+        pids.len() >= 3,
+        "the sandbox's init, the agent, its shell and sleep: {pids:?}"
+    );
+    setup.relay.kill().await;
+    let left = all_gone(&pids).await;
+    assert!(left.is_empty(), "orphans of a killed relay still run: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_killed_with_sigkill_takes_its_agents_and_their_commands_along() {
+    let workspace = tempfile::tempdir().expect("workspace");
+    let config = tempfile::tempdir().expect("config");
+    let file = config.path().join("agents.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "workspace_root = {:?}\n\n[[agent]]\nid = \"shell\"\ndisplay_name = \"Shell\"\ncommand = {:?}\nenv = [\"PATH\"]\n",
+            workspace.path().display().to_string(),
+            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
+        ),
+    )
+    .expect("agents file");
+    let agents = file.display().to_string();
+    let shard = Shard::start(&["--agents", &agents]).await;
+    let gateway = Relay::gateway(&shard.url).await;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+    command.args([
+        "runner",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--shard",
+        &shard.url,
+        "--agents",
+        &agents,
+    ]);
+    let (mut runner, _) = spawn_until(command, "runner serving").await;
+    tokio::time::timeout(PATIENCE, async {
+        while shard.metric("ahp_relay_agent_runners").await != 1.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the runner registered");
+    let (a, _) = gateway.client_as("a", "ana", Role::Member, "ana").await;
+    let chat = shell_session(&a, "doomed").await;
+    let _running = start_command(&a, &chat, "t1", "echo started; sleep 600").await;
+    let dir = workspace
+        .path()
+        .join("a/default/doomed")
+        .canonicalize()
+        .expect("workspace");
+    let pids = processes_in(&dir);
+    assert!(
+        pids.len() >= 3,
+        "the sandbox's init, the agent, its shell and sleep: {pids:?}"
+    );
+    runner.start_kill().expect("SIGKILL the runner");
+    runner.wait().await.expect("wait");
+    let left = all_gone(&pids).await;
+    assert!(left.is_empty(), "orphans of a killed runner still run: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_output_stops_at_its_tenants_storage_quota() {
+    let setup = shell_relay(
+        "",
+        &[
+            "--max-stored-bytes-per-tenant",
+            "200000",
+            "--storage-check-every",
+            "100ms",
+        ],
+    )
+    .await;
+    let (a, _) = setup.relay.client_as("a", "ana", Role::Member, "ana").await;
+    let chat = shell_session(&a, "hoard").await;
+    // 3 MB of output, far past the tenant's 200 kB of storage (and within the turn's 8 MiB of output).
+    let reply = run(
+        &a,
+        &chat,
+        "t1",
+        "sh: head -c 3000000 /dev/zero | tr '\\0' 'x'",
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(reply.text.contains("storageQuota"), "{}", tail(&reply.text, 400));
+    assert!(
+        reply.text.len() < 1_500_000,
+        "{} bytes of output were stored",
+        reply.text.len()
+    );
+    // Over the quota, new turns are refused outright.
+    let refused = run(&a, &chat, "t2", "sh: echo more", PATIENCE).await;
+    assert!(!refused.text.contains("more"), "{}", refused.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_terminals_are_bounded_and_a_commands_output_is_cut() {
+    let setup = shell_relay(
+        "terminals_per_session = 2\noutput_bytes_per_turn = 200000\noutput_bytes_per_second = 10000000",
+        &[],
+    )
+    .await;
+    let (a, _) = setup.relay.client_as("a", "ana", Role::Member, "ana").await;
+    let chat = shell_session(&a, "terms").await;
+    let many = run(&a, &chat, "t2", "terminals 3: sleep 1", PATIENCE).await.text;
+    assert!(many.contains("OPENED 2 REFUSED 1"), "{many}");
+    assert!(many.contains("2 commands"), "the refusal says why: {many}");
+    let flood = run(&a, &chat, "t3", "term: yes", PATIENCE).await.text;
+    assert!(flood.contains("passed the output limit"), "{}", tail(&flood, 400));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_workspace_over_its_quota_stops_its_work_until_sessions_are_disposed() {
+    let setup = shell_relay(
+        "workspace_bytes_per_tenant = 20000000\nworkspace_check_seconds = 1",
+        &[],
+    )
+    .await;
+    let (a, _) = setup.relay.client_as("a", "ana", Role::Member, "ana").await;
+    let (b, _) = setup.relay.client_as("b", "bob", Role::Member, "bob").await;
+    let full = shell_session(&a, "full").await;
+    let said = sh(
+        &a,
+        &full,
+        "t1",
+        "head -c 30000000 /dev/zero > fill.bin; echo filled",
+    )
+    .await;
+    assert!(said.contains("filled"), "{said}");
+    // Within a few measurements, the tenant's next turn is refused (each attempt is a real turn).
+    let mut refused = None;
+    for n in 0..40 {
+        let reply = run(&a, &full, &format!("probe-{n}"), "sh: echo alive", PATIENCE)
+            .await
+            .text;
+        if !reply.contains("alive") {
+            refused = Some(reply);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let refused = refused.expect("the tenant was never stopped");
+    assert!(refused.contains("quota"), "{refused}");
+    // Another tenant is not affected.
+    let other = shell_session(&b, "fine").await;
+    assert!(sh(&b, &other, "t1", "echo fine").await.contains("fine"));
+    // Disposing the session removes its workspace; the tenant works again.
+    let _: Value = a
+        .request(
+            "disposeSession",
+            serde_json::json!({"channel": "ahp-session:/full"}),
+        )
+        .await
+        .expect("disposeSession");
+    // Until the next measurement the tenant is still over: sessions keep failing; then one starts and runs.
+    let mut worked = false;
+    for n in 0..40 {
+        if let Ok(again) = try_shell_session(&a, &format!("again-{n}")).await {
+            worked = run(&a, &again, "t1", "sh: echo alive", PATIENCE)
+                .await
+                .text
+                .contains("alive");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(worked, "the tenant stayed stopped after its files were removed");
 }

@@ -154,6 +154,47 @@ async fn serve_prints_a_link_with_the_token_in_the_fragment() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_dev_token_serve_prints_no_token() {
+    use tokio::io::AsyncBufReadExt;
+    let data = tempfile::tempdir().expect("tempdir");
+    // As the container image runs it: the setting comes from its environment.
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path())
+        .env("AHP_RELAY_NO_DEV_TOKEN", "true")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let printed = tokio::time::timeout(PATIENCE, async {
+        let mut printed = Vec::new();
+        while let Some(line) = lines.next_line().await.expect("read") {
+            // The last line serve prints at start, with a token or without.
+            let done = line.contains("no token printed") || line.contains("try it:");
+            printed.push(line);
+            if done {
+                return printed;
+            }
+        }
+        panic!("serve exited: {printed:?}");
+    })
+    .await
+    .expect("serve started");
+    assert!(
+        printed.iter().any(|line| line.contains("listening on ws://")),
+        "{printed:?}"
+    );
+    for line in &printed {
+        assert!(
+            !line.contains("eyJ") && !line.contains("#token="),
+            "a token was printed: {line}"
+        );
+    }
+    terminate(&mut child).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vs_code_connects_with_tkn_and_its_version_list() {
     let relay = Relay::start().await;
     let url = relay.url();

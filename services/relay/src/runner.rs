@@ -34,6 +34,10 @@ pub struct RunnerArgs {
         value_delimiter = ','
     )]
     pub shard: Vec<String>,
+    /// Dedicate this runner to these tenants (comma-separated): shards place only their sessions here, and
+    /// theirs here first. Default: a shared runner, for any tenant without a dedicated one.
+    #[arg(long, env = "AHP_RELAY_RUNNER_TENANTS", value_delimiter = ',')]
+    pub tenants: Vec<String>,
     /// This runner's name in the shards' logs; default: the host name.
     #[arg(long, env = "AHP_RELAY_RUNNER_NAME")]
     pub name: Option<String>,
@@ -80,6 +84,12 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
     serve_http(args.http_listen, registrations.clone()).await?;
     let config = relay_rpc::runner::RunnerConfig {
         registrations,
+        tenants: args
+            .tenants
+            .iter()
+            .map(|tenant| tenant.trim().to_string())
+            .filter(|tenant| !tenant.is_empty())
+            .collect(),
         name: format!("{name}/{}", std::process::id()),
         shards: shards.clone(),
         credential: args.runner.credential()?.context(

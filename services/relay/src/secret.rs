@@ -5,6 +5,9 @@
 //! A secret must be at least [`MIN_SECRET_BYTES`] long (a short HMAC key can be guessed offline from any
 //! token). A secret file must not be readable by group or others: the relay refuses to start rather than
 //! sign with a key other local users may have read. The data directory is created `0700`.
+//!
+//! A secret file may be readable by its group (not writable): that is how orchestrators mount secrets for a
+//! non-root process (a Kubernetes secret volume gives the pod's `fsGroup` read access, `0440`).
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +20,7 @@ const SECRET_FILE: &str = "jwt-secret";
 pub const MIN_SECRET_BYTES: usize = 32;
 
 /// Where the secret comes from, in order of precedence.
+#[derive(Clone, Copy)]
 pub struct SecretSource<'a> {
     pub explicit: Option<&'a str>,
     pub file: Option<&'a Path>,
@@ -53,7 +57,7 @@ fn checked(secret: Vec<u8>, origin: &str) -> anyhow::Result<Vec<u8>> {
     Ok(secret)
 }
 
-/// Read a secret file, refusing one that group or others may read.
+/// Read a secret file, refusing one that others may read, or its group write.
 pub fn read_private(path: &Path) -> anyhow::Result<Vec<u8>> {
     check_private(path)?;
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -68,8 +72,8 @@ fn check_private(path: &Path) -> anyhow::Result<()> {
         .permissions()
         .mode();
     anyhow::ensure!(
-        mode & 0o077 == 0,
-        "{} is readable by group or others (mode {:o}); run: chmod 600 {}",
+        mode & 0o027 == 0,
+        "{} is readable by others or writable by its group (mode {:o}); run: chmod 600 {}",
         path.display(),
         mode & 0o777,
         path.display()
@@ -159,6 +163,17 @@ mod tests {
         };
         let refused = load_or_create(source).expect_err("0644 must be refused");
         assert!(refused.to_string().contains("chmod 600"), "{refused}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o660)).expect("chmod");
+        assert!(
+            load_or_create(source).is_err(),
+            "a group-writable secret is refused"
+        );
+        // A secret volume for a non-root pod: readable by the pod's group.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o440)).expect("chmod");
+        assert_eq!(
+            load_or_create(source).expect("0440 is fine"),
+            "y".repeat(40).into_bytes()
+        );
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         let read = load_or_create(SecretSource {
             explicit: None,

@@ -250,6 +250,10 @@ pub struct ServeArgs {
     pub host: HostArgs,
     #[command(flatten)]
     pub sandbox: crate::agents::SandboxArgs,
+    /// Print no ready-to-use admin token at start (a deployment's logs must not hold one; the container image
+    /// sets this): mint tokens with `ahp-relay token` instead.
+    #[arg(long, env = "AHP_RELAY_NO_DEV_TOKEN")]
+    pub no_dev_token: bool,
 }
 
 /// The credential runners present to shards, apart from the internal one (a runner cannot call what gateways
@@ -397,6 +401,14 @@ impl EdgeArgs {
         anyhow::ensure!(
             self.jwt_public_key_file.is_empty() || self.jwks_url.is_none(),
             "give the identity provider's keys as --jwt-public-key-file or --jwks-url, not both"
+        );
+        // Without both, a token the provider issued for another application (or another issuer using the same
+        // keys, e.g. a multi-tenant provider) would be accepted here.
+        anyhow::ensure!(
+            self.jwt_issuer.as_deref().is_some_and(|issuer| !issuer.trim().is_empty())
+                && self.jwt_audience.iter().any(|audience| !audience.trim().is_empty()),
+            "an identity provider needs --jwt-issuer and --jwt-audience (its tokens' `iss` and an `aud` meant for \
+             this relay): without them tokens issued for other applications would be accepted"
         );
         let algorithms = self
             .jwt_algorithms
@@ -562,7 +574,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
     )
     .await?;
-    serve_edge(&args.data, &args.edge, limits, link.clone(), DevToken::Print).await?;
+    let dev_token = if args.no_dev_token {
+        DevToken::Silent
+    } else {
+        DevToken::Print
+    };
+    serve_edge(&args.data, &args.edge, limits, link.clone(), dev_token).await?;
     flush(&link).await;
     Ok(())
 }
@@ -671,8 +688,9 @@ pub async fn run_gateway(args: GatewayArgs) -> anyhow::Result<()> {
     serve_edge(&args.data, &args.edge, limits, link, DevToken::Silent).await
 }
 
-/// Whether the edge prints a ready dev token at start: only the embedded relay, for its own local use. A
-/// gateway never does (its output lands in a deployment's logs).
+/// Whether the edge prints a ready dev token at start: only the embedded relay, for its own local use, unless
+/// told not to (`--no-dev-token`, as in the container image). A gateway never does (its output lands in a
+/// deployment's logs).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum DevToken {
     Print,
@@ -753,6 +771,12 @@ async fn serve_edge<L: HostLink>(
             };
             writeln!(out, "open the web client: http://{page}/#token={token}")?;
             writeln!(out, "try it: ahp-relay chat --url ws://{addr}/v1/ws")?;
+        } else {
+            writeln!(
+                out,
+                "no token printed: mint one with `ahp-relay token --tenant TENANT --sub USER --role admin` (same \
+                 --data-dir or --jwt-secret-file)"
+            )?;
         }
         out.flush()?;
     }

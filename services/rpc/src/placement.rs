@@ -63,6 +63,8 @@ struct PoolState {
 struct Runner {
     name: String,
     agents: HashSet<String>,
+    /// The tenants it is dedicated to (empty: shared).
+    tenants: HashSet<String>,
     work: mpsc::UnboundedSender<pb::RunnerWork>,
     /// How many sessions are placed here.
     sessions: usize,
@@ -111,13 +113,14 @@ impl RunnerPool {
 
     fn add(&self, hello: pb::RunnerHello, work: mpsc::UnboundedSender<pb::RunnerWork>) -> u64 {
         let id = self.next_runner.fetch_add(1, Ordering::Relaxed) + 1;
-        tracing::info!(runner = %hello.name, agents = ?hello.agents, "agent runner registered");
+        tracing::info!(runner = %hello.name, agents = ?hello.agents, tenants = ?hello.tenants, "agent runner registered");
         let mut state = self.state.lock();
         state.runners.insert(
             id,
             Runner {
                 name: hello.name,
                 agents: hello.agents.into_iter().collect(),
+                tenants: hello.tenants.into_iter().collect(),
                 work,
                 sessions: 0,
                 hosts: HashMap::new(),
@@ -128,7 +131,8 @@ impl RunnerPool {
     }
 
     /// The runner of `key`, placing the session on the least-loaded live runner offering `agent` if it has
-    /// none; the runner may emit to the session's host from now on.
+    /// none — one dedicated to the session's tenant when there is one, else a shared one, never one dedicated
+    /// to other tenants; the runner may emit to the session's host from now on.
     fn place(
         state: &mut PoolState,
         agent: &str,
@@ -147,7 +151,8 @@ impl RunnerPool {
                     .runners
                     .iter()
                     .filter(|(_, runner)| runner.agents.contains(agent))
-                    .min_by_key(|(id, runner)| (runner.sessions, **id))
+                    .filter(|(_, runner)| runner.tenants.is_empty() || runner.tenants.contains(&key.tenant))
+                    .min_by_key(|(id, runner)| (runner.tenants.is_empty(), runner.sessions, **id))
                     .map(|(id, _)| *id)
                     .ok_or_else(|| PlacementError::NoRunner(agent.to_string()))?;
                 state.placements.insert(key.clone(), id);
@@ -631,6 +636,7 @@ mod tests {
             pb::RunnerHello {
                 name: "mine".into(),
                 agents: vec!["scripted".into()],
+                tenants: vec![],
             },
             work,
         );
@@ -668,5 +674,56 @@ mod tests {
         });
         pool.report(mine, action("ahp-session:/placed", "ahp-chat:/placed"));
         assert_eq!(recorded.0.lock().len(), 1);
+    }
+
+    fn session_of(tenant: &str, name: &str) -> SessionRequest {
+        SessionRequest {
+            session: format!("ahp-session:/{name}"),
+            tenant: tenant.into(),
+            host: "default".into(),
+            working_directory: None,
+        }
+    }
+
+    fn runner_of(pool: &RunnerPool, key: &SessionRequest) -> Option<u64> {
+        pool.state
+            .lock()
+            .placements
+            .get(&SessionKey {
+                tenant: key.tenant.clone(),
+                host: key.host.clone(),
+                session: key.session.clone(),
+            })
+            .copied()
+    }
+
+    #[test]
+    fn a_runner_dedicated_to_tenants_takes_only_theirs_and_takes_them_first() {
+        let pool = RunnerPool::new();
+        let hello = |name: &str, tenants: &[&str]| pb::RunnerHello {
+            name: name.into(),
+            agents: vec!["scripted".into()],
+            tenants: tenants.iter().map(|t| t.to_string()).collect(),
+        };
+        let (work, _received) = mpsc::unbounded_channel();
+        let acme_runner = pool.add(hello("acme-only", &["acme"]), work);
+        let sink: Arc<dyn ChatSink> = Arc::new(Recorded::default());
+        // Only acme's runner: another tenant's session finds no runner.
+        let globex = session_of("globex", "g1");
+        assert!(matches!(
+            pool.create_session("scripted", &globex, &sink),
+            Err(PlacementError::NoRunner(_))
+        ));
+        let (work, _received_shared) = mpsc::unbounded_channel();
+        let shared = pool.add(hello("shared", &[]), work);
+        pool.create_session("scripted", &globex, &sink)
+            .expect("the shared runner");
+        assert_eq!(runner_of(&pool, &globex), Some(shared));
+        // acme's sessions go to its own runner, however loaded, before the shared one.
+        for n in 0..3 {
+            let acme = session_of("acme", &format!("a{n}"));
+            pool.create_session("scripted", &acme, &sink).expect("placed");
+            assert_eq!(runner_of(&pool, &acme), Some(acme_runner));
+        }
     }
 }

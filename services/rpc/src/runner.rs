@@ -38,6 +38,8 @@ pub struct RunnerConfig {
     pub providers: ProviderFactory,
     /// How many shards this runner is registered with now (its readiness).
     pub registrations: Arc<AtomicUsize>,
+    /// The tenants this runner is dedicated to (empty: any tenant).
+    pub tenants: Vec<String>,
 }
 
 /// Why one registration with a shard ended.
@@ -109,6 +111,7 @@ async fn serve_once(shard: &str, config: &RunnerConfig) -> Result<(), RunnerErro
     let hello = pb::RunnerHello {
         name: config.name.clone(),
         agents: providers.keys().cloned().collect(),
+        tenants: config.tenants.clone(),
     };
     let _ = reports.send(pb::RunnerReport {
         report: Some(Report::Hello(hello)),
@@ -123,6 +126,7 @@ async fn serve_once(shard: &str, config: &RunnerConfig) -> Result<(), RunnerErro
         providers,
         turns: HashMap::new(),
         reports,
+        tenants: config.tenants.clone(),
     };
     while let Some(item) = work.message().await? {
         if let Some(item) = item.work {
@@ -139,6 +143,8 @@ struct ShardSession {
     /// The running turns, by the shard's number (dropping a handle cancels its turn).
     turns: HashMap<u64, TurnHandle>,
     reports: mpsc::UnboundedSender<pb::RunnerReport>,
+    /// The tenants this runner is dedicated to (empty: any).
+    tenants: Vec<String>,
 }
 
 impl ShardSession {
@@ -153,6 +159,12 @@ impl ShardSession {
         })
     }
 
+    /// Whether this runner takes work of `tenant` (a shard placing another tenant's session here is refused:
+    /// the dedication holds even against a shard's mistake).
+    fn serves(&self, tenant: &str) -> bool {
+        self.tenants.is_empty() || self.tenants.iter().any(|t| t == tenant)
+    }
+
     fn handle(&mut self, work: Work) {
         match work {
             Work::CreateSession(create) => {
@@ -161,6 +173,13 @@ impl ShardSession {
                     Err(error) => return tracing::error!(%error, "unreadable session request"),
                 };
                 let sink = self.sink(&request.tenant, &request.host, &request.session);
+                if !self.serves(&request.tenant) {
+                    return refuse(
+                        &*sink,
+                        &request.session,
+                        "this runner is dedicated to other tenants".into(),
+                    );
+                }
                 let Some(provider) = self.providers.get(&create.agent) else {
                     return refuse(
                         &*sink,
@@ -185,7 +204,11 @@ impl ShardSession {
                     Err(error) => return tracing::error!(%error, "unreadable turn request"),
                 };
                 let sink = self.sink(&request.tenant, &request.host, &request.session);
-                let Some(provider) = self.providers.get(&start.agent) else {
+                let Some(provider) = self
+                    .providers
+                    .get(&start.agent)
+                    .filter(|_| self.serves(&request.tenant))
+                else {
                     let mut mapper = relay_runner::acp::turn::TurnMapper::new(
                         request.chat.clone(),
                         request.turn_id.clone(),
@@ -193,7 +216,7 @@ impl ShardSession {
                     );
                     return mapper.fail(
                         "agentUnavailable",
-                        &format!("this runner has no agent {}", start.agent),
+                        &format!("this runner has no agent {} for this tenant", start.agent),
                         false,
                     );
                 };

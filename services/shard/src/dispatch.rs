@@ -100,13 +100,61 @@ impl HostCore {
         crate::commands::reply(message.id, &())
     }
 
-    /// An agent's action. Returns `false` when it does not apply (its chat is gone or its turn ended).
+    /// An agent's action. Returns `false` when it does not apply (its chat is gone or its turn ended), or when
+    /// the tenant is over its storage quota and the action would add content: then the chat's running turn
+    /// ends with a `chat/error` naming the quota (which stops the agent's turn).
     pub(crate) fn apply_agent_action(&mut self, channel: &str, action: StateAction) -> bool {
         let kind = self.model.kind(channel);
         if kind == ChannelKind::Unknown {
             return false;
         }
+        if crate::storage::agent_grows_storage(&action) {
+            if let Some(refusal) = self.storage_refusal() {
+                if kind == ChannelKind::Chat {
+                    self.end_turn_over_quota(channel, &refusal);
+                }
+                return false;
+            }
+        }
         self.apply_server_action(channel, action)
+    }
+
+    /// End `chat`'s running turn: its agent's output no longer fits the tenant's storage quota.
+    fn end_turn_over_quota(&mut self, chat: &str, refusal: &str) {
+        let Some((turn_id, started_at)) = self
+            .model
+            .chats
+            .get(chat)
+            .and_then(|record| record.state.active_turn.as_ref())
+            .map(|turn| (turn.id.clone(), turn.started_at.clone()))
+        else {
+            return;
+        };
+        let duration = jiff::Timestamp::now()
+            .as_millisecond()
+            .saturating_sub(
+                started_at
+                    .parse::<jiff::Timestamp>()
+                    .map(|t| t.as_millisecond())
+                    .unwrap_or(0),
+            )
+            .max(0);
+        tracing::warn!(host = %self.key, %chat, "a turn's output no longer fits the tenant's storage quota; ending it");
+        let error = StateAction::ChatError(ahp_types::actions::ChatErrorAction {
+            turn_id,
+            duration,
+            part: ahp_types::state::ErrorResponsePart {
+                error: ahp_types::state::ErrorInfo {
+                    error_type: "storageQuota".into(),
+                    message: format!("The agent's output was stopped: {refusal}"),
+                    stack: None,
+                    meta: None,
+                },
+                resumable: Some(false),
+            },
+            meta: None,
+        });
+        self.apply_server_action(chat, error);
     }
 
     /// Reduce, sequence and publish a server action, then run its side effects. Actions that do not apply to

@@ -1,10 +1,11 @@
-//! The per-tenant storage quota: how many bytes a tenant keeps in the store (log rows and snapshots, every
-//! host, see [`relay_store::Store::stored_bytes`]), measured when one of its hosts opens and then every
-//! `measure_every` while its hosts here are in use (a tenant nothing asked about for
+//! The per-tenant storage quota: how many bytes a tenant keeps in the store (log rows, snapshots and client
+//! bindings, every host, see [`relay_store::Store::stored_bytes`]), measured when one of its hosts opens and
+//! then every `measure_every` while its hosts here are in use (a tenant nothing asked about for
 //! [`FORGET_AFTER`] is no longer measured). A tenant at or over its quota cannot grow: new sessions and
-//! chats are refused (`-32600`), and actions that add content (turns, queued or steering messages, drafts)
-//! are rejected with the reason, until disposing sessions and compaction bring it back under. What is already
-//! running (a turn's streamed reply) completes. The measurement lags writes by up to `measure_every`, so a
+//! chats are refused (`-32600`), actions that add content (turns, queued or steering messages, drafts) are
+//! rejected with the reason, and its agents' output is not stored: a running turn ends with a `chat/error`
+//! naming the quota (its agent is stopped), and terminal output is dropped — until disposing sessions and
+//! compaction bring it back under. The measurement lags writes by up to `measure_every`, so a
 //! tenant can overshoot by what it writes in that time (bounded by its byte rate at the gateway).
 
 use std::collections::HashMap;
@@ -100,6 +101,27 @@ pub fn grows_storage(action: &StateAction) -> bool {
         StateAction::ChatDraftChanged(draft) => draft.draft.is_some(),
         _ => false,
     }
+}
+
+/// Whether an agent's action adds content a tenant over its storage quota may not add (what ends a turn or a
+/// command, and the session's own lifecycle, always may).
+pub fn agent_grows_storage(action: &StateAction) -> bool {
+    matches!(
+        action,
+        StateAction::ChatDelta(_)
+            | StateAction::ChatReasoning(_)
+            | StateAction::ChatResponsePart(_)
+            | StateAction::ChatToolCallStart(_)
+            | StateAction::ChatToolCallDelta(_)
+            | StateAction::ChatToolCallReady(_)
+            | StateAction::ChatToolCallContentChanged(_)
+            | StateAction::ChatInputRequested(_)
+            | StateAction::ChatUsage(_)
+            | StateAction::SessionMetaChanged(_)
+            | StateAction::SessionTitleChanged(_)
+            | StateAction::TerminalData(_)
+            | StateAction::TerminalCommandExecuted(_)
+    )
 }
 
 async fn measure_periodically(quota: Weak<StorageQuota>) {

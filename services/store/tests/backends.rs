@@ -151,7 +151,7 @@ on_both_backends!(
     ping_answers_while_the_store_is_reachable,
     a_channel_disposed_then_created_again_in_one_batch_stays_loadable,
     a_client_id_keeps_its_first_subject,
-    stored_bytes_count_a_tenants_log_and_snapshots_only,
+    stored_bytes_count_a_tenants_log_snapshots_and_client_bindings,
 );
 
 const T: &str = "acme";
@@ -1702,7 +1702,7 @@ async fn a_client_id_keeps_its_first_subject(db: &TestDb) {
     assert_eq!(store.client_binding("other", H, "laptop").await.unwrap(), None);
 }
 
-async fn stored_bytes_count_a_tenants_log_and_snapshots_only(db: &TestDb) {
+async fn stored_bytes_count_a_tenants_log_snapshots_and_client_bindings(db: &TestDb) {
     let store = &db.store;
     assert_eq!(store.stored_bytes(T).await.unwrap(), 0);
     let log = vec![entry(1, SESSION), entry(2, CHAT)];
@@ -1747,5 +1747,25 @@ async fn stored_bytes_count_a_tenants_log_and_snapshots_only(db: &TestDb) {
     assert_eq!(
         store.stored_bytes(T).await.unwrap(),
         u64::try_from(expected + other_host + 20).unwrap()
+    );
+    // Client bindings count too (a client can make many): host, clientId and subject.
+    store
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                last_seq: 3,
+                bindings: vec![relay_store::ClientBinding {
+                    client_id: "laptop-7".into(),
+                    subject: "ana".into(),
+                }],
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store.stored_bytes(T).await.unwrap(),
+        u64::try_from(expected + other_host + 20 + H.len() + "laptop-7".len() + "ana".len()).unwrap()
     );
 }

@@ -26,7 +26,9 @@
 //!   `EXIT <code>` (or `EXIT signal <n>`); a cancel kills the command's process group. What the sandbox
 //!   escape suite drives;
 //! - "term: COMMAND" (the whole prompt): runs `sh -c COMMAND` in a relay terminal (`terminal/create`) and
-//!   reports its output and exit code.
+//!   reports its output and exit code;
+//! - "terminals N: COMMAND" (the whole prompt): opens N relay terminals at once, each running `sh -c COMMAND`,
+//!   reports `OPENED <n> REFUSED <m>` (and the first refusal), then waits for and releases those opened.
 //!
 //! With `--require-key` it lists an "API key" authentication method and refuses `session/new` (auth required)
 //! unless `TEST_AGENT_KEY` is in its environment.
@@ -362,6 +364,13 @@ async fn script(
     if let Some(command) = prompt.strip_prefix("sh: ") {
         return run_shell(cx, session, command, cwd, cancelled).await;
     }
+    if let Some((count, command)) = prompt
+        .strip_prefix("terminals ")
+        .and_then(|rest| rest.split_once(": "))
+        .and_then(|(count, command)| Some((count.parse::<usize>().ok()?, command)))
+    {
+        return many_terminals(cx, session, count, command).await;
+    }
     if let Some(command) = prompt.strip_prefix("term: ") {
         let said = run_in_terminal(cx, session, "term", "sh", &["-c", command], None).await?;
         say(cx, session, SessionUpdate::AgentMessageChunk(chunk(&said)))?;
@@ -620,6 +629,45 @@ async fn script(
             )?;
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
+    }
+    Ok(StopReason::EndTurn)
+}
+
+/// Open `count` terminals at once running `sh -c command`; say how many the relay opened, then wait for them.
+async fn many_terminals(
+    cx: &ConnectionTo<Client>,
+    session: &SessionId,
+    count: usize,
+    command: &str,
+) -> agent_client_protocol::Result<StopReason> {
+    let mut opened = Vec::new();
+    let mut refusals = Vec::new();
+    for _ in 0..count {
+        let request = CreateTerminalRequest::new(session.clone(), "sh")
+            .args(vec!["-c".to_string(), command.to_string()])
+            .output_byte_limit(4096_u64);
+        match cx.send_request(request).block_task().await {
+            Ok(created) => opened.push(created.terminal_id),
+            Err(error) => refusals.push(error.to_string()),
+        }
+    }
+    let first = refusals.first().cloned().unwrap_or_default();
+    say(
+        cx,
+        session,
+        SessionUpdate::AgentMessageChunk(chunk(&format!(
+            "OPENED {} REFUSED {} {first}",
+            opened.len(),
+            refusals.len()
+        ))),
+    )?;
+    for terminal in opened {
+        cx.send_request(WaitForTerminalExitRequest::new(session.clone(), terminal.clone()))
+            .block_task()
+            .await?;
+        cx.send_request(ReleaseTerminalRequest::new(session.clone(), terminal))
+            .block_task()
+            .await?;
     }
     Ok(StopReason::EndTurn)
 }
