@@ -575,7 +575,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     )
     .await?;
     let dev_token = if args.no_dev_token {
-        DevToken::Silent
+        DevToken::Omitted
     } else {
         DevToken::Print
     };
@@ -694,6 +694,8 @@ pub async fn run_gateway(args: GatewayArgs) -> anyhow::Result<()> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum DevToken {
     Print,
+    /// `serve --no-dev-token`: says how to mint one instead.
+    Omitted,
     Silent,
 }
 
@@ -771,7 +773,7 @@ async fn serve_edge<L: HostLink>(
             };
             writeln!(out, "open the web client: http://{page}/#token={token}")?;
             writeln!(out, "try it: ahp-relay chat --url ws://{addr}/v1/ws")?;
-        } else {
+        } else if dev_token == DevToken::Omitted {
             writeln!(
                 out,
                 "no token printed: mint one with `ahp-relay token --tenant TENANT --sub USER --role admin` (same \

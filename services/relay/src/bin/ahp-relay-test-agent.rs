@@ -24,7 +24,9 @@
 //! - "sh: COMMAND" (the whole prompt): runs `sh -c COMMAND` itself, in its working directory with its own
 //!   environment (as coding agents run their shell tools), streams what it prints as the reply and ends with
 //!   `EXIT <code>` (or `EXIT signal <n>`); a cancel kills the command's process group. What the sandbox
-//!   escape suite drives;
+//!   escape suite drives. It keeps at most 64 KiB of output unread by the relay (after each 64 KiB it waits
+//!   for a round trip, an `fs/read_text_file` the relay answers in order), so a relay that reads slowly slows
+//!   the command down instead of growing this agent's memory;
 //! - "term: COMMAND" (the whole prompt): runs `sh -c COMMAND` in a relay terminal (`terminal/create`) and
 //!   reports its output and exit code;
 //! - "terminals N: COMMAND" (the whole prompt): opens N relay terminals at once, each running `sh -c COMMAND`,
@@ -48,9 +50,10 @@ use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, CreateElicitationRequest,
     InitializeRequest, InitializeResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
     NewSessionResponse, PermissionOption, PermissionOptionKind, PromptRequest, PromptResponse,
-    RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionInfoUpdate, SessionNotification,
-    SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, StopReason, ToolCall,
-    ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind, WriteTextFileRequest,
+    ReadTextFileRequest, RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionInfoUpdate,
+    SessionNotification, SessionUpdate, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse,
+    StopReason, ToolCall, ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+    WriteTextFileRequest,
 };
 use agent_client_protocol::v1::schema::{
     AuthMethod, AuthMethodAgent, AvailableCommand, AvailableCommandsUpdate, CreateTerminalRequest, Diff,
@@ -719,14 +722,29 @@ async fn run_shell(
     }
     drop(chunks_tx);
     let mut ticker = tokio::time::interval(std::time::Duration::from_millis(20));
+    let mut unconfirmed = 0_usize;
+    // The file its round trips read (a read that succeeds: a refused one would be logged as an error).
+    let flow_control = cwd.join(".flow-control");
+    let _ = std::fs::write(&flow_control, "");
     loop {
         tokio::select! {
             received = chunks.recv() => match received {
-                Some(bytes) => say(
-                    cx,
-                    session,
-                    SessionUpdate::AgentMessageChunk(chunk(&String::from_utf8_lossy(&bytes))),
-                )?,
+                Some(bytes) => {
+                    say(
+                        cx,
+                        session,
+                        SessionUpdate::AgentMessageChunk(chunk(&String::from_utf8_lossy(&bytes))),
+                    )?;
+                    unconfirmed += bytes.len();
+                    if unconfirmed >= 64 * 1024 {
+                        // Answered once the relay read everything sent before.
+                        let _ = cx
+                            .send_request(ReadTextFileRequest::new(session.clone(), flow_control.clone()))
+                            .block_task()
+                            .await;
+                        unconfirmed = 0;
+                    }
+                }
                 None => break,
             },
             _ = ticker.tick() => {

@@ -42,7 +42,8 @@ impl Sandboxes {
         let quotas = TenantQuotas::new(QuotaLimits {
             running_per_tenant: config.running_per_tenant.max(1),
             output_bytes_per_second: config.output_bytes_per_second.max(1024),
-            output_burst_bytes: config.output_bytes_per_turn.max(64 * 1024) / 2,
+            // One second's worth: a burst, then the rate.
+            output_burst_bytes: config.output_bytes_per_second.max(64 * 1024),
             workspace_bytes_per_tenant: config.workspace_bytes_per_tenant.max(1),
         });
         let sandboxes = Arc::new(Sandboxes {
