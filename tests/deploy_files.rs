@@ -908,3 +908,206 @@ fn compose_requires_its_secrets_and_publishes_on_loopback() {
     }
     assert_no_problems("docker-compose.yml secrets", problems);
 }
+
+/// Issue 22: agents run sandboxed and never see a relay secret. The runner image has bubblewrap; the relay's
+/// own secrets (JWT, internal, runner) reach every process as files, never as environment variables, in
+/// compose and in the chart; compose lets only the runner use user namespaces; the chart's runners have no
+/// service-account token, may take a VM-backed runtime class, and may reach only the shards, DNS and public
+/// addresses (not the cloud metadata service); the container image prints no admin token; and every agents
+/// file shipped is one the relay accepts (no deployment-wide credential without `shared_credentials`).
+#[test]
+fn agents_are_sandboxed_and_relay_secrets_are_files() {
+    const RELAY_SECRETS: &[&str] = &[
+        "AHP_RELAY_JWT_SECRET",
+        "AHP_RELAY_INTERNAL_SECRET",
+        "AHP_RELAY_RUNNER_SECRET",
+    ];
+    let mut problems = Vec::new();
+
+    // The Dockerfile.
+    let instructions = dockerfile();
+    let runner_stage: Vec<&Instruction> = instructions
+        .iter()
+        .skip_while(|instruction| {
+            !(instruction.keyword == "FROM" && instruction.args.ends_with(" AS runner"))
+        })
+        .take_while(|instruction| instruction.keyword != "FROM" || instruction.args.ends_with(" AS runner"))
+        .collect();
+    if !runner_stage.iter().any(|instruction| {
+        instruction.keyword == "RUN"
+            && instruction.args.contains("apt-get install")
+            && instruction
+                .args
+                .split_whitespace()
+                .any(|word| word == "bubblewrap")
+    }) {
+        problems.push(format!(
+            "{DOCKERFILE}: the runner stage does not install bubblewrap"
+        ));
+    }
+    if !final_stage(&instructions).iter().any(|instruction| {
+        instruction.keyword == "ENV" && instruction.args.contains("AHP_RELAY_NO_DEV_TOKEN=true")
+    }) {
+        problems.push(format!(
+            "{DOCKERFILE}: the runtime image does not set AHP_RELAY_NO_DEV_TOKEN=true"
+        ));
+    }
+
+    // docker-compose.yml.
+    let compose = compose();
+    let services: BTreeMap<String, &Value> = compose_services(&compose).into_iter().collect();
+    for process in compose_processes(&compose) {
+        let service_name = process.origin.rsplit(' ').next().unwrap_or("").to_string();
+        let service = services[&service_name];
+        let secrets: Vec<String> = seq(&service["secrets"])
+            .iter()
+            .filter_map(|secret| {
+                str_at(secret, &["source"])
+                    .map(str::to_string)
+                    .or_else(|| scalar(secret))
+            })
+            .collect();
+        for (variable, value) in &process.env {
+            if RELAY_SECRETS.contains(&variable.as_str()) {
+                problems.push(format!(
+                    "{}: {variable} is an environment variable; give it as a file",
+                    process.origin
+                ));
+            }
+            let Some(secret) = variable
+                .strip_suffix("_FILE")
+                .filter(|name| RELAY_SECRETS.contains(name))
+                .and(value.as_deref())
+            else {
+                continue;
+            };
+            let named = secret.strip_prefix("/run/secrets/").unwrap_or("");
+            if !secrets.iter().any(|listed| listed == named) {
+                problems.push(format!(
+                    "{}: {variable} is {secret}, which is not one of its compose secrets ({secrets:?})",
+                    process.origin
+                ));
+            }
+        }
+        if process.sub() == "runner" {
+            let options: Vec<String> = seq(&service["security_opt"]).iter().filter_map(scalar).collect();
+            if !options.iter().any(|option| option == "seccomp=unconfined") {
+                problems.push(format!(
+                    "{}: the runner's sandboxes need user namespaces (security_opt seccomp=unconfined)",
+                    process.origin
+                ));
+            }
+        } else if !seq(&service["security_opt"]).is_empty() {
+            problems.push(format!(
+                "{}: only the runner may loosen its container's security",
+                process.origin
+            ));
+        }
+    }
+
+    // The chart.
+    let chart = chart();
+    for (file, text) in &chart.texts {
+        for secret in ["jwt-secret", "internal-secret", "runner-secret"] {
+            if text.contains(&format!("key: {secret}")) && text.contains("secretKeyRef") {
+                let near = text.match_indices(&format!("key: {secret}")).any(|(at, _)| {
+                    text[..at]
+                        .rsplit("- name:")
+                        .next()
+                        .is_some_and(|item| item.contains("secretKeyRef"))
+                });
+                if near {
+                    problems.push(format!(
+                        "{CHART}/templates/{file}: {secret} is given as an environment variable"
+                    ));
+                }
+            }
+        }
+    }
+    let (processes, _) = helm_processes(&chart);
+    for process in &processes {
+        for (variable, _) in &process.env {
+            if RELAY_SECRETS.contains(&variable.as_str()) {
+                problems.push(format!(
+                    "{}: {variable} is an environment variable; give it as a file",
+                    process.origin
+                ));
+            }
+        }
+    }
+    let runner = chart
+        .docs
+        .iter()
+        .map(|(_, doc)| doc)
+        .find(|doc| kind(doc) == "Deployment" && component(&doc["metadata"]["labels"]) == Some("runner"));
+    match runner {
+        Some(runner) => {
+            let pod = &runner["spec"]["template"]["spec"];
+            if pod["automountServiceAccountToken"].as_bool() != Some(false) {
+                problems.push(format!("{CHART}: runner pods mount a service-account token"));
+            }
+            if pod.get("runtimeClassName").is_none() {
+                problems.push(format!("{CHART}: runner pods cannot take a runtimeClassName"));
+            }
+        }
+        None => problems.push(format!("{CHART}: no runner Deployment")),
+    }
+    let runner_text = chart
+        .texts
+        .iter()
+        .find(|(name, _)| name == "runner-deployment.yaml")
+        .map_or("", |(_, text)| text.as_str());
+    if !runner_text.contains(".Values.runner.runtimeClassName") {
+        problems.push(format!(
+            "{CHART}: the runner's runtimeClassName does not come from values.yaml"
+        ));
+    }
+    let policy =
+        chart.docs.iter().map(|(_, doc)| doc).find(|doc| {
+            kind(doc) == "NetworkPolicy" && component(&doc["metadata"]["labels"]) == Some("runner")
+        });
+    let egress_types = policy
+        .map(|policy| {
+            seq(&policy["spec"]["policyTypes"])
+                .iter()
+                .filter_map(scalar)
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    if !egress_types.iter().any(|kind| kind == "Egress") {
+        problems.push(format!(
+            "{CHART}: the runners' NetworkPolicy does not restrict egress"
+        ));
+    }
+    let excluded: Vec<String> = values_lookup(&chart.values, "runner.egress.excludedCidrs")
+        .map(|cidrs| seq(cidrs).iter().filter_map(scalar).collect())
+        .unwrap_or_default();
+    for needed in ["169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"] {
+        if !excluded.iter().any(|cidr| cidr == needed) {
+            problems.push(format!(
+                "{CHART}/values.yaml: runner.egress.excludedCidrs leaves out {needed}"
+            ));
+        }
+    }
+
+    // The agents files shipped.
+    let toml_in_values = values_lookup(&chart.values, "agents.toml")
+        .and_then(scalar)
+        .unwrap_or_default();
+    for (origin, text) in [
+        (
+            "deploy/agents.example.toml".to_string(),
+            read("deploy/agents.example.toml"),
+        ),
+        (
+            "deploy/agents.compose.toml".to_string(),
+            read("deploy/agents.compose.toml"),
+        ),
+        (format!("{CHART}/values.yaml agents.toml"), toml_in_values),
+    ] {
+        if let Err(error) = relay_runner::acp::AgentsFile::parse(std::path::Path::new(&origin), &text) {
+            problems.push(format!("{origin}: {error}"));
+        }
+    }
+    assert_no_problems("sandboxed agents and secret files", problems);
+}
