@@ -91,6 +91,9 @@ pub struct SandboxSpec {
     pub install: Vec<PathBuf>,
     pub egress: Egress,
     pub limits: ResourceLimits,
+    /// The `cgroup.procs` of the session's cgroup, which the sandbox joins before it starts (where the relay
+    /// has a delegated cgroup v2; see [`crate::cgroups`]).
+    pub cgroup: Option<PathBuf>,
     /// The user the sandbox becomes (when the relay runs as root).
     pub user: Option<UserSwitch>,
 }
@@ -272,6 +275,7 @@ mod tests {
             install: vec![],
             egress: Egress::default(),
             limits: ResourceLimits::default(),
+            cgroup: None,
             user: None,
         }
     }

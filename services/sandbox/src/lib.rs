@@ -12,10 +12,14 @@
 //!   ([`confine`]): the tenant's own user when the relay runs as root ([`users`]), rlimits, niceness,
 //!   **Landlock** (filesystem rules, TCP ports, signal and socket scoping) and a **seccomp** filter ([`seccomp`]).
 //!
+//! Where the relay was given a cgroup v2 subtree, each tenant and each session also get a cgroup with memory,
+//! CPU and process limits ([`cgroups`]); elsewhere rlimits bound each process.
+//!
 //! [`Launcher`] is what the runner uses: it probes once whether this machine can sandbox ([`Sandbox::probe`]),
 //! and then builds each sandbox's command. Without a working sandbox the relay refuses to run agents unless
 //! the operator chose [`Launcher::Unconfined`] (`--unsafe-no-sandbox`), which is logged at every start.
 
+pub mod cgroups;
 pub mod confine;
 pub mod exec;
 pub mod layout;
@@ -116,6 +120,7 @@ impl Sandbox {
                 Egress::None
             },
             limits: ResourceLimits::default(),
+            cgroup: None,
             user: (privilege == Privilege::Root).then_some(UserSwitch {
                 uid: settings.probe_user,
                 gid: settings.probe_user,
@@ -318,6 +323,16 @@ impl Launcher {
                 command
             }
         };
+        if let Some(procs) = spec
+            .cgroup
+            .as_ref()
+            .and_then(|procs| std::ffi::CString::new(procs.as_os_str().as_encoded_bytes()).ok())
+        {
+            // SAFETY: join_in_child only opens, writes and closes (async-signal-safe).
+            unsafe {
+                command.pre_exec(move || cgroups::join_in_child(&procs));
+            }
+        }
         command
             .process_group(0)
             .stdin(std::process::Stdio::piped())

@@ -48,6 +48,7 @@ fn session(root: &Path, tenant: &str) -> SandboxSpec {
         install: vec![],
         egress: Egress::default(),
         limits: ResourceLimits::default(),
+        cgroup: None,
         user,
     }
 }

@@ -61,6 +61,9 @@ pub struct SandboxConfig {
     pub nice: i32,
     /// More system directories agents may read (e.g. `/nix/store`); `/usr`, `/etc` and `/opt` always are.
     pub system_paths: Vec<PathBuf>,
+    /// Use the relay's cgroup v2 subtree, when it was delegated one, for memory, CPU and process limits per
+    /// tenant and per session (`[quotas]` `*_per_session`, `*_per_tenant`). Elsewhere rlimits apply.
+    pub cgroups: bool,
 }
 
 impl Default for SandboxConfig {
@@ -70,6 +73,7 @@ impl Default for SandboxConfig {
             uid_count: 100_000,
             nice: 10,
             system_paths: Vec::new(),
+            cgroups: true,
         }
     }
 }
@@ -97,6 +101,13 @@ pub struct QuotaConfig {
     pub workspace_check_seconds: u64,
     /// How long a disposed session's workspace, home and `/tmp` are kept before they are removed (0: at once).
     pub workspace_retention_seconds: u64,
+    /// With a delegated cgroup v2 only: memory of one session's agent and commands together, and of all of a
+    /// tenant's sessions here (bytes; 0: unlimited).
+    pub memory_bytes_per_session: u64,
+    pub memory_bytes_per_tenant: u64,
+    /// With a delegated cgroup v2 only: CPUs' worth of time one session, and one tenant, may use (0: unlimited).
+    pub cpus_per_session: f64,
+    pub cpus_per_tenant: f64,
 }
 
 impl Default for QuotaConfig {
@@ -110,6 +121,10 @@ impl Default for QuotaConfig {
             workspace_bytes_per_tenant: 20 * 1024 * 1024 * 1024,
             workspace_check_seconds: 30,
             workspace_retention_seconds: 0,
+            memory_bytes_per_session: 4 * 1024 * 1024 * 1024,
+            memory_bytes_per_tenant: 16 * 1024 * 1024 * 1024,
+            cpus_per_session: 2.0,
+            cpus_per_tenant: 4.0,
         }
     }
 }

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use relay_sandbox::cgroups::{CgroupLimits, Cgroups};
 use relay_sandbox::{Launcher, SandboxSpec, TenantUsers};
 
 use super::config::{AgentConfig, AgentsFile, QuotaConfig};
@@ -29,6 +30,8 @@ pub struct Sandboxes {
     workspaces: Workspaces,
     quotas: Arc<TenantQuotas>,
     config: QuotaConfig,
+    /// Per-tenant and per-session cgroups, where this process has a delegated cgroup v2.
+    cgroups: Option<Cgroups>,
 }
 
 impl Sandboxes {
@@ -46,11 +49,29 @@ impl Sandboxes {
             output_burst_bytes: config.output_bytes_per_second.max(64 * 1024),
             workspace_bytes_per_tenant: config.workspace_bytes_per_tenant.max(1),
         });
+        let cgroups = if file.sandbox.cgroups && matches!(launcher, Launcher::Sandboxed(_)) {
+            let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+            match Cgroups::prepare(std::path::Path::new("/sys/fs/cgroup"), &membership) {
+                Ok(cgroups) => {
+                    tracing::info!(
+                        "agents' memory, CPU and processes: a cgroup v2 per tenant and per session"
+                    );
+                    Some(cgroups)
+                }
+                Err(error) => {
+                    tracing::info!(%error, "agents' memory, CPU and processes: rlimits per process (no delegated cgroup v2)");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let sandboxes = Arc::new(Sandboxes {
             launcher,
             workspaces: Workspaces::new(file.workspace_root.clone(), users),
             quotas,
             config,
+            cgroups,
         });
         tokio::spawn(maintain(Arc::downgrade(&sandboxes)));
         sandboxes
@@ -71,11 +92,35 @@ impl Sandboxes {
     /// The sandbox of a process of `agent` in a session with `dirs`, starting in `cwd`.
     pub fn spec(&self, dirs: &SessionDirs, cwd: &Path, agent: &AgentConfig) -> SandboxSpec {
         let mut limits = agent.limits.clone();
+        let session_processes = limits.processes;
         if dirs.user.is_some() {
             // The tenant's own user: RLIMIT_NPROC counts all of the tenant's processes.
             limits.processes = Some(self.config.processes_per_tenant);
         }
+        let cgroup = self.cgroups.as_ref().and_then(|cgroups| {
+            let config = &self.config;
+            let nonzero = |value: u64| (value > 0).then_some(value);
+            let cpu = |cpus: f64| (cpus > 0.0).then_some((cpus * 1000.0) as u64);
+            let joined = cgroups.session(
+                &dirs.tenant_key,
+                &dirs.session_key,
+                &CgroupLimits {
+                    memory_bytes: nonzero(config.memory_bytes_per_tenant),
+                    processes: nonzero(config.processes_per_tenant),
+                    cpu_millis: cpu(config.cpus_per_tenant),
+                },
+                &CgroupLimits {
+                    memory_bytes: nonzero(config.memory_bytes_per_session),
+                    processes: session_processes,
+                    cpu_millis: cpu(config.cpus_per_session),
+                },
+            );
+            joined
+                .map_err(|error| tracing::warn!(%error, "no cgroup for this session; its rlimits apply"))
+                .ok()
+        });
         SandboxSpec {
+            cgroup,
             workspace: dirs.workspace.clone(),
             home: dirs.home.clone(),
             tmp: dirs.tmp.clone(),
@@ -104,8 +149,12 @@ impl Sandboxes {
         Ok((child, slot))
     }
 
-    /// The session is gone: remove its directories (now, or after the retention).
+    /// The session is gone: remove its directories (now, or after the retention), and its cgroup.
     pub fn dispose(&self, tenant: &str, host: &str, session: &str) {
+        if let Some(cgroups) = &self.cgroups {
+            let (tenant_key, session_key) = super::workspace::cgroup_names(tenant, host, session);
+            cgroups.remove_session(&tenant_key, &session_key);
+        }
         self.workspaces.dispose(
             tenant,
             host,

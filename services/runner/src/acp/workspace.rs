@@ -47,6 +47,9 @@ pub struct SessionDirs {
     pub shm: PathBuf,
     /// The user its processes run as (when the relay runs as root).
     pub user: Option<UserSwitch>,
+    /// The names of its tenant's and its own cgroup ([`cgroup_names`]).
+    pub tenant_key: String,
+    pub session_key: String,
 }
 
 /// The workspace root of this runner (or `serve`).
@@ -141,12 +144,15 @@ impl Workspaces {
         }
         // A session disposed and created again (the same URI) keeps its new directories.
         let _ = std::fs::remove_file(private.join(DISPOSED_MARKER));
+        let (tenant_key, session_key) = cgroup_names(tenant, host, session);
         Ok(SessionDirs {
             workspace,
             home,
             tmp,
             shm,
             user,
+            tenant_key,
+            session_key,
         })
     }
 
@@ -225,6 +231,15 @@ pub fn encode(name: &str) -> String {
         cut -= 1;
     }
     format!("{}%~{hex}", &out[..cut])
+}
+
+/// The names of a tenant's cgroup and of one of its sessions' (one path segment each, injective).
+pub fn cgroup_names(tenant: &str, host: &str, session: &str) -> (String, String) {
+    // `.` is never part of an encoded name: it separates the host from the session unambiguously.
+    (
+        encode(tenant),
+        format!("{}.{}", encode(host), session_name(session)),
+    )
 }
 
 /// A session URI's directory name: `ahp-session:/NAME` is `encode(NAME)`; any other URI is marked apart with
