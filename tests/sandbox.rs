@@ -1405,3 +1405,94 @@ async fn another_tenant_is_served_within_5s_while_one_runs_200_agents_that_flood
     // Tenant a was flooding all along (its output still arrives).
     collect_until(&mut sub, output).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminals_variables_must_be_variable_names() {
+    let setup = shell_relay("", &[]).await;
+    let (a, _) = setup.relay.client_as("a", "ana", Role::Member, "ana").await;
+    let chat = shell_session(&a, "vars").await;
+    // A name that would be read as an option (`env --chdir=…`, as terminals once ran) or that is no name.
+    for name in ["--chdir", "A=B", "1X", ""] {
+        let said = run(
+            &a,
+            &chat,
+            &format!("bad-{name}"),
+            &format!("term-env {name}: pwd"),
+            PATIENCE,
+        )
+        .await
+        .text;
+        assert!(
+            said.contains("REFUSED") && said.contains("not a valid environment variable name"),
+            "{name}: {said}"
+        );
+    }
+    let fine = run(&a, &chat, "good", "term-env GREETING: echo $GREETING", PATIENCE)
+        .await
+        .text;
+    assert!(fine.contains("RAN: x"), "{fine}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_working_sandbox_agents_are_refused_unless_the_operator_says_otherwise() {
+    let workspace = tempfile::tempdir().expect("workspace");
+    let config = tempfile::tempdir().expect("config");
+    let data = tempfile::tempdir().expect("data");
+    let file = config.path().join("agents.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "workspace_root = {:?}\n\n{}\n[[agent]]\nid = \"shell\"\ndisplay_name = \"Shell\"\ncommand = {:?}\nenv = [\"PATH\"]\n",
+            workspace.path().display().to_string(),
+            own_users(),
+            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
+        ),
+    )
+    .expect("agents file");
+    // No bubblewrap (as on a machine without it): serve does not start, and says why and what to do.
+    let refused = tokio::time::timeout(
+        PATIENCE,
+        Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--bwrap",
+                "/nonexistent/bwrap",
+                "--agents",
+            ])
+            .arg(&file)
+            .arg("--data-dir")
+            .arg(data.path())
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("serve exited")
+    .expect("run");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "serve started without a sandbox");
+    assert!(
+        said.contains("cannot be sandboxed") && said.contains("--unsafe-no-sandbox"),
+        "{said}"
+    );
+    // The operator's explicit choice: agents run, unconfined, and the log says so at every agent start.
+    let relay = Relay::start_with(&[
+        "--agents",
+        file.to_str().expect("path"),
+        "--bwrap",
+        "/nonexistent/bwrap",
+        "--unsafe-no-sandbox",
+    ])
+    .await;
+    let (a, _) = relay.client_as("a", "ana", Role::Member, "ana").await;
+    let chat = shell_session(&a, "bare").await;
+    // Unconfined, the agent sees the relay's processes (what the sandbox prevents).
+    let said = sh(&a, &chat, "t1", "ls -d /proc/[0-9]* | wc -l").await;
+    let visible: usize = said
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(visible > 5, "{said}");
+}

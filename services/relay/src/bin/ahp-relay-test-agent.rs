@@ -29,6 +29,8 @@
 //!   the command down instead of growing this agent's memory;
 //! - "term: COMMAND" (the whole prompt): runs `sh -c COMMAND` in a relay terminal (`terminal/create`) and
 //!   reports its output and exit code;
+//! - "term-env NAME: COMMAND" (the whole prompt): runs `sh -c COMMAND` in a relay terminal with the variable
+//!   NAME set to `x`, reporting its output, or `REFUSED: <why>` when the relay refuses the terminal;
 //! - "terminals N: COMMAND" (the whole prompt): opens N relay terminals at once, each running `sh -c COMMAND`,
 //!   reports `OPENED <n> REFUSED <m>` (and the first refusal), then waits for and releases those opened.
 //!
@@ -373,6 +375,37 @@ async fn script(
         .and_then(|(count, command)| Some((count.parse::<usize>().ok()?, command)))
     {
         return many_terminals(cx, session, count, command).await;
+    }
+    if let Some((name, command)) = prompt
+        .strip_prefix("term-env ")
+        .and_then(|rest| rest.split_once(": "))
+    {
+        let request = CreateTerminalRequest::new(session.clone(), "sh")
+            .args(vec!["-c".to_string(), command.to_string()])
+            .env(vec![agent_client_protocol::v1::schema::EnvVariable::new(
+                name, "x",
+            )])
+            .output_byte_limit(4096_u64);
+        let said = match cx.send_request(request).block_task().await {
+            Ok(created) => {
+                let terminal = created.terminal_id;
+                cx.send_request(WaitForTerminalExitRequest::new(session.clone(), terminal.clone()))
+                    .block_task()
+                    .await?;
+                let output = cx
+                    .send_request(TerminalOutputRequest::new(session.clone(), terminal.clone()))
+                    .block_task()
+                    .await?
+                    .output;
+                cx.send_request(ReleaseTerminalRequest::new(session.clone(), terminal))
+                    .block_task()
+                    .await?;
+                format!("RAN: {output}")
+            }
+            Err(error) => format!("REFUSED: {error}"),
+        };
+        say(cx, session, SessionUpdate::AgentMessageChunk(chunk(&said)))?;
+        return Ok(StopReason::EndTurn);
     }
     if let Some(command) = prompt.strip_prefix("term: ") {
         let said = run_in_terminal(cx, session, "term", "sh", &["-c", command], None).await?;
