@@ -556,6 +556,12 @@ async fn a_fast_agents_chunks_reach_every_device_coalesced() {
 fn third_party(variable: &str) -> Option<String> {
     let path = std::env::var(variable).ok();
     if path.is_none() {
+        // Under scripts/with-acp-agents (as scripts/test runs) the agent must be there: its install failed.
+        assert!(
+            std::env::var_os("AHP_TEST_ACP_AGENTS_REQUIRED").is_none(),
+            "{variable} is not set although scripts/with-acp-agents ran: the agent could not be installed \
+             (see target/acp-agents/*-install.log)"
+        );
         eprintln!(
             "skipped: {variable} not set (scripts/test installs the agent with scripts/with-acp-agents)"
         );

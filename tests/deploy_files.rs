@@ -1049,6 +1049,15 @@ fn agents_are_sandboxed_and_relay_secrets_are_files() {
             if pod.get("runtimeClassName").is_none() {
                 problems.push(format!("{CHART}: runner pods cannot take a runtimeClassName"));
             }
+            // Its root filesystem is read-only: bubblewrap and tools need a writable /tmp.
+            let tmp_mounted = seq(&pod["containers"]).iter().all(|container| {
+                seq(&container["volumeMounts"])
+                    .iter()
+                    .any(|mount| scalar(&mount["mountPath"]).as_deref() == Some("/tmp"))
+            });
+            if !tmp_mounted {
+                problems.push(format!("{CHART}: the runner has no writable /tmp"));
+            }
         }
         None => problems.push(format!("{CHART}: no runner Deployment")),
     }

@@ -1384,7 +1384,12 @@ async fn another_tenant_is_served_within_5s_while_one_runs_200_agents_that_flood
             StateAction::ChatDelta(_) | StateAction::ChatResponsePart(_)
         )
     };
-    collect_until(&mut sub, output).await;
+    output_arrives(
+        &mut sub,
+        output,
+        "the watched flood's output before tenant b starts",
+    )
+    .await;
 
     // Tenant b: a session from nothing to a completed turn.
     let started = std::time::Instant::now();
@@ -1403,7 +1408,36 @@ async fn another_tenant_is_served_within_5s_while_one_runs_200_agents_that_flood
         "tenant b took {took:?} while tenant a flooded"
     );
     // Tenant a was flooding all along (its output still arrives).
-    collect_until(&mut sub, output).await;
+    output_arrives(
+        &mut sub,
+        output,
+        "the watched flood's output after tenant b was served",
+    )
+    .await;
+}
+
+/// Wait (at most `PATIENCE`) for an envelope on `sub` that is `wanted`; panic naming `what` otherwise.
+async fn output_arrives(
+    sub: &mut ahp::SessionSubscription,
+    wanted: impl Fn(&ActionEnvelope) -> bool,
+    what: &str,
+) {
+    let arrived = tokio::time::timeout(PATIENCE, async {
+        while let Some(event) = sub.recv().await {
+            if let ahp::SubscriptionEvent::Action(envelope) = event {
+                if wanted(&envelope) {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        arrived,
+        Ok(true),
+        "{what}: none arrived within {PATIENCE:?} (false: the subscription closed)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

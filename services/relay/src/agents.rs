@@ -57,15 +57,34 @@ pub async fn sandboxes(
     }
     protected.paths.push(agents_file.to_path_buf());
     protected.paths.push(file.workspace_root.clone());
-    protected.paths.extend(file.secret_files());
+    // Secret files, and the directories holding them and the agents file (an orchestrator updates a mounted
+    // secret or ConfigMap by pointing a symlink at a new directory beside the old one) — unless that directory
+    // is a system root itself.
+    let secrets = file.secret_files();
+    for path in secrets.iter().chain(std::iter::once(&agents_file.to_path_buf())) {
+        if let Some(parent) = std::path::absolute(path)
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+        {
+            if parent.components().count() > 2 {
+                protected.paths.push(parent);
+            }
+        }
+    }
+    protected.paths.extend(secrets);
+    // Absolute (a relative data dir not created yet must still be recognised), and resolved where it exists.
     let paths = protected
         .paths
         .into_iter()
+        .filter_map(|path| std::path::absolute(&path).ok())
         .flat_map(|path| {
             let resolved = path.canonicalize().ok();
             std::iter::once(path).chain(resolved)
         })
         .collect();
+    // The probe's throw-away sandbox lives under the workspace root (a container's /tmp may be read-only).
+    let scratch = file.workspace_root.join(".sandbox");
+    std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
     let helper = std::env::current_exe().context("finding this program's path (the sandbox runs it)")?;
     let sandbox = Sandbox::probe(SandboxSettings {
         helper,
@@ -74,6 +93,7 @@ pub async fn sandboxes(
         extra_system: file.sandbox.system_paths.clone(),
         nice: file.sandbox.nice,
         probe_user: file.sandbox.first_uid,
+        scratch,
     })
     .await
     .map_err(|error| {
@@ -89,6 +109,12 @@ pub async fn sandboxes(
         "this kernel cannot restrict agents' TCP ports (Landlock ABI 4, Linux 6.7+): give every agent egress = \
          \"none\" or \"any\""
     );
+    if !enforced.scoped {
+        tracing::warn!(
+            "this kernel's Landlock cannot scope signals and abstract Unix sockets (ABI 6, Linux 6.12+): agents \
+             with network egress share the runner's abstract sockets"
+        );
+    }
     tracing::info!(
         landlock = %enforced.landlock,
         scoped = enforced.scoped,

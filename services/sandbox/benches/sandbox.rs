@@ -36,6 +36,7 @@ async fn run() {
         extra_system: vec![],
         nice: 0,
         probe_user: 64_999,
+        scratch: std::env::temp_dir(),
     })
     .await
     .expect("this machine can sandbox");
@@ -129,6 +130,14 @@ fn session(root: &Path) -> SandboxSpec {
     }
     let [workspace, home, tmp, shm] = dirs;
     SandboxSpec {
+        tenant: base
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        anchor: base
+            .parent()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default(),
         cwd: workspace.clone(),
         workspace,
         home,
@@ -154,7 +163,10 @@ async fn timed(
     } else {
         ("sh", vec!["-c".to_string(), script.to_string()])
     };
-    let mut command = launcher.command(spec, program, &args, env);
+    let mut command = launcher
+        .command(spec, program, &args, env)
+        .await
+        .expect("command");
     command.stdin(std::process::Stdio::null());
     let started = Instant::now();
     let child = Launcher::spawn(command).await.expect("spawn");

@@ -1,6 +1,9 @@
 //! Memory, CPU and process limits per tenant and per session, where the relay was given a cgroup v2 subtree of
 //! its own (delegated: systemd's `Delegate=yes`, a container runtime's private cgroup namespace). Elsewhere the
-//! sandbox's rlimits are what bounds an agent (see [`crate::policy::ResourceLimits`]).
+//! sandbox's rlimits are what bounds an agent (see [`crate::policy::ResourceLimits`]). A cgroup counts as
+//! delegated when it is the root of this process's cgroup namespace (a container's own), carries systemd's
+//! `trusted.delegate` / `user.delegate` mark, or belongs to this (non-root) user; the relay never rearranges a
+//! cgroup that is not its own, even when root could.
 //!
 //! Layout, under the relay's own cgroup `C`:
 //!
@@ -27,6 +30,10 @@ const CPU_PERIOD_US: u64 = 100_000;
 pub enum CgroupError {
     #[error("this process is not in a cgroup v2 hierarchy")]
     NotUnified,
+    #[error(
+        "the cgroup {0} was not delegated to this process (no cgroup namespace of its own, no delegate mark)"
+    )]
+    NotDelegated(PathBuf),
     #[error("the cgroup {path} lacks the {missing} controller (not delegated to this process)")]
     MissingController { path: PathBuf, missing: String },
     #[error("{path}: {source}")]
@@ -65,6 +72,9 @@ impl Cgroups {
             .find_map(|line| line.strip_prefix("0::"))
             .ok_or(CgroupError::NotUnified)?;
         let own = root.join(relative.trim_start_matches('/'));
+        if !delegated(&own, relative) {
+            return Err(CgroupError::NotDelegated(own));
+        }
         let controllers = read(&own.join("cgroup.controllers"))?;
         for wanted in CONTROLLERS {
             if !controllers.split_whitespace().any(|c| c == *wanted) {
@@ -100,9 +110,10 @@ impl Cgroups {
         let tenant_dir = self.sandboxes.join(tenant);
         if !tenant_dir.exists() {
             mkdir(&tenant_dir)?;
-            write_limits(&tenant_dir, tenant_limits)?;
             enable_controllers(&tenant_dir)?;
         }
+        // Written every time: the configuration may have changed since the tenant's cgroup was made.
+        write_limits(&tenant_dir, tenant_limits)?;
         let session_dir = tenant_dir.join(session);
         mkdir(&session_dir)?;
         write_limits(&session_dir, session_limits)?;
@@ -118,6 +129,28 @@ impl Cgroups {
             }
         }
     }
+}
+
+/// Whether the cgroup `own` (at `relative` in the hierarchy this process sees) is this process's to arrange.
+fn delegated(own: &Path, relative: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if relative.trim() == "/" {
+        return true;
+    }
+    if has_xattr(own, c"trusted.delegate") || has_xattr(own, c"user.delegate") {
+        return true;
+    }
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    euid != 0 && std::fs::metadata(own).is_ok_and(|meta| meta.uid() == euid)
+}
+
+fn has_xattr(path: &Path, name: &std::ffi::CStr) -> bool {
+    let Ok(path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: both strings are NUL-terminated and outlive the call; a zero-sized buffer only asks the size.
+    unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) >= 0 }
 }
 
 fn write_limits(dir: &Path, limits: &CgroupLimits) -> Result<(), CgroupError> {
@@ -187,12 +220,9 @@ mod tests {
     #[test]
     fn a_delegated_cgroup_gets_a_relay_leaf_and_a_subtree_with_limits_per_tenant_and_session() {
         let root = tempfile::tempdir().expect("tempdir");
-        let own = fake_cgroup(
-            root.path(),
-            "user.slice/relay.service",
-            "cpuset cpu io memory pids",
-        );
-        let cgroups = Cgroups::prepare(root.path(), "0::/user.slice/relay.service\n").expect("prepared");
+        // A container's own cgroup: the root of its cgroup namespace.
+        let own = fake_cgroup(root.path(), "", "cpuset cpu io memory pids");
+        let cgroups = Cgroups::prepare(root.path(), "0::/\n").expect("prepared");
         assert!(std::fs::read_to_string(own.join("relay/cgroup.procs"))
             .expect("moved")
             .contains("4243"));
@@ -229,11 +259,47 @@ mod tests {
     }
 
     #[test]
+    fn a_cgroup_not_delegated_is_left_alone() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let own = fake_cgroup(
+            root.path(),
+            "system.slice/relay.service",
+            "cpuset cpu io memory pids",
+        );
+        let membership = "0::/system.slice/relay.service\n";
+        // SAFETY: geteuid has no preconditions.
+        let root_user = unsafe { libc::geteuid() } == 0;
+        if root_user {
+            // Root could write there, but nothing says the cgroup is the relay's: untouched.
+            assert!(matches!(
+                Cgroups::prepare(root.path(), membership),
+                Err(CgroupError::NotDelegated(_))
+            ));
+            assert!(!own.join("relay").exists() && !own.join("cgroup.subtree_control").exists());
+        }
+        // systemd's mark of a delegated cgroup (Delegate=yes) makes it the relay's.
+        let path = std::ffi::CString::new(own.as_os_str().as_encoded_bytes()).expect("path");
+        let name = if root_user {
+            c"trusted.delegate"
+        } else {
+            c"user.delegate"
+        };
+        // SAFETY: NUL-terminated strings and a one-byte value, all outliving the call.
+        let marked = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), c"1".as_ptr().cast(), 1, 0) } == 0;
+        if marked {
+            assert!(Cgroups::prepare(root.path(), membership).is_ok());
+            assert!(own.join("relay/cgroup.procs").exists());
+        } else {
+            eprintln!("this file system keeps no extended attributes: the delegate mark is not tested");
+        }
+    }
+
+    #[test]
     fn without_delegated_controllers_there_are_no_cgroups() {
         let root = tempfile::tempdir().expect("tempdir");
-        fake_cgroup(root.path(), "x", "hugetlb");
+        fake_cgroup(root.path(), "", "hugetlb");
         assert!(matches!(
-            Cgroups::prepare(root.path(), "0::/x\n"),
+            Cgroups::prepare(root.path(), "0::/\n"),
             Err(CgroupError::MissingController { .. })
         ));
         // A hybrid hierarchy (cgroup v1 controllers, as on this project's CI machines) has no `0::` line…

@@ -126,6 +126,20 @@ fn become_user(user: UserSwitch) -> Result<(), ConfineError> {
     if uid != user.uid || euid != user.uid {
         return Err(failed(std::io::Error::other("the user did not change")));
     }
+    // Once no uid is 0 the kernel clears the permitted, effective and ambient sets: make sure it did.
+    let status = std::fs::read_to_string("/proc/self/status").map_err(failed)?;
+    for set in ["CapPrm:", "CapEff:", "CapAmb:", "CapBnd:"] {
+        let value = status
+            .lines()
+            .find_map(|line| line.strip_prefix(set))
+            .map(str::trim)
+            .unwrap_or("?");
+        if !value.trim_start_matches('0').is_empty() {
+            return Err(failed(std::io::Error::other(format!(
+                "capabilities remain after the user switch ({set} {value})"
+            ))));
+        }
+    }
     Ok(())
 }
 

@@ -66,9 +66,22 @@ pub fn main(args: Vec<OsString>) -> i32 {
                 eprintln!("ahp-relay sandbox-exec: no program after --");
                 return EXIT_NOT_STARTED;
             };
+            let environment = match confinement.environment_fd.map(read_environment).transpose() {
+                Ok(environment) => environment,
+                Err(error) => {
+                    eprintln!("ahp-relay sandbox-exec: cannot read the agent's environment: {error}");
+                    return EXIT_CONFINEMENT_FAILED;
+                }
+            };
             close_inherited_descriptors();
+            let mut command = std::process::Command::new(&program);
+            command.args(args);
+            if let Some(environment) = environment {
+                // Exactly the agent's environment, set only now that the process is confined.
+                command.env_clear().envs(environment);
+            }
             // exec only returns on failure.
-            let error = std::process::Command::new(&program).args(args).exec();
+            let error = command.exec();
             eprintln!(
                 "ahp-relay sandbox: cannot start {}: {error}",
                 program.to_string_lossy()
@@ -80,6 +93,33 @@ pub fn main(args: Vec<OsString>) -> i32 {
             EXIT_NOT_STARTED
         }
     }
+}
+
+/// The agent's environment from the descriptor the relay passed: `NAME=value` entries, NUL-separated.
+fn read_environment(fd: i32) -> std::io::Result<Vec<(OsString, OsString)>> {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStringExt;
+    // SAFETY: the relay passed this descriptor for this purpose; nothing else in this process uses it.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes
+        .split(|byte| *byte == 0)
+        .filter_map(|entry| {
+            let at = entry.iter().position(|byte| *byte == b'=')?;
+            let (name, value) = (&entry[..at], &entry[at + 1..]);
+            let valid = !name.is_empty()
+                && !name[0].is_ascii_digit()
+                && name.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_');
+            valid.then(|| {
+                (
+                    OsString::from_vec(name.to_vec()),
+                    OsString::from_vec(value.to_vec()),
+                )
+            })
+        })
+        .collect())
 }
 
 /// Nothing but stdin, stdout and stderr reaches the agent: every other descriptor closes on exec.

@@ -77,6 +77,11 @@ impl SystemView {
 /// One sandbox to start: a session's agent, or a command it runs.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
+    /// The tenant (a name safe as a path segment): sandboxes of one tenant share its user namespace.
+    pub tenant: String,
+    /// A trusted directory the workspace lies beneath (the workspace root): the workspace is opened from it
+    /// without following any symlink.
+    pub anchor: PathBuf,
     /// The session's working directory tree: writable, at the same path as outside.
     pub workspace: PathBuf,
     /// The session's private home (outside path), shown at [`HOME_IN_SANDBOX`].
@@ -98,6 +103,19 @@ pub struct SandboxSpec {
     pub user: Option<UserSwitch>,
 }
 
+/// Descriptors a sandbox is built from (inherited by bubblewrap; numbers in this process).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Descriptors {
+    /// The session's working directory, opened without following symlinks.
+    pub workspace: Option<i32>,
+    /// The relay's binary.
+    pub helper: Option<i32>,
+    /// The tenant's user namespace (unprivileged relays).
+    pub user_namespace: Option<i32>,
+    /// The agent's environment (a memory file the helper reads once confined).
+    pub environment: Option<i32>,
+}
+
 /// How bubblewrap creates the sandbox's namespaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Privilege {
@@ -114,7 +132,8 @@ pub struct Layout {
     pub system: SystemView,
     /// Paths never shown: covered by an empty directory or file where a read-only bind would show them.
     pub protected: Vec<PathBuf>,
-    /// The relay's binary (outside path), mounted at [`HELPER_IN_SANDBOX`].
+    /// The relay's binary (outside path, for logs: it is mounted from a descriptor opened at start, so an
+    /// upgrade that replaces the file does not change what sandboxes run), at [`HELPER_IN_SANDBOX`].
     pub helper: PathBuf,
     pub privilege: Privilege,
     /// Whether a fresh `/proc` can be mounted (not in some containers: then none is).
@@ -125,8 +144,10 @@ pub struct Layout {
 
 impl Layout {
     /// bubblewrap's arguments for `spec`, ending with the helper that confines itself and then does `run`
-    /// (`-- PROGRAM ARGS…`, or `--probe`).
-    pub fn bwrap_args(&self, spec: &SandboxSpec, run: &[OsString]) -> Vec<OsString> {
+    /// (`-- PROGRAM ARGS…`, or `--probe`). What `fds` names is inherited by bubblewrap: the workspace and the
+    /// helper are mounted from descriptors (opened without following symlinks: a path swapped for a symlink
+    /// after it was checked cannot redirect the mount), the tenant's user namespace joined from one.
+    pub fn bwrap_args(&self, spec: &SandboxSpec, fds: &Descriptors, run: &[OsString]) -> Vec<OsString> {
         let mut out: Vec<OsString> = Vec::new();
         let mut made: Vec<PathBuf> = Vec::new();
         let mut push = |items: &[&dyn AsRef<std::ffi::OsStr>]| {
@@ -163,7 +184,11 @@ impl Layout {
                 &"--cap-add",
                 &"CAP_SETPCAP",
             ]),
-            Privilege::Unprivileged => push(&[&"--unshare-user"]),
+            Privilege::Unprivileged => match fds.user_namespace {
+                // The tenant's user namespace: the kernel counts the tenant's processes there.
+                Some(fd) => push(&[&"--userns", &fd.to_string()]),
+                None => push(&[&"--unshare-user"]),
+            },
         }
         if spec.egress == Egress::None {
             push(&[&"--unshare-net"]);
@@ -198,11 +223,18 @@ impl Layout {
             }
         }
         parents(&spec.workspace, &mut push);
-        push(&[&"--bind", &spec.workspace, &spec.workspace]);
-        push(&[&"--ro-bind", &self.helper, &HELPER_IN_SANDBOX]);
+        match fds.workspace {
+            Some(fd) => push(&[&"--bind-fd", &fd.to_string(), &spec.workspace]),
+            None => push(&[&"--bind", &spec.workspace, &spec.workspace]),
+        }
+        match fds.helper {
+            Some(fd) => push(&[&"--ro-bind-fd", &fd.to_string(), &HELPER_IN_SANDBOX]),
+            None => push(&[&"--ro-bind", &self.helper, &HELPER_IN_SANDBOX]),
+        }
         push(&[&"--remount-ro", &"/"]);
         push(&[&"--chdir", &spec.cwd]);
-        let confinement = self.confinement(spec);
+        let mut confinement = self.confinement(spec);
+        confinement.environment_fd = fds.environment;
         let json = serde_json::to_string(&confinement).unwrap_or_default();
         push(&[&"--", &HELPER_IN_SANDBOX, &crate::exec::SUBCOMMAND, &json]);
         out.extend(run.iter().cloned());
@@ -242,6 +274,7 @@ impl Layout {
             limits: spec.limits.clone(),
             nice: self.nice,
             user: spec.user,
+            environment_fd: None,
         }
     }
 }
@@ -267,6 +300,8 @@ mod tests {
 
     fn spec(workspace: &Path) -> SandboxSpec {
         SandboxSpec {
+            tenant: "acme".into(),
+            anchor: workspace.to_path_buf(),
             workspace: workspace.to_path_buf(),
             home: workspace.join("../home"),
             tmp: workspace.join("../tmp"),
@@ -295,7 +330,11 @@ mod tests {
     #[test]
     fn the_workspace_is_writable_the_system_read_only_and_the_helper_runs_the_program() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let args = text(&layout(vec![]).bwrap_args(&spec(dir.path()), &run("agent", &["--flag"])));
+        let args = text(&layout(vec![]).bwrap_args(
+            &spec(dir.path()),
+            &Descriptors::default(),
+            &run("agent", &["--flag"]),
+        ));
         let joined = args.join(" ");
         let ws = dir.path().display().to_string();
         assert!(joined.contains(&format!("--bind {ws} {ws}")), "{joined}");
@@ -328,7 +367,7 @@ mod tests {
                 PathBuf::from("/etc/hostname"),
                 nowhere.clone(),
             ])
-            .bwrap_args(&spec(dir.path()), &run("agent", &[])),
+            .bwrap_args(&spec(dir.path()), &Descriptors::default(), &run("agent", &[])),
         );
         let joined = args.join(" ");
         if Path::new("/etc/ssl").is_dir() {
@@ -350,7 +389,7 @@ mod tests {
         no_net.egress = Egress::None;
         let mut root = layout(vec![]);
         root.privilege = Privilege::Root;
-        let joined = text(&root.bwrap_args(&no_net, &run("agent", &[]))).join(" ");
+        let joined = text(&root.bwrap_args(&no_net, &Descriptors::default(), &run("agent", &[]))).join(" ");
         assert!(joined.contains("--unshare-net"), "{joined}");
         assert!(!joined.contains("--unshare-user"), "{joined}");
         assert!(

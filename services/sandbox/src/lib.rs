@@ -22,20 +22,21 @@
 pub mod cgroups;
 pub mod confine;
 pub mod exec;
+pub mod launch;
 pub mod layout;
+pub mod namespaces;
 pub mod policy;
 pub mod seccomp;
 pub mod spawner;
 pub mod users;
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 pub use confine::Enforced;
-pub use layout::{Layout, Privilege, SandboxSpec, SystemView, HOME_IN_SANDBOX};
+pub use launch::Launcher;
+pub use layout::{Descriptors, Layout, Privilege, SandboxSpec, SystemView, HOME_IN_SANDBOX};
 pub use policy::{Confinement, Egress, ResourceLimits, UserSwitch};
 pub use users::TenantUsers;
 
@@ -73,6 +74,9 @@ pub struct SandboxSettings {
     pub nice: i32,
     /// A user id the probe may switch to when the relay runs as root (one of the tenants' range).
     pub probe_user: u32,
+    /// A writable directory for the probe's throw-away sandbox (e.g. under the workspace root: `/tmp` may be
+    /// read-only in a container).
+    pub scratch: PathBuf,
 }
 
 /// A machine that can sandbox: bubblewrap works, Landlock is enforced.
@@ -81,6 +85,10 @@ pub struct Sandbox {
     bwrap: PathBuf,
     layout: Layout,
     enforced: Enforced,
+    /// The relay's binary, opened at start (what every sandbox runs as its helper).
+    helper: std::os::fd::OwnedFd,
+    /// Tenants' user namespaces (relays that are not root).
+    namespaces: namespaces::TenantNamespaces,
 }
 
 impl Sandbox {
@@ -98,7 +106,7 @@ impl Sandbox {
         } else {
             Privilege::Unprivileged
         };
-        let mut layout = Layout {
+        let layout = Layout {
             system: SystemView::detect(&settings.extra_system),
             protected: settings.protected.clone(),
             helper: settings.helper.clone(),
@@ -106,8 +114,11 @@ impl Sandbox {
             proc: true,
             nice: settings.nice,
         };
-        let scratch = tempfile_dir()?;
+        let helper = std::os::fd::OwnedFd::from(std::fs::File::open(&settings.helper)?);
+        let scratch = scratch_dir(&settings.scratch)?;
         let spec = SandboxSpec {
+            tenant: "probe".into(),
+            anchor: scratch.clone(),
             workspace: scratch.join("workspace"),
             home: scratch.join("home"),
             tmp: scratch.join("tmp"),
@@ -129,22 +140,29 @@ impl Sandbox {
         for dir in [&spec.workspace, &spec.home, &spec.tmp, &spec.shm] {
             std::fs::create_dir_all(dir)?;
         }
-        let mut outcome = run_probe(&bwrap, &layout, &spec).await;
+        let mut sandbox = Sandbox {
+            bwrap,
+            layout,
+            enforced: Enforced {
+                landlock: String::new(),
+                port_rules: false,
+                scoped: false,
+            },
+            helper,
+            namespaces: namespaces::TenantNamespaces::default(),
+        };
+        let mut outcome = run_probe(&sandbox, &spec).await;
         if let Err(message) = &outcome {
             if message.contains("proc") {
                 // Some container runtimes forbid a fresh /proc: run without one (nothing outside is visible).
                 tracing::warn!(%message, "the sandbox cannot mount its own /proc here; sandboxes run without /proc");
-                layout.proc = false;
-                outcome = run_probe(&bwrap, &layout, &spec).await;
+                sandbox.layout.proc = false;
+                outcome = run_probe(&sandbox, &spec).await;
             }
         }
         let _ = std::fs::remove_dir_all(&scratch);
-        let enforced = outcome.map_err(SandboxUnavailable::ProbeFailed)?;
-        Ok(Sandbox {
-            bwrap,
-            layout,
-            enforced,
-        })
+        sandbox.enforced = outcome.map_err(SandboxUnavailable::ProbeFailed)?;
+        Ok(sandbox)
     }
 
     /// What Landlock enforces on this kernel.
@@ -158,19 +176,20 @@ impl Sandbox {
     }
 }
 
-/// Run the test sandbox: confined as agents are, it prints what was enforced.
-async fn run_probe(bwrap: &PathBuf, layout: &Layout, spec: &SandboxSpec) -> Result<Enforced, String> {
-    let mut command = tokio::process::Command::new(bwrap);
+/// Run the test sandbox: confined as agents are (in a tenant namespace when not root), it prints what was
+/// enforced.
+async fn run_probe(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<Enforced, String> {
+    let mut command = launch::bwrap_command(sandbox, spec, &[OsString::from("--probe")], None)
+        .await
+        .map_err(|error| format!("cannot prepare the test sandbox: {error}"))?;
     command
-        .args(layout.bwrap_args(spec, &[OsString::from("--probe")]))
-        .env_clear()
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
     let child = spawner::spawn(command)
         .await
-        .map_err(|error| format!("cannot start {}: {error}", bwrap.display()))?;
+        .map_err(|error| format!("cannot start {}: {error}", sandbox.bwrap.display()))?;
     let output = tokio::time::timeout(PROBE_TIMEOUT, child.wait_with_output())
         .await
         .map_err(|_| format!("the test sandbox did not finish within {PROBE_TIMEOUT:?}"))?
@@ -185,9 +204,9 @@ async fn run_probe(bwrap: &PathBuf, layout: &Layout, spec: &SandboxSpec) -> Resu
     serde_json::from_slice(&output.stdout).map_err(|error| format!("unreadable probe answer: {error}"))
 }
 
-/// A fresh private directory for the probe.
-fn tempfile_dir() -> std::io::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!(
+/// A fresh private directory for the probe, under `parent`.
+fn scratch_dir(parent: &std::path::Path) -> std::io::Result<PathBuf> {
+    let dir = parent.join(format!(
         "ahp-relay-sandbox-probe-{}-{}",
         std::process::id(),
         std::time::SystemTime::now()
@@ -207,148 +226,8 @@ fn find_on_path(program: &str) -> Option<PathBuf> {
     })
 }
 
-/// Give bubblewrap its arguments through a memory file (`--args FD`) rather than its command line: the
-/// sandbox's init process (bubblewrap, visible in the sandbox's `/proc`) then shows no paths of the relay — not
-/// the files it covers (whose names may name other tenants), not the confinement. The descriptor is inherited
-/// by this child only (its close-on-exec flag is cleared after the fork). Without memory files, on the command
-/// line.
-fn pass_arguments(command: &mut tokio::process::Command, args: &[OsString]) {
-    // bubblewrap takes options from the file; what it runs (`-- HELPER …`) stays on its command line.
-    let split = args
-        .windows(2)
-        .position(|pair| pair[0] == "--" && pair[1] == layout::HELPER_IN_SANDBOX)
-        .unwrap_or(args.len());
-    let (options, run) = args.split_at(split);
-    match arguments_file(options) {
-        Ok(file) => {
-            use std::os::fd::AsRawFd;
-            let fd = file.as_raw_fd();
-            command.arg("--args").arg(fd.to_string()).args(run);
-            // SAFETY: the closure only calls fcntl(2), which is async-signal-safe; `file` stays open (owned by
-            // the closure) until the command is spawned and dropped.
-            unsafe {
-                command.pre_exec(move || {
-                    let _owned = &file;
-                    if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
-        Err(error) => {
-            tracing::warn!(%error, "no memory file for bubblewrap's arguments; passing them on its command line");
-            command.args(args);
-        }
-    }
-}
-
-/// A sealed-size memory file holding `args`, each ended by NUL, read from its start.
-fn arguments_file(args: &[OsString]) -> std::io::Result<std::fs::File> {
-    use std::io::{Seek, Write};
-    use std::os::fd::FromRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    // SAFETY: memfd_create takes a NUL-terminated name and flags; the descriptor it returns is ours.
-    let fd = unsafe { libc::memfd_create(c"ahp-relay-bwrap-args".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
-    let mut bytes = Vec::new();
-    for arg in args {
-        bytes.extend_from_slice(arg.as_bytes());
-        bytes.push(0);
-    }
-    file.write_all(&bytes)?;
-    file.rewind()?;
-    Ok(file)
-}
-
 /// Whether this process runs as root (then tenants get users of their own).
 pub fn running_as_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
-}
-
-/// How agent processes are started.
-#[derive(Debug, Clone)]
-pub enum Launcher {
-    /// In a sandbox each (the default).
-    Sandboxed(Arc<Sandbox>),
-    /// As plain child processes of the relay, with only their environment and directory set
-    /// (`--unsafe-no-sandbox`: the operator isolates the relay as a whole).
-    Unconfined,
-}
-
-impl Launcher {
-    /// The command that runs `program args` as `spec` says, with exactly `env` (plus `HOME`, the private
-    /// home), in its own process group, its stdio piped. Start it with [`Launcher::spawn`].
-    pub fn command(
-        &self,
-        spec: &SandboxSpec,
-        program: &str,
-        args: &[String],
-        env: &BTreeMap<String, String>,
-    ) -> tokio::process::Command {
-        let mut command = match self {
-            Launcher::Sandboxed(sandbox) => {
-                let run: Vec<OsString> = ["--", program]
-                    .into_iter()
-                    .map(OsString::from)
-                    .chain(args.iter().map(OsString::from))
-                    .collect();
-                let mut command = tokio::process::Command::new(&sandbox.bwrap);
-                pass_arguments(&mut command, &sandbox.layout.bwrap_args(spec, &run));
-                command
-                    .env_clear()
-                    .envs(env)
-                    .env("HOME", HOME_IN_SANDBOX)
-                    .env("TMPDIR", "/tmp");
-                command
-            }
-            Launcher::Unconfined => {
-                tracing::warn!(
-                    program,
-                    "starting an agent process WITHOUT a sandbox (--unsafe-no-sandbox)"
-                );
-                let mut command = tokio::process::Command::new(program);
-                command
-                    .args(args)
-                    .env_clear()
-                    .envs(env)
-                    .env("HOME", &spec.home)
-                    .env("TMPDIR", &spec.tmp)
-                    .current_dir(&spec.cwd);
-                command
-            }
-        };
-        if let Some(procs) = spec
-            .cgroup
-            .as_ref()
-            .and_then(|procs| std::ffi::CString::new(procs.as_os_str().as_encoded_bytes()).ok())
-        {
-            // SAFETY: join_in_child only opens, writes and closes (async-signal-safe).
-            unsafe {
-                command.pre_exec(move || cgroups::join_in_child(&procs));
-            }
-        }
-        command
-            .process_group(0)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        command
-    }
-
-    /// Start a command from [`Launcher::command`] (from the one thread sandboxes are started from).
-    pub async fn spawn(command: tokio::process::Command) -> std::io::Result<tokio::process::Child> {
-        spawner::spawn(command).await
-    }
-
-    /// Whether sandboxes switch to per-tenant users (the relay runs as root and sandboxes).
-    pub fn per_tenant_users(&self) -> bool {
-        matches!(self, Launcher::Sandboxed(sandbox) if sandbox.layout.privilege == Privilege::Root)
-    }
 }

@@ -164,6 +164,11 @@ pub struct Confinement {
     /// Scheduling niceness of every process (0–19): the relay's own work comes first.
     pub nice: i32,
     pub user: Option<UserSwitch>,
+    /// A descriptor holding the agent's environment (`NAME=value`, NUL-separated), which the helper reads
+    /// once confined and runs the agent with: nothing of it reaches bubblewrap or the helper's own start
+    /// (a `LD_PRELOAD` there would run before any confinement).
+    #[serde(default)]
+    pub environment_fd: Option<i32>,
 }
 
 #[cfg(test)]
@@ -210,6 +215,7 @@ mod tests {
                 uid: 40_001,
                 gid: 40_001,
             }),
+            environment_fd: Some(5),
         };
         let json = serde_json::to_string(&confinement).expect("json");
         assert_eq!(

@@ -6,6 +6,12 @@
 //! `CLONE_NEW*`: the kernel's user-namespace code is a large attack surface, and a nested namespace could hide
 //! from the sandbox's own), kernel keyrings, BPF and perf, `userfaultfd`, module, mount, swap and reboot
 //! calls. `clone3`, whose flags seccomp cannot read, answers `ENOSYS`, so the C library falls back to `clone`.
+//!
+//! Landlock's TCP port rules see `connect(2)` only; two ways to open a TCP connection do without it, and are
+//! refused: MPTCP sockets (`IPPROTO_MPTCP`, which fall back to plain TCP with any server) and TCP Fast Open's
+//! `MSG_FASTOPEN` on `sendto`/`sendmsg`/`sendmmsg`. SCTP sockets (no port rules at all) are refused too. On
+//! x86-64, system call numbers of the x32 ABI (bit 30 set), which a rule for the 64-bit number would miss,
+//! answer `ENOSYS`.
 
 use std::collections::BTreeMap;
 
@@ -84,6 +90,34 @@ pub fn programs() -> Result<[BpfProgram; 2], SeccompError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     refused.insert(libc::SYS_clone, clone_rules);
+    // socket(AF_INET or AF_INET6, any type, IPPROTO_MPTCP or IPPROTO_SCTP).
+    let mut socket_rules = Vec::new();
+    for domain in [libc::AF_INET, libc::AF_INET6] {
+        for protocol in [libc::IPPROTO_MPTCP, libc::IPPROTO_SCTP] {
+            socket_rules.push(SeccompRule::new(vec![
+                SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, domain as u64)?,
+                SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, protocol as u64)?,
+            ])?);
+        }
+    }
+    refused.insert(libc::SYS_socket, socket_rules);
+    // MSG_FASTOPEN: sendto(fd, buf, len, flags, …), sendmsg(fd, msg, flags), sendmmsg(fd, vec, n, flags).
+    let fast_open = libc::MSG_FASTOPEN as u64;
+    for (call, flags_arg) in [
+        (libc::SYS_sendto, 3),
+        (libc::SYS_sendmsg, 2),
+        (libc::SYS_sendmmsg, 3),
+    ] {
+        refused.insert(
+            call,
+            vec![SeccompRule::new(vec![SeccompCondition::new(
+                flags_arg,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::MaskedEq(fast_open),
+                fast_open,
+            )?])?],
+        );
+    }
     let refusing = SeccompFilter::new(
         refused,
         SeccompAction::Allow,
@@ -99,11 +133,52 @@ pub fn programs() -> Result<[BpfProgram; 2], SeccompError> {
     Ok([refusing.try_into()?, clone3.try_into()?])
 }
 
+/// On x86-64: `ENOSYS` for every x32 system call (number with bit 30 set), a filter of its own (seccompiler
+/// matches exact numbers only). The program: load the number; if it is at least 0x4000_0000, refuse; allow.
+#[cfg(target_arch = "x86_64")]
+fn x32_program() -> BpfProgram {
+    use seccompiler::sock_filter;
+    const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    vec![
+        // seccomp_data.nr is at offset 0.
+        sock_filter {
+            code: LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        sock_filter {
+            code: JGE_K,
+            jt: 0,
+            jf: 1,
+            k: 0x4000_0000,
+        },
+        sock_filter {
+            code: RET_K,
+            jt: 0,
+            jf: 0,
+            k: SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+        },
+        sock_filter {
+            code: RET_K,
+            jt: 0,
+            jf: 0,
+            k: SECCOMP_RET_ALLOW,
+        },
+    ]
+}
+
 /// Install the filters on the calling thread (inherited by every process it starts). Needs `no_new_privs`,
 /// which Landlock set before.
 pub fn apply() -> Result<(), SeccompError> {
     for program in programs()? {
         seccompiler::apply_filter(&program)?;
     }
+    #[cfg(target_arch = "x86_64")]
+    seccompiler::apply_filter(&x32_program())?;
     Ok(())
 }

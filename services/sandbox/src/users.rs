@@ -8,7 +8,7 @@
 //! the owner is read back. Directories made before per-tenant users existed (owned by root) are handed over.
 
 use std::collections::HashSet;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -19,7 +19,8 @@ use crate::policy::UserSwitch;
 pub struct TenantUsers {
     first: u32,
     count: u32,
-    /// Claims are serialized within this process (two new tenants must not pick the same user).
+    /// Claims are serialized within this process (two new tenants must not pick the same user), and across
+    /// processes sharing the workspace root by a lock on `<root>/.users.lock`.
     claiming: Mutex<()>,
 }
 
@@ -54,6 +55,8 @@ impl TenantUsers {
             .claiming
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        std::fs::create_dir_all(root).map_err(io(root))?;
+        let _across_processes = lock_file(&root.join(LOCK_FILE)).map_err(io(root))?;
         match std::fs::symlink_metadata(dir) {
             Ok(meta) if meta.uid() != 0 && self.contains(meta.uid()) => {
                 return Ok(UserSwitch {
@@ -84,6 +87,23 @@ impl TenantUsers {
     fn contains(&self, uid: u32) -> bool {
         uid >= self.first && uid - self.first < self.count
     }
+}
+
+/// The file whose lock serializes claims among processes sharing a workspace root (never a tenant's name: an
+/// encoded name never starts with a dot).
+const LOCK_FILE: &str = ".users.lock";
+
+/// `path` opened (created if missing, root's) and locked exclusively until the returned file is dropped.
+fn lock_file(path: &Path) -> std::io::Result<std::fs::File> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)?;
+    Ok(file)
 }
 
 /// Make `path` and everything beneath it `user`'s; the top directory private (0700).

@@ -17,6 +17,7 @@ async fn launcher(protected: Vec<PathBuf>, system_extra: Vec<PathBuf>) -> Launch
         extra_system: system_extra,
         nice: 10,
         probe_user: 63_999,
+        scratch: std::env::temp_dir(),
     })
     .await
     .expect("this machine can sandbox (bubblewrap and Landlock)");
@@ -40,6 +41,14 @@ fn session(root: &Path, tenant: &str) -> SandboxSpec {
     }
     let [workspace, home, tmp, shm] = dirs;
     SandboxSpec {
+        tenant: base
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        anchor: base
+            .parent()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default(),
         cwd: workspace.clone(),
         workspace,
         home,
@@ -56,7 +65,10 @@ fn session(root: &Path, tenant: &str) -> SandboxSpec {
 /// Run `sh -c script` in the sandbox; its stdout and stderr, and whether it exited 0.
 async fn sh(launcher: &Launcher, spec: &SandboxSpec, script: &str) -> (String, bool) {
     let env = BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]);
-    let command = launcher.command(spec, "sh", &["-c".to_string(), script.to_string()], &env);
+    let command = launcher
+        .command(spec, "sh", &["-c".to_string(), script.to_string()], &env)
+        .await
+        .expect("command");
     let child = Launcher::spawn(command).await.expect("spawn");
     let output = child.wait_with_output().await.expect("wait");
     let text = format!(

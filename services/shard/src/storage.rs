@@ -104,11 +104,17 @@ pub fn grows_storage(action: &StateAction) -> bool {
 }
 
 /// Whether an agent's action adds content a tenant over its storage quota may not add (what ends a turn or a
-/// command, and the session's own lifecycle, always may).
+/// command, clearing a chat's activity, and the session's own lifecycle, always may; a tool call's result is
+/// content: over the quota the call stays unfinished and its turn ends with `storageQuota`).
 pub fn agent_grows_storage(action: &StateAction) -> bool {
+    if let StateAction::ChatActivityChanged(changed) = action {
+        return changed.activity.is_some();
+    }
     matches!(
         action,
         StateAction::ChatDelta(_)
+            | StateAction::ChatToolCallComplete(_)
+            | StateAction::SessionConfigChanged(_)
             | StateAction::ChatReasoning(_)
             | StateAction::ChatResponsePart(_)
             | StateAction::ChatToolCallStart(_)
@@ -141,5 +147,43 @@ async fn measure_periodically(quota: Weak<StorageQuota>) {
         for tenant in tenants {
             quota.measure(&tenant).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ahp_types::actions::{ChatActivityChangedAction, ChatDeltaAction};
+
+    fn action(json: serde_json::Value) -> StateAction {
+        serde_json::from_value(json).expect("an AHP action")
+    }
+
+    #[test]
+    fn content_grows_storage_and_ends_of_things_do_not() {
+        let delta = StateAction::ChatDelta(ChatDeltaAction {
+            turn_id: "t".into(),
+            part_id: "p".into(),
+            content: "x".into(),
+            meta: None,
+        });
+        assert!(agent_grows_storage(&delta));
+        let shown = |activity: Option<&str>| {
+            StateAction::ChatActivityChanged(ChatActivityChangedAction {
+                activity: activity.map(str::to_string),
+            })
+        };
+        assert!(agent_grows_storage(&shown(Some("thinking"))));
+        assert!(
+            !agent_grows_storage(&shown(None)),
+            "clearing an activity always may"
+        );
+        let result = action(serde_json::json!({
+            "type": "chat/toolCallComplete", "turnId": "t", "toolCallId": "c",
+            "result": {"success": true, "pastTenseMessage": "ran"}
+        }));
+        assert!(agent_grows_storage(&result), "a tool call's result is content");
+        let complete = action(serde_json::json!({"type": "chat/turnComplete", "turnId": "t", "duration": 1}));
+        assert!(!agent_grows_storage(&complete), "ending a turn always may");
     }
 }

@@ -103,26 +103,26 @@ fn relative(root: &Path, requested: &Path) -> Result<PathBuf, FsError> {
     Ok(rest.to_path_buf())
 }
 
-fn open_root(root: &Path) -> Result<OwnedFd, FsError> {
-    rustix::fs::open(
-        root,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(errno(root))
+/// The session's working directory, opened beneath the (trusted) workspace root without following any
+/// symlink on the way: an agent that swapped a directory of the path for a symlink gets a refusal.
+fn open_root(anchor: &Path, root: &Path) -> Result<OwnedFd, FsError> {
+    relay_sandbox::launch::open_beneath(anchor, root)
+        .map_err(|error| FsError::Outside(format!("{} ({error})", root.display())))
 }
 
 const BENEATH: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
 
-/// Read a text file inside `root`, from 1-based `line`, at most `limit` lines.
+/// Read a text file inside `root` (a directory beneath the workspace root `anchor`), from 1-based `line`, at
+/// most `limit` lines.
 pub async fn read(
+    anchor: &Path,
     root: &Path,
     requested: &Path,
     line: Option<u32>,
     limit: Option<u32>,
 ) -> Result<String, FsError> {
-    let (root, requested) = (root.to_path_buf(), requested.to_path_buf());
-    let text = tokio::task::spawn_blocking(move || read_blocking(&root, &requested))
+    let (anchor, root, requested) = (anchor.to_path_buf(), root.to_path_buf(), requested.to_path_buf());
+    let text = tokio::task::spawn_blocking(move || read_blocking(&anchor, &root, &requested))
         .await
         .map_err(|error| FsError::Io {
             path: String::new(),
@@ -136,9 +136,9 @@ pub async fn read(
     Ok(text.split_inclusive('\n').skip(skip).take(take).collect())
 }
 
-fn read_blocking(root: &Path, requested: &Path) -> Result<String, FsError> {
+fn read_blocking(anchor: &Path, root: &Path, requested: &Path) -> Result<String, FsError> {
     let rest = relative(root, requested)?;
-    let dir = open_root(root)?;
+    let dir = open_root(anchor, root)?;
     let fd = rustix::fs::openat2(
         &dir,
         &rest,
@@ -164,9 +164,10 @@ fn read_blocking(root: &Path, requested: &Path) -> Result<String, FsError> {
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-/// Write a text file inside `root`, creating its missing directories (inside `root`); what the relay creates
-/// belongs to `owner` (the tenant's user, when there is one).
+/// Write a text file inside `root` (beneath the workspace root `anchor`), creating its missing directories
+/// (inside `root`); what the relay creates belongs to `owner` (the tenant's user, when there is one).
 pub async fn write(
+    anchor: &Path,
     root: &Path,
     requested: &Path,
     content: &str,
@@ -177,8 +178,13 @@ pub async fn write(
             path: requested.display().to_string(),
         });
     }
-    let (root, requested, content) = (root.to_path_buf(), requested.to_path_buf(), content.to_string());
-    tokio::task::spawn_blocking(move || write_blocking(&root, &requested, &content, owner))
+    let (anchor, root, requested, content) = (
+        anchor.to_path_buf(),
+        root.to_path_buf(),
+        requested.to_path_buf(),
+        content.to_string(),
+    );
+    tokio::task::spawn_blocking(move || write_blocking(&anchor, &root, &requested, &content, owner))
         .await
         .map_err(|error| FsError::Io {
             path: String::new(),
@@ -187,13 +193,14 @@ pub async fn write(
 }
 
 fn write_blocking(
+    anchor: &Path,
     root: &Path,
     requested: &Path,
     content: &str,
     owner: Option<UserSwitch>,
 ) -> Result<(), FsError> {
     let rest = relative(root, requested)?;
-    let mut dir = open_root(root)?;
+    let mut dir = open_root(anchor, root)?;
     let no_symlinks = BENEATH | ResolveFlags::NO_SYMLINKS;
     let components: Vec<_> = rest.components().collect();
     let Some((name, parents)) = components.split_last() else {
@@ -274,11 +281,18 @@ mod tests {
         std::os::unix::fs::symlink(&outside, root.join("link")).expect("symlink");
         std::os::unix::fs::symlink("../outside", root.join("relative-link")).expect("symlink");
 
-        write(&root, &root.join("sub/dir/a.txt"), "one\ntwo\nthree\n", None)
-            .await
-            .expect("write inside");
+        let anchor = base.path();
+        write(
+            anchor,
+            &root,
+            &root.join("sub/dir/a.txt"),
+            "one\ntwo\nthree\n",
+            None,
+        )
+        .await
+        .expect("write inside");
         assert_eq!(
-            read(&root, &root.join("sub/dir/a.txt"), Some(2), Some(1))
+            read(anchor, &root, &root.join("sub/dir/a.txt"), Some(2), Some(1))
                 .await
                 .expect("read inside"),
             "two\n"
@@ -291,7 +305,7 @@ mod tests {
             PathBuf::from("relative.txt"),
         ] {
             assert!(
-                write(&root, &escape, "x", None).await.is_err(),
+                write(anchor, &root, &escape, "x", None).await.is_err(),
                 "{}",
                 escape.display()
             );
@@ -301,19 +315,37 @@ mod tests {
             "nothing written outside"
         );
         std::fs::write(outside.join("secret"), "s").expect("write");
-        assert!(read(&root, &root.join("link/secret"), None, None).await.is_err());
-        assert!(read(&root, &root.join("relative-link/secret"), None, None)
+        assert!(read(anchor, &root, &root.join("link/secret"), None, None)
             .await
             .is_err());
+        assert!(
+            read(anchor, &root, &root.join("relative-link/secret"), None, None)
+                .await
+                .is_err()
+        );
         // A final symlink is not written through, even to a file inside.
         std::os::unix::fs::symlink(root.join("sub/dir/a.txt"), root.join("alias")).expect("symlink");
-        assert!(write(&root, &root.join("alias"), "x", None).await.is_err());
+        assert!(write(anchor, &root, &root.join("alias"), "x", None)
+            .await
+            .is_err());
+        // The working directory itself swapped for a symlink (by another session of the tenant, say): refused.
+        let moved = base.path().join("moved");
+        std::fs::rename(&root, &moved).expect("move the session away");
+        std::os::unix::fs::symlink(&outside, &root).expect("symlink in its place");
+        assert!(read(anchor, &root, &root.join("secret"), None, None)
+            .await
+            .is_err());
+        assert!(write(anchor, &root, &root.join("planted"), "x", None)
+            .await
+            .is_err());
+        assert!(!outside.join("planted").exists());
     }
 
     #[tokio::test]
     async fn a_fifo_or_a_device_is_refused_at_once_and_a_big_file_by_its_size() {
         let base = tempfile::tempdir().expect("tempdir");
         let root = base.path();
+        let anchor = root;
         let fifo = root.join("fifo");
         rustix::fs::mknodat(
             rustix::fs::CWD,
@@ -323,20 +355,26 @@ mod tests {
             0,
         )
         .expect("mkfifo");
-        let refused = tokio::time::timeout(std::time::Duration::from_secs(5), read(root, &fifo, None, None))
-            .await
-            .expect("a FIFO must not block the read");
+        let refused = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            read(anchor, root, &fifo, None, None),
+        )
+        .await
+        .expect("a FIFO must not block the read");
         assert!(matches!(refused, Err(FsError::NotARegularFile(_))), "{refused:?}");
-        let written = tokio::time::timeout(std::time::Duration::from_secs(5), write(root, &fifo, "x", None))
-            .await
-            .expect("a FIFO must not block the write");
+        let written = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            write(anchor, root, &fifo, "x", None),
+        )
+        .await
+        .expect("a FIFO must not block the write");
         assert!(written.is_err(), "{written:?}");
         let big = root.join("big");
         std::fs::File::create(&big)
             .and_then(|file| file.set_len(MAX_FILE_BYTES as u64 + 10))
             .expect("big file");
         assert!(matches!(
-            read(root, &big, None, None).await,
+            read(anchor, root, &big, None, None).await,
             Err(FsError::TooBig { .. })
         ));
     }

@@ -279,12 +279,27 @@ impl Provider for AcpProvider {
             host: host.to_string(),
             session: session.to_string(),
         };
-        if let Some(worker) = self.sessions.lock().remove(&key) {
-            worker.stop();
+        let worker = self.sessions.lock().remove(&key);
+        let sandboxes = self.sandboxes.clone();
+        let (tenant, host, session) = (tenant.to_string(), host.to_string(), session.to_string());
+        // Its directories and cgroup go once its sandboxes were reaped (nothing writes there any more).
+        let dispose = async move {
+            if let Some(worker) = worker {
+                if !worker.stop_and_wait(DISPOSE_PATIENCE).await {
+                    tracing::warn!(%tenant, %session, "a disposed session's sandboxes outlived their kill");
+                }
+            }
+            sandboxes.dispose(&tenant, &host, &session);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(dispose)),
+            Err(_) => tracing::warn!("a session was disposed outside the runtime: its directories stay"),
         }
-        self.sandboxes.dispose(tenant, host, session);
     }
 }
+
+/// How long a disposed session's directories wait for its sandboxes to be reaped.
+const DISPOSE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Drop for AcpProvider {
     fn drop(&mut self) {

@@ -43,6 +43,10 @@ struct TenantUsage {
     over_workspace: watch::Sender<Option<u64>>,
     /// When the tenant last had something running (tenants idle for long are no longer measured).
     last_active: Instant,
+    /// The last measurement of its workspace (none yet: measure before it starts anything).
+    measured: Option<(u64, Instant)>,
+    /// Bytes the relay wrote for its agents since (`fs/write_text_file`), counted until the next measurement.
+    written_since: u64,
 }
 
 /// Why a process was not started.
@@ -79,6 +83,8 @@ impl TenantQuotas {
             )),
             over_workspace: watch::channel(None).0,
             last_active: Instant::now(),
+            measured: None,
+            written_since: 0,
         });
         f(usage)
     }
@@ -124,10 +130,32 @@ impl TenantQuotas {
             .collect()
     }
 
+    /// Whether `tenant`'s workspace has no recent measurement (`fresh`), so it must be measured before it
+    /// starts anything (a runner that just started, or a tenant idle for long, knows nothing of its disk).
+    pub fn needs_measurement(&self, tenant: &str, fresh: Duration) -> bool {
+        self.with_usage(tenant, |usage| {
+            usage.measured.is_none_or(|(_, at)| at.elapsed() > fresh)
+        })
+    }
+
+    /// The relay wrote `bytes` into `tenant`'s workspace for an agent: counted with its last measurement.
+    pub fn written(&self, tenant: &str, bytes: u64) {
+        let limit = self.limits.workspace_bytes_per_tenant;
+        self.with_usage(tenant, |usage| {
+            usage.written_since = usage.written_since.saturating_add(bytes);
+            let total = usage.measured.map_or(0, |(measured, _)| measured) + usage.written_since;
+            if total >= limit {
+                usage.over_workspace.send_replace(Some(total));
+            }
+        });
+    }
+
     /// Record a measurement of `tenant`'s workspace: at or over the quota its running work is told to stop.
     pub fn workspace_measured(&self, tenant: &str, bytes: u64) {
         let over = (bytes >= self.limits.workspace_bytes_per_tenant).then_some(bytes);
         self.with_usage(tenant, |usage| {
+            usage.measured = Some((bytes, Instant::now()));
+            usage.written_since = 0;
             usage.over_workspace.send_if_modified(|current| {
                 let changed = current.is_some() != over.is_some();
                 *current = over;

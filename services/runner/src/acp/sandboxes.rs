@@ -28,6 +28,8 @@ pub enum StartError {
 pub struct Sandboxes {
     launcher: Launcher,
     workspaces: Workspaces,
+    /// The workspace root, resolved: every session's directory is opened beneath it without symlinks.
+    anchor: std::path::PathBuf,
     quotas: Arc<TenantQuotas>,
     config: QuotaConfig,
     /// Per-tenant and per-session cgroups, where this process has a delegated cgroup v2.
@@ -66,8 +68,13 @@ impl Sandboxes {
         } else {
             None
         };
+        let anchor = file
+            .workspace_root
+            .canonicalize()
+            .unwrap_or_else(|_| file.workspace_root.clone());
         let sandboxes = Arc::new(Sandboxes {
             launcher,
+            anchor,
             workspaces: Workspaces::new(file.workspace_root.clone(), users),
             quotas,
             config,
@@ -79,6 +86,11 @@ impl Sandboxes {
 
     pub fn workspaces(&self) -> &Workspaces {
         &self.workspaces
+    }
+
+    /// The resolved workspace root, beneath which sessions' directories are opened.
+    pub fn anchor(&self) -> &Path {
+        &self.anchor
     }
 
     pub fn quotas(&self) -> &Arc<TenantQuotas> {
@@ -93,8 +105,9 @@ impl Sandboxes {
     pub fn spec(&self, dirs: &SessionDirs, cwd: &Path, agent: &AgentConfig) -> SandboxSpec {
         let mut limits = agent.limits.clone();
         let session_processes = limits.processes;
-        if dirs.user.is_some() {
-            // The tenant's own user: RLIMIT_NPROC counts all of the tenant's processes.
+        if matches!(self.launcher, Launcher::Sandboxed(_)) {
+            // The tenant's own user (root) or user namespace (not root): RLIMIT_NPROC counts all of the
+            // tenant's processes.
             limits.processes = Some(self.config.processes_per_tenant);
         }
         let cgroup = self.cgroups.as_ref().and_then(|cgroups| {
@@ -120,6 +133,8 @@ impl Sandboxes {
                 .ok()
         });
         SandboxSpec {
+            tenant: dirs.tenant_key.clone(),
+            anchor: self.anchor.clone(),
             cgroup,
             workspace: dirs.workspace.clone(),
             home: dirs.home.clone(),
@@ -143,10 +158,29 @@ impl Sandboxes {
         args: &[String],
         env: &BTreeMap<String, String>,
     ) -> Result<(tokio::process::Child, RunningSlot), StartError> {
+        let fresh = Duration::from_secs(self.config.workspace_check_seconds.max(1) * 2);
+        if self.quotas.needs_measurement(tenant, fresh) {
+            self.measure(tenant).await;
+        }
         let slot = self.quotas.start(tenant)?;
-        let command = self.launcher.command(spec, program, args, env);
+        let command = self.launcher.command(spec, program, args, env).await?;
         let child = Launcher::spawn(command).await?;
         Ok((child, slot))
+    }
+
+    /// Measure `tenant`'s workspace, homes and `/tmp`s now.
+    pub async fn measure(&self, tenant: &str) {
+        let dirs = [
+            self.workspaces.tenant_dir(tenant),
+            self.workspaces.tenant_private_dir(tenant),
+        ];
+        let measured = tokio::task::spawn_blocking(move || {
+            dirs.iter().map(|dir| super::quota::disk_usage(dir)).sum::<u64>()
+        })
+        .await;
+        if let Ok(bytes) = measured {
+            self.quotas.workspace_measured(tenant, bytes);
+        }
     }
 
     /// The session is gone: remove its directories (now, or after the retention), and its cgroup.
@@ -178,17 +212,7 @@ async fn maintain(sandboxes: Weak<Sandboxes>) {
         ticks.tick().await;
         let Some(strong) = sandboxes.upgrade() else { return };
         for tenant in strong.quotas.active_tenants(Duration::from_secs(600)) {
-            let dirs = [
-                strong.workspaces.tenant_dir(&tenant),
-                strong.workspaces.tenant_private_dir(&tenant),
-            ];
-            let measured = tokio::task::spawn_blocking(move || {
-                dirs.iter().map(|dir| super::quota::disk_usage(dir)).sum::<u64>()
-            })
-            .await;
-            if let Ok(bytes) = measured {
-                strong.quotas.workspace_measured(&tenant, bytes);
-            }
+            strong.measure(&tenant).await;
         }
         if strong.config.workspace_retention_seconds > 0 {
             let swept = {

@@ -103,6 +103,9 @@ impl Timeouts {
 pub struct SessionWorker {
     prompts: mpsc::UnboundedSender<Prompt>,
     task: tokio::task::JoinHandle<()>,
+    /// Closes once the worker and every task that owns one of the session's sandboxes ended (each holds a
+    /// [`Place::alive`] sender until it reaped its sandbox).
+    gone: mpsc::Receiver<()>,
 }
 
 impl SessionWorker {
@@ -118,6 +121,7 @@ impl SessionWorker {
         timeouts: Timeouts,
     ) -> SessionWorker {
         let (prompts, queue) = mpsc::unbounded_channel();
+        let (alive, gone) = mpsc::channel(1);
         let task = tokio::spawn(async move {
             let announcer = Announcer {
                 session: key.session.clone(),
@@ -128,10 +132,12 @@ impl SessionWorker {
                 sandboxes,
                 tenant: key.tenant,
                 dirs,
+                alive: alive.downgrade(),
             };
             run(config, place, announcer, listing, start, timeouts, queue).await;
+            drop(alive);
         });
-        SessionWorker { prompts, task }
+        SessionWorker { prompts, task, gone }
     }
 
     pub fn prompts(&self) -> mpsc::UnboundedSender<Prompt> {
@@ -141,6 +147,15 @@ impl SessionWorker {
     /// Stop the agent: its connection is dropped, which kills its process group.
     pub fn stop(self) {
         self.task.abort();
+    }
+
+    /// [`SessionWorker::stop`], then wait (at most `patience`) until the session's sandboxes were reaped (their
+    /// processes are killed with them). Whether they were.
+    pub async fn stop_and_wait(mut self, patience: Duration) -> bool {
+        self.task.abort();
+        tokio::time::timeout(patience, async { while self.gone.recv().await.is_some() {} })
+            .await
+            .is_ok()
     }
 }
 
@@ -192,6 +207,9 @@ pub struct Place {
     pub sandboxes: Arc<super::sandboxes::Sandboxes>,
     pub tenant: String,
     pub dirs: super::workspace::SessionDirs,
+    /// Upgraded and held by each task that owns one of the session's sandboxes until it reaped it (see
+    /// [`SessionWorker::stop_and_wait`]); `None` once the session is being stopped.
+    pub alive: mpsc::WeakSender<()>,
 }
 
 async fn run(
@@ -238,7 +256,9 @@ async fn run(
     // keep the session's prompts), and dropping `_kill` (the worker stopping) kills its sandbox.
     let (kill, killed) = tokio::sync::oneshot::channel::<()>();
     let (exit_tx, mut exited) = tokio::sync::watch::channel(None::<String>);
+    let reaping = place.alive.upgrade();
     tokio::spawn(async move {
+        let _reaping = reaping;
         let status = tokio::select! {
             status = child.wait() => status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
             _ = killed => {
@@ -250,7 +270,11 @@ async fn run(
     });
     let _kill = kill;
     let stderr_tail = Arc::new(Mutex::new(std::collections::VecDeque::<u8>::new()));
-    tokio::spawn(keep_tail(stderr, stderr_tail.clone(), announcer.session.clone()));
+    tokio::spawn(keep_tail(
+        super::quota::ThrottledReader::new(stderr, slot.output(), None),
+        stderr_tail.clone(),
+        announcer.session.clone(),
+    ));
     let transport = {
         use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
         let stdout = super::quota::ThrottledReader::new(stdout, slot.output(), Some(MAX_LINE_BYTES));
@@ -260,12 +284,16 @@ async fn run(
         place.sandboxes.config().output_bytes_per_turn.max(1024),
     ));
     let owner = place.dirs.user;
+    let (write_quotas, write_tenant) = (place.sandboxes.quotas().clone(), place.tenant.clone());
+    let anchor = place.sandboxes.anchor().to_path_buf();
+    let (read_anchor, write_anchor) = (anchor.clone(), anchor);
     let terminals = Arc::new(super::terminal::Terminals::new(
         place,
         announcer.session.clone(),
         announcer.sink.clone(),
         config.clone(),
         env.clone(),
+        meter.clone(),
     ));
     let agent_meta = Arc::new(Mutex::new(AgentMeta::default()));
     let (commands_meta, commands_sink, commands_session) = (
@@ -291,11 +319,16 @@ async fn run(
     };
     let session_uri = announcer.session.clone();
     let handler_meter = meter.clone();
+    let (permission_meter, elicitation_meter) = (meter.clone(), meter.clone());
     let connection = Client
         .v1()
         .name("ahp-relay")
         .on_receive_notification(
             async move |notification: SessionNotification, _cx| {
+                // Counted before it is kept: past the turn's budget (or between turns) it is dropped.
+                if !handler_meter.admit(super::meter::update_bytes(&notification.update)) {
+                    return Ok(());
+                }
                 // Slash commands belong to the session, whenever they come (often right after session/new).
                 if let SessionUpdate::AvailableCommandsUpdate(update) = &notification.update {
                     commands_meta.lock().commands_changed(
@@ -305,10 +338,7 @@ async fn run(
                     );
                     return Ok(());
                 }
-                // Counted before it is kept: past the turn's budget (or between turns) it is dropped.
-                if handler_meter.admit(super::meter::update_bytes(&notification.update)) {
-                    let _ = updates_tx.send(notification);
-                }
+                let _ = updates_tx.send(notification);
                 Ok(())
             },
             agent_client_protocol::on_receive_notification!(),
@@ -317,7 +347,11 @@ async fn run(
             async move |request: RequestPermissionRequest,
                         responder: Responder<RequestPermissionResponse>,
                         _cx| {
-                // Parked until a device answers; never awaited here.
+                // Counted like any output (a flood of questions is cut with the turn), then parked until a
+                // device answers; never awaited here.
+                if !permission_meter.admit(super::meter::update_bytes(&request)) {
+                    return responder.respond_with_error(over_budget());
+                }
                 let _ = permissions_tx.send((request, responder));
                 Ok(())
             },
@@ -327,7 +361,9 @@ async fn run(
             async move |request: CreateElicitationRequest,
                         responder: Responder<CreateElicitationResponse>,
                         _cx| {
-                // Parked until a device answers; never awaited here.
+                if !elicitation_meter.admit(super::meter::update_bytes(&request)) {
+                    return responder.respond_with_error(over_budget());
+                }
                 let _ = elicitations_tx.send((request, responder));
                 Ok(())
             },
@@ -335,7 +371,7 @@ async fn run(
         )
         .on_receive_request(
             async move |request: ReadTextFileRequest, responder: Responder<ReadTextFileResponse>, _cx| {
-                match super::fs::read(&read_root, &request.path, request.line, request.limit).await {
+                match super::fs::read(&read_anchor, &read_root, &request.path, request.line, request.limit).await {
                     Ok(content) => responder.respond(ReadTextFileResponse::new(content)),
                     Err(error) => responder.respond_with_error(refused(error)),
                 }
@@ -344,7 +380,15 @@ async fn run(
         )
         .on_receive_request(
             async move |request: WriteTextFileRequest, responder: Responder<WriteTextFileResponse>, _cx| {
-                match super::fs::write(&write_root, &request.path, &request.content, owner).await {
+                // The relay's own writes count toward the tenant's workspace quota at once (they are not bound by
+                // the sandbox's file-size limit).
+                if let Some(refusal) = write_quotas.workspace_refusal(&write_tenant) {
+                    return responder.respond_with_error(
+                        agent_client_protocol::Error::invalid_request().data(refusal.to_string()),
+                    );
+                }
+                write_quotas.written(&write_tenant, request.content.len() as u64);
+                match super::fs::write(&write_anchor, &write_root, &request.path, &request.content, owner).await {
                     Ok(()) => responder.respond(WriteTextFileResponse::new()),
                     Err(error) => responder.respond_with_error(refused(error)),
                 }
@@ -641,7 +685,7 @@ async fn fail_queued(mut queue: mpsc::UnboundedReceiver<Prompt>, error_type: &st
 
 /// Keep the last [`STDERR_TAIL_BYTES`] of what the agent writes to stderr (and log it, at debug).
 async fn keep_tail(
-    mut stderr: tokio::process::ChildStderr,
+    mut stderr: super::quota::ThrottledReader<tokio::process::ChildStderr>,
     tail: Arc<Mutex<std::collections::VecDeque<u8>>>,
     session: String,
 ) {
@@ -924,6 +968,11 @@ fn describe_auth_methods(methods: &[agent_client_protocol::v1::schema::AuthMetho
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// The answer to a request past the turn's output budget.
+fn over_budget() -> agent_client_protocol::Error {
+    agent_client_protocol::Error::invalid_request().data("the turn's output budget is spent")
 }
 
 fn terminal_refused(error: super::terminal::TerminalError) -> agent_client_protocol::Error {

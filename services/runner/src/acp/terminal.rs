@@ -6,10 +6,12 @@
 //! (`ahp-terminal:/…`, listed in root state `terminals`): `terminal/commandExecuted`, the output as
 //! `terminal/data` (coalesced), `terminal/commandFinished` and `terminal/exited`.
 //!
-//! The output the agent reads back (`terminal/output`) keeps at most the agent's `outputByteLimit` (else
-//! [`DEFAULT_OUTPUT_LIMIT`]) bytes, cut at the front on a character boundary. The command's output is read no
-//! faster than its tenant's output rate, and past the output budget of a turn the command is killed with a note
-//! in its output. `terminal/kill`, `terminal/release`, a cancelled turn of the terminal's chat, the tenant's
+//! The output the agent reads back (`terminal/output`) keeps at most the agent's `outputByteLimit` (at most
+//! [`DEFAULT_OUTPUT_LIMIT`], also when it names none) bytes, cut at the front on a character boundary. The
+//! command's output is read no faster than its tenant's output rate and counts toward the session's output
+//! budget ([`super::meter`], with the agent's own updates): past it, or past the output budget of a turn for
+//! the command alone, the command is killed with a note in its output. A session keeps at most
+//! [`KEPT_PER_RUNNING`] times `terminals_per_session` terminals, running or exited: the oldest exited go first. `terminal/kill`, `terminal/release`, a cancelled turn of the terminal's chat, the tenant's
 //! workspace going over its quota and the session's agent stopping kill the command's whole sandbox.
 
 use std::collections::{BTreeMap, HashMap};
@@ -36,6 +38,8 @@ use crate::provider::ChatSink;
 pub const DEFAULT_OUTPUT_LIMIT: usize = 1024 * 1024;
 /// How often a running command's output is published at most.
 const DATA_EVERY: Duration = Duration::from_millis(40);
+/// Terminals a session keeps (running or exited, until released) per running terminal it may have.
+pub const KEPT_PER_RUNNING: usize = 4;
 /// The one command of an agent's terminal (AHP command ids are scoped to the terminal).
 const COMMAND_ID: &str = "1";
 
@@ -73,9 +77,26 @@ pub struct Terminals {
     sink: Arc<dyn ChatSink>,
     config: Arc<AgentConfig>,
     env: BTreeMap<String, String>,
+    /// The session's output budget, which commands' output counts toward.
+    meter: Arc<super::meter::OutputMeter>,
     /// Each ACP session's chat (a terminal is claimed by the chat whose agent session created it).
     chats: Mutex<HashMap<String, String>>,
     running: Mutex<HashMap<String, Arc<Terminal>>>,
+}
+
+/// Drop the oldest exited terminals of `terminals` until fewer than `keep` remain (running ones stay).
+fn evict_exited(terminals: &mut HashMap<String, Arc<Terminal>>, keep: usize) {
+    while terminals.len() >= keep {
+        let oldest = terminals
+            .iter()
+            .filter(|(_, terminal)| terminal.exit.borrow().is_some())
+            .min_by_key(|(_, terminal)| terminal.created)
+            .map(|(id, _)| id.clone());
+        match oldest {
+            Some(id) => terminals.remove(&id),
+            None => return,
+        };
+    }
 }
 
 /// One command and what it produced.
@@ -86,6 +107,7 @@ pub struct Terminal {
     output: Mutex<Output>,
     exit: watch::Receiver<Option<TerminalExitStatus>>,
     process_group: Option<u32>,
+    created: Instant,
 }
 
 struct Output {
@@ -152,6 +174,7 @@ impl Terminals {
         sink: Arc<dyn ChatSink>,
         config: Arc<AgentConfig>,
         env: BTreeMap<String, String>,
+        meter: Arc<super::meter::OutputMeter>,
     ) -> Self {
         Self {
             cwd: place.dirs.workspace.clone(),
@@ -160,6 +183,7 @@ impl Terminals {
             sink,
             config,
             env,
+            meter,
             chats: Mutex::default(),
             running: Mutex::default(),
         }
@@ -247,6 +271,10 @@ impl Terminals {
         if running >= per_session {
             return Err(TerminalError::TooMany(per_session));
         }
+        evict_exited(
+            &mut self.running.lock(),
+            per_session.saturating_mul(KEPT_PER_RUNNING),
+        );
         let spec = self
             .place
             .sandboxes
@@ -262,6 +290,10 @@ impl Terminals {
             })?;
         // Commands read nothing: their stdin is closed.
         drop(child.stdin.take());
+        // Held until the command's sandbox is reaped; none: the session is being stopped.
+        let Some(reaping) = self.place.alive.upgrade() else {
+            return Err(TerminalError::Refused);
+        };
         let uri = format!("ahp-terminal:/{}", uuid::Uuid::new_v4());
         let state = TerminalState {
             title: title_of(&command_line),
@@ -294,7 +326,7 @@ impl Terminals {
         let limit = request
             .output_byte_limit
             .and_then(|limit| usize::try_from(limit).ok())
-            .unwrap_or(DEFAULT_OUTPUT_LIMIT);
+            .map_or(DEFAULT_OUTPUT_LIMIT, |limit| limit.min(DEFAULT_OUTPUT_LIMIT));
         let terminal = Arc::new(Terminal {
             uri: uri.clone(),
             chat,
@@ -305,6 +337,7 @@ impl Terminals {
             }),
             exit,
             process_group: child.id(),
+            created: Instant::now(),
         });
         let (chunks_tx, chunks) = mpsc::channel(4);
         if let Some(stdout) = child.stdout.take() {
@@ -321,7 +354,13 @@ impl Terminals {
         }
         let budget = self.place.sandboxes.config().output_bytes_per_turn.max(1024);
         tokio::spawn(pump(
-            Running { child, slot, budget },
+            Running {
+                child,
+                slot,
+                budget,
+                meter: self.meter.clone(),
+                _reaping: reaping,
+            },
             chunks,
             Arc::downgrade(&terminal),
             self.sink.clone(),
@@ -377,6 +416,8 @@ struct Budgeted {
     pending: Vec<u8>,
     printed: u64,
     budget: u64,
+    /// The session's output budget, which the output counts toward too.
+    meter: Arc<super::meter::OutputMeter>,
     /// Killed by the relay: what it prints from now on is dropped.
     stopped: bool,
     /// Said once, at the end of what it printed.
@@ -396,6 +437,10 @@ impl Budgeted {
             );
             return self.stop(note, child);
         }
+        if !self.meter.admit(chunk.len() as u64) {
+            let note = "\n[the session passed its output budget: the command was stopped]\n".to_string();
+            return self.stop(note, child);
+        }
         self.pending.extend(chunk);
     }
 
@@ -411,6 +456,9 @@ struct Running {
     child: tokio::process::Child,
     slot: super::quota::RunningSlot,
     budget: u64,
+    meter: Arc<super::meter::OutputMeter>,
+    /// Held until the command's sandbox is reaped.
+    _reaping: mpsc::Sender<()>,
 }
 
 /// Publish the command's output (coalesced) until both pipes close, then its end. Past the output budget, or
@@ -426,6 +474,8 @@ async fn pump(
         mut child,
         slot,
         budget,
+        meter,
+        _reaping,
     } = running;
     let started = Instant::now();
     let Some(uri) = terminal.upgrade().map(|t| t.uri.clone()) else {
@@ -435,6 +485,7 @@ async fn pump(
         pending: Vec::new(),
         printed: 0,
         budget,
+        meter,
         stopped: false,
         note: None,
     };

@@ -6,11 +6,13 @@
 //! Names map injectively to directory names ([`encode`]): letters, digits, `-` and `_` stay; every other
 //! byte becomes `%XX`; very long names keep a prefix and a SHA-256 of the whole. `a.b` and `a_b` are two
 //! directories. When the relay runs as root a tenant's directories belong to the tenant's own user
-//! ([`relay_sandbox::TenantUsers`]).
+//! ([`relay_sandbox::TenantUsers`]) and are private to it (`0700`); `<root>/.sandbox` itself stays root's
+//! (`0711`: no tenant lists or renames another's directories).
 //!
 //! A disposed session's working directory (the default one) and private directories are removed, at once or
 //! after the configured retention ([`Workspaces::dispose`], [`Workspaces::sweep`]).
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
 use relay_sandbox::{TenantUsers, UserSwitch};
@@ -23,6 +25,8 @@ const PRIVATE_DIRS: &str = ".sandbox";
 const DISPOSED_MARKER: &str = "disposed-until";
 /// Encoded names longer than this keep a prefix and a hash.
 const MAX_NAME_BYTES: usize = 160;
+/// A session's cgroup name longer than this is hashed (a path segment has at most 255 bytes).
+const MAX_CGROUP_NAME_BYTES: usize = 200;
 
 /// Why a working directory was refused.
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +141,7 @@ impl Workspaces {
             return Err(WorkspaceError::Outside(wanted.display().to_string()));
         }
         let private = self.private_dir(tenant, host, session);
+        self.private_root()?;
         create_owned(&self.tenant_private_dir(tenant), user)?;
         let [home, tmp, shm] = ["home", "tmp", "shm"].map(|name| private.join(name));
         for dir in [&home, &tmp, &shm] {
@@ -154,6 +159,22 @@ impl Workspaces {
             tenant_key,
             session_key,
         })
+    }
+
+    /// `<root>/.sandbox`, created if missing; root's (mode `0711`) when tenants have users of their own, also
+    /// if an earlier release had given it to a tenant.
+    fn private_root(&self) -> Result<(), WorkspaceError> {
+        let dir = self.root.join(PRIVATE_DIRS);
+        create(&dir)?;
+        if self.users.is_some() {
+            let io = |source| WorkspaceError::Io {
+                path: dir.clone(),
+                source,
+            };
+            std::os::unix::fs::lchown(&dir, Some(0), Some(0)).map_err(io)?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).map_err(io)?;
+        }
+        Ok(())
     }
 
     /// The session is gone: remove its own working directory (not a shared one a client named) and its
@@ -233,13 +254,22 @@ pub fn encode(name: &str) -> String {
     format!("{}%~{hex}", &out[..cut])
 }
 
-/// The names of a tenant's cgroup and of one of its sessions' (one path segment each, injective).
+/// The names of a tenant's cgroup and of one of its sessions' (one path segment each, injective, within the
+/// kernel's 255 bytes: a session's name that would be longer is `~` and the SHA-256 of it).
 pub fn cgroup_names(tenant: &str, host: &str, session: &str) -> (String, String) {
     // `.` is never part of an encoded name: it separates the host from the session unambiguously.
-    (
-        encode(tenant),
-        format!("{}.{}", encode(host), session_name(session)),
-    )
+    let session_key = format!("{}.{}", encode(host), session_name(session));
+    let session_key = if session_key.len() > MAX_CGROUP_NAME_BYTES {
+        // `~` never starts an encoded name: a hashed key never equals a plain one.
+        let digest = sha2::Sha256::digest(session_key.as_bytes());
+        format!(
+            "~{}",
+            digest.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        )
+    } else {
+        session_key
+    };
+    (encode(tenant), session_key)
 }
 
 /// A session URI's directory name: `ahp-session:/NAME` is `encode(NAME)`; any other URI is marked apart with
@@ -281,7 +311,8 @@ fn create(path: &Path) -> Result<(), WorkspaceError> {
     })
 }
 
-/// Create `path` and its missing parents; those made here belong to `user` (when there is one).
+/// Create `path` and its missing parents; those made here belong to `user` (when there is one) and are private
+/// to it (`0700`).
 fn create_owned(path: &Path, user: Option<UserSwitch>) -> Result<(), WorkspaceError> {
     let missing: Vec<PathBuf> = path
         .ancestors()
@@ -291,12 +322,12 @@ fn create_owned(path: &Path, user: Option<UserSwitch>) -> Result<(), WorkspaceEr
     create(path)?;
     if let Some(user) = user {
         for dir in missing {
-            std::os::unix::fs::lchown(&dir, Some(user.uid), Some(user.gid)).map_err(|source| {
-                WorkspaceError::Io {
-                    path: dir.clone(),
-                    source,
-                }
-            })?;
+            let io = |source| WorkspaceError::Io {
+                path: dir.clone(),
+                source,
+            };
+            std::os::unix::fs::lchown(&dir, Some(user.uid), Some(user.gid)).map_err(io)?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
         }
     }
     Ok(())
@@ -448,5 +479,22 @@ mod tests {
         std::fs::write(&marker, unix_now().saturating_sub(1).to_string()).expect("age the marker");
         assert_eq!(ws.sweep(), 1);
         assert!(!kept.workspace.exists() && !kept.home.exists());
+    }
+
+    #[test]
+    fn cgroup_names_are_distinct_path_segments_however_long_the_names() {
+        let long = "h".repeat(400);
+        let (tenant, session) = cgroup_names(&"t".repeat(400), &long, &format!("ahp-session:/{long}"));
+        assert!(
+            tenant.len() <= 255 && session.len() <= 255,
+            "{} {}",
+            tenant.len(),
+            session.len()
+        );
+        assert!(!session.contains('/') && !tenant.contains('/'));
+        let (_, other) = cgroup_names(&"t".repeat(400), &long, &format!("ahp-session:/{long}x"));
+        assert_ne!(session, other, "two long sessions, two cgroups");
+        let (_, short) = cgroup_names("t", "default", "ahp-session:/s1");
+        assert_eq!(short, "default.s1");
     }
 }
