@@ -338,9 +338,9 @@ async fn sh(client: &ahp::Client, chat: &str, turn: &str, command: &str) -> Stri
         .text
 }
 
-/// Tenant `b` at work: its session, its workspace and home (as its agent reports them), and a secret it wrote
-/// there.
-struct TenantB {
+/// A tenant at work: a session, its workspace and home (as its agent reports them), and a secret it wrote
+/// there. Tenant b (whom a attacks), and a's own second session (which a's attacks must not reach either).
+struct AtWork {
     client: ahp::Client,
     chat: String,
     workspace: String,
@@ -348,14 +348,14 @@ struct TenantB {
     marker: String,
 }
 
-async fn tenant_b(addr: &str, secret: &[u8], workspace_root: &Path) -> TenantB {
-    let client = client(addr, secret, "b").await;
-    let chat = shell_session(&client, "b-work").await;
-    let marker = format!("b-marker-{}", uuid_like());
+async fn tenant_at_work(addr: &str, secret: &[u8], workspace_root: &Path, tenant: &str) -> AtWork {
+    let client = client(addr, secret, tenant).await;
+    let chat = shell_session(&client, &format!("{tenant}-work")).await;
+    let marker = format!("{tenant}-marker-{}", uuid_like());
     let said = sh(
         &client,
         &chat,
-        "b-setup",
+        "setup",
         &format!(
             "echo {marker} > marker.txt && if [ -n \"$HOME\" ]; then echo {marker} > \"$HOME/marker.txt\"; fi; \
              echo \"WS=$(pwd)\"; echo \"HOME=${{HOME:-/nonexistent-home}}\""
@@ -365,7 +365,7 @@ async fn tenant_b(addr: &str, secret: &[u8], workspace_root: &Path) -> TenantB {
     let field = |name: &str| {
         said.lines()
             .find_map(|line| line.strip_prefix(name))
-            .unwrap_or_else(|| panic!("b's agent did not report {name}: {said}"))
+            .unwrap_or_else(|| panic!("{tenant}'s agent did not report {name}: {said}"))
             .to_string()
     };
     let workspace = field("WS=");
@@ -373,18 +373,18 @@ async fn tenant_b(addr: &str, secret: &[u8], workspace_root: &Path) -> TenantB {
     // directory, which is what another tenant would go for.
     let home = match field("HOME=").as_str() {
         "/home/agent" => {
-            let outside = workspace_root.join(".sandbox/b/default/b-work/home");
+            let outside = workspace_root.join(format!(".sandbox/{tenant}/default/{tenant}-work/home"));
             let kept = std::fs::read_to_string(outside.join("marker.txt")).unwrap_or_default();
             assert!(
                 kept.contains(&marker),
-                "b's home is not where the attack looks: {}",
+                "{tenant}'s home is not where the attack looks: {}",
                 outside.display()
             );
             outside.display().to_string()
         }
         other => other.to_string(),
     };
-    TenantB {
+    AtWork {
         workspace,
         home,
         client,
@@ -435,7 +435,7 @@ fn connect_command(ports: &[u16]) -> String {
 struct Attack<'a> {
     a: &'a ahp::Client,
     chat: &'a str,
-    b: &'a TenantB,
+    b: &'a AtWork,
     turn: usize,
     /// Every attempt that succeeded (each check records its failure and the suite goes on, so one run shows
     /// every hole).
@@ -480,7 +480,7 @@ impl<'a> Attack<'a> {
         said
     }
 
-    fn new(a: &'a ahp::Client, chat: &'a str, b: &'a TenantB) -> Self {
+    fn new(a: &'a ahp::Client, chat: &'a str, b: &'a AtWork) -> Self {
         Attack {
             a,
             chat,
@@ -670,21 +670,138 @@ impl<'a> Attack<'a> {
     }
 }
 
+impl Attack<'_> {
+    /// The tenant's process limit spans all its sandboxes: with 200 processes held in its other session
+    /// (`sibling`), 100 more in this one are refused (each sandbox alone would allow 256).
+    async fn process_limit_spans_the_tenants_sandboxes(&mut self, sibling: &AtWork) {
+        let held = sh(
+            &sibling.client,
+            &sibling.chat,
+            "hold",
+            "rm -f held.pids; i=0; while [ $i -lt 200 ]; do sleep 600 >/dev/null 2>&1 & echo $! >> held.pids; \
+             i=$((i+1)); done; echo HELD $(wc -l < held.pids)",
+        )
+        .await;
+        check!(
+            self,
+            held.contains("HELD 200"),
+            "the sibling session could not hold 200 processes: {held}"
+        );
+        let said = self
+            .sh("(i=0; while [ $i -lt 100 ]; do sleep 5 & i=$((i+1)); done; wait) 2>more.err; echo more-done; \
+                 while read -r line; do case $line in *fork*|*emporarily*) echo FORK-REFUSED; break;; esac; done < more.err")
+            .await;
+        check!(
+            self,
+            said.contains("more-done") && said.contains("FORK-REFUSED"),
+            "the tenant's processes in two sandboxes were not counted together: {said}"
+        );
+        let released = sh(
+            &sibling.client,
+            &sibling.chat,
+            "release",
+            "kill $(cat held.pids); echo RELEASED",
+        )
+        .await;
+        check!(
+            self,
+            released.contains("RELEASED"),
+            "the held processes were not released: {released}"
+        );
+    }
+
+    /// A library the agent built, named in a terminal's `LD_PRELOAD`, loads only into the command, inside the
+    /// sandbox: never into bubblewrap or the relay's helper, which run before (and outside) the confinement.
+    /// Its constructor writes a file into `/tmp`: the sandbox's own, not the host's.
+    async fn preloaded_library_stays_inside(&mut self, workspace_of_a: &Path) {
+        let marker = PathBuf::from(format!("/tmp/ahp-preload-escaped-{}", uuid_like()));
+        let built = self
+            .sh(&format!(
+                "printf '%s\\n' '#include <stdio.h>' \
+                 '__attribute__((constructor)) static void pwn(void) {{ FILE *f = fopen(\"{}\", \"a\"); if (f) {{ fputs(\"pwned\\n\", f); fclose(f); }} }}' \
+                 > preload.c && cc -shared -fPIC -o preload.so preload.c 2>&1 && echo BUILT",
+                marker.display()
+            ))
+            .await;
+        check!(
+            self,
+            built.contains("BUILT"),
+            "the attack library was not built: {built}"
+        );
+        let library = workspace_of_a.join("preload.so");
+        let said = self
+            .run(
+                &format!(
+                    "term-env LD_PRELOAD {}: cat {} 2>&1; echo preloaded",
+                    library.display(),
+                    marker.display()
+                ),
+                PATIENCE,
+            )
+            .await
+            .text;
+        check!(
+            self,
+            said.contains("pwned") && said.contains("preloaded"),
+            "the command did not run with its library (the attack proves nothing): {}",
+            tail(&said, 300)
+        );
+        check!(
+            self,
+            !marker.exists(),
+            "a library preloaded by a terminal ran outside the sandbox: {} exists",
+            marker.display()
+        );
+        let _ = std::fs::remove_file(&marker);
+    }
+
+    /// TCP without `connect(2)`, which Landlock's port rules watch: an MPTCP socket, and TCP Fast Open's
+    /// `sendto(MSG_FASTOPEN)`, to a local service. Both refused.
+    async fn tcp_without_connect_is_refused(&mut self, port: u16) {
+        const SCRIPT: &str = r#"
+import socket, sys
+port = int(sys.argv[1])
+try:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262)
+    s.settimeout(3)
+    s.connect(('127.0.0.1', port))
+    print('MPTCP-CONNECTED')
+except OSError as e:
+    print('MPTCP-REFUSED', e.errno)
+try:
+    # Blocking: the call returns once the connection is made (with a timeout it would say EINPROGRESS).
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.sendto(b'x', socket.MSG_FASTOPEN, ('127.0.0.1', port))
+    print('TFO-SENT')
+except OSError as e:
+    print('TFO-REFUSED', e.errno)
+"#;
+        let said = self
+            .sh(&format!("python3 - {port} 2>&1 <<'PY'\n{SCRIPT}\nPY"))
+            .await;
+        check!(
+            self,
+            said.contains("MPTCP-REFUSED") && said.contains("TFO-REFUSED"),
+            "TCP without connect(2) reached port {port}: {said}"
+        );
+    }
+}
+
 /// A's workspace, as its agent reports it.
 async fn workspace_of(client: &ahp::Client, chat: &str) -> PathBuf {
     let said = sh(client, chat, "whereami", "pwd").await;
     PathBuf::from(said.lines().next().unwrap_or_default().trim())
 }
 
-/// B starts a turn that runs until a file `go` appears in its workspace; returns once it streams (it must
+/// `b` starts a turn that runs until a file `go` appears in its workspace; returns once it streams (it must
 /// go on, untouched, while A attacks).
-async fn b_starts_a_long_turn(b: &TenantB) -> ahp::SessionSubscription {
+async fn starts_a_long_turn(b: &AtWork) -> ahp::SessionSubscription {
     let (_, _, mut sub) = subscribe_chat(&b.client, &b.chat).await;
     b.client
         .dispatch(
             b.chat.clone(),
             turn_started(
-                "b-long",
+                "long",
                 "sh: echo b-waiting; while [ ! -e go ]; do sleep 0.05; done; echo b-released",
             ),
         )
@@ -700,18 +817,19 @@ async fn b_starts_a_long_turn(b: &TenantB) -> ahp::SessionSubscription {
     sub
 }
 
-/// Release B's long turn; it must complete as if nothing happened.
-async fn b_turn_completes(b: &TenantB, mut sub: ahp::SessionSubscription) {
-    std::fs::write(Path::new(&b.workspace).join("go"), "").expect("release b's turn");
+/// Release `b`'s long turn; it must complete as if nothing happened.
+async fn long_turn_completes(b: &AtWork, mut sub: ahp::SessionSubscription) {
+    std::fs::write(Path::new(&b.workspace).join("go"), "").expect("release the long turn");
     let seen = tokio::time::timeout(PATIENCE, collect_until(&mut sub, is_turn_end))
         .await
-        .expect("b's turn did not end");
+        .unwrap_or_else(|_| panic!("the long turn in {} did not end", b.workspace));
     assert!(
         matches!(
             seen.last().map(|e| &e.action),
             Some(StateAction::ChatTurnComplete(_))
         ),
-        "b's turn did not complete: {:?}",
+        "the long turn in {} did not complete: {:?}",
+        b.workspace,
         seen.last()
     );
     let said: String = seen
@@ -772,14 +890,15 @@ async fn in_serve_an_agent_reaches_nothing_of_the_relay_nor_of_another_tenant() 
     let jwt_secret = std::fs::read_to_string(data.path().join("jwt-secret")).expect("jwt-secret");
     let secret = jwt_secret.trim().as_bytes().to_vec();
 
-    let b = tenant_b(&addr, &secret, workspace.path()).await;
+    let b = tenant_at_work(&addr, &secret, workspace.path(), "b").await;
+    let sibling = tenant_at_work(&addr, &secret, workspace.path(), "a").await;
     // B's prompt is in the store (the SQLite file and its WAL).
     let b_prompt = format!("B-PROMPT-{}", uuid_like());
     sh(&b.client, &b.chat, "b-prompt", &format!("echo ok # {b_prompt}")).await;
     let a = client(&addr, &secret, "a").await;
     let chat = shell_session(&a, "a-attack").await;
     let a_workspace = workspace_of(&a, &chat).await;
-    let b_turn = b_starts_a_long_turn(&b).await;
+    let b_turn = starts_a_long_turn(&b).await;
     let mut attack = Attack::new(&a, &chat, &b);
 
     attack
@@ -826,9 +945,13 @@ async fn in_serve_an_agent_reaches_nothing_of_the_relay_nor_of_another_tenant() 
     let mut ports = vec![port_of(&addr), service_port];
     ports.extend(ports_from_env());
     attack.cannot_connect(&ports).await;
+    attack.tcp_without_connect_is_refused(service_port).await;
     attack.fork_bomb_is_contained().await;
+    attack.process_limit_spans_the_tenants_sandboxes(&sibling).await;
     attack.big_file_is_refused(&a_workspace).await;
-    // kill -9 -1 reaches only the agent itself: the relay serves on, and b's turn goes on.
+    attack.preloaded_library_stays_inside(&a_workspace).await;
+    // kill -9 -1 reaches only the agent itself: the relay serves on, and b's turn and a's other session's go on.
+    let sibling_turn = starts_a_long_turn(&sibling).await;
     let killed = attack.run("sh: kill -9 -1; echo survived", PATIENCE).await;
     check!(
         attack,
@@ -849,7 +972,8 @@ async fn in_serve_an_agent_reaches_nothing_of_the_relay_nor_of_another_tenant() 
     );
     attack.assert_contained();
     a.ping().await.expect("the relay answers");
-    b_turn_completes(&b, b_turn).await;
+    long_turn_completes(&b, b_turn).await;
+    long_turn_completes(&sibling, sibling_turn).await;
     // And a new session of b still starts (its agent is placed and answers).
     let chat_b2 = shell_session(&b.client, "b-after").await;
     assert!(sh(&b.client, &chat_b2, "b-after", "echo fine")
@@ -971,11 +1095,12 @@ async fn runner_shape(runner_user: Option<u32>) {
     .expect("the runner registered");
 
     let secret = SECRET.as_bytes();
-    let b = tenant_b(&addr, secret, workspace.path()).await;
+    let b = tenant_at_work(&addr, secret, workspace.path(), "b").await;
+    let sibling = tenant_at_work(&addr, secret, workspace.path(), "a").await;
     let a = client(&addr, secret, "a").await;
     let chat = shell_session(&a, "a-attack").await;
     let a_workspace = workspace_of(&a, &chat).await;
-    let b_turn = b_starts_a_long_turn(&b).await;
+    let b_turn = starts_a_long_turn(&b).await;
     let mut attack = Attack::new(&a, &chat, &b);
 
     attack
@@ -1013,8 +1138,12 @@ async fn runner_shape(runner_user: Option<u32>) {
     ];
     ports.extend(ports_from_env());
     attack.cannot_connect(&ports).await;
+    attack.tcp_without_connect_is_refused(service_port).await;
     attack.fork_bomb_is_contained().await;
+    attack.process_limit_spans_the_tenants_sandboxes(&sibling).await;
     attack.big_file_is_refused(&a_workspace).await;
+    attack.preloaded_library_stays_inside(&a_workspace).await;
+    let sibling_turn = starts_a_long_turn(&sibling).await;
     let killed = attack.run("sh: kill -9 -1; echo survived", PATIENCE).await;
     check!(
         attack,
@@ -1035,7 +1164,8 @@ async fn runner_shape(runner_user: Option<u32>) {
     );
     attack.assert_contained();
     assert_eq!(runners().await, 1.0, "the runner is still registered");
-    b_turn_completes(&b, b_turn).await;
+    long_turn_completes(&b, b_turn).await;
+    long_turn_completes(&sibling, sibling_turn).await;
     let chat_b2 = shell_session(&b.client, "b-after").await;
     assert!(sh(&b.client, &chat_b2, "b-after", "echo fine")
         .await
@@ -1262,6 +1392,22 @@ async fn a_sessions_terminals_are_bounded_and_a_commands_output_is_cut() {
     assert!(many.contains("2 commands"), "the refusal says why: {many}");
     let flood = run(&a, &chat, "t3", "term: yes", PATIENCE).await.text;
     assert!(flood.contains("passed the output limit"), "{}", tail(&flood, 400));
+    // Two commands, each within the budget, together over it: what terminals print counts toward the turn's
+    // output budget too.
+    let shared = run(
+        &a,
+        &chat,
+        "t4",
+        "terminals 2: head -c 150000 /dev/zero | tr '\\0' x",
+        PATIENCE,
+    )
+    .await
+    .text;
+    assert!(
+        shared.contains("passed the output limit") || shared.contains("passed its output budget"),
+        "{}",
+        tail(&shared, 400)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,8 +29,9 @@
 //!   the command down instead of growing this agent's memory;
 //! - "term: COMMAND" (the whole prompt): runs `sh -c COMMAND` in a relay terminal (`terminal/create`) and
 //!   reports its output and exit code;
-//! - "term-env NAME: COMMAND" (the whole prompt): runs `sh -c COMMAND` in a relay terminal with the variable
-//!   NAME set to `x`, reporting its output, or `REFUSED: <why>` when the relay refuses the terminal;
+//! - "term-env NAME: COMMAND" or "term-env NAME VALUE: COMMAND" (the whole prompt): runs `sh -c COMMAND` in a
+//!   relay terminal with the variable NAME set to VALUE (else `x`), reporting its output, or `REFUSED: <why>`
+//!   when the relay refuses the terminal;
 //! - "terminals N: COMMAND" (the whole prompt): opens N relay terminals at once, each running `sh -c COMMAND`,
 //!   reports `OPENED <n> REFUSED <m>` (and the first refusal), then waits for and releases those opened.
 //!
@@ -382,9 +383,10 @@ async fn script(
     {
         let request = CreateTerminalRequest::new(session.clone(), "sh")
             .args(vec!["-c".to_string(), command.to_string()])
-            .env(vec![agent_client_protocol::v1::schema::EnvVariable::new(
-                name, "x",
-            )])
+            .env(vec![{
+                let (name, value) = name.split_once(' ').unwrap_or((name, "x"));
+                agent_client_protocol::v1::schema::EnvVariable::new(name, value)
+            }])
             .output_byte_limit(4096_u64);
         let said = match cx.send_request(request).block_task().await {
             Ok(created) => {

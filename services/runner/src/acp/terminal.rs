@@ -577,6 +577,44 @@ mod tests {
     }
 
     #[test]
+    fn the_oldest_exited_terminals_make_room_and_running_ones_stay() {
+        let terminal = |n: u64, exited: bool| {
+            let (_tx, exit) = watch::channel(exited.then(TerminalExitStatus::new));
+            Arc::new(Terminal {
+                uri: format!("t{n}"),
+                chat: "c".into(),
+                output: Mutex::new(Output {
+                    text: String::new(),
+                    truncated: false,
+                    limit: 1,
+                }),
+                exit,
+                process_group: None,
+                created: Instant::now() + Duration::from_secs(n),
+            })
+        };
+        let mut kept: HashMap<String, Arc<Terminal>> = HashMap::new();
+        for (n, exited) in [(0, true), (1, false), (2, true), (3, true)] {
+            kept.insert(format!("t{n}"), terminal(n, exited));
+        }
+        evict_exited(&mut kept, 3);
+        let mut left: Vec<&str> = kept.keys().map(String::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(
+            left,
+            ["t1", "t3"],
+            "room for one more: the two oldest exited went"
+        );
+        // Only running terminals left: nothing to evict (the running limit refuses new ones elsewhere).
+        let mut running: HashMap<String, Arc<Terminal>> = HashMap::new();
+        for n in 0..3 {
+            running.insert(format!("t{n}"), terminal(n, false));
+        }
+        evict_exited(&mut running, 2);
+        assert_eq!(running.len(), 3);
+    }
+
+    #[test]
     fn long_command_lines_get_a_short_title() {
         assert_eq!(title_of("ls -la"), "ls -la");
         let long = "x".repeat(100);
