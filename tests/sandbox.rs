@@ -30,6 +30,9 @@ const CANARY: &str = "AHP_SANDBOX_CANARY=canary-5c1e3f0a9b";
 
 /// A secret file of tenant `b` (its agent credential): only b's agent may read it.
 const B_KEY: &str = "b-agent-key-7d2e91c4";
+/// A file of the operator's beside the agents file, readable by anyone: a mounted ConfigMap's or Secret's
+/// neighbour the relay was never told about. The directory holding the agents file is hidden as a whole.
+const NEIGHBOUR: &str = "operator-neighbour-5c1a";
 
 /// A process group of the test's own, in a PID namespace of its own, killed with the test.
 struct Contained {
@@ -138,6 +141,14 @@ fn private_file(dir: &Path, name: &str, content: &str) -> PathBuf {
     path
 }
 
+fn readable_file(dir: &Path, name: &str, content: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, content).expect("write");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    path
+}
+
 /// A `[sandbox]` table with a range of tenant users of this test's own: tenants of tests running side by side
 /// (the same names in other relays) must not share users, whose processes the kernel counts together.
 fn own_users() -> String {
@@ -148,13 +159,15 @@ fn own_users() -> String {
 }
 
 /// The agents file: the scripted agent, with tenant b's own credential in a secret file, and limits small
-/// enough to cross quickly (64 MiB files, 1 MiB of output per turn, 256 processes per tenant).
-fn agents_file(config: &Path, workspace: &Path, b_key: &Path) -> PathBuf {
+/// enough to cross quickly (64 MiB files, 1 MiB of output per turn, 256 processes per tenant). `system_paths`
+/// are given to agents to read, as an operator might by mistake: the relay's secrets inside must stay hidden.
+fn agents_file(config: &Path, workspace: &Path, b_key: &Path, system_paths: &[&Path]) -> PathBuf {
     let file = config.join("agents.toml");
+    let system_paths: Vec<String> = system_paths.iter().map(|p| p.display().to_string()).collect();
     let text = format!(
         r#"workspace_root = {workspace:?}
 
-{users}
+{users}system_paths = {system_paths:?}
 [quotas]
 processes_per_tenant = 256
 output_bytes_per_second = 524288
@@ -871,7 +884,13 @@ async fn in_serve_an_agent_reaches_nothing_of_the_relay_nor_of_another_tenant() 
     let workspace = tempfile::tempdir().expect("workspace");
     let config = tempfile::tempdir().expect("config");
     let b_key = private_file(config.path(), "b-agent-key", B_KEY);
-    let agents = agents_file(config.path(), workspace.path(), &b_key);
+    let agents = agents_file(
+        config.path(),
+        workspace.path(),
+        &b_key,
+        &[config.path(), data.path()],
+    );
+    let neighbour = readable_file(config.path(), "neighbour.txt", NEIGHBOUR);
     let args: Vec<String> = [
         "serve",
         "--listen",
@@ -903,8 +922,8 @@ async fn in_serve_an_agent_reaches_nothing_of_the_relay_nor_of_another_tenant() 
 
     attack
         .cannot_read(
-            &[&data.path().join("jwt-secret"), &b_key, &agents],
-            &[jwt_secret.trim(), B_KEY, "B_AGENT_KEY"],
+            &[&data.path().join("jwt-secret"), &b_key, &agents, &neighbour],
+            &[jwt_secret.trim(), B_KEY, "B_AGENT_KEY", NEIGHBOUR],
         )
         .await;
     let store = attack
@@ -1010,7 +1029,13 @@ async fn runner_shape(runner_user: Option<u32>) {
     let runner_secret = private_file(config.path(), "runner-secret", RUNNER_SECRET);
     let jwt = private_file(config.path(), "jwt-secret", SECRET);
     let b_key = private_file(config.path(), "b-agent-key", B_KEY);
-    let agents = agents_file(config.path(), workspace.path(), &b_key);
+    let agents = agents_file(
+        config.path(),
+        workspace.path(),
+        &b_key,
+        &[config.path(), runner_data.path()],
+    );
+    let neighbour = readable_file(config.path(), "neighbour.txt", NEIGHBOUR);
     let s = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<String>>();
     if let Some(uid) = runner_user {
         // What the runner reads and writes is its own: its secret, the agents' credentials, the workspace.
@@ -1105,8 +1130,15 @@ async fn runner_shape(runner_user: Option<u32>) {
 
     attack
         .cannot_read(
-            &[&internal, &runner_secret, &jwt, &b_key, &agents],
-            &[INTERNAL_SECRET, RUNNER_SECRET, SECRET, B_KEY, "B_AGENT_KEY"],
+            &[&internal, &runner_secret, &jwt, &b_key, &agents, &neighbour],
+            &[
+                INTERNAL_SECRET,
+                RUNNER_SECRET,
+                SECRET,
+                B_KEY,
+                "B_AGENT_KEY",
+                NEIGHBOUR,
+            ],
         )
         .await;
     let store = attack
