@@ -63,12 +63,13 @@ async fn run() {
     }
     let (p50_plain, p50_confined) = (percentile(&mut plain, 50), percentile(&mut confined, 50));
     println!(
-        "start   unsandboxed p50 {:>7.2} ms p90 {:>7.2} ms | sandboxed p50 {:>7.2} ms p90 {:>7.2} ms | added p50 {:>6.2} ms (target <= 50 ms)",
+        "start   unsandboxed p50 {:>7.2} ms p90 {:>7.2} ms | sandboxed p50 {:>7.2} ms p90 {:>7.2} ms | added p50 {:>6.2} ms, {:.1}x unsandboxed (target <= 50 ms)",
         ms(p50_plain),
         ms(percentile(&mut plain, 90)),
         ms(p50_confined),
         ms(percentile(&mut confined, 90)),
         ms(p50_confined.saturating_sub(p50_plain)),
+        p50_confined.as_secs_f64() / p50_plain.as_secs_f64().max(f64::MIN_POSITIVE),
     );
 
     // Work.
