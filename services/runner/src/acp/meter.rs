@@ -70,6 +70,11 @@ impl OutputMeter {
         }
     }
 
+    /// Whether the current turn was cut.
+    pub fn is_cut(&self) -> bool {
+        *self.state.lock() == Phase::Cut
+    }
+
     /// Resolves when the current turn is cut.
     pub async fn cut(&self) {
         loop {
@@ -101,6 +106,7 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(1), meter.cut())
             .await
             .expect("the turn was cut");
+        assert!(meter.is_cut());
         assert!(!meter.admit(1), "nothing more while cut");
         meter.end_turn();
         assert!(

@@ -817,6 +817,14 @@ async fn load(
     }
 }
 
+/// The note that ends a turn cut at its output budget.
+fn output_limit_message(per_turn: u64) -> String {
+    format!(
+        "The agent's output passed the output limit of {per_turn} bytes per turn: the rest was dropped and the \
+         turn was stopped."
+    )
+}
+
 /// Prompt the agent with one turn and map everything it sends until the prompt answers (or the turn passes
 /// its output budget, or the tenant's workspace its quota: then the turn is cut with a note).
 #[allow(clippy::too_many_arguments)]
@@ -857,6 +865,10 @@ async fn run_turn(
                     }
                 }
                 match result {
+                    // The answer raced the cut (a command stopped at the budget, say): the turn was cut.
+                    Ok(_) if bounds.meter.is_cut() && cancelled.is_none() => {
+                        mapper.fail("outputLimit", &output_limit_message(bounds.meter.per_turn()), false);
+                    }
                     Ok(response) => mapper.finish(response.stop_reason),
                     Err(error) => mapper.fail("agentError", &error.to_string(), false),
                 }
@@ -906,13 +918,8 @@ async fn run_turn(
                 return;
             }
             () = bounds.meter.cut(), if cancelled.is_none() => {
-                let message = format!(
-                    "The agent's output passed the output limit of {} bytes per turn: the rest was dropped and \
-                     the turn was stopped.",
-                    bounds.meter.per_turn()
-                );
                 stop_agent_turn(cx, session_id, &prompt.chat, terminals, &mut mapper);
-                mapper.fail("outputLimit", &message, false);
+                mapper.fail("outputLimit", &output_limit_message(bounds.meter.per_turn()), false);
                 return;
             }
             message = bounds.slot.workspace_exceeded(), if cancelled.is_none() => {
