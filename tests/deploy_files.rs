@@ -403,6 +403,11 @@ fn compose_wiring() {
                         "{}: {variable} names {host}, but the service does not wait for it (service_healthy)",
                         process.origin
                     ));
+                } else if networks_of(service).is_disjoint(&networks_of(services[&host])) {
+                    problems.push(format!(
+                        "{}: {variable} names {host}, but they share no network",
+                        process.origin
+                    ));
                 }
             }
         }
@@ -432,6 +437,17 @@ fn compose_wiring() {
     let agents_file = |process: &Process| process.env_value("AHP_RELAY_AGENTS").map(str::to_string);
     for runner in &runners {
         let service = services[&service_name(runner)];
+        // Agents run arbitrary code: their container reaches the shards and nothing of the store or the bus.
+        for data in ["postgres", "redis"] {
+            if let Some(data_service) = services.get(data) {
+                if !networks_of(service).is_disjoint(&networks_of(data_service)) {
+                    problems.push(format!(
+                        "{}: the runner (agents' code) shares a network with {data}",
+                        runner.origin
+                    ));
+                }
+            }
+        }
         if agents_file(runner).is_none()
             || shards
                 .iter()
@@ -888,6 +904,7 @@ fn compose_requires_its_secrets_and_publishes_on_loopback() {
         "AHP_RELAY_INTERNAL_SECRET",
         "AHP_RELAY_RUNNER_SECRET",
         "REDIS_PASSWORD",
+        "POSTGRES_PASSWORD",
     ] {
         if text.contains(&format!("${{{secret}:-")) || text.contains(&format!("${{{secret}-")) {
             problems.push(format!("{COMPOSE}: {secret} has a default value"));
@@ -1119,4 +1136,13 @@ fn agents_are_sandboxed_and_relay_secrets_are_files() {
         }
     }
     assert_no_problems("sandboxed agents and secret files", problems);
+}
+
+/// The networks a compose service joins (`default` when it names none).
+fn networks_of(service: &Value) -> BTreeSet<String> {
+    match &service["networks"] {
+        Value::Sequence(items) => items.iter().filter_map(scalar).collect(),
+        Value::Mapping(map) => map.keys().filter_map(scalar).collect(),
+        _ => BTreeSet::from(["default".to_string()]),
+    }
 }
