@@ -840,7 +840,8 @@ async fn a_reconnect_over_the_reply_budget_gets_snapshots() {
 }
 
 /// A client pushing a chat towards its limits (queued messages, action size) is refused with a clear
-/// rejection, and the host stays writable.
+/// rejection by validation (nothing reaches the store), and the host stays writable. A change the store
+/// itself refuses: [`a_change_the_store_refuses_fails_alone`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_pushed_to_its_limits_refuses_clearly_and_stays_writable() {
     use ahp_types::actions::{ChatDraftChangedAction, ChatPendingMessageSetAction};
@@ -917,6 +918,98 @@ async fn a_chat_pushed_to_its_limits_refuses_clearly_and_stays_writable() {
     .await;
     assert!(accepted.last().is_some_and(|e| e.rejection_reason.is_none()));
     create_session_and_chat(&client, "after-limits").await;
+}
+
+/// The envelope that tells how the action numbered `seq` (of the subscription's client) ended.
+async fn outcome(sub: &mut ahp::SessionSubscription, seq: i64) -> ahp_types::actions::ActionEnvelope {
+    collect_until(sub, |e| e.origin.as_ref().is_some_and(|o| o.client_seq == seq))
+        .await
+        .pop()
+        .expect("an envelope")
+}
+
+/// A change the store refuses for good (a trigger refuses every log row that says POISON, standing in for a
+/// value over a database limit) fails alone: its sender gets a rejection and goes on, every other client goes
+/// on untouched (its actions commit, nobody is disconnected), and after a restart the store holds exactly what
+/// was accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_the_store_refuses_fails_alone() {
+    use ahp_types::actions::ChatDraftChangedAction;
+    use sqlx::{Connection, Executor};
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut relay = Relay::start_in(data.path(), &[]).await;
+    let (a, _) = relay.client("a").await;
+    let (b, _) = relay.client("b").await;
+    let (_, chat_a) = create_session_and_chat(&a, "refused").await;
+    let (_, chat_b) = create_session_and_chat(&b, "bystander").await;
+    let (_, _, mut sub_a) = subscribe_chat(&a, &chat_a).await;
+    let (_, _, mut sub_b) = subscribe_chat(&b, &chat_b).await;
+    let mut store = sqlx::SqliteConnection::connect(&format!(
+        "sqlite://{}",
+        data.path().join("relay.sqlite").display()
+    ))
+    .await
+    .expect("open the relay's store");
+    store
+        .execute(
+            "CREATE TRIGGER poison BEFORE INSERT ON log WHEN instr(NEW.envelope, 'POISON') > 0 \
+             BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END",
+        )
+        .await
+        .expect("create the trigger");
+    let draft = |text: &str| {
+        StateAction::ChatDraftChanged(ChatDraftChangedAction {
+            draft: Some(message(text)),
+        })
+    };
+    let poisoned = a
+        .dispatch(chat_a.clone(), draft("POISON"))
+        .await
+        .expect("dispatch")
+        .client_seq;
+    let fine = b
+        .dispatch(chat_b.clone(), draft("fine"))
+        .await
+        .expect("dispatch")
+        .client_seq;
+    let refused = outcome(&mut sub_a, poisoned).await;
+    let reason = refused.rejection_reason.unwrap_or_default();
+    assert!(
+        reason.contains("could not record"),
+        "a's action was not rejected: {reason:?}"
+    );
+    let accepted = outcome(&mut sub_b, fine).await;
+    assert!(
+        accepted.rejection_reason.is_none(),
+        "{:?}",
+        accepted.rejection_reason
+    );
+    // Nobody was disconnected, and both go on, on the same connections and subscriptions.
+    a.ping().await.expect("a is still connected");
+    b.ping().await.expect("b is still connected");
+    let after = a
+        .dispatch(chat_a.clone(), draft("after"))
+        .await
+        .expect("dispatch")
+        .client_seq;
+    assert!(outcome(&mut sub_a, after).await.rejection_reason.is_none());
+    let more = b
+        .dispatch(chat_b.clone(), draft("more"))
+        .await
+        .expect("dispatch")
+        .client_seq;
+    assert!(outcome(&mut sub_b, more).await.rejection_reason.is_none());
+    let now = fresh_chat_snapshot(&relay, &chat_a).await;
+    assert_eq!(now.draft.map(|d| d.text).as_deref(), Some("after"));
+
+    a.shutdown().await;
+    b.shutdown().await;
+    relay.kill().await;
+    let relay = Relay::start_in(data.path(), &[]).await;
+    let stored_a = fresh_chat_snapshot(&relay, &chat_a).await;
+    let stored_b = fresh_chat_snapshot(&relay, &chat_b).await;
+    assert_eq!(stored_a.draft.map(|d| d.text).as_deref(), Some("after"));
+    assert_eq!(stored_b.draft.map(|d| d.text).as_deref(), Some("more"));
 }
 
 /// Open `count` hosts of `tenant` (one initialized client each, 25 at a time) and return the clients.

@@ -84,6 +84,9 @@ pub struct HostCore {
     pub owed: crate::owed::OwedEnvelopes,
     /// The tenant's storage quota, when one is configured.
     pub storage: Option<Arc<crate::storage::StorageQuota>>,
+    /// Units the store refused (see [`crate::salvage`]), with why: a request waiting on one answers with an
+    /// error instead of its reply.
+    pub failed_units: crate::salvage::FailedUnits,
 }
 
 impl HostCore {
@@ -102,9 +105,9 @@ pub struct Host {
     pub(crate) store: Store,
     /// Number of the last batch committed and published.
     pub(crate) durable: watch::Sender<CommitBarrier>,
-    publisher: Mutex<Publisher>,
+    pub(crate) publisher: Mutex<Publisher>,
     /// Publishes every event to Redis too (the distributed deployment).
-    redis: Option<RedisPublisher>,
+    pub(crate) redis: Option<RedisPublisher>,
     /// The lease this host is served under (the distributed deployment): every commit is fenced by it.
     /// `None` in the embedded relay, the only process on its store.
     lease: Option<Lease>,
@@ -155,6 +158,7 @@ impl Host {
                 owed: Default::default(),
                 last_activity: std::time::Instant::now(),
                 storage: None,
+                failed_units: Default::default(),
             }),
             publisher: Mutex::new(Publisher::new(record.last_seq, limits.bus_capacity)),
             durable: watch::Sender::new(0),
@@ -176,14 +180,29 @@ impl Host {
         self.core.lock().storage = Some(quota);
     }
 
-    /// Run locked work on the host, then wake the committer for whatever it queued and arm grace timers.
+    /// Run locked work on the host (one unit of its own work), then wake the committer for whatever it queued
+    /// and arm grace timers.
     pub(crate) fn with_core<R>(&self, work: impl FnOnce(&mut HostCore) -> R) -> R {
-        let (result, pending, grace) = {
+        self.with_core_as(None, work).0
+    }
+
+    /// [`Host::with_core`] for a message of `owner`: what it queues is one unit of `owner`'s, whose id is
+    /// returned with the result (a request waits for it, and learns from it if the store refused it).
+    pub(crate) fn with_core_as<R>(
+        &self,
+        owner: Option<ConnectionId>,
+        work: impl FnOnce(&mut HostCore) -> R,
+    ) -> (R, crate::sequencer::UnitId) {
+        let (result, unit, pending, grace) = {
             let mut core = self.core.lock();
             core.last_activity = std::time::Instant::now();
+            let unit = core.seq.begin_unit(owner);
             let result = work(&mut core);
+            // Whatever is queued outside a unit of work is the host's own.
+            core.seq.begin_unit(None);
             (
                 result,
+                unit,
                 core.seq.has_pending(),
                 std::mem::take(&mut core.pending_grace),
             )
@@ -192,7 +211,7 @@ impl Host {
             self.wakeup.notify_one();
         }
         self.arm_grace_timers(grace);
-        result
+        (result, unit)
     }
 
     /// Register a connection and hand it the host's bus.
@@ -286,8 +305,9 @@ impl Host {
             "fetchTurns" => return self.fetch_turns(connection, &message).await,
             _ => {}
         }
-        let (reply, barrier, backlog) = relay_core::heavy::for_message(size, || {
-            self.with_core(|core| {
+        let id = message.id;
+        let ((mut reply, barrier, backlog), unit) = relay_core::heavy::for_message(size, || {
+            self.with_core_as(Some(connection), |core| {
                 let reply = core.handle(connection, message);
                 (reply, core.seq.barrier(), core.seq.pending_len())
             })
@@ -296,6 +316,15 @@ impl Host {
         // (backpressure), which keeps every batch, and so every burst on the bus, bounded.
         if reply.frame.is_some() || backlog >= MAX_PENDING_PUBLICATIONS {
             self.wait_committed(barrier).await;
+            // The store refused what this request changed: it did not happen.
+            if let Some(why) = self.core.lock().failed_units.take(unit) {
+                if reply.frame.is_some() {
+                    reply.frame = Some(rpc::error_frame(
+                        id,
+                        &RpcError::internal(format!("the store could not record this change: {why}")),
+                    ));
+                }
+            }
         }
         reply
     }
@@ -566,57 +595,22 @@ async fn commit_loop(host: Weak<Host>) {
             batch = number,
             envelopes = timer.envelopes()
         );
-        let (commit, publications) = batch.into_parts();
-        let mut backoff = Duration::from_millis(10);
-        loop {
-            let committed = match &strong.lease {
-                Some(lease) => {
-                    strong
-                        .store
-                        .commit_fenced(&lease.tenant, &lease.host, &lease.owner, lease.epoch, &commit)
-                        .instrument(span.clone())
-                        .await
-                }
-                None => {
-                    strong
-                        .store
-                        .commit(&strong.key.tenant, &strong.key.host, &commit)
-                        .instrument(span.clone())
-                        .await
-                }
-            };
-            match committed {
-                Ok(()) => break,
-                Err(error @ StoreError::Fenced { .. }) => {
-                    strong.depose(&error.to_string());
+        let (commit, publications, units) = batch.into_parts();
+        match strong.write(&commit, &span).await {
+            Written::Committed => {}
+            Written::Deposed => return,
+            Written::Refused(error) => {
+                // Writing this batch can never succeed (e.g. a value over the database's limits, or a trigger
+                // that refuses it). It was never published, so no client saw it: its units are written one by
+                // one, and only the ones at fault (and those reduced on top of them) fail, each with a
+                // rejection to its sender; the host keeps serving everyone.
+                tracing::error!(host = %strong.key, %error, "a commit failed permanently; writing its units one by one");
+                if !crate::salvage::commit_units(&strong, units.split(commit, publications), &span).await {
                     return;
                 }
-                Err(error)
-                    if error.is_permanent()
-                        && !committed_anyway(&strong.store, &strong.key, &commit).await =>
-                {
-                    // Writing this batch can never succeed (e.g. a value over the database's limits) — and it
-                    // is not a retry of an attempt that went through after all (its log rows would break the
-                    // primary key). It was never published, so no client saw it: drop it with the in-memory state that produced
-                    // it. The host is deposed — its clients are told to reconnect (1012) — and reopened from
-                    // the store on the next message, without the offending action, instead of retrying
-                    // forever.
-                    tracing::error!(host = %strong.key, %error, "a commit failed permanently; reloading the host from the store");
-                    strong.depose("a commit failed permanently");
-                    return;
-                }
-                Err(error) => {
-                    tracing::warn!(host = %strong.key, %error, "commit failed; retrying");
-                    if strong.is_deposed() {
-                        return;
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                    if committed_anyway(&strong.store, &strong.key, &commit).await {
-                        tracing::warn!(host = %strong.key, "the failed commit had gone through; not writing it again");
-                        break;
-                    }
-                }
+                timer.finish();
+                finish_batch(&strong, number);
+                continue;
             }
         }
         if strong.is_deposed() {
@@ -625,16 +619,85 @@ async fn commit_loop(host: Weak<Host>) {
             return;
         }
         timer.finish();
-        let batch = strong.publisher.lock().publish(publications);
-        strong.durable.send_replace(number);
-        {
-            let mut core = strong.core.lock();
-            if !core.disposing.is_empty() {
-                core.disposing.retain(|_, batch| *batch > number);
+        strong.publish(publications).await;
+        finish_batch(&strong, number);
+    }
+}
+
+/// Batch `number` is done (committed, or what could be of it): replies waiting on it go, and channels whose
+/// disposal it carried may be read from the store again.
+fn finish_batch(host: &Host, number: u64) {
+    host.durable.send_replace(number);
+    let mut core = host.core.lock();
+    if !core.disposing.is_empty() {
+        core.disposing.retain(|_, batch| *batch > number);
+    }
+}
+
+/// How writing a batch ended.
+pub(crate) enum Written {
+    Committed,
+    /// The store refuses it for good (and it had not gone through).
+    Refused(StoreError),
+    /// The host is no longer this process's to write.
+    Deposed,
+}
+
+impl Host {
+    /// Write `commit` in one transaction (fenced by the host's lease, when it has one), retrying with backoff
+    /// what may succeed later. A failed attempt that went through all the same (its answer was lost) is not
+    /// written again.
+    pub(crate) async fn write(&self, commit: &CommitBatch, span: &tracing::Span) -> Written {
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let committed = match &self.lease {
+                Some(lease) => {
+                    self.store
+                        .commit_fenced(&lease.tenant, &lease.host, &lease.owner, lease.epoch, commit)
+                        .instrument(span.clone())
+                        .await
+                }
+                None => {
+                    self.store
+                        .commit(&self.key.tenant, &self.key.host, commit)
+                        .instrument(span.clone())
+                        .await
+                }
+            };
+            match committed {
+                Ok(()) => return Written::Committed,
+                Err(error @ StoreError::Fenced { .. }) => {
+                    self.depose(&error.to_string());
+                    return Written::Deposed;
+                }
+                // Not a retry of an attempt that went through after all (its log rows would break the
+                // primary key).
+                Err(error)
+                    if error.is_permanent() && !committed_anyway(&self.store, &self.key, commit).await =>
+                {
+                    return Written::Refused(error);
+                }
+                Err(error) => {
+                    tracing::warn!(host = %self.key, %error, "commit failed; retrying");
+                    if self.is_deposed() {
+                        return Written::Deposed;
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    if committed_anyway(&self.store, &self.key, commit).await {
+                        tracing::warn!(host = %self.key, "the failed commit had gone through; not writing it again");
+                        return Written::Committed;
+                    }
+                }
             }
         }
-        if let (Some(redis), Some(batch)) = (&strong.redis, batch) {
-            publish_to_redis(redis, &strong.key, &batch).await;
+    }
+
+    /// Publish committed publications on the local bus, then Redis.
+    pub(crate) async fn publish(&self, publications: Vec<crate::sequencer::Publication>) {
+        let batch = self.publisher.lock().publish(publications);
+        if let (Some(redis), Some(batch)) = (&self.redis, batch) {
+            publish_to_redis(redis, &self.key, &batch).await;
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod ownership;
 pub mod replay;
 pub mod restore;
 pub mod resume;
+pub mod salvage;
 pub mod sequencer;
 pub mod storage;
 pub mod terminals;

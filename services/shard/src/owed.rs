@@ -43,6 +43,13 @@ impl OwedEnvelopes {
             .unwrap_or_default()
     }
 
+    /// Drop the envelopes numbered `seqs` (their commit failed).
+    pub fn remove(&mut self, seqs: &std::collections::HashSet<u64>) {
+        for owed in self.by_client.values_mut() {
+            owed.retain(|envelope| !seqs.contains(&envelope.seq));
+        }
+    }
+
     /// The client is gone for good.
     pub fn forget(&mut self, client_id: &str) {
         self.by_client.remove(client_id);

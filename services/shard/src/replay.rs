@@ -65,6 +65,15 @@ impl ReplayBuffer {
         }
     }
 
+    /// Drop the envelopes numbered `seqs` (their commit failed: they were never accepted after all).
+    pub fn remove(&mut self, seqs: &std::collections::HashSet<u64>) {
+        let before = self.entries.len();
+        self.entries.retain(|entry| !seqs.contains(&entry.seq));
+        if self.entries.len() != before {
+            self.bytes = self.entries.iter().map(|entry| entry.size()).sum();
+        }
+    }
+
     /// Bytes of envelopes held.
     pub fn bytes(&self) -> usize {
         self.bytes

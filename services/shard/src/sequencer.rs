@@ -4,7 +4,12 @@
 //! Nothing is published directly: numbered envelopes, notifications and store writes wait in the
 //! [`PendingBatch`] until the host's committer has written them to the store in one transaction; only then are
 //! they published, in order (invariant 2, durable before visible).
+//!
+//! Everything queued is tagged with the *unit* that queued it: one message of one connection (or one piece of
+//! the host's own work). A batch the store refuses for good is split into its units ([`UnitTags::split`]), so
+//! the committer can write the others and fail only the unit at fault.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use ahp_types::actions::{ActionEnvelope, ActionOrigin, StateAction};
@@ -27,18 +32,118 @@ pub struct Publication {
     pub frame: Bytes,
 }
 
-/// What the committer takes in one go: the store writes and the publications they make visible.
+/// The unit something in a batch was queued by.
+pub type UnitId = u64;
+
+/// What the committer takes in one go: the store writes and the publications they make visible, each tagged
+/// with its unit.
 #[derive(Default)]
 pub struct PendingBatch {
     /// The batch's number: batches commit in this order, and a reply waits for the number it depends on.
     pub number: u64,
     pub last_seq: u64,
-    pub log: Vec<LogEntry>,
-    pub snapshots: Vec<SnapshotEntry>,
-    pub catalog: Vec<CatalogChange>,
-    pub disposed: Vec<String>,
-    pub bindings: Vec<ClientBinding>,
+    pub log: Vec<(UnitId, LogEntry)>,
+    pub snapshots: Vec<(UnitId, SnapshotEntry)>,
+    pub catalog: Vec<(UnitId, CatalogChange)>,
+    pub disposed: Vec<(UnitId, String)>,
+    pub bindings: Vec<(UnitId, ClientBinding)>,
+    pub publications: Vec<(UnitId, Publication)>,
+    /// The connection whose message each unit handled (units of the host's own work have none).
+    pub owners: HashMap<UnitId, ConnectionId>,
+}
+
+/// Which unit queued each part of a batch split by [`PendingBatch::into_parts`], to split it again.
+#[derive(Default)]
+pub struct UnitTags {
+    log: Vec<UnitId>,
+    snapshots: Vec<UnitId>,
+    catalog: Vec<UnitId>,
+    disposed: Vec<UnitId>,
+    bindings: Vec<UnitId>,
+    publications: Vec<UnitId>,
+    owners: HashMap<UnitId, ConnectionId>,
+}
+
+/// One unit of a batch: its store writes and publications, and whose message it was.
+pub struct Unit {
+    pub id: UnitId,
+    pub owner: Option<ConnectionId>,
+    pub commit: CommitBatch,
     pub publications: Vec<Publication>,
+}
+
+impl Unit {
+    /// Every channel (or stored key) the unit wrote or published to.
+    pub fn channels(&self) -> HashSet<String> {
+        let mut channels: HashSet<String> = self.commit.log.iter().map(|e| e.channel.clone()).collect();
+        channels.extend(self.commit.snapshots.iter().map(|s| s.channel.clone()));
+        channels.extend(self.commit.snapshots.iter().filter_map(|s| s.parent.clone()));
+        channels.extend(self.commit.disposed.iter().cloned());
+        // Actions only: notifications (a session's summary announced on the root channel) change no state.
+        channels.extend(
+            self.publications
+                .iter()
+                .filter(|p| p.kind == BusEventKind::Action)
+                .map(|p| p.channel.to_string()),
+        );
+        channels
+    }
+
+    /// Every `serverSeq` the unit numbered.
+    pub fn seqs(&self) -> HashSet<u64> {
+        let mut seqs: HashSet<u64> = self.commit.log.iter().map(|e| e.seq).collect();
+        seqs.extend(
+            self.publications
+                .iter()
+                .filter(|p| p.kind == BusEventKind::Action)
+                .map(|p| p.seq),
+        );
+        seqs
+    }
+}
+
+impl UnitTags {
+    /// Split `commit` and `publications` (as [`PendingBatch::into_parts`] made them) into their units, in the
+    /// order they were queued. Each unit's commit carries the highest `serverSeq` it numbered.
+    pub fn split(self, commit: CommitBatch, publications: Vec<Publication>) -> Vec<Unit> {
+        let mut units: BTreeMap<UnitId, Unit> = BTreeMap::new();
+        let owners = self.owners;
+        fn unit<'a>(
+            units: &'a mut BTreeMap<UnitId, Unit>,
+            owners: &HashMap<UnitId, ConnectionId>,
+            id: UnitId,
+        ) -> &'a mut Unit {
+            units.entry(id).or_insert_with(|| Unit {
+                id,
+                owner: owners.get(&id).copied(),
+                commit: CommitBatch::default(),
+                publications: Vec::new(),
+            })
+        }
+        for (id, entry) in self.log.into_iter().zip(commit.log) {
+            unit(&mut units, &owners, id).commit.log.push(entry);
+        }
+        for (id, entry) in self.snapshots.into_iter().zip(commit.snapshots) {
+            unit(&mut units, &owners, id).commit.snapshots.push(entry);
+        }
+        for (id, entry) in self.catalog.into_iter().zip(commit.catalog) {
+            unit(&mut units, &owners, id).commit.catalog.push(entry);
+        }
+        for (id, entry) in self.disposed.into_iter().zip(commit.disposed) {
+            unit(&mut units, &owners, id).commit.disposed.push(entry);
+        }
+        for (id, entry) in self.bindings.into_iter().zip(commit.bindings) {
+            unit(&mut units, &owners, id).commit.bindings.push(entry);
+        }
+        for (id, publication) in self.publications.into_iter().zip(publications) {
+            unit(&mut units, &owners, id).publications.push(publication);
+        }
+        let mut units: Vec<Unit> = units.into_values().collect();
+        for unit in &mut units {
+            unit.commit.last_seq = unit.seqs().into_iter().max().unwrap_or(0);
+        }
+        units
+    }
 }
 
 impl PendingBatch {
@@ -56,23 +161,93 @@ impl PendingBatch {
     pub fn envelope_count(&self) -> usize {
         self.publications
             .iter()
-            .filter(|p| p.kind == BusEventKind::Action)
+            .filter(|(_, p)| p.kind == BusEventKind::Action)
             .count()
     }
 
-    /// Split into the store's batch and the publications to make after it commits.
-    pub fn into_parts(self) -> (CommitBatch, Vec<Publication>) {
+    /// Split into the store's batch, the publications to make after it commits, and which unit queued what.
+    pub fn into_parts(self) -> (CommitBatch, Vec<Publication>, UnitTags) {
+        let (log_units, log) = self.log.into_iter().unzip();
+        let (snapshot_units, snapshots) = self.snapshots.into_iter().unzip();
+        let (catalog_units, catalog) = self.catalog.into_iter().unzip();
+        let (disposed_units, disposed) = self.disposed.into_iter().unzip();
+        let (binding_units, bindings) = self.bindings.into_iter().unzip();
+        let (publication_units, publications) = self.publications.into_iter().unzip();
         (
             CommitBatch {
                 last_seq: self.last_seq,
-                log: self.log,
-                snapshots: self.snapshots,
-                catalog: self.catalog,
-                disposed: self.disposed,
-                bindings: self.bindings,
+                log,
+                snapshots,
+                catalog,
+                disposed,
+                bindings,
             },
-            self.publications,
+            publications,
+            UnitTags {
+                log: log_units,
+                snapshots: snapshot_units,
+                catalog: catalog_units,
+                disposed: disposed_units,
+                bindings: binding_units,
+                publications: publication_units,
+                owners: self.owners,
+            },
         )
+    }
+
+    /// Take out every unit that touched one of `channels` (it was reduced against state that is being
+    /// reloaded), leaving the rest queued; the units taken, split.
+    pub fn take_units_touching(&mut self, channels: &HashSet<String>) -> Vec<Unit> {
+        let mut touching: HashSet<UnitId> = HashSet::new();
+        touching.extend(
+            self.log
+                .iter()
+                .filter(|(_, e)| channels.contains(&e.channel))
+                .map(|(u, _)| *u),
+        );
+        touching.extend(
+            self.snapshots
+                .iter()
+                .filter(|(_, s)| {
+                    channels.contains(&s.channel) || s.parent.as_ref().is_some_and(|p| channels.contains(p))
+                })
+                .map(|(u, _)| *u),
+        );
+        touching.extend(
+            self.disposed
+                .iter()
+                .filter(|(_, d)| channels.contains(d))
+                .map(|(u, _)| *u),
+        );
+        touching.extend(
+            self.publications
+                .iter()
+                .filter(|(_, p)| p.kind == BusEventKind::Action && channels.contains(p.channel.as_ref()))
+                .map(|(u, _)| *u),
+        );
+        if touching.is_empty() {
+            return Vec::new();
+        }
+        let mut taken = PendingBatch::default();
+        fn part<T>(from: &mut Vec<(UnitId, T)>, to: &mut Vec<(UnitId, T)>, units: &HashSet<UnitId>) {
+            let (out, keep): (Vec<_>, Vec<_>) = std::mem::take(from)
+                .into_iter()
+                .partition(|(u, _)| units.contains(u));
+            *from = keep;
+            *to = out;
+        }
+        part(&mut self.log, &mut taken.log, &touching);
+        part(&mut self.snapshots, &mut taken.snapshots, &touching);
+        part(&mut self.catalog, &mut taken.catalog, &touching);
+        part(&mut self.disposed, &mut taken.disposed, &touching);
+        part(&mut self.bindings, &mut taken.bindings, &touching);
+        part(&mut self.publications, &mut taken.publications, &touching);
+        taken.owners = touching
+            .iter()
+            .filter_map(|u| self.owners.get(u).map(|owner| (*u, *owner)))
+            .collect();
+        let (commit, publications, tags) = taken.into_parts();
+        tags.split(commit, publications)
     }
 }
 
@@ -81,6 +256,9 @@ pub struct Sequencer {
     seq: u64,
     replay: ReplayBuffer,
     pending: PendingBatch,
+    /// The unit queuing now, and the next unit's id.
+    unit: UnitId,
+    next_unit: UnitId,
 }
 
 /// The number of the batch that must be committed before something is visible (0: nothing to wait for).
@@ -98,7 +276,30 @@ impl Sequencer {
                 last_seq,
                 ..PendingBatch::default()
             },
+            unit: 0,
+            next_unit: 1,
         }
+    }
+
+    /// What is queued from now on is one unit: `owner`'s message (or, `None`, the host's own work). Returns
+    /// the unit's id.
+    pub fn begin_unit(&mut self, owner: Option<ConnectionId>) -> UnitId {
+        self.unit = self.next_unit;
+        self.next_unit += 1;
+        if let Some(owner) = owner {
+            self.pending.owners.insert(self.unit, owner);
+        }
+        self.unit
+    }
+
+    /// The replay buffer, to drop what a failed unit numbered.
+    pub fn replay_mut(&mut self) -> &mut ReplayBuffer {
+        &mut self.replay
+    }
+
+    /// Take out the queued units that touched `channels` (see [`PendingBatch::take_units_touching`]).
+    pub fn take_units_touching(&mut self, channels: &HashSet<String>) -> Vec<Unit> {
+        self.pending.take_units_touching(channels)
     }
 
     /// The last `serverSeq` assigned (committed or not).
@@ -161,12 +362,15 @@ impl Sequencer {
     ) -> Option<Arc<StoredEnvelope>> {
         let seq = self.next();
         let (envelope, frame) = encode(channel, action, seq, origin, None)?;
-        self.pending.log.push(LogEntry {
-            seq,
-            channel: channel.to_string(),
-            envelope: envelope.get().to_string(),
-            at_ms: now_ms(),
-        });
+        self.pending.log.push((
+            self.unit,
+            LogEntry {
+                seq,
+                channel: channel.to_string(),
+                envelope: envelope.get().to_string(),
+                at_ms: now_ms(),
+            },
+        ));
         let stored = Arc::new(StoredEnvelope {
             seq,
             channel: channel.into(),
@@ -241,33 +445,41 @@ impl Sequencer {
     /// queued earlier in this batch is dropped: the store applies a batch's deletions before its snapshots,
     /// so the batch must say only what the channel's last fate in it is.
     pub fn forget(&mut self, key: &str) {
-        self.pending.snapshots.retain(|snapshot| snapshot.channel != key);
-        if !self.pending.disposed.iter().any(|disposed| disposed == key) {
-            self.pending.disposed.push(key.to_string());
+        self.pending
+            .snapshots
+            .retain(|(_, snapshot)| snapshot.channel != key);
+        if !self.pending.disposed.iter().any(|(_, disposed)| disposed == key) {
+            self.pending.disposed.push((self.unit, key.to_string()));
         }
     }
 
     /// Store a snapshot of a channel at the current `serverSeq` (after any deletion of it queued earlier in
     /// this batch: a channel disposed and created again keeps its new snapshot).
     pub fn snapshot(&mut self, channel: &str, parent: Option<&str>, state: String) {
-        self.pending.snapshots.push(SnapshotEntry {
-            channel: channel.to_string(),
-            parent: parent.map(str::to_string),
-            seq: self.seq,
-            state,
-        });
+        self.pending.snapshots.push((
+            self.unit,
+            SnapshotEntry {
+                channel: channel.to_string(),
+                parent: parent.map(str::to_string),
+                seq: self.seq,
+                state,
+            },
+        ));
     }
 
     /// Record that `client_id` belongs to `subject` (durably, with the next batch).
     pub fn bind_client(&mut self, client_id: &str, subject: &str) {
-        self.pending.bindings.push(ClientBinding {
-            client_id: client_id.to_string(),
-            subject: subject.to_string(),
-        });
+        self.pending.bindings.push((
+            self.unit,
+            ClientBinding {
+                client_id: client_id.to_string(),
+                subject: subject.to_string(),
+            },
+        ));
     }
 
     pub fn catalog(&mut self, change: CatalogChange) {
-        self.pending.catalog.push(change);
+        self.pending.catalog.push((self.unit, change));
     }
 
     fn next(&mut self) -> u64 {
@@ -277,13 +489,16 @@ impl Sequencer {
     }
 
     fn publish(&mut self, kind: BusEventKind, channel: &str, seq: u64, audience: Audience, frame: Bytes) {
-        self.pending.publications.push(Publication {
-            kind,
-            channel: channel.into(),
-            seq,
-            audience,
-            frame,
-        });
+        self.pending.publications.push((
+            self.unit,
+            Publication {
+                kind,
+                channel: channel.into(),
+                seq,
+                audience,
+                frame,
+            },
+        ));
     }
 }
 
@@ -419,11 +634,53 @@ pub fn frame_around(json: String) -> (Box<RawValue>, Bytes) {
 mod tests {
     use super::*;
 
+    const ROOT: &str = ahp_types::ROOT_RESOURCE_URI;
+
     fn channels(batch: &PendingBatch) -> (Vec<&str>, Vec<&str>) {
         (
-            batch.snapshots.iter().map(|s| s.channel.as_str()).collect(),
-            batch.disposed.iter().map(String::as_str).collect(),
+            batch.snapshots.iter().map(|(_, s)| s.channel.as_str()).collect(),
+            batch.disposed.iter().map(|(_, d)| d.as_str()).collect(),
         )
+    }
+
+    fn draft(text: &str) -> StateAction {
+        serde_json::from_value(serde_json::json!({
+            "type": "chat/draftChanged",
+            "draft": {"text": text}
+        }))
+        .expect("an action")
+    }
+
+    #[test]
+    fn a_batch_splits_into_its_units_and_takes_out_those_touching_a_channel() {
+        let mut seq = Sequencer::new(0, 16, usize::MAX);
+        let a = seq.begin_unit(Some(ConnectionId(1)));
+        seq.accept("ahp-chat:/x", &draft("a"), None);
+        seq.snapshot("ahp-chat:/x", Some("ahp-session:/s"), "{}".into());
+        let host_work = seq.begin_unit(None);
+        seq.accept("ahp-chat:/y", &draft("agent"), None);
+        let b = seq.begin_unit(Some(ConnectionId(2)));
+        seq.accept("ahp-chat:/x", &draft("b"), None);
+        seq.notify(ROOT, "root/sessionSummaryChanged", &serde_json::json!({}));
+        let c = seq.begin_unit(Some(ConnectionId(3)));
+        seq.accept("ahp-chat:/z", &draft("c"), None);
+
+        // Units touching x (the notification on root is no state change) come out; the rest stay queued.
+        let taken = seq.take_units_touching(&HashSet::from(["ahp-chat:/x".to_string()]));
+        assert_eq!(taken.iter().map(|u| u.id).collect::<Vec<_>>(), [a, b]);
+        assert_eq!(taken[0].owner, Some(ConnectionId(1)));
+        assert_eq!(taken[0].commit.log.len(), 1);
+        assert_eq!(taken[0].commit.snapshots.len(), 1);
+        assert_eq!(taken[0].commit.last_seq, 1);
+        assert_eq!(taken[1].publications.len(), 2, "its action and its notification");
+
+        let (commit, publications, tags) = seq.take_pending().into_parts();
+        let units = tags.split(commit, publications);
+        assert_eq!(units.iter().map(|u| u.id).collect::<Vec<_>>(), [host_work, c]);
+        assert_eq!(units[0].owner, None);
+        assert_eq!(units[1].owner, Some(ConnectionId(3)));
+        assert_eq!(units[1].commit.log[0].channel, "ahp-chat:/z");
+        assert_eq!(units[1].seqs(), HashSet::from([4]));
     }
 
     #[test]

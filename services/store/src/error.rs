@@ -65,16 +65,102 @@ impl StoreError {
             StoreError::Database(sqlx::Error::Database(error)) => {
                 let code = error.code().unwrap_or_default();
                 // Postgres: class 22 (data exception, e.g. 22001 string too long, 22021 bad encoding), class
-                // 23 (integrity constraint), 54000 (program limit exceeded: a row or value too big). SQLite:
+                // 23 (integrity constraint), 54000 (program limit exceeded: a row or value too big), and XX000
+                // for a value too big to allocate. SQLite:
                 // SQLITE_TOOBIG (18), SQLITE_CONSTRAINT (19 and its extended codes), SQLITE_MISMATCH (20).
+                // Postgres XX000 (internal error) is permanent when it says a value is too big to allocate
+                // ("invalid memory alloc request size …", over the 1 GB a value may hold); other XX000 errors
+                // may pass.
                 code.starts_with("22")
                     || code.starts_with("23")
                     || code == "54000"
+                    || (code == "XX000" && oversize(error.message()))
                     || matches!(code.as_ref(), "18" | "19" | "20")
                     || (code.len() > 2 && code.parse::<u32>().is_ok_and(|c| c & 0xff == 19))
             }
             StoreError::Database(sqlx::Error::Encode(_) | sqlx::Error::TypeNotFound { .. }) => true,
             _ => false,
         }
+    }
+}
+
+/// Whether a Postgres internal error's message says a value was too big to hold.
+fn oversize(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    [
+        "invalid memory alloc request size",
+        "exceeds the maximum",
+        "too large",
+        "too big",
+    ]
+    .iter()
+    .any(|said| message.contains(said))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::borrow::Cow;
+
+    /// A database's error as sqlx reports it: a code and a message.
+    #[derive(Debug)]
+    struct Refusal {
+        code: &'static str,
+        message: &'static str,
+    }
+
+    impl std::fmt::Display for Refusal {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.message)
+        }
+    }
+
+    impl std::error::Error for Refusal {}
+
+    impl sqlx::error::DatabaseError for Refusal {
+        fn message(&self) -> &str {
+            self.message
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(self.code))
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn error(code: &'static str, message: &'static str) -> StoreError {
+        StoreError::Database(sqlx::Error::Database(Box::new(Refusal { code, message })))
+    }
+
+    #[test]
+    fn a_value_the_database_cannot_hold_is_permanent_and_an_outage_is_not() {
+        assert!(error("XX000", "invalid memory alloc request size 1073741824").is_permanent());
+        assert!(error("54000", "row is too big").is_permanent());
+        assert!(error("22001", "value too long").is_permanent());
+        assert!(
+            error("1811", "refused by a trigger").is_permanent(),
+            "SQLITE_CONSTRAINT_TRIGGER"
+        );
+        assert!(
+            error("18", "string or blob too big").is_permanent(),
+            "SQLITE_TOOBIG"
+        );
+        assert!(
+            !error("XX000", "could not read block 0").is_permanent(),
+            "another internal error may pass"
+        );
+        assert!(!error("57P01", "terminating connection due to administrator command").is_permanent());
+        assert!(!error("40001", "could not serialize access").is_permanent());
+        assert!(!error("5", "database is locked").is_permanent(), "SQLITE_BUSY");
     }
 }
