@@ -412,6 +412,113 @@ async fn a_connection_is_closed_when_its_token_expires() {
     assert_eq!(close.map(|f| u16::from(f.code)), Some(4001));
 }
 
+/// A store that does not commit (another process holds SQLite's write lock) holds no call forever: the call
+/// is answered with an error within `--call-timeout`, the relay's pings reach the client meanwhile, and a token
+/// that expires during the call closes the connection with 4001 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_to_a_stuck_store_is_bounded_and_the_connections_clocks_run_on() {
+    use futures_util::StreamExt;
+    use relay_gateway::auth::{mint_hs256, Claims};
+    use sqlx::{Connection, Executor};
+    use support::raw::{initialize, send, Socket};
+    use tokio_tungstenite::tungstenite::Message;
+    let data = tempfile::tempdir().expect("tempdir");
+    let relay = Relay::start_in(
+        data.path(),
+        &[
+            "--call-timeout",
+            "3s",
+            "--ping-interval",
+            "100ms",
+            "--idle-timeout",
+            "60s",
+        ],
+    )
+    .await;
+    let connect = |expires_in: std::time::Duration| {
+        let claims = Claims::new("dev", "stuck", Role::Member, None, expires_in);
+        let token = mint_hs256(SECRET.as_bytes(), &claims).expect("mint");
+        let url = format!("{}?access_token={token}", relay.url());
+        async move {
+            let (socket, _) = tokio_tungstenite::connect_async(url).await.expect("connect");
+            socket
+        }
+    };
+    let mut patient: Socket = connect(std::time::Duration::from_secs(3600)).await;
+    initialize(&mut patient, "patient").await;
+    let mut expiring: Socket = connect(std::time::Duration::from_secs(2)).await;
+    initialize(&mut expiring, "expiring").await;
+
+    let mut blocker = sqlx::SqliteConnection::connect(&format!(
+        "sqlite://{}",
+        data.path().join("relay.sqlite").display()
+    ))
+    .await
+    .expect("open the relay's store");
+    blocker
+        .execute("BEGIN IMMEDIATE")
+        .await
+        .expect("take the write lock");
+    let create = |id: u64, name: &str| {
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "createSession",
+            "params": {"channel": format!("ahp-session:/{name}"), "provider": "demo"}})
+        .to_string()
+    };
+    send(&mut patient, create(1, "stuck-1")).await;
+    send(&mut expiring, create(1, "stuck-2")).await;
+
+    // The token runs out while its call waits: closed with 4001.
+    let closed = tokio::time::timeout(PATIENCE, async {
+        while let Some(Ok(frame)) = expiring.next().await {
+            if let Message::Close(frame) = frame {
+                return frame.map(|f| u16::from(f.code));
+            }
+        }
+        None
+    })
+    .await;
+    assert_eq!(
+        closed,
+        Ok(Some(4001)),
+        "the expired token's connection was not closed during its call"
+    );
+
+    // The other call is answered with an error (not held), and pings arrived while it waited.
+    let mut pings = 0;
+    let answer = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match patient.next().await {
+                Some(Ok(Message::Ping(_))) => pings += 1,
+                Some(Ok(Message::Text(text))) => {
+                    let frame: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+                    if frame["id"] == 1 {
+                        return frame;
+                    }
+                }
+                Some(Ok(_)) => {}
+                other => panic!("the connection ended: {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the call to a stuck store was never answered");
+    let message = answer["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(message.contains("did not answer within"), "{answer}");
+    assert!(
+        pings >= 3,
+        "only {pings} pings arrived during a 3 s call (one every 100 ms is due)"
+    );
+
+    // Once the store is free again the connection works on.
+    blocker.execute("ROLLBACK").await.expect("release the lock");
+    send(&mut patient, create(2, "after")).await;
+    let after = support::raw::answer_to(&mut patient, 2).await;
+    assert!(after.get("result").is_some(), "{after}");
+}
+
 /// Every stdout line of an `ahp-relay` process up to (and including) the one containing `marker`.
 async fn stdout_until(
     mut command: tokio::process::Command,

@@ -60,6 +60,9 @@ pub struct Limits {
     pub ping_interval: Duration,
     /// A connection from which nothing arrived (not even a pong) for this long is closed.
     pub idle_timeout: Duration,
+    /// How long a client's call may wait for its host (its commit, a stuck store): then it is answered with an
+    /// error and the connection goes on.
+    pub call_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -89,6 +92,7 @@ impl Default for Limits {
             outbound_queue_bytes: 16 * 1024 * 1024,
             ping_interval: Duration::from_secs(20),
             idle_timeout: Duration::from_secs(60),
+            call_timeout: Duration::from_secs(30),
         }
     }
 }

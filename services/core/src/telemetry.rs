@@ -50,6 +50,7 @@ pub const FANOUT_LATENCY_SECONDS: &str = "ahp_relay_fanout_latency_seconds";
 pub const GAP_REPAIRS_TOTAL: &str = "ahp_relay_gap_repairs_total";
 /// Connections closed as slow consumers, close code 1013 (counter, gateway).
 pub const SLOW_CONSUMER_CLOSES_TOTAL: &str = "ahp_relay_slow_consumer_closes_total";
+pub const CALL_TIMEOUTS_TOTAL: &str = "ahp_relay_call_timeouts_total";
 /// Envelopes sequenced and committed (counter, shard).
 pub const ACTIONS_TOTAL: &str = "ahp_relay_actions_total";
 /// Envelopes per store commit (histogram, shard).
@@ -165,6 +166,11 @@ fn register(side: Side) {
                 "Client connections closed with 1013 because they fell behind."
             );
             describe_counter!(
+                CALL_TIMEOUTS_TOTAL,
+                Unit::Count,
+                "Client calls answered with an error because their host did not answer within the call timeout."
+            );
+            describe_counter!(
                 REDIRECTS_TOTAL,
                 Unit::Count,
                 "Redirects to a host's owning shard this gateway followed."
@@ -173,6 +179,7 @@ fn register(side: Side) {
             gauge!(SUBSCRIPTIONS).increment(0.0);
             counter!(GAP_REPAIRS_TOTAL).increment(0);
             counter!(SLOW_CONSUMER_CLOSES_TOTAL).increment(0);
+            counter!(CALL_TIMEOUTS_TOTAL).increment(0);
         }
         Side::Shard => {
             describe_counter!(ACTIONS_TOTAL, Unit::Count, "Envelopes sequenced and committed.");
@@ -291,6 +298,11 @@ pub fn redirect_followed() {
 /// A connection was closed with 1013 because it fell behind.
 pub fn slow_consumer_closed() {
     counter!(SLOW_CONSUMER_CLOSES_TOTAL).increment(1);
+}
+
+/// A client's call was answered with an error: its host did not answer within the call timeout.
+pub fn call_timed_out() {
+    counter!(CALL_TIMEOUTS_TOTAL).increment(1);
 }
 
 // ---- shard --------------------------------------------------------------------------------------------------

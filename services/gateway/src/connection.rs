@@ -8,6 +8,10 @@
 //! keep up is closed with a resumable close code instead of slowing its host (invariant 8). Writes make
 //! progress whenever the task waits — for the bus, the client, or a call to the host.
 //!
+//! A call to the host is bounded (`call_timeout`: then it is answered with an error and the connection goes
+//! on), and while one is in flight the connection's own clocks keep running: pings go out, and shutdown and
+//! token expiry close it as they would between calls.
+//!
 //! Each inbound message is handled inside an `ahp.call` span (method, host), which the gRPC link carries to
 //! the shard as trace context. Once a flush has put bus events on the socket, their time from stamp to socket
 //! is recorded (`ahp_relay_fanout_latency_seconds`, see [`relay_core::telemetry`]).
@@ -105,36 +109,33 @@ impl<L: HostLink> Connection<L> {
         // Polled on every wake-up, so created once: a fresh `changed()` each time would register with (and
         // leave) the watch's waiter list, a lock every connection of the process shares.
         let mut shutdown = self.shutdown.clone();
-        let shutdown = async move {
-            let _ = shutdown.changed().await;
-        };
-        tokio::pin!(shutdown);
         let mut rate = self.quotas.connection_bucket();
         // Liveness: a ping every interval; a connection silent for the idle timeout is closed (within the
         // timeout plus one interval), which frees its quota slot even when its peer vanished without a FIN.
         let ping_every = self.limits.ping_interval;
         let mut pings = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
         pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut clocks = Clocks {
+            shutdown: Box::pin(async move {
+                let _ = shutdown.changed().await;
+            }),
+            expiry: Box::pin(tokio::time::sleep(
+                self.token_expires_at
+                    .duration_since(std::time::SystemTime::now())
+                    .unwrap_or_default(),
+            )),
+            pings,
+        };
         let mut last_heard = Instant::now();
-        let expiry = tokio::time::sleep(
-            self.token_expires_at
-                .duration_since(std::time::SystemTime::now())
-                .unwrap_or_default(),
-        );
-        tokio::pin!(expiry);
 
         let close: Option<Close> = loop {
             // Deliver what the host published before taking more work from the client: a connection that
             // floods requests cannot starve its own deliveries.
             tokio::select! {
                 biased;
-                () = &mut shutdown => {
-                    break Some((close_code::RESTARTING, "relay shutting down".to_string()));
-                }
-                () = &mut expiry => {
-                    break Some((close_code::TOKEN_EXPIRED, "access token expired; reconnect with a fresh one".into()));
-                }
-                _ = pings.tick() => {
+                () = clocks.shutdown.as_mut() => break Some(shutting_down()),
+                () = clocks.expiry.as_mut() => break Some(token_expired()),
+                _ = clocks.pings.tick() => {
                     if last_heard.elapsed() >= self.limits.idle_timeout {
                         break Some((close_code::GOING_AWAY, "idle timeout: no pong".into()));
                     }
@@ -160,14 +161,14 @@ impl<L: HostLink> Connection<L> {
                     };
                     let wait = self.quotas.message_delay(&self.identity.tenant, &mut rate, text.len());
                     if !wait.is_zero() {
-                        let waited = Box::pin(delivery.during(tokio::time::sleep(wait)))
+                        let waited = Box::pin(delivery.during(&mut clocks, tokio::time::sleep(wait)))
                             .await
                             .and_then(|()| delivery.flush_backlog());
                         if let Err(close) = waited {
                             break Some(close);
                         }
                     }
-                    if let Err(close) = Box::pin(self.handle_frame(id, &text, &mut delivery)).await {
+                    if let Err(close) = Box::pin(self.handle_frame(id, &text, &mut delivery, &mut clocks)).await {
                         break Some(close);
                     }
                 }
@@ -201,6 +202,7 @@ impl<L: HostLink> Connection<L> {
         id: ConnectionId,
         text: &[u8],
         delivery: &mut Delivery,
+        clocks: &mut Clocks,
     ) -> Result<(), Close> {
         if text.len() > self.limits.max_frame_bytes {
             return Err((close_code::TOO_BIG, "frame too large".into()));
@@ -215,15 +217,31 @@ impl<L: HostLink> Connection<L> {
             Err(rejection) => return delivery.send(rpc::error_frame(rejection.id, &rejection.error)),
         };
         let span = tracing::info_span!("ahp.call", method = %message.method, host = %self.host);
+        let request = message.id;
+        let patience = self.limits.call_timeout;
+        let call = tokio::time::timeout(patience, self.link.call(&self.host, id, message)).instrument(span);
+        let Ok(reply) = delivery.during(clocks, call).await? else {
+            // What the host did with it (if anything) shows to every device once committed, and after a
+            // reconnect; the connection goes on.
+            telemetry::call_timed_out();
+            return match request {
+                Some(_) => delivery.send(rpc::error_frame(
+                    request,
+                    &rpc::RpcError::internal(format!(
+                        "the host did not answer within {patience:?} (its store may be slow); what the call \
+                         did, if anything, shows once it is stored"
+                    )),
+                )),
+                None => Ok(()),
+            };
+        };
         let CommandReply {
             frame,
             subscriptions,
             session_started,
             close,
             deliver_first,
-        } = delivery
-            .during(self.link.call(&self.host, id, message).instrument(span))
-            .await?;
+        } = reply;
         for change in subscriptions {
             delivery.filter.apply(change);
         }
@@ -248,6 +266,25 @@ impl<L: HostLink> Connection<L> {
 
 /// A close code and reason.
 type Close = (u16, String);
+
+/// The connection's own clocks, which run during calls too: the relay's shutdown, the token's expiry, and
+/// the ping interval.
+struct Clocks {
+    shutdown: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    expiry: std::pin::Pin<Box<tokio::time::Sleep>>,
+    pings: tokio::time::Interval,
+}
+
+fn shutting_down() -> Close {
+    (close_code::RESTARTING, "relay shutting down".to_string())
+}
+
+fn token_expired() -> Close {
+    (
+        close_code::TOKEN_EXPIRED,
+        "access token expired; reconnect with a fresh one".to_string(),
+    )
+}
 
 fn write_failed() -> Close {
     (close_code::GOING_AWAY, "write failed".to_string())
@@ -302,13 +339,21 @@ impl Delivery {
         .await
     }
 
-    /// Run `call` while keeping the bus drained into the backlog and writing what is queued.
-    async fn during<F: Future>(&mut self, call: F) -> Result<F::Output, Close> {
+    /// Run `call` while keeping the bus drained into the backlog, writing what is queued, pinging, and closing
+    /// at shutdown or token expiry. (The idle check waits: the client's frames are not read meanwhile, and the
+    /// call itself is bounded.)
+    async fn during<F: Future>(&mut self, clocks: &mut Clocks, call: F) -> Result<F::Output, Close> {
         tokio::pin!(call);
         loop {
             let batch = tokio::select! {
                 biased;
+                () = clocks.shutdown.as_mut() => return Err(shutting_down()),
+                () = clocks.expiry.as_mut() => return Err(token_expired()),
                 output = &mut call => return Ok(output),
+                _ = clocks.pings.tick() => {
+                    self.outbox.ping();
+                    continue;
+                }
                 batch = self.next_batch() => batch?,
             };
             self.hold(batch)?;

@@ -211,6 +211,10 @@ pub struct EdgeArgs {
     /// A connection from which nothing (not even a pong) arrived for this long is closed (1001), e.g. 60s.
     #[arg(long, env = "AHP_RELAY_IDLE_TIMEOUT", default_value = "60s", value_parser = crate::parse_ttl)]
     pub idle_timeout: Duration,
+    /// How long a client's call may wait for its host (e.g. a store that does not commit) before it is
+    /// answered with an error, e.g. 30s. The connection's pings, idle check and token expiry go on meanwhile.
+    #[arg(long, env = "AHP_RELAY_CALL_TIMEOUT", default_value = "30s", value_parser = crate::parse_ttl)]
+    pub call_timeout: Duration,
 }
 
 /// The credential a deployment's shards and gateways share (the shard refuses gRPC calls without it).
@@ -457,6 +461,7 @@ impl EdgeArgs {
         Limits {
             ping_interval: self.ping_interval.max(Duration::from_millis(10)),
             idle_timeout: self.idle_timeout.max(Duration::from_millis(10)),
+            call_timeout: self.call_timeout.max(Duration::from_millis(10)),
             max_frame_bytes: self.max_frame_bytes.max(1024),
             max_json_depth: self.max_json_depth.clamp(8, 64),
             outbound_queue_frames: self.outbound_queue.max(16),
