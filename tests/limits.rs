@@ -673,6 +673,23 @@ async fn a_tenant_over_its_storage_quota_cannot_grow() {
                     }
                     other => panic!("a session was created over the quota: {other:?}"),
                 }
+                // A new clientId is a new stored row: refused; the hoarder's own clientId is known.
+                let mut newcomer = raw_as(&relay, &tenant, "abuser", Role::Member).await;
+                send(
+                    &mut newcomer,
+                    json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                        "channel": "ahp-root://", "protocolVersions": ["1.0.0"],
+                        "clientId": format!("newcomer-{n}")}})
+                    .to_string(),
+                )
+                .await;
+                let answer = answer_to(&mut newcomer, 0).await;
+                assert!(
+                    answer["error"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("storage quota")),
+                    "a new clientId was recorded over the quota: {answer}"
+                );
                 abuse.crossed();
             }
             client

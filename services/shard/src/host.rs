@@ -833,23 +833,30 @@ impl HostCore {
         }
         let subject = self.connection(connection)?.identity.subject.clone();
         // A binding the store knows was loaded before this call ([`Host::load_client_binding`]): one that is
-        // not in memory now is new, and is recorded durably with the reply's batch.
-        let binding = match self.clients.entry(client_id.to_string()) {
-            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
-            std::collections::hash_map::Entry::Vacant(entry) => {
-                self.seq.bind_client(client_id, &subject);
-                entry.insert(ClientBinding {
-                    subject: subject.clone(),
-                    live_connections: 0,
-                    grace_epoch: 0,
-                })
-            }
-        };
+        // not in memory now is new — a stored row, which a tenant over its storage quota may not add.
+        let refusal = (!self.clients.contains_key(client_id))
+            .then(|| self.storage_refusal())
+            .flatten();
+        if let Some(refusal) = refusal {
+            return Err(RpcError::invalid_request(format!(
+                "{refusal}: no new clientId is recorded (reconnect with one this host knows)"
+            )));
+        }
+        let binding = self
+            .clients
+            .entry(client_id.to_string())
+            .or_insert_with(|| ClientBinding {
+                subject: subject.clone(),
+                live_connections: 0,
+                grace_epoch: 0,
+            });
         if binding.subject != subject {
             return Err(RpcError::permission_denied(
                 "this clientId belongs to another user",
             ));
         }
+        // Recorded (when new) or its use noted (a binding in use is never pruned), with the reply's batch.
+        self.seq.bind_client(client_id, &subject);
         binding.live_connections += 1;
         binding.grace_epoch += 1;
         if let Some(state) = self.connections.get_mut(&connection) {

@@ -467,13 +467,14 @@ impl Sequencer {
         ));
     }
 
-    /// Record that `client_id` belongs to `subject` (durably, with the next batch).
+    /// Record that `client_id` belongs to `subject` and was used now (durably, with the next batch).
     pub fn bind_client(&mut self, client_id: &str, subject: &str) {
         self.pending.bindings.push((
             self.unit,
             ClientBinding {
                 client_id: client_id.to_string(),
                 subject: subject.to_string(),
+                used_at_ms: now_ms(),
             },
         ));
     }

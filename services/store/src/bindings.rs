@@ -6,7 +6,8 @@ use sqlx::{AnyConnection, AnyPool};
 use crate::sql::{Statement, ROWS_PER_INSERT};
 use crate::{ClientBinding, StoreError};
 
-/// Records `bindings` that are not recorded yet; an existing binding of a clientId is never changed.
+/// Records `bindings` that are not recorded yet, and the use of those that are; an existing binding's subject
+/// is never changed.
 pub(crate) async fn store(
     conn: &mut AnyConnection,
     tenant: &str,
@@ -15,16 +16,21 @@ pub(crate) async fn store(
 ) -> Result<(), StoreError> {
     for chunk in bindings.chunks(ROWS_PER_INSERT) {
         let mut insert = Statement::scoped(
-            "INSERT INTO client_bindings (tenant, host, client_id, subject) VALUES ",
+            "INSERT INTO client_bindings (tenant, host, client_id, subject, last_used_ms) VALUES ",
             tenant,
             host,
         )?;
         for (i, binding) in chunk.iter().enumerate() {
             insert.push(if i == 0 { "($1, $2, " } else { ", ($1, $2, " });
             insert.bind(binding.client_id.as_str())?.push(", ");
-            insert.bind(binding.subject.as_str())?.push(")");
+            insert.bind(binding.subject.as_str())?.push(", ");
+            insert.bind(binding.used_at_ms)?.push(")");
         }
-        insert.push(" ON CONFLICT (tenant, host, client_id) DO NOTHING");
+        insert.push(
+            " ON CONFLICT (tenant, host, client_id) DO UPDATE SET last_used_ms = \
+             CASE WHEN excluded.last_used_ms > client_bindings.last_used_ms THEN excluded.last_used_ms \
+             ELSE client_bindings.last_used_ms END",
+        );
         insert.execute(conn).await?;
     }
     Ok(())
@@ -45,4 +51,13 @@ pub(crate) async fn subject_of(
     .bind(client_id)
     .fetch_optional(pool)
     .await?)
+}
+
+/// Removes every binding last used before `older_than_ms` (unix ms); returns how many.
+pub(crate) async fn prune(pool: &AnyPool, older_than_ms: i64) -> Result<u64, StoreError> {
+    let removed = sqlx::query("DELETE FROM client_bindings WHERE last_used_ms < $1")
+        .bind(older_than_ms)
+        .execute(pool)
+        .await?;
+    Ok(removed.rows_affected())
 }

@@ -247,8 +247,8 @@ impl Store {
 
     /// Retention, over every host: deletes log rows older than `older_than_ms` (unix ms) whose seq is at most
     /// their channel's snapshot seq — every channel stays restorable — or whose channel has no snapshot any
-    /// more (disposed), and raises each affected host's `log_floor` to the highest seq deleted. Returns the
-    /// number of rows deleted.
+    /// more (disposed), raises each affected host's `log_floor` to the highest seq deleted, and deletes the
+    /// clientId bindings not used since. Returns the number of rows deleted.
     pub async fn compact(&self, older_than_ms: i64) -> Result<u64, StoreError> {
         retention::compact(&self.pool, self.backend, older_than_ms).await
     }

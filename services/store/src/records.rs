@@ -55,6 +55,8 @@ pub struct ClientBinding {
     pub client_id: String,
     /// The token subject that first used the clientId.
     pub subject: String,
+    /// When it was used (unix ms): recorded again on every use, so a binding in use is never pruned.
+    pub used_at_ms: i64,
 }
 
 /// One envelope in a host's log.

@@ -3,10 +3,11 @@
 
 use sqlx::AnyPool;
 
-use crate::{hosts, log, Backend, StoreError};
+use crate::{bindings, hosts, log, Backend, StoreError};
 
 /// Removes every host's log rows older than `older_than_ms` that a snapshot covers (or whose channel has no
-/// snapshot any more) and raises each host's `log_floor` to the highest seq removed. Returns rows removed.
+/// snapshot any more) and raises each host's `log_floor` to the highest seq removed, and every clientId
+/// binding not used since `older_than_ms`. Returns rows removed (log rows and bindings).
 pub(crate) async fn compact(pool: &AnyPool, backend: Backend, older_than_ms: i64) -> Result<u64, StoreError> {
     let mut removed = 0;
     for (tenant, host) in log::hosts_with_rows_older_than(pool, older_than_ms).await? {
@@ -21,5 +22,6 @@ pub(crate) async fn compact(pool: &AnyPool, backend: Backend, older_than_ms: i64
         }
         tx.commit().await?;
     }
+    removed += bindings::prune(pool, older_than_ms).await?;
     Ok(removed)
 }

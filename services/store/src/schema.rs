@@ -51,6 +51,11 @@ const POSTGRES: &[EmbeddedMigration] = &[
         description: "catalog modified",
         sql: include_str!("../../../migrations/postgres/0005_catalog_modified.sql"),
     },
+    EmbeddedMigration {
+        version: 6,
+        description: "binding use",
+        sql: include_str!("../../../migrations/postgres/0006_binding_use.sql"),
+    },
 ];
 
 const SQLITE: &[EmbeddedMigration] = &[
@@ -78,6 +83,11 @@ const SQLITE: &[EmbeddedMigration] = &[
         version: 5,
         description: "catalog modified",
         sql: include_str!("../../../migrations/sqlite/0005_catalog_modified.sql"),
+    },
+    EmbeddedMigration {
+        version: 6,
+        description: "binding use",
+        sql: include_str!("../../../migrations/sqlite/0006_binding_use.sql"),
     },
 ];
 

@@ -152,6 +152,7 @@ on_both_backends!(
     a_channel_disposed_then_created_again_in_one_batch_stays_loadable,
     a_client_id_keeps_its_first_subject,
     stored_bytes_count_a_tenants_log_snapshots_and_client_bindings,
+    bindings_unused_past_the_retention_are_pruned_and_used_ones_kept,
 );
 
 const T: &str = "acme";
@@ -1150,6 +1151,7 @@ async fn a_deposed_owner_cannot_commit_and_writes_nothing(db: &TestDb) {
         bindings: vec![relay_store::ClientBinding {
             client_id: "deposed-client".into(),
             subject: "mallory".into(),
+            used_at_ms: 1_000,
         }],
     };
     assert_eq!(
@@ -1687,6 +1689,7 @@ async fn a_client_id_keeps_its_first_subject(db: &TestDb) {
         bindings: vec![relay_store::ClientBinding {
             client_id: client_id.into(),
             subject: subject.into(),
+            used_at_ms: 1_000,
         }],
         ..CommitBatch::default()
     };
@@ -1758,6 +1761,7 @@ async fn stored_bytes_count_a_tenants_log_snapshots_and_client_bindings(db: &Tes
                 bindings: vec![relay_store::ClientBinding {
                     client_id: "laptop-7".into(),
                     subject: "ana".into(),
+                    used_at_ms: 1_000,
                 }],
                 ..CommitBatch::default()
             },
@@ -1767,5 +1771,46 @@ async fn stored_bytes_count_a_tenants_log_snapshots_and_client_bindings(db: &Tes
     assert_eq!(
         store.stored_bytes(T).await.unwrap(),
         u64::try_from(expected + other_host + 20 + H.len() + "laptop-7".len() + "ana".len()).unwrap()
+    );
+}
+
+async fn bindings_unused_past_the_retention_are_pruned_and_used_ones_kept(db: &TestDb) {
+    let store = &db.store;
+    let bind = |client_id: &str, subject: &str, used_at_ms: i64| CommitBatch {
+        bindings: vec![relay_store::ClientBinding {
+            client_id: client_id.into(),
+            subject: subject.into(),
+            used_at_ms,
+        }],
+        ..CommitBatch::default()
+    };
+    store.commit(T, H, &bind("stale", "ana", 1_000)).await.unwrap();
+    store.commit(T, H, &bind("kept", "ana", 1_000)).await.unwrap();
+    // Used again later (by its owner): its use is noted, its subject unchanged even if another names it.
+    store.commit(T, H, &bind("kept", "ana", 9_000)).await.unwrap();
+    store.commit(T, H, &bind("kept", "bob", 9_500)).await.unwrap();
+    // An older use recorded late does not turn the clock back.
+    store.commit(T, H, &bind("kept", "ana", 2_000)).await.unwrap();
+    store.commit(T, H, &bind("fresh", "bob", 8_000)).await.unwrap();
+
+    let removed = store.compact(5_000).await.unwrap();
+    assert_eq!(
+        removed, 1,
+        "only the stale binding (and no log rows: there are none)"
+    );
+    assert_eq!(store.client_binding(T, H, "stale").await.unwrap(), None);
+    assert_eq!(
+        store.client_binding(T, H, "kept").await.unwrap().as_deref(),
+        Some("ana")
+    );
+    assert_eq!(
+        store.client_binding(T, H, "fresh").await.unwrap().as_deref(),
+        Some("bob")
+    );
+    // A pruned clientId is free again.
+    store.commit(T, H, &bind("stale", "bob", 10_000)).await.unwrap();
+    assert_eq!(
+        store.client_binding(T, H, "stale").await.unwrap().as_deref(),
+        Some("bob")
     );
 }
