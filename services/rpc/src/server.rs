@@ -99,9 +99,14 @@ pub trait BusHistory: Send + Sync + 'static {
     /// Resolves once this shard stops serving `host` (at once if it does not serve it now).
     fn served_until_moved(&self, host: &HostKey) -> impl Future<Output = ()> + Send;
 
-    /// Detach every connection the gateway with connection-id prefix `gateway` has on `host` (its stream
-    /// for the host ended: it died, or follows the host no more).
-    fn detach_gateway(&self, host: &HostKey, gateway: u64) -> impl Future<Output = ()> + Send;
+    /// Detach every connection the gateway with connection-id prefix `gateway` attached to `host` before
+    /// `ended`, when its last stream for the host ended (it died, or follows the host no more).
+    fn detach_gateway(
+        &self,
+        host: &HostKey,
+        gateway: u64,
+        ended: std::time::Instant,
+    ) -> impl Future<Output = ()> + Send;
 }
 
 impl BusHistory for ShardLink {
@@ -137,8 +142,8 @@ impl BusHistory for ShardLink {
         ShardLink::served_until_moved(self, host).await;
     }
 
-    async fn detach_gateway(&self, host: &HostKey, gateway: u64) {
-        ShardLink::detach_gateway(self, host, gateway);
+    async fn detach_gateway(&self, host: &HostKey, gateway: u64, ended: std::time::Instant) {
+        ShardLink::detach_gateway(self, host, gateway, ended);
     }
 }
 
@@ -211,10 +216,13 @@ impl<L: HostLink + BusHistory> Drop for GatewayStream<L> {
             return;
         }
         let (streams, key, link) = (self.streams.clone(), self.key.clone(), self.link.clone());
+        let ended = std::time::Instant::now();
         tokio::spawn(async move {
             tokio::time::sleep(GATEWAY_STREAM_GRACE).await;
+            // Connections attached since the stream ended are the gateway's next stream's, even if that
+            // stream registers only after this timer (a Watch is sent after its Attach).
             if !streams.open.lock().contains_key(&key) {
-                link.detach_gateway(&key.0, key.1).await;
+                link.detach_gateway(&key.0, key.1, ended).await;
             }
         });
     }

@@ -414,3 +414,75 @@ async fn fetch_range_reads_published_actions_back_from_the_buffer_and_the_store(
     assert_eq!(fetch(0, expected[1].0).await, first_two);
     a.shutdown().await;
 }
+
+/// A gateway that follows a host again soon after it stopped (its last client left, a new one came) sends its
+/// `Attach` before its new `Watch` is in: the old stream's grace timer must not detach the new connection,
+/// even when the new `Watch` registers only after the timer fired. (The grace is a time, so the test waits
+/// for it to pass.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_attached_after_a_gateways_stream_ended_survives_the_streams_grace() {
+    let shard = start_shard().await;
+    let channel = tonic::transport::Endpoint::from_shared(shard.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("grpc");
+    let mut grpc = relay_rpc::pb::shard_client::ShardClient::with_interceptor(channel, common::credential());
+    let host = || {
+        Some(relay_rpc::pb::HostKey {
+            tenant: "dev".into(),
+            host: "default".into(),
+        })
+    };
+    let gateway: u64 = 0x5eed;
+    let connection = ConnectionId((gateway << 32) | 1);
+    // The gateway's stream of the host, then its end (its last client left).
+    let watch = grpc
+        .watch(relay_rpc::pb::WatchRequest {
+            host: host(),
+            gateway,
+        })
+        .await
+        .expect("watch");
+    drop(watch);
+    let ended = tokio::time::Instant::now();
+    // A new client: attached within the grace, its Watch registered after the grace.
+    tokio::time::sleep_until(ended + relay_rpc::server::GATEWAY_STREAM_GRACE / 2).await;
+    grpc.attach(relay_rpc::pb::AttachRequest {
+        host: host(),
+        connection: connection.0,
+        identity: Some(relay_rpc::pb::Identity {
+            subject: "late".into(),
+            tenant: "dev".into(),
+            role: relay_rpc::pb::Role::Member as i32,
+        }),
+    })
+    .await
+    .expect("attach");
+    tokio::time::sleep_until(ended + relay_rpc::server::GATEWAY_STREAM_GRACE + Duration::from_millis(500))
+        .await;
+    let _watch = grpc
+        .watch(relay_rpc::pb::WatchRequest {
+            host: host(),
+            gateway,
+        })
+        .await
+        .expect("watch again");
+    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": "late"}});
+    let reply = grpc
+        .call(relay_rpc::pb::CallRequest {
+            host: host(),
+            connection: connection.0,
+            frame: initialize.to_string().into_bytes(),
+        })
+        .await
+        .expect("call")
+        .into_inner();
+    let frame: serde_json::Value =
+        serde_json::from_slice(&reply.frame.expect("a reply frame")).expect("JSON");
+    assert!(
+        frame.get("result").is_some(),
+        "the connection was detached: {frame}"
+    );
+}

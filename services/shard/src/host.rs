@@ -51,6 +51,8 @@ pub struct ConnectionState {
     pub subscriptions: HashSet<String>,
     /// Per chat, the absolute index of the oldest turn the connection holds (its snapshot and fetched pages).
     pub turn_windows: HashMap<String, usize>,
+    /// When it was attached (a gateway's stream that ended before then does not detach it).
+    pub attached_at: std::time::Instant,
 }
 
 /// A client id, the user it belongs to, and how many live connections use it.
@@ -227,6 +229,7 @@ impl Host {
                     protocol_version: None,
                     subscriptions: HashSet::new(),
                     turn_windows: HashMap::new(),
+                    attached_at: std::time::Instant::now(),
                 },
             );
         });
@@ -376,9 +379,14 @@ impl Host {
     }
 
     /// Detach every connection `gone` picks; returns how many.
-    pub fn detach_where(&self, gone: impl Fn(ConnectionId) -> bool) -> usize {
+    pub fn detach_where(&self, gone: impl Fn(ConnectionId, &ConnectionState) -> bool) -> usize {
         self.with_core(|core| {
-            let picked: Vec<ConnectionId> = core.connections.keys().copied().filter(|c| gone(*c)).collect();
+            let picked: Vec<ConnectionId> = core
+                .connections
+                .iter()
+                .filter(|(connection, state)| gone(**connection, state))
+                .map(|(connection, _)| *connection)
+                .collect();
             for connection in &picked {
                 core.disconnect(*connection);
             }

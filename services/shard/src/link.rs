@@ -315,9 +315,14 @@ impl ShardLink {
     }
 
     /// Detach every connection of the gateway whose connection ids carry `gateway` as prefix from `key`.
-    pub fn detach_gateway(&self, key: &HostKey, gateway: u64) {
+    /// Detach the connections of the gateway with connection-id prefix `gateway` on `key` that were attached
+    /// before `ended` (when its last stream of the host ended): one attached since belongs to a stream that is
+    /// coming.
+    pub fn detach_gateway(&self, key: &HostKey, gateway: u64, ended: std::time::Instant) {
         if let Some(host) = self.existing(key) {
-            let gone = host.detach_where(|connection| connection.prefix() == gateway);
+            let gone = host.detach_where(|connection, state| {
+                connection.prefix() == gateway && state.attached_at <= ended
+            });
             if gone > 0 {
                 tracing::info!(host = %key, gateway, connections = gone, "a gateway's stream ended; detached its connections");
             }
