@@ -726,6 +726,38 @@ async fn frames_for(
     }
 }
 
+/// Frames a raw socket receives for the notification `dispatch` (sent as is, with `clientSeq`) until both the
+/// answer to a ping sent after it and the envelope echoing `clientSeq` have arrived. The echo is sequenced and
+/// published once its batch is stored, the ping is answered at once: JSON-RPC orders neither before the other.
+async fn frames_for_dispatch(
+    socket: &mut support::raw::Socket,
+    dispatch: serde_json::Value,
+    client_seq: u64,
+    ping_id: u64,
+) -> Vec<serde_json::Value> {
+    support::raw::send(socket, dispatch.to_string()).await;
+    support::raw::send(
+        socket,
+        serde_json::json!({"jsonrpc": "2.0", "id": ping_id, "method": "ping"}).to_string(),
+    )
+    .await;
+    let echoes = |frame: &serde_json::Value| {
+        frame["params"]["envelope"]["origin"]["clientSeq"] == serde_json::json!(client_seq)
+            || frame["params"]["origin"]["clientSeq"] == serde_json::json!(client_seq)
+    };
+    let (mut frames, mut answered, mut echoed) = (Vec::new(), false, false);
+    while !(answered && echoed) {
+        let frame = support::raw::recv(socket).await;
+        if frame["id"] == serde_json::json!(ping_id) && frame.get("result").is_some() {
+            answered = true;
+            continue;
+        }
+        echoed |= echoes(&frame);
+        frames.push(frame);
+    }
+    frames
+}
+
 /// Session and chat as a fresh subscriber of `tenant` sees them.
 async fn session_and_chat_json(relay: &Relay, tenant: &str, session: &str, chat: &str) -> String {
     let (observer, _) = relay.client_as(tenant, "auditor", Role::Admin, "auditor").await;
@@ -779,10 +811,11 @@ async fn a_viewer_watches_a_live_turn_but_every_mutation_is_refused() {
     support::raw::answer_to(&mut raw, 0).await;
     let actions = every_client_action("vic-raw", &session, &chat);
     for (n, (channel, action)) in actions.iter().enumerate() {
-        let frames = frames_for(
+        let frames = frames_for_dispatch(
             &mut raw,
             serde_json::json!({"jsonrpc": "2.0", "method": "dispatchAction",
                 "params": {"channel": channel, "clientSeq": n + 1, "action": action}}),
+            n as u64 + 1,
             1000 + n as u64,
         )
         .await;
