@@ -519,6 +519,154 @@ async fn a_call_to_a_stuck_store_is_bounded_and_the_connections_clocks_run_on() 
     assert!(after.get("result").is_some(), "{after}");
 }
 
+/// Stored sessions named by an opening that cannot succeed are not read from the store: a protocol version
+/// this relay does not speak, or another user's clientId, loads nothing however many channels it names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_opening_that_cannot_succeed_loads_nothing() {
+    use support::raw::{answer_to, raw_as, send};
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut relay = Relay::start_in(data.path(), &[]).await;
+    let (owner, _) = relay
+        .client_as("dev", "alice", Role::Member, "alices-laptop")
+        .await;
+    let mut sessions = Vec::new();
+    for n in 0..40 {
+        let (session, _) = create_session_and_chat(&owner, &format!("stored-{n}")).await;
+        sessions.push(session);
+    }
+    owner.shutdown().await;
+    relay.kill().await;
+    // Fresh process: nothing is in memory until a message names it.
+    let relay = Relay::start_in(data.path(), &[]).await;
+    let loaded = || relay.metric("ahp_relay_sessions_loaded");
+    assert_eq!(loaded().await, 0.0);
+    let open = |client_id: &str, versions: serde_json::Value| {
+        serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "channel": "ahp-root://", "protocolVersions": versions, "clientId": client_id,
+            "initialSubscriptions": sessions}})
+        .to_string()
+    };
+    let mut old_client = raw_as(&relay, "dev", "alice", Role::Member).await;
+    send(
+        &mut old_client,
+        open("alices-phone", serde_json::json!(["0.9.0"])),
+    )
+    .await;
+    let answer = answer_to(&mut old_client, 0).await;
+    assert!(answer.get("error").is_some(), "{answer}");
+    assert_eq!(loaded().await, 0.0, "an unsupported version loaded sessions");
+    let mut impostor = raw_as(&relay, "dev", "mallory", Role::Member).await;
+    send(&mut impostor, open("alices-laptop", serde_json::json!(["1.0.0"]))).await;
+    let answer = answer_to(&mut impostor, 0).await;
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("another user")),
+        "{answer}"
+    );
+    assert_eq!(loaded().await, 0.0, "another user's clientId loaded sessions");
+    // The owner's own opening loads them.
+    let mut own = raw_as(&relay, "dev", "alice", Role::Member).await;
+    send(&mut own, open("alices-laptop", serde_json::json!(["1.0.0"]))).await;
+    assert!(answer_to(&mut own, 0).await.get("result").is_some());
+    assert_eq!(loaded().await, 40.0);
+}
+
+/// An opening refused after loading what it names (its snapshots over the reply budget) leaves nothing
+/// loaded behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_opening_unloads_what_it_loaded() {
+    use support::raw::{answer_to, raw_as, send};
+    let data = tempfile::tempdir().expect("tempdir");
+    let flags = ["--max-reply-bytes", "65536"];
+    let mut relay = Relay::start_in(data.path(), &flags).await;
+    let (writer, _) = relay.client("writer").await;
+    let mut chats = Vec::new();
+    for n in 0..3 {
+        chats.push(heavy_chat(&writer, &format!("heavy-{n}"), 40).await);
+    }
+    writer.shutdown().await;
+    relay.kill().await;
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let mut reader = raw_as(&relay, "dev", "reader", Role::Member).await;
+    send(
+        &mut reader,
+        serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": "reader",
+            "initialSubscriptions": chats}})
+        .to_string(),
+    )
+    .await;
+    let answer = answer_to(&mut reader, 0).await;
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("would exceed")),
+        "{answer}"
+    );
+    assert_eq!(relay.metric("ahp_relay_sessions_loaded").await, 0.0);
+}
+
+/// Sessions nothing uses leave the memory of a live host (a connection stays attached to it all along), and
+/// come back when named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_sessions_of_a_live_host_leave_memory() {
+    // Idle sweeps every quarter of the idle-host timeout (which is at least the client grace plus 1 s).
+    let relay = Relay::start_with(&["--idle-host-timeout", "400ms", "--active-client-grace-ms", "100"]).await;
+    let (client, _) = relay.client("keeper").await;
+    let mut chats = Vec::new();
+    for n in 0..3 {
+        let (session, chat) = create_session_and_chat(&client, &format!("unused-{n}")).await;
+        client.unsubscribe(session).await.expect("unsubscribe");
+        chats.push(chat);
+    }
+    let addr = relay.addr.clone();
+    wait_metric(&addr, "ahp_relay_sessions_loaded", |loaded| loaded == 0.0).await;
+    // Named again, a session comes back with its state.
+    let state = fresh_chat_snapshot(&relay, &chats[0]).await;
+    assert_eq!(state.turns.len(), 0);
+    assert!(relay.metric("ahp_relay_sessions_loaded").await >= 1.0);
+    client
+        .ping()
+        .await
+        .expect("the keeper's connection is still attached");
+}
+
+/// `--max-sessions-per-host` counts the host's sessions, not the ones in memory: after a restart (nothing
+/// loaded) the limit still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_limit_holds_after_a_restart() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let flags = ["--max-sessions-per-host", "3"];
+    let mut relay = Relay::start_in(data.path(), &flags).await;
+    let (client, _) = relay.client("creator").await;
+    for n in 0..3 {
+        create_session_and_chat(&client, &format!("counted-{n}")).await;
+    }
+    client.shutdown().await;
+    relay.kill().await;
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let (client, _) = relay.client("creator").await;
+    let refused: Result<serde_json::Value, _> = client
+        .request(
+            "createSession",
+            json!({"channel": "ahp-session:/one-too-many", "provider": "demo"}),
+        )
+        .await;
+    match refused {
+        Err(ahp::ClientError::Rpc(error)) => {
+            assert!(error.message.contains("session limit"), "{}", error.message)
+        }
+        other => panic!("a fourth session was created after a restart: {other:?}"),
+    }
+    // Disposing one makes room again.
+    let _: serde_json::Value = client
+        .request("disposeSession", json!({"channel": "ahp-session:/counted-0"}))
+        .await
+        .expect("dispose");
+    create_session_and_chat(&client, "room-again").await;
+}
+
 /// Every stdout line of an `ahp-relay` process up to (and including) the one containing `marker`.
 async fn stdout_until(
     mut command: tokio::process::Command,

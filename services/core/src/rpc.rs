@@ -217,6 +217,18 @@ pub fn is_response(text: &[u8]) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether a response frame is an error (it has `error`, and no `result`).
+pub fn is_error(frame: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Probe {
+        result: Option<serde::de::IgnoredAny>,
+        error: Option<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Probe>(frame)
+        .map(|p| p.error.is_some() && p.result.is_none())
+        .unwrap_or(false)
+}
+
 /// `{"jsonrpc":"2.0","id":…,"result":…}`.
 pub fn result_frame<T: Serialize + ?Sized>(id: u64, result: &T) -> Result<Bytes, serde_json::Error> {
     #[derive(Serialize)]

@@ -60,7 +60,7 @@ pub const UNAVAILABLE_SUBSCRIPTIONS: &str = "ahpRelay/unavailableSubscriptions";
 /// The protocol version to speak, from the versions a client offers: this relay speaks AHP 1.0.0 (and so any
 /// 1.x a client offers, which SemVer makes compatible with it). 0.x versions differ on the wire and are never
 /// chosen, though the `ahp-types` crate would negotiate 0.9.0.
-fn negotiate(offered: &[String]) -> Result<Option<String>, String> {
+pub(crate) fn negotiate(offered: &[String]) -> Result<Option<String>, String> {
     let ours = PROTOCOL_VERSION.split('.').next().unwrap_or("1");
     let same_major: Vec<String> = offered
         .iter()
@@ -376,7 +376,7 @@ impl HostCore {
         }
         let uri = params.channel;
         self.check_new_uri(&uri, "ahp-session:", ahp_error_codes::SESSION_ALREADY_EXISTS)?;
-        if self.model.sessions.len() >= self.limits.max_sessions_per_host {
+        if self.session_count >= self.limits.max_sessions_per_host as u64 {
             return Err(RpcError::invalid_request(format!(
                 "session limit reached ({} per host)",
                 self.limits.max_sessions_per_host
@@ -471,6 +471,7 @@ impl HostCore {
         let catalog_no = self
             .model
             .insert_new_session(uri.clone(), state, created_at.clone());
+        self.session_count += 1;
         let creator = self.connection(connection)?.identity.subject.clone();
         if let Some(session) = self.model.sessions.get_mut(&uri) {
             session.created_by = Some(creator);
@@ -515,6 +516,7 @@ impl HostCore {
             );
         }
         let chats = self.model.remove_session(&uri);
+        self.session_count = self.session_count.saturating_sub(1);
         for chat in &chats {
             self.seq.dispose(chat);
             self.seq.forget(&crate::archive::key(chat));

@@ -89,6 +89,11 @@ pub struct HostCore {
     /// Units the store refused (see [`crate::salvage`]), with why: a request waiting on one answers with an
     /// error instead of its reply.
     pub failed_units: crate::salvage::FailedUnits,
+    /// The host's sessions, loaded or not (its catalogue's size at open, then counted): what
+    /// `max_sessions_per_host` holds to.
+    pub session_count: u64,
+    /// Sessions nothing used at the last idle sweep: unused at the next one too, they leave memory.
+    pub unused_sessions: HashSet<String>,
 }
 
 impl HostCore {
@@ -140,6 +145,7 @@ impl Host {
         lease: Option<Lease>,
     ) -> Result<Arc<Self>, StoreError> {
         let record = store.load_host(&key.tenant, &key.host).await?;
+        let session_count = store.session_count(&key.tenant, &key.host).await?;
         let root = crate::restore::restore_root(&store, &key, providers.agents()).await?;
         let host = Arc::new_cyclic(|me: &Weak<Host>| Host {
             core: Mutex::new(HostCore {
@@ -161,6 +167,8 @@ impl Host {
                 last_activity: std::time::Instant::now(),
                 storage: None,
                 failed_units: Default::default(),
+                session_count,
+                unused_sessions: HashSet::new(),
             }),
             publisher: Mutex::new(Publisher::new(record.last_seq, limits.bus_capacity)),
             durable: watch::Sender::new(0),
@@ -184,6 +192,12 @@ impl Host {
 
     /// Run locked work on the host (one unit of its own work), then wake the committer for whatever it queued
     /// and arm grace timers.
+    /// Let the sessions nothing used since the last sweep leave memory (see
+    /// [`HostCore::evict_unused_sessions`]). A sweep is not activity: it leaves the host's idle clock alone.
+    pub(crate) fn evict_unused_sessions(&self) -> usize {
+        self.core.lock().evict_unused_sessions()
+    }
+
     pub(crate) fn with_core<R>(&self, work: impl FnOnce(&mut HostCore) -> R) -> R {
         self.with_core_as(None, work).0
     }
@@ -262,18 +276,28 @@ impl Host {
     async fn serve_call(&self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
         let size = message.params.as_ref().map_or(0, |params| params.get().len());
         let opens_session = matches!(message.method.as_str(), "initialize" | "reconnect");
+        let mut admitted = !opens_session;
         if opens_session {
-            if let Err(error) = self.load_client_binding(&message).await {
-                tracing::error!(host = %self.key, %error, "could not read a client binding from the store");
-                return CommandReply::frame(rpc::error_frame(
-                    message.id,
-                    &RpcError::internal("the store is unavailable; retry"),
-                ));
+            match self.admit_opening(connection, &message).await {
+                Ok(crate::admission::Admission::Load) => admitted = true,
+                Ok(crate::admission::Admission::LoadNothing) => {}
+                Ok(crate::admission::Admission::Refuse(error)) => {
+                    return CommandReply::frame(rpc::error_frame(message.id, &error));
+                }
+                Err(error) => {
+                    tracing::error!(host = %self.key, %error, "could not read a client binding from the store");
+                    return CommandReply::frame(rpc::error_frame(
+                        message.id,
+                        &RpcError::internal("the store is unavailable; retry"),
+                    ));
+                }
             }
         }
-        // Nothing is read from the store for a connection that has not initialized (it will be refused), and
-        // never more channels than one message may name.
-        let named = if opens_session || self.core.lock().client_id(connection).is_ok() {
+        // Nothing is read from the store for a connection that has not initialized (it will be refused), for an
+        // opening that cannot succeed, and never more channels than one message may name.
+        let named = if (opens_session && admitted)
+            || (!opens_session && self.core.lock().client_id(connection).is_ok())
+        {
             relay_core::heavy::for_message(size, || crate::restore::channels_named_by(&message))
         } else {
             Vec::new()
@@ -285,13 +309,31 @@ impl Host {
                 &RpcError::invalid_params(format!("a message may name at most {limit} distinct channels")),
             ));
         }
-        if let Err(error) = self.ensure_loaded(&named).await {
-            tracing::error!(host = %self.key, %error, "could not load channels from the store");
-            return CommandReply::frame(rpc::error_frame(
-                message.id,
-                &RpcError::internal("the store is unavailable; retry"),
-            ));
+        let loaded = match self.ensure_loaded(&named).await {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                tracing::error!(host = %self.key, %error, "could not load channels from the store");
+                return CommandReply::frame(rpc::error_frame(
+                    message.id,
+                    &RpcError::internal("the store is unavailable; retry"),
+                ));
+            }
+        };
+        let reply = self.serve_loaded(connection, message, size).await;
+        // A refused opening leaves nothing it loaded behind.
+        if opens_session && !loaded.is_empty() && reply.frame.as_deref().is_some_and(rpc::is_error) {
+            self.with_core(|core| core.unload_unused(&loaded));
         }
+        reply
+    }
+
+    /// [`Host::serve_call`] once what the message names is loaded.
+    async fn serve_loaded(
+        &self,
+        connection: ConnectionId,
+        message: InboundMessage,
+        size: usize,
+    ) -> CommandReply {
         if self.core.lock().client_id(connection).is_ok() {
             // An operation on an archived turn reduces against state that holds it (AHP: eager loading).
             if let Err(error) = self.load_named_turns(&message).await {
@@ -330,47 +372,6 @@ impl Host {
             }
         }
         reply
-    }
-
-    /// Bring the stored owner of the clientId an `initialize` or `reconnect` names into memory (a binding
-    /// survives restarts, and is dropped from memory after its grace period).
-    async fn load_client_binding(&self, message: &InboundMessage) -> Result<(), StoreError> {
-        #[derive(serde::Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Named {
-            client_id: Option<String>,
-        }
-        let Some(client_id) = message
-            .params
-            .as_ref()
-            .and_then(|params| serde_json::from_str::<Named>(params.get()).ok())
-            .and_then(|named| named.client_id)
-        else {
-            return Ok(());
-        };
-        if client_id.is_empty() || client_id.len() > MAX_CLIENT_ID_BYTES {
-            return Ok(()); // refused by the command itself
-        }
-        if self.core.lock().clients.contains_key(&client_id) {
-            return Ok(());
-        }
-        let Some(subject) = self
-            .store
-            .client_binding(&self.key.tenant, &self.key.host, &client_id)
-            .await?
-        else {
-            return Ok(());
-        };
-        self.core
-            .lock()
-            .clients
-            .entry(client_id)
-            .or_insert(ClientBinding {
-                subject,
-                live_connections: 0,
-                grace_epoch: 0,
-            });
-        Ok(())
     }
 
     /// The connection is gone.

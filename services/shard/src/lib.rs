@@ -5,6 +5,7 @@
 //! it to its bus, keeps the newest envelopes for exact replay, restores sessions lazily from the store, and
 //! runs the host side effects (provider turns, queued messages, active clients). [`ShardLink`] is the in-process implementation of the gateway↔shard interface.
 
+pub mod admission;
 pub mod archive;
 pub mod catalog;
 pub mod commands;

@@ -259,6 +259,14 @@ impl ShardLink {
         // Under the opening lock: no host is reopened (and no lease re-taken) while one is being let go, so
         // a release below can only ever release the evicted instance's lease.
         let _opening = self.opening.lock().await;
+        // Live hosts keep only the sessions something uses.
+        let live: Vec<Arc<Host>> = self.hosts.lock().values().cloned().collect();
+        for host in live {
+            let sessions = host.evict_unused_sessions();
+            if sessions > 0 {
+                tracing::debug!(host = %host.key, sessions, "unused sessions left memory");
+            }
+        }
         let evicted: Vec<Arc<Host>> = {
             let mut hosts = self.hosts.lock();
             let idle: Vec<HostKey> = hosts

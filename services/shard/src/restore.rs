@@ -103,8 +103,10 @@ struct LoadedSession {
 }
 
 impl Host {
-    /// Make sure every named session or chat that exists in the store is in memory.
-    pub(crate) async fn ensure_loaded(&self, channels: &[String]) -> Result<(), ShardError> {
+    /// Make sure every named session or chat that exists in the store is in memory; returns the sessions this
+    /// call loaded.
+    pub(crate) async fn ensure_loaded(&self, channels: &[String]) -> Result<Vec<String>, ShardError> {
+        let mut loaded = Vec::new();
         for channel in channels {
             let disposing = {
                 let core = self.core.lock();
@@ -117,12 +119,15 @@ impl Host {
                 // Disposed, but the store may still hold it until that batch commits: read it only after.
                 self.wait_committed(barrier).await;
             }
-            let Some(loaded) = self.read_session_of(channel).await? else {
+            let Some(session) = self.read_session_of(channel).await? else {
                 continue;
             };
-            self.with_core(|core| core.install(loaded));
+            let uri = session.uri.clone();
+            if self.with_core(|core| core.install(session)) {
+                loaded.push(uri);
+            }
         }
-        Ok(())
+        Ok(loaded)
     }
 
     /// Read the session that `channel` is (or belongs to), with all its chats.
@@ -177,16 +182,16 @@ impl Host {
 }
 
 impl HostCore {
-    /// Reduce a loaded session into memory (unless another call installed it meanwhile).
-    fn install(&mut self, loaded: LoadedSession) {
+    /// Reduce a loaded session into memory (unless another call installed it meanwhile); whether it did.
+    fn install(&mut self, loaded: LoadedSession) -> bool {
         if self.model.kind(&loaded.uri) != ChannelKind::Unknown {
-            return;
+            return false;
         }
         let doc: SessionDocument = match serde_json::from_str(&loaded.session.state) {
             Ok(doc) => doc,
             Err(error) => {
                 tracing::error!(session = %loaded.uri, %error, "unreadable session snapshot");
-                return;
+                return false;
             }
         };
         let mut state = doc.state;
@@ -268,6 +273,7 @@ impl HostCore {
                 }),
             );
         }
+        true
     }
 }
 

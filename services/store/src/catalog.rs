@@ -148,6 +148,16 @@ pub(crate) async fn page(
         .collect()
 }
 
+/// How many sessions the host's catalogue lists (every session not disposed).
+pub(crate) async fn count(pool: &AnyPool, tenant: &str, host: &str) -> Result<u64, StoreError> {
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM catalog WHERE tenant = $1 AND host = $2")
+        .bind(tenant)
+        .bind(host)
+        .fetch_one(pool)
+        .await?;
+    Ok(u64::try_from(count).unwrap_or(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

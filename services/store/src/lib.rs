@@ -245,6 +245,11 @@ impl Store {
         catalog::page(&self.pool, tenant, host, after, limit).await
     }
 
+    /// How many sessions the host has (loaded or not): its catalogue's size.
+    pub async fn session_count(&self, tenant: &str, host: &str) -> Result<u64, StoreError> {
+        catalog::count(&self.pool, tenant, host).await
+    }
+
     /// Retention, over every host: deletes log rows older than `older_than_ms` (unix ms) whose seq is at most
     /// their channel's snapshot seq — every channel stays restorable — or whose channel has no snapshot any
     /// more (disposed), raises each affected host's `log_floor` to the highest seq deleted, and deletes the
