@@ -421,8 +421,10 @@ async fn thousand_turns(store: TestStore) {
     let window = fresh_chat_snapshot_for(&relay, &tenant, &chat).await;
     assert_eq!(window.turns.len(), 100);
     assert_eq!(window.turns_next_cursor.as_deref(), Some("turns:900"));
+    // A live chat holds its retained turns (and a few more until the next ages out): however many are asked
+    // for, the rest are paged in.
     let (observer, _) = relay.client_as(&tenant, "ana", Role::Viewer, "full").await;
-    let (result, _full_sub) = observer
+    let (result, mut full_sub) = observer
         .subscribe_with_options(
             chat.clone(),
             None,
@@ -430,8 +432,24 @@ async fn thousand_turns(store: TestStore) {
         )
         .await
         .expect("subscribe");
-    let full = chat_of(&result.snapshot.expect("snapshot"));
-    assert_eq!(full.turns.len(), 1_000);
+    let snapshot = result.snapshot.expect("snapshot");
+    let mut full = chat_of(&snapshot);
+    assert!(
+        (100..=125).contains(&full.turns.len()),
+        "{} turns in memory",
+        full.turns.len()
+    );
+    fetch_all_turns(
+        &observer,
+        &mut full_sub,
+        &chat,
+        &mut full,
+        snapshot.from_seq as u64,
+    )
+    .await;
+    let ids: Vec<String> = full.turns.iter().map(|turn| turn.id.clone()).collect();
+    let expected: Vec<String> = (0..1_000).map(|i| format!("t{i:04}")).collect();
+    assert_eq!(ids, expected);
 
     let (b, _) = relay.client_as(&tenant, "ana", Role::Member, "reader").await;
     let (result, mut b_sub) = b
@@ -470,6 +488,112 @@ async fn thousand_turns(store: TestStore) {
 }
 
 on_both_stores!(fetch_turns_pages_a_1000_turn_chat, thousand_turns);
+
+/// Soak: one chat of 10,000 turns holding 50 MiB. A live host keeps only its retained turns (in memory and in
+/// every snapshot row), the older ones are one store row each, every turn is still paged in in order, after a
+/// restart too, and a chat at its turn limit refuses the next turn, saying so.
+async fn ten_thousand_turns(store: TestStore) {
+    const TURNS: usize = 10_000;
+    const PROMPT: usize = 5 * 1024;
+    let tenant = unique_tenant();
+    let flags = [
+        "--demo-step-ms",
+        "1000",
+        "--max-turns-per-chat",
+        "10000",
+        "--max-reply-bytes",
+        "1048576",
+    ];
+    let mut relay = store.relay(&flags).await;
+    let (a, _) = relay.client_as(&tenant, "ana", Role::Member, "writer").await;
+    let (_, chat) = create_session_and_chat(&a, "soak").await;
+    let (_, _, mut sub) = subscribe_chat(&a, &chat).await;
+    let prompt = "p".repeat(PROMPT);
+    let cancel = |i: usize| {
+        StateAction::ChatTurnCancelled(ahp_types::actions::ChatTurnCancelledAction {
+            turn_id: format!("t{i:05}"),
+            duration: 1,
+            meta: None,
+        })
+    };
+    for batch in 0..TURNS / 500 {
+        let mut last = 0;
+        for i in batch * 500..(batch + 1) * 500 {
+            a.dispatch(chat.clone(), turn_started(&format!("t{i:05}"), &prompt))
+                .await
+                .expect("start");
+            last = a
+                .dispatch(chat.clone(), cancel(i))
+                .await
+                .expect("cancel")
+                .client_seq;
+        }
+        // Echoed (so committed) before the next 500: the test's own memory stays bounded too.
+        let envs = collect_until(&mut sub, |e| {
+            e.origin.as_ref().is_some_and(|o| o.client_seq == last)
+        })
+        .await;
+        assert!(envs.iter().all(|e| e.rejection_reason.is_none()));
+    }
+    // The 10,001st turn is refused, with the reason.
+    a.dispatch(chat.clone(), turn_started("one-too-many", "x"))
+        .await
+        .expect("dispatch");
+    let refused = collect_until(&mut sub, |e| e.rejection_reason.is_some()).await;
+    let reason = refused
+        .last()
+        .and_then(|e| e.rejection_reason.clone())
+        .unwrap_or_default();
+    assert!(reason.contains("limit of 10000 turns"), "{reason}");
+
+    // No stored row grows with the chat: the chat's snapshot holds its retained turns (up to 125 of 5 KiB),
+    // and every older turn is a row of its own.
+    let largest_snapshot = store
+        .number(
+            "SELECT CAST(MAX(LENGTH(state)) AS BIGINT) FROM snapshots WHERE tenant = $1",
+            &tenant,
+        )
+        .await;
+    assert!(
+        largest_snapshot < 2 * 1024 * 1024,
+        "a snapshot row of {largest_snapshot} bytes"
+    );
+    let archived = store
+        .number(
+            "SELECT CAST(COUNT(*) AS BIGINT) FROM turn_archive WHERE tenant = $1",
+            &tenant,
+        )
+        .await;
+    assert!(archived >= 9_875, "{archived} archived turn rows");
+    let largest_turn = store
+        .number(
+            "SELECT CAST(MAX(LENGTH(turn)) AS BIGINT) FROM turn_archive WHERE tenant = $1",
+            &tenant,
+        )
+        .await;
+    assert!(
+        largest_turn < 8 * 1024,
+        "an archived turn row of {largest_turn} bytes"
+    );
+    drop(a);
+
+    // After a restart every turn is still there, oldest first, paged in.
+    relay.kill().await;
+    let relay = store.relay(&flags).await;
+    let (c, _) = relay.client_as(&tenant, "ana", Role::Member, "reader").await;
+    let (mut restored, restored_from, mut c_sub) = subscribe_chat(&c, &chat).await;
+    assert_eq!(restored.turns.len(), 100, "the retained turns are inline");
+    let pages = fetch_all_turns(&c, &mut c_sub, &chat, &mut restored, restored_from).await;
+    assert!(pages >= (TURNS - 100) / 50);
+    assert_eq!(restored.turns.len(), TURNS);
+    assert!(restored
+        .turns
+        .iter()
+        .enumerate()
+        .all(|(i, turn)| turn.id == format!("t{i:05}")));
+}
+
+on_both_stores!(a_10000_turn_chat_stays_bounded, ten_thousand_turns);
 
 async fn graceful_shutdown(store: TestStore) {
     use futures_util::StreamExt;

@@ -1592,3 +1592,89 @@ async fn runners_and_gateways_hold_different_credentials() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// However many turns a subscriber asks for, a chat's snapshot stays within the reply budget: it shows the
+/// newest turns that fit and pages in the rest with `fetchTurns`; an `initialize` naming the chat is answered
+/// the same way instead of refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_stays_within_the_reply_budget_however_many_turns_are_asked() {
+    const BUDGET: usize = 64 * 1024;
+    const TURNS: usize = 24;
+    let relay = Relay::start_with(&["--max-reply-bytes", &BUDGET.to_string()]).await;
+    let (writer, _) = relay.client("writer").await;
+    let (_, chat) = create_session_and_chat(&writer, "long").await;
+    let (_, _, mut sub) = subscribe_chat(&writer, &chat).await;
+    for n in 0..TURNS {
+        // 4 KiB of prompt per turn: 24 turns hold more than the budget.
+        writer
+            .dispatch(chat.clone(), turn_started(&format!("t{n}"), &"y".repeat(4096)))
+            .await
+            .expect("dispatch");
+        collect_until(&mut sub, is_turn_complete).await;
+    }
+
+    let mut s = raw(&relay).await;
+    send(
+        &mut s,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"channel": "ahp-root://",
+            "protocolVersions": ["1.0.0"], "clientId": "budgeted", "initialSubscriptions": [chat]}})
+        .to_string(),
+    )
+    .await;
+    let opened = answer_to(&mut s, 1).await;
+    assert!(opened.get("result").is_some(), "initialize: {opened}");
+    assert!(opened.to_string().len() <= BUDGET);
+    send(
+        &mut s,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "subscribe",
+            "params": {"channel": chat, "view": {"turns": 1_000_000}}})
+        .to_string(),
+    )
+    .await;
+    let subscribed = answer_to(&mut s, 2).await;
+    let size = subscribed.to_string().len();
+    assert!(size <= BUDGET, "the subscribe reply took {size} bytes");
+    // A reconnect from the start: replaying the log is over budget, so snapshots answer, within it too.
+    let mut again = raw(&relay).await;
+    send(
+        &mut again,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "reconnect", "params": {"channel": "ahp-root://",
+            "clientId": "budgeted-again", "lastSeenServerSeq": 0, "subscriptions": [chat]}})
+        .to_string(),
+    )
+    .await;
+    let resumed = answer_to(&mut again, 1).await;
+    assert!(resumed["result"].get("snapshots").is_some(), "reconnect: {resumed}");
+    assert!(resumed.to_string().len() <= BUDGET);
+
+    // A client pages in what the snapshot left out, and has every turn in order.
+    let (reader, _) = relay.client("reader").await;
+    let (result, mut reader_sub) = reader
+        .subscribe_with_options(
+            chat.clone(),
+            None,
+            Some(ahp_types::commands::SubscribeView {
+                turns: Some(1_000_000),
+            }),
+        )
+        .await
+        .expect("subscribe");
+    let snapshot = result.snapshot.expect("snapshot");
+    let mut state = chat_of(&snapshot);
+    assert!(
+        !state.turns.is_empty() && state.turns.len() < TURNS,
+        "{} turns inline",
+        state.turns.len()
+    );
+    fetch_all_turns(
+        &reader,
+        &mut reader_sub,
+        &chat,
+        &mut state,
+        snapshot.from_seq as u64,
+    )
+    .await;
+    let ids: Vec<String> = state.turns.iter().map(|turn| turn.id.clone()).collect();
+    let expected: Vec<String> = (0..TURNS).map(|n| format!("t{n}")).collect();
+    assert_eq!(ids, expected);
+}

@@ -29,7 +29,18 @@ async fn stored_rows(data_dir: &std::path::Path, tenant: &str) -> String {
         .expect("read rows");
         for row in rows {
             out.push_str(table);
+            // The observer's own binding records each of its uses: when it read, not what B did.
+            let observers = table == "client_bindings"
+                && row
+                    .try_get::<Option<String>, _>("client_id")
+                    .ok()
+                    .flatten()
+                    .as_deref()
+                    == Some("auditor");
             for (i, column) in row.columns().iter().enumerate() {
+                if observers && column.name() == "last_used_ms" {
+                    continue;
+                }
                 let value = row
                     .try_get::<Option<String>, _>(i)
                     .map(|v| format!("{v:?}"))

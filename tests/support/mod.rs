@@ -581,6 +581,23 @@ impl TestStore {
         Relay::start_in(self.dir.path(), &args).await
     }
 
+    /// One number `sql` (with `$1` bound to `tenant`) answers on this store, read directly.
+    pub async fn number(&self, sql: &str, tenant: &str) -> i64 {
+        use sqlx::Connection;
+        sqlx::any::install_default_drivers();
+        let url = match &self.database_url {
+            Some(url) => url.clone(),
+            None => format!("sqlite://{}", self.dir.path().join("relay.sqlite").display()),
+        };
+        let mut db = sqlx::AnyConnection::connect(&url).await.expect("open the store");
+        let value: Option<i64> = sqlx::query_scalar(sql)
+            .bind(tenant)
+            .fetch_one(&mut db)
+            .await
+            .expect("query");
+        value.unwrap_or(0)
+    }
+
     /// Run `ahp-relay compact` against this store.
     pub async fn compact(&self, retention: &str) {
         let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));

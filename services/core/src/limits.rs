@@ -28,6 +28,9 @@ pub struct Limits {
     /// and after a restart alike) and a restore keeps in memory; older ones stay in the store's turn archive
     /// and are paged in with `fetchTurns` (see `docs/protocol.md`).
     pub retained_turns: usize,
+    /// Turns one chat may hold, archived ones included: a turn beyond it is refused (start a new chat, or
+    /// truncate this one).
+    pub max_turns_per_chat: usize,
     /// Sessions one host may hold.
     pub max_sessions_per_host: usize,
     /// Chats one session may hold.
@@ -78,6 +81,7 @@ impl Default for Limits {
             active_client_grace: Duration::from_secs(30),
             fetch_turns_page: 50,
             retained_turns: 100,
+            max_turns_per_chat: 100_000,
             max_sessions_per_host: 100_000,
             max_chats_per_session: 256,
             snapshot_every_actions: 500,

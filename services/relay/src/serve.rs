@@ -60,6 +60,9 @@ pub struct HostArgs {
     /// kept in memory when a chat is restored; older ones are paged in from the store with fetchTurns.
     #[arg(long, env = "AHP_RELAY_RETAINED_TURNS", default_value_t = 100)]
     pub retained_turns: usize,
+    /// Turns one chat may hold, archived ones included; a turn beyond it is refused (a rejection saying so).
+    #[arg(long, env = "AHP_RELAY_MAX_TURNS_PER_CHAT", default_value_t = 100_000)]
+    pub max_turns_per_chat: usize,
     /// Turns per `fetchTurns` page.
     #[arg(long, env = "AHP_RELAY_FETCH_TURNS_PAGE", default_value_t = 50)]
     pub fetch_turns_page: usize,
@@ -380,6 +383,7 @@ impl HostArgs {
             snapshot_every: self.snapshot_every,
             retention: self.retention,
             retained_turns: self.retained_turns.max(1),
+            max_turns_per_chat: self.max_turns_per_chat.max(1),
             fetch_turns_page: self.fetch_turns_page.max(1),
             max_hosts_per_tenant: self.max_hosts_per_tenant.max(1),
             max_sessions_per_host: self.max_sessions_per_host.max(1),

@@ -1,14 +1,16 @@
 //! A chat's archived turns: where they are stored, which of them a chat's state holds, how they are paged and
-//! loaded back, and what truncation does to them.
+//! loaded back, and how turns age out of a live chat.
 //!
 //! Turns have absolute indexes (0 = the chat's first turn). A chat's state holds the turns from some index
-//! `first` on; the turns before it are in its archive, one store row beside the chat's snapshot holding turns
-//! `[0, n)` with `n >= first` (a suffix loaded back into state is not deleted from the row: the state's cursor
-//! says where the row stops counting). Cursors are `turns:<end>` = "the turns before absolute index `end`".
+//! `first` on; the turns before it are in its archive, one store row per turn (`turn_archive`, keyed by the
+//! chat's archive key and the index), so a page reads its rows only and no row grows with the chat. Rows at or
+//! after `first` may exist (turns loaded back into state are not deleted): the state's cursor says where the
+//! archive stops counting. Cursors are `turns:<end>` = "the turns before absolute index `end`".
 //!
 //! "Retained turns" (AHP: a subscribe without `view.turns` returns all of them) are the newest
-//! `retained_turns` turns of a chat, before and after a restart alike; a restore moves older ones to the
-//! archive. This module depends on nothing of the host: the host's commands call it.
+//! `retained_turns` turns of a chat. A live chat holds at most a quarter more: when a turn ends beyond that, the
+//! oldest move to the archive with the batch that ends it; a restore keeps exactly the retained ones. This
+//! module depends on nothing of the host: the host's commands call it.
 
 use ahp_types::state::{ChatState, Turn};
 use relay_core::HostKey;
@@ -53,55 +55,66 @@ pub fn first_held(state: &ChatState) -> usize {
         .unwrap_or(0)
 }
 
-/// The archived turns of a chat as stored (empty when it has none).
-pub async fn read(store: &Store, host: &HostKey, chat: &str) -> Result<Vec<Turn>, ShardError> {
+/// The single-row archive of releases before `turn_archive` (`None`: the chat has none), to move into rows.
+pub async fn read_legacy(store: &Store, host: &HostKey, chat: &str) -> Result<Option<Vec<Turn>>, ShardError> {
     let (tenant, host) = (&host.tenant, &host.host);
     let mut record = store.load_channel(tenant, host, &key(chat)).await?;
     if record.is_none() {
         record = store.load_channel(tenant, host, &legacy_key(chat)).await?;
     }
     match record {
-        Some(record) => serde_json::from_str(&record.state).map_err(ShardError::corrupt),
-        None => Ok(Vec::new()),
+        Some(record) => serde_json::from_str(&record.state)
+            .map(Some)
+            .map_err(ShardError::corrupt),
+        None => Ok(None),
     }
 }
 
-/// What a restored chat keeps in state and what its archive must hold.
-pub struct Retained {
-    /// How many turns are only in the archive (the state's turns start at this absolute index).
-    pub archived: usize,
-    /// The archive to store, when it changed.
-    pub rewrite: Option<Vec<Turn>>,
+/// How many turns a live chat may hold beyond `retain` before the oldest age out (a quarter more: the moves,
+/// and the snapshot stored with them, come once every so many turns, not with every turn).
+pub fn aging_slack(retain: usize) -> usize {
+    (retain / 4).max(1)
 }
 
-/// Keep the newest `retain` turns of a restored chat in its state and move older ones to the archive.
-/// `archive` is the stored row; only its first `first_held(state)` turns count (the rest were loaded back
-/// into state). Without a readable archive (`None`) nothing moves: writing it anew would lose what it holds.
-pub fn retain_newest(state: &mut ChatState, archive: Option<Vec<Turn>>, retain: usize) -> Retained {
-    let Some(mut archive) = archive else {
-        return Retained {
-            archived: 0,
-            rewrite: None,
-        };
-    };
-    let first = first_held(state).min(archive.len());
-    let trimmed = archive.len() > first;
-    archive.truncate(first);
+/// Move the oldest turns of `state` (whose first turn has absolute index `archived`) out, keeping its newest
+/// `retain`, when it holds more than `retain + slack`; the state's cursor then points before what it keeps.
+/// Returns the turns moved, each with its absolute index (empty when nothing moved).
+pub fn age(state: &mut ChatState, archived: usize, retain: usize, slack: usize) -> Vec<(usize, Turn)> {
     let retain = retain.max(1);
-    if state.turns.len() <= retain {
-        state.turns_next_cursor = cursor_before(first);
-        return Retained {
-            archived: first,
-            rewrite: trimmed.then_some(archive),
-        };
+    if state.turns.len() <= retain + slack {
+        return Vec::new();
     }
     let cut = state.turns.len() - retain;
-    archive.extend(state.turns.drain(..cut));
-    state.turns_next_cursor = cursor_before(archive.len());
-    Retained {
-        archived: archive.len(),
-        rewrite: Some(archive),
+    let moved: Vec<(usize, Turn)> = state
+        .turns
+        .drain(..cut)
+        .enumerate()
+        .map(|(n, turn)| (archived + n, turn))
+        .collect();
+    state.turns_next_cursor = cursor_before(archived + cut);
+    moved
+}
+
+/// The archived turns with absolute indexes in `[start, end)`, in order.
+pub async fn range(
+    store: &Store,
+    host: &HostKey,
+    chat: &str,
+    start: usize,
+    end: usize,
+) -> Result<Vec<Turn>, ShardError> {
+    let rows = store
+        .archived_turns(&host.tenant, &host.host, &key(chat), start as u64, end as u64)
+        .await?;
+    if rows.len() != end.saturating_sub(start) {
+        return Err(ShardError::corrupt(format!(
+            "the archive of {chat} lacks turns of [{start}, {end}): it has {} of them",
+            rows.len()
+        )));
     }
+    rows.into_iter()
+        .map(|(_, turn)| serde_json::from_str(&turn).map_err(ShardError::corrupt))
+        .collect()
 }
 
 /// One page of turns for `fetchTurns`.
@@ -136,13 +149,19 @@ impl Page {
 
 /// The archived turns an operation on `turn_id` needs in state: from that turn to the first turn the state
 /// holds (`archived`), with its absolute index; `None` when the archive has no such turn.
-pub fn from_turn(archive: &[Turn], archived: usize, turn_id: &str) -> Option<(usize, Vec<Turn>)> {
-    let held = &archive[..archived.min(archive.len())];
-    let index = held.iter().position(|turn| turn.id == turn_id)?;
-    Some((index, held[index..].to_vec()))
-}
-
-/// Every archived turn the state does not hold.
-pub fn all_held(archive: &[Turn], archived: usize) -> Vec<Turn> {
-    archive[..archived.min(archive.len())].to_vec()
+pub async fn from_turn(
+    store: &Store,
+    host: &HostKey,
+    chat: &str,
+    archived: usize,
+    turn_id: &str,
+) -> Result<Option<(usize, Vec<Turn>)>, ShardError> {
+    let Some(index) = store
+        .archived_turn_position(&host.tenant, &host.host, &key(chat), turn_id, archived as u64)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let index = index as usize;
+    Ok(Some((index, range(store, host, chat, index, archived).await?)))
 }

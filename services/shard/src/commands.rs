@@ -178,16 +178,18 @@ impl HostCore {
         let mut snapshots = Vec::new();
         let mut channels = Vec::new();
         let mut unavailable = Vec::new();
+        let mut budget = crate::model::ReplyBudget::new(self.limits.max_reply_bytes);
         for channel in requested {
             match self
                 .model
-                .snapshot(&channel, from_seq, self.limits.retained_turns)
+                .snapshot_within(&channel, from_seq, self.limits.retained_turns, &mut budget)
             {
-                Some(snapshot) => {
+                Ok(Some(snapshot)) => {
                     channels.push((channel, crate::model::first_turn_of(&snapshot)));
                     snapshots.push(snapshot);
                 }
-                None => unavailable.push(channel),
+                Ok(None) => unavailable.push(channel),
+                Err(crate::model::OverBudget) => return Err(self.initial_snapshots_too_big()),
             }
         }
         // Channels that do not exist (or are not this host's) are said so, not silently left out.
@@ -218,10 +220,7 @@ impl HostCore {
             .as_ref()
             .is_some_and(|f| f.len() > self.limits.max_reply_bytes)
         {
-            return Err(RpcError::invalid_params(format!(
-                "the initial snapshots would exceed {} bytes: subscribe to fewer channels at once",
-                self.limits.max_reply_bytes
-            )));
+            return Err(self.initial_snapshots_too_big());
         }
         // Only now does the connection take its clientId and subscriptions: a refused initialize leaves it
         // as it was.
@@ -241,6 +240,13 @@ impl HostCore {
         out.subscriptions = subscriptions;
         out.session_started = true;
         Ok(out)
+    }
+
+    fn initial_snapshots_too_big(&self) -> RpcError {
+        RpcError::invalid_params(format!(
+            "the initial snapshots would exceed {} bytes: subscribe to fewer channels at once",
+            self.limits.max_reply_bytes
+        ))
     }
 
     pub(crate) fn track_subscription(
@@ -280,7 +286,19 @@ impl HostCore {
             None => self.limits.retained_turns,
         };
         let from_seq = self.seq.current();
-        let Some(snapshot) = self.model.snapshot(&params.channel, from_seq, turns) else {
+        // However many turns are asked for, the reply stays within its budget: a chat shows the newest that
+        // fit, and its cursor pages in the rest.
+        let mut budget = crate::model::ReplyBudget::new(self.limits.max_reply_bytes);
+        let snapshot = self
+            .model
+            .snapshot_within(&params.channel, from_seq, turns, &mut budget)
+            .map_err(|crate::model::OverBudget| {
+                RpcError::invalid_params(format!(
+                    "the snapshot of {} would exceed {} bytes",
+                    params.channel, self.limits.max_reply_bytes
+                ))
+            })?;
+        let Some(snapshot) = snapshot else {
             return Err(not_found(&params.channel));
         };
         self.track_subscription(connection, &params.channel)?;

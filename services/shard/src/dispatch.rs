@@ -58,8 +58,10 @@ impl HostCore {
         let over_quota = crate::storage::grows_storage(&params.action)
             .then(|| self.storage_refusal())
             .flatten();
+        let over_turn_limit = self.turn_limit_refusal(&params.channel, &params.action);
         let verdict = validate::check_client_action(&self.model, kind, &params.channel, &params.action, &who)
             .and_then(|()| over_quota.map_or(Ok(()), Err))
+            .and_then(|()| over_turn_limit.map_or(Ok(()), Err))
             .and_then(|()| match self.model.reduce(&params.channel, &params.action) {
                 ReduceOutcome::Invalid(error) => Err(error.to_string()),
                 ReduceOutcome::OutOfScope => Err("action does not apply to this channel".into()),
@@ -175,10 +177,13 @@ impl HostCore {
 
     /// Side effects of an accepted action.
     fn after_action(&mut self, channel: &str, kind: ChannelKind, action: &StateAction) {
+        if kind == ChannelKind::Chat {
+            self.sync_archived(channel);
+            self.age_turns_after(channel, action);
+        }
         self.maybe_snapshot(channel);
         match kind {
             ChannelKind::Chat => {
-                self.sync_archived(channel);
                 self.chat_side_effects(channel, action);
                 if affects_input_needed(action) {
                     self.sync_input_needed(channel);

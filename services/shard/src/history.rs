@@ -42,7 +42,8 @@ impl Host {
     ) -> Result<CommandReply, RpcError> {
         let params: FetchTurnsParams = message.parse_params()?;
         let chat = params.channel;
-        // The archive may have been written by the restore that loaded this chat: make sure it is stored.
+        // The archive may have been written by the restore that loaded this chat, or by the batch that aged the
+        // chat's turns: make sure it is stored.
         self.flush().await;
         let (page, memory) = {
             let core = self.core.lock();
@@ -65,13 +66,13 @@ impl Host {
         };
         let turns = match memory {
             Some(turns) => turns,
-            None => {
-                let stored = self.read_archive(&chat).await.map_err(|error| {
+            // One page read: its rows only.
+            None => archive::range(&self.store, &self.key, &chat, page.start, page.end)
+                .await
+                .map_err(|error| {
                     tracing::error!(%chat, %error, "reading the turn archive failed");
                     RpcError::internal("the store is unavailable; retry")
-                })?;
-                stored[page.start.min(stored.len())..page.end.min(stored.len())].to_vec()
-            }
+                })?,
         };
         let action = StateAction::ChatTurnsLoaded(ChatTurnsLoadedAction {
             turns,
@@ -89,11 +90,6 @@ impl Host {
         Ok(out)
     }
 
-    /// The archived turns of a chat (empty when it has none).
-    pub(crate) async fn read_archive(&self, chat: &str) -> Result<Vec<Turn>, ShardError> {
-        archive::read(&self.store, &self.key, chat).await
-    }
-
     /// Before an operation that names an archived turn (a truncation or a fork) is applied, load the turns it
     /// needs back into the chat's state, for every subscriber (`chat/turnsLoaded`, logged like any action),
     /// so host and clients reduce it against the same turns.
@@ -105,24 +101,50 @@ impl Host {
         let chat = match &named {
             NamedTurn::Truncate { chat, .. } | NamedTurn::Fork { chat, .. } => chat.clone(),
         };
+        // (How many turns are archived, and whether the named one is in state.)
         let needs_archive = {
             let core = self.core.lock();
-            core.model.chats.get(&chat).is_some_and(|record| {
-                record.archived > 0
+            core.model.chats.get(&chat).and_then(|record| {
+                let held = match &named {
+                    NamedTurn::Truncate { turn_id, .. } | NamedTurn::Fork { turn_id, .. } => {
+                        record.state.turns.iter().any(|turn| &turn.id == turn_id)
+                    }
+                };
+                let needed = record.archived > 0
                     && match &named {
                         // A fork copies every turn up to the one it names, archived ones too.
                         NamedTurn::Fork { .. } => true,
-                        NamedTurn::Truncate { turn_id, .. } => {
-                            !record.state.turns.iter().any(|turn| &turn.id == turn_id)
-                        }
-                    }
+                        NamedTurn::Truncate { .. } => !held,
+                    };
+                needed.then_some((record.archived, held))
             })
         };
-        if !needs_archive {
+        let Some((archived, held)) = needs_archive else {
             return Ok(());
+        };
+        // Turns that aged out are written with the batch that moved them: read the archive after it.
+        self.flush().await;
+        let found = match &named {
+            NamedTurn::Truncate { turn_id, .. } => {
+                archive::from_turn(&self.store, &self.key, &chat, archived, turn_id).await?
+            }
+            NamedTurn::Fork { turn_id, .. } => {
+                let exists = held
+                    || archive::from_turn(&self.store, &self.key, &chat, archived, turn_id)
+                        .await?
+                        .is_some();
+                if !exists {
+                    return Ok(()); // refused by createChat: no such turn
+                }
+                Some((
+                    0,
+                    archive::range(&self.store, &self.key, &chat, 0, archived).await?,
+                ))
+            }
+        };
+        if let Some((start, turns)) = found {
+            self.with_core(|core| core.load_archived(&chat, archived, start, turns));
         }
-        let stored = self.read_archive(&chat).await?;
-        self.with_core(|core| core.load_archived(&chat, &named, &stored));
         Ok(())
     }
 }
@@ -161,25 +183,12 @@ impl HostCore {
         }
     }
 
-    /// Load the archived turns `named` needs into the chat's state (see [`Host::load_named_turns`]).
-    fn load_archived(&mut self, chat: &str, named: &NamedTurn, stored: &[Turn]) {
-        let Some(record) = self.model.chats.get(chat) else {
+    /// Load archived turns `[start, archived)` into the chat's state (see [`Host::load_named_turns`]), unless
+    /// the chat's archive moved meanwhile (then the operation meets the state as it is).
+    fn load_archived(&mut self, chat: &str, archived: usize, start: usize, turns: Vec<Turn>) {
+        if self.model.chats.get(chat).map(|record| record.archived) != Some(archived) {
             return;
-        };
-        let archived = record.archived;
-        let (start, turns) = match named {
-            NamedTurn::Truncate { turn_id, .. } => match archive::from_turn(stored, archived, turn_id) {
-                Some(found) => found,
-                None => return,
-            },
-            NamedTurn::Fork { turn_id, .. } => {
-                let held = record.state.turns.iter().any(|turn| &turn.id == turn_id);
-                if !held && archive::from_turn(stored, archived, turn_id).is_none() {
-                    return; // refused by createChat: no such turn
-                }
-                (0, archive::all_held(stored, archived))
-            }
-        };
+        }
         self.apply_server_action(
             chat,
             StateAction::ChatTurnsLoaded(ChatTurnsLoadedAction {

@@ -365,6 +365,92 @@ impl HostModel {
     }
 }
 
+/// What the snapshots of one reply may still take, in serialized bytes: a reply is budgeted while it is built,
+/// so an over-budget request is refused before the rest of its snapshots are made.
+pub struct ReplyBudget {
+    left: usize,
+}
+
+/// A snapshot does not fit what is left of its reply's budget, even with no turns inline.
+#[derive(Debug)]
+pub struct OverBudget;
+
+/// Room a reply keeps for its JSON-RPC frame and result fields around the snapshots.
+const REPLY_FRAME_BYTES: usize = 4 * 1024;
+
+impl ReplyBudget {
+    /// The budget of a reply of at most `max_reply_bytes`.
+    pub fn new(max_reply_bytes: usize) -> Self {
+        Self {
+            left: max_reply_bytes.saturating_sub(REPLY_FRAME_BYTES),
+        }
+    }
+
+    fn take(&mut self, bytes: usize) -> Result<(), OverBudget> {
+        self.left = self.left.checked_sub(bytes).ok_or(OverBudget)?;
+        Ok(())
+    }
+}
+
+/// How many bytes `value` takes as JSON, without building the text.
+pub fn json_len<T: Serialize>(value: &T) -> usize {
+    struct Counter(usize);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    // Writing to a counter cannot fail; a value that cannot be serialized counts as nothing (it fails later,
+    // where the reply is built, with its error).
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
+}
+
+impl HostModel {
+    /// [`HostModel::snapshot`] within what is left of `budget`, which it takes from: a chat keeps the newest of
+    /// its (at most `turns`) turns that fit inline, its cursor pointing before them (AHP lets a host return
+    /// fewer turns than asked; `fetchTurns` pages in the rest). `Ok(None)` for a channel the host lacks.
+    pub fn snapshot_within(
+        &self,
+        channel: &str,
+        from_seq: u64,
+        turns: usize,
+        budget: &mut ReplyBudget,
+    ) -> Result<Option<Snapshot>, OverBudget> {
+        let turns = match (self.kind(channel), self.chats.get(channel)) {
+            (ChannelKind::Chat, Some(chat)) => {
+                let held = &chat.state.turns;
+                let asked = turns.min(held.len());
+                // The chat without the turns it may show, then its turns newest first while they fit.
+                let base = json_len(&limit_turns(&chat.state, 0, chat.archived));
+                // (A margin: the cursor that ends up in the snapshot may be a few digits longer.)
+                let mut room = budget.left.saturating_sub(base + 64);
+                let mut fitting = 0;
+                for turn in held.iter().rev().take(asked) {
+                    let size = json_len(turn) + 1;
+                    if size > room {
+                        break;
+                    }
+                    room -= size;
+                    fitting += 1;
+                }
+                fitting
+            }
+            _ => turns,
+        };
+        let Some(snapshot) = self.snapshot(channel, from_seq, turns) else {
+            return Ok(None);
+        };
+        budget.take(json_len(&snapshot))?;
+        Ok(Some(snapshot))
+    }
+}
+
 /// A chat state with only its newest `turns` turns inline, and a cursor to fetch the older ones. `archived` is
 /// the absolute index of the first turn held in memory.
 pub fn limit_turns(chat: &ChatState, turns: usize, archived: usize) -> ChatState {

@@ -92,11 +92,12 @@ pub(crate) async fn restore_root(
     Ok(root)
 }
 
-/// A session and its chats (each with its turn archive) as read from the store, not yet reduced.
+/// A session and its chats as read from the store, not yet reduced.
 struct LoadedSession {
     uri: String,
     session: ChannelRecord,
-    /// Each chat with its turn archive (`None`: the archive could not be read).
+    /// Each chat, with the single-row turn archive of an earlier release when it still has one (to move into
+    /// rows; `None` also when that row is unreadable: it stays in the store for an operator to look at).
     chats: Vec<(String, ChannelRecord, Option<Vec<Turn>>)>,
     /// The agents' terminals of the session.
     terminals: Vec<(String, ChannelRecord)>,
@@ -159,17 +160,16 @@ impl Host {
                 continue;
             }
             if let Some(record) = self.store.load_channel(tenant, host, &chat).await? {
-                let archive = match self.read_archive(&chat).await {
-                    Ok(archive) => Some(archive),
-                    // An unreadable archive costs the chat its old turns' paging, never the whole session:
-                    // it is left untouched in the store for an operator to look at.
+                let legacy = match crate::archive::read_legacy(&self.store, &self.key, &chat).await {
+                    Ok(legacy) => legacy,
+                    // An unreadable archive costs the chat its old turns' paging, never the whole session.
                     Err(error @ ShardError::Corrupt(_)) => {
                         tracing::error!(%chat, %error, "unreadable turn archive; loading the chat without it");
                         None
                     }
                     Err(error) => return Err(error),
                 };
-                chats.push((chat, record, archive));
+                chats.push((chat, record, legacy));
             }
         }
         Ok(Some(LoadedSession {
@@ -205,7 +205,7 @@ impl HostCore {
         }
         self.install_terminals(loaded.terminals);
         let mut interrupted = Vec::new();
-        for (uri, record, archive) in loaded.chats {
+        for (uri, record, legacy) in loaded.chats {
             let doc: ChatDocument = match serde_json::from_str(&record.state) {
                 Ok(doc) => doc,
                 Err(error) => {
@@ -220,12 +220,25 @@ impl HostCore {
             if let Some(turn) = &state.active_turn {
                 interrupted.push((uri.clone(), turn.id.clone(), turn.started_at.clone()));
             }
-            let retained = crate::archive::retain_newest(&mut state, archive, self.limits.retained_turns);
-            if let Some(rewrite) = &retained.rewrite {
-                match serde_json::to_string(rewrite) {
-                    Ok(json) => self.seq.snapshot(&crate::archive::key(&uri), None, json),
-                    Err(error) => tracing::error!(chat = %uri, %error, "could not serialize a turn archive"),
-                }
+            let mut archived = crate::archive::first_held(&state);
+            let mut rewritten = false;
+            if let Some(legacy) = legacy {
+                // An earlier release's single-row archive becomes rows (the row goes in the same batch). Only
+                // its first `archived` turns count: the rest were loaded back into state.
+                archived = archived.min(legacy.len());
+                state.turns_next_cursor = crate::archive::cursor_before(archived);
+                self.seq.forget(&crate::archive::key(&uri));
+                self.seq.forget(&crate::archive::legacy_key(&uri));
+                let moved = legacy.into_iter().take(archived).enumerate().collect();
+                self.archive_turns(&uri, moved);
+                rewritten = true;
+            }
+            // A restored chat holds exactly its retained turns.
+            let moved = crate::archive::age(&mut state, archived, self.limits.retained_turns, 0);
+            if !moved.is_empty() {
+                archived += moved.len();
+                self.archive_turns(&uri, moved);
+                rewritten = true;
             }
             self.model.chats.insert(
                 uri.clone(),
@@ -234,11 +247,11 @@ impl HostCore {
                     state,
                     running: None,
                     clock: SnapshotClock::fresh(),
-                    archived: retained.archived,
+                    archived,
                     created_by: doc.created_by,
                 },
             );
-            if retained.rewrite.is_some() {
+            if rewritten {
                 // The stored chat must stop carrying the turns that moved to the archive (same batch).
                 self.store_snapshot(&uri);
             }

@@ -298,17 +298,30 @@ impl HostCore {
         live: &[String],
         from_seq: u64,
     ) -> CommandResult {
-        let snapshots: Vec<_> = live
-            .iter()
-            .filter_map(|c| self.model.snapshot(c, from_seq, self.limits.retained_turns))
-            .collect();
-        for snapshot in &snapshots {
-            self.open_window(
-                connection,
-                &snapshot.resource,
-                crate::model::first_turn_of(snapshot),
-            );
+        let too_big = || {
+            RpcError::invalid_params(format!(
+                "the snapshots would exceed {} bytes: reconnect with fewer channels",
+                self.limits.max_reply_bytes
+            ))
+        };
+        // Budgeted while built: an over-budget reconnect is refused before the rest are made, and opens no
+        // turn window.
+        let mut budget = crate::model::ReplyBudget::new(self.limits.max_reply_bytes);
+        let mut snapshots = Vec::with_capacity(live.len());
+        for channel in live {
+            match self
+                .model
+                .snapshot_within(channel, from_seq, self.limits.retained_turns, &mut budget)
+            {
+                Ok(Some(snapshot)) => snapshots.push(snapshot),
+                Ok(None) => {}
+                Err(crate::model::OverBudget) => return Err(too_big()),
+            }
         }
+        let windows: Vec<(String, usize)> = snapshots
+            .iter()
+            .map(|snapshot| (snapshot.resource.clone(), crate::model::first_turn_of(snapshot)))
+            .collect();
         let out = reply(
             id,
             &ReconnectResult::Snapshot(ReconnectSnapshotResult { snapshots }),
@@ -318,10 +331,10 @@ impl HostCore {
             .as_ref()
             .is_some_and(|f| f.len() > self.limits.max_reply_bytes)
         {
-            return Err(RpcError::invalid_params(format!(
-                "the snapshots would exceed {} bytes: reconnect with fewer channels",
-                self.limits.max_reply_bytes
-            )));
+            return Err(too_big());
+        }
+        for (channel, first_turn) in windows {
+            self.open_window(connection, &channel, first_turn);
         }
         Ok(out)
     }

@@ -17,7 +17,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use relay_core::bus::{Audience, BusBatch, BusEvent, BusEventKind};
 use relay_core::rpc;
 use relay_core::ConnectionId;
-use relay_store::{CatalogChange, ClientBinding, CommitBatch, LogEntry, SnapshotEntry};
+use relay_store::{ArchivedTurn, CatalogChange, ClientBinding, CommitBatch, LogEntry, SnapshotEntry};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -47,6 +47,7 @@ pub struct PendingBatch {
     pub catalog: Vec<(UnitId, CatalogChange)>,
     pub disposed: Vec<(UnitId, String)>,
     pub bindings: Vec<(UnitId, ClientBinding)>,
+    pub turns: Vec<(UnitId, ArchivedTurn)>,
     pub publications: Vec<(UnitId, Publication)>,
     /// The connection whose message each unit handled (units of the host's own work have none).
     pub owners: HashMap<UnitId, ConnectionId>,
@@ -60,6 +61,7 @@ pub struct UnitTags {
     catalog: Vec<UnitId>,
     disposed: Vec<UnitId>,
     bindings: Vec<UnitId>,
+    turns: Vec<UnitId>,
     publications: Vec<UnitId>,
     owners: HashMap<UnitId, ConnectionId>,
 }
@@ -79,6 +81,7 @@ impl Unit {
         channels.extend(self.commit.snapshots.iter().map(|s| s.channel.clone()));
         channels.extend(self.commit.snapshots.iter().filter_map(|s| s.parent.clone()));
         channels.extend(self.commit.disposed.iter().cloned());
+        channels.extend(self.commit.turns.iter().map(|t| t.archive.clone()));
         // Actions only: notifications (a session's summary announced on the root channel) change no state.
         channels.extend(
             self.publications
@@ -135,6 +138,9 @@ impl UnitTags {
         for (id, entry) in self.bindings.into_iter().zip(commit.bindings) {
             unit(&mut units, &owners, id).commit.bindings.push(entry);
         }
+        for (id, entry) in self.turns.into_iter().zip(commit.turns) {
+            unit(&mut units, &owners, id).commit.turns.push(entry);
+        }
         for (id, publication) in self.publications.into_iter().zip(publications) {
             unit(&mut units, &owners, id).publications.push(publication);
         }
@@ -154,6 +160,7 @@ impl PendingBatch {
             && self.catalog.is_empty()
             && self.disposed.is_empty()
             && self.bindings.is_empty()
+            && self.turns.is_empty()
     }
 
     /// The envelopes numbered in this batch (accepted, rejected and per-connection ones): what its commit makes
@@ -172,6 +179,7 @@ impl PendingBatch {
         let (catalog_units, catalog) = self.catalog.into_iter().unzip();
         let (disposed_units, disposed) = self.disposed.into_iter().unzip();
         let (binding_units, bindings) = self.bindings.into_iter().unzip();
+        let (turn_units, turns) = self.turns.into_iter().unzip();
         let (publication_units, publications) = self.publications.into_iter().unzip();
         (
             CommitBatch {
@@ -181,6 +189,7 @@ impl PendingBatch {
                 catalog,
                 disposed,
                 bindings,
+                turns,
             },
             publications,
             UnitTags {
@@ -189,6 +198,7 @@ impl PendingBatch {
                 catalog: catalog_units,
                 disposed: disposed_units,
                 bindings: binding_units,
+                turns: turn_units,
                 publications: publication_units,
                 owners: self.owners,
             },
@@ -225,6 +235,14 @@ impl PendingBatch {
                 .filter(|(_, p)| p.kind == BusEventKind::Action && channels.contains(p.channel.as_ref()))
                 .map(|(u, _)| *u),
         );
+        // A chat's archive is its chat's: a unit that moved turns out of a reloaded chat goes with it.
+        let archives: HashSet<String> = channels.iter().map(|c| crate::archive::key(c)).collect();
+        touching.extend(
+            self.turns
+                .iter()
+                .filter(|(_, t)| archives.contains(&t.archive))
+                .map(|(u, _)| *u),
+        );
         if touching.is_empty() {
             return Vec::new();
         }
@@ -241,6 +259,7 @@ impl PendingBatch {
         part(&mut self.catalog, &mut taken.catalog, &touching);
         part(&mut self.disposed, &mut taken.disposed, &touching);
         part(&mut self.bindings, &mut taken.bindings, &touching);
+        part(&mut self.turns, &mut taken.turns, &touching);
         part(&mut self.publications, &mut taken.publications, &touching);
         taken.owners = touching
             .iter()
@@ -448,6 +467,7 @@ impl Sequencer {
         self.pending
             .snapshots
             .retain(|(_, snapshot)| snapshot.channel != key);
+        self.pending.turns.retain(|(_, turn)| turn.archive != key);
         if !self.pending.disposed.iter().any(|(_, disposed)| disposed == key) {
             self.pending.disposed.push((self.unit, key.to_string()));
         }
@@ -463,6 +483,20 @@ impl Sequencer {
                 parent: parent.map(str::to_string),
                 seq: self.seq,
                 state,
+            },
+        ));
+    }
+
+    /// Move a turn into the archive `archive` (a chat's archive key) at absolute index `turn_no` (after any
+    /// deletion of that archive queued earlier in this batch).
+    pub fn archive_turn(&mut self, archive: String, turn_no: u64, turn_id: String, turn: String) {
+        self.pending.turns.push((
+            self.unit,
+            ArchivedTurn {
+                archive,
+                turn_no,
+                turn_id,
+                turn,
             },
         ));
     }

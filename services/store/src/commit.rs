@@ -5,7 +5,7 @@
 
 use sqlx::{AnyConnection, AnyPool};
 
-use crate::{bindings, catalog, hosts, leases, log, snapshots, Backend, CommitBatch, StoreError};
+use crate::{bindings, catalog, hosts, leases, log, snapshots, turns, Backend, CommitBatch, StoreError};
 
 /// Writes `batch` for the host atomically.
 pub(crate) async fn commit(
@@ -66,7 +66,9 @@ async fn write(
     // batch must end up with the new channel's snapshot. (The shard never leaves a snapshot of a channel in a
     // batch that disposes it afterwards: its sequencer drops that snapshot when the disposal is queued.)
     snapshots::remove(&mut *conn, tenant, host, &batch.disposed).await?;
+    turns::remove(&mut *conn, tenant, host, &batch.disposed).await?;
     snapshots::store(&mut *conn, tenant, host, &batch.snapshots).await?;
+    turns::store(&mut *conn, tenant, host, &batch.turns).await?;
     catalog::apply(&mut *conn, tenant, host, &batch.catalog).await?;
     bindings::store(&mut *conn, tenant, host, &batch.bindings).await?;
     Ok(())

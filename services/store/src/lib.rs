@@ -31,14 +31,15 @@ mod retention;
 mod schema;
 mod snapshots;
 mod sql;
+mod turns;
 mod usage;
 
 use sqlx::AnyPool;
 
 pub use error::StoreError;
 pub use records::{
-    CatalogChange, CatalogCursor, CatalogEntry, ChannelRecord, ClientBinding, CommitBatch, HostRecord, Lease,
-    LogEntry, SnapshotEntry,
+    ArchivedTurn, CatalogChange, CatalogCursor, CatalogEntry, ChannelRecord, ClientBinding, CommitBatch,
+    HostRecord, Lease, LogEntry, SnapshotEntry,
 };
 
 /// Which database a [`Store`] is on.
@@ -201,6 +202,30 @@ impl Store {
         client_id: &str,
     ) -> Result<Option<String>, StoreError> {
         bindings::subject_of(&self.pool, tenant, host, client_id).await
+    }
+
+    /// The turns of the archive `archive` with indexes in `[start, end)`, ascending, as (index, turn JSON).
+    pub async fn archived_turns(
+        &self,
+        tenant: &str,
+        host: &str,
+        archive: &str,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<(u64, String)>, StoreError> {
+        turns::range(&self.pool, tenant, host, archive, start, end).await
+    }
+
+    /// The index of the archived turn `turn_id` below `before` in the archive `archive`, if it has one.
+    pub async fn archived_turn_position(
+        &self,
+        tenant: &str,
+        host: &str,
+        archive: &str,
+        turn_id: &str,
+        before: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        turns::position(&self.pool, tenant, host, archive, turn_id, before).await
     }
 
     /// The chat channels whose snapshots name `session` as their parent, in URI order.

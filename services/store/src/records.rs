@@ -47,6 +47,22 @@ pub struct CommitBatch {
     pub disposed: Vec<String>,
     /// New clientId bindings to record; a clientId already bound keeps its first subject.
     pub bindings: Vec<ClientBinding>,
+    /// Turns moved out of their chats' live state into their archives. Written after `disposed` (which
+    /// deletes archives by key): an archive dropped and written again in one batch keeps the new turns.
+    pub turns: Vec<ArchivedTurn>,
+}
+
+/// One turn of a chat's archive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchivedTurn {
+    /// The chat's archive key (the shard names it; deleting the key in `disposed` deletes the archive).
+    pub archive: String,
+    /// The turn's absolute index in its chat (0: the chat's first turn).
+    pub turn_no: u64,
+    /// The turn's id, to find it by.
+    pub turn_id: String,
+    /// The turn, raw JSON text.
+    pub turn: String,
 }
 
 /// An AHP clientId of a host and the user it belongs to.

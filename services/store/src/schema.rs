@@ -56,6 +56,11 @@ const POSTGRES: &[EmbeddedMigration] = &[
         description: "binding use",
         sql: include_str!("../../../migrations/postgres/0006_binding_use.sql"),
     },
+    EmbeddedMigration {
+        version: 7,
+        description: "turn archive",
+        sql: include_str!("../../../migrations/postgres/0007_turn_archive.sql"),
+    },
 ];
 
 const SQLITE: &[EmbeddedMigration] = &[
@@ -88,6 +93,11 @@ const SQLITE: &[EmbeddedMigration] = &[
         version: 6,
         description: "binding use",
         sql: include_str!("../../../migrations/sqlite/0006_binding_use.sql"),
+    },
+    EmbeddedMigration {
+        version: 7,
+        description: "turn archive",
+        sql: include_str!("../../../migrations/sqlite/0007_turn_archive.sql"),
     },
 ];
 

@@ -10,8 +10,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use relay_store::{
-    Backend, CatalogChange, CatalogCursor, CatalogEntry, CommitBatch, HostRecord, Lease, LogEntry,
-    SnapshotEntry, Store, StoreError,
+    ArchivedTurn, Backend, CatalogChange, CatalogCursor, CatalogEntry, CommitBatch, HostRecord, Lease,
+    LogEntry, SnapshotEntry, Store, StoreError,
 };
 use sqlx::{Connection, Executor};
 
@@ -153,6 +153,7 @@ on_both_backends!(
     a_client_id_keeps_its_first_subject,
     stored_bytes_count_a_tenants_log_snapshots_and_client_bindings,
     bindings_unused_past_the_retention_are_pruned_and_used_ones_kept,
+    archived_turns_are_read_by_range_and_found_by_id_and_go_with_their_key,
 );
 
 const T: &str = "acme";
@@ -940,9 +941,13 @@ const TTL: i64 = 1_000;
 async fn everything_of(store: &Store, tenant: &str, host: &str) -> String {
     let channels = vec![SESSION.to_owned(), CHAT.to_owned()];
     format!(
-        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
+        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
         store
             .client_binding(tenant, host, "deposed-client")
+            .await
+            .unwrap(),
+        store
+            .archived_turns(tenant, host, "relay-archive:deposed", 0, 10)
             .await
             .unwrap(),
         store.load_host(tenant, host).await.unwrap(),
@@ -1153,6 +1158,7 @@ async fn a_deposed_owner_cannot_commit_and_writes_nothing(db: &TestDb) {
             subject: "mallory".into(),
             used_at_ms: 1_000,
         }],
+        turns: vec![archived("relay-archive:deposed", 0, "t0")],
     };
     assert_eq!(
         fenced(store.commit_fenced(T, H, "a", a.epoch, &everything).await),
@@ -1813,4 +1819,94 @@ async fn bindings_unused_past_the_retention_are_pruned_and_used_ones_kept(db: &T
         store.client_binding(T, H, "stale").await.unwrap().as_deref(),
         Some("bob")
     );
+}
+
+fn archived(archive: &str, turn_no: u64, turn_id: &str) -> ArchivedTurn {
+    ArchivedTurn {
+        archive: archive.into(),
+        turn_no,
+        turn_id: turn_id.into(),
+        turn: format!("{{\"id\":\"{turn_id}\"}}"),
+    }
+}
+
+async fn archived_turns_are_read_by_range_and_found_by_id_and_go_with_their_key(db: &TestDb) {
+    let store = &db.store;
+    let key = "relay-archive:ahp-chat:/c1";
+    let other = "relay-archive:ahp-chat:/c2";
+    let mut turns: Vec<ArchivedTurn> = (0..1_000).map(|n| archived(key, n, &format!("t{n}"))).collect();
+    turns.push(archived(other, 0, "t0"));
+    // The same index twice in one batch: the later wins.
+    turns.push(archived(key, 7, "t7-again"));
+    store
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                last_seq: 1,
+                turns,
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    let page = store.archived_turns(T, H, key, 5, 10).await.unwrap();
+    let numbers: Vec<u64> = page.iter().map(|(n, _)| *n).collect();
+    assert_eq!(numbers, [5, 6, 7, 8, 9]);
+    assert_eq!(page[2].1, "{\"id\":\"t7-again\"}");
+    assert_eq!(
+        store.archived_turns(T, H, key, 998, 2_000).await.unwrap().len(),
+        2
+    );
+    assert_eq!(
+        store
+            .archived_turn_position(T, H, key, "t500", 1_000)
+            .await
+            .unwrap(),
+        Some(500)
+    );
+    assert_eq!(
+        store
+            .archived_turn_position(T, H, key, "t500", 500)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store
+            .archived_turn_position(T, H, key, "t7", 1_000)
+            .await
+            .unwrap(),
+        None
+    );
+    // Another tenant or host sees none of it.
+    assert!(store
+        .archived_turns("other", H, key, 0, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .archived_turns(T, "other", key, 0, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    // Deleting the key drops its archive, and a batch that drops and rewrites it keeps what it wrote.
+    store
+        .commit(
+            T,
+            H,
+            &CommitBatch {
+                last_seq: 2,
+                disposed: vec![key.into()],
+                turns: vec![archived(key, 0, "fresh")],
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    let left = store.archived_turns(T, H, key, 0, 2_000).await.unwrap();
+    assert_eq!(left, vec![(0, "{\"id\":\"fresh\"}".to_string())]);
+    assert_eq!(store.archived_turns(T, H, other, 0, 10).await.unwrap().len(), 1);
+    // Archived turns count toward the tenant's stored bytes (they are all it stores here).
+    assert_eq!(store.stored_bytes(T).await.unwrap(), 25);
 }
