@@ -1644,7 +1644,10 @@ async fn a_snapshot_stays_within_the_reply_budget_however_many_turns_are_asked()
     )
     .await;
     let resumed = answer_to(&mut again, 1).await;
-    assert!(resumed["result"].get("snapshots").is_some(), "reconnect: {resumed}");
+    assert!(
+        resumed["result"].get("snapshots").is_some(),
+        "reconnect: {resumed}"
+    );
     assert!(resumed.to_string().len() <= BUDGET);
 
     // A client pages in what the snapshot left out, and has every turn in order.

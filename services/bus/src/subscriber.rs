@@ -1,7 +1,7 @@
 //! The gateway side of the Redis bus: follows hosts on demand, decodes their events and forwards them in
 //! `serverSeq` order to one local broadcast per host, repairing lost messages (invariant 10). A Redis message
 //! is a commit's batch of events ([`codec::decode_batch`]); what it forwards of it goes on as one
-//! [`BusBatch`].
+//! [`BusBatch`](relay_core::bus::BusBatch).
 //!
 //! Redis pub/sub is at-most-once. Per host the subscriber remembers the last action `seq` it forwarded:
 //! - an action whose `prev_seq` is above it reveals a gap: the missing range is fetched from a [`GapRepair`]
@@ -28,9 +28,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use parking_lot::Mutex;
-use relay_core::bus::{BusBatch, BusEvent, BusEventKind, SharedBusEvent};
+use relay_core::bus::{BusEvent, BusEventKind, BusReceiver, BusSender, SharedBusEvent};
 use relay_core::HostKey;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::{channel_name, codec};
@@ -66,8 +66,10 @@ pub enum SubscribeError {
 /// Tuning of a [`RedisSubscriber`].
 #[derive(Debug, Clone)]
 pub struct SubscriberOptions {
-    /// Events buffered per host for slow local receivers.
+    /// Batches buffered per host for slow local receivers…
     pub capacity: usize,
+    /// …and at most this many bytes of them (a receiver further behind lags and resyncs).
+    pub bytes: usize,
     /// First delay before reconnecting to Redis; doubled after each failure up to `max_backoff`.
     pub min_backoff: Duration,
     pub max_backoff: Duration,
@@ -79,6 +81,7 @@ impl Default for SubscriberOptions {
     fn default() -> Self {
         Self {
             capacity: 4096,
+            bytes: relay_core::bus::DEFAULT_BUS_BYTES,
             min_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(5),
             repair_attempts: 5,
@@ -88,7 +91,7 @@ impl Default for SubscriberOptions {
 
 struct HostState {
     key: HostKey,
-    tx: broadcast::Sender<BusBatch>,
+    tx: BusSender,
     /// The last action seq forwarded (`None` before the first one).
     last: Option<u64>,
     /// The connection was lost since the last event: repair up to the next event.
@@ -142,13 +145,14 @@ impl RedisSubscriber {
 
     /// Follows `host`: its events, from the moment Redis confirms the subscription, go to the returned
     /// receiver (and to every other receiver of the same host).
-    pub fn follow(&self, host: &HostKey) -> broadcast::Receiver<BusBatch> {
+    pub fn follow(&self, host: &HostKey) -> BusReceiver {
         let name = channel_name(host);
         let mut hosts = self.shared.hosts.lock();
         if let Some(state) = hosts.get(&name) {
             return state.tx.subscribe();
         }
-        let (tx, rx) = broadcast::channel(self.shared.options.capacity.max(1));
+        let tx = BusSender::new(self.shared.options.capacity, self.shared.options.bytes);
+        let rx = tx.subscribe();
         hosts.insert(
             name.clone(),
             HostState {
@@ -167,7 +171,7 @@ impl RedisSubscriber {
     /// Like [`follow`](Self::follow), but returns only once Redis has confirmed the subscription: every
     /// event published afterwards reaches the receiver (or is repaired). Returns a closed receiver if the
     /// host is unfollowed meanwhile.
-    pub async fn follow_subscribed(&self, host: &HostKey) -> broadcast::Receiver<BusBatch> {
+    pub async fn follow_subscribed(&self, host: &HostKey) -> BusReceiver {
         let receiver = self.follow(host);
         let subscribed = self
             .shared
@@ -332,8 +336,8 @@ fn apply_repair(
         }
         None => {
             tracing::error!(host = %state.key, after, through, "bus gap not repaired; closing the host's stream");
-            let (tx, _) = broadcast::channel(shared.options.capacity.max(1));
-            state.tx = tx; // dropping the old sender closes every receiver
+            // Dropping the old sender closes every receiver.
+            state.tx = BusSender::new(shared.options.capacity, shared.options.bytes);
             state.last = None;
         }
     }

@@ -70,15 +70,138 @@ pub fn batch_bytes(batch: &[SharedBusEvent]) -> usize {
     batch.iter().map(|event| event.frame.len()).sum()
 }
 
+/// Bytes of batches a bus keeps for its slowest reader, unless configured otherwise (`Limits::bus_bytes`).
+pub const DEFAULT_BUS_BYTES: usize = 64 * 1024 * 1024;
+
+/// A host's bus ring: a broadcast of commit batches bounded in batches (the ring's slots) *and in bytes*.
+///
+/// The ring carries weak references; the sender keeps the newest batches alive, up to `max_bytes` of frames
+/// and the ring's slot count (always at least the newest batch). A reader that falls further behind finds its
+/// next batch gone and sees [`RecvError::Lagged`](tokio::sync::broadcast::error::RecvError::Lagged), as it
+/// would past the ring's slots; it resyncs like any lagging reader. So what a bus holds for its slowest reader
+/// is bounded in bytes, however large the batches.
+pub struct BusSender {
+    ring: tokio::sync::broadcast::Sender<std::sync::Weak<[SharedBusEvent]>>,
+    kept: std::sync::Mutex<KeptBatches>,
+}
+
+/// The batches a [`BusSender`] keeps alive, oldest first.
+struct KeptBatches {
+    batches: std::collections::VecDeque<(BusBatch, usize)>,
+    bytes: usize,
+    max_bytes: usize,
+    max_batches: usize,
+}
+
+impl BusSender {
+    /// A ring of `batches` slots keeping at most `max_bytes` of frames for its slowest reader.
+    pub fn new(batches: usize, max_bytes: usize) -> Self {
+        let batches = batches.max(1);
+        Self {
+            ring: tokio::sync::broadcast::channel(batches).0,
+            kept: std::sync::Mutex::new(KeptBatches {
+                batches: std::collections::VecDeque::new(),
+                bytes: 0,
+                max_bytes,
+                max_batches: batches,
+            }),
+        }
+    }
+
+    /// A new reader, which receives what is sent from now on.
+    pub fn subscribe(&self) -> BusReceiver {
+        BusReceiver {
+            ring: self.ring.subscribe(),
+        }
+    }
+
+    /// How many readers there are.
+    pub fn receiver_count(&self) -> usize {
+        self.ring.receiver_count()
+    }
+
+    /// Send `batch` to every reader; `Err` (with nothing kept) when there is none.
+    pub fn send(&self, batch: BusBatch) -> Result<usize, BusBatch> {
+        let bytes = batch_bytes(&batch);
+        let mut kept = match self.kept.lock() {
+            Ok(kept) => kept,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let receivers = match self.ring.send(std::sync::Arc::downgrade(&batch)) {
+            Ok(receivers) => receivers,
+            Err(_) => {
+                kept.batches.clear();
+                kept.bytes = 0;
+                return Err(batch);
+            }
+        };
+        kept.batches.push_back((batch, bytes));
+        kept.bytes += bytes;
+        while kept.batches.len() > 1 && (kept.bytes > kept.max_bytes || kept.batches.len() > kept.max_batches)
+        {
+            if let Some((_, oldest)) = kept.batches.pop_front() {
+                kept.bytes -= oldest;
+            }
+        }
+        Ok(receivers)
+    }
+
+    /// The frame bytes kept for readers now.
+    pub fn kept_bytes(&self) -> usize {
+        match self.kept.lock() {
+            Ok(kept) => kept.bytes,
+            Err(poisoned) => poisoned.into_inner().bytes,
+        }
+    }
+}
+
+/// A reader of a [`BusSender`].
+pub struct BusReceiver {
+    ring: tokio::sync::broadcast::Receiver<std::sync::Weak<[SharedBusEvent]>>,
+}
+
+impl BusReceiver {
+    /// A reader of a bus that has ended (it reports `Closed`).
+    pub fn closed() -> Self {
+        Self {
+            ring: tokio::sync::broadcast::channel(1).1,
+        }
+    }
+
+    /// The next batch. `Lagged` when the reader fell behind the ring's slots or its byte bound (then the
+    /// count is a lower bound), `Closed` when the bus ended.
+    pub async fn recv(&mut self) -> Result<BusBatch, tokio::sync::broadcast::error::RecvError> {
+        let batch = self.ring.recv().await?;
+        batch
+            .upgrade()
+            .ok_or(tokio::sync::broadcast::error::RecvError::Lagged(1))
+    }
+
+    /// The next batch if one has arrived.
+    pub fn try_recv(&mut self) -> Result<BusBatch, tokio::sync::broadcast::error::TryRecvError> {
+        let batch = self.ring.try_recv()?;
+        batch
+            .upgrade()
+            .ok_or(tokio::sync::broadcast::error::TryRecvError::Lagged(1))
+    }
+
+    /// Another reader of the same bus, receiving what is sent from now on.
+    pub fn resubscribe(&self) -> Self {
+        Self {
+            ring: self.ring.resubscribe(),
+        }
+    }
+}
+
 /// A host's bus read event by event rather than batch by batch (for consumers that look at one event at a
 /// time, such as tests; the gateway's connections take whole batches).
 pub struct EventReceiver {
-    batches: tokio::sync::broadcast::Receiver<BusBatch>,
+    batches: BusReceiver,
     pending: std::collections::VecDeque<SharedBusEvent>,
 }
 
 impl EventReceiver {
-    pub fn new(batches: tokio::sync::broadcast::Receiver<BusBatch>) -> Self {
+    pub fn new(batches: BusReceiver) -> Self {
         Self {
             batches,
             pending: std::collections::VecDeque::new(),
@@ -105,5 +228,52 @@ impl EventReceiver {
             let batch = self.batches.try_recv()?;
             self.pending.extend(batch.iter().cloned());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(seq: u64, bytes: usize) -> BusBatch {
+        Arc::from(vec![Arc::new(BusEvent {
+            kind: BusEventKind::Action,
+            channel: Arc::from("ahp-chat:/c"),
+            seq,
+            prev_seq: seq.saturating_sub(1),
+            audience: Audience::Subscribers,
+            frame: Bytes::from(vec![b'x'; bytes]),
+            published_at: None,
+        })])
+    }
+
+    #[tokio::test]
+    async fn a_reader_behind_the_byte_bound_lags_and_a_current_one_gets_everything() {
+        use tokio::sync::broadcast::error::RecvError;
+        let bus = BusSender::new(1_000, 1_000);
+        let mut behind = bus.subscribe();
+        let mut current = bus.subscribe();
+        let mut sent = Vec::new();
+        for seq in 1..=10 {
+            let sent_batch = batch(seq, 400);
+            sent.push(Arc::downgrade(&sent_batch));
+            assert_eq!(bus.send(sent_batch).ok(), Some(2));
+            let received = current.recv().await.expect("the current reader's batch");
+            assert_eq!(received[0].seq, seq);
+        }
+        // At most the byte bound (plus the newest batch) is kept alive for the reader that read nothing.
+        assert!(bus.kept_bytes() <= 1_000, "{}", bus.kept_bytes());
+        assert_eq!(sent.iter().filter(|batch| batch.upgrade().is_some()).count(), 2);
+        assert!(matches!(behind.recv().await, Err(RecvError::Lagged(_))));
+        // A batch larger than the bound alone is still delivered to a reader that keeps up.
+        bus.send(batch(11, 5_000)).expect("send");
+        assert_eq!(current.recv().await.expect("large batch")[0].seq, 11);
+    }
+
+    #[test]
+    fn a_bus_nobody_reads_keeps_nothing() {
+        let bus = BusSender::new(16, 1_000);
+        assert!(bus.send(batch(1, 10)).is_err());
+        assert_eq!(bus.kept_bytes(), 0);
     }
 }

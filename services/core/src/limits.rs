@@ -16,6 +16,9 @@ pub struct Limits {
     /// Commit batches the bus holds for one host before a lagging connection is closed (a connection's queue
     /// and backlog are bounded in frames and bytes besides).
     pub bus_capacity: usize,
+    /// Bytes of those batches the bus keeps for its slowest reader: one further behind sees its bus lag and
+    /// resyncs (see `bus::BusSender`).
+    pub bus_bytes: usize,
     /// Envelopes per host kept in memory for exact `reconnect` replay.
     pub replay_buffer_envelopes: usize,
     /// Items per `listSessions` page when the client asks for more or gives no limit.
@@ -76,6 +79,7 @@ impl Default for Limits {
             max_subscriptions_per_connection: 1024,
             outbound_queue_frames: 4096,
             bus_capacity: 4_096,
+            bus_bytes: crate::bus::DEFAULT_BUS_BYTES,
             replay_buffer_envelopes: 10_000,
             list_sessions_page: 100,
             active_client_grace: Duration::from_secs(30),

@@ -8,9 +8,8 @@
 use std::future::Future;
 
 use bytes::Bytes;
-use tokio::sync::broadcast;
 
-use crate::bus::BusBatch;
+use crate::bus::BusReceiver;
 use crate::identity::{ConnectionId, HostKey, Identity};
 use crate::rpc::InboundMessage;
 
@@ -103,7 +102,7 @@ pub trait HostLink: Send + Sync + 'static {
         host: &HostKey,
         connection: ConnectionId,
         identity: &Identity,
-    ) -> impl Future<Output = Result<broadcast::Receiver<BusBatch>, LinkError>> + Send;
+    ) -> impl Future<Output = Result<BusReceiver, LinkError>> + Send;
 
     /// Handle one inbound request or notification.
     fn call(

@@ -26,7 +26,7 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use bytes::Bytes;
 use futures_util::stream::SplitSink;
 use futures_util::{Sink, StreamExt};
-use relay_core::bus::{BusBatch, BusEventKind};
+use relay_core::bus::{BusBatch, BusEventKind, BusReceiver};
 use relay_core::link::{CommandReply, HostLink};
 use relay_core::rpc;
 use relay_core::{telemetry, ConnectionId, HostKey, Identity, Limits};
@@ -299,7 +299,7 @@ fn slow_consumer() -> Close {
 /// queue of frames being written.
 struct Delivery {
     filter: SubscriptionFilter,
-    bus: broadcast::Receiver<BusBatch>,
+    bus: BusReceiver,
     backlog: VecDeque<BusBatch>,
     /// Bytes of the frames in `backlog`.
     backlog_bytes: usize,

@@ -24,13 +24,13 @@ use std::sync::Arc;
 
 use parking_lot::Mutex as SyncMutex;
 use relay_bus::{BoxFuture, GapRepair, RedisSubscriber, RepairError, SubscriberOptions};
-use relay_core::bus::{BusBatch, BusEvent};
+use relay_core::bus::{BusBatch, BusEvent, BusReceiver, BusSender, DEFAULT_BUS_BYTES};
 use relay_core::link::{CommandReply, HostLink, LinkError, NotReady};
 use relay_core::rpc::{error_frame, InboundMessage, RpcError};
 use relay_core::{ConnectionId, HostKey, Identity};
 use serde::Serialize;
 use serde_json::value::RawValue;
-use tokio::sync::{broadcast, Mutex};
+use tokio::sync::Mutex;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
@@ -109,7 +109,7 @@ struct RedisFollow {
 
 /// One followed host: its local bus and the connections of this gateway attached to it.
 struct Follower {
-    bus: broadcast::Sender<BusBatch>,
+    bus: Arc<BusSender>,
     connections: HashSet<ConnectionId>,
     /// Tells this follower apart from a later one of the same host.
     generation: u64,
@@ -199,7 +199,7 @@ impl RemoteShard {
         redis: &RedisBus,
         host: &HostKey,
         connection: ConnectionId,
-    ) -> Result<broadcast::Receiver<BusBatch>, LinkError> {
+    ) -> Result<BusReceiver, LinkError> {
         redis
             .followed
             .lock()
@@ -281,11 +281,7 @@ impl RemoteShard {
     }
 
     /// Register `connection` with the host's follower (starting one if needed) and return its bus receiver.
-    async fn follow(
-        &self,
-        host: &HostKey,
-        connection: ConnectionId,
-    ) -> Result<broadcast::Receiver<BusBatch>, LinkError> {
+    async fn follow(&self, host: &HostKey, connection: ConnectionId) -> Result<BusReceiver, LinkError> {
         let mut followers = self.followers.lock().await;
         if let Some(follower) = followers.get_mut(host) {
             if !follower.task.is_finished() {
@@ -303,7 +299,8 @@ impl RemoteShard {
             .await
             .map_err(|status| link_error(host, &status))?
             .into_inner();
-        let (bus, receiver) = broadcast::channel(self.bus_capacity);
+        let bus = Arc::new(BusSender::new(self.bus_capacity, DEFAULT_BUS_BYTES));
+        let receiver = bus.subscribe();
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let task = {
             let bus = bus.clone();
@@ -424,7 +421,7 @@ impl HostLink for RemoteShard {
         host: &HostKey,
         connection: ConnectionId,
         identity: &Identity,
-    ) -> Result<broadcast::Receiver<BusBatch>, LinkError> {
+    ) -> Result<BusReceiver, LinkError> {
         let receiver = match &self.redis {
             Some(redis) => Self::follow_redis(redis, host, connection).await?,
             None => self.follow(host, connection).await?,

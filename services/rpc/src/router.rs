@@ -17,11 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use relay_core::bus::BusBatch;
+use relay_core::bus::BusReceiver;
 use relay_core::link::{CommandReply, HostLink, LinkError, NotReady};
 use relay_core::rpc::InboundMessage;
 use relay_core::{ConnectionId, HostKey, Identity};
-use tokio::sync::broadcast;
 
 use crate::client::{ClientError, RemoteShard};
 
@@ -119,7 +118,7 @@ impl ShardRouter {
         host: &HostKey,
         connection: ConnectionId,
         identity: &Identity,
-    ) -> Result<broadcast::Receiver<BusBatch>, LinkError> {
+    ) -> Result<BusReceiver, LinkError> {
         let mut url = url.to_string();
         for _ in 0..=MAX_REDIRECTS {
             let link = self.link(&url).map_err(|error| {
@@ -168,7 +167,7 @@ impl HostLink for ShardRouter {
         host: &HostKey,
         connection: ConnectionId,
         identity: &Identity,
-    ) -> Result<broadcast::Receiver<BusBatch>, LinkError> {
+    ) -> Result<BusReceiver, LinkError> {
         let deadline = tokio::time::Instant::now() + ATTACH_PATIENCE;
         let mut backoff = Duration::from_millis(50);
         loop {

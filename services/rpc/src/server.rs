@@ -22,14 +22,14 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use relay_core::bus::BusEvent;
+use relay_core::bus::{batch_bytes, BusEvent};
 use relay_core::link::LinkError;
 use relay_core::rpc::{error_frame, read_frame};
 use relay_core::HostKey;
 use relay_core::{CommandReply, ConnectionId, HostLink, Identity, Limits, Role};
 use relay_shard::error::ShardError;
 use relay_shard::ShardLink;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -46,8 +46,11 @@ pub const INTERNAL_SUBJECT: &str = "relay-internal:events";
 /// Subjects reserved for the relay's own connections: `Attach` refuses them.
 pub const INTERNAL_SUBJECT_PREFIX: &str = "relay-internal:";
 
-/// Bus events buffered per `Events` stream before the bus receiver itself starts to fill (and may lag).
+/// Batches buffered per `Events` stream before the bus receiver itself starts to fill (and may lag)…
 const EVENTS_BUFFER: usize = 1024;
+/// …and at most this many bytes of bus frames: a gateway that reads slower holds its host's bus back, whose
+/// own byte bound then ends the stream (`DATA_LOSS`; the gateway's connections resync).
+const EVENTS_BUFFER_BYTES: usize = 16 * 1024 * 1024;
 
 /// Why [`serve`] stopped.
 #[derive(Debug, thiserror::Error)]
@@ -317,7 +320,10 @@ fn moved_status(owner: &str) -> Status {
     status
 }
 
-type EventStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::BusEventBatch, Status>> + Send>>;
+type EventStream = Pin<Box<dyn tokio_stream::Stream<Item = EventsItem> + Send>>;
+
+/// One item of an `Events` stream.
+type EventsItem = Result<pb::BusEventBatch, Status>;
 
 #[tonic::async_trait]
 impl<L: HostLink + BusHistory> Shard for ShardService<L> {
@@ -407,7 +413,9 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
             .attach(&host, id, &identity)
             .await
             .map_err(link_status)?;
-        let (tx, rx) = mpsc::channel(EVENTS_BUFFER);
+        let (tx, rx) =
+            mpsc::channel::<(Option<tokio::sync::OwnedSemaphorePermit>, EventsItem)>(EVENTS_BUFFER);
+        let buffered_bytes = Arc::new(Semaphore::new(EVENTS_BUFFER_BYTES));
         let link = self.link.clone();
         let stream = self.gateway_streams.open(&self.link, &host, gateway);
         tokio::spawn(async move {
@@ -421,10 +429,17 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
                 };
                 match received {
                     Ok(batch) => {
+                        // The batch's bytes stay counted until the stream hands it to the transport.
+                        let bytes =
+                            u32::try_from(batch_bytes(&batch).min(EVENTS_BUFFER_BYTES)).unwrap_or(u32::MAX);
+                        let permit = tokio::select! {
+                            () = tx.closed() => break,
+                            permit = buffered_bytes.clone().acquire_many_owned(bytes) => permit.ok(),
+                        };
                         let batch = pb::BusEventBatch {
                             events: batch.iter().map(|event| event_to_pb(event)).collect(),
                         };
-                        if tx.send(Ok(batch)).await.is_err() {
+                        if tx.send((permit, Ok(batch))).await.is_err() {
                             break;
                         }
                     }
@@ -432,11 +447,11 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
                         tracing::warn!(host = %host, missed, "bus follower fell behind; ending its stream");
                         let status =
                             Status::data_loss(format!("bus follower fell behind by {missed} batches"));
-                        let _ = tx.send(Err(status)).await;
+                        let _ = tx.send((None, Err(status))).await;
                         break;
                     }
                     Err(broadcast::error::RecvError::Closed) => {
-                        let _ = tx.send(Err(Status::unavailable("host closed"))).await;
+                        let _ = tx.send((None, Err(Status::unavailable("host closed")))).await;
                         break;
                     }
                 }
@@ -444,7 +459,13 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
             drop(bus);
             link.detach(&host, id).await;
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(
+            ReceiverStream::new(rx),
+            |(permit, item)| {
+                drop(permit);
+                item
+            },
+        ))))
     }
 
     type WatchStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;

@@ -486,3 +486,67 @@ async fn a_connection_attached_after_a_gateways_stream_ended_survives_the_stream
         "the connection was detached: {frame}"
     );
 }
+
+/// A gateway that stops reading its `Events` stream holds back bytes, not a count of batches: once its stream
+/// and the host's bus hold their byte bounds, the stream ends with `DATA_LOSS` (the gateway's connections
+/// resync) instead of buffering every batch the host publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_that_stops_reading_its_events_is_cut_at_a_byte_bound() {
+    const DRAFTS: usize = 160;
+    const DRAFT_BYTES: usize = 256 * 1024;
+    let (shard, _link) = start_shard_with(Limits {
+        bus_bytes: 2 * 1024 * 1024,
+        ..Limits::default()
+    })
+    .await;
+    let channel = tonic::transport::Endpoint::from_shared(shard.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("grpc");
+    let mut grpc = relay_rpc::pb::shard_client::ShardClient::with_interceptor(channel, common::credential());
+    // The stalled gateway: follows the host, then reads nothing.
+    let mut stalled = grpc
+        .events(relay_rpc::pb::EventsRequest {
+            host: Some(relay_rpc::pb::HostKey {
+                tenant: "dev".into(),
+                host: "default".into(),
+            }),
+            gateway: 0xdead,
+        })
+        .await
+        .expect("events")
+        .into_inner();
+
+    // 40 MiB of drafts through a working gateway, each one echoed back to its writer.
+    let gateway = start_gateway(&shard.url).await;
+    let writer = client(&gateway, "writer").await;
+    let chat = create_session_and_chat(&writer, "flood").await;
+    let (_, mut sub) = subscribe_chat(&writer, &chat).await;
+    for n in 0..DRAFTS {
+        let draft = StateAction::ChatDraftChanged(ChatDraftChangedAction {
+            draft: Some(message(&format!("{n}:{}", "d".repeat(DRAFT_BYTES)))),
+        });
+        writer.dispatch(chat.clone(), draft).await.expect("dispatch");
+        next_envelope(&mut sub).await;
+    }
+
+    // The stalled stream gives what it buffered, then ends: far fewer than every draft.
+    let mut drafts_seen = 0;
+    let ended = loop {
+        match tokio::time::timeout(PATIENCE, stalled.message()).await {
+            Ok(Ok(Some(batch))) => {
+                drafts_seen += batch
+                    .events
+                    .iter()
+                    .filter(|event| String::from_utf8_lossy(&event.frame).contains("chat/draftChanged"))
+                    .count();
+                assert!(drafts_seen < DRAFTS, "the stalled stream buffered every draft");
+            }
+            Ok(Ok(None)) => panic!("the stream ended without a status"),
+            Ok(Err(status)) => break status,
+            Err(_) => panic!("the stalled stream neither ended nor delivered ({drafts_seen} drafts)"),
+        }
+    };
+    assert_eq!(ended.code(), tonic::Code::DataLoss, "{ended}");
+}

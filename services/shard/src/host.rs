@@ -19,14 +19,14 @@ use std::time::Duration;
 use ahp_types::actions::StateAction;
 use parking_lot::Mutex;
 use relay_bus::RedisPublisher;
-use relay_core::bus::{Audience, BusBatch, BusEvent, BusEventKind, SharedBusEvent};
+use relay_core::bus::{Audience, BusEvent, BusEventKind, BusReceiver, SharedBusEvent};
 use relay_core::link::CommandReply;
 use relay_core::rpc::{self, InboundMessage, RpcError};
 use relay_core::telemetry::CommitTimer;
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use relay_runner::{ChatSink, ProviderRegistry};
 use relay_store::{CommitBatch, Lease, Store, StoreError};
-use tokio::sync::{broadcast, watch, Notify};
+use tokio::sync::{watch, Notify};
 use tracing::Instrument;
 
 use crate::error::ShardError;
@@ -170,7 +170,11 @@ impl Host {
                 session_count,
                 unused_sessions: HashSet::new(),
             }),
-            publisher: Mutex::new(Publisher::new(record.last_seq, limits.bus_capacity)),
+            publisher: Mutex::new(Publisher::new(
+                record.last_seq,
+                limits.bus_capacity,
+                limits.bus_bytes,
+            )),
             durable: watch::Sender::new(0),
             redis,
             lease,
@@ -231,7 +235,7 @@ impl Host {
     }
 
     /// Register a connection and hand it the host's bus.
-    pub fn attach(&self, connection: ConnectionId, identity: Identity) -> broadcast::Receiver<BusBatch> {
+    pub fn attach(&self, connection: ConnectionId, identity: Identity) -> BusReceiver {
         // Subscribe before registering: nothing published after this point is missed.
         let bus = self.publisher.lock().subscribe();
         self.with_core(|core| {

@@ -13,13 +13,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use relay_bus::RedisPublisher;
-use relay_core::bus::{BusBatch, BusEvent};
+use relay_core::bus::{BusEvent, BusReceiver};
 use relay_core::link::{CommandReply, HostLink, LinkError, NotReady};
 use relay_core::rpc::InboundMessage;
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use relay_runner::ProviderRegistry;
 use relay_store::Store;
-use tokio::sync::broadcast;
 
 use crate::error::ShardError;
 use crate::host::Host;
@@ -399,7 +398,7 @@ impl HostLink for ShardLink {
         host: &HostKey,
         connection: ConnectionId,
         identity: &Identity,
-    ) -> Result<broadcast::Receiver<BusBatch>, LinkError> {
+    ) -> Result<BusReceiver, LinkError> {
         Ok(self.host(host).await?.attach(connection, identity.clone()))
     }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use ahp_types::actions::{ActionEnvelope, ActionOrigin, StateAction};
 use bytes::{BufMut, Bytes, BytesMut};
-use relay_core::bus::{Audience, BusBatch, BusEvent, BusEventKind};
+use relay_core::bus::{Audience, BusBatch, BusEvent, BusEventKind, BusReceiver, BusSender};
 use relay_core::rpc;
 use relay_core::ConnectionId;
 use relay_store::{ArchivedTurn, CatalogChange, ClientBinding, CommitBatch, LogEntry, SnapshotEntry};
@@ -545,36 +545,41 @@ impl Sequencer {
 pub struct Publisher {
     last_published: u64,
     bus_capacity: usize,
+    bus_bytes: usize,
     bus: Bus,
 }
 
 enum Bus {
     /// Nobody listens: no ring is allocated.
     Idle,
-    Open(tokio::sync::broadcast::Sender<BusBatch>),
+    Open(BusSender),
     /// Closed for good (the host was deposed): receivers see the bus end.
     Closed,
 }
 
 impl Publisher {
-    pub fn new(last_seq: u64, bus_capacity: usize) -> Self {
+    /// A publisher whose ring holds `bus_capacity` batches and at most `bus_bytes` of them for its slowest
+    /// reader (see [`BusSender`]).
+    pub fn new(last_seq: u64, bus_capacity: usize, bus_bytes: usize) -> Self {
         Self {
             last_published: last_seq,
             bus_capacity: bus_capacity.max(16),
+            bus_bytes,
             bus: Bus::Idle,
         }
     }
 
     /// A receiver of the bus; once the bus is closed, one that reports it closed.
-    pub fn subscribe(&mut self) -> tokio::sync::broadcast::Receiver<BusBatch> {
+    pub fn subscribe(&mut self) -> BusReceiver {
         match &self.bus {
             Bus::Open(bus) => bus.subscribe(),
             Bus::Idle => {
-                let (bus, receiver) = tokio::sync::broadcast::channel(self.bus_capacity);
+                let bus = BusSender::new(self.bus_capacity, self.bus_bytes);
+                let receiver = bus.subscribe();
                 self.bus = Bus::Open(bus);
                 receiver
             }
-            Bus::Closed => tokio::sync::broadcast::channel(1).1,
+            Bus::Closed => BusReceiver::closed(),
         }
     }
 

@@ -37,7 +37,7 @@ async fn two_shards() -> (tempfile::TempDir, Store, Arc<ShardLink>, Arc<ShardLin
 }
 
 /// Wait (bounded) until the bus reports itself closed, skipping whatever it still held.
-async fn bus_closes(bus: &mut tokio::sync::broadcast::Receiver<relay_core::bus::BusBatch>) {
+async fn bus_closes(bus: &mut relay_core::bus::BusReceiver) {
     loop {
         match tokio::time::timeout(Duration::from_secs(10), bus.recv())
             .await
