@@ -5,6 +5,10 @@
 //! rate is slowed down, not refused: the gateway waits for tokens (of the tenant's bucket and of the
 //! connection's) before forwarding the next frame, so the connection reads more slowly and TCP pushes back
 //! on the client (invariant 8). Deliveries to the connection go on while it waits.
+//!
+//! A tenant's buckets outlive its connections: one that closes every connection and reconnects finds its
+//! debt where it left it. A tenant's entry goes only once it has no connection and its buckets have refilled
+//! (then it is the same as a fresh one).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -47,6 +51,12 @@ impl TokenBucket {
         }
     }
 
+    /// Whether the bucket has refilled to its burst by now (it is then the same as a fresh one).
+    pub fn is_full(&self) -> bool {
+        let elapsed = Instant::now().duration_since(self.refilled).as_secs_f64();
+        self.tokens + elapsed * self.rate >= self.burst
+    }
+
     /// Take one token (going into debt if there is none); returns how long until the debt is paid: the wait
     /// before the message the token is for may go on (zero within the rate).
     pub fn take(&mut self) -> Duration {
@@ -74,6 +84,16 @@ struct TenantUsage {
     bytes: TokenBucket,
 }
 
+impl TenantUsage {
+    /// No connection, and nothing owed: forgetting it changes nothing.
+    fn is_idle(&self) -> bool {
+        self.connections == 0 && self.messages.is_full() && self.bytes.is_full()
+    }
+}
+
+/// Tenants tracked before the idle ones are pruned at the next admission of a new one.
+const PRUNE_AT: usize = 1024;
+
 /// Usage of every tenant with an open connection.
 pub struct TenantQuotas {
     limits: QuotaLimits,
@@ -100,6 +120,10 @@ impl TenantQuotas {
     /// A connection slot for `tenant`, or `None` when it has its maximum open.
     pub fn admit(self: &Arc<Self>, tenant: &str) -> Option<ConnectionPermit> {
         let mut tenants = self.tenants.lock();
+        // Tenants without connections are kept while in debt; the refilled ones go, now and then.
+        if tenants.len() >= PRUNE_AT && !tenants.contains_key(tenant) {
+            tenants.retain(|_, usage| !usage.is_idle());
+        }
         let usage = tenants.entry(tenant.to_string()).or_insert_with(|| TenantUsage {
             connections: 0,
             messages: TokenBucket::new(self.limits.messages_per_second, self.limits.message_burst),
@@ -160,7 +184,8 @@ impl Drop for ConnectionPermit {
             let mut tenants = self.quotas.tenants.lock();
             if let Some(usage) = tenants.get_mut(&self.tenant) {
                 usage.connections = usage.connections.saturating_sub(1);
-                if usage.connections == 0 {
+                // A tenant still in debt keeps its buckets: reconnecting does not reset them.
+                if usage.is_idle() {
                     tenants.remove(&self.tenant);
                 }
             }
@@ -249,5 +274,28 @@ mod tests {
             q.message_delay("b", &mut q.connection_bucket(), 2_000),
             Duration::ZERO
         );
+    }
+
+    #[test]
+    fn a_tenant_in_debt_keeps_it_across_reconnects() {
+        let q = quotas(1);
+        let permit = q.admit("a").expect("admit");
+        let mut bucket = q.connection_bucket();
+        for _ in 0..5 {
+            q.message_delay("a", &mut bucket, 1);
+        }
+        assert!(q.message_delay("a", &mut bucket, 1) > Duration::ZERO);
+        // Its only connection closes and it reconnects at once: the debt is still there.
+        drop(permit);
+        let _again = q.admit("a").expect("admit again");
+        let wait = q.message_delay("a", &mut q.connection_bucket(), 1);
+        assert!(wait > Duration::from_millis(100), "{wait:?}");
+    }
+
+    #[test]
+    fn a_refilled_tenant_without_connections_is_forgotten() {
+        let q = quotas(1);
+        drop(q.admit("a").expect("admit"));
+        assert!(q.tenants.lock().is_empty());
     }
 }

@@ -160,7 +160,11 @@ impl RemoteShard {
             })?
             .tcp_nodelay(true)
             // Attaching waits for the shard: a blackholed address must fail, not hang every attach.
-            .connect_timeout(SHARD_CONNECT_TIMEOUT);
+            .connect_timeout(SHARD_CONNECT_TIMEOUT)
+            // A shard that stops answering (a partition) ends the link, and the streams on it.
+            .http2_keep_alive_interval(crate::LINK_KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(crate::LINK_KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
         Ok(Self::new(endpoint.connect_lazy(), bus_capacity, credential))
     }
 

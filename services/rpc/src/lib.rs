@@ -50,3 +50,10 @@ pub const OWNER_METADATA: &str = "ahp-relay-owner";
 
 /// Largest gRPC message either side accepts: above the largest WebSocket frame and any snapshot reply.
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+
+/// HTTP/2 pings on the gateway↔shard link, both ways, this often…
+pub const LINK_KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+/// …and the link is closed when one is not answered this soon: a partitioned gateway's streams end (its
+/// connections are detached after the gateway-stream grace), and a gateway stops waiting on a shard it cannot
+/// reach.
+pub const LINK_KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

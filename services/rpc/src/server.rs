@@ -291,6 +291,10 @@ pub async fn serve_with_runners<L: HostLink + BusHistory>(
     // Frames are small and latency matters more than packing: no Nagle delay.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
+        // A gateway (or runner) that stops answering pings — partitioned, not closed — is let go: its streams
+        // end, and its connections are detached after the grace.
+        .http2_keepalive_interval(Some(crate::LINK_KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(crate::LINK_KEEPALIVE_TIMEOUT))
         .add_service(ShardService::new(link).into_server(credential))
         .add_optional_service(
             runner_credential.map(|runner| crate::RunnersService::new(runners).into_server(runner)),

@@ -550,3 +550,153 @@ async fn a_gateway_that_stops_reading_its_events_is_cut_at_a_byte_bound() {
     };
     assert_eq!(ended.code(), tonic::Code::DataLoss, "{ended}");
 }
+
+/// A TCP proxy on loopback that can be frozen: it then forwards nothing more either way and closes nothing,
+/// like a network partition.
+struct FreezingProxy {
+    addr: std::net::SocketAddr,
+    frozen: tokio::sync::watch::Sender<bool>,
+}
+
+impl FreezingProxy {
+    async fn start(upstream: std::net::SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let frozen = tokio::sync::watch::Sender::new(false);
+        let watching = frozen.subscribe();
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(outbound) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let (a_read, a_write) = inbound.into_split();
+                let (b_read, b_write) = outbound.into_split();
+                tokio::spawn(Self::pump(a_read, b_write, watching.clone()));
+                tokio::spawn(Self::pump(b_read, a_write, watching.clone()));
+            }
+        });
+        Self { addr, frozen }
+    }
+
+    async fn pump(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut frozen: tokio::sync::watch::Receiver<bool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buffer = vec![0u8; 64 * 1024];
+        // Once frozen, neither read nor write again, and keep both halves open.
+        let _ = frozen.wait_for(|frozen| !frozen).await;
+        loop {
+            let read = tokio::select! {
+                read = from.read(&mut buffer) => read,
+                _ = frozen.wait_for(|frozen| *frozen) => break,
+            };
+            let Ok(n) = read else { return };
+            if n == 0 || *frozen.borrow() || to.write_all(&buffer[..n]).await.is_err() {
+                return;
+            }
+        }
+        let _keep = (from, to);
+        std::future::pending::<()>().await;
+    }
+}
+
+/// A gateway cut off by a partition (its TCP connection open, nothing getting through) is let go by the
+/// shard: HTTP/2 keepalive ends its link, its streams end, and its connections are detached after the grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_gateways_connections_are_released() {
+    let shard = start_shard().await;
+    let upstream: std::net::SocketAddr = shard
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("shard addr");
+    let proxy = FreezingProxy::start(upstream).await;
+    let through_proxy = tonic::transport::Endpoint::from_shared(format!("http://{}", proxy.addr))
+        .expect("url")
+        .connect()
+        .await
+        .expect("grpc");
+    let mut partitioned =
+        relay_rpc::pb::shard_client::ShardClient::with_interceptor(through_proxy, common::credential());
+    let host = || {
+        Some(relay_rpc::pb::HostKey {
+            tenant: "dev".into(),
+            host: "default".into(),
+        })
+    };
+    let gateway: u64 = 0xfa11;
+    let connection = ConnectionId((gateway << 32) | 1);
+    partitioned
+        .attach(relay_rpc::pb::AttachRequest {
+            host: host(),
+            connection: connection.0,
+            identity: Some(relay_rpc::pb::Identity {
+                subject: "cut-off".into(),
+                tenant: "dev".into(),
+                role: relay_rpc::pb::Role::Member as i32,
+            }),
+        })
+        .await
+        .expect("attach");
+    // As a gateway does: the host's Watch once a connection is attached.
+    let _watch = partitioned
+        .watch(relay_rpc::pb::WatchRequest {
+            host: host(),
+            gateway,
+        })
+        .await
+        .expect("watch");
+
+    // Another caller of the shard watches the connection: attached until the partition is detected.
+    let direct = tonic::transport::Endpoint::from_shared(shard.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("grpc");
+    let mut observer =
+        relay_rpc::pb::shard_client::ShardClient::with_interceptor(direct, common::credential());
+    let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": "cut-off"}});
+    let attached = |frame: &serde_json::Value| {
+        !frame["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("not attached"))
+    };
+    let call = |observer: &mut relay_rpc::pb::shard_client::ShardClient<_>| {
+        let request = relay_rpc::pb::CallRequest {
+            host: host(),
+            connection: connection.0,
+            frame: initialize.to_string().into_bytes(),
+        };
+        let mut observer = observer.clone();
+        async move {
+            let reply = observer.call(request).await.expect("call").into_inner();
+            serde_json::from_slice::<serde_json::Value>(&reply.frame.expect("a reply frame")).expect("JSON")
+        }
+    };
+    assert!(
+        attached(&call(&mut observer).await),
+        "attached before the partition"
+    );
+
+    proxy.frozen.send_replace(true);
+    let partitioned_at = std::time::Instant::now();
+    // Keepalive closes the link (a ping unanswered), which ends the Watch; then the grace ends.
+    let bound = relay_rpc::LINK_KEEPALIVE_INTERVAL
+        + relay_rpc::LINK_KEEPALIVE_TIMEOUT
+        + relay_rpc::server::GATEWAY_STREAM_GRACE
+        + Duration::from_secs(5);
+    let mut polls = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        polls.tick().await;
+        if !attached(&call(&mut observer).await) {
+            break;
+        }
+        assert!(
+            partitioned_at.elapsed() < bound,
+            "the partitioned gateway's connection was still attached after {bound:?}"
+        );
+    }
+}

@@ -94,6 +94,20 @@ impl ShardLink {
             .keys()
             .filter(|open| open.tenant == key.tenant)
             .count();
+        // Under leases the cap counts the tenant's hosts on every shard (a host is open where it is leased);
+        // shards opening hosts of one tenant at the same instant may overshoot it by one each.
+        let open_of_tenant = match &self.ownership {
+            Some(_) => self
+                .store
+                .leased_hosts_of_tenant(&key.tenant, &key.host, now_ms())
+                .await
+                .map_err(|error| {
+                    tracing::warn!(host = %key, %error, "could not count the tenant's hosts");
+                    LinkError::HostUnavailable(key.to_string())
+                })?
+                .max(open_of_tenant as u64) as usize,
+            None => open_of_tenant,
+        };
         if open_of_tenant >= self.limits.max_hosts_per_tenant {
             return Err(LinkError::OverQuota(format!(
                 "tenant {} has its maximum of {} open hosts",

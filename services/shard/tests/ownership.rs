@@ -245,3 +245,58 @@ async fn a_kept_lease_is_not_taken_and_a_lost_one_is_noticed_at_the_next_renewal
         Some(1012)
     );
 }
+
+/// `max_hosts_per_tenant` holds across shards: the tenant's hosts leased by any shard count, so two shards do
+/// not give a tenant twice its hosts.
+#[tokio::test]
+async fn the_host_cap_of_a_tenant_counts_its_hosts_on_every_shard() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("relay.sqlite").display());
+    let store = Store::connect(&url).await.expect("store");
+    store.migrate().await.expect("migrate");
+    let capped = |name: &str| {
+        let link = Arc::new(
+            ShardLink::new(
+                Limits {
+                    max_hosts_per_tenant: 2,
+                    ..Limits::default()
+                },
+                providers(),
+                store.clone(),
+                None,
+            )
+            .with_ownership(Ownership::new(name, Duration::from_secs(30))),
+        );
+        link.keep_leases();
+        link
+    };
+    let (first, second) = (capped("http://first:1"), capped("http://second:1"));
+    let _one = first
+        .attach(&HostKey::new("t", "one"), ConnectionId::next(), &identity())
+        .await
+        .expect("first host");
+    let _two = second
+        .attach(&HostKey::new("t", "two"), ConnectionId::next(), &identity())
+        .await
+        .expect("second host, on the other shard");
+    match first
+        .attach(&HostKey::new("t", "three"), ConnectionId::next(), &identity())
+        .await
+    {
+        Err(LinkError::OverQuota(reason)) => assert!(reason.contains("maximum of 2"), "{reason}"),
+        other => panic!("a third host was opened: {:?}", other.map(|_| ())),
+    }
+    // Another tenant is not held back, and an open host of the tenant still takes connections.
+    let other_tenant = Identity {
+        tenant: "u".into(),
+        ..identity()
+    };
+    first
+        .attach(&HostKey::new("u", "one"), ConnectionId::next(), &other_tenant)
+        .await
+        .expect("another tenant's host");
+    first
+        .attach(&HostKey::new("t", "one"), ConnectionId::next(), &identity())
+        .await
+        .expect("the tenant's open host");
+}

@@ -221,6 +221,25 @@ fn lease_from(tenant: &str, host: &str, row: &AnyRow) -> Result<Lease, StoreErro
     })
 }
 
+/// How many of `tenant`'s hosts other than `except` are leased (held, unexpired at `now_ms`) by any owner.
+pub(crate) async fn held_of_tenant(
+    pool: &AnyPool,
+    tenant: &str,
+    except: &str,
+    now_ms: i64,
+) -> Result<u64, StoreError> {
+    let count: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM leases WHERE tenant = $1 AND host <> $2 AND owner IS NOT NULL \
+         AND expires_at_ms > $3",
+    )
+    .bind(tenant)
+    .bind(except)
+    .bind(now_ms)
+    .fetch_one(pool)
+    .await?;
+    Ok(u64::try_from(count).unwrap_or(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -152,6 +152,17 @@ impl Store {
         leases::renew_all(&self.pool, owner, ttl_ms, now_ms).await
     }
 
+    /// How many of `tenant`'s hosts other than `except` some owner holds a lease on at `now_ms`: what a
+    /// per-tenant host cap counts across every shard.
+    pub async fn leased_hosts_of_tenant(
+        &self,
+        tenant: &str,
+        except: &str,
+        now_ms: i64,
+    ) -> Result<u64, StoreError> {
+        leases::held_of_tenant(&self.pool, tenant, except, now_ms).await
+    }
+
     /// Gives the lease up at once (graceful shutdown), so another owner can take it without waiting for
     /// expiry; it keeps its epoch, and the next acquire increments it. Does nothing if the lease was already
     /// lost.
