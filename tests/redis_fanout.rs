@@ -133,3 +133,34 @@ async fn envelopes_lost_on_redis_are_repaired_exactly_once_in_order() {
         + gateway2.metric("ahp_relay_gap_repairs_total").await;
     assert!(repairs > 0.0, "the cuts lost messages that were repaired");
 }
+
+/// Gateways sharing a Redis hold a tenant to its connection quota together: with one connection allowed, a
+/// second one through the other gateway is refused (429), and another tenant is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_connection_quota_holds_across_gateways() {
+    let Some(url) = redis_url() else { return };
+    let shard = Shard::start(&["--redis-url", &url]).await;
+    let flags = ["--redis-url", url.as_str(), "--max-connections-per-tenant", "1"];
+    let gateway1 = Relay::gateway_with(&shard.url, &flags).await;
+    let gateway2 = Relay::gateway_with(&shard.url, &flags).await;
+    let tenant = unique_tenant();
+    let (_first, _) = gateway1
+        .client_as(&tenant, "device-a", Role::Member, "device-a")
+        .await;
+    let status = |relay: &Relay, tenant: &str| {
+        let url = format!(
+            "{}?access_token={}",
+            relay.url(),
+            relay.token(tenant, "device-b", Role::Member)
+        );
+        async move {
+            match tokio_tungstenite::connect_async(url).await {
+                Ok(_) => 101,
+                Err(tokio_tungstenite::tungstenite::Error::Http(response)) => response.status().as_u16(),
+                Err(error) => panic!("{error}"),
+            }
+        }
+    };
+    assert_eq!(status(&gateway2, &tenant).await, 429);
+    assert_eq!(status(&gateway2, &unique_tenant()).await, 101);
+}

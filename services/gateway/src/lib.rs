@@ -12,6 +12,7 @@ pub mod oidc;
 pub mod origin;
 pub mod quotas;
 pub mod server;
+pub mod shared_quotas;
 mod tls;
 pub mod web;
 

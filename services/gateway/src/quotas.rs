@@ -6,6 +6,9 @@
 //! connection's) before forwarding the next frame, so the connection reads more slowly and TCP pushes back
 //! on the client (invariant 8). Deliveries to the connection go on while it waits.
 //!
+//! With Redis ([`crate::shared_quotas`]) the connection cap and the tenant's rates hold across every gateway
+//! of the deployment; without it, per gateway.
+//!
 //! A tenant's buckets outlive its connections: one that closes every connection and reconnects finds its
 //! debt where it left it. A tenant's entry goes only once it has no connection and its buckets have refilled
 //! (then it is the same as a fresh one).
@@ -15,6 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+
+use crate::shared_quotas::{Forwarded, SharedQuotas};
 
 /// Quota settings.
 #[derive(Debug, Clone, Copy)]
@@ -82,6 +87,10 @@ struct TenantUsage {
     connections: usize,
     messages: TokenBucket,
     bytes: TokenBucket,
+    /// What this gateway forwarded for the tenant (cumulative), reported to the other gateways.
+    forwarded: Forwarded,
+    /// What the other gateways had forwarded at the last exchange (cumulative), once known.
+    others_seen: Option<Forwarded>,
 }
 
 impl TenantUsage {
@@ -98,6 +107,8 @@ const PRUNE_AT: usize = 1024;
 pub struct TenantQuotas {
     limits: QuotaLimits,
     tenants: Mutex<HashMap<String, TenantUsage>>,
+    /// The other gateways' usage, through Redis (set once connected).
+    shared: std::sync::OnceLock<Arc<SharedQuotas>>,
     /// Signalled whenever a connection ends (graceful shutdown waits on it).
     closed: tokio::sync::Notify,
 }
@@ -106,6 +117,8 @@ pub struct TenantQuotas {
 pub struct ConnectionPermit {
     quotas: Arc<TenantQuotas>,
     tenant: String,
+    /// Its slot among every gateway's, when shared.
+    slot: Option<String>,
 }
 
 impl TenantQuotas {
@@ -113,8 +126,134 @@ impl TenantQuotas {
         Arc::new(Self {
             limits,
             tenants: Mutex::new(HashMap::new()),
+            shared: std::sync::OnceLock::new(),
             closed: tokio::sync::Notify::new(),
         })
+    }
+
+    /// Hold tenants to these quotas across every gateway sharing the Redis at `url` (see
+    /// [`crate::shared_quotas`]): connects (waiting up to 5 s, then in the background; until then, and
+    /// whenever Redis is unreachable, each gateway holds tenants to its own limits), then exchanges usage every
+    /// [`crate::shared_quotas::EXCHANGE_EVERY`] and renews this gateway's connection slots, while the quotas
+    /// live. Call it before taking connections.
+    pub async fn share_through_redis(self: &Arc<Self>, url: String) {
+        if let Ok(Ok(shared)) =
+            tokio::time::timeout(Duration::from_secs(5), SharedQuotas::connect(&url)).await
+        {
+            self.share(shared);
+            return;
+        }
+        let quotas = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            let shared = loop {
+                match SharedQuotas::connect(&url).await {
+                    Ok(shared) => break shared,
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot reach Redis to share tenant quotas; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                }
+                if quotas.strong_count() == 0 {
+                    return;
+                }
+            };
+            if let Some(quotas) = quotas.upgrade() {
+                quotas.share(shared);
+            }
+        });
+    }
+
+    /// Hold tenants to these quotas across every gateway sharing `shared`.
+    pub fn share(self: &Arc<Self>, shared: Arc<SharedQuotas>) {
+        if self.shared.set(shared.clone()).is_err() {
+            return;
+        }
+        let quotas = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut exchanges = tokio::time::interval(crate::shared_quotas::EXCHANGE_EVERY);
+            exchanges.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let renew_every = crate::shared_quotas::SLOT_LEASE / 3;
+            let mut renewed = Instant::now();
+            let mut failing = false;
+            loop {
+                exchanges.tick().await;
+                let Some(quotas) = quotas.upgrade() else {
+                    return;
+                };
+                let mut result = quotas.exchange_usage(&shared).await;
+                if result.is_ok() && renewed.elapsed() >= renew_every {
+                    result = shared.renew_slots().await;
+                    renewed = Instant::now();
+                }
+                match result {
+                    Err(error) if !failing => {
+                        tracing::warn!(%error, "cannot share tenant quotas through Redis; holding tenants to this gateway's own limits");
+                        failing = true;
+                    }
+                    Ok(()) if failing => {
+                        tracing::info!("sharing tenant quotas through Redis again");
+                        failing = false;
+                    }
+                    _ => {}
+                }
+            }
+        });
+    }
+
+    /// One exchange with the other gateways: report what this one forwarded, and charge each tenant's buckets
+    /// with what the others forwarded since the last exchange.
+    pub async fn exchange_usage(
+        &self,
+        shared: &SharedQuotas,
+    ) -> Result<(), crate::shared_quotas::SharedQuotaError> {
+        let own: Vec<(String, Forwarded)> = self
+            .tenants
+            .lock()
+            .iter()
+            .map(|(tenant, usage)| (tenant.clone(), usage.forwarded))
+            .collect();
+        for (tenant, theirs) in shared.exchange(&own).await? {
+            self.charge_others(&tenant, theirs);
+        }
+        Ok(())
+    }
+
+    /// The other gateways had forwarded `theirs` (cumulative) for `tenant`: charge its buckets with what they
+    /// forwarded since the last time (the first time only sets the mark).
+    pub fn charge_others(&self, tenant: &str, theirs: Forwarded) {
+        let mut tenants = self.tenants.lock();
+        let Some(usage) = tenants.get_mut(tenant) else {
+            return;
+        };
+        if let Some(seen) = usage.others_seen {
+            let messages = theirs.messages.saturating_sub(seen.messages);
+            let bytes = theirs.bytes.saturating_sub(seen.bytes);
+            if messages > 0 {
+                usage.messages.take_n(messages as f64);
+            }
+            if bytes > 0 {
+                usage.bytes.take_n(bytes as f64);
+            }
+        }
+        usage.others_seen = Some(theirs);
+    }
+
+    /// A connection slot for `tenant` on this gateway and, when shared, among every gateway's; `None` when
+    /// the tenant has its maximum open (here, or across the deployment).
+    pub async fn admit_everywhere(self: &Arc<Self>, tenant: &str) -> Option<ConnectionPermit> {
+        let mut permit = self.admit(tenant)?;
+        if let Some(shared) = self.shared.get() {
+            match shared.take_slot(tenant, self.limits.max_connections).await {
+                Ok(Some(slot)) => permit.slot = Some(slot),
+                Ok(None) => return None,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot count the tenant's connections across gateways; admitting by this gateway's count");
+                }
+            }
+        }
+        Some(permit)
     }
 
     /// A connection slot for `tenant`, or `None` when it has its maximum open.
@@ -128,6 +267,8 @@ impl TenantQuotas {
             connections: 0,
             messages: TokenBucket::new(self.limits.messages_per_second, self.limits.message_burst),
             bytes: TokenBucket::new(self.limits.bytes_per_second, self.limits.byte_burst),
+            forwarded: Forwarded::default(),
+            others_seen: None,
         });
         if usage.connections >= self.limits.max_connections {
             return None;
@@ -136,6 +277,7 @@ impl TenantQuotas {
         Some(ConnectionPermit {
             quotas: self.clone(),
             tenant: tenant.to_string(),
+            slot: None,
         })
     }
 
@@ -156,6 +298,8 @@ impl TenantQuotas {
             .lock()
             .get_mut(tenant)
             .map_or(Duration::ZERO, |usage| {
+                usage.forwarded.messages += 1;
+                usage.forwarded.bytes += bytes as u64;
                 usage.messages.take().max(usage.bytes.take_n(bytes as f64))
             });
         own.max(shared)
@@ -180,6 +324,9 @@ impl TenantQuotas {
 
 impl Drop for ConnectionPermit {
     fn drop(&mut self) {
+        if let (Some(shared), Some(slot)) = (self.quotas.shared.get(), self.slot.take()) {
+            shared.release_slot(&self.tenant, slot);
+        }
         {
             let mut tenants = self.quotas.tenants.lock();
             if let Some(usage) = tenants.get_mut(&self.tenant) {

@@ -179,7 +179,7 @@ async fn open<L: HostLink>(
     if !claims.allows_host(&host) {
         return refuse(StatusCode::FORBIDDEN, "the token does not grant this host");
     }
-    let Some(permit) = state.quotas.admit(&claims.tid) else {
+    let Some(permit) = state.quotas.admit_everywhere(&claims.tid).await else {
         return refuse(
             StatusCode::TOO_MANY_REQUESTS,
             "the tenant has its maximum of open connections",

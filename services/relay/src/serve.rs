@@ -335,7 +335,8 @@ pub struct GatewayArgs {
         value_delimiter = ','
     )]
     pub shard: Vec<String>,
-    /// Redis URL (redis://…): follow hosts' buses there (repairing gaps from the shard) instead of over gRPC.
+    /// Redis URL (redis://…): follow hosts' buses there (repairing gaps from the shard) instead of over gRPC, and hold
+    /// each tenant to its connection and rate quotas together with the other gateways sharing it.
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
     #[command(flatten)]
@@ -588,7 +589,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         DevToken::Print
     };
-    serve_edge(&args.data, &args.edge, limits, link.clone(), dev_token).await?;
+    serve_edge(&args.data, &args.edge, limits, link.clone(), dev_token, None).await?;
     flush(&link).await;
     Ok(())
 }
@@ -694,7 +695,16 @@ pub async fn run_gateway(args: GatewayArgs) -> anyhow::Result<()> {
         args.redis_url.as_deref(),
         args.internal.credential()?,
     )?);
-    serve_edge(&args.data, &args.edge, limits, link, DevToken::Silent).await
+    // Gateways sharing a Redis hold each tenant to its quotas together.
+    serve_edge(
+        &args.data,
+        &args.edge,
+        limits,
+        link,
+        DevToken::Silent,
+        args.redis_url.as_deref(),
+    )
+    .await
 }
 
 /// Whether the edge prints a ready dev token at start: only the embedded relay, for its own local use, unless
@@ -715,6 +725,7 @@ async fn serve_edge<L: HostLink>(
     limits: Limits,
     link: Arc<L>,
     dev_token: DevToken,
+    shared_quotas_redis: Option<&str>,
 ) -> anyhow::Result<()> {
     let secret = secret::load_or_create(secret::SecretSource {
         explicit: edge.jwt_secret.as_deref(),
@@ -731,6 +742,9 @@ async fn serve_edge<L: HostLink>(
         bytes_per_second: edge.bytes_per_second_per_tenant.max(1024.0),
         byte_burst: (edge.bytes_per_second_per_tenant * 2.0).max(edge.max_frame_bytes as f64),
     });
+    if let Some(url) = shared_quotas_redis {
+        quotas.share_through_redis(url.to_string()).await;
+    }
     let verifier = edge.verifier(&secret).await?;
     let app = relay_gateway::router(Arc::new(GatewayState {
         link,

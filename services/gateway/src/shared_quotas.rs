@@ -1,0 +1,239 @@
+//! Per-tenant quotas shared by every gateway of a deployment through Redis, so N gateways (or an autoscaler)
+//! do not give a tenant N times its budget, and a tenant reconnecting to another gateway finds its usage
+//! there too.
+//!
+//! - **Connection slots**: a sorted set per tenant (`ahp-relay:quota:{tenant}:slots`), one member per open
+//!   connection, scored by its lease's expiry (unix ms). Taking a slot is one Lua script: drop expired
+//!   members, refuse at the cap, add the new one. Each gateway renews its members every third of the lease
+//!   and removes them when their connection closes; a gateway that dies leaves its slots for one lease at most.
+//! - **Rates**: each gateway keeps its own token buckets (no Redis round trip per message) and meters what it
+//!   forwarded per tenant in a hash (`ahp-relay:quota:{tenant}:usage`, cumulative counters per gateway). Every
+//!   exchange it adds what it forwarded since the last one, reads the other gateways' counters, and its
+//!   buckets are charged with what they forwarded meanwhile ([`crate::quotas::TenantQuotas::charge_others`]).
+//!   A tenant's rate holds across gateways, give or take one exchange interval of traffic per gateway.
+//!
+//! Redis being unreachable is logged and each gateway then holds tenants to its own limits: an outage of
+//! Redis slows nobody down and refuses nobody that a single gateway would have let in.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::aio::ConnectionManager;
+
+/// How long a connection's slot holds without renewal (renewed every third of it).
+pub const SLOT_LEASE: Duration = Duration::from_secs(30);
+/// How often a gateway exchanges its rate usage with the others.
+pub const EXCHANGE_EVERY: Duration = Duration::from_millis(100);
+/// How long a tenant's usage counters outlive its last exchange.
+const USAGE_TTL_MS: u64 = 3_600_000;
+
+/// Why Redis could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("redis: {0}")]
+pub struct SharedQuotaError(#[from] redis::RedisError);
+
+/// One tenant's forwarded messages and bytes (cumulative).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Forwarded {
+    pub messages: u64,
+    pub bytes: u64,
+}
+
+/// This gateway's handle on the shared quotas.
+pub struct SharedQuotas {
+    connection: ConnectionManager,
+    /// This process, among the deployment's gateways.
+    gateway: String,
+    next_slot: AtomicU64,
+    /// The slots this gateway holds, per tenant (renewed until released).
+    slots: Mutex<HashMap<String, HashSet<String>>>,
+    /// What this gateway last reported per tenant (its counters are cumulative).
+    reported: Mutex<HashMap<String, Forwarded>>,
+}
+
+const TAKE_SLOT: &str = r"
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return 1
+";
+
+fn slots_key(tenant: &str) -> String {
+    format!("ahp-relay:quota:{{{tenant}}}:slots")
+}
+
+fn usage_key(tenant: &str) -> String {
+    format!("ahp-relay:quota:{{{tenant}}}:usage")
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as u64)
+}
+
+impl SharedQuotas {
+    /// Connect to the Redis at `url` (`redis://…` or `rediss://…`); the connection is remade by itself.
+    pub async fn connect(url: &str) -> Result<Arc<Self>, SharedQuotaError> {
+        crate::tls::ensure_provider();
+        let client = redis::Client::open(url)?;
+        let connection = client.get_connection_manager().await?;
+        Ok(Arc::new(Self {
+            connection,
+            gateway: uuid::Uuid::new_v4().simple().to_string(),
+            next_slot: AtomicU64::new(1),
+            slots: Mutex::new(HashMap::new()),
+            reported: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// A connection slot of `tenant` among every gateway's, unless it holds `max` already: `Some(slot)`, to
+    /// release when the connection ends.
+    pub async fn take_slot(&self, tenant: &str, max: usize) -> Result<Option<String>, SharedQuotaError> {
+        let slot = format!(
+            "{}:{}",
+            self.gateway,
+            self.next_slot.fetch_add(1, Ordering::Relaxed)
+        );
+        let now = now_ms();
+        let taken: i64 = redis::cmd("EVAL")
+            .arg(TAKE_SLOT)
+            .arg(1)
+            .arg(slots_key(tenant))
+            .arg(now)
+            .arg(max)
+            .arg(now + SLOT_LEASE.as_millis() as u64)
+            .arg(&slot)
+            .arg(SLOT_LEASE.as_millis() as u64 * 2)
+            .query_async(&mut self.connection.clone())
+            .await?;
+        if taken == 0 {
+            return Ok(None);
+        }
+        self.slots
+            .lock()
+            .entry(tenant.to_string())
+            .or_default()
+            .insert(slot.clone());
+        Ok(Some(slot))
+    }
+
+    /// Give `slot` of `tenant` back (in the background).
+    pub fn release_slot(self: &Arc<Self>, tenant: &str, slot: String) {
+        {
+            let mut slots = self.slots.lock();
+            if let Some(held) = slots.get_mut(tenant) {
+                held.remove(&slot);
+                if held.is_empty() {
+                    slots.remove(tenant);
+                }
+            }
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // its lease lapses
+        };
+        let (shared, key) = (self.clone(), slots_key(tenant));
+        runtime.spawn(async move {
+            let removed: Result<i64, _> = redis::cmd("ZREM")
+                .arg(key)
+                .arg(slot)
+                .query_async(&mut shared.connection.clone())
+                .await;
+            if let Err(error) = removed {
+                tracing::warn!(%error, "could not release a connection slot in Redis; it lapses with its lease");
+            }
+        });
+    }
+
+    /// Renew the lease of every slot this gateway holds.
+    pub async fn renew_slots(&self) -> Result<(), SharedQuotaError> {
+        let held: Vec<(String, Vec<String>)> = self
+            .slots
+            .lock()
+            .iter()
+            .map(|(tenant, slots)| (tenant.clone(), slots.iter().cloned().collect()))
+            .collect();
+        if held.is_empty() {
+            return Ok(());
+        }
+        let expiry = now_ms() + SLOT_LEASE.as_millis() as u64;
+        let mut pipe = redis::pipe();
+        for (tenant, slots) in held {
+            let key = slots_key(&tenant);
+            for slot in slots {
+                pipe.cmd("ZADD")
+                    .arg(&key)
+                    .arg("XX")
+                    .arg(expiry)
+                    .arg(slot)
+                    .ignore();
+            }
+            pipe.cmd("PEXPIRE")
+                .arg(&key)
+                .arg(SLOT_LEASE.as_millis() as u64 * 2)
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut self.connection.clone()).await?;
+        Ok(())
+    }
+
+    /// Report what this gateway forwarded per tenant (cumulative, `own`) and learn what the other gateways
+    /// forwarded (cumulative, per tenant of `own`).
+    pub async fn exchange(
+        &self,
+        own: &[(String, Forwarded)],
+    ) -> Result<Vec<(String, Forwarded)>, SharedQuotaError> {
+        if own.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (messages_field, bytes_field) = (format!("{}:m", self.gateway), format!("{}:b", self.gateway));
+        let mut pipe = redis::pipe();
+        let mut reporting = Vec::with_capacity(own.len());
+        {
+            let reported = self.reported.lock();
+            for (tenant, now) in own {
+                let before = reported.get(tenant).copied().unwrap_or_default();
+                // A tenant's local counters restart when its entry was forgotten: count them anew.
+                let since = |now: u64, before: u64| if now >= before { now - before } else { now };
+                let key = usage_key(tenant);
+                pipe.cmd("HINCRBY")
+                    .arg(&key)
+                    .arg(&messages_field)
+                    .arg(since(now.messages, before.messages))
+                    .ignore();
+                pipe.cmd("HINCRBY")
+                    .arg(&key)
+                    .arg(&bytes_field)
+                    .arg(since(now.bytes, before.bytes))
+                    .ignore();
+                pipe.cmd("PEXPIRE").arg(&key).arg(USAGE_TTL_MS).ignore();
+                pipe.cmd("HGETALL").arg(&key);
+                reporting.push((tenant.clone(), *now));
+            }
+        }
+        let counters: Vec<HashMap<String, u64>> = pipe.query_async(&mut self.connection.clone()).await?;
+        let mut reported = self.reported.lock();
+        let mut others = Vec::with_capacity(counters.len());
+        for ((tenant, now), fields) in reporting.into_iter().zip(counters) {
+            reported.insert(tenant.clone(), now);
+            let mut theirs = Forwarded::default();
+            for (field, value) in fields {
+                if field.starts_with(&self.gateway) {
+                    continue;
+                }
+                if field.ends_with(":m") {
+                    theirs.messages += value;
+                } else if field.ends_with(":b") {
+                    theirs.bytes += value;
+                }
+            }
+            others.push((tenant, theirs));
+        }
+        reported.retain(|tenant, _| own.iter().any(|(reporting, _)| reporting == tenant));
+        Ok(others)
+    }
+}

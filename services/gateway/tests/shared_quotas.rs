@@ -1,0 +1,92 @@
+//! Two gateways' quotas sharing one real Redis (`REDIS_URL`; skipped without it, which `scripts/test` always
+//! sets): a tenant's connection cap and its message rate hold across both, not per gateway.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use relay_gateway::quotas::{QuotaLimits, TenantQuotas};
+use relay_gateway::shared_quotas::SharedQuotas;
+
+fn limits() -> QuotaLimits {
+    QuotaLimits {
+        max_connections: 2,
+        messages_per_second: 10.0,
+        message_burst: 5.0,
+        connection_messages_per_second: 1_000.0,
+        connection_message_burst: 1_000.0,
+        bytes_per_second: 1e9,
+        byte_burst: 1e9,
+    }
+}
+
+/// Two gateways' quotas on the Redis at `REDIS_URL`, with their Redis handles.
+async fn two_gateways() -> Option<[(Arc<TenantQuotas>, Arc<SharedQuotas>); 2]> {
+    let Ok(url) = std::env::var("REDIS_URL") else {
+        eprintln!("skipped: REDIS_URL not set");
+        return None;
+    };
+    let mut gateways = Vec::new();
+    for _ in 0..2 {
+        let shared = SharedQuotas::connect(&url).await.expect("redis");
+        let quotas = TenantQuotas::new(limits());
+        quotas.share(shared.clone());
+        gateways.push((quotas, shared));
+    }
+    gateways.try_into().ok()
+}
+
+fn unique_tenant() -> String {
+    format!("t{}", uuid::Uuid::new_v4().simple())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_connection_cap_holds_across_gateways() {
+    let Some([(a, _), (b, _)]) = two_gateways().await else {
+        return;
+    };
+    let tenant = unique_tenant();
+    let first = a.admit_everywhere(&tenant).await.expect("one on gateway a");
+    let _second = b.admit_everywhere(&tenant).await.expect("one on gateway b");
+    assert!(a.admit_everywhere(&tenant).await.is_none(), "a third on a");
+    assert!(b.admit_everywhere(&tenant).await.is_none(), "a third on b");
+    assert!(
+        b.admit_everywhere(&unique_tenant()).await.is_some(),
+        "another tenant is not held back"
+    );
+    // A connection closing on a frees its slot for b (released in the background: bounded wait).
+    drop(first);
+    let started = std::time::Instant::now();
+    let _third = loop {
+        if let Some(permit) = b.admit_everywhere(&tenant).await {
+            break permit;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the slot was never freed"
+        );
+        tokio::task::yield_now().await;
+    };
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_rate_holds_across_gateways() {
+    let Some([(a, a_redis), (b, b_redis)]) = two_gateways().await else {
+        return;
+    };
+    let tenant = unique_tenant();
+    let _on_a = a.admit_everywhere(&tenant).await.expect("admit on a");
+    let _on_b = b.admit_everywhere(&tenant).await.expect("admit on b");
+    // Both gateways have met: each knows where the other's counters stand.
+    a.exchange_usage(&a_redis).await.expect("exchange");
+    b.exchange_usage(&b_redis).await.expect("exchange");
+    // The tenant's whole burst goes through gateway a…
+    let mut on_a = a.connection_bucket();
+    for _ in 0..5 {
+        assert_eq!(a.message_delay(&tenant, &mut on_a, 1), Duration::ZERO);
+    }
+    a.exchange_usage(&a_redis).await.expect("exchange");
+    b.exchange_usage(&b_redis).await.expect("exchange");
+    // …so its next message through gateway b waits at the tenant's rate.
+    let wait = b.message_delay(&tenant, &mut b.connection_bucket(), 1);
+    assert!(wait >= Duration::from_millis(50), "{wait:?}");
+}
