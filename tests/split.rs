@@ -81,3 +81,173 @@ async fn a_client_dropped_from_one_gateway_resumes_exactly_on_the_other() {
     let state = reduce_chat(reduce_chat(a_state, a_from, &a_seen), last_seen, &resumed);
     assert_eq!(json(&state), json(&fresh_chat_snapshot(&gateway1, &chat).await));
 }
+
+/// A CA and, signed by it, a certificate for 127.0.0.1 (`name.crt`/`name.key` for each of `names`), made with
+/// `openssl` in `dir`.
+fn certificates(dir: &std::path::Path, ca: &str, names: &[&str]) {
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let (ca_key, ca_crt) = (format!("{ca}.key"), format!("{ca}.crt"));
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        &format!("/CN={ca}"),
+        "-keyout",
+        &ca_key,
+        "-out",
+        &ca_crt,
+    ]);
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").expect("san");
+    for name in names {
+        let (key, csr, crt) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+        );
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+        ]);
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca_crt,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
+            "-out",
+            &crt,
+        ]);
+        // Keys are private files (the relay refuses group- or world-readable ones).
+        std::fs::set_permissions(
+            dir.join(&key),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .expect("chmod");
+    }
+}
+
+/// The internal link over mutual TLS: a shard with a certificate, requiring callers' certificates from its CA;
+/// a gateway presenting one works end to end, while a caller in plaintext, one without a certificate and one
+/// with a certificate of another CA are refused before any call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_internal_link_runs_over_mutual_tls() {
+    use relay_core::link::HostLink;
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        println!("skipped: openssl not found");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    certificates(dir.path(), "ca", &["shard", "gateway"]);
+    certificates(dir.path(), "rogue-ca", &["rogue"]);
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let shard = Shard::start(&[
+        "--internal-tls-cert",
+        &path("shard.crt"),
+        "--internal-tls-key",
+        &path("shard.key"),
+        "--internal-tls-ca",
+        &path("ca.crt"),
+    ])
+    .await;
+    assert!(shard.url.starts_with("https://"), "{}", shard.url);
+
+    let gateway = Relay::gateway_with(
+        &shard.url,
+        &[
+            "--internal-tls-ca",
+            &path("ca.crt"),
+            "--internal-tls-cert",
+            &path("gateway.crt"),
+            "--internal-tls-key",
+            &path("gateway.key"),
+        ],
+    )
+    .await;
+    let (client, _) = gateway.client("over-tls").await;
+    let (_, chat) = create_session_and_chat(&client, "tls").await;
+    let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
+    client
+        .dispatch(chat.clone(), turn_started("t1", "hello over mutual TLS"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, is_turn_complete).await;
+
+    // Callers the shard refuses: they cannot even ask whether it is ready.
+    let credential = relay_rpc::InternalCredential::new(INTERNAL_SECRET.as_bytes()).expect("credential");
+    let read = |name: &str| std::fs::read(dir.path().join(name)).expect("read");
+    let plaintext = shard.url.replacen("https://", "http://", 1);
+    let callers = [
+        ("plaintext", plaintext.as_str(), relay_rpc::LinkTls::default()),
+        (
+            "no certificate",
+            shard.url.as_str(),
+            relay_rpc::LinkTls {
+                identity: None,
+                ca: Some(read("ca.crt")),
+            },
+        ),
+        (
+            "another CA's certificate",
+            shard.url.as_str(),
+            relay_rpc::LinkTls {
+                identity: Some((read("rogue.crt"), read("rogue.key"))),
+                ca: Some(read("ca.crt")),
+            },
+        ),
+    ];
+    for (what, url, tls) in callers {
+        let caller =
+            relay_rpc::RemoteShard::connect_lazy_with(url, 16, credential.clone(), &tls).expect("url");
+        assert!(caller.ready().await.is_err(), "a caller with {what} was served");
+    }
+    let trusted = relay_rpc::RemoteShard::connect_lazy_with(
+        &shard.url,
+        16,
+        credential,
+        &relay_rpc::LinkTls {
+            identity: Some((read("gateway.crt"), read("gateway.key"))),
+            ca: Some(read("ca.crt")),
+        },
+    )
+    .expect("url");
+    assert!(
+        trusted.ready().await.is_ok(),
+        "the gateway's certificate is refused"
+    );
+}

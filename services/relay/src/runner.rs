@@ -47,6 +47,8 @@ pub struct RunnerArgs {
     #[command(flatten)]
     pub runner: crate::serve::RunnerSecretArgs,
     #[command(flatten)]
+    pub tls: crate::serve::LinkTlsArgs,
+    #[command(flatten)]
     pub sandbox: crate::agents::SandboxArgs,
 }
 
@@ -76,13 +78,20 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
             .map(|port| (port, "a shard's gRPC port".to_string())),
     );
     let protected = crate::agents::Protected {
-        paths: args.runner.runner_secret_file.iter().cloned().collect(),
+        paths: args
+            .runner
+            .runner_secret_file
+            .iter()
+            .cloned()
+            .chain(args.tls.private_files())
+            .collect(),
         ports,
     };
     let sandboxes = crate::agents::sandboxes(&file, &args.agents, &args.sandbox, protected).await?;
     let registrations = Arc::new(AtomicUsize::new(0));
     serve_http(args.http_listen, registrations.clone()).await?;
     let config = relay_rpc::runner::RunnerConfig {
+        tls: args.tls.load()?,
         registrations,
         tenants: args
             .tenants

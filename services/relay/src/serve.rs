@@ -246,6 +246,42 @@ impl InternalArgs {
     }
 }
 
+/// TLS on the internal gRPC link (see `relay_rpc::tls`): PEM files.
+#[derive(clap::Args, Clone, Default)]
+pub struct LinkTlsArgs {
+    /// This process's certificate chain: a shard's server certificate; on a gateway or runner, its client
+    /// certificate for mutual TLS. With it, a shard serves TLS only.
+    #[arg(long, env = "AHP_RELAY_INTERNAL_TLS_CERT", requires = "internal_tls_key")]
+    pub internal_tls_cert: Option<PathBuf>,
+    /// The key of --internal-tls-cert (mode 0600 or stricter).
+    #[arg(long, env = "AHP_RELAY_INTERNAL_TLS_KEY", requires = "internal_tls_cert")]
+    pub internal_tls_key: Option<PathBuf>,
+    /// A CA certificate. On a shard: callers must present a certificate it signed (mutual TLS). On a gateway
+    /// or runner: the shards' certificates must chain to it (their URLs must then be https://).
+    #[arg(long, env = "AHP_RELAY_INTERNAL_TLS_CA")]
+    pub internal_tls_ca: Option<PathBuf>,
+}
+
+impl LinkTlsArgs {
+    pub fn load(&self) -> anyhow::Result<relay_rpc::LinkTls> {
+        let read =
+            |path: &PathBuf| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
+        let identity = match (&self.internal_tls_cert, &self.internal_tls_key) {
+            (Some(cert), Some(key)) => Some((read(cert)?, secret::read_private(key)?)),
+            _ => None,
+        };
+        Ok(relay_rpc::LinkTls {
+            identity,
+            ca: self.internal_tls_ca.as_ref().map(read).transpose()?,
+        })
+    }
+
+    /// The files an agent must not see (the key).
+    pub fn private_files(&self) -> Vec<PathBuf> {
+        self.internal_tls_key.iter().cloned().collect()
+    }
+}
+
 /// Arguments of `ahp-relay serve`: everything in one process.
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -316,6 +352,8 @@ pub struct ShardArgs {
     #[command(flatten)]
     pub internal: InternalArgs,
     #[command(flatten)]
+    pub tls: LinkTlsArgs,
+    #[command(flatten)]
     pub runner: RunnerSecretArgs,
 }
 
@@ -341,6 +379,8 @@ pub struct GatewayArgs {
     pub redis_url: Option<String>,
     #[command(flatten)]
     pub internal: InternalArgs,
+    #[command(flatten)]
+    pub tls: LinkTlsArgs,
 }
 
 /// Where the relay keeps its state.
@@ -625,10 +665,12 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.grpc_listen))?;
     let addr = listener.local_addr()?;
+    let tls = args.tls.load()?;
+    let scheme = if tls.identity.is_some() { "https" } else { "http" };
     let advertise = args
         .advertise_url
         .clone()
-        .unwrap_or_else(|| format!("http://{addr}"));
+        .unwrap_or_else(|| format!("{scheme}://{addr}"));
     let ownership = relay_shard::ownership::Ownership::new(&advertise, args.lease_ttl);
     let runners = relay_rpc::RunnerPool::new();
     let link = open_hosts(
@@ -645,7 +687,7 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
         let mut out = std::io::stdout().lock();
         writeln!(
             out,
-            "ahp-relay {} shard listening on grpc http://{addr}",
+            "ahp-relay {} shard listening on grpc {scheme}://{addr}",
             env!("CARGO_PKG_VERSION")
         )?;
         out.flush()?;
@@ -653,12 +695,13 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
     let shutdown = grpc_serving.until(wait_for_signal());
     let draining = link.clone();
     let runners_closing = runners.clone();
-    relay_rpc::serve_with_runners(
+    relay_rpc::serve_secured(
         listener,
         link.clone(),
         runners,
         &credential,
         runner_credential.as_ref(),
+        &tls,
         async move {
             shutdown.await;
             // Runners stop the agents they ran for this shard; their sessions go with the hosts to the next one.
@@ -694,6 +737,7 @@ pub async fn run_gateway(args: GatewayArgs) -> anyhow::Result<()> {
         limits.bus_capacity,
         args.redis_url.as_deref(),
         args.internal.credential()?,
+        args.tls.load()?,
     )?);
     // Gateways sharing a Redis hold each tenant to its quotas together.
     serve_edge(

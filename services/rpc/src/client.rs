@@ -50,6 +50,8 @@ pub enum ClientError {
     },
     #[error("invalid Redis URL: {0}")]
     Redis(#[from] relay_bus::SubscribeError),
+    #[error(transparent)]
+    Tls(#[from] crate::TlsError),
 }
 
 /// A channel to a shard whose every call carries the internal credential.
@@ -153,6 +155,16 @@ impl RemoteShard {
         bus_capacity: usize,
         credential: InternalCredential,
     ) -> Result<Self, ClientError> {
+        Self::connect_lazy_with(url, bus_capacity, credential, &crate::LinkTls::default())
+    }
+
+    /// [`RemoteShard::connect_lazy`], over TLS as `tls` says for an `https://` URL.
+    pub fn connect_lazy_with(
+        url: &str,
+        bus_capacity: usize,
+        credential: InternalCredential,
+        tls: &crate::LinkTls,
+    ) -> Result<Self, ClientError> {
         let endpoint = Endpoint::from_shared(url.to_string())
             .map_err(|source| ClientError::InvalidUrl {
                 url: url.to_string(),
@@ -165,6 +177,7 @@ impl RemoteShard {
             .http2_keep_alive_interval(crate::LINK_KEEPALIVE_INTERVAL)
             .keep_alive_timeout(crate::LINK_KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
+        let endpoint = tls.apply(url, endpoint)?;
         Ok(Self::new(endpoint.connect_lazy(), bus_capacity, credential))
     }
 

@@ -30,6 +30,7 @@ pub mod placement;
 pub mod router;
 pub mod runner;
 pub mod server;
+pub mod tls;
 pub mod trace;
 
 /// The code generated from `proto/relay.proto`.
@@ -42,7 +43,8 @@ pub use client::{ClientError, RemoteShard, ShardRepair};
 pub use credential::{CredentialError, InternalCredential};
 pub use placement::{RemoteAgent, RunnerPool, RunnersService};
 pub use router::ShardRouter;
-pub use server::{serve, serve_with_runners, BusHistory, HistoryError, ShardService};
+pub use server::{serve, serve_secured, serve_with_runners, BusHistory, HistoryError, ShardService};
+pub use tls::{LinkTls, TlsError};
 
 /// The response metadata key naming the shard that serves a host (its gRPC URL) on a FAILED_PRECONDITION
 /// answer: the gateway asks that shard instead.

@@ -37,6 +37,7 @@ struct ShardSettings {
     bus_capacity: usize,
     redis_url: Option<String>,
     credential: crate::InternalCredential,
+    tls: crate::LinkTls,
 }
 
 /// A [`HostLink`] that places each host on one of several shards and follows ownership as it moves.
@@ -54,13 +55,14 @@ pub struct ShardRouter {
 
 impl ShardRouter {
     /// A router over the shards at `shards` (gRPC URLs; at least one), each reached lazily. With
-    /// `redis_url`, hosts are followed over Redis (see [`RemoteShard::with_redis`]). Must be created inside
-    /// a Tokio runtime when `redis_url` is set.
+    /// `redis_url`, hosts are followed over Redis (see [`RemoteShard::with_redis`]); `https://` shards are called
+    /// over TLS as `tls` says. Must be created inside a Tokio runtime when `redis_url` is set.
     pub fn new(
         shards: &[String],
         bus_capacity: usize,
         redis_url: Option<&str>,
         credential: crate::InternalCredential,
+        tls: crate::LinkTls,
     ) -> Result<Self, ClientError> {
         let router = Self {
             shards: shards.to_vec(),
@@ -68,6 +70,7 @@ impl ShardRouter {
                 bus_capacity,
                 redis_url: redis_url.map(str::to_string),
                 credential,
+                tls,
             },
             links: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
@@ -85,8 +88,12 @@ impl ShardRouter {
         if let Some(link) = self.links.lock().get(url) {
             return Ok(link.clone());
         }
-        let mut link =
-            RemoteShard::connect_lazy(url, self.settings.bus_capacity, self.settings.credential.clone())?;
+        let mut link = RemoteShard::connect_lazy_with(
+            url,
+            self.settings.bus_capacity,
+            self.settings.credential.clone(),
+            &self.settings.tls,
+        )?;
         if let Some(redis) = &self.settings.redis_url {
             link = link.with_redis(redis)?;
         }

@@ -40,6 +40,8 @@ pub struct RunnerConfig {
     pub registrations: Arc<AtomicUsize>,
     /// The tenants this runner is dedicated to (empty: any tenant).
     pub tenants: Vec<String>,
+    /// TLS to `https://` shards.
+    pub tls: crate::LinkTls,
 }
 
 /// Why one registration with a shard ended.
@@ -47,6 +49,8 @@ pub struct RunnerConfig {
 pub enum RunnerError {
     #[error("invalid shard URL {0}")]
     Url(String),
+    #[error("{0}")]
+    Tls(String),
     #[error("cannot reach the shard: {0}")]
     Connect(#[from] tonic::transport::Error),
     #[error("the shard refused or ended the registration: {0}")]
@@ -99,6 +103,10 @@ async fn serve_once(shard: &str, config: &RunnerConfig) -> Result<(), RunnerErro
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
+    let endpoint = config
+        .tls
+        .apply(shard, endpoint)
+        .map_err(|error| RunnerError::Tls(error.to_string()))?;
     let channel = endpoint.connect().await?;
     let mut client = RunnersClient::with_interceptor(channel, config.credential.clone())
         .max_decoding_message_size(crate::MAX_MESSAGE_BYTES)

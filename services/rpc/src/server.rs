@@ -288,9 +288,36 @@ pub async fn serve_with_runners<L: HostLink + BusHistory>(
     runner_credential: Option<&InternalCredential>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    serve_secured(
+        listener,
+        link,
+        runners,
+        credential,
+        runner_credential,
+        &crate::LinkTls::default(),
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve_with_runners`] over TLS as `tls` says (plaintext when it has no server identity; mutual TLS when
+/// it names a client CA).
+pub async fn serve_secured<L: HostLink + BusHistory>(
+    listener: tokio::net::TcpListener,
+    link: Arc<L>,
+    runners: Arc<crate::RunnerPool>,
+    credential: &InternalCredential,
+    runner_credential: Option<&InternalCredential>,
+    tls: &crate::LinkTls,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
     // Frames are small and latency matters more than packing: no Nagle delay.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(config) = tls.server_config() {
+        server = server.tls_config(config)?;
+    }
+    server
         // A gateway (or runner) that stops answering pings — partitioned, not closed — is let go: its streams
         // end, and its connections are detached after the grace.
         .http2_keepalive_interval(Some(crate::LINK_KEEPALIVE_INTERVAL))
