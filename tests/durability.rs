@@ -489,9 +489,80 @@ async fn thousand_turns(store: TestStore) {
 
 on_both_stores!(fetch_turns_pages_a_1000_turn_chat, thousand_turns);
 
+/// Page every older turn of `state` in with `fetchTurns` (as [`fetch_all_turns`]), timing each page from the
+/// request to its `chat/turnsLoaded`.
+async fn timed_pages(
+    client: &ahp::Client,
+    sub: &mut ahp::SessionSubscription,
+    chat: &str,
+    state: &mut ChatState,
+) -> Vec<std::time::Duration> {
+    let mut times = Vec::new();
+    while let Some(cursor) = state.turns_next_cursor.clone() {
+        let started = std::time::Instant::now();
+        let _: serde_json::Value = client
+            .request(
+                "fetchTurns",
+                serde_json::json!({"channel": chat, "cursor": cursor}),
+            )
+            .await
+            .expect("fetchTurns");
+        let loaded = next_envelope(sub).await;
+        times.push(started.elapsed());
+        assert!(
+            matches!(loaded.action, StateAction::ChatTurnsLoaded(_)),
+            "{:?}",
+            loaded.action
+        );
+        ahp::reducers::apply_action_to_chat(state, &loaded.action);
+    }
+    times
+}
+
+fn median(mut times: Vec<std::time::Duration>) -> std::time::Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+/// Run `turns` turns of `prompt` on `chat` (each started and cancelled by `client`), checking every one was
+/// accepted; `each_batch` runs after every 500.
+async fn run_turns(
+    client: &ahp::Client,
+    sub: &mut ahp::SessionSubscription,
+    chat: &str,
+    turns: usize,
+    prompt: &str,
+    mut each_batch: impl AsyncFnMut(),
+) {
+    for batch in 0..turns.div_ceil(500) {
+        let mut last = 0;
+        for i in batch * 500..((batch + 1) * 500).min(turns) {
+            client
+                .dispatch(chat.to_string(), turn_started(&format!("t{i:05}"), prompt))
+                .await
+                .expect("start");
+            let cancel = StateAction::ChatTurnCancelled(ahp_types::actions::ChatTurnCancelledAction {
+                turn_id: format!("t{i:05}"),
+                duration: 1,
+                meta: None,
+            });
+            last = client
+                .dispatch(chat.to_string(), cancel)
+                .await
+                .expect("cancel")
+                .client_seq;
+        }
+        // Echoed (so committed) before the next 500: the test's own memory stays bounded too.
+        let envs = collect_until(sub, |e| e.origin.as_ref().is_some_and(|o| o.client_seq == last)).await;
+        assert!(envs.iter().all(|e| e.rejection_reason.is_none()));
+        each_batch().await;
+    }
+}
+
 /// Soak: one chat of 10,000 turns holding 50 MiB. A live host keeps only its retained turns (in memory and in
-/// every snapshot row), the older ones are one store row each, every turn is still paged in in order, after a
-/// restart too, and a chat at its turn limit refuses the next turn, saying so.
+/// every snapshot row), the older ones are one store row each, a page of them takes as long as in a chat of
+/// 200 turns, every turn is still paged in in order after a restart, another session of the host keeps working
+/// throughout, and a chat at its turn limit refuses the next turn, saying so.
 async fn ten_thousand_turns(store: TestStore) {
     const TURNS: usize = 10_000;
     const PROMPT: usize = 5 * 1024;
@@ -509,32 +580,50 @@ async fn ten_thousand_turns(store: TestStore) {
     let (_, chat) = create_session_and_chat(&a, "soak").await;
     let (_, _, mut sub) = subscribe_chat(&a, &chat).await;
     let prompt = "p".repeat(PROMPT);
-    let cancel = |i: usize| {
-        StateAction::ChatTurnCancelled(ahp_types::actions::ChatTurnCancelledAction {
-            turn_id: format!("t{i:05}"),
-            duration: 1,
-            meta: None,
-        })
-    };
-    for batch in 0..TURNS / 500 {
-        let mut last = 0;
-        for i in batch * 500..(batch + 1) * 500 {
-            a.dispatch(chat.clone(), turn_started(&format!("t{i:05}"), &prompt))
-                .await
-                .expect("start");
-            last = a
-                .dispatch(chat.clone(), cancel(i))
-                .await
-                .expect("cancel")
-                .client_seq;
-        }
-        // Echoed (so committed) before the next 500: the test's own memory stays bounded too.
-        let envs = collect_until(&mut sub, |e| {
-            e.origin.as_ref().is_some_and(|o| o.client_seq == last)
-        })
-        .await;
-        assert!(envs.iter().all(|e| e.rejection_reason.is_none()));
-    }
+    // A neighbour: another session of the same host, drafting between every 500 turns of the soak.
+    let (neighbour, _) = relay.client_as(&tenant, "ned", Role::Member, "neighbour").await;
+    let (_, neighbour_chat) = create_session_and_chat(&neighbour, "next-door").await;
+    let (neighbour_start, neighbour_from, mut neighbour_sub) =
+        subscribe_chat(&neighbour, &neighbour_chat).await;
+    let mut drafts = 0;
+    let mut neighbour_seen = Vec::new();
+    run_turns(&a, &mut sub, &chat, TURNS, &prompt, async || {
+        drafts += 1;
+        let draft = StateAction::ChatDraftChanged(ahp_types::actions::ChatDraftChangedAction {
+            draft: Some(message(&format!("draft {drafts}"))),
+        });
+        neighbour
+            .dispatch(neighbour_chat.clone(), draft)
+            .await
+            .expect("draft");
+        let echo = next_envelope(&mut neighbour_sub).await;
+        assert!(echo.rejection_reason.is_none(), "{:?}", echo.rejection_reason);
+        neighbour_seen.push(echo);
+    })
+    .await;
+    assert_eq!(neighbour_seen.len(), TURNS / 500);
+    assert_increasing(&neighbour_seen);
+    assert_eq!(
+        json(&reduce_chat(neighbour_start, neighbour_from, &neighbour_seen)),
+        json(&fresh_chat_snapshot_for(&relay, &tenant, &neighbour_chat).await),
+        "the neighbour's chat is what its own actions made it"
+    );
+
+    // The host holds the retained turns (and at most a quarter more), however many are asked for.
+    let (viewer, _) = relay.client_as(&tenant, "ana", Role::Viewer, "viewer").await;
+    let (result, _viewer_sub) = viewer
+        .subscribe_with_options(
+            chat.clone(),
+            None,
+            Some(ahp_types::commands::SubscribeView {
+                turns: Some(1_000_000),
+            }),
+        )
+        .await
+        .expect("subscribe");
+    let inline = chat_of(&result.snapshot.expect("snapshot")).turns.len();
+    assert!((100..=125).contains(&inline), "{inline} turns in memory");
+
     // The 10,001st turn is refused, with the reason.
     a.dispatch(chat.clone(), turn_started("one-too-many", "x"))
         .await
@@ -545,6 +634,11 @@ async fn ten_thousand_turns(store: TestStore) {
         .and_then(|e| e.rejection_reason.clone())
         .unwrap_or_default();
     assert!(reason.contains("limit of 10000 turns"), "{reason}");
+
+    // A small chat beside it, to compare its pages with.
+    let (_, small) = create_session_and_chat(&a, "small").await;
+    let (_, _, mut small_sub) = subscribe_chat(&a, &small).await;
+    run_turns(&a, &mut small_sub, &small, 200, &prompt, async || {}).await;
 
     // No stored row grows with the chat: the chat's snapshot holds its retained turns (up to 125 of 5 KiB),
     // and every older turn is a row of its own.
@@ -575,22 +669,36 @@ async fn ten_thousand_turns(store: TestStore) {
         largest_turn < 8 * 1024,
         "an archived turn row of {largest_turn} bytes"
     );
-    drop(a);
+    drop((a, neighbour, viewer));
 
-    // After a restart every turn is still there, oldest first, paged in.
+    // After a restart every turn is still there, oldest first, paged in; a page of the long chat's archive
+    // takes about as long as one of the small chat's (measured in this run: a ratio, not a time).
     relay.kill().await;
     let relay = store.relay(&flags).await;
     let (c, _) = relay.client_as(&tenant, "ana", Role::Member, "reader").await;
-    let (mut restored, restored_from, mut c_sub) = subscribe_chat(&c, &chat).await;
+    let (mut restored, _, mut c_sub) = subscribe_chat(&c, &chat).await;
     assert_eq!(restored.turns.len(), 100, "the retained turns are inline");
-    let pages = fetch_all_turns(&c, &mut c_sub, &chat, &mut restored, restored_from).await;
-    assert!(pages >= (TURNS - 100) / 50);
+    let long_pages = timed_pages(&c, &mut c_sub, &chat, &mut restored).await;
+    assert_eq!(long_pages.len(), (TURNS - 100) / 50);
     assert_eq!(restored.turns.len(), TURNS);
     assert!(restored
         .turns
         .iter()
         .enumerate()
         .all(|(i, turn)| turn.id == format!("t{i:05}")));
+    let (mut small_state, _, mut small_sub) = subscribe_chat(&c, &small).await;
+    let mut small_pages = Vec::new();
+    // The small chat has two pages: read them again (a fresh subscription each time) for enough samples.
+    for _ in 0..10 {
+        small_pages.extend(timed_pages(&c, &mut small_sub, &small, &mut small_state).await);
+        c.unsubscribe(small.clone()).await.expect("unsubscribe");
+        (small_state, _, small_sub) = subscribe_chat(&c, &small).await;
+    }
+    let (long, short) = (median(long_pages), median(small_pages));
+    assert!(
+        long < short * 5,
+        "a page of the 10,000-turn chat took {long:?}, of the 200-turn chat {short:?}"
+    );
 }
 
 on_both_stores!(a_10000_turn_chat_stays_bounded, ten_thousand_turns);

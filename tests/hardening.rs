@@ -165,8 +165,12 @@ async fn an_unreadable_turn_archive_does_not_make_its_session_unloadable() {
 }
 
 /// Dispose and re-create of one URI by two connections while the store is held (its SQLite write lock
-/// taken by the test), so that on 808b00f both landed in one commit batch and the re-created session was
-/// deleted by its own batch: after a restart it must still be there.
+/// taken by the test): the re-create must wait until the dispose is stored (else it reads the disposed session
+/// back from the store and fails: watched failing on 3393345 without that wait, "re-create"), and after a
+/// restart the re-created session is there. The store's side — a batch that disposes and re-creates one URI
+/// keeps the new channel — is `backends.rs`'s `a_channel_disposed_then_created_again_in_one_batch_stays_loadable`
+/// (watched failing with deletions applied after snapshots); since the wait, the two no longer meet in one batch
+/// here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_disposed_and_recreated_concurrently_survives_a_restart() {
     use sqlx::{Connection, Executor};
