@@ -83,9 +83,26 @@ async fn envelopes_lost_on_redis_are_repaired_exactly_once_in_order() {
     let mut control = redis(&url).await;
     let tenant = unique_tenant();
     let channel = channel_of(&tenant);
-    let shard = Shard::start(&["--redis-url", &url, "--demo-step-ms", "20"]).await;
-    let gateway1 = Relay::gateway_with(&shard.url, &["--redis-url", &url]).await;
-    let gateway2 = Relay::gateway_with(&shard.url, &["--redis-url", &url]).await;
+    // The gateways sign what they ask for (their Watch and the FetchRange of each repair), the shard checks.
+    let keys = tempfile::tempdir().expect("tempdir");
+    let (private, public) = identity_keys(keys.path()).expect("openssl makes identity keys");
+    let shard = Shard::start(&[
+        "--redis-url",
+        &url,
+        "--demo-step-ms",
+        "20",
+        "--identity-verifying-key",
+        &public,
+    ])
+    .await;
+    let gateway_flags = [
+        "--redis-url",
+        url.as_str(),
+        "--identity-signing-key",
+        private.as_str(),
+    ];
+    let gateway1 = Relay::gateway_with(&shard.url, &gateway_flags).await;
+    let gateway2 = Relay::gateway_with(&shard.url, &gateway_flags).await;
     let (a, _) = gateway1
         .client_as(&tenant, "device-a", Role::Member, "device-a")
         .await;

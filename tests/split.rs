@@ -251,3 +251,169 @@ async fn the_internal_link_runs_over_mutual_tls() {
         "the gateway's certificate is refused"
     );
 }
+
+/// With the gateways' identity-assertion key, a shard acts only on what a gateway signed: a gateway holding
+/// the private key works end to end, while a caller holding just the internal secret cannot attach (without an
+/// assertion, with one of another key, or for another host), cannot follow a host's events, and an attach
+/// acts as the identity asserted, not the one the request names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shard_acts_only_on_identities_the_gateways_signed() {
+    use relay_rpc::pb;
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        println!("skipped: openssl not found");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for name in ["gateways", "rogue"] {
+        let private = format!("{name}.pem");
+        openssl(&["genpkey", "-algorithm", "ed25519", "-out", &private]);
+        openssl(&[
+            "pkey",
+            "-in",
+            &private,
+            "-pubout",
+            "-out",
+            &format!("{name}.pub.pem"),
+        ]);
+        std::fs::set_permissions(
+            dir.path().join(&private),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .expect("chmod");
+    }
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let shard = Shard::start(&["--identity-verifying-key", &path("gateways.pub.pem")]).await;
+    let gateway = Relay::gateway_with(&shard.url, &["--identity-signing-key", &path("gateways.pem")]).await;
+    let (client, _) = gateway.client("signed").await;
+    let (_, chat) = create_session_and_chat(&client, "signed").await;
+    let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
+    client
+        .dispatch(chat.clone(), turn_started("t1", "hello, signed"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, is_turn_complete).await;
+
+    // A caller with only the internal secret.
+    let channel = tonic::transport::Endpoint::from_shared(shard.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("grpc");
+    let credential = relay_rpc::InternalCredential::new(INTERNAL_SECRET.as_bytes()).expect("credential");
+    let mut grpc = pb::shard_client::ShardClient::with_interceptor(channel, credential);
+    let signer = |name: &str| {
+        relay_rpc::AssertionSigner::from_pem(&std::fs::read(dir.path().join(name)).expect("key"))
+            .expect("signer")
+    };
+    let (gateways, rogue) = (signer("gateways.pem"), signer("rogue.pem"));
+    let host = relay_core::HostKey::new("dev", "default");
+    let connection = relay_core::ConnectionId((0x51a7 << 32) | 1);
+    let viewer = relay_core::Identity {
+        subject: "vera".into(),
+        tenant: "dev".into(),
+        role: Role::Viewer,
+    };
+    let attach = |assert_as: Option<(&relay_rpc::AssertionSigner, &relay_core::HostKey)>| {
+        let mut request = tonic::Request::new(pb::AttachRequest {
+            host: Some(pb::HostKey {
+                tenant: "dev".into(),
+                host: "default".into(),
+            }),
+            connection: connection.0,
+            // What the request names: an admin. Only an assertion says who it is.
+            identity: Some(pb::Identity {
+                subject: "mallory".into(),
+                tenant: "dev".into(),
+                role: pb::Role::Admin as i32,
+            }),
+        });
+        if let Some((signer, asserted_host)) = assert_as {
+            signer
+                .attach(request.metadata_mut(), asserted_host, connection, &viewer)
+                .expect("sign");
+        }
+        request
+    };
+    let code = |result: Result<tonic::Response<pb::AttachReply>, tonic::Status>| match result {
+        Ok(_) => tonic::Code::Ok,
+        Err(status) => status.code(),
+    };
+    assert_eq!(
+        code(grpc.attach(attach(None)).await),
+        tonic::Code::Unauthenticated
+    );
+    assert_eq!(
+        code(grpc.attach(attach(Some((&rogue, &host)))).await),
+        tonic::Code::Unauthenticated
+    );
+    let elsewhere = relay_core::HostKey::new("other", "default");
+    assert_eq!(
+        code(grpc.attach(attach(Some((&gateways, &elsewhere)))).await),
+        tonic::Code::PermissionDenied
+    );
+    let events = grpc
+        .events(pb::EventsRequest {
+            host: Some(pb::HostKey {
+                tenant: "dev".into(),
+                host: "default".into(),
+            }),
+            gateway: 0x51a7,
+        })
+        .await;
+    assert_eq!(
+        events.err().map(|status| status.code()),
+        Some(tonic::Code::Unauthenticated)
+    );
+
+    // Signed as a viewer, the connection is a viewer, whatever the request said.
+    assert_eq!(
+        code(grpc.attach(attach(Some((&gateways, &host)))).await),
+        tonic::Code::Ok
+    );
+    let call = |frame: serde_json::Value| {
+        let mut grpc = grpc.clone();
+        async move {
+            let reply = grpc
+                .call(pb::CallRequest {
+                    host: Some(pb::HostKey {
+                        tenant: "dev".into(),
+                        host: "default".into(),
+                    }),
+                    connection: connection.0,
+                    frame: frame.to_string().into_bytes(),
+                })
+                .await
+                .expect("call")
+                .into_inner();
+            serde_json::from_slice::<serde_json::Value>(&reply.frame.expect("frame")).expect("JSON")
+        }
+    };
+    let opened = call(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": "vera-phone"}}),
+    )
+    .await;
+    assert!(opened.get("result").is_some(), "{opened}");
+    let created = call(
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "createSession",
+        "params": {"channel": "ahp-session:/by-mallory", "provider": "demo"}}),
+    )
+    .await;
+    assert_eq!(created["error"]["code"], -32009, "{created}");
+}

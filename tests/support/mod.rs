@@ -816,3 +816,32 @@ pub fn every_client_action(own_client: &str, session: &str, chat: &str) -> Vec<(
         })
         .collect()
 }
+
+/// An Ed25519 key pair for the gateways' identity assertions, made with `openssl` in `dir`: the paths of the
+/// private key (mode 0600) and of the public key. `None` without openssl.
+pub fn identity_keys(dir: &std::path::Path) -> Option<(String, String)> {
+    let openssl = |args: &[&str]| {
+        std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+    };
+    openssl(&["genpkey", "-algorithm", "ed25519", "-out", "identity.pem"])?;
+    openssl(&[
+        "pkey",
+        "-in",
+        "identity.pem",
+        "-pubout",
+        "-out",
+        "identity.pub.pem",
+    ])?;
+    std::fs::set_permissions(
+        dir.join("identity.pem"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .ok()?;
+    let path = |name: &str| dir.join(name).display().to_string();
+    Some((path("identity.pem"), path("identity.pub.pem")))
+}

@@ -353,6 +353,11 @@ pub struct ShardArgs {
     pub internal: InternalArgs,
     #[command(flatten)]
     pub tls: LinkTlsArgs,
+    /// The gateways' identity-assertion public key (Ed25519, PEM: `openssl pkey -in private.pem -pubout`):
+    /// with it, `Attach`, `Events`, `Watch` and `FetchRange` need an assertion signed by the gateways'
+    /// private key, and an `Attach` acts as the identity asserted — the internal secret alone no longer does.
+    #[arg(long, env = "AHP_RELAY_IDENTITY_VERIFYING_KEY")]
+    pub identity_verifying_key: Option<PathBuf>,
     #[command(flatten)]
     pub runner: RunnerSecretArgs,
 }
@@ -381,6 +386,10 @@ pub struct GatewayArgs {
     pub internal: InternalArgs,
     #[command(flatten)]
     pub tls: LinkTlsArgs,
+    /// The gateways' identity-assertion private key (Ed25519, PEM: `openssl genpkey -algorithm ed25519`;
+    /// mode 0600 or stricter): signs who each connection is, for shards given --identity-verifying-key.
+    #[arg(long, env = "AHP_RELAY_IDENTITY_SIGNING_KEY")]
+    pub identity_signing_key: Option<PathBuf>,
 }
 
 /// Where the relay keeps its state.
@@ -666,6 +675,21 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.grpc_listen))?;
     let addr = listener.local_addr()?;
     let tls = args.tls.load()?;
+    let assertions = match &args.identity_verifying_key {
+        Some(path) => {
+            let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            Some(Arc::new(
+                relay_rpc::AssertionVerifier::from_pem(&pem)
+                    .with_context(|| format!("loading {}", path.display()))?,
+            ))
+        }
+        None => {
+            tracing::warn!(
+                "no --identity-verifying-key: this shard takes the identity a holder of the internal secret names"
+            );
+            None
+        }
+    };
     let scheme = if tls.identity.is_some() { "https" } else { "http" };
     let advertise = args
         .advertise_url
@@ -701,7 +725,7 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
         runners,
         &credential,
         runner_credential.as_ref(),
-        &tls,
+        relay_rpc::ShardSecurity { tls, assertions },
         async move {
             shutdown.await;
             // Runners stop the agents they ran for this shard; their sessions go with the hosts to the next one.
@@ -738,6 +762,13 @@ pub async fn run_gateway(args: GatewayArgs) -> anyhow::Result<()> {
         args.redis_url.as_deref(),
         args.internal.credential()?,
         args.tls.load()?,
+        match &args.identity_signing_key {
+            Some(path) => Some(Arc::new(
+                relay_rpc::AssertionSigner::from_pem(&secret::read_private(path)?)
+                    .with_context(|| format!("loading {}", path.display()))?,
+            )),
+            None => None,
+        },
     )?);
     // Gateways sharing a Redis hold each tenant to its quotas together.
     serve_edge(

@@ -57,9 +57,28 @@ pub enum ClientError {
 /// A channel to a shard whose every call carries the internal credential.
 pub type AuthedChannel = InterceptedService<Channel, InternalCredential>;
 
+/// The gateways' assertion signer, if the deployment has one (see [`crate::assertion`]).
+type Signer = Option<Arc<crate::AssertionSigner>>;
+
+/// `message` as a request carrying an assertion that this gateway reads `host` with `rpc` (none without a
+/// signer).
+fn host_request<T>(
+    signer: &Signer,
+    message: T,
+    rpc: &str,
+    host: &HostKey,
+) -> Result<tonic::Request<T>, tonic::Status> {
+    let mut request = tonic::Request::new(message);
+    if let Some(signer) = signer {
+        signer.host_rpc(request.metadata_mut(), rpc, host)?;
+    }
+    Ok(request)
+}
+
 /// Fetches lost bus events from the shard with `FetchRange`, counting the ranges that brought events back.
 pub struct ShardRepair {
     client: ShardClient<AuthedChannel>,
+    signer: Signer,
 }
 
 impl GapRepair for ShardRepair {
@@ -70,14 +89,21 @@ impl GapRepair for ShardRepair {
         through: u64,
     ) -> BoxFuture<'a, Result<Vec<BusEvent>, RepairError>> {
         Box::pin(async move {
-            let reply = self
-                .client
-                .clone()
-                .fetch_range(pb::FetchRangeRequest {
+            let request = host_request(
+                &self.signer,
+                pb::FetchRangeRequest {
                     host: Some(host_to_pb(host)),
                     after,
                     through,
-                })
+                },
+                "fetch_range",
+                host,
+            )
+            .map_err(|status| RepairError(Box::new(status)))?;
+            let reply = self
+                .client
+                .clone()
+                .fetch_range(request)
                 .await
                 .map_err(|status| RepairError(Box::new(status)))?;
             let events = reply
@@ -144,9 +170,17 @@ pub struct RemoteShard {
     generations: AtomicU64,
     /// Set when hosts are followed over Redis instead of `Events` streams.
     redis: Option<RedisBus>,
+    signer: Signer,
 }
 
 impl RemoteShard {
+    /// Sign an identity assertion for each `Attach`, `Events`, `Watch` and `FetchRange` with `signer` (before
+    /// [`RemoteShard::with_redis`], whose gap repair uses it too).
+    pub fn with_signer(mut self, signer: Signer) -> Self {
+        self.signer = signer;
+        self
+    }
+
     /// A shard at `url` (e.g. `http://127.0.0.1:7879`), connected on first use and reconnected as needed,
     /// called with `credential`. `bus_capacity` bounds each followed host's local bus (see
     /// `Limits::bus_capacity`).
@@ -191,6 +225,7 @@ impl RemoteShard {
             followers: Arc::new(Mutex::new(HashMap::new())),
             generations: AtomicU64::new(0),
             redis: None,
+            signer: None,
         }
     }
 
@@ -199,6 +234,7 @@ impl RemoteShard {
     pub fn with_redis(mut self, url: &str) -> Result<Self, ClientError> {
         let repair = Arc::new(ShardRepair {
             client: self.client.clone(),
+            signer: self.signer.clone(),
         });
         let options = SubscriberOptions {
             capacity: self.bus_capacity,
@@ -261,23 +297,30 @@ impl RemoteShard {
         if follow.watch.as_ref().is_some_and(|watch| !watch.is_finished()) {
             return;
         }
-        let (client, all, subscriber, key) = (
+        let (client, all, subscriber, key, signer) = (
             self.client.clone(),
             redis.followed.clone(),
             redis.subscriber.clone(),
             host.clone(),
+            self.signer.clone(),
         );
         let (ready, started) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             // Wait until the handle is stored, so the clean-up below finds this watch.
             let _ = started.await;
-            let watched = client
-                .clone()
-                .watch(pb::WatchRequest {
+            let request = host_request(
+                &signer,
+                pb::WatchRequest {
                     host: Some(host_to_pb(&key)),
                     gateway: ConnectionId::process_prefix(),
-                })
-                .await;
+                },
+                "watch",
+                &key,
+            );
+            let watched = match request {
+                Ok(request) => client.clone().watch(request).await,
+                Err(status) => Err(status),
+            };
             if let Ok(stream) = watched {
                 let mut stream = stream.into_inner();
                 while let Ok(Some(_)) = stream.message().await {}
@@ -306,13 +349,20 @@ impl RemoteShard {
                 return Ok(follower.bus.subscribe());
             }
         }
+        let request = host_request(
+            &self.signer,
+            pb::EventsRequest {
+                host: Some(host_to_pb(host)),
+                gateway: ConnectionId::process_prefix(),
+            },
+            "events",
+            host,
+        )
+        .map_err(|status| link_error(host, &status))?;
         let mut stream = self
             .client
             .clone()
-            .events(pb::EventsRequest {
-                host: Some(host_to_pb(host)),
-                gateway: ConnectionId::process_prefix(),
-            })
+            .events(request)
             .await
             .map_err(|status| link_error(host, &status))?
             .into_inner();
@@ -449,6 +499,11 @@ impl HostLink for RemoteShard {
             identity: Some(identity_to_pb(identity)),
         });
         request.set_timeout(ATTACH_DEADLINE);
+        if let Some(signer) = &self.signer {
+            signer
+                .attach(request.metadata_mut(), host, connection, identity)
+                .map_err(|status| link_error(host, &status))?;
+        }
         let attached = tokio::time::timeout(ATTACH_DEADLINE, self.client.clone().attach(request))
             .await
             .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("attach timed out")));

@@ -23,6 +23,7 @@
 //! Connection ids come from [`relay_core::ConnectionId::next`], prefixed per gateway process, so several
 //! gateways can attach connections to one shard.
 
+pub mod assertion;
 pub mod client;
 mod convert;
 pub mod credential;
@@ -39,11 +40,14 @@ pub mod pb {
     tonic::include_proto!("ahp_relay.v1");
 }
 
+pub use assertion::{AssertionSigner, AssertionVerifier};
 pub use client::{ClientError, RemoteShard, ShardRepair};
 pub use credential::{CredentialError, InternalCredential};
 pub use placement::{RemoteAgent, RunnerPool, RunnersService};
 pub use router::ShardRouter;
-pub use server::{serve, serve_secured, serve_with_runners, BusHistory, HistoryError, ShardService};
+pub use server::{
+    serve, serve_secured, serve_with_runners, BusHistory, HistoryError, ShardSecurity, ShardService,
+};
 pub use tls::{LinkTls, TlsError};
 
 /// The response metadata key naming the shard that serves a host (its gRPC URL) on a FAILED_PRECONDITION

@@ -38,6 +38,7 @@ struct ShardSettings {
     redis_url: Option<String>,
     credential: crate::InternalCredential,
     tls: crate::LinkTls,
+    signer: Option<Arc<crate::AssertionSigner>>,
 }
 
 /// A [`HostLink`] that places each host on one of several shards and follows ownership as it moves.
@@ -63,6 +64,7 @@ impl ShardRouter {
         redis_url: Option<&str>,
         credential: crate::InternalCredential,
         tls: crate::LinkTls,
+        signer: Option<Arc<crate::AssertionSigner>>,
     ) -> Result<Self, ClientError> {
         let router = Self {
             shards: shards.to_vec(),
@@ -71,6 +73,7 @@ impl ShardRouter {
                 redis_url: redis_url.map(str::to_string),
                 credential,
                 tls,
+                signer,
             },
             links: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
@@ -93,7 +96,8 @@ impl ShardRouter {
             self.settings.bus_capacity,
             self.settings.credential.clone(),
             &self.settings.tls,
-        )?;
+        )?
+        .with_signer(self.settings.signer.clone());
         if let Some(redis) = &self.settings.redis_url {
             link = link.with_redis(redis)?;
         }

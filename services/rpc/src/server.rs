@@ -159,6 +159,9 @@ pub struct ShardService<L: HostLink + BusHistory> {
     internal: AtomicU64,
     /// The gateways' open `Events`/`Watch` streams per host.
     gateway_streams: GatewayStreams,
+    /// Checks the gateways' identity assertions (see [`crate::assertion`]); without it the identity an
+    /// `Attach` names is taken as it is.
+    assertions: Option<Arc<crate::AssertionVerifier>>,
 }
 
 /// How long after a gateway's last stream of a host ended its connections to the host are detached, unless
@@ -238,6 +241,26 @@ impl<L: HostLink + BusHistory> ShardService<L> {
             max_json_depth: Limits::default().max_json_depth,
             internal: AtomicU64::new(0),
             gateway_streams: GatewayStreams::default(),
+            assertions: None,
+        }
+    }
+
+    /// Require an identity assertion signed by the gateways' key on `Attach`, `Events`, `Watch` and
+    /// `FetchRange`; an `Attach` acts as the identity asserted.
+    pub fn with_assertions(mut self, verifier: Option<Arc<crate::AssertionVerifier>>) -> Self {
+        self.assertions = verifier;
+        self
+    }
+
+    fn check_host_rpc(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        rpc: &str,
+        host: &HostKey,
+    ) -> Result<(), Status> {
+        match &self.assertions {
+            Some(verifier) => verifier.host_rpc(metadata, rpc, host),
+            None => Ok(()),
         }
     }
 
@@ -294,23 +317,32 @@ pub async fn serve_with_runners<L: HostLink + BusHistory>(
         runners,
         credential,
         runner_credential,
-        &crate::LinkTls::default(),
+        ShardSecurity::default(),
         shutdown,
     )
     .await
 }
 
-/// [`serve_with_runners`] over TLS as `tls` says (plaintext when it has no server identity; mutual TLS when
-/// it names a client CA).
+/// How a shard secures its gRPC endpoint beyond the credentials.
+#[derive(Clone, Default)]
+pub struct ShardSecurity {
+    /// TLS (plaintext when it has no server identity; mutual TLS when it names a client CA).
+    pub tls: crate::LinkTls,
+    /// The gateways' identity assertions to require (see [`crate::assertion`]).
+    pub assertions: Option<Arc<crate::AssertionVerifier>>,
+}
+
+/// [`serve_with_runners`], secured as `security` says.
 pub async fn serve_secured<L: HostLink + BusHistory>(
     listener: tokio::net::TcpListener,
     link: Arc<L>,
     runners: Arc<crate::RunnerPool>,
     credential: &InternalCredential,
     runner_credential: Option<&InternalCredential>,
-    tls: &crate::LinkTls,
+    security: ShardSecurity,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let ShardSecurity { tls, assertions } = security;
     // Frames are small and latency matters more than packing: no Nagle delay.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let mut server = tonic::transport::Server::builder();
@@ -322,7 +354,11 @@ pub async fn serve_secured<L: HostLink + BusHistory>(
         // end, and its connections are detached after the grace.
         .http2_keepalive_interval(Some(crate::LINK_KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(crate::LINK_KEEPALIVE_TIMEOUT))
-        .add_service(ShardService::new(link).into_server(credential))
+        .add_service(
+            ShardService::new(link)
+                .with_assertions(assertions)
+                .into_server(credential),
+        )
         .add_optional_service(
             runner_credential.map(|runner| crate::RunnersService::new(runners).into_server(runner)),
         )
@@ -359,9 +395,13 @@ type EventsItem = Result<pb::BusEventBatch, Status>;
 #[tonic::async_trait]
 impl<L: HostLink + BusHistory> Shard for ShardService<L> {
     async fn attach(&self, request: Request<pb::AttachRequest>) -> Result<Response<pb::AttachReply>, Status> {
-        let request = request.into_inner();
+        let (metadata, _, request) = request.into_parts();
         let host = host_from_pb(request.host)?;
-        let identity = identity_from_pb(request.identity)?;
+        let identity = match &self.assertions {
+            // Who the connection is comes from the gateway's signed assertion, not from the request.
+            Some(verifier) => verifier.attach(&metadata, &host, ConnectionId(request.connection))?,
+            None => identity_from_pb(request.identity)?,
+        };
         // The gateway vouches for the identity (it verified the client's token), but never across tenants,
         // and never as this service's own internal connections.
         if identity.tenant != host.tenant {
@@ -386,8 +426,9 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
         &self,
         request: Request<pb::FetchRangeRequest>,
     ) -> Result<Response<pb::FetchRangeReply>, Status> {
-        let request = request.into_inner();
+        let (metadata, _, request) = request.into_parts();
         let host = host_from_pb(request.host)?;
+        self.check_host_rpc(&metadata, "fetch_range", &host)?;
         let events = self
             .link
             .fetch_range(&host, request.after, request.through)
@@ -428,9 +469,10 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
         &self,
         request: Request<pb::EventsRequest>,
     ) -> Result<Response<Self::EventsStream>, Status> {
-        let request = request.into_inner();
+        let (metadata, _, request) = request.into_parts();
         let gateway = request.gateway;
         let host = host_from_pb(request.host)?;
+        self.check_host_rpc(&metadata, "events", &host)?;
         let id = ConnectionId(u64::MAX - self.internal.fetch_add(1, Ordering::Relaxed));
         let identity = Identity {
             subject: INTERNAL_SUBJECT.into(),
@@ -502,9 +544,10 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
     type WatchStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        let request = request.into_inner();
+        let (metadata, _, request) = request.into_parts();
         let gateway = request.gateway;
         let host = host_from_pb(request.host)?;
+        self.check_host_rpc(&metadata, "watch", &host)?;
         let link = self.link.clone();
         let stream = self.gateway_streams.open(&self.link, &host, gateway);
         // Nothing is ever sent: the stream only ends, when the host moves.
