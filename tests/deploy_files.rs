@@ -741,7 +741,8 @@ fn helm_chart_wiring() {
             let position = |variable: &str| process.env.iter().position(|(name, _)| name == variable);
             let advertise = process.env_value("AHP_RELAY_ADVERTISE_URL").unwrap_or("");
             let grpc = process.port_named("grpc");
-            let expected_prefix = format!("http://$(POD_NAME).{service_name}.");
+            // The scheme is the one the gateways' shard URLs use (https with internal TLS).
+            let expected_prefix = format!("INCLUDE(ahp-relay.grpcScheme)://$(POD_NAME).{service_name}.");
             if !advertise.starts_with(&expected_prefix)
                 || grpc.is_none_or(|port| !advertise.ends_with(&format!(":{port}")))
             {

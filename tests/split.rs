@@ -345,7 +345,13 @@ async fn the_shard_acts_only_on_identities_the_gateways_signed() {
         });
         if let Some((signer, asserted_host)) = assert_as {
             signer
-                .attach(request.metadata_mut(), asserted_host, connection, &viewer)
+                .attach(
+                    request.metadata_mut(),
+                    asserted_host,
+                    connection,
+                    &viewer,
+                    "vera-key",
+                )
                 .expect("sign");
         }
         request
@@ -386,23 +392,43 @@ async fn the_shard_acts_only_on_identities_the_gateways_signed() {
         code(grpc.attach(attach(Some((&gateways, &host)))).await),
         tonic::Code::Ok
     );
-    let call = |frame: serde_json::Value| {
+    let call_with = |key: Option<&'static str>, frame: serde_json::Value| {
         let mut grpc = grpc.clone();
         async move {
-            let reply = grpc
-                .call(pb::CallRequest {
-                    host: Some(pb::HostKey {
-                        tenant: "dev".into(),
-                        host: "default".into(),
-                    }),
-                    connection: connection.0,
-                    frame: frame.to_string().into_bytes(),
-                })
-                .await
-                .expect("call")
-                .into_inner();
-            serde_json::from_slice::<serde_json::Value>(&reply.frame.expect("frame")).expect("JSON")
+            let mut request = tonic::Request::new(pb::CallRequest {
+                host: Some(pb::HostKey {
+                    tenant: "dev".into(),
+                    host: "default".into(),
+                }),
+                connection: connection.0,
+                frame: frame.to_string().into_bytes(),
+            });
+            if let Some(key) = key {
+                relay_rpc::AssertionSigner::present_key(request.metadata_mut(), key).expect("key");
+            }
+            grpc.call(request).await.map(|reply| {
+                serde_json::from_slice::<serde_json::Value>(&reply.into_inner().frame.expect("frame"))
+                    .expect("JSON")
+            })
         }
+    };
+    let ping = serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "ping"});
+    // Connection ids are no secret: without the key its gateway was given, nobody calls on the connection.
+    for key in [None, Some("guessed")] {
+        let refused = call_with(key, ping.clone())
+            .await
+            .expect_err("a call without the connection's key");
+        assert!(
+            matches!(
+                refused.code(),
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+            ),
+            "{refused}"
+        );
+    }
+    let call = |frame: serde_json::Value| {
+        let call_with = &call_with;
+        async move { call_with(Some("vera-key"), frame).await.expect("call") }
     };
     let opened = call(
         serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",

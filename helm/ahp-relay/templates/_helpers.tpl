@@ -66,7 +66,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $service := include "ahp-relay.shardServiceName" . }}
 {{- $urls := list }}
 {{- range $i := until (int .Values.shard.replicas) }}
-{{- $urls = append $urls (printf "http://%s-%d.%s.%s.svc:%v" $service $i $service $.Release.Namespace $.Values.shard.grpcPort) }}
+{{- $urls = append $urls (printf "%s://%s-%d.%s.%s.svc:%v" (include "ahp-relay.grpcScheme" $) $service $i $service $.Release.Namespace $.Values.shard.grpcPort) }}
 {{- end }}
 {{- join "," $urls }}
+{{- end }}
+
+{{/* The shards' gRPC scheme: https with internal TLS. */}}
+{{- define "ahp-relay.grpcScheme" -}}
+{{- if .Values.internalTls.secretName }}https{{ else }}http{{ end }}
 {{- end }}

@@ -1,11 +1,13 @@
 //! Per-tenant quotas shared by every gateway of a deployment through Redis, so N gateways (or an autoscaler)
-//! do not give a tenant N times its budget, and a tenant reconnecting to another gateway finds its usage
-//! there too.
+//! do not give a tenant N times its budget. (A tenant moving to a gateway it had no connection on starts
+//! there with that gateway's full burst: the first exchange only learns where the others' counters stand.)
 //!
 //! - **Connection slots**: a sorted set per tenant (`ahp-relay:quota:{tenant}:slots`), one member per open
 //!   connection, scored by its lease's expiry (unix ms). Taking a slot is one Lua script: drop expired
 //!   members, refuse at the cap, add the new one. Each gateway renews its members every third of the lease
-//!   and removes them when their connection closes; a gateway that dies leaves its slots for one lease at most.
+//!   (adding back any that lapsed while Redis was unreachable) and removes them when their connection closes;
+//!   a gateway that dies leaves its slots for one lease at most. Connections admitted while Redis was
+//!   unreachable hold no slot.
 //! - **Rates**: each gateway keeps its own token buckets (no Redis round trip per message) and meters what it
 //!   forwarded per tenant in a hash (`ahp-relay:quota:{tenant}:usage`, cumulative counters per gateway). Every
 //!   exchange it adds what it forwarded since the last one, reads the other gateways' counters, and its
@@ -165,12 +167,8 @@ impl SharedQuotas {
         for (tenant, slots) in held {
             let key = slots_key(&tenant);
             for slot in slots {
-                pipe.cmd("ZADD")
-                    .arg(&key)
-                    .arg("XX")
-                    .arg(expiry)
-                    .arg(slot)
-                    .ignore();
+                // Without XX: a slot that lapsed during an outage is counted again.
+                pipe.cmd("ZADD").arg(&key).arg(expiry).arg(slot).ignore();
             }
             pipe.cmd("PEXPIRE")
                 .arg(&key)

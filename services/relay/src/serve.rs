@@ -215,7 +215,8 @@ pub struct EdgeArgs {
     #[arg(long, env = "AHP_RELAY_IDLE_TIMEOUT", default_value = "60s", value_parser = crate::parse_ttl)]
     pub idle_timeout: Duration,
     /// How long a client's call may wait for its host (e.g. a store that does not commit) before it is
-    /// answered with an error, e.g. 30s. The connection's pings, idle check and token expiry go on meanwhile.
+    /// answered with an error, e.g. 30s. The connection's pings, shutdown and token expiry go on meanwhile (the
+    /// idle check waits: the client's frames are not read during a call).
     #[arg(long, env = "AHP_RELAY_CALL_TIMEOUT", default_value = "30s", value_parser = crate::parse_ttl)]
     pub call_timeout: Duration,
 }

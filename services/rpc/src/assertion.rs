@@ -2,10 +2,13 @@
 //! acts as — for `Attach`, the user, tenant and role of the connection it attaches to one host; for `Events`,
 //! `Watch` and `FetchRange`, the host it reads — and a shard that holds only the public key checks it on each
 //! of these RPCs. The internal secret alone (a leak, or a shard's configuration) then no longer lets anyone
-//! act as a tenant's user or read a tenant's host: that takes the gateways' private key. A `Call` or `Detach`
-//! acts on a connection only once an `Attach` with a valid assertion attached it to that host.
+//! act as a tenant's user or read a tenant's host: that takes the gateways' private key.
 //!
-//! The assertion travels in the `ahp-relay-assertion` metadata entry.
+//! An `Attach` assertion also carries the connection's key, a random value the gateway made for it: every
+//! `Call` and `Detach` of that connection must present it (connection ids are no secret), so they too act
+//! only for a connection a gateway vouched for.
+//!
+//! The assertion travels in the `ahp-relay-assertion` metadata entry, the key in `ahp-relay-connection-key`.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,6 +20,8 @@ use tonic::Status;
 
 /// The gRPC metadata entry carrying the assertion.
 pub const ASSERTION_METADATA: &str = "ahp-relay-assertion";
+/// The gRPC metadata entry carrying a connection's key on `Call` and `Detach`.
+pub const CONNECTION_KEY_METADATA: &str = "ahp-relay-connection-key";
 /// How long an assertion is valid after it was signed.
 pub const ASSERTION_LIFETIME_SECS: u64 = 60;
 const AUDIENCE: &str = "ahp-relay-shard";
@@ -43,6 +48,9 @@ struct Claims {
     sub: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     role: Option<Role>,
+    /// For `attach`: the connection's key, which its `Call`s and `Detach` present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
 }
 
 fn now_secs() -> u64 {
@@ -81,25 +89,42 @@ impl AssertionSigner {
             connection: None,
             sub: None,
             role: None,
+            key: None,
         }
     }
 
-    /// Put an assertion that `connection` on `host` is `identity` (a user of the host's tenant) into
-    /// `metadata`.
+    /// Put an assertion that `connection` on `host` is `identity` (a user of the host's tenant), with the
+    /// connection's `key`, into `metadata`.
     pub fn attach(
         &self,
         metadata: &mut MetadataMap,
         host: &HostKey,
         connection: ConnectionId,
         identity: &Identity,
+        key: &str,
     ) -> Result<(), Status> {
         let claims = Claims {
             connection: Some(connection.0),
             sub: Some(identity.subject.clone()),
             role: Some(identity.role),
+            key: Some(key.to_string()),
             ..Self::claims("attach", host)
         };
         insert(metadata, &self.sign(&claims)?)
+    }
+
+    /// A fresh connection key (random, 122 bits).
+    pub fn connection_key() -> String {
+        uuid::Uuid::new_v4().simple().to_string()
+    }
+
+    /// Put `key` (a connection's) into a `Call`'s or `Detach`'s `metadata`.
+    pub fn present_key(metadata: &mut MetadataMap, key: &str) -> Result<(), Status> {
+        let value = key
+            .parse()
+            .map_err(|_| Status::internal("a connection key is not valid metadata"))?;
+        metadata.insert(CONNECTION_KEY_METADATA, value);
+        Ok(())
     }
 
     /// Put an assertion that this gateway reads `host` with `rpc` into `metadata`.
@@ -151,20 +176,28 @@ impl AssertionVerifier {
         Ok(claims)
     }
 
-    /// The identity an `Attach` of `connection` to `host` acts as, from its assertion.
+    /// The identity an `Attach` of `connection` to `host` acts as, and the connection's key, from its
+    /// assertion.
     pub fn attach(
         &self,
         metadata: &MetadataMap,
         host: &HostKey,
         connection: ConnectionId,
-    ) -> Result<Identity, Status> {
+    ) -> Result<(Identity, String), Status> {
         let claims = self.verify(metadata, "attach", host)?;
-        match (claims.connection, claims.sub, claims.role) {
-            (Some(asserted), Some(subject), Some(role)) if asserted == connection.0 => Ok(Identity {
-                subject,
-                tenant: claims.tenant,
-                role,
-            }),
+        match (claims.connection, claims.sub, claims.role, claims.key) {
+            (Some(asserted), Some(subject), Some(role), Some(key))
+                if asserted == connection.0 && !key.is_empty() =>
+            {
+                Ok((
+                    Identity {
+                        subject,
+                        tenant: claims.tenant,
+                        role,
+                    },
+                    key,
+                ))
+            }
             _ => Err(Status::permission_denied(
                 "the identity assertion is for another connection",
             )),

@@ -171,6 +171,8 @@ pub struct RemoteShard {
     /// Set when hosts are followed over Redis instead of `Events` streams.
     redis: Option<RedisBus>,
     signer: Signer,
+    /// With a signer: each attached connection's key, presented on its `Call`s and `Detach`.
+    connection_keys: SyncMutex<HashMap<(HostKey, ConnectionId), String>>,
 }
 
 impl RemoteShard {
@@ -226,6 +228,21 @@ impl RemoteShard {
             generations: AtomicU64::new(0),
             redis: None,
             signer: None,
+            connection_keys: SyncMutex::new(HashMap::new()),
+        }
+    }
+
+    /// Put `connection`'s key (when it has one) into `metadata`.
+    fn present_key(
+        &self,
+        metadata: &mut tonic::metadata::MetadataMap,
+        host: &HostKey,
+        connection: ConnectionId,
+    ) {
+        if let Some(key) = self.connection_keys.lock().get(&(host.clone(), connection)) {
+            if let Err(status) = crate::AssertionSigner::present_key(metadata, key) {
+                tracing::error!(%status, "cannot present a connection's key");
+            }
         }
     }
 
@@ -500,9 +517,13 @@ impl HostLink for RemoteShard {
         });
         request.set_timeout(ATTACH_DEADLINE);
         if let Some(signer) = &self.signer {
+            let key = crate::AssertionSigner::connection_key();
             signer
-                .attach(request.metadata_mut(), host, connection, identity)
+                .attach(request.metadata_mut(), host, connection, identity, &key)
                 .map_err(|status| link_error(host, &status))?;
+            self.connection_keys
+                .lock()
+                .insert((host.clone(), connection), key);
         }
         let attached = tokio::time::timeout(ATTACH_DEADLINE, self.client.clone().attach(request))
             .await
@@ -517,6 +538,7 @@ impl HostLink for RemoteShard {
             }
             Err(status) => {
                 drop(receiver);
+                self.connection_keys.lock().remove(&(host.clone(), connection));
                 match &self.redis {
                     Some(redis) => Self::unfollow_redis(redis, host, connection),
                     None => self.unfollow(host, connection).await,
@@ -538,6 +560,7 @@ impl HostLink for RemoteShard {
         });
         // The shard gives up at the deadline too (grpc-timeout), so no call holds either side forever.
         request.set_timeout(CALL_DEADLINE);
+        self.present_key(request.metadata_mut(), host, connection);
         let reply = match tokio::time::timeout(CALL_DEADLINE, self.client.clone().call(request)).await {
             Ok(reply) => reply,
             Err(_) => {
@@ -570,6 +593,8 @@ impl HostLink for RemoteShard {
             connection: connection.0,
         });
         request.set_timeout(ATTACH_DEADLINE);
+        self.present_key(request.metadata_mut(), host, connection);
+        self.connection_keys.lock().remove(&(host.clone(), connection));
         let detached = tokio::time::timeout(ATTACH_DEADLINE, self.client.clone().detach(request))
             .await
             .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("detach timed out")));

@@ -173,6 +173,60 @@ pub const GATEWAY_STREAM_GRACE: std::time::Duration = std::time::Duration::from_
 #[derive(Clone, Default)]
 struct GatewayStreams {
     open: Arc<parking_lot::Mutex<std::collections::HashMap<(HostKey, u64), usize>>>,
+    /// The keys of the connections attached with an assertion: they go with their gateway's connections.
+    keys: ConnectionKeys,
+}
+
+/// The key each connection attached with an identity assertion was given (see [`crate::assertion`]): its
+/// `Call`s and `Detach` must present it.
+#[derive(Clone, Default)]
+struct ConnectionKeys {
+    keys: Arc<parking_lot::Mutex<std::collections::HashMap<(HostKey, u64), KeyOfConnection>>>,
+}
+
+/// A connection's key, and when it was attached.
+type KeyOfConnection = (String, std::time::Instant);
+
+impl ConnectionKeys {
+    fn set(&self, host: &HostKey, connection: ConnectionId, key: String) {
+        self.keys
+            .lock()
+            .insert((host.clone(), connection.0), (key, std::time::Instant::now()));
+    }
+
+    /// Whether `metadata` presents `connection`'s key, compared in constant time.
+    fn check(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        host: &HostKey,
+        connection: ConnectionId,
+    ) -> Result<(), Status> {
+        use subtle::ConstantTimeEq;
+        let presented = metadata
+            .get(crate::assertion::CONNECTION_KEY_METADATA)
+            .and_then(|value| value.to_str().ok())
+            .ok_or_else(|| Status::unauthenticated("the connection's key is required"))?;
+        let keys = self.keys.lock();
+        let matches = keys
+            .get(&(host.clone(), connection.0))
+            .is_some_and(|(key, _)| bool::from(key.as_bytes().ct_eq(presented.as_bytes())));
+        if matches {
+            Ok(())
+        } else {
+            Err(Status::permission_denied("not this connection's key"))
+        }
+    }
+
+    fn remove(&self, host: &HostKey, connection: ConnectionId) {
+        self.keys.lock().remove(&(host.clone(), connection.0));
+    }
+
+    /// Forget the keys of `gateway`'s connections to `host` attached by `ended` (they were detached).
+    fn remove_gateway(&self, host: &HostKey, gateway: u64, ended: std::time::Instant) {
+        self.keys.lock().retain(|(of_host, connection), (_, attached)| {
+            !(of_host == host && ConnectionId(*connection).prefix() == gateway && *attached <= ended)
+        });
+    }
 }
 
 /// One live stream; dropping it ends it.
@@ -229,6 +283,7 @@ impl<L: HostLink + BusHistory> Drop for GatewayStream<L> {
             // stream registers only after this timer (a Watch is sent after its Attach).
             if !streams.open.lock().contains_key(&key) {
                 link.detach_gateway(&key.0, key.1, ended).await;
+                streams.keys.remove_gateway(&key.0, key.1, ended);
             }
         });
     }
@@ -397,10 +452,14 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
     async fn attach(&self, request: Request<pb::AttachRequest>) -> Result<Response<pb::AttachReply>, Status> {
         let (metadata, _, request) = request.into_parts();
         let host = host_from_pb(request.host)?;
-        let identity = match &self.assertions {
+        let connection = ConnectionId(request.connection);
+        let (identity, key) = match &self.assertions {
             // Who the connection is comes from the gateway's signed assertion, not from the request.
-            Some(verifier) => verifier.attach(&metadata, &host, ConnectionId(request.connection))?,
-            None => identity_from_pb(request.identity)?,
+            Some(verifier) => {
+                let (identity, key) = verifier.attach(&metadata, &host, connection)?;
+                (identity, Some(key))
+            }
+            None => (identity_from_pb(request.identity)?, None),
         };
         // The gateway vouches for the identity (it verified the client's token), but never across tenants,
         // and never as this service's own internal connections.
@@ -415,9 +474,12 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
         // The shard tracks the connection; its bus reaches the gateway through `Events`, not this receiver.
         let _bus = self
             .link
-            .attach(&host, ConnectionId(request.connection), &identity)
+            .attach(&host, connection, &identity)
             .await
             .map_err(link_status)?;
+        if let Some(key) = key {
+            self.gateway_streams.keys.set(&host, connection, key);
+        }
         let published_seq = self.link.published_seq(&host).await?;
         Ok(Response::new(pb::AttachReply { published_seq }))
     }
@@ -440,8 +502,13 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
 
     async fn call(&self, request: Request<pb::CallRequest>) -> Result<Response<pb::CallReply>, Status> {
         let span = crate::trace::call_span(&request);
-        let request = request.into_inner();
+        let (metadata, _, request) = request.into_parts();
         let host = host_from_pb(request.host)?;
+        if self.assertions.is_some() {
+            self.gateway_streams
+                .keys
+                .check(&metadata, &host, ConnectionId(request.connection))?;
+        }
         let reply = match read_frame(&request.frame, self.max_json_depth) {
             Ok(message) => {
                 span.record("method", message.method.as_str())
@@ -457,9 +524,14 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
     }
 
     async fn detach(&self, request: Request<pb::DetachRequest>) -> Result<Response<pb::DetachReply>, Status> {
-        let request = request.into_inner();
+        let (metadata, _, request) = request.into_parts();
         let host = host_from_pb(request.host)?;
-        self.link.detach(&host, ConnectionId(request.connection)).await;
+        let connection = ConnectionId(request.connection);
+        if self.assertions.is_some() {
+            self.gateway_streams.keys.check(&metadata, &host, connection)?;
+            self.gateway_streams.keys.remove(&host, connection);
+        }
+        self.link.detach(&host, connection).await;
         Ok(Response::new(pb::DetachReply {}))
     }
 

@@ -194,14 +194,14 @@ impl Host {
         self.core.lock().storage = Some(quota);
     }
 
-    /// Run locked work on the host (one unit of its own work), then wake the committer for whatever it queued
-    /// and arm grace timers.
     /// Let the sessions nothing used since the last sweep leave memory (see
     /// [`HostCore::evict_unused_sessions`]). A sweep is not activity: it leaves the host's idle clock alone.
     pub(crate) fn evict_unused_sessions(&self) -> usize {
         self.core.lock().evict_unused_sessions()
     }
 
+    /// Run locked work on the host (one unit of its own work), then wake the committer for whatever it queued
+    /// and arm grace timers.
     pub(crate) fn with_core<R>(&self, work: impl FnOnce(&mut HostCore) -> R) -> R {
         self.with_core_as(None, work).0
     }
