@@ -699,6 +699,45 @@ async fn ten_thousand_turns(store: TestStore) {
         long < short * 5,
         "a page of the 10,000-turn chat took {long:?}, of the 200-turn chat {short:?}"
     );
+
+    // Truncating to an old turn, or forking, loads archived turns back in one logged envelope: bounded. Too far
+    // back is refused, saying so (and nothing is loaded); within reach it works.
+    let truncate = |turn_id: &str| {
+        StateAction::ChatTruncated(ahp_types::actions::ChatTruncatedAction {
+            turn_id: Some(turn_id.into()),
+        })
+    };
+    let (_, _, mut t_sub) = subscribe_chat(&c, &chat).await;
+    c.dispatch(chat.clone(), truncate("t00010"))
+        .await
+        .expect("dispatch");
+    let refused = next_envelope(&mut t_sub).await;
+    let reason = refused.rejection_reason.clone().unwrap_or_default();
+    assert!(reason.contains("reaches back at most"), "{:?}", refused);
+    let session = "ahp-session:/soak";
+    let forked: Result<serde_json::Value, _> = c
+        .request(
+            "createChat",
+            serde_json::json!({"channel": session, "chat": "ahp-chat:/soak-fork",
+                "source": {"kind": "fork", "chat": chat, "turnId": "t09990"}}),
+        )
+        .await;
+    match forked {
+        Err(ahp::ClientError::Rpc(error)) => {
+            assert!(error.message.contains("archived turns"), "{}", error.message)
+        }
+        other => panic!("a fork of 10,000 turns was made: {other:?}"),
+    }
+    c.dispatch(chat.clone(), truncate("t09800"))
+        .await
+        .expect("dispatch");
+    let truncated = collect_until(&mut t_sub, |e| matches!(e.action, StateAction::ChatTruncated(_))).await;
+    assert!(
+        truncated.iter().all(|e| e.rejection_reason.is_none()),
+        "{truncated:?}"
+    );
+    let after = fresh_chat_snapshot_for(&relay, &tenant, &chat).await;
+    assert_eq!(after.turns.last().map(|turn| turn.id.as_str()), Some("t09800"));
 }
 
 on_both_stores!(a_10000_turn_chat_stays_bounded, ten_thousand_turns);

@@ -95,6 +95,37 @@ pub fn age(state: &mut ChatState, archived: usize, retain: usize, slack: usize) 
     moved
 }
 
+/// The most archived turns one operation (a truncation to an old turn, a fork) loads back into a chat's state;
+/// beyond it (or beyond the reply budget in bytes) the operation is refused, saying so.
+pub const MAX_LOADED_BACK: usize = 2_000;
+
+/// [`range`], unless its turns take more than `max_bytes` as JSON (`None` then).
+pub async fn range_within(
+    store: &Store,
+    host: &HostKey,
+    chat: &str,
+    start: usize,
+    end: usize,
+    max_bytes: usize,
+) -> Result<Option<Vec<Turn>>, ShardError> {
+    let rows = store
+        .archived_turns(&host.tenant, &host.host, &key(chat), start as u64, end as u64)
+        .await?;
+    if rows.iter().map(|(_, turn)| turn.len()).sum::<usize>() > max_bytes {
+        return Ok(None);
+    }
+    if rows.len() != end.saturating_sub(start) {
+        return Err(ShardError::corrupt(format!(
+            "the archive of {chat} lacks turns of [{start}, {end}): it has {} of them",
+            rows.len()
+        )));
+    }
+    rows.into_iter()
+        .map(|(_, turn)| serde_json::from_str(&turn).map_err(ShardError::corrupt))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
 /// The archived turns with absolute indexes in `[start, end)`, in order.
 pub async fn range(
     store: &Store,
@@ -145,23 +176,4 @@ impl Page {
     pub fn next_cursor(&self) -> Option<String> {
         cursor_before(self.start)
     }
-}
-
-/// The archived turns an operation on `turn_id` needs in state: from that turn to the first turn the state
-/// holds (`archived`), with its absolute index; `None` when the archive has no such turn.
-pub async fn from_turn(
-    store: &Store,
-    host: &HostKey,
-    chat: &str,
-    archived: usize,
-    turn_id: &str,
-) -> Result<Option<(usize, Vec<Turn>)>, ShardError> {
-    let Some(index) = store
-        .archived_turn_position(&host.tenant, &host.host, &key(chat), turn_id, archived as u64)
-        .await?
-    else {
-        return Ok(None);
-    };
-    let index = index as usize;
-    Ok(Some((index, range(store, host, chat, index, archived).await?)))
 }

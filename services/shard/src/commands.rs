@@ -676,6 +676,20 @@ impl HostCore {
         target: &str,
         turn_id: &str,
     ) -> Result<Vec<ahp_types::state::Turn>, RpcError> {
+        // Its archived turns were not loaded back: more than one operation brings (see `crate::history`).
+        if let Some(archived) = self
+            .model
+            .chats
+            .get(source)
+            .map(|record| record.archived)
+            .filter(|archived| *archived > 0)
+        {
+            return Err(RpcError::invalid_params(format!(
+                "{source} has {archived} archived turns: a fork copies at most {} turns and {} bytes of them",
+                crate::archive::MAX_LOADED_BACK,
+                self.limits.max_reply_bytes
+            )));
+        }
         self.check_source_turn(session, source, target, turn_id, false)?;
         let record = self.model.chats.get(source).ok_or_else(|| not_found(source))?;
         let index = record

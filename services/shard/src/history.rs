@@ -124,25 +124,36 @@ impl Host {
         };
         // Turns that aged out are written with the batch that moved them: read the archive after it.
         self.flush().await;
-        let found = match &named {
-            NamedTurn::Truncate { turn_id, .. } => {
-                archive::from_turn(&self.store, &self.key, &chat, archived, turn_id).await?
-            }
-            NamedTurn::Fork { turn_id, .. } => {
-                let exists = held
-                    || archive::from_turn(&self.store, &self.key, &chat, archived, turn_id)
-                        .await?
-                        .is_some();
-                if !exists {
-                    return Ok(()); // refused by createChat: no such turn
-                }
-                Some((
-                    0,
-                    archive::range(&self.store, &self.key, &chat, 0, archived).await?,
-                ))
-            }
+        let (NamedTurn::Truncate { turn_id, .. } | NamedTurn::Fork { turn_id, .. }) = &named;
+        let position = match held {
+            true => None,
+            false => self
+                .store
+                .archived_turn_position(
+                    &self.key.tenant,
+                    &self.key.host,
+                    &archive::key(&chat),
+                    turn_id,
+                    archived as u64,
+                )
+                .await?
+                .map(|position| position as usize),
         };
-        if let Some((start, turns)) = found {
+        let start = match (&named, position) {
+            (NamedTurn::Truncate { .. }, Some(position)) => position,
+            (NamedTurn::Fork { .. }, _) if held || position.is_some() => 0,
+            // No such turn: the operation is refused as it is.
+            _ => return Ok(()),
+        };
+        // One logged envelope brings them back: bounded in turns and bytes. Beyond, nothing is loaded and the
+        // operation is refused, saying so (`validate`, `createChat`).
+        if archived - start > archive::MAX_LOADED_BACK {
+            return Ok(());
+        }
+        let max_bytes = self.core.lock().limits.max_reply_bytes;
+        if let Some(turns) =
+            archive::range_within(&self.store, &self.key, &chat, start, archived, max_bytes).await?
+        {
             self.with_core(|core| core.load_archived(&chat, archived, start, turns));
         }
         Ok(())

@@ -221,11 +221,30 @@ pub fn check_client_action(
                     let session = model.sessions.get(&chat.session).map(|s| &s.state);
                     check_in_session_directories(session, std::slice::from_ref(&a.directory))?;
                 }
+                check_truncation_reach(chat, action)?;
                 check_chat(&chat.state, action, who)
             }
             None => Err("unknown chat".into()),
         },
         ChannelKind::Terminal | ChannelKind::Unknown => Err("unknown channel".into()),
+    }
+}
+
+/// A truncation to a turn the chat's state does not hold while some are archived: the turn is further back
+/// than one operation loads (see `crate::history`), or does not exist.
+fn check_truncation_reach(chat: &crate::model::ChatRecord, action: &StateAction) -> Result<(), String> {
+    let StateAction::ChatTruncated(truncated) = action else {
+        return Ok(());
+    };
+    match &truncated.turn_id {
+        Some(turn_id) if chat.archived > 0 && !chat.state.turns.iter().any(|turn| &turn.id == turn_id) => {
+            Err(format!(
+                "turn {turn_id} is not among the chat's loaded turns: one truncation reaches back at most {} \
+                 archived turns (and the reply budget in bytes)",
+                crate::archive::MAX_LOADED_BACK
+            ))
+        }
+        _ => Ok(()),
     }
 }
 
