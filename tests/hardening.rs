@@ -1685,3 +1685,44 @@ async fn a_snapshot_stays_within_the_reply_budget_however_many_turns_are_asked()
     let expected: Vec<String> = (0..TURNS).map(|n| format!("t{n}")).collect();
     assert_eq!(ids, expected);
 }
+
+/// A `fetchTurns` page is one envelope, within the reply budget however large its turns: it carries the
+/// newest of its turns that fit and its cursor points before them, so paging still brings every turn in
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_turns_page_stays_within_the_reply_budget() {
+    const BUDGET: usize = 64 * 1024;
+    let relay = Relay::start_with(&["--max-reply-bytes", &BUDGET.to_string(), "--retained-turns", "2"]).await;
+    let (writer, _) = relay.client("writer").await;
+    let (_, chat) = create_session_and_chat(&writer, "large-turns").await;
+    let (_, _, mut sub) = subscribe_chat(&writer, &chat).await;
+    for n in 0..12 {
+        // 20 KiB a turn: a page of 50 such turns would be 200+ KiB.
+        writer
+            .dispatch(
+                chat.clone(),
+                turn_started(&format!("t{n}"), &"z".repeat(20 * 1024)),
+            )
+            .await
+            .expect("dispatch");
+        collect_until(&mut sub, is_turn_complete).await;
+    }
+    let (reader, _) = relay.client("reader").await;
+    let (mut state, _, mut reader_sub) = subscribe_chat(&reader, &chat).await;
+    let mut pages = 0;
+    while let Some(cursor) = state.turns_next_cursor.clone() {
+        let _: serde_json::Value = reader
+            .request("fetchTurns", json!({"channel": chat, "cursor": cursor}))
+            .await
+            .expect("fetchTurns");
+        let loaded = next_envelope(&mut reader_sub).await;
+        let size = serde_json::to_string(&loaded).expect("JSON").len();
+        assert!(size <= BUDGET, "a page of {size} bytes");
+        ahp::reducers::apply_action_to_chat(&mut state, &loaded.action);
+        pages += 1;
+    }
+    assert!(pages > 1, "{pages} pages");
+    let ids: Vec<String> = state.turns.iter().map(|turn| turn.id.clone()).collect();
+    let expected: Vec<String> = (0..12).map(|n| format!("t{n}")).collect();
+    assert_eq!(ids, expected);
+}

@@ -42,10 +42,7 @@ impl Host {
     ) -> Result<CommandReply, RpcError> {
         let params: FetchTurnsParams = message.parse_params()?;
         let chat = params.channel;
-        // The archive may have been written by the restore that loaded this chat, or by the batch that aged the
-        // chat's turns: make sure it is stored.
-        self.flush().await;
-        let (page, memory) = {
+        let (mut page, memory, barrier, max_bytes) = {
             let core = self.core.lock();
             core.client_id(connection)?;
             let record = core.model.chats.get(&chat).ok_or_else(|| not_found(&chat))?;
@@ -62,18 +59,39 @@ impl Host {
             let memory = (!page.in_archive(record.archived)).then(|| {
                 record.state.turns[page.start - record.archived..page.end - record.archived].to_vec()
             });
-            (page, memory)
+            // Archived turns are written with the batch that moved them (or by the restore that loaded the
+            // chat): a page of them is read once everything queued so far is stored.
+            (page, memory, core.seq.barrier(), core.limits.max_reply_bytes)
         };
-        let turns = match memory {
+        let mut turns = match memory {
             Some(turns) => turns,
             // One page read: its rows only.
-            None => archive::range(&self.store, &self.key, &chat, page.start, page.end)
-                .await
-                .map_err(|error| {
-                    tracing::error!(%chat, %error, "reading the turn archive failed");
-                    RpcError::internal("the store is unavailable; retry")
-                })?,
+            None => {
+                self.wait_committed(barrier).await;
+                archive::range(&self.store, &self.key, &chat, page.start, page.end)
+                    .await
+                    .map_err(|error| {
+                        tracing::error!(%chat, %error, "reading the turn archive failed");
+                        RpcError::internal("the store is unavailable; retry")
+                    })?
+            }
         };
+        // A page is one envelope: it keeps its newest turns that fit the reply budget (at least one), and its
+        // cursor points before them.
+        let mut bytes = 0usize;
+        let fitting = turns
+            .iter()
+            .rev()
+            .take_while(|turn| {
+                bytes += crate::model::json_len(turn) + 1;
+                bytes <= max_bytes
+            })
+            .count()
+            .max(1)
+            .min(turns.len());
+        let cut = turns.len() - fitting;
+        turns.drain(..cut);
+        page.start += cut;
         let action = StateAction::ChatTurnsLoaded(ChatTurnsLoadedAction {
             turns,
             turns_next_cursor: page.next_cursor(),
