@@ -237,6 +237,30 @@ struct GatewayStream<L: HostLink + BusHistory> {
 }
 
 impl GatewayStreams {
+    /// `connection` was attached to `host` by its gateway: unless that gateway has (or opens) a stream of the
+    /// host within [`GATEWAY_STREAM_GRACE`], the connection is detached — a gateway that died between its
+    /// `Attach` and its `Watch` leaves nothing attached behind.
+    fn expect_stream<L: HostLink + BusHistory>(
+        &self,
+        link: &Arc<L>,
+        host: &HostKey,
+        connection: ConnectionId,
+    ) {
+        let gateway = connection.prefix();
+        if gateway == 0 {
+            return;
+        }
+        let (streams, link, key) = (self.clone(), link.clone(), (host.clone(), gateway));
+        tokio::spawn(async move {
+            tokio::time::sleep(GATEWAY_STREAM_GRACE).await;
+            if !streams.open.lock().contains_key(&key) {
+                // (If a stream opened and ended meanwhile, its end detaches the connection too: harmless.)
+                link.detach(&key.0, connection).await;
+                streams.keys.remove(&key.0, connection);
+            }
+        });
+    }
+
     /// A stream of `host` by the gateway with connection-id prefix `gateway` (0: not a gateway's).
     fn open<L: HostLink + BusHistory>(
         &self,
@@ -480,6 +504,7 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
         if let Some(key) = key {
             self.gateway_streams.keys.set(&host, connection, key);
         }
+        self.gateway_streams.expect_stream(&self.link, &host, connection);
         let published_seq = self.link.published_seq(&host).await?;
         Ok(Response::new(pb::AttachReply { published_seq }))
     }

@@ -700,3 +700,63 @@ async fn a_partitioned_gateways_connections_are_released() {
         );
     }
 }
+
+/// A gateway that attaches a connection and then opens no stream of the host (it died between its `Attach`
+/// and its `Watch`) leaves nothing attached: the connection is detached once the grace has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_whose_gateway_never_follows_the_host_is_detached() {
+    let shard = start_shard().await;
+    let channel = tonic::transport::Endpoint::from_shared(shard.url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("grpc");
+    let mut grpc = relay_rpc::pb::shard_client::ShardClient::with_interceptor(channel, common::credential());
+    let host = || {
+        Some(relay_rpc::pb::HostKey {
+            tenant: "dev".into(),
+            host: "default".into(),
+        })
+    };
+    let connection = ConnectionId((0xdead_u64 << 32) | 1);
+    grpc.attach(relay_rpc::pb::AttachRequest {
+        host: host(),
+        connection: connection.0,
+        identity: Some(relay_rpc::pb::Identity {
+            subject: "orphan".into(),
+            tenant: "dev".into(),
+            role: relay_rpc::pb::Role::Member as i32,
+        }),
+    })
+    .await
+    .expect("attach");
+    let attached_at = std::time::Instant::now();
+    let ping = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": "orphan"}});
+    let mut polls = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        polls.tick().await;
+        let reply = grpc
+            .call(relay_rpc::pb::CallRequest {
+                host: host(),
+                connection: connection.0,
+                frame: ping.to_string().into_bytes(),
+            })
+            .await
+            .expect("call")
+            .into_inner();
+        let frame: serde_json::Value =
+            serde_json::from_slice(&reply.frame.expect("a reply frame")).expect("JSON");
+        if frame["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("not attached"))
+        {
+            break;
+        }
+        assert!(
+            attached_at.elapsed() < relay_rpc::server::GATEWAY_STREAM_GRACE + Duration::from_secs(5),
+            "still attached: {frame}"
+        );
+    }
+    assert!(attached_at.elapsed() >= relay_rpc::server::GATEWAY_STREAM_GRACE);
+}
