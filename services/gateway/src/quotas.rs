@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::shared_quotas::{Forwarded, SharedQuotas};
+use crate::shared_quotas::{Forwarded, Owed, Report, SharedQuotas, Theirs};
 
 /// Quota settings.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +54,12 @@ impl TokenBucket {
             tokens: burst,
             refilled: Instant::now(),
         }
+    }
+
+    /// How much of its burst the bucket owes now (burst minus tokens; more than the burst when in debt).
+    pub fn deficit(&self) -> f64 {
+        let elapsed = Instant::now().duration_since(self.refilled).as_secs_f64();
+        self.burst - (self.tokens + elapsed * self.rate).min(self.burst)
     }
 
     /// Whether the bucket has refilled to its burst by now (it is then the same as a fresh one).
@@ -208,36 +214,65 @@ impl TenantQuotas {
         &self,
         shared: &SharedQuotas,
     ) -> Result<(), crate::shared_quotas::SharedQuotaError> {
-        let own: Vec<(String, Forwarded)> = self
+        let own: Vec<(String, Report)> = self
             .tenants
             .lock()
             .iter()
-            .map(|(tenant, usage)| (tenant.clone(), usage.forwarded))
+            .map(|(tenant, usage)| {
+                let report = Report {
+                    forwarded: usage.forwarded,
+                    owed: Owed {
+                        messages: usage.messages.deficit().max(0.0).ceil() as u64,
+                        bytes: usage.bytes.deficit().max(0.0).ceil() as u64,
+                        age_ms: 0,
+                    },
+                };
+                (tenant.clone(), report)
+            })
             .collect();
         for (tenant, theirs) in shared.exchange(&own).await? {
-            self.charge_others(&tenant, theirs);
+            self.charge_others(&tenant, &theirs);
         }
         Ok(())
     }
 
-    /// The other gateways had forwarded `theirs` (cumulative) for `tenant`: charge its buckets with what they
-    /// forwarded since the last time (the first time only sets the mark).
-    pub fn charge_others(&self, tenant: &str, theirs: Forwarded) {
+    /// What the other gateways reported of `tenant`: charge its buckets with what they forwarded since the
+    /// last exchange — or, the first time, with the most any of them owed of the tenant's burst, less what has
+    /// refilled since (so a tenant that moves here brings its debt).
+    pub fn charge_others(&self, tenant: &str, theirs: &Theirs) {
         let mut tenants = self.tenants.lock();
         let Some(usage) = tenants.get_mut(tenant) else {
             return;
         };
-        if let Some(seen) = usage.others_seen {
-            let messages = theirs.messages.saturating_sub(seen.messages);
-            let bytes = theirs.bytes.saturating_sub(seen.bytes);
-            if messages > 0 {
-                usage.messages.take_n(messages as f64);
+        let (messages, bytes) = match usage.others_seen {
+            Some(seen) => (
+                theirs.forwarded.messages.saturating_sub(seen.messages) as f64,
+                theirs.forwarded.bytes.saturating_sub(seen.bytes) as f64,
+            ),
+            // First contact: the most any of them owed, less what has refilled since, beyond what these
+            // buckets owe already.
+            None => {
+                let most_owed = |of: fn(&Owed) -> u64, rate: f64| {
+                    theirs
+                        .owed
+                        .iter()
+                        .map(|owed| of(owed) as f64 - owed.age_ms as f64 / 1000.0 * rate)
+                        .fold(0.0, f64::max)
+                };
+                (
+                    most_owed(|owed| owed.messages, self.limits.messages_per_second)
+                        - usage.messages.deficit(),
+                    most_owed(|owed| owed.bytes, self.limits.bytes_per_second) - usage.bytes.deficit(),
+                )
             }
-            if bytes > 0 {
-                usage.bytes.take_n(bytes as f64);
-            }
+        };
+        if messages >= 1.0 {
+            usage.messages.take_n(messages);
         }
-        usage.others_seen = Some(theirs);
+        if bytes >= 1.0 {
+            usage.bytes.take_n(bytes);
+        }
+        usage.others_seen = Some(theirs.forwarded);
     }
 
     /// A connection slot for `tenant` on this gateway and, when shared, among every gateway's; `None` when

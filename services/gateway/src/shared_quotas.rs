@@ -1,6 +1,5 @@
 //! Per-tenant quotas shared by every gateway of a deployment through Redis, so N gateways (or an autoscaler)
-//! do not give a tenant N times its budget. (A tenant moving to a gateway it had no connection on starts
-//! there with that gateway's full burst: the first exchange only learns where the others' counters stand.)
+//! do not give a tenant N times its budget, and a tenant reconnecting to another gateway brings its debt.
 //!
 //! - **Connection slots**: a sorted set per tenant (`ahp-relay:quota:{tenant}:slots`), one member per open
 //!   connection, scored by its lease's expiry (unix ms). Taking a slot is one Lua script: drop expired
@@ -12,7 +11,9 @@
 //!   forwarded per tenant in a hash (`ahp-relay:quota:{tenant}:usage`, cumulative counters per gateway). Every
 //!   exchange it adds what it forwarded since the last one, reads the other gateways' counters, and its
 //!   buckets are charged with what they forwarded meanwhile ([`crate::quotas::TenantQuotas::charge_others`]).
-//!   A tenant's rate holds across gateways, give or take one exchange interval of traffic per gateway.
+//!   Each also records how much of the tenant's burst its buckets owe (debt included), so a gateway the tenant
+//!   moves to starts from the largest of those, less what has refilled since, not from a full burst. A
+//!   tenant's rate holds across gateways and reconnects, give or take one exchange interval of traffic.
 //!
 //! Redis being unreachable is logged and each gateway then holds tenants to its own limits: an outage of
 //! Redis slows nobody down and refuses nobody that a single gateway would have let in.
@@ -42,6 +43,32 @@ pub struct SharedQuotaError(#[from] redis::RedisError);
 pub struct Forwarded {
     pub messages: u64,
     pub bytes: u64,
+}
+
+/// How much of a tenant's burst one gateway's buckets owed (burst minus tokens, debt included) when it last
+/// exchanged, and how long ago that was.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Owed {
+    pub messages: u64,
+    pub bytes: u64,
+    pub age_ms: u64,
+}
+
+/// What this gateway reports of a tenant.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Report {
+    pub forwarded: Forwarded,
+    /// (Its age is ignored: it is now.)
+    pub owed: Owed,
+}
+
+/// What the other gateways reported of a tenant.
+#[derive(Debug, Clone, Default)]
+pub struct Theirs {
+    /// The sum of what they forwarded (cumulative).
+    pub forwarded: Forwarded,
+    /// What each of them owed.
+    pub owed: Vec<Owed>,
 }
 
 /// This gateway's handle on the shared quotas.
@@ -183,17 +210,19 @@ impl SharedQuotas {
     /// forwarded (cumulative, per tenant of `own`).
     pub async fn exchange(
         &self,
-        own: &[(String, Forwarded)],
-    ) -> Result<Vec<(String, Forwarded)>, SharedQuotaError> {
+        own: &[(String, Report)],
+    ) -> Result<Vec<(String, Theirs)>, SharedQuotaError> {
         if own.is_empty() {
             return Ok(Vec::new());
         }
         let (messages_field, bytes_field) = (format!("{}:m", self.gateway), format!("{}:b", self.gateway));
+        let now_ms = now_ms();
         let mut pipe = redis::pipe();
         let mut reporting = Vec::with_capacity(own.len());
         {
             let reported = self.reported.lock();
-            for (tenant, now) in own {
+            for (tenant, report) in own {
+                let now = &report.forwarded;
                 let before = reported.get(tenant).copied().unwrap_or_default();
                 // A tenant's local counters restart when its entry was forgotten: count them anew.
                 let since = |now: u64, before: u64| if now >= before { now - before } else { now };
@@ -208,6 +237,15 @@ impl SharedQuotas {
                     .arg(&bytes_field)
                     .arg(since(now.bytes, before.bytes))
                     .ignore();
+                pipe.cmd("HSET")
+                    .arg(&key)
+                    .arg(format!("{}:om", self.gateway))
+                    .arg(report.owed.messages)
+                    .arg(format!("{}:ob", self.gateway))
+                    .arg(report.owed.bytes)
+                    .arg(format!("{}:ot", self.gateway))
+                    .arg(now_ms)
+                    .ignore();
                 pipe.cmd("PEXPIRE").arg(&key).arg(USAGE_TTL_MS).ignore();
                 pipe.cmd("HGETALL").arg(&key);
                 reporting.push((tenant.clone(), *now));
@@ -218,17 +256,25 @@ impl SharedQuotas {
         let mut others = Vec::with_capacity(counters.len());
         for ((tenant, now), fields) in reporting.into_iter().zip(counters) {
             reported.insert(tenant.clone(), now);
-            let mut theirs = Forwarded::default();
-            for (field, value) in fields {
-                if field.starts_with(&self.gateway) {
+            let mut theirs = Theirs::default();
+            let mut owed: HashMap<&str, Owed> = HashMap::new();
+            for (field, value) in &fields {
+                let Some((gateway, what)) = field.rsplit_once(':') else {
+                    continue;
+                };
+                if gateway == self.gateway {
                     continue;
                 }
-                if field.ends_with(":m") {
-                    theirs.messages += value;
-                } else if field.ends_with(":b") {
-                    theirs.bytes += value;
+                match what {
+                    "m" => theirs.forwarded.messages += value,
+                    "b" => theirs.forwarded.bytes += value,
+                    "om" => owed.entry(gateway).or_default().messages = *value,
+                    "ob" => owed.entry(gateway).or_default().bytes = *value,
+                    "ot" => owed.entry(gateway).or_default().age_ms = now_ms.saturating_sub(*value),
+                    _ => {}
                 }
             }
+            theirs.owed = owed.into_values().collect();
             others.push((tenant, theirs));
         }
         reported.retain(|tenant, _| own.iter().any(|(reporting, _)| reporting == tenant));

@@ -90,3 +90,25 @@ async fn a_tenants_rate_holds_across_gateways() {
     let wait = b.message_delay(&tenant, &mut b.connection_bucket(), 1);
     assert!(wait >= Duration::from_millis(50), "{wait:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_moving_to_another_gateway_brings_its_debt() {
+    let Some([(a, a_redis), (b, b_redis)]) = two_gateways().await else {
+        return;
+    };
+    let tenant = unique_tenant();
+    // On gateway a only: the whole burst and as much again in debt.
+    let on_a = a.admit_everywhere(&tenant).await.expect("admit on a");
+    a.exchange_usage(&a_redis).await.expect("exchange");
+    let mut bucket = a.connection_bucket();
+    for _ in 0..10 {
+        a.message_delay(&tenant, &mut bucket, 1);
+    }
+    a.exchange_usage(&a_redis).await.expect("exchange");
+    drop(on_a);
+    // It reconnects to gateway b, which never had it: b learns the debt at its first exchange.
+    let _on_b = b.admit_everywhere(&tenant).await.expect("admit on b");
+    b.exchange_usage(&b_redis).await.expect("exchange");
+    let wait = b.message_delay(&tenant, &mut b.connection_bucket(), 1);
+    assert!(wait >= Duration::from_millis(300), "{wait:?}");
+}
