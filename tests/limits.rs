@@ -673,7 +673,8 @@ async fn a_tenant_over_its_storage_quota_cannot_grow() {
                     }
                     other => panic!("a session was created over the quota: {other:?}"),
                 }
-                // A new clientId is a new stored row: refused; the hoarder's own clientId is known.
+                // A new clientId would be a new stored row: its device gets in (to make room), but nothing is
+                // recorded for it.
                 let mut newcomer = raw_as(&relay, &tenant, "abuser", Role::Member).await;
                 send(
                     &mut newcomer,
@@ -685,11 +686,12 @@ async fn a_tenant_over_its_storage_quota_cannot_grow() {
                 .await;
                 let answer = answer_to(&mut newcomer, 0).await;
                 assert!(
-                    answer["error"]["message"]
-                        .as_str()
-                        .is_some_and(|m| m.contains("storage quota")),
-                    "a new clientId was recorded over the quota: {answer}"
+                    answer.get("result").is_some(),
+                    "a new device was refused: {answer}"
                 );
+                let data = relay.data_dir().expect("the relay's data dir");
+                let recorded = client_bindings_named(data, &tenant, &format!("newcomer-{n}")).await;
+                assert_eq!(recorded, 0, "a new clientId was recorded over the quota");
                 abuse.crossed();
             }
             client
@@ -708,4 +710,19 @@ async fn a_tenant_over_its_storage_quota_cannot_grow() {
         },
     )
     .await;
+}
+
+/// How many client bindings `tenant` has stored under `client_id` (read from the relay's SQLite store).
+async fn client_bindings_named(data_dir: &std::path::Path, tenant: &str, client_id: &str) -> i64 {
+    use sqlx::Connection;
+    let url = format!("sqlite://{}?mode=ro", data_dir.join("relay.sqlite").display());
+    let mut db = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("open the store");
+    sqlx::query_scalar("SELECT COUNT(*) FROM client_bindings WHERE tenant = ? AND client_id = ?")
+        .bind(tenant)
+        .bind(client_id)
+        .fetch_one(&mut db)
+        .await
+        .expect("count")
 }

@@ -35,6 +35,11 @@ pub struct Relay {
 }
 
 impl Relay {
+    /// The relay's data directory, when the test made it.
+    pub fn data_dir(&self) -> Option<&std::path::Path> {
+        self._data.as_ref().map(|dir| dir.path())
+    }
+
     pub async fn start() -> Relay {
         Self::start_with(&[]).await
     }

@@ -845,16 +845,11 @@ impl HostCore {
             )));
         }
         let subject = self.connection(connection)?.identity.subject.clone();
-        // A binding the store knows was loaded before this call ([`Host::load_client_binding`]): one that is
-        // not in memory now is new — a stored row, which a tenant over its storage quota may not add.
-        let refusal = (!self.clients.contains_key(client_id))
-            .then(|| self.storage_refusal())
-            .flatten();
-        if let Some(refusal) = refusal {
-            return Err(RpcError::invalid_request(format!(
-                "{refusal}: no new clientId is recorded (reconnect with one this host knows)"
-            )));
-        }
+        // A binding the store knows was loaded before this call ([`Host::admit_opening`]): one that is not in
+        // memory now is new — a stored row, which a tenant over its storage quota may not add. Its device still
+        // gets in (to dispose sessions and make room, say): the binding then lives in memory only, while in
+        // use and its grace, and is not recorded.
+        let unrecorded = !self.clients.contains_key(client_id) && self.storage_refusal().is_some();
         let binding = self
             .clients
             .entry(client_id.to_string())
@@ -869,7 +864,11 @@ impl HostCore {
             ));
         }
         // Recorded (when new) or its use noted (a binding in use is never pruned), with the reply's batch.
-        self.seq.bind_client(client_id, &subject);
+        if unrecorded {
+            tracing::info!(host = %self.key, "over the storage quota: a new clientId is kept in memory only");
+        } else {
+            self.seq.bind_client(client_id, &subject);
+        }
         binding.live_connections += 1;
         binding.grace_epoch += 1;
         if let Some(state) = self.connections.get_mut(&connection) {
