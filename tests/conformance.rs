@@ -14,6 +14,7 @@ use ahp_types::actions::{
 use ahp_types::commands::{CreateChatParams, CreateSessionParams, SubscribeView};
 use ahp_types::state::{
     ChatOrigin, ChatState, MessageKind, PendingMessageKind, ResponsePart, SessionStatus, SideChatSelection,
+    TurnState,
 };
 use relay_core::Role;
 use serde_json::{json, Value};
@@ -901,10 +902,15 @@ async fn list_sessions_lists_the_most_recently_modified_first() {
     let (owner, _) = relay.client("owner").await;
     let (_, older_chat) = create_session_and_chat(&owner, "older").await;
     create_session_and_chat(&owner, "newer").await;
-    // A turn in the older session (its start time, which the client gives, is later than anything else).
+    // A turn in the older session (its start time, which the client gives, is later than anything else, and
+    // within the clock skew a host accepts).
     let (_, _, mut sub) = subscribe_chat(&owner, &older_chat).await;
     let later = message("later");
-    let started = turn_started_at("t0", "2099-01-01T00:00:00.000Z", later);
+    let in_a_minute = format!(
+        "{:.3}",
+        jiff::Timestamp::now() + jiff::SignedDuration::from_secs(60)
+    );
+    let started = turn_started_at("t0", &in_a_minute, later);
     owner
         .dispatch(older_chat.clone(), started)
         .await
@@ -1021,4 +1027,174 @@ async fn reconnect_carries_the_rejections_and_echoes_a_dropped_client_is_owed() 
 
 fn answer_is(frame: &Value, id: u64) -> bool {
     frame["id"].as_u64() == Some(id)
+}
+
+// ---- Issue 24 (2). Client timestamps and durations are checked; a chat never freezes on one ------------
+
+/// A `chat/turnStarted` whose `startedAt` is not a timestamp, or is far from the host's clock, and a
+/// `chat/turnCancelled` with a negative or impossible duration are rejected with the reason; the chat goes on
+/// (a valid turn then runs and completes).
+async fn client_timestamps_and_durations_are_checked(shape: &Shape) {
+    let client = shape.client(0, "stamper").await;
+    let (_, chat) = create_session_and_chat(&client, "stamps").await;
+    let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
+    let rejected = |reason: &Option<String>, needle: &str| {
+        reason.as_deref().is_some_and(|reason| reason.contains(needle))
+    };
+    for (started_at, needle) in [
+        ("now", "ISO 8601"),
+        ("2099-01-01T00:00:00.000Z", "away from the host's clock"),
+        ("2001-01-01T00:00:00.000Z", "away from the host's clock"),
+    ] {
+        let seq = client
+            .dispatch(chat.clone(), turn_started_at("bad", started_at, message("x")))
+            .await
+            .expect("dispatch")
+            .client_seq;
+        let echo = collect_until(&mut sub, |e| {
+            e.origin.as_ref().is_some_and(|o| o.client_seq == seq)
+        })
+        .await;
+        let reason = &echo.last().expect("echo").rejection_reason;
+        assert!(rejected(reason, needle), "{started_at}: {reason:?}");
+    }
+    // A real turn, cancelled with impossible durations (refused), then with a true one.
+    client
+        .dispatch(chat.clone(), turn_started("t1", "a long story"))
+        .await
+        .expect("dispatch");
+    for (duration, needle) in [(-5, "negative"), (1_000_000_000, "longer than the turn has run")] {
+        let cancel = StateAction::ChatTurnCancelled(ahp_types::actions::ChatTurnCancelledAction {
+            turn_id: "t1".into(),
+            duration,
+            meta: None,
+        });
+        let seq = client
+            .dispatch(chat.clone(), cancel)
+            .await
+            .expect("dispatch")
+            .client_seq;
+        let echo = collect_until(&mut sub, |e| {
+            e.origin.as_ref().is_some_and(|o| o.client_seq == seq)
+        })
+        .await;
+        let reason = &echo.last().expect("echo").rejection_reason;
+        assert!(rejected(reason, needle), "{duration}: {reason:?}");
+    }
+    let cancel = StateAction::ChatTurnCancelled(ahp_types::actions::ChatTurnCancelledAction {
+        turn_id: "t1".into(),
+        duration: 1,
+        meta: None,
+    });
+    client.dispatch(chat.clone(), cancel).await.expect("dispatch");
+    collect_until(&mut sub, |e| {
+        matches!(e.action, StateAction::ChatTurnCancelled(_)) && e.rejection_reason.is_none()
+    })
+    .await;
+    let state = fresh_chat_snapshot_for(shape.entry(0), shape.tenant(), &chat).await;
+    assert!(state.active_turn.is_none(), "the chat is not frozen");
+}
+
+in_both_shapes!(
+    client_timestamps_and_durations_are_checked,
+    client_timestamps_and_durations_are_checked
+);
+
+/// A chat stored with a turn whose start time the reducers cannot read (from before timestamps were
+/// checked) is not frozen: after a restart the host closes the interrupted turn and the chat takes new turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_unreadable_turn_start_does_not_freeze_its_chat() {
+    use sqlx::{Connection, Executor};
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut relay = Relay::start_in(data.path(), &["--demo-step-ms", "5000"]).await;
+    let (client, _) = relay.client("frozen").await;
+    let (_, chat) = create_session_and_chat(&client, "frozen").await;
+    let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
+    let started_at = now_timestamp();
+    client
+        .dispatch(chat.clone(), turn_started_at("t1", &started_at, message("slow")))
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, |e| matches!(e.action, StateAction::ChatTurnStarted(_))).await;
+    client.shutdown().await;
+    relay.kill().await;
+    // What a release before the check could have stored.
+    let mut store = sqlx::SqliteConnection::connect(&format!(
+        "sqlite://{}",
+        data.path().join("relay.sqlite").display()
+    ))
+    .await
+    .expect("open the store");
+    for table in ["log", "snapshots"] {
+        let column = if table == "log" { "envelope" } else { "state" };
+        store
+            .execute(
+                format!(
+                    "UPDATE {table} SET {column} = replace({column}, '\"startedAt\":\"{started_at}\"', \
+                     '\"startedAt\":\"now\"')"
+                )
+                .as_str(),
+            )
+            .await
+            .expect("rewrite");
+    }
+    store.close().await.expect("close");
+
+    let relay = Relay::start_in(data.path(), &[]).await;
+    let (client, _) = relay.client("frozen").await;
+    let (state, _, mut sub) = subscribe_chat(&client, &chat).await;
+    assert!(
+        state.active_turn.is_none(),
+        "the interrupted turn is still in progress"
+    );
+    assert_eq!(state.turns.last().map(|turn| turn.state), Some(TurnState::Error));
+    client
+        .dispatch(chat.clone(), turn_started("t2", "again"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, is_turn_complete).await;
+}
+
+// ---- Issue 24 (10). Queued messages run however the turn before them ended ---------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_message_runs_after_a_cancelled_turn() {
+    let relay = Relay::start_with(&["--demo-step-ms", "200"]).await;
+    let (owner, _) = relay.client("owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "queue-after-cancel").await;
+    let (_, _, mut sub) = subscribe_chat(&owner, &chat).await;
+    owner
+        .dispatch(chat.clone(), turn_started("t1", "write a long answer"))
+        .await
+        .expect("dispatch");
+    owner
+        .dispatch(
+            chat.clone(),
+            StateAction::ChatPendingMessageSet(ChatPendingMessageSetAction {
+                kind: PendingMessageKind::Queued,
+                id: "q1".into(),
+                message: message("and then this"),
+            }),
+        )
+        .await
+        .expect("queue");
+    let cancel = StateAction::ChatTurnCancelled(ahp_types::actions::ChatTurnCancelledAction {
+        turn_id: "t1".into(),
+        duration: 1,
+        meta: None,
+    });
+    owner.dispatch(chat.clone(), cancel).await.expect("cancel");
+    // The queued message becomes the next turn, which runs to completion.
+    let envelopes = collect_until(&mut sub, is_turn_complete).await;
+    assert!(
+        envelopes.iter().all(|e| e.rejection_reason.is_none()),
+        "{envelopes:?}"
+    );
+    let started = envelopes.iter().find_map(|e| match &e.action {
+        StateAction::ChatTurnStarted(started) if started.turn_id != "t1" => Some(started.clone()),
+        _ => None,
+    });
+    let started = started.expect("a turn started from the queue");
+    assert_eq!(started.queued_message_id.as_deref(), Some("q1"));
+    assert_eq!(started.message.text, "and then this");
 }

@@ -438,9 +438,15 @@ pub fn turn_started(turn_id: &str, text: &str) -> StateAction {
     turn_started_with(turn_id, message(text))
 }
 
-/// `chat/turnStarted` carrying a message built by the caller (another kind, a model, …).
+/// `chat/turnStarted` carrying a message built by the caller (another kind, a model, …), started now (a host
+/// accepts client timestamps only near its own clock).
 pub fn turn_started_with(turn_id: &str, message: Message) -> StateAction {
-    turn_started_at(turn_id, "2026-11-22T10:00:00.000Z", message)
+    turn_started_at(turn_id, &now_timestamp(), message)
+}
+
+/// The current time as a client stamps it (RFC 3339, milliseconds).
+pub fn now_timestamp() -> String {
+    format!("{:.3}", jiff::Timestamp::now())
 }
 
 /// `chat/turnStarted` with the start time a client gives (it becomes the chat's `modifiedAt`).

@@ -180,7 +180,7 @@ async fn clients_of_two_gateways_share_one_chat_through_grpc() {
         chat.clone(),
         StateAction::ChatTurnStarted(ChatTurnStartedAction {
             turn_id: "t1".into(),
-            started_at: "2026-11-22T10:00:00.000Z".into(),
+            started_at: format!("{:.3}", jiff::Timestamp::now()),
             message: message("hello there"),
             queued_message_id: None,
             meta: None,
@@ -351,7 +351,7 @@ async fn fetch_range_reads_published_actions_back_from_the_buffer_and_the_store(
         chat.clone(),
         StateAction::ChatTurnStarted(ChatTurnStartedAction {
             turn_id: "t1".into(),
-            started_at: "2026-11-22T10:00:00.000Z".into(),
+            started_at: format!("{:.3}", jiff::Timestamp::now()),
             message: message("read me back"),
             queued_message_id: None,
             meta: None,

@@ -214,9 +214,10 @@ impl HostCore {
                     self.start_provider_turn(chat, &a.turn_id, &message);
                 }
             }
-            StateAction::ChatTurnCancelled(_) => self.stop_provider_turn(chat),
-            StateAction::ChatError(_) => self.stop_provider_turn(chat),
-            StateAction::ChatTurnComplete(_) => {
+            // However a turn ends, the chat is idle: the next pending message runs.
+            StateAction::ChatTurnComplete(_)
+            | StateAction::ChatTurnCancelled(_)
+            | StateAction::ChatError(_) => {
                 self.stop_provider_turn(chat);
                 self.drain_queue(chat);
             }

@@ -217,7 +217,14 @@ impl HostCore {
             for envelope in tail(&record) {
                 apply_action_to_chat(&mut state, &envelope.action);
             }
-            if let Some(turn) = &state.active_turn {
+            if let Some(turn) = state.active_turn.as_mut() {
+                // A start time the reducers cannot read (stored before client timestamps were checked) would
+                // make every end of the turn invalid, the chat in progress for good: the host's state takes its
+                // own clock instead.
+                if turn.started_at.parse::<jiff::Timestamp>().is_err() {
+                    tracing::warn!(chat = %uri, started_at = %turn.started_at, "an unreadable turn start; using now");
+                    turn.started_at = format!("{:.3}", jiff::Timestamp::now());
+                }
                 interrupted.push((uri.clone(), turn.id.clone(), turn.started_at.clone()));
             }
             let mut archived = crate::archive::first_held(&state);

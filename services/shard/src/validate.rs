@@ -230,6 +230,44 @@ pub fn check_client_action(
     }
 }
 
+/// How far a client's timestamp may be from the host's clock.
+pub const MAX_CLOCK_SKEW: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// A client's timestamp: ISO 8601 (RFC 3339) and within [`MAX_CLOCK_SKEW`] of the host's clock — a bad one
+/// would freeze its chat (the reducers end a turn from its start) or pin it atop `listSessions`.
+pub fn check_client_timestamp(field: &str, value: &str) -> Result<(), String> {
+    let at: jiff::Timestamp = value
+        .parse()
+        .map_err(|_| format!("{field} must be an ISO 8601 timestamp, e.g. 2026-01-01T12:00:00.000Z"))?;
+    let skew = jiff::Timestamp::now().duration_since(at).unsigned_abs();
+    if skew > MAX_CLOCK_SKEW {
+        return Err(format!(
+            "{field} is {}s away from the host's clock (at most {}s are accepted)",
+            skew.as_secs(),
+            MAX_CLOCK_SKEW.as_secs()
+        ));
+    }
+    Ok(())
+}
+
+/// A client's duration for a turn that started at `started_at`: not negative, and not longer than the turn
+/// has run (plus the clock skew).
+pub fn check_turn_duration(started_at: &str, duration_ms: i64) -> Result<(), String> {
+    if duration_ms < 0 {
+        return Err("duration must not be negative".into());
+    }
+    let ran = started_at
+        .parse::<jiff::Timestamp>()
+        .map(|start| jiff::Timestamp::now().duration_since(start).as_millis())
+        .unwrap_or(i128::MAX);
+    if i128::from(duration_ms) > ran.saturating_add(MAX_CLOCK_SKEW.as_millis() as i128) {
+        return Err(format!(
+            "duration {duration_ms} ms is longer than the turn has run"
+        ));
+    }
+    Ok(())
+}
+
 /// A truncation to a turn the chat's state does not hold while some are archived: the turn is further back
 /// than one operation loads (see `crate::history`), or does not exist.
 fn check_truncation_reach(chat: &crate::model::ChatRecord, action: &StateAction) -> Result<(), String> {
@@ -412,6 +450,7 @@ fn check_chat(chat: &ChatState, action: &StateAction, who: &Dispatcher<'_>) -> R
             ))
         }
         ChatTurnStarted(a) => {
+            check_client_timestamp("startedAt", &a.started_at)?;
             if chat.active_turn.is_some() {
                 return Err(
                     "a turn is already in progress; queue the message with chat/pendingMessageSet".into(),
@@ -423,7 +462,7 @@ fn check_chat(chat: &ChatState, action: &StateAction, who: &Dispatcher<'_>) -> R
             Ok(())
         }
         ChatTurnCancelled(a) => match &chat.active_turn {
-            Some(turn) if turn.id == a.turn_id => Ok(()),
+            Some(turn) if turn.id == a.turn_id => check_turn_duration(&turn.started_at, a.duration),
             Some(_) => Err(format!("turn {} is not the active turn", a.turn_id)),
             None => Err("there is no active turn to cancel".into()),
         },

@@ -190,7 +190,7 @@ async fn setup(host: &Host, owner: &Device) {
         host,
         owner,
         1,
-        json!({"type":"chat/turnStarted","turnId":"t1","startedAt":"2026-11-22T10:00:00.000Z",
+        json!({"type":"chat/turnStarted","turnId":"t1","startedAt": format!("{:.3}", jiff::Timestamp::now()),
                "message":{"text":"go","origin":{"kind":"user"}}}),
     )
     .await;

@@ -160,7 +160,7 @@ fn action() -> impl Strategy<Value = (&'static str, Value)> {
         id.clone().prop_map(|n| (
             CHAT,
             json!({"type":"chat/turnStarted","turnId": format!("t{n}"),
-            "startedAt":"2026-11-24T10:00:00.000Z","message": user_message("go")})
+            "startedAt": format!("{:.3}", jiff::Timestamp::now()),"message": user_message("go")})
         )),
         id.prop_map(|n| (
             CHAT,
