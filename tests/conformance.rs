@@ -1198,3 +1198,60 @@ async fn a_queued_message_runs_after_a_cancelled_turn() {
     assert_eq!(started.queued_message_id.as_deref(), Some("q1"));
     assert_eq!(started.message.text, "and then this");
 }
+
+// ---- Issue 24 (5). A refused operation loads no archived turns --------------------------------------
+
+/// A viewer's `chat/truncated` naming an archived turn is rejected and brings nothing back: no
+/// `chat/turnsLoaded` reaches the chat's subscribers (the next thing the member sees is its own draft).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewers_truncation_of_an_archived_turn_loads_nothing() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let flags = ["--retained-turns", "2"];
+    let mut relay = Relay::start_in(data.path(), &flags).await;
+    let (member, _) = relay.client_as("dev", "mia", Role::Member, "mia").await;
+    let (_, chat) = create_session_and_chat(&member, "archived").await;
+    let (_, _, mut sub) = subscribe_chat(&member, &chat).await;
+    for n in 0..4 {
+        member
+            .dispatch(chat.clone(), turn_started(&format!("t{n}"), "hello"))
+            .await
+            .expect("dispatch");
+        collect_until(&mut sub, is_turn_complete).await;
+    }
+    member.shutdown().await;
+    relay.kill().await;
+    // After a restart t0 and t1 are archived.
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let (member, _) = relay.client_as("dev", "mia", Role::Member, "mia").await;
+    let (state, _, mut sub) = subscribe_chat(&member, &chat).await;
+    assert_eq!(state.turns.first().map(|turn| turn.id.as_str()), Some("t2"));
+    let (viewer, _) = relay.client_as("dev", "vic", Role::Viewer, "vic").await;
+    let (_, _, mut viewer_sub) = subscribe_chat(&viewer, &chat).await;
+    let truncate = StateAction::ChatTruncated(ChatTruncatedAction {
+        turn_id: Some("t0".into()),
+    });
+    viewer.dispatch(chat.clone(), truncate).await.expect("dispatch");
+    let refused = next_envelope(&mut viewer_sub).await;
+    assert!(
+        refused
+            .rejection_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("viewer")),
+        "{refused:?}"
+    );
+    member
+        .dispatch(
+            chat.clone(),
+            StateAction::ChatDraftChanged(ChatDraftChangedAction {
+                draft: Some(message("next")),
+            }),
+        )
+        .await
+        .expect("dispatch");
+    let next = next_envelope(&mut sub).await;
+    assert!(
+        matches!(next.action, StateAction::ChatDraftChanged(_)),
+        "the member saw {:?} first",
+        next.action
+    );
+}

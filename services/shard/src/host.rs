@@ -338,8 +338,16 @@ impl Host {
         message: InboundMessage,
         size: usize,
     ) -> CommandReply {
-        if self.core.lock().client_id(connection).is_ok() {
-            // An operation on an archived turn reduces against state that holds it (AHP: eager loading).
+        let writer = {
+            let core = self.core.lock();
+            core.client_id(connection).is_ok()
+                && core
+                    .connection(connection)
+                    .is_ok_and(|state| state.identity.role.can_write())
+        };
+        // An operation on an archived turn reduces against state that holds it (AHP: eager loading) — only
+        // for a connection that may make it: a viewer's (refused) operation loads nothing for everyone.
+        if writer {
             if let Err(error) = self.load_named_turns(&message).await {
                 tracing::error!(host = %self.key, %error, "could not load archived turns from the store");
                 return CommandReply::frame(rpc::error_frame(
