@@ -1351,7 +1351,7 @@ async fn an_agents_plan_is_the_chats_activity_and_its_usage_is_reported() {
     let setup = relay_with_agent().await;
     let (a, _) = setup.relay.client("device-a").await;
     let (b, _) = setup.relay.client("device-b").await;
-    let (_, chat) = scripted_session(&a, "planned").await;
+    let (session, chat) = scripted_session(&a, "planned").await;
     let (_, _, mut b_sub) = subscribe_chat(&b, &chat).await;
     a.dispatch(chat.clone(), turn_started("t1", "make a plan"))
         .await
@@ -1370,6 +1370,14 @@ async fn an_agents_plan_is_the_chats_activity_and_its_usage_is_reported() {
         vec![Some("Write the fix (1/3 done)".to_string()), None],
         "{activities:?}"
     );
+    // Cleared in the session's chat list too (AHP: both representations kept consistent), for a fresh
+    // subscriber and for one that followed the session all along.
+    let (session, _) = b.subscribe(session).await.expect("session");
+    let Some(ahp_types::state::SnapshotState::Session(session)) = session.snapshot.map(|s| s.state) else {
+        panic!("a session snapshot");
+    };
+    let listed = session.chats.iter().find(|c| c.resource == chat).expect("listed");
+    assert_eq!(listed.activity, None, "the session still lists the plan step");
     let usage = seen
         .iter()
         .find_map(|e| match &e.action {

@@ -528,13 +528,20 @@ impl HostCore {
                 .then(|| current.working_directories.clone())
                 .flatten(),
         };
-        self.apply_server_action(
-            &session,
+        // A partial summary cannot clear a field (omitted means unchanged): when one was cleared (an activity
+        // ended, say), the whole summary replaces the listed one in place (`session/chatAdded` of a listed
+        // chat), so both representations stay the same (AHP: producers MUST keep them consistent).
+        let mut updated = listed.clone();
+        apply_partial_summary(&mut updated, &changes);
+        let action = if updated == current {
             StateAction::SessionChatUpdated(SessionChatUpdatedAction {
                 chat: chat.to_string(),
                 changes,
-            }),
-        );
+            })
+        } else {
+            StateAction::SessionChatAdded(ahp_types::actions::SessionChatAddedAction { summary: current })
+        };
+        self.apply_server_action(&session, action);
     }
 
     /// Announce a changed session summary with `root/sessionSummaryChanged`.
@@ -831,4 +838,30 @@ fn input_chat(request: &SessionInputRequest) -> Option<&str> {
         SessionInputRequest::ToolAuthentication(r) => &r.chat,
         SessionInputRequest::Unknown(_) => return None,
     })
+}
+
+/// What `session/chatUpdated` with `changes` makes of `summary` — the fields the `ahp` reducer merges, as it
+/// merges them (a field present replaces; none is ever cleared).
+fn apply_partial_summary(summary: &mut ahp_types::state::ChatSummary, changes: &PartialChatSummary) {
+    if let Some(title) = &changes.title {
+        summary.title = title.clone();
+    }
+    if let Some(status) = changes.status {
+        summary.status = status;
+    }
+    if let Some(activity) = &changes.activity {
+        summary.activity = Some(activity.clone());
+    }
+    if let Some(modified_at) = &changes.modified_at {
+        summary.modified_at = modified_at.clone();
+    }
+    if let Some(diff) = &changes.changes {
+        summary.changes = Some(diff.clone());
+    }
+    if let Some(origin) = &changes.origin {
+        summary.origin = Some(origin.clone());
+    }
+    if let Some(directories) = &changes.working_directories {
+        summary.working_directories = Some(directories.clone());
+    }
 }
