@@ -1610,3 +1610,45 @@ async fn a_runner_killed_while_its_agent_starts_fails_the_session() {
     assert_eq!(state.lifecycle, SessionLifecycle::Failed);
     assert_eq!(state.creation_error.expect("error").error_type, "runnerLost");
 }
+
+/// A session whose agent was still starting when the relay was killed does not stay `creating` after the
+/// restart: it fails, saying why (issue 24, 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_still_starting_at_a_crash_fails_after_the_restart() {
+    let (_workspace, _config, file) = agents_file(&["--hang-on-new-session"], &[]);
+    let data = tempfile::tempdir().expect("tempdir");
+    let flags = ["--agents".to_string(), file.display().to_string()];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut relay = Relay::start_in(data.path(), &flags).await;
+    let (a, _) = relay.client("device-a").await;
+    let session = "ahp-session:/interrupted".to_string();
+    let _: Value = a
+        .request(
+            "createSession",
+            CreateSessionParams {
+                channel: session.clone(),
+                meta: None,
+                provider: Some("scripted".into()),
+                working_directories: None,
+                config: None,
+                active_client: None,
+                progress_token: None,
+            },
+        )
+        .await
+        .expect("createSession");
+    let (result, _) = a.subscribe(session.clone()).await.expect("subscribe");
+    assert_eq!(
+        session_of(&result.snapshot.expect("snapshot")).lifecycle,
+        SessionLifecycle::Creating
+    );
+    a.shutdown().await;
+    relay.kill().await;
+
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let (b, _) = relay.client("device-b").await;
+    let (result, _) = b.subscribe(session.clone()).await.expect("subscribe");
+    let state = session_of(&result.snapshot.expect("snapshot"));
+    assert_eq!(state.lifecycle, SessionLifecycle::Failed);
+    assert_eq!(state.creation_error.expect("error").error_type, "interrupted");
+}

@@ -119,8 +119,17 @@ impl HostCore {
         }
     }
 
-    /// Whether a connection subscribes to `session` or one of its chats or terminals, or a turn runs in it.
+    /// Whether a connection subscribes to `session` or one of its chats or terminals, a turn runs in it, or
+    /// its agent is still starting it (a reload would fail it).
     pub(crate) fn session_in_use(&self, session: &str) -> bool {
+        let starting = self
+            .model
+            .sessions
+            .get(session)
+            .is_some_and(|record| record.state.lifecycle == ahp_types::state::SessionLifecycle::Creating);
+        if starting {
+            return true;
+        }
         let running = self
             .model
             .chats

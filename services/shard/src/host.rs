@@ -418,6 +418,12 @@ impl Host {
             && *self.durable.borrow() >= core.seq.barrier()
             && core.model.chats.values().all(|chat| chat.running.is_none())
             && core.clients.values().all(|binding| binding.live_connections == 0)
+            // An agent still starting a session reports to this host (a reload would fail the session).
+            && core
+                .model
+                .sessions
+                .values()
+                .all(|session| session.state.lifecycle != ahp_types::state::SessionLifecycle::Creating)
     }
 
     /// Sessions and chats held in memory.

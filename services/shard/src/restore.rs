@@ -293,6 +293,28 @@ impl HostCore {
                 }),
             );
         }
+        // A session whose agent was still starting when the process stopped (or the host moved) will never
+        // hear back from that start: it fails, saying why, instead of staying `creating` for good.
+        let creating =
+            self.model.sessions.get(&loaded.uri).is_some_and(|session| {
+                session.state.lifecycle == ahp_types::state::SessionLifecycle::Creating
+            });
+        if creating {
+            self.apply_server_action(
+                &loaded.uri,
+                StateAction::SessionCreationFailed(ahp_types::actions::SessionCreationFailedAction {
+                    error: ErrorInfo {
+                        error_type: "interrupted".into(),
+                        message:
+                            "The relay restarted (or the session's host moved) while its agent was starting; \
+                                  create the session again."
+                                .into(),
+                        stack: None,
+                        meta: None,
+                    },
+                }),
+            );
+        }
         true
     }
 }
