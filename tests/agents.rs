@@ -1652,3 +1652,72 @@ async fn a_session_still_starting_at_a_crash_fails_after_the_restart() {
     assert_eq!(state.lifecycle, SessionLifecycle::Failed);
     assert_eq!(state.creation_error.expect("error").error_type, "interrupted");
 }
+
+/// Overlapping questions of one turn have ids of their own: the agent asks two at once, then a third once the
+/// first is answered while the second still waits; each answer reaches the question it answers (issue 24, 9).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_questions_of_a_turn_have_distinct_ids() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (_, chat) = scripted_session(&a, "questions").await;
+    let (_, _, mut sub) = subscribe_chat(&a, &chat).await;
+    a.dispatch(
+        chat.clone(),
+        turn_started("t1", "please ask overlapping questions"),
+    )
+    .await
+    .expect("dispatch");
+    let answer = |request_id: &str, name: &str| {
+        let answers: std::collections::HashMap<String, ahp_types::state::ChatInputAnswer> =
+            serde_json::from_value(serde_json::json!({
+                "name": {"state": "submitted", "value": {"kind": "text", "value": name}},
+            }))
+            .expect("answers");
+        StateAction::ChatInputCompleted(ahp_types::actions::ChatInputCompletedAction {
+            request_id: request_id.into(),
+            response: ahp_types::state::ChatInputResponseKind::Accept,
+            answers: Some(answers),
+        })
+    };
+    let mut asked: Vec<(String, String)> = Vec::new();
+    let next_request = async |sub: &mut ahp::SessionSubscription| loop {
+        let envelope = next_envelope(sub).await;
+        if let StateAction::ChatInputRequested(requested) = &envelope.action {
+            let message = requested.request.message.clone().unwrap_or_default();
+            return (requested.request.id.clone(), message);
+        }
+    };
+    asked.push(next_request(&mut sub).await);
+    asked.push(next_request(&mut sub).await);
+    let first = asked
+        .iter()
+        .find(|(_, message)| message.contains("first"))
+        .cloned()
+        .expect("the first question");
+    a.dispatch(chat.clone(), answer(&first.0, "Ada"))
+        .await
+        .expect("answer");
+    let third = next_request(&mut sub).await;
+    let second = asked
+        .iter()
+        .find(|(_, message)| message.contains("second"))
+        .cloned()
+        .expect("the second question");
+    assert_ne!(
+        third.0, second.0,
+        "the third question took the waiting second one's id"
+    );
+    a.dispatch(chat.clone(), answer(&second.0, "Bob"))
+        .await
+        .expect("answer");
+    a.dispatch(chat.clone(), answer(&third.0, "Cy"))
+        .await
+        .expect("answer");
+    collect_until(&mut sub, is_turn_end).await;
+    let state = fresh_chat_snapshot(&setup.relay, &chat).await;
+    assert!(
+        markdown(&state).contains("ANSWERS: Ada, Bob, Cy."),
+        "{}",
+        markdown(&state)
+    );
+}

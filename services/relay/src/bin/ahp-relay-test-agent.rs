@@ -21,6 +21,8 @@
 //! - "environment": the names of the variables it runs with;
 //! - "limits": its open-files limit (RLIMIT_NOFILE);
 //! - "ask me": an `elicitation/create` form (a required name, a colour from a list), whose answer it repeats;
+//! - "ask overlapping": two forms at once, then (once the first is answered) a third while the second waits;
+//!   it repeats the three names in order;
 //! - "sh: COMMAND" (the whole prompt): runs `sh -c COMMAND` itself, in its working directory with its own
 //!   environment (as coding agents run their shell tools), streams what it prints as the reply and ends with
 //!   `EXIT <code>` (or `EXIT signal <n>`); a cancel kills the command's process group. What the sandbox
@@ -599,6 +601,42 @@ async fn script(
             other => format!(" ANSWER: {}.", other.unwrap_or("?")),
         };
         say(cx, session, SessionUpdate::AgentMessageChunk(chunk(&said)))?;
+    }
+    if prompt.contains("ask overlapping") {
+        // Two questions at once; once the first is answered, a third while the second still waits.
+        let form = |message: &str| {
+            serde_json::from_value::<CreateElicitationRequest>(serde_json::json!({
+                "mode": "form",
+                "sessionId": session.to_string(),
+                "message": message,
+                "requestedSchema": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string", "title": "Name"}},
+                    "required": ["name"]
+                }
+            }))
+            .map_err(agent_client_protocol::Error::into_internal_error)
+        };
+        let first = cx.send_request(form("first")?);
+        let second = cx.send_request(form("second")?);
+        let mut names = Vec::new();
+        let first = first.block_task().await?;
+        names.push(serde_json::to_value(&first).map_err(agent_client_protocol::Error::into_internal_error)?);
+        let third = cx.send_request(form("third")?);
+        for answer in [second.block_task().await?, third.block_task().await?] {
+            names.push(
+                serde_json::to_value(&answer).map_err(agent_client_protocol::Error::into_internal_error)?,
+            );
+        }
+        let names: Vec<&str> = names
+            .iter()
+            .map(|answer| answer["content"]["name"].as_str().unwrap_or("?"))
+            .collect();
+        say(
+            cx,
+            session,
+            SessionUpdate::AgentMessageChunk(chunk(&format!(" ANSWERS: {}.", names.join(", ")))),
+        )?;
     }
     if prompt.contains("escape") {
         // Try to leave the working directory through the relay: each attempt must be refused.

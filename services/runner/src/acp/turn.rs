@@ -76,6 +76,9 @@ pub struct TurnMapper {
     tools: HashMap<String, (ToolPhase, String)>,
     parked: HashMap<String, ParkedPermission>,
     inputs: HashMap<String, ParkedInput>,
+    /// Elicitations asked in this turn: each gets the next number in its id (never reused, also while
+    /// earlier ones were answered and others wait).
+    inputs_asked: usize,
     /// Whether the chat's activity shows the agent's plan (cleared when the turn ends).
     plan_shown: bool,
     /// Actions emitted (for the coalescing measurement).
@@ -96,6 +99,7 @@ impl TurnMapper {
             tools: HashMap::new(),
             parked: HashMap::new(),
             inputs: HashMap::new(),
+            inputs_asked: 0,
             plan_shown: false,
             emitted: 0,
         }
@@ -505,7 +509,8 @@ impl TurnMapper {
     pub fn elicitation(&mut self, request: CreateElicitationRequest, responder: ParkedInput) {
         self.flush();
         self.current = None;
-        let id = format!("{}-input{}", self.turn_id, self.inputs.len() + 1);
+        self.inputs_asked += 1;
+        let id = format!("{}-input{}", self.turn_id, self.inputs_asked);
         let Some(input) = super::elicit::request_of(&id, &request) else {
             if let Some(decline) = super::elicit::response_of(ChatInputResponseKind::Decline, None) {
                 let _ = responder.respond(decline);
