@@ -1721,3 +1721,52 @@ async fn overlapping_questions_of_a_turn_have_distinct_ids() {
         markdown(&state)
     );
 }
+
+/// `createSession` without a provider takes the host's configured `defaultProvider` (root config, which an
+/// admin changes), not always the first agent configured (issue 24, 14).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_session_without_a_provider_takes_the_configured_default() {
+    let setup = relay_with_agent().await;
+    let admin = setup.relay.connect("dev", "boss", relay_core::Role::Admin).await;
+    admin
+        .initialize("boss".into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("initialize");
+    let (root, _) = admin.subscribe("ahp-root://".into()).await.expect("root");
+    let Some(ahp_types::state::SnapshotState::Root(root)) = root.snapshot.map(|s| s.state) else {
+        panic!("a root snapshot");
+    };
+    let current = root
+        .config
+        .as_ref()
+        .and_then(|config| config.values.get("defaultProvider"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let other = root
+        .agents
+        .iter()
+        .map(|agent| agent.provider.clone())
+        .find(|provider| Some(provider) != current.as_ref())
+        .expect("two providers");
+    let mut change = serde_json::Map::new();
+    change.insert("defaultProvider".into(), Value::from(other.clone()));
+    admin
+        .dispatch(
+            "ahp-root://".into(),
+            StateAction::RootConfigChanged(ahp_types::actions::RootConfigChangedAction {
+                config: change,
+                replace: None,
+            }),
+        )
+        .await
+        .expect("dispatch");
+    // (The admin's next request is answered after its dispatch was applied.)
+    admin.ping().await.expect("ping");
+    let session = "ahp-session:/by-default".to_string();
+    let _: Value = admin
+        .request("createSession", serde_json::json!({"channel": session}))
+        .await
+        .expect("createSession");
+    let (created, _) = admin.subscribe(session).await.expect("subscribe");
+    assert_eq!(session_of(&created.snapshot.expect("snapshot")).provider, other);
+}

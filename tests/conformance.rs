@@ -1255,3 +1255,64 @@ async fn a_viewers_truncation_of_an_archived_turn_loads_nothing() {
         next.action
     );
 }
+
+// ---- Issue 24 (14). A promoted status overrides the lead chat's activity bits ------------------------
+
+/// A session whose default chat runs a turn while another chat is in error shows `Error` alone in its
+/// activity bits (the spec's aggregation: promoted, it overrides), never `InProgress | Error` (10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_errored_chat_overrides_the_sessions_activity_bits() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut relay = Relay::start_in(data.path(), &["--demo-step-ms", "5000"]).await;
+    let (owner, _) = relay.client("owner").await;
+    let (session, failed_chat) = create_session_and_chat(&owner, "mixed").await;
+    let (_, _, mut sub) = subscribe_chat(&owner, &failed_chat).await;
+    owner
+        .dispatch(failed_chat.clone(), turn_started("t1", "slow"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, |e| matches!(e.action, StateAction::ChatTurnStarted(_))).await;
+    owner.shutdown().await;
+    // Killed mid-turn: after the restart that chat is in error.
+    relay.kill().await;
+    let relay = Relay::start_in(data.path(), &["--demo-step-ms", "5000"]).await;
+    let (owner, _) = relay.client("owner").await;
+    let running_chat = "ahp-chat:/mixed-running".to_string();
+    let _: serde_json::Value = owner
+        .request("createChat", json!({"channel": session, "chat": running_chat}))
+        .await
+        .expect("createChat");
+    owner
+        .dispatch(
+            session.clone(),
+            StateAction::SessionDefaultChatChanged(ahp_types::actions::SessionDefaultChatChangedAction {
+                default_chat: Some(running_chat.clone()),
+            }),
+        )
+        .await
+        .expect("dispatch");
+    let (_, _, mut running) = subscribe_chat(&owner, &running_chat).await;
+    owner
+        .dispatch(running_chat.clone(), turn_started("t2", "slow"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut running, |e| {
+        matches!(e.action, StateAction::ChatTurnStarted(_))
+    })
+    .await;
+    let listed: ahp_types::commands::ListSessionsResult = owner
+        .request("listSessions", json!({"channel": "ahp-root://"}))
+        .await
+        .expect("listSessions");
+    let summary = listed
+        .items
+        .iter()
+        .find(|s| s.resource == session)
+        .expect("listed");
+    assert_eq!(
+        summary.status & 0x1f,
+        SessionStatus::Error.bits(),
+        "status {}",
+        summary.status
+    );
+}

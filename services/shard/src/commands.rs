@@ -400,7 +400,18 @@ impl HostCore {
                 self.limits.max_sessions_per_host
             )));
         }
-        let provider = match params.provider {
+        // Without a provider: the host's configured `defaultProvider` (root config, which admins set), else
+        // the first one configured.
+        let configured = self
+            .model
+            .root
+            .config
+            .as_ref()
+            .and_then(|config| config.values.get("defaultProvider"))
+            .and_then(|value| value.as_str())
+            .filter(|provider| self.providers.get(provider).is_some())
+            .map(str::to_string);
+        let provider = match params.provider.or(configured) {
             Some(p) => p,
             None => self
                 .providers

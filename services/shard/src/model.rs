@@ -528,13 +528,14 @@ pub fn aggregate_status(state: &SessionState) -> (u32, Option<String>) {
         if activity & input != input {
             activity_text = needing.and_then(|chat| chat.activity.clone()).or(activity_text);
         }
-        activity = (activity & !idle) | input;
+        // Promoted, it overrides the lead chat's activity bits (they are one state, not flags to combine).
+        activity = input;
     }
     if let Some(failed) = state.chats.iter().find(|c| c.status & error != 0) {
         if activity & error == 0 {
             activity_text = failed.activity.clone().or(activity_text);
         }
-        activity = (activity & !idle) | error;
+        activity = error;
     }
     if activity == 0 {
         activity = idle;
