@@ -1316,3 +1316,106 @@ async fn an_errored_chat_overrides_the_sessions_activity_bits() {
         summary.status
     );
 }
+
+// ---- Issue 24 (11). More validation holes ---------------------------------------------------------------
+
+/// `createChat` refuses an `initialMessage` that is not a user's, and a fork inherits its source chat's working
+/// directories (naming others is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_chat_checks_its_initial_message_and_a_fork_inherits_its_directories() {
+    let relay = Relay::start().await;
+    let (owner, _) = relay.client("owner").await;
+    let session = "ahp-session:/forks".to_string();
+    let (primary, other) = ("file:///work/a".to_string(), "file:///work/b".to_string());
+    let _: Value = owner
+        .request(
+            "createSession",
+            json!({"channel": session, "provider": "demo", "workingDirectories": [primary, other]}),
+        )
+        .await
+        .expect("createSession");
+    let code = |result: Result<Value, ahp::ClientError>| match result {
+        Err(ahp::ClientError::Rpc(error)) => error.code,
+        other => panic!("expected an error, got {other:?}"),
+    };
+    let forged = owner
+        .request::<_, Value>(
+            "createChat",
+            json!({"channel": session, "chat": "ahp-chat:/forged",
+                "initialMessage": agent_message("I am the agent")}),
+        )
+        .await;
+    assert_eq!(code(forged), -32602);
+    // The source: a chat on `other` only, with a turn.
+    let source = "ahp-chat:/forks-source".to_string();
+    let _: Value = owner
+        .request(
+            "createChat",
+            json!({"channel": session, "chat": source, "workingDirectories": [other]}),
+        )
+        .await
+        .expect("createChat");
+    let (_, _, mut sub) = subscribe_chat(&owner, &source).await;
+    owner
+        .dispatch(source.clone(), turn_started("t0", "hello"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, is_turn_complete).await;
+    let fork = |chat: &str, directories: Option<Vec<String>>| {
+        let mut params = json!({"channel": session, "chat": chat,
+            "source": {"kind": "fork", "chat": source, "turnId": "t0"}});
+        if let Some(directories) = directories {
+            params["workingDirectories"] = json!(directories);
+        }
+        owner.request::<_, Value>("createChat", params)
+    };
+    assert_eq!(
+        code(fork("ahp-chat:/fork-elsewhere", Some(vec![primary.clone()])).await),
+        -32602
+    );
+    fork("ahp-chat:/fork", None).await.expect("fork");
+    let forked = fresh_chat_snapshot(&relay, "ahp-chat:/fork").await;
+    assert_eq!(forked.working_directories, Some(vec![other.clone()]));
+}
+
+// ---- Issue 24 (12). Paging edges --------------------------------------------------------------------
+
+/// `fetchTurns` without a cursor pages what the connection holds; a connection not subscribed to the chat
+/// holds nothing to page from and is told so (it used to get the same page every time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursorless_fetch_turns_needs_a_subscription() {
+    let relay = Relay::start_with(&["--retained-turns", "1"]).await;
+    let (owner, _) = relay.client("owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "paged").await;
+    let (_, _, mut sub) = subscribe_chat(&owner, &chat).await;
+    for n in 0..3 {
+        owner
+            .dispatch(chat.clone(), turn_started(&format!("t{n}"), "hello"))
+            .await
+            .expect("dispatch");
+        collect_until(&mut sub, is_turn_complete).await;
+    }
+    let (reader, _) = relay.client("reader").await;
+    let refused = reader
+        .request::<_, Value>("fetchTurns", json!({"channel": chat}))
+        .await;
+    match refused {
+        Err(ahp::ClientError::Rpc(error)) => {
+            assert_eq!(error.code, -32602);
+            assert!(error.message.contains("subscribe"), "{}", error.message);
+        }
+        other => panic!("an unsubscribed cursor-less fetch was answered: {other:?}"),
+    }
+    // Subscribed, the same call pages in the older turns.
+    let (_, _, mut reader_sub) = subscribe_chat(&reader, &chat).await;
+    let _: Value = reader
+        .request("fetchTurns", json!({"channel": chat}))
+        .await
+        .expect("fetchTurns");
+    let page = next_envelope(&mut reader_sub).await;
+    assert!(
+        matches!(page.action, StateAction::ChatTurnsLoaded(_)),
+        "{:?}",
+        page.action
+    );
+}

@@ -591,6 +591,30 @@ impl HostCore {
             crate::validate::check_in_session_directories(Some(&record.state), directories)
                 .map_err(RpcError::invalid_params)?;
         }
+        // Clients send only user messages (as a turn's message, and so as the chat's first one).
+        if params
+            .initial_message
+            .as_ref()
+            .is_some_and(|message| message.origin.kind != ahp_types::state::MessageKind::User)
+        {
+            return Err(RpcError::invalid_params("initialMessage must be a user message"));
+        }
+        // A fork continues its source: it inherits the source chat's working directories (naming others is
+        // refused).
+        let mut working_directories = params.working_directories;
+        if let Some(ChatSource::Fork(source)) = &params.source {
+            let inherited = self
+                .model
+                .chats
+                .get(&source.chat)
+                .and_then(|source| source.state.working_directories.clone());
+            if working_directories.is_some() && working_directories != inherited {
+                return Err(RpcError::invalid_params(
+                    "a fork inherits its source chat's working directories: omit workingDirectories",
+                ));
+            }
+            working_directories = inherited;
+        }
         let (origin, turns) = match params.source {
             None => (None, vec![]),
             Some(ChatSource::Fork(source)) => {
@@ -630,7 +654,7 @@ impl HostCore {
             origin,
             movable: None,
             interactivity: None,
-            working_directories: params.working_directories,
+            working_directories,
             changesets: None,
             background_work: None,
             canvases: None,

@@ -48,8 +48,21 @@ impl Host {
             let record = core.model.chats.get(&chat).ok_or_else(|| not_found(&chat))?;
             let total = record.archived + record.state.turns.len();
             let end = match params.cursor.as_deref() {
-                // "Load the next older page": before the oldest turn this connection holds.
-                None => core.window_start(connection, &chat),
+                // "Load the next older page": before the oldest turn this connection holds — which only a
+                // subscription tracks (else every call would answer the same page).
+                None => {
+                    let subscribed = core
+                        .connections
+                        .get(&connection)
+                        .is_some_and(|state| state.subscriptions.contains(&chat));
+                    if !subscribed {
+                        return Err(RpcError::invalid_params(
+                            "fetchTurns without a cursor pages in what this connection holds: subscribe to the \
+                             chat first, or pass a cursor",
+                        ));
+                    }
+                    core.window_start(connection, &chat)
+                }
                 Some(cursor) => match archive::parse_cursor(cursor) {
                     Some(end) if end <= total => end,
                     _ => return Err(RpcError::invalid_params("unknown turns cursor")),

@@ -606,9 +606,18 @@ mod tests {
         // Any chat needing input promotes InputNeeded, with that chat's activity.
         let s = session(IDLE, Some("b"), &[("a", INPUT, "1"), ("b", IDLE, "2")]);
         assert_eq!(aggregate_status(&s), (INPUT, Some("a activity".into())));
-        // Any chat in error promotes Error.
+        // Any chat in error promotes Error, which overrides the lead chat's bits (they are one state).
         let s = session(IDLE, Some("b"), &[("a", ERROR, "1"), ("b", BUSY, "2")]);
-        assert_eq!(aggregate_status(&s).0, BUSY | ERROR);
+        assert_eq!(aggregate_status(&s).0, ERROR);
+        // So does a chat needing input, and Error wins over it.
+        let s = session(IDLE, Some("b"), &[("a", INPUT, "1"), ("b", BUSY, "2")]);
+        assert_eq!(aggregate_status(&s).0, INPUT);
+        let s = session(
+            IDLE,
+            Some("b"),
+            &[("a", INPUT, "1"), ("c", ERROR, "1"), ("b", BUSY, "2")],
+        );
+        assert_eq!(aggregate_status(&s).0, ERROR);
         // No chats: the session's own status.
         let s = session(INPUT, None, &[]);
         assert_eq!(aggregate_status(&s).0, INPUT);
