@@ -1419,3 +1419,42 @@ async fn a_cursorless_fetch_turns_needs_a_subscription() {
         page.action
     );
 }
+
+/// A directory removed from a session leaves its chats too: no chat keeps a directory outside its session's
+/// set (issue 24, 11).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_removed_from_a_session_leaves_its_chats() {
+    let relay = Relay::start().await;
+    let (owner, _) = relay.client("owner").await;
+    let session = "ahp-session:/shrinking".to_string();
+    let (primary, other) = ("file:///work/a".to_string(), "file:///work/b".to_string());
+    let _: Value = owner
+        .request(
+            "createSession",
+            json!({"channel": session, "provider": "demo", "workingDirectories": [primary, other]}),
+        )
+        .await
+        .expect("createSession");
+    let chat = "ahp-chat:/on-both".to_string();
+    let _: Value = owner
+        .request(
+            "createChat",
+            json!({"channel": session, "chat": chat, "workingDirectories": [primary, other]}),
+        )
+        .await
+        .expect("createChat");
+    let (_, mut session_sub) = owner.subscribe(session.clone()).await.expect("subscribe");
+    owner
+        .dispatch(
+            session.clone(),
+            StateAction::SessionWorkingDirectoryRemoved(SessionWorkingDirectoryRemovedAction {
+                directory: other.clone(),
+            }),
+        )
+        .await
+        .expect("dispatch");
+    let removed = next_envelope(&mut session_sub).await;
+    assert!(removed.rejection_reason.is_none(), "{removed:?}");
+    let state = fresh_chat_snapshot(&relay, &chat).await;
+    assert_eq!(state.working_directories, Some(vec![primary.clone()]));
+}

@@ -190,13 +190,47 @@ impl HostCore {
                 }
                 self.sync_chat_summary(channel);
             }
-            ChannelKind::Session => self.sync_session_summary(channel),
+            ChannelKind::Session => {
+                if let StateAction::SessionWorkingDirectoryRemoved(removed) = action {
+                    self.remove_chats_directory(channel, &removed.directory);
+                }
+                self.sync_session_summary(channel);
+            }
             // Root actions are rare (configuration): each one stores the root's document, so a restart
             // restores it however long ago it changed (its log rows may be compacted away).
             ChannelKind::Root => self.store_snapshot(channel),
             // A terminal's lifecycle is listed in root state.
             ChannelKind::Terminal => self.sync_terminal_list(),
             ChannelKind::Unknown => {}
+        }
+    }
+
+    /// A directory left the session: its chats that listed it lose it too (a chat's directories are a subset
+    /// of its session's).
+    fn remove_chats_directory(&mut self, session: &str, directory: &str) {
+        let chats: Vec<String> = self
+            .model
+            .chats
+            .iter()
+            .filter(|(_, chat)| {
+                chat.session == session
+                    && chat
+                        .state
+                        .working_directories
+                        .as_ref()
+                        .is_some_and(|directories| directories.iter().any(|d| d == directory))
+            })
+            .map(|(uri, _)| uri.clone())
+            .collect();
+        for chat in chats {
+            self.apply_server_action(
+                &chat,
+                StateAction::ChatWorkingDirectoryRemoved(
+                    ahp_types::actions::ChatWorkingDirectoryRemovedAction {
+                        directory: directory.to_string(),
+                    },
+                ),
+            );
         }
     }
 
