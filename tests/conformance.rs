@@ -714,13 +714,26 @@ async fn actions_that_would_corrupt_shared_state_are_refused() {
         } else {
             &mut session_sub
         };
-        let echo = echo_of(sub, "owner", client_seq).await;
-        verdicts.push((client_seq, echo.rejection_reason.is_none(), accepted));
-        if channel == &chat {
-            chat_seen.push(echo);
+        // Up to the echo, keeping what the host itself applied meanwhile (a directory leaving the session
+        // leaves its chats too), so the clients' reduction sees everything.
+        let seen = if channel == &chat {
+            &mut chat_seen
         } else {
-            session_seen.push(echo);
-        }
+            &mut session_seen
+        };
+        let echo = loop {
+            let envelope = next_envelope(sub).await;
+            let own = envelope
+                .origin
+                .as_ref()
+                .is_some_and(|o| o.client_id == "owner" && o.client_seq == client_seq as i64);
+            if own {
+                break envelope;
+            }
+            seen.push(envelope);
+        };
+        verdicts.push((client_seq, echo.rejection_reason.is_none(), accepted));
+        seen.push(echo);
     }
     let wrong: Vec<_> = verdicts.iter().filter(|(_, got, want)| got != want).collect();
     assert!(wrong.is_empty(), "(clientSeq, accepted, expected): {wrong:?}");
