@@ -758,7 +758,15 @@ async fn prompt_across_a_restart(scripted_args: &[&str]) -> (String, Vec<String>
     a.shutdown().await;
     assert!(relay.terminate().await);
     let dir = session_dir(workspace.path(), "restarted");
-    assert!(agents_in(&dir).is_empty(), "the agent stopped with the relay");
+    // The kernel ends the sandboxed agent when its relay exits (parent-death signal): soon after, not before
+    // `terminate` returns.
+    let gone = tokio::time::timeout(PATIENCE, async {
+        while !agents_in(&dir).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "the agent stopped with the relay");
 
     let relay = Relay::start_in(data.path(), &flags).await;
     let (a, _) = relay.client("device-a").await;
@@ -1769,4 +1777,47 @@ async fn create_session_without_a_provider_takes_the_configured_default() {
         .expect("createSession");
     let (created, _) = admin.subscribe(session).await.expect("subscribe");
     assert_eq!(session_of(&created.snapshot.expect("snapshot")).provider, other);
+}
+
+/// Truncating a chat whose turn is running stops the agent's turn (AHP: the active turn is dropped), so the
+/// agent's session is free: another chat of the session runs a turn at once (issue 24, 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncating_a_running_turn_frees_the_agent_for_the_sessions_other_chats() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (session, chat) = scripted_session(&a, "truncated").await;
+    let (_, _, mut sub) = subscribe_chat(&a, &chat).await;
+    // The agent waits for an answer nobody gives.
+    a.dispatch(chat.clone(), turn_started("t1", "please ask me something"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, |e| {
+        matches!(e.action, StateAction::ChatInputRequested(_))
+    })
+    .await;
+    a.dispatch(
+        chat.clone(),
+        StateAction::ChatTruncated(ahp_types::actions::ChatTruncatedAction { turn_id: None }),
+    )
+    .await
+    .expect("truncate");
+    let other = "ahp-chat:/truncated-other".to_string();
+    let _: Value = a
+        .request(
+            "createChat",
+            serde_json::json!({"channel": session, "chat": other}),
+        )
+        .await
+        .expect("createChat");
+    let (_, _, mut other_sub) = subscribe_chat(&a, &other).await;
+    a.dispatch(other.clone(), turn_started("t2", "hello"))
+        .await
+        .expect("dispatch");
+    let ended = collect_until(&mut other_sub, is_turn_end).await;
+    assert!(
+        ended
+            .iter()
+            .any(|e| matches!(e.action, StateAction::ChatTurnComplete(_))),
+        "{ended:?}"
+    );
 }

@@ -248,6 +248,18 @@ impl HostCore {
                     self.start_provider_turn(chat, &a.turn_id, &message);
                 }
             }
+            // A truncation drops the active turn (AHP): the agent's turn stops with it, so its session is free
+            // for the next turn (of this chat or another).
+            StateAction::ChatTruncated(_) => {
+                let dropped = self
+                    .model
+                    .chats
+                    .get(chat)
+                    .is_some_and(|record| record.state.active_turn.is_none() && record.running.is_some());
+                if dropped {
+                    self.stop_provider_turn(chat);
+                }
+            }
             // However a turn ends, the chat is idle: the next pending message runs.
             StateAction::ChatTurnComplete(_)
             | StateAction::ChatTurnCancelled(_)
