@@ -1821,3 +1821,76 @@ async fn truncating_a_running_turn_frees_the_agent_for_the_sessions_other_chats(
         "{ended:?}"
     );
 }
+
+/// A turn cancelled while it waits behind another chat's turn (one agent serves the session's chats in turn)
+/// never reaches the agent (issue 24, 13): the chat's next turn is the first its agent session sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_cancelled_while_queued_never_reaches_the_agent() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (session, busy) = scripted_session(&a, "queued-cancel").await;
+    let (_, _, mut busy_sub) = subscribe_chat(&a, &busy).await;
+    // The agent is held by the busy chat's question.
+    a.dispatch(busy.clone(), turn_started("t1", "please ask me something"))
+        .await
+        .expect("dispatch");
+    let asked = collect_until(&mut busy_sub, |e| {
+        matches!(e.action, StateAction::ChatInputRequested(_))
+    })
+    .await;
+    let StateAction::ChatInputRequested(asked) = &asked[asked.len() - 1].action else {
+        unreachable!()
+    };
+    let waiting = "ahp-chat:/queued-cancel-waiting".to_string();
+    let _: Value = a
+        .request(
+            "createChat",
+            serde_json::json!({"channel": session, "chat": waiting}),
+        )
+        .await
+        .expect("createChat");
+    let (_, _, mut waiting_sub) = subscribe_chat(&a, &waiting).await;
+    a.dispatch(waiting.clone(), turn_started("w1", "never mind"))
+        .await
+        .expect("dispatch");
+    a.dispatch(
+        waiting.clone(),
+        StateAction::ChatTurnCancelled(ChatTurnCancelledAction {
+            turn_id: "w1".into(),
+            duration: 1,
+            meta: None,
+        }),
+    )
+    .await
+    .expect("cancel");
+    collect_until(&mut waiting_sub, is_turn_end).await;
+    // The busy chat's question is answered: its turn ends, and the agent takes the next one.
+    let answers: std::collections::HashMap<String, ahp_types::state::ChatInputAnswer> =
+        serde_json::from_value(serde_json::json!({
+            "name": {"state": "submitted", "value": {"kind": "text", "value": "Ada"}},
+        }))
+        .expect("answers");
+    a.dispatch(
+        busy.clone(),
+        StateAction::ChatInputCompleted(ahp_types::actions::ChatInputCompletedAction {
+            request_id: asked.request.id.clone(),
+            response: ahp_types::state::ChatInputResponseKind::Accept,
+            answers: Some(answers),
+        }),
+    )
+    .await
+    .expect("answer");
+    collect_until(&mut busy_sub, is_turn_end).await;
+    a.dispatch(waiting.clone(), turn_started("w2", "hello"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut waiting_sub, is_turn_end).await;
+    let state = fresh_chat_snapshot(&setup.relay, &waiting).await;
+    assert!(
+        turn_text(&state, "w2")
+            .0
+            .contains("This session has seen 1 prompts."),
+        "{}",
+        turn_text(&state, "w2").0
+    );
+}

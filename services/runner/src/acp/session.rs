@@ -546,6 +546,12 @@ async fn run(
                     // next prompt starts a new agent.
                     _ = exited.wait_for(Option::is_some) => break,
                 };
+                // Cancelled while it waited behind another chat's turn (its host let go of it): the agent never
+                // hears of it.
+                if prompt.control.is_closed() {
+                    tracing::debug!(chat = %prompt.chat, turn = %prompt.turn_id, "a turn cancelled while queued");
+                    continue;
+                }
                 if let Some(refusal) = terminals.workspace_refusal() {
                     fail_turn(&prompt, "quotaExceeded", &refusal);
                     continue;
