@@ -75,8 +75,8 @@ pub const DEFAULT_BUS_BYTES: usize = 64 * 1024 * 1024;
 
 /// A host's bus ring: a broadcast of commit batches bounded in batches (the ring's slots) *and in bytes*.
 ///
-/// The ring carries weak references; the sender keeps the newest batches alive, up to `max_bytes` of frames
-/// and the ring's slot count (always at least the newest batch). A reader that falls further behind finds its
+/// The ring carries weak references; the sender keeps alive the newest batches some reader has yet to read,
+/// up to `max_bytes` of frames and the ring's slot count (always at least the newest batch). A reader that falls further behind finds its
 /// next batch gone and sees [`RecvError::Lagged`](tokio::sync::broadcast::error::RecvError::Lagged), as it
 /// would past the ring's slots; it resyncs like any lagging reader. So what a bus holds for its slowest reader
 /// is bounded in bytes, however large the batches.
@@ -137,7 +137,13 @@ impl BusSender {
         };
         kept.batches.push_back((batch, bytes));
         kept.bytes += bytes;
-        while kept.batches.len() > 1 && (kept.bytes > kept.max_bytes || kept.batches.len() > kept.max_batches)
+        // Only batches some reader has yet to read are kept (as a broadcast ring drops a value every reader
+        // has seen), and of those at most the byte bound.
+        let unread = self.ring.len().max(1);
+        while kept.batches.len() > 1
+            && (kept.bytes > kept.max_bytes
+                || kept.batches.len() > kept.max_batches
+                || kept.batches.len() > unread)
         {
             if let Some((_, oldest)) = kept.batches.pop_front() {
                 kept.bytes -= oldest;
@@ -268,6 +274,19 @@ mod tests {
         // A batch larger than the bound alone is still delivered to a reader that keeps up.
         bus.send(batch(11, 5_000)).expect("send");
         assert_eq!(current.recv().await.expect("large batch")[0].seq, 11);
+    }
+
+    #[tokio::test]
+    async fn batches_every_reader_has_read_are_not_kept() {
+        let bus = BusSender::new(1_000, 10_000);
+        let mut current = bus.subscribe();
+        for seq in 1..=10 {
+            bus.send(batch(seq, 400)).expect("send");
+            current.recv().await.expect("batch");
+        }
+        // Only the newest is kept (the bound would allow 25 of them): the others were read by everyone.
+        bus.send(batch(11, 400)).expect("send");
+        assert_eq!(bus.kept_bytes(), 400);
     }
 
     #[test]
