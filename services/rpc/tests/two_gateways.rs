@@ -66,6 +66,20 @@ async fn start_shard_with(limits: Limits) -> (Shard, Arc<ShardLink>) {
     )
 }
 
+/// A raw gRPC client of the shard at `url`, presenting the internal credential (as a gateway does).
+async fn grpc_client(
+    url: &str,
+) -> relay_rpc::pb::shard_client::ShardClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, relay_rpc::InternalCredential>,
+> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .expect("url")
+        .connect()
+        .await
+        .expect("grpc");
+    relay_rpc::pb::shard_client::ShardClient::with_interceptor(channel, common::credential())
+}
+
 /// A gateway in this process in front of the shard; returns its address.
 async fn start_gateway(shard_url: &str) -> String {
     common::start_gateway(shard_url, SECRET, 1000).await
@@ -296,12 +310,8 @@ async fn an_unreachable_shard_answers_requests_with_an_internal_error_and_notifi
 async fn shard_metrics_come_over_grpc_and_readiness_follows_the_shard() {
     relay_core::telemetry::install(&[relay_core::telemetry::Side::Shard]).expect("recorder");
     let shard = start_shard().await;
-    let channel = tonic::transport::Endpoint::from_shared(shard.url.clone())
-        .expect("url")
-        .connect()
+    let text = grpc_client(&shard.url)
         .await
-        .expect("grpc");
-    let text = relay_rpc::pb::shard_client::ShardClient::with_interceptor(channel, common::credential())
         .metrics(relay_rpc::pb::MetricsRequest {})
         .await
         .expect("metrics")
@@ -374,12 +384,7 @@ async fn fetch_range_reads_published_actions_back_from_the_buffer_and_the_store(
     assert!(expected.len() > 6, "a demo turn publishes several actions");
     let through = expected.last().map(|e| e.0).expect("actions");
 
-    let channel = tonic::transport::Endpoint::from_shared(shard.url.clone())
-        .expect("url")
-        .connect()
-        .await
-        .expect("grpc");
-    let mut grpc = relay_rpc::pb::shard_client::ShardClient::with_interceptor(channel, common::credential());
+    let mut grpc = grpc_client(&shard.url).await;
     let mut fetch = async |after: u64, through: u64| {
         let events = grpc
             .fetch_range(relay_rpc::pb::FetchRangeRequest {
@@ -422,12 +427,7 @@ async fn fetch_range_reads_published_actions_back_from_the_buffer_and_the_store(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_attached_after_a_gateways_stream_ended_survives_the_streams_grace() {
     let shard = start_shard().await;
-    let channel = tonic::transport::Endpoint::from_shared(shard.url.clone())
-        .expect("url")
-        .connect()
-        .await
-        .expect("grpc");
-    let mut grpc = relay_rpc::pb::shard_client::ShardClient::with_interceptor(channel, common::credential());
+    let mut grpc = grpc_client(&shard.url).await;
     let host = || {
         Some(relay_rpc::pb::HostKey {
             tenant: "dev".into(),
@@ -499,12 +499,7 @@ async fn a_gateway_that_stops_reading_its_events_is_cut_at_a_byte_bound() {
         ..Limits::default()
     })
     .await;
-    let channel = tonic::transport::Endpoint::from_shared(shard.url.clone())
-        .expect("url")
-        .connect()
-        .await
-        .expect("grpc");
-    let mut grpc = relay_rpc::pb::shard_client::ShardClient::with_interceptor(channel, common::credential());
+    let mut grpc = grpc_client(&shard.url).await;
     // The stalled gateway: follows the host, then reads nothing.
     let mut stalled = grpc
         .events(relay_rpc::pb::EventsRequest {
@@ -650,13 +645,7 @@ async fn a_partitioned_gateways_connections_are_released() {
         .expect("watch");
 
     // Another caller of the shard watches the connection: attached until the partition is detected.
-    let direct = tonic::transport::Endpoint::from_shared(shard.url.clone())
-        .expect("url")
-        .connect()
-        .await
-        .expect("grpc");
-    let mut observer =
-        relay_rpc::pb::shard_client::ShardClient::with_interceptor(direct, common::credential());
+    let mut observer = grpc_client(&shard.url).await;
     let initialize = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": "cut-off"}});
     let attached = |frame: &serde_json::Value| {
@@ -706,12 +695,7 @@ async fn a_partitioned_gateways_connections_are_released() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_whose_gateway_never_follows_the_host_is_detached() {
     let shard = start_shard().await;
-    let channel = tonic::transport::Endpoint::from_shared(shard.url.clone())
-        .expect("url")
-        .connect()
-        .await
-        .expect("grpc");
-    let mut grpc = relay_rpc::pb::shard_client::ShardClient::with_interceptor(channel, common::credential());
+    let mut grpc = grpc_client(&shard.url).await;
     let host = || {
         Some(relay_rpc::pb::HostKey {
             tenant: "dev".into(),
