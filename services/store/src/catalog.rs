@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use sqlx::{AnyConnection, AnyPool, Row};
 
-use crate::sql::{from_db, limit_to_db, to_db, Statement, WIDE_ROWS_PER_INSERT};
+use crate::sql::{from_db, limit_to_db, to_db, Statement, VALUES_PER_LIST, WIDE_ROWS_PER_INSERT};
 use crate::{CatalogChange, CatalogCursor, CatalogEntry, StoreError};
 
 /// The catalogue number following every number `changes` uses (1 if they use none).
@@ -51,7 +51,15 @@ pub(crate) async fn apply(
             CatalogChange::Remove { uri } => removes.push(uri.as_str()),
         }
     }
-    crate::sql::delete_listed(conn, "catalog", "uri", tenant, host, &removes).await?;
+    for slice in removes.chunks(VALUES_PER_LIST) {
+        let mut delete = Statement::scoped(
+            "DELETE FROM catalog WHERE tenant = $1 AND host = $2 AND uri IN ",
+            tenant,
+            host,
+        )?;
+        delete.bind_list(slice.iter().copied())?;
+        delete.execute(conn).await?;
+    }
     for chunk in upserts.chunks(WIDE_ROWS_PER_INSERT) {
         let mut upsert = Statement::scoped(
             "INSERT INTO catalog (tenant, host, uri, catalog_no, created_at, modified_at, summary) VALUES ",

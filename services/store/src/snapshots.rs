@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use sqlx::{AnyConnection, AnyPool, Row};
 
-use crate::sql::{from_db, to_db, Statement, WIDE_ROWS_PER_INSERT};
+use crate::sql::{from_db, to_db, Statement, VALUES_PER_LIST, WIDE_ROWS_PER_INSERT};
 use crate::{ChannelRecord, LogEntry, SnapshotEntry, StoreError};
 
 /// Stores `snapshots`: per channel the one with the highest seq (the later on a tie), and never over a
@@ -65,8 +65,16 @@ pub(crate) async fn remove(
     host: &str,
     channels: &[String],
 ) -> Result<(), StoreError> {
-    let channels: Vec<&str> = channels.iter().map(String::as_str).collect();
-    crate::sql::delete_listed(conn, "snapshots", "channel", tenant, host, &channels).await
+    for slice in channels.chunks(VALUES_PER_LIST) {
+        let mut delete = Statement::scoped(
+            "DELETE FROM snapshots WHERE tenant = $1 AND host = $2 AND channel IN ",
+            tenant,
+            host,
+        )?;
+        delete.bind_list(slice.iter().map(String::as_str))?;
+        delete.execute(conn).await?;
+    }
+    Ok(())
 }
 
 /// The channel's snapshot and the log rows after it, read by one statement so both come from the same

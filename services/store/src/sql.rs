@@ -15,28 +15,6 @@ pub(crate) const WIDE_ROWS_PER_INSERT: usize = 200;
 /// Values per `IN (…)` list.
 pub(crate) const VALUES_PER_LIST: usize = 500;
 
-/// Deletes the host's rows of `table` whose `column` is one of `values`, a list of at most [`VALUES_PER_LIST`]
-/// per statement. `table` and `column` are the callers' constants, never input.
-pub(crate) async fn delete_listed(
-    conn: &mut AnyConnection,
-    table: &str,
-    column: &str,
-    tenant: &str,
-    host: &str,
-    values: &[&str],
-) -> Result<(), StoreError> {
-    for slice in values.chunks(VALUES_PER_LIST) {
-        let mut delete = Statement::scoped(
-            &format!("DELETE FROM {table} WHERE tenant = $1 AND host = $2 AND {column} IN "),
-            tenant,
-            host,
-        )?;
-        delete.bind_list(slice.iter().copied())?;
-        delete.execute(&mut *conn).await?;
-    }
-    Ok(())
-}
-
 /// SQL text with its arguments, built together so each `$n` matches the n-th argument.
 pub(crate) struct Statement<'q> {
     sql: String,

@@ -5,7 +5,7 @@
 
 use sqlx::{AnyConnection, AnyPool, Row};
 
-use crate::sql::{from_db, to_db, Statement, WIDE_ROWS_PER_INSERT};
+use crate::sql::{from_db, to_db, Statement, VALUES_PER_LIST, WIDE_ROWS_PER_INSERT};
 use crate::{ArchivedTurn, StoreError};
 
 /// Stores `turns`; a turn index stored before (a turn loaded back into state and archived again, or after a
@@ -57,8 +57,16 @@ pub(crate) async fn remove(
     host: &str,
     archives: &[String],
 ) -> Result<(), StoreError> {
-    let archives: Vec<&str> = archives.iter().map(String::as_str).collect();
-    crate::sql::delete_listed(conn, "turn_archive", "archive", tenant, host, &archives).await
+    for slice in archives.chunks(VALUES_PER_LIST) {
+        let mut delete = Statement::scoped(
+            "DELETE FROM turn_archive WHERE tenant = $1 AND host = $2 AND archive IN ",
+            tenant,
+            host,
+        )?;
+        delete.bind_list(slice.iter().map(String::as_str))?;
+        delete.execute(conn).await?;
+    }
+    Ok(())
 }
 
 /// The archived turns with indexes in `[start, end)`, ascending, as (index, turn JSON); a missing index is
