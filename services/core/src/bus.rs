@@ -73,6 +73,9 @@ pub fn batch_bytes(batch: &[SharedBusEvent]) -> usize {
 /// Bytes of batches a bus keeps for its slowest reader, unless configured otherwise (`Limits::bus_bytes`).
 pub const DEFAULT_BUS_BYTES: usize = 64 * 1024 * 1024;
 
+/// Batches a bus keeps beyond the unread ones (see [`BusSender::send`]).
+pub const RECENT_BATCHES: usize = 32;
+
 /// A host's bus ring: a broadcast of commit batches bounded in batches (the ring's slots) *and in bytes*.
 ///
 /// The ring carries weak references; the sender keeps alive the newest batches some reader has yet to read,
@@ -138,8 +141,9 @@ impl BusSender {
         kept.batches.push_back((batch, bytes));
         kept.bytes += bytes;
         // Only batches some reader has yet to read are kept (as a broadcast ring drops a value every reader
-        // has seen), and of those at most the byte bound.
-        let unread = self.ring.len().max(1);
+        // has seen), plus the newest few: a reader takes a batch's reference from the ring a moment before it
+        // upgrades it, and must not find it dropped in between. Of those, at most the byte bound.
+        let unread = self.ring.len().max(1) + RECENT_BATCHES;
         while kept.batches.len() > 1
             && (kept.bytes > kept.max_bytes
                 || kept.batches.len() > kept.max_batches
@@ -278,15 +282,19 @@ mod tests {
 
     #[tokio::test]
     async fn batches_every_reader_has_read_are_not_kept() {
-        let bus = BusSender::new(1_000, 10_000);
+        let bus = BusSender::new(1_000, 1_000_000);
         let mut current = bus.subscribe();
-        for seq in 1..=10 {
+        for seq in 1..=100 {
             bus.send(batch(seq, 400)).expect("send");
             current.recv().await.expect("batch");
         }
-        // Only the newest is kept (the bound would allow 25 of them): the others were read by everyone.
-        bus.send(batch(11, 400)).expect("send");
-        assert_eq!(bus.kept_bytes(), 400);
+        // Only the newest few are kept (the bounds would allow all 100): the others were read by everyone.
+        bus.send(batch(101, 400)).expect("send");
+        assert!(
+            bus.kept_bytes() <= (RECENT_BATCHES + 2) * 400,
+            "{}",
+            bus.kept_bytes()
+        );
     }
 
     #[test]
