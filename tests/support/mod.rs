@@ -52,6 +52,15 @@ impl Relay {
         relay
     }
 
+    /// [`Relay::start_with`], its throw-away data directory made inside `parent` (e.g. a tmpfs, where a
+    /// commit's fsync costs nothing, for tests that time something other than the disk).
+    pub async fn start_with_data_in(parent: &std::path::Path, extra: &[&str]) -> Relay {
+        let data = tempfile::tempdir_in(parent).expect("tempdir");
+        let mut relay = Self::start_in(data.path(), extra).await;
+        relay._data = Some(data);
+        relay
+    }
+
     /// Start on the store in `data_dir` (or the `--database-url` among `extra`), e.g. after a crash.
     pub async fn start_in(data_dir: &std::path::Path, extra: &[&str]) -> Relay {
         let mut args: Vec<String> = vec![
