@@ -120,7 +120,7 @@ async fn configured_session(
         ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
     }
     client.unsubscribe(session.clone()).await.expect("unsubscribe");
-    create_chat(client, &session, &chat).await;
+    // Its default chat, named after the session.
     (session, chat)
 }
 
@@ -1893,4 +1893,189 @@ async fn a_turn_cancelled_while_queued_never_reaches_the_agent() {
         "{}",
         turn_text(&state, "w2").0
     );
+}
+
+/// A fork and a side chat reach the ACP agent with their context (issue 24, 1): each is a new ACP session,
+/// whose first prompt carries the history it continues (a fork's copied turns; a side chat's source up to
+/// its turn, and the selection), told once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_and_a_side_chat_reach_the_acp_agent_with_their_context() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (session, chat) = scripted_session(&a, "forked").await;
+    prompt(&a, &chat, "t1", "hello alpha").await;
+    let fork = "ahp-chat:/forked-fork".to_string();
+    let _: Value = a
+        .request(
+            "createChat",
+            serde_json::json!({"channel": session, "chat": fork,
+                "source": {"kind": "fork", "chat": chat, "turnId": "t1"}}),
+        )
+        .await
+        .expect("fork");
+    let state = prompt(&a, &fork, "t2", "and then").await;
+    let (reply, _) = turn_text(&state, "t2");
+    assert!(reply.contains("This session has seen 1 prompts."), "{reply}");
+    assert!(reply.contains("CONTEXT GIVEN:"), "{reply}");
+    assert!(reply.contains("User: hello alpha"), "{reply}");
+    // Told once: the fork's next turn continues its ACP session.
+    let state = prompt(&a, &fork, "t3", "once more").await;
+    let (reply, _) = turn_text(&state, "t3");
+    assert!(reply.contains("This session has seen 2 prompts."), "{reply}");
+    assert!(!reply.contains("CONTEXT GIVEN:"), "{reply}");
+
+    let side = "ahp-chat:/forked-side".to_string();
+    let _: Value = a
+        .request(
+            "createChat",
+            serde_json::json!({"channel": session, "chat": side,
+                "source": {"kind": "sideChat", "chat": chat, "turnId": "t1", "selection": {"text": "alpha"}}}),
+        )
+        .await
+        .expect("side chat");
+    let state = prompt(&a, &side, "t4", "what is this").await;
+    let (reply, _) = turn_text(&state, "t4");
+    assert!(reply.contains("side chat"), "{reply}");
+    assert!(reply.contains("User: hello alpha"), "{reply}");
+    assert!(
+        reply.contains("The part of it the user selected: | alpha"),
+        "{reply}"
+    );
+    // The side chat's own history does not hold its source.
+    assert_eq!(state.turns.len(), 1);
+}
+
+/// After a truncation the agent starts the chat afresh, told only the kept turns (issue 24, 3): "truncate,
+/// then resend an edited message" does not reach a session that still holds the removed turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_truncation_the_acp_agent_starts_the_chat_afresh_with_the_kept_turns() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (_, chat) = scripted_session(&a, "edited").await;
+    prompt(&a, &chat, "t1", "first words").await;
+    prompt(&a, &chat, "t2", "second words").await;
+    a.dispatch(
+        chat.clone(),
+        StateAction::ChatTruncated(ahp_types::actions::ChatTruncatedAction {
+            turn_id: Some("t1".into()),
+        }),
+    )
+    .await
+    .expect("truncate");
+    let state = prompt(&a, &chat, "t3", "second words, edited").await;
+    let (reply, _) = turn_text(&state, "t3");
+    assert!(reply.contains("This session has seen 1 prompts."), "{reply}");
+    assert!(reply.contains("User: first words"), "{reply}");
+    assert!(!reply.contains("User: second words"), "{reply}");
+}
+
+/// An agent configured without `multiple_chats` does not advertise `multipleChats`: its sessions keep their
+/// default chat, and `createChat` (plain, fork or side chat) is refused (issue 24, 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_without_multiple_chats_keeps_each_session_to_its_default_chat() {
+    let (_workspace, _config, file) = agents_file(&[], &[]);
+    let text = std::fs::read_to_string(&file).expect("read");
+    std::fs::write(&file, format!("{text}multiple_chats = false\n")).expect("write");
+    let relay = Relay::start_with(&["--agents", &file.display().to_string()]).await;
+    let (a, _) = relay.client("device-a").await;
+    let (root, _root_sub) = a
+        .subscribe("ahp-root://".to_string())
+        .await
+        .expect("subscribe root");
+    let root = serde_json::to_value(root.snapshot.expect("snapshot").state).expect("root state");
+    let scripted = root["agents"]
+        .as_array()
+        .and_then(|agents| agents.iter().find(|agent| agent["provider"] == "scripted"))
+        .expect("listed");
+    assert!(scripted["capabilities"]["multipleChats"].is_null(), "{scripted}");
+    let (session, chat) = scripted_session(&a, "single").await;
+    let state = prompt(&a, &chat, "t1", "hello").await;
+    assert!(turn_text(&state, "t1")
+        .0
+        .contains("This session has seen 1 prompts."));
+    for source in [
+        Value::Null,
+        serde_json::json!({"kind": "fork", "chat": chat, "turnId": "t1"}),
+        serde_json::json!({"kind": "sideChat", "chat": chat, "turnId": "t1"}),
+    ] {
+        let mut params = serde_json::json!({"channel": session, "chat": "ahp-chat:/single-more"});
+        if !source.is_null() {
+            params["source"] = source;
+        }
+        match a.request::<_, Value>("createChat", params).await {
+            Err(ahp::ClientError::Rpc(e)) => {
+                assert_eq!(e.code, -32600, "{}", e.message);
+                assert!(e.message.contains("multipleChats"), "{}", e.message);
+            }
+            other => panic!("a second chat was created: {other:?}"),
+        }
+    }
+}
+
+/// A permission request of another ACP session (a tool call that outlived its chat's turn) is withdrawn,
+/// never shown in the turn the agent runs at the time (issue 24, 13).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_permission_of_another_chat_never_lands_in_the_running_turn() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (session, first) = scripted_session(&a, "late").await;
+    prompt(&a, &first, "t1", "ask later").await;
+    let second = "ahp-chat:/late-second".to_string();
+    create_chat(&a, &session, &second).await;
+    let (_, _, mut sub) = subscribe_chat(&a, &second).await;
+    a.dispatch(second.clone(), turn_started("t2", "slow"))
+        .await
+        .expect("dispatch");
+    // Once the second chat's turn streams, the first chat's late question comes.
+    collect_until(&mut sub, |e| {
+        matches!(
+            e.action,
+            StateAction::ChatResponsePart(_) | StateAction::ChatDelta(_)
+        )
+    })
+    .await;
+    let dir = session_dir(setup.workspace.path(), "late");
+    std::fs::write(dir.join("go"), "").expect("go");
+    let outcome = dir.join("late-outcome");
+    let mut seen = Vec::new();
+    let answered = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if outcome.exists() {
+                break;
+            }
+            match tokio::time::timeout(Duration::from_millis(50), next_envelope(&mut sub)).await {
+                Ok(envelope) => {
+                    assert!(
+                        !is_turn_end(&envelope),
+                        "the turn ended before the question was answered"
+                    );
+                    seen.push(envelope);
+                }
+                Err(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(answered.is_ok(), "the late question was never answered");
+    assert_eq!(std::fs::read_to_string(&outcome).expect("outcome"), "cancelled");
+    let shown: Vec<String> = seen
+        .iter()
+        .map(|e| serde_json::to_string(&e.action).unwrap_or_default())
+        .filter(|json| json.contains("late-call"))
+        .collect();
+    assert!(
+        shown.is_empty(),
+        "the other chat's question reached this turn: {shown:?}"
+    );
+    a.dispatch(
+        second.clone(),
+        StateAction::ChatTurnCancelled(ChatTurnCancelledAction {
+            turn_id: "t2".into(),
+            duration: 0,
+            meta: None,
+        }),
+    )
+    .await
+    .expect("cancel");
+    collect_until(&mut sub, is_turn_end).await;
 }

@@ -587,7 +587,7 @@ async fn actions_that_would_corrupt_shared_state_are_refused() {
     let relay = Relay::start().await;
     let (owner, _) = relay.client("owner").await;
     let session = "ahp-session:/dirs".to_string();
-    let chat = "ahp-chat:/dirs".to_string();
+    let chat = "ahp-chat:/dirs-chat".to_string();
     let (primary, other) = ("file:///work/a".to_string(), "file:///work/b".to_string());
     let _: Value = owner
         .request(
@@ -1471,3 +1471,127 @@ async fn a_directory_removed_from_a_session_leaves_its_chats() {
     let state = fresh_chat_snapshot(&relay, &chat).await;
     assert_eq!(state.working_directories, Some(vec![primary.clone()]));
 }
+
+// ---- Issue 24 (1): every session starts with its default chat ------------------------------------------
+
+/// `createSession` gives the session its default chat (listed, `defaultChat`, subscribable, prompted by a
+/// client that creates no chat), and one device's session is another's; a side chat's selection must not be
+/// empty.
+async fn a_session_starts_with_its_default_chat(shape: &Shape) {
+    let owner = shape.client(0, "owner").await;
+    let other = shape.client(1, "other").await;
+    let session = "ahp-session:/starts".to_string();
+    let _: Value = owner
+        .request("createSession", json!({"channel": session, "provider": "demo"}))
+        .await
+        .expect("createSession");
+    let (result, _sub) = other.subscribe(session.clone()).await.expect("subscribe");
+    let state = session_of(&result.snapshot.expect("snapshot"));
+    let default_chat = state.default_chat.clone().expect("a default chat");
+    assert_eq!(
+        state.chats.iter().map(|c| c.resource.clone()).collect::<Vec<_>>(),
+        vec![default_chat.clone()]
+    );
+    // The other device prompts it without creating anything.
+    let (_, _, mut sub) = subscribe_chat(&other, &default_chat).await;
+    other
+        .dispatch(default_chat.clone(), turn_started("t1", "hello"))
+        .await
+        .expect("dispatch");
+    let ended = collect_until(&mut sub, |e| {
+        matches!(
+            e.action,
+            StateAction::ChatTurnComplete(_) | StateAction::ChatError(_) | StateAction::ChatTurnCancelled(_)
+        )
+    })
+    .await;
+    assert!(
+        matches!(
+            ended.last().map(|e| &e.action),
+            Some(StateAction::ChatTurnComplete(_))
+        ),
+        "{ended:?}"
+    );
+    let empty = owner
+        .request::<_, Value>(
+            "createChat",
+            json!({"channel": session, "chat": "ahp-chat:/starts-side",
+                "source": {"kind": "sideChat", "chat": default_chat, "turnId": "t1", "selection": {"text": ""}}}),
+        )
+        .await;
+    assert!(
+        matches!(&empty, Err(ahp::ClientError::Rpc(e)) if e.code == -32602 && e.message.contains("selection")),
+        "{empty:?}"
+    );
+}
+
+in_both_shapes!(
+    a_session_starts_with_its_default_chat,
+    a_session_starts_with_its_default_chat
+);
+
+// ---- Issue 24 (4): an operation on a turn outside a subscriber's window ---------------------------------
+
+/// A subscriber whose snapshot holds fewer turns than the host (`view.turns`) gets the turns a truncation
+/// names before the truncation, to it alone, so it holds the host's turns from that one on (and pages in the
+/// older ones to the host's state); a subscriber holding every turn gets nothing extra.
+async fn a_truncation_outside_a_subscribers_window_keeps_it_in_step(shape: &Shape) {
+    let owner = shape.client(0, "owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "window").await;
+    run_turns(&owner, &chat, 4).await;
+    let reader = shape.client(1, "reader").await;
+    let (result, mut reader_sub) = reader
+        .subscribe_with_options(chat.clone(), None, Some(SubscribeView { turns: Some(1) }))
+        .await
+        .expect("subscribe");
+    let snapshot = result.snapshot.expect("snapshot");
+    let reader_from = snapshot.from_seq as u64;
+    let reader_state = chat_of(&snapshot);
+    assert_eq!(turn_ids(&reader_state), ["t3"]);
+    let (owner_state, owner_from, mut owner_sub) = subscribe_chat(&owner, &chat).await;
+    owner
+        .dispatch(
+            chat.clone(),
+            StateAction::ChatTruncated(ChatTruncatedAction {
+                turn_id: Some("t1".into()),
+            }),
+        )
+        .await
+        .expect("truncate");
+    let is_truncation = |e: &ActionEnvelope| matches!(e.action, StateAction::ChatTruncated(_));
+    let reader_seen = collect_until(&mut reader_sub, is_truncation).await;
+    let owner_seen = collect_until(&mut owner_sub, is_truncation).await;
+    let mut reader_state = reduce_chat(reader_state, reader_from, &reader_seen);
+    // It holds the kept turns from the one named on (its window), and pages in the rest as before.
+    assert_eq!(turn_ids(&reader_state), ["t1"]);
+    let _: Value = reader
+        .request("fetchTurns", json!({"channel": chat}))
+        .await
+        .expect("fetchTurns");
+    let page = collect_until(&mut reader_sub, |e| {
+        matches!(e.action, StateAction::ChatTurnsLoaded(_))
+    })
+    .await;
+    for envelope in &page {
+        ahp::reducers::apply_action_to_chat(&mut reader_state, &envelope.action);
+    }
+    assert_eq!(
+        json(&reader_state),
+        json(&fresh_chat_snapshot_for(shape.entry(1), shape.tenant(), &chat).await)
+    );
+    assert!(
+        !owner_seen
+            .iter()
+            .any(|e| matches!(e.action, StateAction::ChatTurnsLoaded(_))),
+        "{owner_seen:?}"
+    );
+    assert_eq!(
+        turn_ids(&reduce_chat(owner_state, owner_from, &owner_seen)),
+        ["t0", "t1"]
+    );
+}
+
+in_both_shapes!(
+    a_truncation_outside_a_subscribers_window_keeps_it_in_step,
+    a_truncation_outside_a_subscribers_window_keeps_it_in_step
+);

@@ -1462,10 +1462,7 @@ async fn a_killed_gateways_clients_are_released_and_their_tool_calls_fail() {
         )
         .await
         .expect("createSession");
-    let _: serde_json::Value = owner
-        .request("createChat", create_chat_params(&session, &chat))
-        .await
-        .expect("createChat");
+    // `chat` is its default chat.
 
     let (watcher, _) = survivor.client_as("dev", "bob", Role::Member, "watcher").await;
     let (_, _, mut watching) = subscribe_chat(&watcher, &chat).await;

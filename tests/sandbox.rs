@@ -260,7 +260,7 @@ async fn try_shell_session(client: &ahp::Client, name: &str) -> Result<String, S
         ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
     }
     client.unsubscribe(session.clone()).await.expect("unsubscribe");
-    create_chat(client, &session, &chat).await;
+    // Its default chat, named after the session.
     Ok(chat)
 }
 
@@ -1547,7 +1547,6 @@ async fn another_tenant_is_served_within_5s_while_one_runs_200_agents_that_flood
         }
         a.unsubscribe(session.clone()).await.expect("unsubscribe");
         let chat = format!("ahp-chat:/flood-{n}");
-        create_chat(&a, &session, &chat).await;
         let flood = if n % 2 == 0 { "sh: yes" } else { "term: yes" };
         a.dispatch(chat, turn_started("flood", flood))
             .await

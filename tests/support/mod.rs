@@ -373,7 +373,7 @@ pub async fn terminate(child: &mut Child) -> bool {
         .success()
 }
 
-/// Create a demo session and one chat in it; returns (session, chat).
+/// Create a demo session; returns it and its default chat (the host names it after the session).
 pub async fn create_session_and_chat(client: &Client, name: &str) -> (String, String) {
     let session = format!("ahp-session:/{name}");
     let chat = format!("ahp-chat:/{name}");
@@ -392,7 +392,7 @@ pub async fn create_session_and_chat(client: &Client, name: &str) -> (String, St
         )
         .await
         .expect("createSession");
-    create_chat(client, &session, &chat).await;
+    // Its default chat, which the host names after the session.
     (session, chat)
 }
 

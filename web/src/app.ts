@@ -282,11 +282,9 @@ class App {
     if (directory) {
       params.workingDirectories = [directory.includes("://") ? directory : `file://${directory.startsWith("/") ? "" : "/"}${directory}`];
     }
-    const chat = `ahp-chat:/${newId()}`;
     try {
+      // The session starts with its default chat, which opening it shows.
       await this.link.request("createSession", params);
-      // A session starts without chats: give it its first, which becomes its default.
-      await this.link.request("createChat", { channel: uri, chat });
     } catch (error) {
       this.note(`could not create a session: ${(error as Error).message}`);
       return;

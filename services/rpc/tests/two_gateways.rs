@@ -11,7 +11,7 @@ use ahp::{Client, SessionSubscription, SubscriptionEvent};
 use ahp_types::actions::{
     ActionEnvelope, ChatDraftChangedAction, ChatToolCallConfirmedAction, ChatTurnStartedAction, StateAction,
 };
-use ahp_types::commands::{CreateChatParams, CreateSessionParams};
+use ahp_types::commands::CreateSessionParams;
 use ahp_types::state::{Message, MessageKind, MessageOrigin, SnapshotState};
 use relay_core::link::HostLink;
 use relay_core::rpc::read_frame;
@@ -112,20 +112,7 @@ async fn create_session_and_chat(client: &Client, name: &str) -> String {
         )
         .await
         .expect("createSession");
-    let _: serde_json::Value = client
-        .request(
-            "createChat",
-            CreateChatParams {
-                channel: session,
-                meta: None,
-                chat: chat.clone(),
-                initial_message: None,
-                source: None,
-                working_directories: None,
-            },
-        )
-        .await
-        .expect("createChat");
+    // Its default chat, which the host names after the session.
     chat
 }
 

@@ -19,9 +19,9 @@ use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
     AgentCapabilities, AgentInfo, ChatInputAnswer, ChatInputAnswerValue, ChatInputQuestion, ChatInputRequest,
     ChatInputResponseKind, ChatInputTextQuestion, ConfirmationOption, ConfirmationOptionKind,
-    MarkdownResponsePart, MultipleWorkingDirectoriesCapability, ReasoningResponsePart, ResponsePart,
-    ToolCallClientContributor, ToolCallConfirmationReason, ToolCallContributor, ToolCallResult, ToolInput,
-    ToolResultContent, ToolResultTextContent, UsageInfo,
+    MarkdownResponsePart, MultipleChatsCapability, MultipleWorkingDirectoriesCapability,
+    ReasoningResponsePart, ResponsePart, ToolCallClientContributor, ToolCallConfirmationReason,
+    ToolCallContributor, ToolCallResult, ToolInput, ToolResultContent, ToolResultTextContent, UsageInfo,
 };
 use tokio::sync::mpsc;
 
@@ -73,13 +73,17 @@ impl Provider for DemoProvider {
             models: vec![],
             protected_resources: None,
             customizations: None,
-            // It works in any number of working directories; the first stays its primary.
+            // It works in any number of working directories (the first stays its primary) and chats (each
+            // turn its own task; it keeps no memory between turns, so a fork or side chat needs nothing more).
             capabilities: Some(AgentCapabilities {
                 multiple_working_directories: Some(MultipleWorkingDirectoriesCapability {
                     immutable_primary: Some(true),
                     primary_replacement: None,
                 }),
-                ..Default::default()
+                multiple_chats: Some(MultipleChatsCapability {
+                    fork: Some(true),
+                    side_chat: Some(true),
+                }),
             }),
         }
     }

@@ -53,6 +53,15 @@ pub struct TurnRequest {
     pub chat: String,
     pub turn_id: String,
     pub prompt: String,
+    /// The chat's history that the agent has not seen and this turn continues, as a transcript to give it
+    /// before the prompt: a fork's copied turns, a side chat's source (that chat up to the source turn, and
+    /// the selection), or the turns a truncation kept. `None` when the agent has the chat's context.
+    #[serde(default)]
+    pub context: Option<String>,
+    /// The agent must not continue what it had for this chat (a truncation removed turns it saw): it starts
+    /// the chat afresh, with [`TurnRequest::context`].
+    #[serde(default)]
+    pub fresh: bool,
     /// The model the user picked for this turn (`Message.model`), if any.
     pub model: Option<String>,
     /// The session's config values (`SessionState.config.values`): the agent's settings to apply first.

@@ -157,7 +157,6 @@ async fn fill_host(
     for frame in [
         json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"bench"}}),
         json!({"jsonrpc":"2.0","id":2,"method":"createSession","params":{"channel":"ahp-session:/bench","provider":"demo"}}),
-        json!({"jsonrpc":"2.0","id":3,"method":"createChat","params":{"channel":"ahp-session:/bench","chat":"ahp-chat:/bench"}}),
     ] {
         call(&host, conn, &frame.to_string()).await;
     }

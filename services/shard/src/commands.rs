@@ -23,6 +23,7 @@ use relay_core::rpc::{self, InboundMessage, RpcError};
 use relay_core::{ConnectionId, Role};
 use serde::Serialize;
 
+use crate::agent_context::{self, AgentContext};
 use crate::host::HostCore;
 use crate::model::{chat_summary_of, summary_of, ChannelKind, ChatRecord, SnapshotClock};
 use relay_store::CatalogChange;
@@ -475,6 +476,10 @@ impl HostCore {
                 values: relay_runner::acp::options::resolve(&schema, params.config.as_ref()),
                 schema,
             });
+        // Every session starts with its default chat (AHP: clients open chats beyond it only where the agent
+        // advertises `multipleChats`).
+        let default_chat = self.default_chat_uri(&uri);
+        let chat_state = new_chat_state(&default_chat, None, vec![], None);
         let state = SessionState {
             provider,
             title: String::new(),
@@ -488,8 +493,8 @@ impl HostCore {
             creation_error: None,
             server_tools: None,
             active_clients,
-            chats: vec![],
-            default_chat: None,
+            chats: vec![chat_summary_of(&chat_state)],
+            default_chat: Some(default_chat.clone()),
             config,
             customizations: None,
             changesets: None,
@@ -503,8 +508,9 @@ impl HostCore {
         self.session_count += 1;
         let creator = self.connection(connection)?.identity.subject.clone();
         if let Some(session) = self.model.sessions.get_mut(&uri) {
-            session.created_by = Some(creator);
+            session.created_by = Some(creator.clone());
         }
+        self.insert_chat(&uri, chat_state, Some(creator), AgentContext::Current);
         self.store_session_summary(&uri, catalog_no, &created_at, &summary);
         self.store_snapshot(&uri);
         self.seq.notify(
@@ -587,6 +593,7 @@ impl HostCore {
         if record.state.chats.len() >= self.limits.max_chats_per_session {
             return Err(RpcError::invalid_request("chat limit reached for this session"));
         }
+        self.check_chat_capability(&record.state, params.source.as_ref())?;
         if let Some(directories) = &params.working_directories {
             crate::validate::check_in_session_directories(Some(&record.state), directories)
                 .map_err(RpcError::invalid_params)?;
@@ -615,10 +622,12 @@ impl HostCore {
             }
             working_directories = inherited;
         }
+        let mut agent_context = AgentContext::Current;
         let (origin, turns) = match params.source {
             None => (None, vec![]),
             Some(ChatSource::Fork(source)) => {
                 let turns = self.fork_turns(&session, &source.chat, &chat, &source.turn_id)?;
+                agent_context = AgentContext::Owed { source: None };
                 (
                     Some(ChatOrigin::Fork {
                         chat: source.chat,
@@ -631,6 +640,18 @@ impl HostCore {
             // keeps the source turn and the selection exactly as given.
             Some(ChatSource::SideChat(source)) => {
                 self.check_source_turn(&session, &source.chat, &chat, &source.turn_id, true)?;
+                if source.selection.as_ref().is_some_and(|s| s.text.is_empty()) {
+                    return Err(RpcError::invalid_params(
+                        "a side chat's selection.text must not be empty",
+                    ));
+                }
+                // What its agent is told of the source is taken now: later changes to it do not reach it.
+                let told = self
+                    .model
+                    .chats
+                    .get(&source.chat)
+                    .and_then(|record| agent_context::side_chat_source(&record.state, &source));
+                agent_context = AgentContext::Owed { source: told };
                 (
                     Some(ChatOrigin::SideChat {
                         chat: source.chat,
@@ -644,41 +665,9 @@ impl HostCore {
                 return Err(RpcError::invalid_params("unsupported chat source kind"))
             }
         };
-        let state = ChatState {
-            resource: chat.clone(),
-            title: String::new(),
-            status: SessionStatus::Idle.bits(),
-            activity: None,
-            modified_at: now(),
-            changes: None,
-            origin,
-            movable: None,
-            interactivity: None,
-            working_directories,
-            changesets: None,
-            background_work: None,
-            canvases: None,
-            turns,
-            turns_next_cursor: None,
-            active_turn: None,
-            steering_message: None,
-            queued_messages: None,
-            draft: None,
-            meta: None,
-        };
-        let summary = chat_summary_of(&state);
-        self.model.chats.insert(
-            chat.clone(),
-            ChatRecord {
-                session: session.clone(),
-                state,
-                running: None,
-                clock: SnapshotClock::fresh(),
-                archived: 0,
-                created_by: Some(self.connection(connection)?.identity.subject.clone()),
-            },
-        );
-        self.store_snapshot(&chat);
+        let state = new_chat_state(&chat, origin, turns, working_directories);
+        let created_by = Some(self.connection(connection)?.identity.subject.clone());
+        let summary = self.insert_chat(&session, state, created_by, agent_context);
         let needs_default = self
             .model
             .sessions
@@ -700,6 +689,80 @@ impl HostCore {
             self.start_server_turn(&chat, message_to_send, None);
         }
         reply(message.id, &())
+    }
+
+    /// Keep a new chat of `session` and store its first snapshot; returns its summary for the session's list.
+    fn insert_chat(
+        &mut self,
+        session: &str,
+        state: ChatState,
+        created_by: Option<String>,
+        agent_context: AgentContext,
+    ) -> ahp_types::state::ChatSummary {
+        let summary = chat_summary_of(&state);
+        let chat = state.resource.clone();
+        self.model.chats.insert(
+            chat.clone(),
+            ChatRecord {
+                session: session.to_string(),
+                state,
+                running: None,
+                clock: SnapshotClock::fresh(),
+                archived: 0,
+                created_by,
+                agent_context,
+            },
+        );
+        self.store_snapshot(&chat);
+        summary
+    }
+
+    /// The URI of a new session's default chat: the session's own name as a chat (`ahp-session:/x` →
+    /// `ahp-chat:/x`), or with a `-default-N` suffix when a chat of the host already has that URI.
+    fn default_chat_uri(&self, session: &str) -> String {
+        let name = session.strip_prefix("ahp-session:").unwrap_or(session);
+        let base = format!("ahp-chat:{name}");
+        std::iter::once(base.clone())
+            .chain((2..).map(|n| format!("{base}-default-{n}")))
+            .find(|uri| self.model.kind(uri) == ChannelKind::Unknown)
+            .unwrap_or(base)
+    }
+
+    /// `createChat` beyond a session's first chat needs the agent's `multipleChats`, a fork its `fork`, a side
+    /// chat its `sideChat` (AHP: clients MUST NOT use what is not advertised; the host refuses it).
+    fn check_chat_capability(
+        &self,
+        session: &SessionState,
+        source: Option<&ChatSource>,
+    ) -> Result<(), RpcError> {
+        let capability = self
+            .model
+            .root
+            .agents
+            .iter()
+            .find(|agent| agent.provider == session.provider)
+            .and_then(|agent| agent.capabilities.as_ref())
+            .and_then(|capabilities| capabilities.multiple_chats.as_ref());
+        let provider = &session.provider;
+        match (capability, source) {
+            (None, _) if !session.chats.is_empty() => Err(RpcError::invalid_request(format!(
+                "the agent {provider} does not advertise multipleChats: the session has its one chat"
+            ))),
+            (None, Some(_)) => Err(RpcError::invalid_request(format!(
+                "the agent {provider} does not advertise multipleChats: no forks or side chats"
+            ))),
+            (Some(chats), Some(ChatSource::Fork(_))) if chats.fork != Some(true) => {
+                Err(RpcError::invalid_request(format!(
+                    "the agent {provider} does not advertise multipleChats.fork"
+                )))
+            }
+            (Some(chats), Some(ChatSource::SideChat(_))) if chats.side_chat != Some(true) => {
+                Err(RpcError::invalid_request(format!(
+                    "the agent {provider} does not advertise multipleChats.sideChat"
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The turns of `source` up to and including `turn_id`, for a fork inside `session` (archived turns were
@@ -853,6 +916,37 @@ impl HostCore {
 }
 
 /// The error for a channel that does not exist (or that this identity may not see: the same answer).
+/// A new chat's state: idle, untitled, with the turns it starts with (a fork's copies).
+fn new_chat_state(
+    chat: &str,
+    origin: Option<ChatOrigin>,
+    turns: Vec<ahp_types::state::Turn>,
+    working_directories: Option<Vec<String>>,
+) -> ChatState {
+    ChatState {
+        resource: chat.to_string(),
+        title: String::new(),
+        status: SessionStatus::Idle.bits(),
+        activity: None,
+        modified_at: now(),
+        changes: None,
+        origin,
+        movable: None,
+        interactivity: None,
+        working_directories,
+        changesets: None,
+        background_work: None,
+        canvases: None,
+        turns,
+        turns_next_cursor: None,
+        active_turn: None,
+        steering_message: None,
+        queued_messages: None,
+        draft: None,
+        meta: None,
+    }
+}
+
 pub fn not_found(channel: &str) -> RpcError {
     // -32001 names a missing session; a session's sub-resources (e.g. `<session>/annotations`) and other
     // URIs are -32008.

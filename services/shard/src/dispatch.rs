@@ -27,6 +27,7 @@ use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
 use relay_runner::{TurnControl, TurnRequest};
 
+use crate::agent_context::{self, AgentContext};
 use crate::commands::now;
 use crate::host::HostCore;
 use crate::model::{chat_summary_of, summary_of, ChannelKind, SnapshotClock};
@@ -59,14 +60,26 @@ impl HostCore {
             .then(|| self.storage_refusal())
             .flatten();
         let over_turn_limit = self.turn_limit_refusal(&params.channel, &params.action);
-        let verdict = validate::check_client_action(&self.model, kind, &params.channel, &params.action, &who)
+        let checked = validate::check_client_action(&self.model, kind, &params.channel, &params.action, &who)
             .and_then(|()| over_quota.map_or(Ok(()), Err))
-            .and_then(|()| over_turn_limit.map_or(Ok(()), Err))
-            .and_then(|()| match self.model.reduce(&params.channel, &params.action) {
-                ReduceOutcome::Invalid(error) => Err(error.to_string()),
-                ReduceOutcome::OutOfScope => Err("action does not apply to this channel".into()),
-                ReduceOutcome::Applied | ReduceOutcome::NoOp => Ok(()),
-            });
+            .and_then(|()| over_turn_limit.map_or(Ok(()), Err));
+        // An operation that names a turn meets, on every subscriber, the turns the host has.
+        if checked.is_ok() {
+            match &params.action {
+                StateAction::ChatTruncated(a) => {
+                    if let Some(turn_id) = &a.turn_id {
+                        self.fill_windows_to(&params.channel, turn_id);
+                    }
+                }
+                StateAction::ChatTurnResume(a) => self.fill_windows_to(&params.channel, &a.turn_id),
+                _ => {}
+            }
+        }
+        let verdict = checked.and_then(|()| match self.model.reduce(&params.channel, &params.action) {
+            ReduceOutcome::Invalid(error) => Err(error.to_string()),
+            ReduceOutcome::OutOfScope => Err("action does not apply to this channel".into()),
+            ReduceOutcome::Applied | ReduceOutcome::NoOp => Ok(()),
+        });
         if let Err(reason) = verdict {
             // The rejection goes to its dispatcher alone, and is owed to its clientId until a reconnect.
             if let Some(rejected) = self.seq.private(
@@ -250,6 +263,8 @@ impl HostCore {
             }
             // A truncation drops the active turn (AHP): the agent's turn stops with it, so its session is free
             // for the next turn (of this chat or another).
+            // The agent saw turns the chat no longer has: its next turn starts the chat afresh, told the kept
+            // ones (a fork or side chat that never ran still owes its whole history, kept turns included).
             StateAction::ChatTruncated(_) => {
                 let dropped = self
                     .model
@@ -258,6 +273,11 @@ impl HostCore {
                     .is_some_and(|record| record.state.active_turn.is_none() && record.running.is_some());
                 if dropped {
                     self.stop_provider_turn(chat);
+                }
+                if let Some(record) = self.model.chats.get_mut(chat) {
+                    if !matches!(record.agent_context, AgentContext::Owed { .. }) {
+                        record.agent_context = AgentContext::Reset;
+                    }
                 }
             }
             // However a turn ends, the chat is idle: the next pending message runs.
@@ -321,6 +341,14 @@ impl HostCore {
                 })
             })
             .collect();
+        // What the agent has not seen of the chat goes with the turn (told once: see below).
+        let chats = &self.model.chats;
+        let owed = record.agent_context.clone();
+        let (context, fresh) = agent_context::for_turn(owed, &record.state, |source, turn_id| {
+            chats
+                .get(source)
+                .and_then(|source| agent_context::source_transcript(&source.state, turn_id))
+        });
         let request = TurnRequest {
             session: record.session.clone(),
             tenant: self.key.tenant.clone(),
@@ -338,6 +366,8 @@ impl HostCore {
             chat: chat.to_string(),
             turn_id: turn_id.to_string(),
             prompt: message.text.clone(),
+            context,
+            fresh,
             model: message.model.as_ref().map(|model| model.id.clone()),
             config: session.state.config.as_ref().map(|config| config.values.clone()),
             first_turn,
@@ -347,6 +377,7 @@ impl HostCore {
         if let Some(record) = self.model.chats.get_mut(chat) {
             // Replacing a previous handle cancels it.
             record.running = Some(handle);
+            record.agent_context = AgentContext::Current;
         }
     }
 

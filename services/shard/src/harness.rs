@@ -17,7 +17,7 @@ use crate::Host;
 
 /// The session every harness host has.
 pub const SESSION: &str = "ahp-session:/s";
-/// The chat of [`SESSION`].
+/// A chat of [`SESSION`] the harness creates (besides its default chat).
 pub const CHAT: &str = "ahp-chat:/c";
 /// JSON nesting accepted in frames (the gateway's default).
 pub const MAX_DEPTH: usize = 64;
@@ -34,7 +34,14 @@ impl Provider for IdleAgent {
             models: vec![],
             protected_resources: None,
             customizations: None,
-            capabilities: None,
+            // Chats beyond the default one (the harness's chat is a second), forks and side chats.
+            capabilities: Some(ahp_types::state::AgentCapabilities {
+                multiple_chats: Some(ahp_types::state::MultipleChatsCapability {
+                    fork: Some(true),
+                    side_chat: Some(true),
+                }),
+                ..Default::default()
+            }),
         }
     }
 

@@ -225,12 +225,80 @@ impl HostCore {
         }
     }
 
+    /// Before an operation naming `turn_id` of `chat` is applied (a truncation, a resume): see
+    /// [`HostCore::fill_windows_from`].
+    pub(crate) fn fill_windows_to(&mut self, chat: &str, turn_id: &str) {
+        let index = self.model.chats.get(chat).and_then(|record| {
+            let position = record.state.turns.iter().position(|turn| turn.id == turn_id)?;
+            Some(record.archived + position)
+        });
+        if let Some(index) = index {
+            self.fill_windows_from(chat, index);
+        }
+    }
+
+    /// Every subscriber of `chat` whose window starts after absolute turn `index` gets the turns it lacks
+    /// (from `index` to its window), to it alone as `chat/turnsLoaded` pages within the reply budget, newest
+    /// first: AHP has the host load a turn outside the window before an operation that names it, and each
+    /// connection has its own window (a subscriber holding fewer turns would take the operation as a no-op
+    /// and diverge for good). The turns must be in the host's memory (archived ones are loaded first).
+    pub(crate) fn fill_windows_from(&mut self, chat: &str, index: usize) {
+        let Some(archived) = self.model.chats.get(chat).map(|record| record.archived) else {
+            return;
+        };
+        if index < archived {
+            return;
+        }
+        let lacking: Vec<(ConnectionId, usize)> = self
+            .connections
+            .iter()
+            .filter(|(_, state)| state.subscriptions.contains(chat))
+            .map(|(id, _)| (*id, self.window_start(*id, chat)))
+            .filter(|(_, start)| *start > index)
+            .collect();
+        let max_bytes = self.limits.max_reply_bytes;
+        for (connection, start) in lacking {
+            let Some(record) = self.model.chats.get(chat) else {
+                return;
+            };
+            let held = &record.state.turns;
+            let mut end = (start - archived).min(held.len());
+            let first = index - archived;
+            let mut pages = Vec::new();
+            while end > first {
+                let mut bytes = 0usize;
+                let fitting = held[first..end]
+                    .iter()
+                    .rev()
+                    .take_while(|turn| {
+                        bytes += crate::model::json_len(turn) + 1;
+                        bytes <= max_bytes
+                    })
+                    .count()
+                    .max(1);
+                let page_start = end - fitting;
+                pages.push(StateAction::ChatTurnsLoaded(ChatTurnsLoadedAction {
+                    turns: held[page_start..end].to_vec(),
+                    turns_next_cursor: archive::cursor_before(archived + page_start),
+                }));
+                end = page_start;
+            }
+            for page in pages {
+                self.seq.private(connection, chat, &page, None, None);
+            }
+            self.narrow_window(connection, chat, index);
+        }
+    }
+
     /// Load archived turns `[start, archived)` into the chat's state (see [`Host::load_named_turns`]), unless
     /// the chat's archive moved meanwhile (then the operation meets the state as it is).
     fn load_archived(&mut self, chat: &str, archived: usize, start: usize, turns: Vec<Turn>) {
         if self.model.chats.get(chat).map(|record| record.archived) != Some(archived) {
             return;
         }
+        // Subscribers that lack some of the turns held in memory get them first, so the archived ones land
+        // right before what they hold.
+        self.fill_windows_from(chat, archived);
         self.apply_server_action(
             chat,
             StateAction::ChatTurnsLoaded(ChatTurnsLoadedAction {

@@ -6,6 +6,7 @@
 //! runs the host side effects (provider turns, queued messages, active clients). [`ShardLink`] is the in-process implementation of the gateway↔shard interface.
 
 pub mod admission;
+pub mod agent_context;
 pub mod aging;
 pub mod archive;
 pub mod catalog;

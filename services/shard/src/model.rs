@@ -59,6 +59,8 @@ pub struct ChatRecord {
     pub archived: usize,
     /// The subject that created the chat (see [`SessionRecord::created_by`]).
     pub created_by: Option<String>,
+    /// What the chat's agent has yet to be told of its history before the next turn.
+    pub agent_context: crate::agent_context::AgentContext,
 }
 
 /// A terminal an agent runs a command in (`ahp-terminal:/…`), owned by a session: any device of the host may
@@ -643,6 +645,7 @@ mod tests {
                 clock: SnapshotClock::fresh(),
                 archived: 0,
                 created_by: None,
+                agent_context: Default::default(),
             },
         );
         assert!(model.belongs_to("ahp-session:/a", "ahp-session:/a"));

@@ -247,10 +247,12 @@ impl HostCore {
                 self.archive_turns(&uri, moved);
                 rewritten = true;
             }
+            let agent_context = crate::agent_context::AgentContext::at_restore(&state);
             self.model.chats.insert(
                 uri.clone(),
                 ChatRecord {
                     session: doc.session,
+                    agent_context,
                     state,
                     running: None,
                     clock: SnapshotClock::fresh(),

@@ -341,6 +341,15 @@ fn check_working_directories(
     };
     let primary = session.working_directories.as_ref().and_then(|dirs| dirs.first());
     let changes_primary = !matches!(action, StateAction::SessionWorkingDirectorySet(_));
+    // A replaceable primary slot is replaced, never removed (AHP: the host MUST reject the removal).
+    if capability.primary_replacement == Some(true)
+        && matches!(action, StateAction::SessionWorkingDirectoryRemoved(_))
+        && primary == Some(directory)
+    {
+        return Err(format!(
+            "{directory} is the session's primary working directory: replace it (session/workingDirectoryReplaced), never remove it"
+        ));
+    }
     if capability.immutable_primary == Some(true)
         && capability.primary_replacement != Some(true)
         && changes_primary
@@ -401,15 +410,36 @@ fn check_session(
         },
         StateAction::SessionConfigChanged(a) => {
             let schema = session.config.as_ref().map(|config| &config.schema.properties);
+            let current = session.config.as_ref().map(|config| &config.values);
             let mutable = |key: &str| {
                 schema
                     .and_then(|properties| properties.get(key))
                     .is_some_and(|property| property.session_mutable == Some(true))
             };
-            if let Some(key) = a.config.keys().find(|key| !mutable(key)) {
+            let unchanged = |key: &str, value: &serde_json::Value| {
+                current.and_then(|values| values.get(key)) == Some(value)
+            };
+            if let Some(key) = a
+                .config
+                .iter()
+                .find(|(key, value)| !mutable(key) && !unchanged(key, value))
+                .map(|(key, _)| key)
+            {
                 return Err(format!(
                     "config property {key} is not sessionMutable: it cannot change after the session is created"
                 ));
+            }
+            // A replacing change drops every value it does not name: it must carry the fixed ones as they are.
+            if a.replace == Some(true) {
+                if let Some(key) = current
+                    .into_iter()
+                    .flat_map(|values| values.keys())
+                    .find(|key| !mutable(key) && !a.config.contains_key(*key))
+                {
+                    return Err(format!(
+                        "config property {key} is not sessionMutable: a replacing session/configChanged must carry its value unchanged"
+                    ));
+                }
             }
             let allowed = |key: &str, value: &serde_json::Value| {
                 schema
@@ -659,6 +689,78 @@ mod tests {
         StateAction::SessionWorkingDirectorySet(SessionWorkingDirectorySetAction {
             directory: "file:///b".into(),
         })
+    }
+
+    fn member() -> Dispatcher<'static> {
+        Dispatcher {
+            client_id: "c",
+            role: Role::Member,
+        }
+    }
+
+    #[test]
+    fn a_replaceable_primary_is_replaced_never_removed() {
+        let model = model_with_agent(Some(AgentCapabilities {
+            multiple_working_directories: Some(MultipleWorkingDirectoriesCapability {
+                immutable_primary: None,
+                primary_replacement: Some(true),
+            }),
+            ..Default::default()
+        }));
+        let check = |action: StateAction| {
+            check_client_action(&model, ChannelKind::Session, "ahp-session:/s", &action, &member())
+        };
+        let removed = check(StateAction::SessionWorkingDirectoryRemoved(
+            ahp_types::actions::SessionWorkingDirectoryRemovedAction {
+                directory: "file:///a".into(),
+            },
+        ));
+        assert!(removed.is_err_and(|reason| reason.contains("never remove it")));
+        let replaced = check(StateAction::SessionWorkingDirectoryReplaced(
+            ahp_types::actions::SessionWorkingDirectoryReplacedAction {
+                directory: "file:///a".into(),
+                replacement: "file:///c".into(),
+            },
+        ));
+        assert_eq!(replaced, Ok(()));
+    }
+
+    #[test]
+    fn a_replacing_config_change_keeps_the_values_that_are_not_session_mutable() {
+        let mut model = model_with_agent(None);
+        let config: ahp_types::state::SessionConfigState = serde_json::from_value(serde_json::json!({
+            "schema": {"type": "object", "properties": {
+                "sandbox": {"type": "string", "title": "Sandbox"},
+                "effort": {"type": "string", "title": "Effort", "sessionMutable": true}
+            }},
+            "values": {"sandbox": "strict", "effort": "low"}
+        }))
+        .expect("config");
+        if let Some(session) = model.sessions.get_mut("ahp-session:/s") {
+            session.state.config = Some(config);
+        }
+        let check = |config: serde_json::Value, replace: Option<bool>| {
+            let config = serde_json::from_value(config).expect("values");
+            let action = StateAction::SessionConfigChanged(ahp_types::actions::SessionConfigChangedAction {
+                config,
+                replace,
+            });
+            check_client_action(&model, ChannelKind::Session, "ahp-session:/s", &action, &member())
+        };
+        // Merging a mutable value, or replacing with the fixed one carried as it is: accepted.
+        assert_eq!(check(serde_json::json!({"effort": "high"}), None), Ok(()));
+        assert_eq!(
+            check(
+                serde_json::json!({"effort": "high", "sandbox": "strict"}),
+                Some(true)
+            ),
+            Ok(())
+        );
+        // Replacing without it would wipe it; changing it is refused either way.
+        assert!(check(serde_json::json!({"effort": "high"}), Some(true))
+            .is_err_and(|reason| reason.contains("sandbox") && reason.contains("replacing")));
+        assert!(check(serde_json::json!({"sandbox": "off"}), None)
+            .is_err_and(|reason| reason.contains("sandbox")));
     }
 
     #[test]

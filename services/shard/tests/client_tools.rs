@@ -170,7 +170,7 @@ async fn dispatch(host: &Host, device: &Device, seq: i64, action: Value) {
         host,
         device,
         json!({"jsonrpc":"2.0","method":"dispatchAction",
-               "params":{"channel":"ahp-chat:/c","clientSeq":seq,"action":action}}),
+               "params":{"channel":"ahp-chat:/s","clientSeq":seq,"action":action}}),
     )
     .await
     .is_none());
@@ -180,8 +180,7 @@ async fn setup(host: &Host, owner: &Device) {
     for frame in [
         json!({"jsonrpc":"2.0","id":2,"method":"createSession","params":{"channel":"ahp-session:/s","provider":"scripted",
                "activeClient":{"clientId":"owner","tools":[]}}}),
-        json!({"jsonrpc":"2.0","id":3,"method":"createChat","params":{"channel":"ahp-session:/s","chat":"ahp-chat:/c"}}),
-        json!({"jsonrpc":"2.0","id":4,"method":"subscribe","params":{"channel":"ahp-chat:/c"}}),
+        json!({"jsonrpc":"2.0","id":4,"method":"subscribe","params":{"channel":"ahp-chat:/s"}}),
     ] {
         let reply = call(host, owner, frame).await.expect("reply");
         assert!(reply.get("result").is_some(), "{reply}");

@@ -148,18 +148,12 @@ pub async fn initialized(url: &str, client_id: &str) -> Socket {
     s
 }
 
-/// Create the demo session `ahp-session:/bench` and its chat [`CHAT`].
+/// Create the demo session `ahp-session:/bench`, whose default chat is [`CHAT`].
 pub async fn create_chat(s: &mut Socket) {
     request(
         s,
         "createSession",
         json!({"channel": "ahp-session:/bench", "provider": "demo"}),
-    )
-    .await;
-    request(
-        s,
-        "createChat",
-        json!({"channel": "ahp-session:/bench", "chat": CHAT}),
     )
     .await;
 }

@@ -21,6 +21,9 @@
 //! - "environment": the names of the variables it runs with;
 //! - "limits": its open-files limit (RLIMIT_NOFILE);
 //! - "ask me": an `elicitation/create` form (a required name, a colour from a list), whose answer it repeats;
+//! - "ask later": the turn ends at once, but once a file `go` exists in its directory the agent asks a
+//!   permission of that session (a tool call that outlived its turn) and writes what the relay answered
+//!   (`cancelled`, `selected <option>`) to `late-outcome` there;
 //! - "ask overlapping": two forms at once, then (once the first is answered) a third while the second waits;
 //!   it repeats the three names in order;
 //! - "sh: COMMAND" (the whole prompt): runs `sh -c COMMAND` itself, in its working directory with its own
@@ -41,6 +44,9 @@
 //! unless `TEST_AGENT_KEY` is in its environment.
 //!
 //! With `--hang-on-new-session` it never answers `session/new`.
+//!
+//! A prompt of several text blocks is taken as context (all but the last) and a message (the last): the reply
+//! then ends with "CONTEXT GIVEN: <the context, its lines joined with ` | `>".
 //!
 //! Sessions are kept in `<cwd>/.test-agent/<id>` (the number of prompts seen), so a new process of the agent
 //! can `session/load` them (replaying a line of history first, as ACP agents do); every reply ends with
@@ -249,7 +255,8 @@ async fn main() -> agent_client_protocol::Result<()> {
                     return responder.respond_with_error(agent_client_protocol::Error::invalid_params());
                 };
                 cancelled.store(false, Ordering::SeqCst);
-                let text: String = prompt
+                // The last text block is the user's message; any before it is context the client gave.
+                let mut blocks: Vec<String> = prompt
                     .prompt
                     .iter()
                     .filter_map(|block| match block {
@@ -257,6 +264,8 @@ async fn main() -> agent_client_protocol::Result<()> {
                         _ => None,
                     })
                     .collect();
+                let text = blocks.pop().unwrap_or_default();
+                let context = (!blocks.is_empty()).then(|| blocks.join("\n"));
                 // The script runs in its own task: a handler never waits (for permissions, or time).
                 let model = models.lock().get(&prompt.session_id.to_string()).cloned();
                 let chosen = |name: &str, default: &str| {
@@ -273,7 +282,17 @@ async fn main() -> agent_client_protocol::Result<()> {
                 );
                 let runner = cx.clone();
                 cx.spawn(async move {
-                    match script(&runner, &prompt.session_id, &text, &cwd, &cancelled, model, set).await {
+                    match script(
+                        &runner,
+                        &prompt.session_id,
+                        &text,
+                        context,
+                        &cwd,
+                        &cancelled,
+                        Chosen { model, settings: set },
+                    )
+                    .await
+                    {
                         Ok(stop) => responder.respond(PromptResponse::new(stop)),
                         Err(error) => responder.respond_with_error(error),
                     }
@@ -360,15 +379,22 @@ fn chunk(text: &str) -> ContentChunk {
     ContentChunk::new(ContentBlock::from(text.to_string()))
 }
 
+/// The model and settings the relay chose for the session, as the agent reports them.
+struct Chosen {
+    model: Option<String>,
+    settings: String,
+}
+
 async fn script(
     cx: &ConnectionTo<Client>,
     session: &SessionId,
     prompt: &str,
+    context: Option<String>,
     cwd: &std::path::Path,
     cancelled: &AtomicBool,
-    model: Option<String>,
-    settings: String,
+    chosen: Chosen,
 ) -> agent_client_protocol::Result<StopReason> {
+    let Chosen { model, settings } = chosen;
     if let Some(command) = prompt.strip_prefix("sh: ") {
         return run_shell(cx, session, command, cwd, cancelled).await;
     }
@@ -463,6 +489,40 @@ async fn script(
     )?;
     for word in format!("The test agent heard: {prompt}.").split_inclusive(' ') {
         say(cx, session, SessionUpdate::AgentMessageChunk(chunk(word)))?;
+    }
+    if prompt.contains("ask later") {
+        // A tool call that outlives its turn: once a file `go` exists in its directory, a permission request of
+        // this session, whatever the relay runs by then; the answer goes to `late-outcome` in the directory.
+        let late = cx.clone();
+        let session = session.clone();
+        let cwd = cwd.to_path_buf();
+        cx.spawn(async move {
+            while !cwd.join("go").exists() {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            let asked = RequestPermissionRequest::new(
+                session,
+                ToolCallUpdate::new(
+                    "late-call",
+                    ToolCallUpdateFields::new().title("A question asked late".to_string()),
+                ),
+                vec![PermissionOption::new(
+                    "allow",
+                    "Allow",
+                    PermissionOptionKind::AllowOnce,
+                )],
+            );
+            let outcome = match late.send_request(asked).block_task().await {
+                Ok(answer) => match answer.outcome {
+                    RequestPermissionOutcome::Cancelled => "cancelled".to_string(),
+                    RequestPermissionOutcome::Selected(chosen) => format!("selected {}", chosen.option_id),
+                    _ => "unknown".to_string(),
+                },
+                Err(error) => format!("error {error}"),
+            };
+            std::fs::write(cwd.join("late-outcome"), outcome)
+                .map_err(agent_client_protocol::Error::into_internal_error)
+        })?;
     }
     if prompt.contains("permission") {
         let tool = ToolCall::new("write-notes", "Write notes.txt")
@@ -693,6 +753,15 @@ async fn script(
         session,
         SessionUpdate::AgentMessageChunk(chunk(&format!(" This session has seen {seen} prompts."))),
     )?;
+    if let Some(context) = context {
+        // What the client told it besides the message, on one line.
+        let context = context.replace('\n', " | ");
+        say(
+            cx,
+            session,
+            SessionUpdate::AgentMessageChunk(chunk(&format!(" CONTEXT GIVEN: {context}"))),
+        )?;
+    }
     if prompt.contains("slow") {
         for i in 0..500 {
             if cancelled.load(Ordering::SeqCst) {

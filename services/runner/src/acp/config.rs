@@ -168,6 +168,15 @@ pub struct AgentConfig {
     /// directory, and the package holding it, are added when they lie outside the system directories).
     #[serde(default)]
     pub read_only_paths: Vec<PathBuf>,
+    /// Whether a session may hold chats beyond its default one (AHP `multipleChats`, with forks and side
+    /// chats): each chat is an ACP session of the one agent process, and a fork or side chat reaches the agent
+    /// with its history as context. `false` for an agent that serves one ACP session per process.
+    #[serde(default = "multiple_chats_by_default")]
+    pub multiple_chats: bool,
+}
+
+fn multiple_chats_by_default() -> bool {
+    true
 }
 
 /// One tenant's credentials for an agent.
@@ -467,6 +476,7 @@ env_files = { ANTHROPIC_API_KEY = "/run/secrets/acme-anthropic" }
             limits: ResourceLimits::default(),
             egress: Egress::default(),
             read_only_paths: vec![],
+            multiple_chats: true,
         };
         let relay_env = |name: &str| match name {
             "PATH" => Some("/bin".to_string()),
@@ -512,6 +522,7 @@ env_files = { ANTHROPIC_API_KEY = "/run/secrets/acme-anthropic" }
                 limits: ResourceLimits::default(),
                 egress: Egress::default(),
                 read_only_paths: vec![PathBuf::from("/opt/extra")],
+                multiple_chats: true,
             }
         };
         assert_eq!(

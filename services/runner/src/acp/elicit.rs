@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use agent_client_protocol::v1::schema::{
-    CreateElicitationRequest, CreateElicitationResponse, ElicitationMode,
+    CreateElicitationRequest, CreateElicitationResponse, ElicitationMode, ElicitationScope, SessionId,
 };
 use ahp_types::state::{
     ChatInputAnswer, ChatInputAnswerValue, ChatInputQuestion, ChatInputRequest, ChatInputResponseKind,
@@ -131,6 +131,20 @@ pub fn response_of(
         _ => json!({"action": "cancel"}),
     };
     serde_json::from_value(answer).ok()
+}
+
+/// The ACP session an elicitation is for (`None` for one tied to a request rather than a session, or of a
+/// mode this relay does not know).
+pub fn session_of(request: &CreateElicitationRequest) -> Option<&SessionId> {
+    let scope = match &request.mode {
+        ElicitationMode::Form(form) => &form.scope,
+        ElicitationMode::Url(url) => &url.scope,
+        _ => return None,
+    };
+    match scope {
+        ElicitationScope::Session(session) => Some(&session.session_id),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

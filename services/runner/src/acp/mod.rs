@@ -23,7 +23,9 @@ pub mod workspace;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ahp_types::state::{AgentInfo, SessionConfigSchema, SessionModelInfo};
+use ahp_types::state::{
+    AgentCapabilities, AgentInfo, MultipleChatsCapability, SessionConfigSchema, SessionModelInfo,
+};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
@@ -142,7 +144,15 @@ pub fn agent_info(config: &AgentConfig) -> AgentInfo {
             .collect(),
         protected_resources: None,
         customizations: None,
-        capabilities: None,
+        // Every chat is an ACP session of the one agent process; a fork or side chat gets its history as
+        // context in its first prompt (`TurnRequest::context`).
+        capabilities: config.multiple_chats.then(|| AgentCapabilities {
+            multiple_chats: Some(MultipleChatsCapability {
+                fork: Some(true),
+                side_chat: Some(true),
+            }),
+            ..Default::default()
+        }),
     }
 }
 
@@ -257,6 +267,8 @@ impl Provider for AcpProvider {
             chat: turn.chat.clone(),
             turn_id: turn.turn_id.clone(),
             text: turn.prompt.clone(),
+            context: turn.context.clone(),
+            fresh: turn.fresh,
             model: turn.model.clone(),
             config: turn.config.clone(),
             control: control_rx,

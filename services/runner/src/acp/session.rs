@@ -19,20 +19,20 @@ use agent_client_protocol::v1::schema::{
     CreateElicitationResponse, CreateTerminalRequest, CreateTerminalResponse, ElicitationCapabilities,
     FileSystemCapabilities, InitializeRequest, KillTerminalRequest, KillTerminalResponse, LoadSessionRequest,
     NewSessionRequest, PromptRequest, ReadTextFileRequest, ReadTextFileResponse, ReleaseTerminalRequest,
-    ReleaseTerminalResponse, RequestPermissionRequest, RequestPermissionResponse, SessionConfigId,
-    SessionConfigKind, SessionConfigOption, SessionConfigOptionCategory, SessionConfigOptionValue,
-    SessionConfigSelectOption, SessionConfigSelectOptions, SessionId, SessionModeState, SessionNotification,
-    SessionUpdate, SetSessionConfigOptionRequest, SetSessionModeRequest, TerminalId, TerminalOutputRequest,
-    TerminalOutputResponse, TextContent, WaitForTerminalExitRequest, WaitForTerminalExitResponse,
-    WriteTextFileRequest, WriteTextFileResponse,
+    ReleaseTerminalResponse, RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    SessionConfigId, SessionConfigKind, SessionConfigOption, SessionConfigOptionCategory,
+    SessionConfigOptionValue, SessionConfigSelectOption, SessionConfigSelectOptions, SessionId,
+    SessionModeState, SessionNotification, SessionUpdate, SetSessionConfigOptionRequest,
+    SetSessionModeRequest, TerminalId, TerminalOutputRequest, TerminalOutputResponse, TextContent,
+    WaitForTerminalExitRequest, WaitForTerminalExitResponse, WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, ByteStreams, Client};
 use ahp_types::actions::{
     SessionCreationFailedAction, SessionMetaChangedAction, SessionReadyAction, StateAction,
 };
-use ahp_types::state::ErrorInfo;
 use ahp_types::state::SessionModelInfo;
+use ahp_types::state::{ChatInputResponseKind, ErrorInfo};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
@@ -66,6 +66,10 @@ pub struct Prompt {
     pub chat: String,
     pub turn_id: String,
     pub text: String,
+    /// History to give the agent before the prompt ([`crate::TurnRequest::context`]).
+    pub context: Option<String>,
+    /// The chat's ACP session is not to be continued ([`crate::TurnRequest::fresh`]).
+    pub fresh: bool,
     /// The model the user picked (`Message.model`): selected through the agent's model config option first.
     pub model: Option<String>,
     /// The session config's values (the agent's settings to apply first).
@@ -557,6 +561,12 @@ async fn run(
                     continue;
                 }
                 let mut note = None;
+                // The relay let go of what the agent had for this chat (a truncation): a new ACP session,
+                // told the kept turns as context.
+                if prompt.fresh {
+                    by_chat.remove(&prompt.chat);
+                    stored.remove(&prompt.chat);
+                }
                 let chat_session = match by_chat.get(&prompt.chat) {
                     Some(id) => id.clone(),
                     None => {
@@ -849,11 +859,18 @@ async fn run_turn(
     if let Some(note) = note {
         mapper.system_note(note);
     }
+    // The chat's history the agent has not seen goes first, as its own block; the user's message after it.
+    let blocks = prompt
+        .context
+        .take()
+        .map(|context| ContentBlock::Text(TextContent::new(context)))
+        .into_iter()
+        .chain(std::iter::once(ContentBlock::Text(TextContent::new(
+            prompt.text.clone(),
+        ))))
+        .collect();
     let reply = cx
-        .send_request(PromptRequest::new(
-            session_id.clone(),
-            vec![ContentBlock::Text(TextContent::new(prompt.text.clone()))],
-        ))
+        .send_request(PromptRequest::new(session_id.clone(), blocks))
         .block_task();
     tokio::pin!(reply);
     let mut flush = tokio::time::interval(COALESCE_EVERY);
@@ -885,13 +902,25 @@ async fn run_turn(
                     mapper.update(notification.update);
                 }
             }
+            // A question or permission of another ACP session (a turn of another chat that ended, late) is
+            // not this turn's: it is withdrawn, never shown in this chat.
             Some((request, responder)) = asks.elicitations.recv() => {
+                if super::elicit::session_of(&request).is_some_and(|id| id != session_id) {
+                    if let Some(cancel) = super::elicit::response_of(ChatInputResponseKind::Cancel, None) {
+                        let _ = responder.respond(cancel);
+                    }
+                    continue;
+                }
                 mapper.elicitation(request, responder);
                 if cancelled.is_some() {
                     mapper.cancel_permissions();
                 }
             }
             Some((request, responder)) = asks.permissions.recv() => {
+                if &request.session_id != session_id {
+                    let _ = responder.respond(RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled));
+                    continue;
+                }
                 if cancelled.is_some() {
                     mapper.permission(request, responder);
                     mapper.cancel_permissions();
