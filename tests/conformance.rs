@@ -1595,3 +1595,73 @@ in_both_shapes!(
     a_truncation_outside_a_subscribers_window_keeps_it_in_step,
     a_truncation_outside_a_subscribers_window_keeps_it_in_step
 );
+
+// ---- Issue 24 (12): a replayed reconnect keeps the connection's turn window -----------------------------
+
+/// A device that held one turn of a chat (`view.turns: 1`) and reconnects with a replay still holds one: a
+/// truncation naming an older turn brings it the turns it lacks first (its window came back with it).
+async fn a_replayed_reconnect_keeps_the_turn_window(shape: &Shape) {
+    let owner = shape.client(0, "owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "rewindow").await;
+    run_turns(&owner, &chat, 4).await;
+    let mut s = shape.raw(1, "phone").await;
+    initialize(&mut s, "phone").await;
+    send(
+        &mut s,
+        frame(
+            "subscribe",
+            Some(1),
+            json!({"channel": chat, "view": {"turns": 1}}),
+        ),
+    )
+    .await;
+    let subscribed = answer_to(&mut s, 1).await;
+    let last_seen = subscribed["result"]["snapshot"]["fromSeq"]
+        .as_u64()
+        .expect("fromSeq");
+    drop(s);
+    let mut again = shape.raw(1, "phone").await;
+    send(
+        &mut again,
+        frame(
+            "reconnect",
+            Some(1),
+            json!({"channel": "ahp-root://", "clientId": "phone", "lastSeenServerSeq": last_seen,
+                "subscriptions": [chat]}),
+        ),
+    )
+    .await;
+    let replay = answer_to(&mut again, 1).await;
+    assert!(replay["result"]["actions"].is_array(), "a replay: {replay}");
+    shape.settle().await;
+    owner
+        .dispatch(
+            chat.clone(),
+            StateAction::ChatTruncated(ChatTruncatedAction {
+                turn_id: Some("t1".into()),
+            }),
+        )
+        .await
+        .expect("truncate");
+    let mut kinds = Vec::new();
+    loop {
+        let frame = recv(&mut again).await;
+        let kind = frame["params"]["action"]["type"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if kind.is_empty() {
+            continue;
+        }
+        kinds.push(kind.clone());
+        if kind == "chat/truncated" {
+            break;
+        }
+    }
+    assert_eq!(kinds, ["chat/turnsLoaded", "chat/truncated"]);
+}
+
+in_both_shapes!(
+    a_replayed_reconnect_keeps_the_turn_window,
+    a_replayed_reconnect_keeps_the_turn_window
+);

@@ -88,6 +88,7 @@ impl Host {
                         subject: owner,
                         live_connections: 0,
                         grace_epoch: 0,
+                        turn_windows: Default::default(),
                     });
                 Ok(Admission::Load)
             }

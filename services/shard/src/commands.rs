@@ -1,32 +1,23 @@
-//! AHP commands: connection-level (`initialize`, `ping`, `reconnect`, `listSessions`, …) and channel-level
-//! (`subscribe`, `createSession`, `createChat`, `fetchTurns`, …). Each handler validates its params, changes
-//! state only through the sequencer and reducers, and answers with one JSON-RPC frame.
+//! AHP commands: routing every command to its handler, and the connection-level ones (`initialize`,
+//! `subscribe`/`unsubscribe` with each connection's turn windows, `completions`, `resolveSessionConfig`).
+//! Sessions' and chats' own commands live in [`crate::sessions`] and [`crate::chats`]. Each handler validates
+//! its params, changes state only through the sequencer and reducers, and answers with one JSON-RPC frame.
 
-use ahp_types::actions::{
-    SessionChatAddedAction, SessionChatRemovedAction, SessionDefaultChatChangedAction, SessionReadyAction,
-    StateAction,
-};
 use ahp_types::commands::{
-    AuthenticateParams, ChatSource, CompletionsParams, CompletionsResult, CreateChatParams,
-    CreateSessionParams, DisposeChatParams, DisposeSessionParams, Implementation, InitializeParams,
+    AuthenticateParams, CompletionsParams, CompletionsResult, Implementation, InitializeParams,
     InitializeResult, ResolveSessionConfigParams, ResolveSessionConfigResult, SubscribeParams,
     SubscribeResult, UnsubscribeParams,
 };
 use ahp_types::errors::{ahp_error_codes, UnsupportedProtocolVersionErrorData};
-use ahp_types::notifications::{SessionAddedParams, SessionRemovedParams};
-use ahp_types::state::{
-    ChatOrigin, ChatState, SessionConfigSchema, SessionLifecycle, SessionState, SessionStatus,
-};
-use ahp_types::{negotiate_protocol_version, PROTOCOL_VERSION, ROOT_RESOURCE_URI};
+use ahp_types::state::SessionConfigSchema;
+use ahp_types::{negotiate_protocol_version, PROTOCOL_VERSION};
 use relay_core::link::{CloseRequest, CommandReply, SubscriptionChange};
 use relay_core::rpc::{self, InboundMessage, RpcError};
-use relay_core::{ConnectionId, Role};
+use relay_core::ConnectionId;
 use serde::Serialize;
 
-use crate::agent_context::{self, AgentContext};
 use crate::host::HostCore;
-use crate::model::{chat_summary_of, summary_of, ChannelKind, ChatRecord, SnapshotClock};
-use relay_store::CatalogChange;
+use crate::model::ChannelKind;
 
 pub(crate) type CommandResult = Result<CommandReply, RpcError>;
 
@@ -125,7 +116,7 @@ impl HostCore {
         }
     }
 
-    fn require_writer(&self, connection: ConnectionId) -> Result<(), RpcError> {
+    pub(crate) fn require_writer(&self, connection: ConnectionId) -> Result<(), RpcError> {
         if self.connection(connection)?.identity.role.can_write() {
             Ok(())
         } else {
@@ -276,6 +267,21 @@ impl HostCore {
         if let Some(state) = self.connections.get_mut(&connection) {
             state.turn_windows.insert(channel.to_string(), first_turn);
         }
+        self.remember_window(connection, channel, first_turn);
+    }
+
+    /// Keep the connection's window of `chat` with its clientId, for a `reconnect` that replays.
+    pub(crate) fn remember_window(&mut self, connection: ConnectionId, chat: &str, first_turn: usize) {
+        let Some(client_id) = self
+            .connections
+            .get(&connection)
+            .and_then(|state| state.client_id.as_ref())
+        else {
+            return;
+        };
+        if let Some(binding) = self.clients.get_mut(client_id) {
+            binding.turn_windows.insert(chat.to_string(), first_turn);
+        }
     }
 
     fn subscribe(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
@@ -367,7 +373,7 @@ impl HostCore {
     }
 
     /// A URI a client chose for a new channel: the right scheme, a bounded length, and not in use.
-    fn check_new_uri(&self, uri: &str, scheme: &str, exists_code: i32) -> Result<(), RpcError> {
+    pub(crate) fn check_new_uri(&self, uri: &str, scheme: &str, exists_code: i32) -> Result<(), RpcError> {
         if !uri.starts_with(scheme) || uri.len() > MAX_URI_BYTES {
             return Err(RpcError::invalid_params(format!(
                 "the URI must be a {scheme} URI of at most {MAX_URI_BYTES} bytes"
@@ -385,488 +391,6 @@ impl HostCore {
             return Err(RpcError::new(exists_code, format!("already exists: {uri}")));
         }
         Ok(())
-    }
-
-    fn create_session(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
-        self.require_writer(connection)?;
-        let params: CreateSessionParams = message.parse_params()?;
-        if let Some(refusal) = self.storage_refusal() {
-            return Err(RpcError::invalid_request(refusal));
-        }
-        let uri = params.channel;
-        self.check_new_uri(&uri, "ahp-session:", ahp_error_codes::SESSION_ALREADY_EXISTS)?;
-        if self.session_count >= self.limits.max_sessions_per_host as u64 {
-            return Err(RpcError::invalid_request(format!(
-                "session limit reached ({} per host)",
-                self.limits.max_sessions_per_host
-            )));
-        }
-        // Without a provider: the host's configured `defaultProvider` (root config, which admins set), else
-        // the first one configured.
-        let configured = self
-            .model
-            .root
-            .config
-            .as_ref()
-            .and_then(|config| config.values.get("defaultProvider"))
-            .and_then(|value| value.as_str())
-            .filter(|provider| self.providers.get(provider).is_some())
-            .map(str::to_string);
-        let provider = match params.provider.or(configured) {
-            Some(p) => p,
-            None => self
-                .providers
-                .default_provider()
-                .ok_or_else(|| {
-                    RpcError::new(ahp_error_codes::PROVIDER_NOT_FOUND, "no provider is configured")
-                })?
-                .to_string(),
-        };
-        let Some(agent) = self.providers.get(&provider).cloned() else {
-            return Err(RpcError::new(
-                ahp_error_codes::PROVIDER_NOT_FOUND,
-                format!("provider not found: {provider}"),
-            ));
-        };
-        let directories = params.working_directories.as_deref().unwrap_or_default();
-        let multiple = self
-            .model
-            .root
-            .agents
-            .iter()
-            .find(|agent| agent.provider == provider)
-            .and_then(|agent| agent.capabilities.as_ref())
-            .is_some_and(|capabilities| capabilities.multiple_working_directories.is_some());
-        if directories.len() > 1 && !multiple {
-            return Err(RpcError::invalid_params(format!(
-                "the agent {provider} does not advertise multipleWorkingDirectories: name at most one working directory"
-            )));
-        }
-        let client_id = self.client_id(connection)?;
-        let active_clients = match params.active_client {
-            Some(active) if active.client_id != client_id => {
-                return Err(RpcError::invalid_params(
-                    "activeClient.clientId must be this connection's clientId",
-                ))
-            }
-            Some(active) => vec![active],
-            None => vec![],
-        };
-        // The agent prepares the session (e.g. starts its process); it reports back on the session channel.
-        let start = agent.create_session(
-            relay_runner::SessionRequest {
-                session: uri.clone(),
-                tenant: self.key.tenant.clone(),
-                host: self.key.host.clone(),
-                working_directory: params
-                    .working_directories
-                    .as_ref()
-                    .and_then(|d| d.first().cloned()),
-            },
-            self.sink.clone(),
-        );
-        if let relay_runner::SessionStart::Refused(message) = &start {
-            return Err(RpcError::invalid_params(message.clone()));
-        }
-        let created_at = now();
-        // The agent's settings, as the client chose them (checked against the schema; defaults for the rest).
-        let config = agent
-            .session_config_schema()
-            .map(|schema| ahp_types::state::SessionConfigState {
-                values: relay_runner::acp::options::resolve(&schema, params.config.as_ref()),
-                schema,
-            });
-        // Every session starts with its default chat (AHP: clients open chats beyond it only where the agent
-        // advertises `multipleChats`).
-        let default_chat = self.default_chat_uri(&uri);
-        let chat_state = new_chat_state(&default_chat, None, vec![], None);
-        let state = SessionState {
-            provider,
-            title: String::new(),
-            status: SessionStatus::Idle.bits(),
-            activity: None,
-            origin: None,
-            project: None,
-            working_directories: params.working_directories,
-            annotations: None,
-            lifecycle: SessionLifecycle::Creating,
-            creation_error: None,
-            server_tools: None,
-            active_clients,
-            chats: vec![chat_summary_of(&chat_state)],
-            default_chat: Some(default_chat.clone()),
-            config,
-            customizations: None,
-            changesets: None,
-            input_needed: None,
-            meta: None,
-        };
-        let summary = summary_of(&uri, &state, &created_at);
-        let catalog_no = self
-            .model
-            .insert_new_session(uri.clone(), state, created_at.clone());
-        self.session_count += 1;
-        let creator = self.connection(connection)?.identity.subject.clone();
-        if let Some(session) = self.model.sessions.get_mut(&uri) {
-            session.created_by = Some(creator.clone());
-        }
-        self.insert_chat(&uri, chat_state, Some(creator), AgentContext::Current);
-        self.store_session_summary(&uri, catalog_no, &created_at, &summary);
-        self.store_snapshot(&uri);
-        self.seq.notify(
-            ROOT_RESOURCE_URI,
-            "root/sessionAdded",
-            &SessionAddedParams {
-                channel: ROOT_RESOURCE_URI.into(),
-                summary,
-            },
-        );
-        if start == relay_runner::SessionStart::Ready {
-            self.apply_server_action(&uri, StateAction::SessionReady(SessionReadyAction {}));
-        }
-        reply(message.id, &())
-    }
-
-    fn dispose_session(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
-        self.require_writer(connection)?;
-        let params: DisposeSessionParams = message.parse_params()?;
-        let uri = params.channel;
-        let Some(session) = self.model.sessions.get(&uri) else {
-            return Err(RpcError::session_not_found(&uri));
-        };
-        let who = &self.connection(connection)?.identity;
-        if who.role != Role::Admin && session.created_by.as_ref() != Some(&who.subject) {
-            return Err(RpcError::permission_denied(
-                "members may dispose only sessions they created (admins may dispose any)",
-            ));
-        }
-        if let Some(agent) = self.providers.get(&session.state.provider) {
-            agent.dispose_session(&self.key.tenant, &self.key.host, &uri);
-        }
-        let listed: Vec<String> = session.state.chats.iter().map(|c| c.resource.clone()).collect();
-        for chat in &listed {
-            self.apply_server_action(
-                &uri,
-                StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }),
-            );
-        }
-        let chats = self.model.remove_session(&uri);
-        self.session_count = self.session_count.saturating_sub(1);
-        for chat in &chats {
-            self.seq.dispose(chat);
-            self.seq.forget(&crate::archive::key(chat));
-            self.seq.forget(&crate::archive::legacy_key(chat));
-        }
-        self.seq.catalog(CatalogChange::Remove { uri: uri.clone() });
-        self.seq.dispose(&uri);
-        self.note_disposing(std::iter::once(uri.clone()).chain(chats.iter().cloned()));
-        for state in self.connections.values_mut() {
-            state.subscriptions.remove(&uri);
-            for chat in &chats {
-                state.subscriptions.remove(chat);
-            }
-        }
-        self.sync_terminal_list();
-        self.seq.notify(
-            ROOT_RESOURCE_URI,
-            "root/sessionRemoved",
-            &SessionRemovedParams {
-                channel: ROOT_RESOURCE_URI.into(),
-                session: uri,
-            },
-        );
-        reply(message.id, &())
-    }
-
-    fn create_chat(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
-        self.require_writer(connection)?;
-        let params: CreateChatParams = message.parse_params()?;
-        let session = params.channel;
-        let chat = params.chat;
-        let Some(record) = self.model.sessions.get(&session) else {
-            return Err(RpcError::session_not_found(&session));
-        };
-        if let Some(refusal) = self.storage_refusal() {
-            return Err(RpcError::invalid_request(refusal));
-        }
-        self.check_new_uri(&chat, "ahp-chat:", ahp_error_codes::ALREADY_EXISTS)?;
-        if record.state.chats.len() >= self.limits.max_chats_per_session {
-            return Err(RpcError::invalid_request("chat limit reached for this session"));
-        }
-        self.check_chat_capability(&record.state, params.source.as_ref())?;
-        if let Some(directories) = &params.working_directories {
-            crate::validate::check_in_session_directories(Some(&record.state), directories)
-                .map_err(RpcError::invalid_params)?;
-        }
-        // Clients send only user messages (as a turn's message, and so as the chat's first one).
-        if params
-            .initial_message
-            .as_ref()
-            .is_some_and(|message| message.origin.kind != ahp_types::state::MessageKind::User)
-        {
-            return Err(RpcError::invalid_params("initialMessage must be a user message"));
-        }
-        // A fork continues its source: it inherits the source chat's working directories (naming others is
-        // refused).
-        let mut working_directories = params.working_directories;
-        if let Some(ChatSource::Fork(source)) = &params.source {
-            let inherited = self
-                .model
-                .chats
-                .get(&source.chat)
-                .and_then(|source| source.state.working_directories.clone());
-            if working_directories.is_some() && working_directories != inherited {
-                return Err(RpcError::invalid_params(
-                    "a fork inherits its source chat's working directories: omit workingDirectories",
-                ));
-            }
-            working_directories = inherited;
-        }
-        let mut agent_context = AgentContext::Current;
-        let (origin, turns) = match params.source {
-            None => (None, vec![]),
-            Some(ChatSource::Fork(source)) => {
-                let turns = self.fork_turns(&session, &source.chat, &chat, &source.turn_id)?;
-                agent_context = AgentContext::Owed { source: None };
-                (
-                    Some(ChatOrigin::Fork {
-                        chat: source.chat,
-                        turn_id: source.turn_id,
-                    }),
-                    turns,
-                )
-            }
-            // A side chat takes its source's context without copying it into its own history: its origin
-            // keeps the source turn and the selection exactly as given.
-            Some(ChatSource::SideChat(source)) => {
-                self.check_source_turn(&session, &source.chat, &chat, &source.turn_id, true)?;
-                if source.selection.as_ref().is_some_and(|s| s.text.is_empty()) {
-                    return Err(RpcError::invalid_params(
-                        "a side chat's selection.text must not be empty",
-                    ));
-                }
-                // What its agent is told of the source is taken now: later changes to it do not reach it.
-                let told = self
-                    .model
-                    .chats
-                    .get(&source.chat)
-                    .and_then(|record| agent_context::side_chat_source(&record.state, &source));
-                agent_context = AgentContext::Owed { source: told };
-                (
-                    Some(ChatOrigin::SideChat {
-                        chat: source.chat,
-                        turn_id: source.turn_id,
-                        selection: source.selection,
-                    }),
-                    vec![],
-                )
-            }
-            Some(ChatSource::Unknown(_)) => {
-                return Err(RpcError::invalid_params("unsupported chat source kind"))
-            }
-        };
-        let state = new_chat_state(&chat, origin, turns, working_directories);
-        let created_by = Some(self.connection(connection)?.identity.subject.clone());
-        let summary = self.insert_chat(&session, state, created_by, agent_context);
-        let needs_default = self
-            .model
-            .sessions
-            .get(&session)
-            .is_some_and(|s| s.state.default_chat.is_none());
-        self.apply_server_action(
-            &session,
-            StateAction::SessionChatAdded(SessionChatAddedAction { summary }),
-        );
-        if needs_default {
-            self.apply_server_action(
-                &session,
-                StateAction::SessionDefaultChatChanged(SessionDefaultChatChangedAction {
-                    default_chat: Some(chat.clone()),
-                }),
-            );
-        }
-        if let Some(message_to_send) = params.initial_message {
-            self.start_server_turn(&chat, message_to_send, None);
-        }
-        reply(message.id, &())
-    }
-
-    /// Keep a new chat of `session` and store its first snapshot; returns its summary for the session's list.
-    fn insert_chat(
-        &mut self,
-        session: &str,
-        state: ChatState,
-        created_by: Option<String>,
-        agent_context: AgentContext,
-    ) -> ahp_types::state::ChatSummary {
-        let summary = chat_summary_of(&state);
-        let chat = state.resource.clone();
-        self.model.chats.insert(
-            chat.clone(),
-            ChatRecord {
-                session: session.to_string(),
-                state,
-                running: None,
-                clock: SnapshotClock::fresh(),
-                archived: 0,
-                created_by,
-                agent_context,
-            },
-        );
-        self.store_snapshot(&chat);
-        summary
-    }
-
-    /// The URI of a new session's default chat: the session's own name as a chat (`ahp-session:/x` →
-    /// `ahp-chat:/x`), or with a `-default-N` suffix when a chat of the host already has that URI.
-    fn default_chat_uri(&self, session: &str) -> String {
-        let name = session.strip_prefix("ahp-session:").unwrap_or(session);
-        let base = format!("ahp-chat:{name}");
-        std::iter::once(base.clone())
-            .chain((2..).map(|n| format!("{base}-default-{n}")))
-            .find(|uri| self.model.kind(uri) == ChannelKind::Unknown)
-            .unwrap_or(base)
-    }
-
-    /// `createChat` beyond a session's first chat needs the agent's `multipleChats`, a fork its `fork`, a side
-    /// chat its `sideChat` (AHP: clients MUST NOT use what is not advertised; the host refuses it).
-    fn check_chat_capability(
-        &self,
-        session: &SessionState,
-        source: Option<&ChatSource>,
-    ) -> Result<(), RpcError> {
-        let capability = self
-            .model
-            .root
-            .agents
-            .iter()
-            .find(|agent| agent.provider == session.provider)
-            .and_then(|agent| agent.capabilities.as_ref())
-            .and_then(|capabilities| capabilities.multiple_chats.as_ref());
-        let provider = &session.provider;
-        match (capability, source) {
-            (None, _) if !session.chats.is_empty() => Err(RpcError::invalid_request(format!(
-                "the agent {provider} does not advertise multipleChats: the session has its one chat"
-            ))),
-            (None, Some(_)) => Err(RpcError::invalid_request(format!(
-                "the agent {provider} does not advertise multipleChats: no forks or side chats"
-            ))),
-            (Some(chats), Some(ChatSource::Fork(_))) if chats.fork != Some(true) => {
-                Err(RpcError::invalid_request(format!(
-                    "the agent {provider} does not advertise multipleChats.fork"
-                )))
-            }
-            (Some(chats), Some(ChatSource::SideChat(_))) if chats.side_chat != Some(true) => {
-                Err(RpcError::invalid_request(format!(
-                    "the agent {provider} does not advertise multipleChats.sideChat"
-                )))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// The turns of `source` up to and including `turn_id`, for a fork inside `session` (archived turns were
-    /// loaded into the source's state before: [`crate::history`]).
-    fn fork_turns(
-        &self,
-        session: &str,
-        source: &str,
-        target: &str,
-        turn_id: &str,
-    ) -> Result<Vec<ahp_types::state::Turn>, RpcError> {
-        // Its archived turns were not loaded back: more than one operation brings (see `crate::history`).
-        if let Some(archived) = self
-            .model
-            .chats
-            .get(source)
-            .map(|record| record.archived)
-            .filter(|archived| *archived > 0)
-        {
-            return Err(RpcError::invalid_params(format!(
-                "{source} has {archived} archived turns: a fork copies at most {} turns and {} bytes of them",
-                crate::archive::MAX_LOADED_BACK,
-                self.limits.max_reply_bytes
-            )));
-        }
-        self.check_source_turn(session, source, target, turn_id, false)?;
-        let record = self.model.chats.get(source).ok_or_else(|| not_found(source))?;
-        let index = record
-            .state
-            .turns
-            .iter()
-            .position(|t| t.id == turn_id)
-            .ok_or_else(|| RpcError::invalid_params(format!("unknown turn {turn_id} in {source}")))?;
-        Ok(record.state.turns[..=index].to_vec())
-    }
-
-    /// A chat source must be another chat of the same session with the named turn (completed, or for a
-    /// side chat also the active one).
-    fn check_source_turn(
-        &self,
-        session: &str,
-        source: &str,
-        target: &str,
-        turn_id: &str,
-        active_allowed: bool,
-    ) -> Result<(), RpcError> {
-        if source == target {
-            return Err(RpcError::invalid_params("a chat cannot be forked onto itself"));
-        }
-        let Some(record) = self.model.chats.get(source) else {
-            return Err(RpcError::invalid_params(format!("unknown source chat {source}")));
-        };
-        if record.session != session {
-            return Err(RpcError::invalid_params(
-                "the source chat belongs to another session",
-            ));
-        }
-        let completed = record.state.turns.iter().any(|t| t.id == turn_id);
-        let active = record.state.active_turn.as_ref().is_some_and(|t| t.id == turn_id);
-        if completed || (active_allowed && active) {
-            Ok(())
-        } else {
-            Err(RpcError::invalid_params(format!(
-                "unknown turn {turn_id} in {source}"
-            )))
-        }
-    }
-
-    fn dispose_chat(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
-        self.require_writer(connection)?;
-        let params: DisposeChatParams = message.parse_params()?;
-        let chat = params.channel;
-        let Some(record) = self.model.chats.get(&chat) else {
-            return Err(not_found(&chat));
-        };
-        let who = &self.connection(connection)?.identity;
-        let own = |creator: Option<&String>| creator == Some(&who.subject);
-        let session_creator = self
-            .model
-            .sessions
-            .get(&record.session)
-            .and_then(|s| s.created_by.as_ref());
-        if who.role != Role::Admin && !own(record.created_by.as_ref()) && !own(session_creator) {
-            return Err(RpcError::permission_denied(
-                "members may dispose only chats they created or chats of their sessions (admins may dispose any)",
-            ));
-        }
-        let Some(record) = self.model.chats.remove(&chat) else {
-            return Err(not_found(&chat));
-        };
-        drop(record.running);
-        self.clear_input_needed(&record.session, &chat);
-        self.apply_server_action(
-            &record.session,
-            StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }),
-        );
-        self.seq.dispose(&chat);
-        self.seq.forget(&crate::archive::key(&chat));
-        self.seq.forget(&crate::archive::legacy_key(&chat));
-        self.note_disposing(std::iter::once(chat.clone()));
-        for state in self.connections.values_mut() {
-            state.subscriptions.remove(&chat);
-        }
-        reply(message.id, &())
     }
 
     fn completions(&mut self, message: &InboundMessage) -> CommandResult {
@@ -916,37 +440,6 @@ impl HostCore {
 }
 
 /// The error for a channel that does not exist (or that this identity may not see: the same answer).
-/// A new chat's state: idle, untitled, with the turns it starts with (a fork's copies).
-fn new_chat_state(
-    chat: &str,
-    origin: Option<ChatOrigin>,
-    turns: Vec<ahp_types::state::Turn>,
-    working_directories: Option<Vec<String>>,
-) -> ChatState {
-    ChatState {
-        resource: chat.to_string(),
-        title: String::new(),
-        status: SessionStatus::Idle.bits(),
-        activity: None,
-        modified_at: now(),
-        changes: None,
-        origin,
-        movable: None,
-        interactivity: None,
-        working_directories,
-        changesets: None,
-        background_work: None,
-        canvases: None,
-        turns,
-        turns_next_cursor: None,
-        active_turn: None,
-        steering_message: None,
-        queued_messages: None,
-        draft: None,
-        meta: None,
-    }
-}
-
 pub fn not_found(channel: &str) -> RpcError {
     // -32001 names a missing session; a session's sub-resources (e.g. `<session>/annotations`) and other
     // URIs are -32008.

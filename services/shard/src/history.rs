@@ -222,6 +222,8 @@ impl HostCore {
         {
             let window = state.turn_windows.entry(chat.to_string()).or_insert(start);
             *window = (*window).min(start);
+            let window = *window;
+            self.remember_window(connection, chat, window);
         }
     }
 

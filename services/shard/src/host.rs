@@ -61,6 +61,9 @@ pub struct ClientBinding {
     pub live_connections: usize,
     /// Bumped on every disconnect, so a stale grace timer can tell it lost the race.
     pub grace_epoch: u64,
+    /// The turn windows (chat → absolute index of the oldest turn held) its connections last had: a `reconnect`
+    /// answered with a replay continues that state, so its new connection continues them too.
+    pub turn_windows: HashMap<String, usize>,
 }
 
 /// Everything behind the host lock.
@@ -871,6 +874,7 @@ impl HostCore {
                 subject: subject.clone(),
                 live_connections: 0,
                 grace_epoch: 0,
+                turn_windows: HashMap::new(),
             });
         if binding.subject != subject {
             return Err(RpcError::permission_denied(

@@ -223,6 +223,20 @@ impl HostCore {
         for channel in &live {
             self.track_subscription(connection, channel)?;
         }
+        // A replay continues the client's state, and so its last connection's turn windows (a snapshot
+        // below opens its own).
+        let windows: Vec<(String, usize)> = self
+            .clients
+            .get(&params.client_id)
+            .map(|binding| {
+                live.iter()
+                    .filter_map(|channel| Some((channel.clone(), *binding.turn_windows.get(channel)?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (channel, first_turn) in windows {
+            self.open_window(connection, &channel, first_turn);
+        }
         self.release_sessions_not_resubscribed(&params.client_id, &live);
 
         let last_seen = params.last_seen_server_seq as u64;
