@@ -2079,3 +2079,62 @@ async fn a_late_permission_of_another_chat_never_lands_in_the_running_turn() {
     .expect("cancel");
     collect_until(&mut sub, is_turn_end).await;
 }
+
+/// A message's attachments reach the ACP agent as prompt content (a chat reference as its transcript, a
+/// resource as a link), and one the agent's `promptCapabilities` do not accept (an image, for this agent)
+/// ends the turn with an error naming it (issue 24, 8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attachments_reach_the_acp_agent_within_what_it_accepts() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (session, chat) = scripted_session(&a, "attached").await;
+    prompt(&a, &chat, "t1", "remember the word zebra").await;
+    let other = "ahp-chat:/attached-other".to_string();
+    create_chat(&a, &session, &other).await;
+    let with = |turn_id: &str, attachments: Value| {
+        let mut message = message("what do you see");
+        message.attachments = Some(serde_json::from_value(attachments).expect("attachments"));
+        turn_started_with(turn_id, message)
+    };
+    let (state, from, mut sub) = subscribe_chat(&a, &other).await;
+    a.dispatch(
+        other.clone(),
+        with(
+            "t2",
+            serde_json::json!([{"type": "chat", "label": "first chat", "resource": chat},
+                               {"type": "resource", "label": "spec", "uri": "https://example.com/spec"}]),
+        ),
+    )
+    .await
+    .expect("dispatch");
+    let seen = collect_until(&mut sub, is_turn_end).await;
+    let state = reduce_chat(state, from, &seen);
+    let (reply, _) = turn_text(&state, "t2");
+    assert!(reply.contains("[Attachment: first chat]"), "{reply}");
+    assert!(reply.contains("User: remember the word zebra"), "{reply}");
+    assert!(reply.contains("LINK: https://example.com/spec"), "{reply}");
+
+    a.dispatch(
+        other.clone(),
+        with(
+            "t3",
+            serde_json::json!([{"type": "embeddedResource", "label": "shot.png", "data": "iVBORw0KGgo=",
+                                "contentType": "image/png"}]),
+        ),
+    )
+    .await
+    .expect("dispatch");
+    let ended = collect_until(&mut sub, is_turn_end).await;
+    let error = ended
+        .iter()
+        .find_map(|e| match &e.action {
+            StateAction::ChatError(error) => Some(error.part.error.clone()),
+            _ => None,
+        })
+        .expect("the turn ended in an error");
+    assert_eq!(error.error_type, "attachmentNotSupported", "{error:?}");
+    assert!(
+        error.message.contains("images") && error.message.contains("shot.png"),
+        "{error:?}"
+    );
+}

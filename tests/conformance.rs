@@ -1665,3 +1665,98 @@ in_both_shapes!(
     a_replayed_reconnect_keeps_the_turn_window,
     a_replayed_reconnect_keeps_the_turn_window
 );
+
+// ---- Issue 24 (8): attachments reach the agent; a chat reference is pinned ------------------------------
+
+/// A message with attachments: a chat reference without `endTurn` is pinned to that chat's latest completed
+/// turn in the accepted action (every device sees the pin), and the agent gets every attachment; kinds the
+/// host cannot resolve, and an `endTurn` that is not a completed turn, are rejected with the reason.
+async fn attachments_reach_the_agent_and_a_chat_reference_is_pinned(shape: &Shape) {
+    let owner = shape.client(0, "owner").await;
+    let (_, earlier) = create_session_and_chat(&owner, "attach-source").await;
+    run_turns(&owner, &earlier, 2).await;
+    let (_, chat) = create_session_and_chat(&owner, "attach").await;
+    let watcher = shape.client(1, "watcher").await;
+    let (_, _, mut watched) = subscribe_chat(&watcher, &chat).await;
+    let (_, _, mut sub) = subscribe_chat(&owner, &chat).await;
+    let with = |turn_id: &str, attachments: Value| -> StateAction {
+        let mut message = message("look at these");
+        message.attachments = Some(serde_json::from_value(attachments).expect("attachments"));
+        turn_started_with(turn_id, message)
+    };
+    owner
+        .dispatch(
+            chat.clone(),
+            with(
+                "t1",
+                json!([{"type": "chat", "label": "earlier chat", "resource": earlier},
+                       {"type": "resource", "label": "spec", "uri": "https://example.com/spec"}]),
+            ),
+        )
+        .await
+        .expect("dispatch");
+    let seen = collect_until(&mut watched, |e| {
+        matches!(e.action, StateAction::ChatTurnComplete(_))
+    })
+    .await;
+    let started = seen
+        .iter()
+        .find_map(|e| match &e.action {
+            StateAction::ChatTurnStarted(a) => Some(json(&a.message)),
+            _ => None,
+        })
+        .expect("the turn started");
+    assert_eq!(started["attachments"][0]["endTurn"], "t1", "{started}");
+    let reply = collect_markdown(&seen);
+    assert!(reply.contains("Attached: earlier chat, spec."), "{reply}");
+    collect_until(&mut sub, |e| matches!(e.action, StateAction::ChatTurnComplete(_))).await;
+
+    for (turn_id, attachments, reason) in [
+        (
+            "t2",
+            json!([{"type": "annotations", "label": "notes", "resource": "ahp-session:/attach/annotations"}]),
+            "annotations",
+        ),
+        (
+            "t3",
+            json!([{"type": "chat", "label": "x", "resource": earlier, "endTurn": "t9"}]),
+            "not a completed",
+        ),
+        (
+            "t4",
+            json!([{"type": "chat", "label": "y", "resource": "ahp-chat:/nowhere"}]),
+            "no chat",
+        ),
+        ("t5", json!([{"type": "hologram", "label": "z"}]), "does not know"),
+    ] {
+        owner
+            .dispatch(chat.clone(), with(turn_id, attachments))
+            .await
+            .expect("dispatch");
+        let rejected = next_envelope(&mut sub).await;
+        let why = rejected.rejection_reason.unwrap_or_default();
+        assert!(why.contains(reason), "{turn_id}: {why}");
+    }
+}
+
+/// The markdown the envelopes streamed (response parts and deltas), in order.
+fn collect_markdown(envelopes: &[ActionEnvelope]) -> String {
+    let mut text = String::new();
+    for envelope in envelopes {
+        match &envelope.action {
+            StateAction::ChatResponsePart(a) => {
+                if let ResponsePart::Markdown(m) = &a.part {
+                    text.push_str(&m.content);
+                }
+            }
+            StateAction::ChatDelta(a) => text.push_str(&a.content),
+            _ => {}
+        }
+    }
+    text
+}
+
+in_both_shapes!(
+    attachments_reach_the_agent_and_a_chat_reference_is_pinned,
+    attachments_reach_the_agent_and_a_chat_reference_is_pinned
+);

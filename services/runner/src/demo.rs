@@ -189,6 +189,12 @@ impl DemoTurn {
         }
 
         self.stream_markdown("reply", &reply_chunks(&prompt)).await?;
+        // What it was given besides the message, by label (it keeps no memory, so it only says so).
+        if !self.turn.attachments.is_empty() {
+            let labels: Vec<&str> = self.turn.attachments.iter().map(|a| a.label()).collect();
+            let seen = format!(" Attached: {}.", labels.join(", "));
+            self.stream_markdown("attachments", &[seen]).await?;
+        }
 
         let client_tool = self.turn.client_tools.first().cloned();
         match client_tool {

@@ -11,6 +11,6 @@ pub mod provider;
 
 pub use demo::{DemoPace, DemoProvider};
 pub use provider::{
-    ChatSink, ClientTool, Provider, ProviderRegistry, SessionRequest, SessionStart, TurnControl, TurnHandle,
-    TurnRequest, AGENT_STATE_META,
+    ChatSink, ClientTool, Provider, ProviderRegistry, SessionRequest, SessionStart, TurnAttachment,
+    TurnControl, TurnHandle, TurnRequest, AGENT_STATE_META,
 };

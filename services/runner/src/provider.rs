@@ -62,6 +62,9 @@ pub struct TurnRequest {
     /// the chat afresh, with [`TurnRequest::context`].
     #[serde(default)]
     pub fresh: bool,
+    /// The message's attachments, as the host resolved them (a referenced chat becomes its transcript).
+    #[serde(default)]
+    pub attachments: Vec<TurnAttachment>,
     /// The model the user picked for this turn (`Message.model`), if any.
     pub model: Option<String>,
     /// The session's config values (`SessionState.config.values`): the agent's settings to apply first.
@@ -71,6 +74,37 @@ pub struct TurnRequest {
     pub first_turn: bool,
     /// Tools the session's active clients offer to run themselves (client tools), as (client id, tool name).
     pub client_tools: Vec<ClientTool>,
+}
+
+/// An attachment of a turn's message, resolved by the host into what an agent can take.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum TurnAttachment {
+    /// Text for the model: a simple attachment's model representation, or a referenced chat's transcript.
+    Text { label: String, text: String },
+    /// A resource the agent reads itself, by URI.
+    Link {
+        label: String,
+        uri: String,
+        content_type: Option<String>,
+    },
+    /// Content the client embedded (base64), with its MIME type.
+    Embedded {
+        label: String,
+        content_type: String,
+        data: String,
+    },
+}
+
+impl TurnAttachment {
+    /// The label the user sees for it.
+    pub fn label(&self) -> &str {
+        match self {
+            TurnAttachment::Text { label, .. }
+            | TurnAttachment::Link { label, .. }
+            | TurnAttachment::Embedded { label, .. } => label,
+        }
+    }
 }
 
 /// A tool an active client of the session runs itself.

@@ -115,6 +115,17 @@ pub fn source_transcript(source: &ChatState, turn_id: &str) -> Option<String> {
     ))
 }
 
+/// A chat's transcript from its first retained turn through `through` (a chat attachment's content), never
+/// expanding the attachments inside it; `None` when the turn is not retained.
+pub fn transcript_through(chat: &ChatState, through: &str) -> Option<String> {
+    let index = chat.turns.iter().position(|t| t.id == through)?;
+    let turns: Vec<(&str, String)> = chat.turns[..=index]
+        .iter()
+        .map(|t| (t.message.text.as_str(), answer(&t.response_parts)))
+        .collect();
+    Some(bounded(&turns))
+}
+
 fn with_selection(text: String, selection: Option<&str>) -> String {
     match selection {
         Some(selection) => format!("{text}\n\nThe part of it the user selected:\n{selection}"),

@@ -48,6 +48,10 @@ impl HostCore {
         {
             return Err(RpcError::invalid_params("initialMessage must be a user message"));
         }
+        let mut initial_message = params.initial_message;
+        if let Some(message) = initial_message.as_mut() {
+            crate::attachments::pin(&self.model, message).map_err(RpcError::invalid_params)?;
+        }
         // A fork continues its source: it inherits the source chat's working directories (naming others is
         // refused).
         let mut working_directories = params.working_directories;
@@ -127,7 +131,7 @@ impl HostCore {
                 }),
             );
         }
-        if let Some(message_to_send) = params.initial_message {
+        if let Some(message_to_send) = initial_message {
             self.start_server_turn(&chat, message_to_send, None);
         }
         reply(message.id, &())

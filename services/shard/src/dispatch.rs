@@ -40,7 +40,7 @@ impl HostCore {
         connection: ConnectionId,
         message: &InboundMessage,
     ) -> Result<CommandReply, RpcError> {
-        let params: DispatchActionParams = message.parse_params()?;
+        let mut params: DispatchActionParams = message.parse_params()?;
         let client_id = self.client_id(connection)?;
         let role = self.connection(connection)?.identity.role;
         let kind = self.model.kind(&params.channel);
@@ -60,7 +60,12 @@ impl HostCore {
             .then(|| self.storage_refusal())
             .flatten();
         let over_turn_limit = self.turn_limit_refusal(&params.channel, &params.action);
-        let checked = validate::check_client_action(&self.model, kind, &params.channel, &params.action, &who)
+        // A message's chat attachments are pinned now (the accepted action carries the pinned turn).
+        let pinned = crate::attachments::pin_action(&self.model, &mut params.action);
+        let checked = pinned
+            .and_then(|()| {
+                validate::check_client_action(&self.model, kind, &params.channel, &params.action, &who)
+            })
             .and_then(|()| over_quota.map_or(Ok(()), Err))
             .and_then(|()| over_turn_limit.map_or(Ok(()), Err));
         // An operation that names a turn meets, on every subscriber, the turns the host has.
@@ -368,6 +373,7 @@ impl HostCore {
             prompt: message.text.clone(),
             context,
             fresh,
+            attachments: crate::attachments::resolve(&self.model, message),
             model: message.model.as_ref().map(|model| model.id.clone()),
             config: session.state.config.as_ref().map(|config| config.values.clone()),
             first_turn,

@@ -9,6 +9,7 @@ pub mod admission;
 pub mod agent_context;
 pub mod aging;
 pub mod archive;
+pub mod attachments;
 pub mod catalog;
 pub mod chats;
 pub mod commands;

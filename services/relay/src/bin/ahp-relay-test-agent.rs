@@ -46,7 +46,9 @@
 //! With `--hang-on-new-session` it never answers `session/new`.
 //!
 //! A prompt of several text blocks is taken as context (all but the last) and a message (the last): the reply
-//! then ends with "CONTEXT GIVEN: <the context, its lines joined with ` | `>".
+//! then ends with "CONTEXT GIVEN: <the context, its lines joined with ` | `>", where blocks other than text
+//! appear as `LINK: <uri>` (resource links), `IMAGE: <mime>` or `OTHER BLOCK`. It accepts no images, audio
+//! or embedded context (ACP's baseline `promptCapabilities`).
 //!
 //! Sessions are kept in `<cwd>/.test-agent/<id>` (the number of prompts seen), so a new process of the agent
 //! can `session/load` them (replaying a line of history first, as ACP agents do); every reply ends with
@@ -265,6 +267,13 @@ async fn main() -> agent_client_protocol::Result<()> {
                     })
                     .collect();
                 let text = blocks.pop().unwrap_or_default();
+                // Blocks other than text, named (links by URI).
+                blocks.extend(prompt.prompt.iter().filter_map(|block| match block {
+                    ContentBlock::Text(_) => None,
+                    ContentBlock::ResourceLink(link) => Some(format!("LINK: {}", link.uri)),
+                    ContentBlock::Image(image) => Some(format!("IMAGE: {}", image.mime_type)),
+                    _ => Some("OTHER BLOCK".to_string()),
+                }));
                 let context = (!blocks.is_empty()).then(|| blocks.join("\n"));
                 // The script runs in its own task: a handler never waits (for permissions, or time).
                 let model = models.lock().get(&prompt.session_id.to_string()).cloned();

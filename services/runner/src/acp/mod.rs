@@ -8,6 +8,7 @@
 //! the relay stay inside its working directory ([`fs`]). Disposing the session (or the relay stopping) kills
 //! the agent's sandbox, and disposing removes its directories.
 
+pub mod attachments;
 pub mod config;
 pub mod elicit;
 pub mod fs;
@@ -269,6 +270,8 @@ impl Provider for AcpProvider {
             text: turn.prompt.clone(),
             context: turn.context.clone(),
             fresh: turn.fresh,
+            attachments: turn.attachments.clone(),
+            attached: vec![],
             model: turn.model.clone(),
             config: turn.config.clone(),
             control: control_rx,

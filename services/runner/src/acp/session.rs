@@ -70,6 +70,10 @@ pub struct Prompt {
     pub context: Option<String>,
     /// The chat's ACP session is not to be continued ([`crate::TurnRequest::fresh`]).
     pub fresh: bool,
+    /// The message's attachments ([`crate::TurnRequest::attachments`])…
+    pub attachments: Vec<crate::TurnAttachment>,
+    /// …as the content blocks the agent takes (made by the worker, which knows what it accepts).
+    pub attached: Vec<ContentBlock>,
     /// The model the user picked (`Message.model`): selected through the agent's model config option first.
     pub model: Option<String>,
     /// The session config's values (the agent's settings to apply first).
@@ -486,6 +490,7 @@ async fn run(
                 }
             };
             let can_load = initialized.agent_capabilities.load_session;
+            let accepts = initialized.agent_capabilities.prompt_capabilities.clone();
             let auth_methods = describe_auth_methods(&initialized.auth_methods);
             if !auth_methods.is_empty() {
                 tracing::info!(agent = %config.id, methods = %auth_methods, "the agent offers authentication");
@@ -541,7 +546,7 @@ async fn run(
             // Idle for too long: the agent stops (returning drops the connection, which kills its process
             // group); the next prompt starts it again and loads the chats' sessions.
             loop {
-                let prompt = tokio::select! {
+                let mut prompt = tokio::select! {
                     next = tokio::time::timeout(idle_timeout, queue.recv()) => match next {
                         Ok(Some(prompt)) => prompt,
                         _ => break,
@@ -559,6 +564,14 @@ async fn run(
                 if let Some(refusal) = terminals.workspace_refusal() {
                     fail_turn(&prompt, "quotaExceeded", &refusal);
                     continue;
+                }
+                // An attachment the agent cannot take ends the turn, named, before the agent sees the rest.
+                match super::attachments::blocks(&prompt.attachments, &accepts) {
+                    Ok(blocks) => prompt.attached = blocks,
+                    Err(message) => {
+                        fail_turn(&prompt, "attachmentNotSupported", &message);
+                        continue;
+                    }
                 }
                 let mut note = None;
                 // The relay let go of what the agent had for this chat (a truncation): a new ACP session,
@@ -859,12 +872,14 @@ async fn run_turn(
     if let Some(note) = note {
         mapper.system_note(note);
     }
-    // The chat's history the agent has not seen goes first, as its own block; the user's message after it.
+    // The chat's history the agent has not seen goes first, as its own block; then the attachments; the
+    // user's message last.
     let blocks = prompt
         .context
         .take()
         .map(|context| ContentBlock::Text(TextContent::new(context)))
         .into_iter()
+        .chain(std::mem::take(&mut prompt.attached))
         .chain(std::iter::once(ContentBlock::Text(TextContent::new(
             prompt.text.clone(),
         ))))
