@@ -1760,3 +1760,88 @@ in_both_shapes!(
     attachments_reach_the_agent_and_a_chat_reference_is_pinned,
     attachments_reach_the_agent_and_a_chat_reference_is_pinned
 );
+
+// ---- Issue 24 (12): what a client is owed reaches it after a snapshot reconnect too ---------------------
+
+/// A client whose `reconnect` is answered with snapshots (here: the replay would exceed the reply budget)
+/// still gets the rejection of its action and the echo on the chat it does not subscribe to, after the
+/// snapshots and numbered after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_reconnect_still_carries_what_the_client_is_owed() {
+    let relay = Relay::start_with(&["--max-reply-bytes", "65536"]).await;
+    let (owner, _) = relay.client("owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "owed-snap").await;
+    let (_, other_chat) = create_session_and_chat(&owner, "owed-snap-unwatched").await;
+    let mut s = raw(&relay).await;
+    initialize(&mut s, "tablet").await;
+    send(&mut s, frame("subscribe", Some(1), json!({"channel": chat}))).await;
+    let subscribed = answer_to(&mut s, 1).await;
+    let last_seen = subscribed["result"]["snapshot"]["fromSeq"]
+        .as_u64()
+        .expect("fromSeq");
+    send(
+        &mut s,
+        dispatch_frame(&chat, 1, json!({"type": "chat/turnCancelled", "turnId": "none"})),
+    )
+    .await;
+    let draft = json!({"type": "chat/draftChanged", "draft": {"text": "hi", "origin": {"kind": "user"}}});
+    send(&mut s, dispatch_frame(&other_chat, 2, draft)).await;
+    send(&mut s, frame("ping", Some(2), json!({}))).await;
+    loop {
+        if answer_is(&recv(&mut s).await, 2) {
+            break;
+        }
+    }
+    drop(s);
+    // More happens on the chat than one reply may carry: the reconnect gets snapshots.
+    let (_, _, mut sub) = subscribe_chat(&owner, &chat).await;
+    for n in 0..3 {
+        owner
+            .dispatch(
+                chat.clone(),
+                StateAction::ChatDraftChanged(ChatDraftChangedAction {
+                    draft: Some(message(&format!("{n}{}", "d".repeat(30_000)))),
+                }),
+            )
+            .await
+            .expect("dispatch");
+        next_envelope(&mut sub).await;
+    }
+
+    let mut again = raw(&relay).await;
+    send(
+        &mut again,
+        frame(
+            "reconnect",
+            Some(1),
+            json!({"channel": "ahp-root://", "clientId": "tablet", "lastSeenServerSeq": last_seen,
+                "subscriptions": [chat]}),
+        ),
+    )
+    .await;
+    let answer = answer_to(&mut again, 1).await;
+    assert_eq!(answer["result"]["type"], "snapshot", "{answer}");
+    let from_seq = answer["result"]["snapshots"][0]["fromSeq"]
+        .as_u64()
+        .expect("fromSeq");
+    let mut mine = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while mine.len() < 2 {
+            let frame = recv(&mut again).await;
+            if frame["params"]["origin"]["clientId"] == "tablet" {
+                mine.push(frame["params"].clone());
+            }
+        }
+    })
+    .await
+    .expect("the owed envelopes never came");
+    assert_eq!(mine[0]["origin"]["clientSeq"], 1);
+    assert!(mine[0]["rejectionReason"].is_string(), "{mine:?}");
+    assert_eq!(mine[1]["origin"]["clientSeq"], 2);
+    assert_eq!(mine[1]["channel"], other_chat.as_str());
+    assert!(mine[1].get("rejectionReason").is_none(), "{mine:?}");
+    assert!(
+        mine.iter().all(|e| e["serverSeq"].as_u64() > Some(from_seq)),
+        "{mine:?}"
+    );
+}

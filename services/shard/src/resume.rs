@@ -8,6 +8,7 @@
 //! never makes a huge reply.
 
 use crate::error::ShardError;
+use ahp_types::actions::ActionEnvelope;
 use ahp_types::commands::{ReconnectParams, ReconnectResult, ReconnectSnapshotResult};
 use relay_core::link::{CommandReply, SubscriptionChange};
 use relay_core::rpc::{self, InboundMessage, RpcError};
@@ -93,7 +94,7 @@ impl Host {
             // Outside the retention window: fresh snapshots at a fresh sequence number.
             None => self.with_core(|core| {
                 let current = core.seq.current();
-                core.snapshot_reply(connection, plan.id, &plan.live, current)
+                core.snapshot_reply(connection, plan.id, &plan.live, current, &plan.owed)
                     .map(|r| (r, current, core.seq.barrier()))
             }),
         };
@@ -254,7 +255,8 @@ impl HostCore {
         };
         if last_seen > current {
             // A sequence number this host never issued: the client's state cannot be trusted.
-            let reply = self.snapshot_reply(connection, message.id, &live, current)?;
+            let owed = self.owed.after(&params.client_id, 0, current);
+            let reply = self.snapshot_reply(connection, message.id, &live, current, &owed)?;
             telemetry::replayed(ReplaySource::Snapshot);
             return ready(reply);
         }
@@ -285,7 +287,7 @@ impl HostCore {
             bytes += envelope.get().len();
             if bytes > self.limits.max_reply_bytes {
                 // Replaying would make a reply over budget: fresh snapshots say the same in less.
-                let reply = self.snapshot_reply(connection, message.id, &live, current)?;
+                let reply = self.snapshot_reply(connection, message.id, &live, current, &owed)?;
                 telemetry::replayed(ReplaySource::Snapshot);
                 return ready(reply);
             }
@@ -311,6 +313,7 @@ impl HostCore {
         id: Option<u64>,
         live: &[String],
         from_seq: u64,
+        owed: &[Arc<StoredEnvelope>],
     ) -> CommandResult {
         let too_big = || {
             RpcError::invalid_params(format!(
@@ -350,6 +353,41 @@ impl HostCore {
         for (channel, first_turn) in windows {
             self.open_window(connection, &channel, first_turn);
         }
+        self.reissue_owed(connection, owed, live);
         Ok(out)
+    }
+
+    /// What the client is owed goes after a snapshot reply too (a reply of snapshots cannot carry envelopes):
+    /// its rejections, and its echoes on channels the snapshots do not show, numbered anew after the snapshots
+    /// (to this connection alone, and owed in place of the old ones).
+    fn reissue_owed(
+        &mut self,
+        connection: ConnectionId,
+        owed: &[Arc<StoredEnvelope>],
+        snapshotted: &[String],
+    ) {
+        let Ok(client_id) = self.client_id(connection) else {
+            return;
+        };
+        let mut replaced = std::collections::HashSet::new();
+        for stored in owed {
+            let Ok(envelope) = serde_json::from_str::<ActionEnvelope>(stored.envelope.get()) else {
+                continue;
+            };
+            if envelope.rejection_reason.is_none() && snapshotted.contains(&envelope.channel) {
+                continue;
+            }
+            if let Some(again) = self.seq.private(
+                connection,
+                &envelope.channel,
+                &envelope.action,
+                envelope.origin,
+                envelope.rejection_reason,
+            ) {
+                replaced.insert(stored.seq);
+                self.owed.owe(&client_id, again);
+            }
+        }
+        self.owed.remove(&replaced);
     }
 }
