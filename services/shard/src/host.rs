@@ -19,19 +19,20 @@ use std::time::Duration;
 use ahp_types::actions::StateAction;
 use parking_lot::Mutex;
 use relay_bus::RedisPublisher;
-use relay_core::bus::{Audience, BusEvent, BusEventKind, BusReceiver, SharedBusEvent};
+use relay_core::bus::{Audience, BusEvent, BusEventKind, BusReceiver};
 use relay_core::link::CommandReply;
 use relay_core::rpc::{self, InboundMessage, RpcError};
 use relay_core::telemetry::CommitTimer;
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use relay_runner::{ChatSink, ProviderRegistry};
-use relay_store::{CommitBatch, Lease, Store, StoreError};
+use relay_store::{Lease, Store, StoreError};
 use tokio::sync::{watch, Notify};
-use tracing::Instrument;
 
+use crate::batches::Written;
 use crate::error::ShardError;
 use crate::model::HostModel;
 use crate::sequencer::{frame_around, CommitBarrier, Publisher, Sequencer};
+use crate::sink::HostSink;
 
 /// Longest accepted AHP clientId.
 pub const MAX_CLIENT_ID_BYTES: usize = 256;
@@ -40,7 +41,7 @@ pub const MAX_CLIENT_ID_BYTES: usize = 256;
 const MAX_PENDING_PUBLICATIONS: usize = 1024;
 
 /// How long the committer waits for Redis to take one batch's events before skipping the rest of them.
-const REDIS_PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const REDIS_PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Protocol state of one connection, as the host sees it.
 pub struct ConnectionState {
@@ -120,12 +121,12 @@ pub struct Host {
     pub(crate) redis: Option<RedisPublisher>,
     /// The lease this host is served under (the distributed deployment): every commit is fenced by it.
     /// `None` in the embedded relay, the only process on its store.
-    lease: Option<Lease>,
+    pub(crate) lease: Option<Lease>,
     /// Set once this process stops serving the host (its lease was lost or released): nothing more is
     /// committed or published, the bus is closed, and replies become "reconnect".
-    deposed: watch::Sender<bool>,
-    wakeup: Arc<Notify>,
-    me: Weak<Host>,
+    pub(crate) deposed: watch::Sender<bool>,
+    pub(crate) wakeup: Arc<Notify>,
+    pub(crate) me: Weak<Host>,
 }
 
 impl Drop for Host {
@@ -149,7 +150,7 @@ impl Host {
     ) -> Result<Arc<Self>, StoreError> {
         let record = store.load_host(&key.tenant, &key.host).await?;
         let session_count = store.session_count(&key.tenant, &key.host).await?;
-        let root = crate::restore::restore_root(&store, &key, providers.agents()).await?;
+        let root = crate::preload::restore_root(&store, &key, providers.agents()).await?;
         let host = Arc::new_cyclic(|me: &Weak<Host>| Host {
             core: Mutex::new(HostCore {
                 seq: Sequencer::new(
@@ -305,7 +306,7 @@ impl Host {
         let named = if (opens_session && admitted)
             || (!opens_session && self.core.lock().client_id(connection).is_ok())
         {
-            relay_core::heavy::for_message(size, || crate::restore::channels_named_by(&message))
+            relay_core::heavy::for_message(size, || crate::preload::channels_named_by(&message))
         } else {
             Vec::new()
         };
@@ -661,237 +662,5 @@ fn finish_batch(host: &Host, number: u64) {
     let mut core = host.core.lock();
     if !core.disposing.is_empty() {
         core.disposing.retain(|_, batch| *batch > number);
-    }
-}
-
-/// How writing a batch ended.
-pub(crate) enum Written {
-    Committed,
-    /// The store refuses it for good (and it had not gone through).
-    Refused(StoreError),
-    /// The host is no longer this process's to write.
-    Deposed,
-}
-
-impl Host {
-    /// Write `commit` in one transaction (fenced by the host's lease, when it has one), retrying with backoff
-    /// what may succeed later. A failed attempt that went through all the same (its answer was lost) is not
-    /// written again.
-    pub(crate) async fn write(&self, commit: &CommitBatch, span: &tracing::Span) -> Written {
-        let mut backoff = Duration::from_millis(10);
-        loop {
-            let committed = match &self.lease {
-                Some(lease) => {
-                    self.store
-                        .commit_fenced(&lease.tenant, &lease.host, &lease.owner, lease.epoch, commit)
-                        .instrument(span.clone())
-                        .await
-                }
-                None => {
-                    self.store
-                        .commit(&self.key.tenant, &self.key.host, commit)
-                        .instrument(span.clone())
-                        .await
-                }
-            };
-            match committed {
-                Ok(()) => return Written::Committed,
-                Err(error @ StoreError::Fenced { .. }) => {
-                    self.depose(&error.to_string());
-                    return Written::Deposed;
-                }
-                // Not a retry of an attempt that went through after all (its log rows would break the
-                // primary key).
-                Err(error)
-                    if error.is_permanent() && !committed_anyway(&self.store, &self.key, commit).await =>
-                {
-                    return Written::Refused(error);
-                }
-                Err(error) => {
-                    tracing::warn!(host = %self.key, %error, "commit failed; retrying");
-                    if self.is_deposed() {
-                        return Written::Deposed;
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                    if committed_anyway(&self.store, &self.key, commit).await {
-                        tracing::warn!(host = %self.key, "the failed commit had gone through; not writing it again");
-                        return Written::Committed;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Publish committed publications on the local bus, then Redis.
-    pub(crate) async fn publish(&self, publications: Vec<crate::sequencer::Publication>) {
-        let batch = self.publisher.lock().publish(publications);
-        if let (Some(redis), Some(batch)) = (&self.redis, batch) {
-            publish_to_redis(redis, &self.key, &batch).await;
-        }
-    }
-}
-
-/// Whether a batch whose commit reported an error was committed all the same: the connection can break after
-/// the database committed but before it said so. Writing it again would fail on the log's primary key forever.
-/// The transaction is atomic, so the batch is in if its first log row is, as this batch wrote it; a batch that
-/// logs nothing only upserts and deletes, and is safe to write again.
-async fn committed_anyway(store: &Store, key: &HostKey, commit: &CommitBatch) -> bool {
-    let Some(first) = commit.log.first() else {
-        return false;
-    };
-    let after = first.seq.saturating_sub(1);
-    match store.log_range(&key.tenant, &key.host, after, first.seq, 1).await {
-        Ok(rows) => rows
-            .first()
-            .is_some_and(|row| row.seq == first.seq && row.envelope == first.envelope),
-        Err(_) => false,
-    }
-}
-
-/// Publish one commit's batch to Redis as one message. Failures are logged and skipped: gateways repair the
-/// gap.
-async fn publish_to_redis(redis: &RedisPublisher, key: &HostKey, events: &[SharedBusEvent]) {
-    match tokio::time::timeout(REDIS_PUBLISH_TIMEOUT, redis.publish_batch(key, events)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => {
-            tracing::warn!(host = %key, events = events.len(), %error, "redis publish failed; gateways will repair the gap");
-        }
-        Err(_) => tracing::warn!(host = %key, "redis publish timed out; gateways will repair the gap"),
-    }
-}
-
-/// The [`ChatSink`] agents of a host write to.
-struct HostSink {
-    host: Weak<Host>,
-}
-
-impl ChatSink for HostSink {
-    fn emit(&self, channel: &str, action: StateAction) -> bool {
-        self.host
-            .upgrade()
-            .is_some_and(|host| host.emit_agent_action(channel, action))
-    }
-
-    fn emit_in(&self, session: &str, channel: &str, action: StateAction) -> bool {
-        self.host.upgrade().is_some_and(|host| {
-            host.with_core(|core| {
-                core.model.belongs_to(channel, session) && core.apply_agent_action(channel, action)
-            })
-        })
-    }
-
-    fn open_terminal(&self, session: &str, uri: &str, state: ahp_types::state::TerminalState) -> bool {
-        self.host
-            .upgrade()
-            .is_some_and(|host| host.with_core(|core| core.open_terminal(session, uri, state)))
-    }
-
-    fn agent_changed(&self, info: ahp_types::state::AgentInfo) {
-        let Some(host) = self.host.upgrade() else {
-            return;
-        };
-        host.with_core(|core| {
-            let mut agents = core.model.root.agents.clone();
-            match agents.iter_mut().find(|agent| agent.provider == info.provider) {
-                Some(listed) if *listed == info => return,
-                Some(listed) => *listed = info,
-                None => return,
-            }
-            core.apply_server_action(
-                ahp_types::ROOT_RESOURCE_URI,
-                StateAction::RootAgentsChanged(ahp_types::actions::RootAgentsChangedAction { agents }),
-            );
-        });
-    }
-}
-
-impl HostCore {
-    /// Route one inbound message to its command.
-    pub(crate) fn handle(&mut self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
-        let id = message.id;
-        match self.route(connection, &message) {
-            Ok(reply) => reply,
-            Err(error) => CommandReply::frame(rpc::error_frame(id, &error)),
-        }
-    }
-
-    /// The connection's state; every attached connection has one.
-    pub fn connection(&self, connection: ConnectionId) -> Result<&ConnectionState, RpcError> {
-        self.connections
-            .get(&connection)
-            .ok_or_else(|| RpcError::internal("connection is not attached"))
-    }
-
-    /// The client id of an initialized connection, or the error to answer with.
-    pub fn client_id(&self, connection: ConnectionId) -> Result<String, RpcError> {
-        self.connection(connection)?.client_id.clone().ok_or_else(|| {
-            RpcError::invalid_request("the connection is not initialized: send initialize first")
-        })
-    }
-
-    fn disconnect(&mut self, connection: ConnectionId) {
-        let Some(state) = self.connections.remove(&connection) else {
-            return;
-        };
-        let Some(client_id) = state.client_id else {
-            return;
-        };
-        if let Some(binding) = self.clients.get_mut(&client_id) {
-            binding.live_connections = binding.live_connections.saturating_sub(1);
-            if binding.live_connections == 0 {
-                binding.grace_epoch += 1;
-                self.pending_grace.push((client_id, binding.grace_epoch));
-            }
-        }
-    }
-
-    /// Remember that `channels` were just disposed: a store read of one of them waits for this batch.
-    pub(crate) fn note_disposing(&mut self, channels: impl Iterator<Item = String>) {
-        let barrier = self.seq.barrier();
-        for channel in channels {
-            self.disposing.insert(channel, barrier);
-        }
-    }
-
-    /// Bind `client_id` to the connection's user, refusing another user's client id.
-    pub fn bind_client(&mut self, connection: ConnectionId, client_id: &str) -> Result<(), RpcError> {
-        if client_id.is_empty() || client_id.len() > MAX_CLIENT_ID_BYTES {
-            return Err(RpcError::invalid_params(format!(
-                "clientId must be 1 to {MAX_CLIENT_ID_BYTES} bytes"
-            )));
-        }
-        let subject = self.connection(connection)?.identity.subject.clone();
-        // A binding the store knows was loaded before this call ([`Host::admit_opening`]): one that is not in
-        // memory now is new — a stored row, which a tenant over its storage quota may not add. Its device still
-        // gets in (to dispose sessions and make room, say): the binding then lives in memory only, while in
-        // use and its grace, and is not recorded.
-        let unrecorded = !self.clients.contains_key(client_id) && self.storage_refusal().is_some();
-        let binding = self
-            .clients
-            .entry(client_id.to_string())
-            .or_insert_with(|| ClientBinding {
-                subject: subject.clone(),
-                live_connections: 0,
-                grace_epoch: 0,
-                turn_windows: HashMap::new(),
-            });
-        if binding.subject != subject {
-            return Err(RpcError::permission_denied(
-                "this clientId belongs to another user",
-            ));
-        }
-        // Recorded (when new) or its use noted (a binding in use is never pruned), with the reply's batch.
-        if unrecorded {
-            tracing::info!(host = %self.key, "over the storage quota: a new clientId is kept in memory only");
-        } else {
-            self.seq.bind_client(client_id, &subject);
-        }
-        binding.live_connections += 1;
-        binding.grace_epoch += 1;
-        if let Some(state) = self.connections.get_mut(&connection) {
-            state.client_id = Some(client_id.to_string());
-        }
-        Ok(())
     }
 }

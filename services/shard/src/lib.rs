@@ -5,34 +5,42 @@
 //! it to its bus, keeps the newest envelopes for exact replay, restores sessions lazily from the store, and
 //! runs the host side effects (provider turns, queued messages, active clients). [`ShardLink`] is the in-process implementation of the gateway↔shard interface.
 
+pub mod active_clients;
 pub mod admission;
 pub mod agent_context;
 pub mod aging;
 pub mod archive;
 pub mod attachments;
+pub mod batches;
 pub mod catalog;
 pub mod chats;
 pub mod commands;
 pub mod commit_thread;
 pub mod completions;
+pub mod connections;
 pub mod dispatch;
 pub mod error;
 pub mod harness;
 pub mod health;
 pub mod history;
 pub mod host;
+pub mod input_needed;
 pub mod link;
 pub mod model;
 pub mod owed;
 pub mod ownership;
+pub mod preload;
 pub mod replay;
 pub mod restore;
 pub mod resume;
 pub mod salvage;
 pub mod sequencer;
 pub mod sessions;
+pub mod sink;
 pub mod storage;
+pub mod summaries;
 pub mod terminals;
+pub mod turns;
 pub mod validate;
 
 pub use host::Host;

@@ -4,93 +4,19 @@
 //! reducers. Untouched sessions are never loaded, so they cost no memory. A turn that was running when the
 //! process died is closed as a resumable `chat/error` (its partial content is kept).
 
-use std::collections::BTreeSet;
-
-use ahp::reducers::{
-    apply_action_to_chat, apply_action_to_root, apply_action_to_session, apply_action_to_terminal,
-};
-use ahp_types::actions::{ActionEnvelope, ChatErrorAction, StateAction, TerminalExitedAction};
-use ahp_types::state::{
-    ErrorInfo, ErrorResponsePart, RootState, TerminalLifecycleState, TerminalState, Turn,
-};
-use ahp_types::ROOT_RESOURCE_URI;
-use relay_core::rpc::InboundMessage;
+use ahp::reducers::{apply_action_to_chat, apply_action_to_session, apply_action_to_terminal};
+use ahp_types::actions::{ChatErrorAction, StateAction, TerminalExitedAction};
+use ahp_types::state::{ErrorInfo, ErrorResponsePart, TerminalLifecycleState, TerminalState, Turn};
 use relay_store::ChannelRecord;
 
 use crate::error::ShardError;
+use crate::preload::tail;
 use serde::Deserialize;
 
 use crate::host::{Host, HostCore};
 use crate::model::{
-    ChannelKind, ChatDocument, ChatRecord, RootDocument, SessionDocument, SnapshotClock, TerminalRecord,
-    TERMINAL_SCHEME,
+    ChannelKind, ChatDocument, ChatRecord, SessionDocument, SnapshotClock, TerminalRecord, TERMINAL_SCHEME,
 };
-
-/// Every session or chat URI a message refers to.
-pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Named {
-        channel: Option<String>,
-        chat: Option<String>,
-        initial_subscriptions: Option<Vec<String>>,
-        subscriptions: Option<Vec<String>>,
-    }
-    let Some(params) = message.params.as_ref() else {
-        return Vec::new();
-    };
-    let Ok(named) = serde_json::from_str::<Named>(params.get()) else {
-        return Vec::new();
-    };
-    let mut out: BTreeSet<String> = BTreeSet::new();
-    out.extend(named.channel);
-    out.extend(named.chat);
-    out.extend(named.initial_subscriptions.unwrap_or_default());
-    out.extend(named.subscriptions.unwrap_or_default());
-    out.into_iter()
-        .filter(|c| {
-            c.starts_with("ahp-session:")
-                || c.starts_with("ahp-chat:")
-                || c.starts_with(crate::model::TERMINAL_SCHEME)
-        })
-        .collect()
-}
-
-/// The root state of a host as last stored: its configuration from the root's snapshot plus the root
-/// actions logged after it, with `agents` as configured now.
-pub(crate) async fn restore_root(
-    store: &relay_store::Store,
-    key: &relay_core::HostKey,
-    agents: Vec<ahp_types::state::AgentInfo>,
-) -> Result<RootState, relay_store::StoreError> {
-    let mut root = RootState {
-        config: Some(crate::model::default_root_config(&agents)),
-        agents,
-        active_sessions: None,
-        terminals: None,
-        meta: None,
-    };
-    let Some(record) = store
-        .load_channel(&key.tenant, &key.host, ROOT_RESOURCE_URI)
-        .await?
-    else {
-        return Ok(root);
-    };
-    match serde_json::from_str::<RootDocument>(&record.state) {
-        Ok(doc) => {
-            // The schema is this release's; the values are what the host's admins set.
-            if let (Some(config), Some(stored)) = (root.config.as_mut(), doc.config) {
-                config.values.extend(stored.values);
-            }
-            root.meta = doc.meta;
-        }
-        Err(error) => tracing::error!(host = %key, %error, "unreadable root snapshot; starting without it"),
-    }
-    for envelope in tail(&record) {
-        apply_action_to_root(&mut root, &envelope.action);
-    }
-    Ok(root)
-}
 
 /// A session and its chats as read from the store, not yet reduced.
 struct LoadedSession {
@@ -358,17 +284,4 @@ impl HostCore {
         }
         self.sync_terminal_list();
     }
-}
-
-/// The log rows after a snapshot, parsed; unreadable rows are skipped with an error.
-fn tail(record: &ChannelRecord) -> impl Iterator<Item = ActionEnvelope> + '_ {
-    record.tail.iter().filter_map(
-        |entry| match serde_json::from_str::<ActionEnvelope>(&entry.envelope) {
-            Ok(envelope) => Some(envelope),
-            Err(error) => {
-                tracing::error!(seq = entry.seq, %error, "unreadable log row");
-                None
-            }
-        },
-    )
 }

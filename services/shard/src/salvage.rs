@@ -19,7 +19,8 @@ use std::sync::Arc;
 use ahp_types::actions::ActionEnvelope;
 use ahp_types::ROOT_RESOURCE_URI;
 
-use crate::host::{Host, HostCore, Written};
+use crate::batches::Written;
+use crate::host::{Host, HostCore};
 use crate::sequencer::{Unit, UnitId};
 
 /// Failed units a request may still be waiting on, with why (the newest few hundred).
@@ -89,7 +90,7 @@ pub(crate) async fn commit_units(host: &Arc<Host>, units: Vec<Unit>, span: &trac
         }
         if root {
             let agents = reload.core.lock().model.root.agents.clone();
-            match crate::restore::restore_root(&reload.store, &reload.key, agents).await {
+            match crate::preload::restore_root(&reload.store, &reload.key, agents).await {
                 Ok(state) => reload.with_core(|core| core.model.root = state),
                 Err(error) => {
                     tracing::error!(host = %reload.key, %error, "could not read the root back after a refused commit")

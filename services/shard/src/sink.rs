@@ -1,0 +1,54 @@
+//! Where a host's agents write: their actions, terminals and listings, applied to the host they belong to
+//! (held weakly, so an agent never keeps an evicted host alive).
+
+use std::sync::Weak;
+
+use ahp_types::actions::StateAction;
+use relay_runner::ChatSink;
+
+use crate::host::Host;
+
+/// The [`ChatSink`] agents of a host write to.
+pub(crate) struct HostSink {
+    pub(crate) host: Weak<Host>,
+}
+
+impl ChatSink for HostSink {
+    fn emit(&self, channel: &str, action: StateAction) -> bool {
+        self.host
+            .upgrade()
+            .is_some_and(|host| host.emit_agent_action(channel, action))
+    }
+
+    fn emit_in(&self, session: &str, channel: &str, action: StateAction) -> bool {
+        self.host.upgrade().is_some_and(|host| {
+            host.with_core(|core| {
+                core.model.belongs_to(channel, session) && core.apply_agent_action(channel, action)
+            })
+        })
+    }
+
+    fn open_terminal(&self, session: &str, uri: &str, state: ahp_types::state::TerminalState) -> bool {
+        self.host
+            .upgrade()
+            .is_some_and(|host| host.with_core(|core| core.open_terminal(session, uri, state)))
+    }
+
+    fn agent_changed(&self, info: ahp_types::state::AgentInfo) {
+        let Some(host) = self.host.upgrade() else {
+            return;
+        };
+        host.with_core(|core| {
+            let mut agents = core.model.root.agents.clone();
+            match agents.iter_mut().find(|agent| agent.provider == info.provider) {
+                Some(listed) if *listed == info => return,
+                Some(listed) => *listed = info,
+                None => return,
+            }
+            core.apply_server_action(
+                ahp_types::ROOT_RESOURCE_URI,
+                StateAction::RootAgentsChanged(ahp_types::actions::RootAgentsChangedAction { agents }),
+            );
+        });
+    }
+}
