@@ -8,12 +8,14 @@
 //! the relay stay inside its working directory ([`fs`]). Disposing the session (or the relay stopping) kills
 //! the agent's sandbox, and disposing removes its directories.
 
+pub mod agent_settings;
 pub mod attachments;
 pub mod config;
 pub mod elicit;
 pub mod fs;
 pub mod meter;
 pub mod options;
+pub mod prompt_turn;
 pub mod quota;
 pub mod sandboxes;
 pub mod session;

@@ -15,15 +15,13 @@ use std::time::Duration;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::AvailableCommand;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, ClientCapabilities, ContentBlock, CreateElicitationRequest,
-    CreateElicitationResponse, CreateTerminalRequest, CreateTerminalResponse, ElicitationCapabilities,
-    FileSystemCapabilities, InitializeRequest, KillTerminalRequest, KillTerminalResponse, LoadSessionRequest,
-    NewSessionRequest, PromptRequest, ReadTextFileRequest, ReadTextFileResponse, ReleaseTerminalRequest,
-    ReleaseTerminalResponse, RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    SessionConfigId, SessionConfigKind, SessionConfigOption, SessionConfigOptionCategory,
-    SessionConfigOptionValue, SessionConfigSelectOption, SessionConfigSelectOptions, SessionId,
-    SessionModeState, SessionNotification, SessionUpdate, SetSessionConfigOptionRequest,
-    SetSessionModeRequest, TerminalId, TerminalOutputRequest, TerminalOutputResponse, TextContent,
+    ClientCapabilities, ContentBlock, CreateElicitationRequest, CreateElicitationResponse,
+    CreateTerminalRequest, CreateTerminalResponse, ElicitationCapabilities, FileSystemCapabilities,
+    InitializeRequest, KillTerminalRequest, KillTerminalResponse, LoadSessionRequest, NewSessionRequest,
+    ReadTextFileRequest, ReadTextFileResponse, ReleaseTerminalRequest, ReleaseTerminalResponse,
+    RequestPermissionRequest, RequestPermissionResponse, SessionConfigId, SessionConfigOption,
+    SessionConfigOptionValue, SessionId, SessionModeState, SessionNotification, SessionUpdate,
+    SetSessionConfigOptionRequest, TerminalId, TerminalOutputRequest, TerminalOutputResponse,
     WaitForTerminalExitRequest, WaitForTerminalExitResponse, WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
@@ -31,20 +29,17 @@ use agent_client_protocol::{Agent, ByteStreams, Client};
 use ahp_types::actions::{
     SessionCreationFailedAction, SessionMetaChangedAction, SessionReadyAction, StateAction,
 };
-use ahp_types::state::SessionModelInfo;
-use ahp_types::state::{ChatInputResponseKind, ErrorInfo};
+use ahp_types::state::ErrorInfo;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
+use super::agent_settings::{apply_settings, observe_options};
 use super::config::AgentConfig;
-use super::options::{AgentSettings, Setter};
+use super::options::AgentSettings;
+use super::prompt_turn::{run_turn, Bounds};
 use super::turn::TurnMapper;
 use crate::provider::{ChatSink, TurnControl};
 
-/// How often streamed text is flushed while the agent keeps sending chunks.
-const COALESCE_EVERY: Duration = Duration::from_millis(40);
-/// How long an agent may take to stop after `session/cancel` before the turn ends without it.
-const CANCEL_PATIENCE: Duration = Duration::from_secs(10);
 /// The longest line (one ACP message) an agent may write.
 pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// What is kept of an agent's stderr, for the message when it fails.
@@ -204,10 +199,10 @@ type Permission = (RequestPermissionRequest, Responder<RequestPermissionResponse
 type Elicitation = (CreateElicitationRequest, Responder<CreateElicitationResponse>);
 
 /// What a turn receives from the agent besides its answer.
-struct AgentAsks {
-    updates: mpsc::UnboundedReceiver<SessionNotification>,
-    permissions: mpsc::UnboundedReceiver<Permission>,
-    elicitations: mpsc::UnboundedReceiver<Elicitation>,
+pub(crate) struct AgentAsks {
+    pub(crate) updates: mpsc::UnboundedReceiver<SessionNotification>,
+    pub(crate) permissions: mpsc::UnboundedReceiver<Permission>,
+    pub(crate) elicitations: mpsc::UnboundedReceiver<Elicitation>,
 }
 
 /// Where a session's agent runs: its sandboxes, its tenant and its directories.
@@ -732,12 +727,6 @@ async fn keep_tail(
     }
 }
 
-/// What bounds a turn: its output budget, and its tenant's workspace quota.
-struct Bounds<'a> {
-    meter: &'a super::meter::OutputMeter,
-    slot: &'a super::quota::RunningSlot,
-}
-
 /// Said in the chat when an agent restarted without its earlier context.
 const CONTEXT_RESET: &str =
     "The agent restarted and could not restore this chat's earlier context: it continues without it.";
@@ -812,8 +801,8 @@ async fn open(
 
 /// What an agent says about a session's settings when it opens or loads it.
 pub struct Reported {
-    options: Option<Vec<SessionConfigOption>>,
-    modes: Option<SessionModeState>,
+    pub(crate) options: Option<Vec<SessionConfigOption>>,
+    pub(crate) modes: Option<SessionModeState>,
 }
 
 /// Load an earlier ACP session; the history the agent replays first is dropped (the relay has it).
@@ -843,165 +832,6 @@ async fn load(
             tracing::info!(%error, "the agent could not load its session; opening a new one");
             None
         }
-    }
-}
-
-/// The note that ends a turn cut at its output budget.
-fn output_limit_message(per_turn: u64) -> String {
-    format!(
-        "The agent's output passed the output limit of {per_turn} bytes per turn: the rest was dropped and the \
-         turn was stopped."
-    )
-}
-
-/// Prompt the agent with one turn and map everything it sends until the prompt answers (or the turn passes
-/// its output budget, or the tenant's workspace its quota: then the turn is cut with a note).
-#[allow(clippy::too_many_arguments)]
-async fn run_turn(
-    cx: &ConnectionTo<Agent>,
-    session_id: &SessionId,
-    session: &str,
-    mut prompt: Prompt,
-    note: Option<&str>,
-    asks: &mut AgentAsks,
-    terminals: &super::terminal::Terminals,
-    bounds: Bounds<'_>,
-) {
-    let mut mapper =
-        TurnMapper::new(prompt.chat.clone(), prompt.turn_id.clone(), prompt.sink.clone()).in_session(session);
-    if let Some(note) = note {
-        mapper.system_note(note);
-    }
-    // The chat's history the agent has not seen goes first, as its own block; then the attachments; the
-    // user's message last.
-    let blocks = prompt
-        .context
-        .take()
-        .map(|context| ContentBlock::Text(TextContent::new(context)))
-        .into_iter()
-        .chain(std::mem::take(&mut prompt.attached))
-        .chain(std::iter::once(ContentBlock::Text(TextContent::new(
-            prompt.text.clone(),
-        ))))
-        .collect();
-    let reply = cx
-        .send_request(PromptRequest::new(session_id.clone(), blocks))
-        .block_task();
-    tokio::pin!(reply);
-    let mut flush = tokio::time::interval(COALESCE_EVERY);
-    let mut cancelled: Option<tokio::time::Instant> = None;
-    let mut control_open = true;
-    loop {
-        let cancel_deadline = cancelled.map(|at| at + CANCEL_PATIENCE);
-        tokio::select! {
-            biased;
-            result = &mut reply => {
-                // Updates sent before the answer are in the channel already: map them first.
-                while let Ok(notification) = asks.updates.try_recv() {
-                    if &notification.session_id == session_id {
-                        mapper.update(notification.update);
-                    }
-                }
-                match result {
-                    // The answer raced the cut (a command stopped at the budget, say): the turn was cut.
-                    Ok(_) if bounds.meter.is_cut() && cancelled.is_none() => {
-                        mapper.fail("outputLimit", &output_limit_message(bounds.meter.per_turn()), false);
-                    }
-                    Ok(response) => mapper.finish(response.stop_reason),
-                    Err(error) => mapper.fail("agentError", &error.to_string(), false),
-                }
-                return;
-            }
-            Some(notification) = asks.updates.recv() => {
-                if &notification.session_id == session_id {
-                    mapper.update(notification.update);
-                }
-            }
-            // A question or permission of another ACP session (a turn of another chat that ended, late) is
-            // not this turn's: it is withdrawn, never shown in this chat.
-            Some((request, responder)) = asks.elicitations.recv() => {
-                if super::elicit::session_of(&request).is_some_and(|id| id != session_id) {
-                    if let Some(cancel) = super::elicit::response_of(ChatInputResponseKind::Cancel, None) {
-                        let _ = responder.respond(cancel);
-                    }
-                    continue;
-                }
-                mapper.elicitation(request, responder);
-                if cancelled.is_some() {
-                    mapper.cancel_permissions();
-                }
-            }
-            Some((request, responder)) = asks.permissions.recv() => {
-                if &request.session_id != session_id {
-                    let _ = responder.respond(RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled));
-                    continue;
-                }
-                if cancelled.is_some() {
-                    mapper.permission(request, responder);
-                    mapper.cancel_permissions();
-                } else {
-                    mapper.permission(request, responder);
-                }
-            }
-            control = prompt.control.recv(), if control_open => match control {
-                Some(TurnControl::ToolCallConfirmed { tool_call_id, approved, selected_option_id }) => {
-                    mapper.confirmed(&tool_call_id, approved, selected_option_id.as_deref());
-                }
-                Some(TurnControl::InputCompleted { request_id, response, answers }) => {
-                    mapper.input_completed(&request_id, response, answers.as_ref());
-                }
-                Some(TurnControl::Cancelled) | None => {
-                    control_open = control.is_some();
-                    if cancelled.is_none() {
-                        cancelled = Some(tokio::time::Instant::now());
-                        terminals.kill_chat(&prompt.chat);
-                        if let Err(error) = cx.send_notification(CancelNotification::new(session_id.clone())) {
-                            tracing::warn!(%error, "could not send session/cancel");
-                        }
-                        mapper.cancel_permissions();
-                    }
-                }
-                Some(_) => {}
-            },
-            () = sleep_until(cancel_deadline) => {
-                mapper.fail("agentDidNotStop", "the agent did not stop after being cancelled", true);
-                return;
-            }
-            () = bounds.meter.cut(), if cancelled.is_none() => {
-                stop_agent_turn(cx, session_id, &prompt.chat, terminals, &mut mapper);
-                mapper.fail("outputLimit", &output_limit_message(bounds.meter.per_turn()), false);
-                return;
-            }
-            message = bounds.slot.workspace_exceeded(), if cancelled.is_none() => {
-                stop_agent_turn(cx, session_id, &prompt.chat, terminals, &mut mapper);
-                mapper.fail("quotaExceeded", &message, false);
-                return;
-            }
-            _ = flush.tick(), if mapper.has_pending_text() => mapper.flush(),
-        }
-    }
-}
-
-/// Tell the agent to stop the turn the relay is ending: its commands are killed, its questions withdrawn.
-fn stop_agent_turn(
-    cx: &ConnectionTo<Agent>,
-    session_id: &SessionId,
-    chat: &str,
-    terminals: &super::terminal::Terminals,
-    mapper: &mut TurnMapper,
-) {
-    terminals.kill_chat(chat);
-    if let Err(error) = cx.send_notification(CancelNotification::new(session_id.clone())) {
-        tracing::warn!(%error, "could not send session/cancel");
-    }
-    mapper.cancel_permissions();
-}
-
-/// Resolves at `deadline`, or never without one.
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -1042,95 +872,7 @@ fn refused(error: super::fs::FsError) -> agent_client_protocol::Error {
     agent_client_protocol::Error::invalid_params().data(error.to_string())
 }
 
-/// The models an agent offers, from its `session/new` model selector (config option of category `model`).
-fn reported_models(provider: &str, options: Option<&[SessionConfigOption]>) -> Vec<SessionModelInfo> {
-    let Some(selector) = options
-        .into_iter()
-        .flatten()
-        .find(|option| matches!(option.category, Some(SessionConfigOptionCategory::Model)))
-    else {
-        return Vec::new();
-    };
-    let SessionConfigKind::Select(select) = &selector.kind else {
-        return Vec::new();
-    };
-    let choices: Vec<&SessionConfigSelectOption> = match &select.options {
-        SessionConfigSelectOptions::Ungrouped(options) => options.iter().collect(),
-        SessionConfigSelectOptions::Grouped(groups) => groups.iter().flat_map(|g| g.options.iter()).collect(),
-        _ => Vec::new(),
-    };
-    choices
-        .into_iter()
-        .map(|choice| super::model_info(provider, &choice.value.to_string(), &choice.name))
-        .collect()
-}
-
-/// Put the session config's values into the agent's ACP session before a prompt: each setting the agent
-/// offers whose chosen value differs from what that ACP session has. An error names the setting.
-async fn apply_settings(
-    cx: &ConnectionTo<Agent>,
-    session: &SessionId,
-    prompt: &Prompt,
-    settings: &AgentSettings,
-    chosen: &mut HashMap<(String, String), serde_json::Value>,
-) -> Result<(), String> {
-    for (property, value) in prompt.config.iter().flatten() {
-        let Some(setter) = settings.setters.get(property) else {
-            continue;
-        };
-        let key = (session.to_string(), property.clone());
-        let has = chosen.get(&key).or_else(|| settings.current.get(property));
-        if has == Some(value) {
-            continue;
-        }
-        let Some(text) = value.as_str() else {
-            continue;
-        };
-        let set = match setter {
-            Setter::ConfigOption(id) => cx
-                .send_request(SetSessionConfigOptionRequest::new(
-                    session.clone(),
-                    SessionConfigId::new(id.clone()),
-                    SessionConfigOptionValue::value_id(text.to_string()),
-                ))
-                .block_task()
-                .await
-                .map(|_| ()),
-            Setter::Mode => cx
-                .send_request(SetSessionModeRequest::new(session.clone(), text.to_string()))
-                .block_task()
-                .await
-                .map(|_| ()),
-        };
-        set.map_err(|error| format!("the agent could not set {property} to {text}: {error}"))?;
-        chosen.insert(key, value.clone());
-    }
-    Ok(())
-}
-
 /// Forms and URLs: both become AHP input requests.
 fn elicitation_capabilities() -> Option<ElicitationCapabilities> {
     serde_json::from_value(serde_json::json!({"form": {}, "url": {}})).ok()
-}
-
-/// What an agent's session config options tell: its models (listed in root `agents`) and its model selector.
-fn observe_options(
-    reported: &Reported,
-    agent: &str,
-    listing: &super::Listing,
-    sink: &dyn ChatSink,
-    model_option: &mut Option<SessionConfigId>,
-    settings: &mut AgentSettings,
-) {
-    let options = reported.options.as_deref();
-    listing.models_reported(reported_models(agent, options), sink);
-    *settings = AgentSettings::reported(options, reported.modes.as_ref());
-    listing.settings_reported(settings, sink);
-    if model_option.is_none() {
-        *model_option = options
-            .into_iter()
-            .flatten()
-            .find(|option| matches!(option.category, Some(SessionConfigOptionCategory::Model)))
-            .map(|option| option.id.clone());
-    }
 }
