@@ -2138,3 +2138,87 @@ async fn attachments_reach_the_acp_agent_within_what_it_accepts() {
         "{error:?}"
     );
 }
+
+/// What a truncation owes the agent is not lost with a turn that never reached it (issue 24, 3): after a
+/// truncation, a message whose attachment the agent cannot take ends in an error, and the next message still
+/// starts the chat afresh, told the kept turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_that_never_reaches_the_agent_keeps_what_a_truncation_owes_it() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (_, chat) = scripted_session(&a, "owed-reset").await;
+    prompt(&a, &chat, "t1", "first words").await;
+    prompt(&a, &chat, "t2", "second words").await;
+    a.dispatch(
+        chat.clone(),
+        StateAction::ChatTruncated(ahp_types::actions::ChatTruncatedAction {
+            turn_id: Some("t1".into()),
+        }),
+    )
+    .await
+    .expect("truncate");
+    let mut with_image = message("look");
+    with_image.attachments = Some(
+        serde_json::from_value(
+            serde_json::json!([{"type": "embeddedResource", "label": "shot.png",
+            "data": "iVBORw0KGgo=", "contentType": "image/png"}]),
+        )
+        .expect("attachments"),
+    );
+    let (_, _, mut sub) = subscribe_chat(&a, &chat).await;
+    a.dispatch(chat.clone(), turn_started_with("t3", with_image))
+        .await
+        .expect("dispatch");
+    let ended = collect_until(&mut sub, is_turn_end).await;
+    assert!(
+        ended
+            .iter()
+            .any(|e| matches!(e.action, StateAction::ChatError(_))),
+        "{ended:?}"
+    );
+    a.unsubscribe(chat.clone()).await.expect("unsubscribe");
+    let state = prompt(&a, &chat, "t4", "second words, edited").await;
+    let (reply, _) = turn_text(&state, "t4");
+    assert!(reply.contains("This session has seen 1 prompts."), "{reply}");
+    assert!(reply.contains("User: first words"), "{reply}");
+    assert!(!reply.contains("User: second words"), "{reply}");
+}
+
+/// A truncation that drops the running turn leaves the chat idle: its queued message runs at once (issue
+/// 24, 3 and 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_message_runs_once_a_truncation_drops_the_running_turn() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (_, chat) = scripted_session(&a, "queued-truncated").await;
+    let (_, _, mut sub) = subscribe_chat(&a, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t1", "please ask me something"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, |e| {
+        matches!(e.action, StateAction::ChatInputRequested(_))
+    })
+    .await;
+    a.dispatch(
+        chat.clone(),
+        StateAction::ChatPendingMessageSet(ahp_types::actions::ChatPendingMessageSetAction {
+            kind: ahp_types::state::PendingMessageKind::Queued,
+            id: "q1".into(),
+            message: message("after the truncation"),
+        }),
+    )
+    .await
+    .expect("queue");
+    a.dispatch(
+        chat.clone(),
+        StateAction::ChatTruncated(ahp_types::actions::ChatTruncatedAction { turn_id: None }),
+    )
+    .await
+    .expect("truncate");
+    let seen = collect_until(&mut sub, |e| matches!(e.action, StateAction::ChatTurnComplete(_))).await;
+    let started = seen.iter().find_map(|e| match &e.action {
+        StateAction::ChatTurnStarted(a) => Some(a.message.text.clone()),
+        _ => None,
+    });
+    assert_eq!(started.as_deref(), Some("after the truncation"), "{seen:?}");
+}

@@ -45,7 +45,9 @@ impl AgentContext {
 }
 
 /// The transcript a chat's next turn gives its agent (`None` when there is nothing to tell), and whether the
-/// agent must start the chat afresh. `source` resolves a side chat's source when its snapshot is gone.
+/// agent must start the chat afresh (whenever something is owed: the chat's context is told once, to a new
+/// agent session, and stays owed until a turn of the chat completes). `source` resolves a side chat's
+/// source when its snapshot is gone.
 pub fn for_turn(
     owed: AgentContext,
     chat: &ChatState,
@@ -73,7 +75,9 @@ pub fn for_turn(
                 (Some(side), Some(own)) => Some(format!("{side}\n\n{own}")),
                 (side, own) => side.or(own),
             };
-            (text, false)
+            // Afresh too: until a turn completes the agent may have got this already (a turn that failed or
+            // was cancelled), and a new session told it once is what it should hold.
+            (text, true)
         }
     }
 }

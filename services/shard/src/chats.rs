@@ -164,14 +164,17 @@ impl HostCore {
     }
 
     /// The URI of a new session's default chat: the session's own name as a chat (`ahp-session:/x` →
-    /// `ahp-chat:/x`), or with a `-default-N` suffix when a chat of the host already has that URI.
+    /// `ahp-chat:/x`; loaded before `createSession` runs if a stored chat has it, see
+    /// [`crate::preload::channels_named_by`]), or, when a chat of the host has that URI, suffixed with the
+    /// host's next sequence number (never issued before, so no stored chat has that name unless a client chose
+    /// it, which `createChat` checks against the loaded chats the same way).
     pub(crate) fn default_chat_uri(&self, session: &str) -> String {
         let name = session.strip_prefix("ahp-session:").unwrap_or(session);
         let base = format!("ahp-chat:{name}");
-        std::iter::once(base.clone())
-            .chain((2..).map(|n| format!("{base}-default-{n}")))
-            .find(|uri| self.model.kind(uri) == ChannelKind::Unknown)
-            .unwrap_or(base)
+        if self.model.kind(&base) == ChannelKind::Unknown {
+            return base;
+        }
+        format!("{base}-default-{}", self.seq.current() + 1)
     }
 
     /// `createChat` beyond a session's first chat needs the agent's `multipleChats`, a fork its `fork`, a side

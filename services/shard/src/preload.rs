@@ -30,6 +30,16 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
         return Vec::new();
     };
     let mut out: BTreeSet<String> = BTreeSet::new();
+    // A new session's default chat is named after it: a chat of an unloaded session may hold that name.
+    if message.method == "createSession" {
+        if let Some(name) = named
+            .channel
+            .as_deref()
+            .and_then(|c| c.strip_prefix("ahp-session:"))
+        {
+            out.insert(format!("ahp-chat:{name}"));
+        }
+    }
     out.extend(named.channel);
     out.extend(named.chat);
     out.extend(named.initial_subscriptions.unwrap_or_default());

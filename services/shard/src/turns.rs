@@ -34,19 +34,28 @@ impl HostCore {
                     .chats
                     .get(chat)
                     .is_some_and(|record| record.state.active_turn.is_none() && record.running.is_some());
-                if dropped {
-                    self.stop_provider_turn(chat);
-                }
                 if let Some(record) = self.model.chats.get_mut(chat) {
                     if !matches!(record.agent_context, AgentContext::Owed { .. }) {
                         record.agent_context = AgentContext::Reset;
                     }
                 }
+                // The chat is idle again: its next pending message runs (told the kept turns).
+                if dropped {
+                    self.stop_provider_turn(chat);
+                    self.drain_queue(chat);
+                }
             }
-            // However a turn ends, the chat is idle: the next pending message runs.
+            // However a turn ends, the chat is idle: the next pending message runs. A completed turn is the
+            // proof that the agent got what it was owed of the chat's history (a turn that failed or was
+            // cancelled may not have reached it: the next one tells it again, afresh).
             StateAction::ChatTurnComplete(_)
             | StateAction::ChatTurnCancelled(_)
             | StateAction::ChatError(_) => {
+                if matches!(action, StateAction::ChatTurnComplete(_)) {
+                    if let Some(record) = self.model.chats.get_mut(chat) {
+                        record.agent_context = AgentContext::Current;
+                    }
+                }
                 self.stop_provider_turn(chat);
                 self.drain_queue(chat);
             }
@@ -141,7 +150,6 @@ impl HostCore {
         if let Some(record) = self.model.chats.get_mut(chat) {
             // Replacing a previous handle cancels it.
             record.running = Some(handle);
-            record.agent_context = AgentContext::Current;
         }
     }
 

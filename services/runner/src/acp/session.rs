@@ -550,6 +550,12 @@ async fn run(
                     // next prompt starts a new agent.
                     _ = exited.wait_for(Option::is_some) => break,
                 };
+                // The relay let go of what the agent had for this chat (a truncation, a fork or side chat told
+                // its history): a new ACP session, told the context. Done first, whatever becomes of this turn.
+                if prompt.fresh {
+                    by_chat.remove(&prompt.chat);
+                    stored.remove(&prompt.chat);
+                }
                 // Cancelled while it waited behind another chat's turn (its host let go of it): the agent never
                 // hears of it.
                 if prompt.control.is_closed() {
@@ -569,12 +575,6 @@ async fn run(
                     }
                 }
                 let mut note = None;
-                // The relay let go of what the agent had for this chat (a truncation): a new ACP session,
-                // told the kept turns as context.
-                if prompt.fresh {
-                    by_chat.remove(&prompt.chat);
-                    stored.remove(&prompt.chat);
-                }
                 let chat_session = match by_chat.get(&prompt.chat) {
                     Some(id) => id.clone(),
                     None => {
