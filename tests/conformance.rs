@@ -1071,11 +1071,16 @@ async fn client_timestamps_and_durations_are_checked(shape: &Shape) {
         let reason = &echo.last().expect("echo").rejection_reason;
         assert!(rejected(reason, needle), "{started_at}: {reason:?}");
     }
-    // A real turn, cancelled with impossible durations (refused), then with a true one.
+    // A real turn (it waits for an answer to its question, so it is still running whatever the machine's
+    // pace), cancelled with impossible durations (refused), then with a true one.
     client
-        .dispatch(chat.clone(), turn_started("t1", "a long story"))
+        .dispatch(chat.clone(), turn_started("t1", "ask me for input"))
         .await
         .expect("dispatch");
+    collect_until(&mut sub, |e| {
+        matches!(e.action, StateAction::ChatInputRequested(_))
+    })
+    .await;
     for (duration, needle) in [(-5, "negative"), (1_000_000_000, "longer than the turn has run")] {
         let cancel = StateAction::ChatTurnCancelled(ahp_types::actions::ChatTurnCancelledAction {
             turn_id: "t1".into(),
@@ -1845,3 +1850,190 @@ async fn a_snapshot_reconnect_still_carries_what_the_client_is_owed() {
         "{mine:?}"
     );
 }
+
+/// A member's `createChat` fork naming an archived turn that is refused anyway (here: its URI is taken)
+/// loads nothing either: no `chat/turnsLoaded` reaches the source chat's subscribers (issue 24, 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_fork_of_an_archived_turn_loads_nothing() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let flags = ["--retained-turns", "2"];
+    let mut relay = Relay::start_in(data.path(), &flags).await;
+    let (member, _) = relay.client_as("dev", "mia", Role::Member, "mia").await;
+    let (session, chat) = create_session_and_chat(&member, "archived-fork").await;
+    let (_, _, mut sub) = subscribe_chat(&member, &chat).await;
+    for n in 0..4 {
+        member
+            .dispatch(chat.clone(), turn_started(&format!("t{n}"), "hello"))
+            .await
+            .expect("dispatch");
+        collect_until(&mut sub, is_turn_complete).await;
+    }
+    member.shutdown().await;
+    relay.kill().await;
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let (member, _) = relay.client_as("dev", "mia", Role::Member, "mia").await;
+    let (state, _, mut sub) = subscribe_chat(&member, &chat).await;
+    assert_eq!(state.turns.first().map(|turn| turn.id.as_str()), Some("t2"));
+    // The fork names the chat itself as its new URI: refused (it exists), whatever the turns hold.
+    let refused = member
+        .request::<_, Value>(
+            "createChat",
+            json!({"channel": session, "chat": chat, "source": {"kind": "fork", "chat": chat, "turnId": "t0"}}),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(ahp::ClientError::Rpc(e)) if e.code == -32010),
+        "{refused:?}"
+    );
+    member
+        .dispatch(
+            chat.clone(),
+            StateAction::ChatDraftChanged(ChatDraftChangedAction {
+                draft: Some(message("next")),
+            }),
+        )
+        .await
+        .expect("dispatch");
+    let next = next_envelope(&mut sub).await;
+    assert!(
+        matches!(next.action, StateAction::ChatDraftChanged(_)),
+        "the member saw {:?} first",
+        next.action
+    );
+}
+
+/// A directory replaced in a session leaves its chats too, which take its replacement: no chat keeps a
+/// directory outside its session's set (issue 24, 11).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_replaced_in_a_session_is_replaced_in_its_chats() {
+    let relay = Relay::start().await;
+    let (owner, _) = relay.client("owner").await;
+    let session = "ahp-session:/moving".to_string();
+    let (primary, other, third) = (
+        "file:///work/a".to_string(),
+        "file:///work/b".to_string(),
+        "file:///work/c".to_string(),
+    );
+    let _: Value = owner
+        .request(
+            "createSession",
+            json!({"channel": session, "provider": "demo", "workingDirectories": [primary, other]}),
+        )
+        .await
+        .expect("createSession");
+    let chat = "ahp-chat:/on-the-other".to_string();
+    let _: Value = owner
+        .request(
+            "createChat",
+            json!({"channel": session, "chat": chat, "workingDirectories": [other]}),
+        )
+        .await
+        .expect("createChat");
+    let (_, mut session_sub) = owner.subscribe(session.clone()).await.expect("subscribe");
+    owner
+        .dispatch(
+            session.clone(),
+            StateAction::SessionWorkingDirectoryReplaced(
+                ahp_types::actions::SessionWorkingDirectoryReplacedAction {
+                    directory: other.clone(),
+                    replacement: third.clone(),
+                },
+            ),
+        )
+        .await
+        .expect("dispatch");
+    let replaced = next_envelope(&mut session_sub).await;
+    assert!(replaced.rejection_reason.is_none(), "{replaced:?}");
+    let state = fresh_chat_snapshot(&relay, &chat).await;
+    assert_eq!(state.working_directories, Some(vec![third.clone()]));
+}
+
+/// A chat attachment may name a chat whose session is not in memory (here: after a restart): the host loads
+/// it to pin its latest completed turn instead of refusing the message (issue 24, 8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_attachment_may_name_a_chat_not_in_memory() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut relay = Relay::start_in(data.path(), &[]).await;
+    let (client, _) = relay.client("owner").await;
+    let (_, earlier) = create_session_and_chat(&client, "attached-earlier").await;
+    run_turns(&client, &earlier, 1).await;
+    let (_, chat) = create_session_and_chat(&client, "attaching").await;
+    client.shutdown().await;
+    relay.kill().await;
+    let relay = Relay::start_in(data.path(), &[]).await;
+    let (client, _) = relay.client("owner").await;
+    let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
+    let mut with = message("see the earlier chat");
+    with.attachments = Some(
+        serde_json::from_value(json!([{"type": "chat", "label": "earlier", "resource": earlier}]))
+            .expect("attachments"),
+    );
+    client
+        .dispatch(chat.clone(), turn_started_with("t1", with))
+        .await
+        .expect("dispatch");
+    let first = next_envelope(&mut sub).await;
+    assert!(first.rejection_reason.is_none(), "{:?}", first.rejection_reason);
+    let StateAction::ChatTurnStarted(started) = &first.action else {
+        panic!("{:?}", first.action);
+    };
+    assert_eq!(json(&started.message)["attachments"][0]["endTurn"], "t0");
+}
+
+/// A client that held one turn of a chat (`view.turns: 1`) and missed a truncation naming an older turn gets
+/// snapshots on `reconnect`, not a replay whose truncation it would take as a no-op (issue 24, 4 and 12).
+async fn a_missed_truncation_outside_the_window_is_answered_with_snapshots(shape: &Shape) {
+    let owner = shape.client(0, "owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "missed").await;
+    run_turns(&owner, &chat, 4).await;
+    let mut s = shape.raw(1, "laptop").await;
+    initialize(&mut s, "laptop").await;
+    send(
+        &mut s,
+        frame(
+            "subscribe",
+            Some(1),
+            json!({"channel": chat, "view": {"turns": 1}}),
+        ),
+    )
+    .await;
+    let subscribed = answer_to(&mut s, 1).await;
+    let last_seen = subscribed["result"]["snapshot"]["fromSeq"]
+        .as_u64()
+        .expect("fromSeq");
+    drop(s);
+    let (_, _, mut sub) = subscribe_chat(&owner, &chat).await;
+    owner
+        .dispatch(
+            chat.clone(),
+            StateAction::ChatTruncated(ChatTruncatedAction {
+                turn_id: Some("t1".into()),
+            }),
+        )
+        .await
+        .expect("truncate");
+    collect_until(&mut sub, |e| matches!(e.action, StateAction::ChatTruncated(_))).await;
+    let mut again = shape.raw(1, "laptop").await;
+    send(
+        &mut again,
+        frame(
+            "reconnect",
+            Some(1),
+            json!({"channel": "ahp-root://", "clientId": "laptop", "lastSeenServerSeq": last_seen,
+                "subscriptions": [chat]}),
+        ),
+    )
+    .await;
+    let answer = answer_to(&mut again, 1).await;
+    assert_eq!(answer["result"]["type"], "snapshot", "{answer}");
+    let turns: Vec<&str> = answer["result"]["snapshots"][0]["state"]["turns"]
+        .as_array()
+        .map(|turns| turns.iter().filter_map(|t| t["id"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(turns, ["t0", "t1"], "{answer}");
+}
+
+in_both_shapes!(
+    a_missed_truncation_outside_the_window_is_answered_with_snapshots,
+    a_missed_truncation_outside_the_window_is_answered_with_snapshots
+);

@@ -21,33 +21,10 @@ impl HostCore {
         connection: ConnectionId,
         message: &InboundMessage,
     ) -> CommandResult {
-        self.require_writer(connection)?;
         let params: CreateChatParams = message.parse_params()?;
+        self.check_create_chat(connection, &params)?;
         let session = params.channel;
         let chat = params.chat;
-        let Some(record) = self.model.sessions.get(&session) else {
-            return Err(RpcError::session_not_found(&session));
-        };
-        if let Some(refusal) = self.storage_refusal() {
-            return Err(RpcError::invalid_request(refusal));
-        }
-        self.check_new_uri(&chat, "ahp-chat:", ahp_error_codes::ALREADY_EXISTS)?;
-        if record.state.chats.len() >= self.limits.max_chats_per_session {
-            return Err(RpcError::invalid_request("chat limit reached for this session"));
-        }
-        self.check_chat_capability(&record.state, params.source.as_ref())?;
-        if let Some(directories) = &params.working_directories {
-            crate::validate::check_in_session_directories(Some(&record.state), directories)
-                .map_err(RpcError::invalid_params)?;
-        }
-        // Clients send only user messages (as a turn's message, and so as the chat's first one).
-        if params
-            .initial_message
-            .as_ref()
-            .is_some_and(|message| message.origin.kind != ahp_types::state::MessageKind::User)
-        {
-            return Err(RpcError::invalid_params("initialMessage must be a user message"));
-        }
         let mut initial_message = params.initial_message;
         if let Some(message) = initial_message.as_mut() {
             crate::attachments::pin(&self.model, message).map_err(RpcError::invalid_params)?;
@@ -135,6 +112,40 @@ impl HostCore {
             self.start_server_turn(&chat, message_to_send, None);
         }
         reply(message.id, &())
+    }
+
+    /// What refuses a `createChat` whatever its source's turns hold: checked before a fork's archived turns
+    /// are loaded for it (a refused command loads nothing for everyone), and again by the command.
+    pub(crate) fn check_create_chat(
+        &self,
+        connection: ConnectionId,
+        params: &CreateChatParams,
+    ) -> Result<(), RpcError> {
+        self.require_writer(connection)?;
+        let Some(record) = self.model.sessions.get(&params.channel) else {
+            return Err(RpcError::session_not_found(&params.channel));
+        };
+        if let Some(refusal) = self.storage_refusal() {
+            return Err(RpcError::invalid_request(refusal));
+        }
+        self.check_new_uri(&params.chat, "ahp-chat:", ahp_error_codes::ALREADY_EXISTS)?;
+        if record.state.chats.len() >= self.limits.max_chats_per_session {
+            return Err(RpcError::invalid_request("chat limit reached for this session"));
+        }
+        self.check_chat_capability(&record.state, params.source.as_ref())?;
+        if let Some(directories) = &params.working_directories {
+            crate::validate::check_in_session_directories(Some(&record.state), directories)
+                .map_err(RpcError::invalid_params)?;
+        }
+        // Clients send only user messages (as a turn's message, and so as the chat's first one).
+        if params
+            .initial_message
+            .as_ref()
+            .is_some_and(|message| message.origin.kind != ahp_types::state::MessageKind::User)
+        {
+            return Err(RpcError::invalid_params("initialMessage must be a user message"));
+        }
+        Ok(())
     }
 
     /// Keep a new chat of `session` and store its first snapshot; returns its summary for the session's list.

@@ -193,8 +193,27 @@ impl HostCore {
                 self.sync_chat_summary(channel);
             }
             ChannelKind::Session => {
-                if let StateAction::SessionWorkingDirectoryRemoved(removed) = action {
-                    self.remove_chats_directory(channel, &removed.directory);
+                match action {
+                    StateAction::SessionWorkingDirectoryRemoved(removed) => {
+                        self.remove_chats_directory(channel, &removed.directory);
+                    }
+                    // The replaced entry leaves the session: the chats that listed it take its replacement.
+                    StateAction::SessionWorkingDirectoryReplaced(replaced)
+                        if replaced.directory != replaced.replacement =>
+                    {
+                        let holders = self.remove_chats_directory(channel, &replaced.directory);
+                        for chat in holders {
+                            self.apply_server_action(
+                                &chat,
+                                StateAction::ChatWorkingDirectorySet(
+                                    ahp_types::actions::ChatWorkingDirectorySetAction {
+                                        directory: replaced.replacement.clone(),
+                                    },
+                                ),
+                            );
+                        }
+                    }
+                    _ => {}
                 }
                 self.sync_session_summary(channel);
             }
@@ -208,8 +227,8 @@ impl HostCore {
     }
 
     /// A directory left the session: its chats that listed it lose it too (a chat's directories are a subset
-    /// of its session's).
-    pub(crate) fn remove_chats_directory(&mut self, session: &str, directory: &str) {
+    /// of its session's). Returns those chats.
+    pub(crate) fn remove_chats_directory(&mut self, session: &str, directory: &str) -> Vec<String> {
         let chats: Vec<String> = self
             .model
             .chats
@@ -224,9 +243,9 @@ impl HostCore {
             })
             .map(|(uri, _)| uri.clone())
             .collect();
-        for chat in chats {
+        for chat in &chats {
             self.apply_server_action(
-                &chat,
+                chat,
                 StateAction::ChatWorkingDirectoryRemoved(
                     ahp_types::actions::ChatWorkingDirectoryRemovedAction {
                         directory: directory.to_string(),
@@ -234,6 +253,7 @@ impl HostCore {
                 ),
             );
         }
+        chats
     }
 
     /// Keep `archived` in step with the chat state's cursor (turns loaded back, or the chat truncated); once

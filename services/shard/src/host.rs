@@ -349,6 +349,16 @@ impl Host {
                     .connection(connection)
                     .is_ok_and(|state| state.identity.role.can_write())
         };
+        // A `createChat` that will be refused whatever the turns hold (a fork to a taken URI, say) is refused
+        // now, before its source's archived turns are loaded for everyone.
+        if writer && message.method == "createChat" {
+            let refused = message
+                .parse_params::<ahp_types::commands::CreateChatParams>()
+                .and_then(|params| self.core.lock().check_create_chat(connection, &params));
+            if let Err(error) = refused {
+                return CommandReply::frame(rpc::error_frame(message.id, &error));
+            }
+        }
         // An operation on an archived turn reduces against state that holds it (AHP: eager loading) — only
         // for a connection that may make it: a viewer's (refused) operation loads nothing for everyone.
         if writer {

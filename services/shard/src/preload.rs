@@ -13,7 +13,8 @@ use serde::Deserialize;
 
 use crate::model::RootDocument;
 
-/// Every session or chat URI a message refers to.
+/// Every session or chat URI a message refers to (its channel, chat, subscriptions, and the chats its
+/// message attaches).
 pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
@@ -22,6 +23,10 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
         chat: Option<String>,
         initial_subscriptions: Option<Vec<String>>,
         subscriptions: Option<Vec<String>>,
+        /// `dispatchAction`: a message's chat attachments name chats too (read leniently: any action).
+        action: Option<serde_json::Value>,
+        /// `createChat`'s first message.
+        initial_message: Option<serde_json::Value>,
     }
     let Some(params) = message.params.as_ref() else {
         return Vec::new();
@@ -40,6 +45,19 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
             out.insert(format!("ahp-chat:{name}"));
         }
     }
+    // A chat a message attaches is resolved (and its turn pinned) when the message is accepted.
+    let messages = [
+        named.action.as_ref().and_then(|action| action.get("message")),
+        named.initial_message.as_ref(),
+    ];
+    let attached = messages
+        .into_iter()
+        .flatten()
+        .filter_map(|message| message.get("attachments")?.as_array())
+        .flatten()
+        .filter(|attachment| attachment.get("type").and_then(|t| t.as_str()) == Some("chat"))
+        .filter_map(|attachment| attachment.get("resource")?.as_str().map(str::to_string));
+    out.extend(attached);
     out.extend(named.channel);
     out.extend(named.chat);
     out.extend(named.initial_subscriptions.unwrap_or_default());

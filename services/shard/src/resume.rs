@@ -282,6 +282,16 @@ impl HostCore {
             .map(|e| (e.seq, e.envelope.as_ref()))
             .collect();
         let merged = with_owed(replayed, &owed);
+        // A truncation the client missed that names a turn outside its window would be a no-op for it (it
+        // would keep the dropped turns): fresh snapshots instead.
+        if merged
+            .iter()
+            .any(|envelope| self.truncates_outside_window(connection, envelope))
+        {
+            let reply = self.snapshot_reply(connection, message.id, &live, current, &owed)?;
+            telemetry::replayed(ReplaySource::Snapshot);
+            return ready(reply);
+        }
         let mut actions = Vec::with_capacity(merged.len());
         for envelope in merged {
             bytes += envelope.get().len();
@@ -355,6 +365,31 @@ impl HostCore {
         }
         self.reissue_owed(connection, owed, live);
         Ok(out)
+    }
+
+    /// Whether `envelope` is a `chat/truncated{turnId}` naming a turn before the connection's window of the
+    /// chat (or one the host no longer holds in memory, when it cannot tell).
+    fn truncates_outside_window(&self, connection: ConnectionId, envelope: &RawValue) -> bool {
+        if !envelope.get().contains("\"chat/truncated\"") {
+            return false;
+        }
+        let Ok(parsed) = serde_json::from_str::<ActionEnvelope>(envelope.get()) else {
+            return false;
+        };
+        let ahp_types::actions::StateAction::ChatTruncated(truncated) = &parsed.action else {
+            return false;
+        };
+        let Some(turn_id) = &truncated.turn_id else {
+            return false;
+        };
+        let index = self.model.chats.get(&parsed.channel).and_then(|record| {
+            let position = record.state.turns.iter().position(|turn| &turn.id == turn_id)?;
+            Some(record.archived + position)
+        });
+        match index {
+            Some(index) => self.window_start(connection, &parsed.channel) > index,
+            None => self.model.chats.contains_key(&parsed.channel),
+        }
     }
 
     /// What the client is owed goes after a snapshot reply too (a reply of snapshots cannot carry envelopes):
