@@ -1361,6 +1361,10 @@ async fn an_agents_plan_is_the_chats_activity_and_its_usage_is_reported() {
     let (b, _) = setup.relay.client("device-b").await;
     let (session, chat) = scripted_session(&a, "planned").await;
     let (_, _, mut b_sub) = subscribe_chat(&b, &chat).await;
+    // Device c follows the session from before the turn.
+    let (c, _) = setup.relay.client("device-c").await;
+    let (followed, mut c_sub) = c.subscribe(session.clone()).await.expect("session");
+    let mut followed = session_of(&followed.snapshot.expect("snapshot"));
     a.dispatch(chat.clone(), turn_started("t1", "make a plan"))
         .await
         .expect("dispatch");
@@ -1386,6 +1390,28 @@ async fn an_agents_plan_is_the_chats_activity_and_its_usage_is_reported() {
     };
     let listed = session.chats.iter().find(|c| c.resource == chat).expect("listed");
     assert_eq!(listed.activity, None, "the session still lists the plan step");
+    // The follower saw the plan step listed, then cleared.
+    let mut listed_step = false;
+    let cleared = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let envelope = next_envelope(&mut c_sub).await;
+            ahp::reducers::apply_action_to_session(&mut followed, &envelope.action);
+            let activity = followed
+                .chats
+                .iter()
+                .find(|c| c.resource == chat)
+                .and_then(|c| c.activity.clone());
+            listed_step |= activity.is_some();
+            if listed_step && activity.is_none() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(
+        cleared.is_ok(),
+        "the follower's list kept the plan step (listed: {listed_step})"
+    );
     let usage = seen
         .iter()
         .find_map(|e| match &e.action {

@@ -329,6 +329,10 @@ impl HostCore {
         self.note_disposing(std::iter::once(chat.clone()));
         for state in self.connections.values_mut() {
             state.subscriptions.remove(&chat);
+            state.turn_windows.remove(&chat);
+        }
+        for binding in self.clients.values_mut() {
+            binding.turn_windows.remove(&chat);
         }
         reply(message.id, &())
     }

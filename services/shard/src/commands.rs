@@ -334,6 +334,9 @@ impl HostCore {
             state.subscriptions.remove(&params.channel);
             state.turn_windows.remove(&params.channel);
         }
+        if let Some(binding) = self.clients.get_mut(&client_id) {
+            binding.turn_windows.remove(&params.channel);
+        }
         if self.model.kind(&params.channel) == ChannelKind::Session
             && !self.client_subscribed(&client_id, &params.channel)
         {

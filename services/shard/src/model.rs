@@ -527,15 +527,16 @@ pub fn aggregate_status(state: &SessionState) -> (u32, Option<String>) {
     let idle = SessionStatus::Idle.bits();
     let needing = state.chats.iter().find(|c| c.status & input == input);
     if needing.is_some() || state.status & input == input {
+        // The text of the chat that drives the promoted status (none when the session's own queue does).
         if activity & input != input {
-            activity_text = needing.and_then(|chat| chat.activity.clone()).or(activity_text);
+            activity_text = needing.and_then(|chat| chat.activity.clone());
         }
         // Promoted, it overrides the lead chat's activity bits (they are one state, not flags to combine).
         activity = input;
     }
     if let Some(failed) = state.chats.iter().find(|c| c.status & error != 0) {
         if activity & error == 0 {
-            activity_text = failed.activity.clone().or(activity_text);
+            activity_text = failed.activity.clone();
         }
         activity = error;
     }
@@ -623,6 +624,10 @@ mod tests {
         // No chats: the session's own status.
         let s = session(INPUT, None, &[]);
         assert_eq!(aggregate_status(&s).0, INPUT);
+        // The activity text is the driving chat's, never the lead chat's beside a promoted status.
+        let mut s = session(IDLE, Some("b"), &[("a", ERROR, "1"), ("b", BUSY, "2")]);
+        s.chats[0].activity = None;
+        assert_eq!(aggregate_status(&s), (ERROR, None));
     }
 
     #[test]

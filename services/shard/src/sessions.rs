@@ -203,6 +203,12 @@ impl HostCore {
             state.subscriptions.remove(&uri);
             for chat in &chats {
                 state.subscriptions.remove(chat);
+                state.turn_windows.remove(chat);
+            }
+        }
+        for binding in self.clients.values_mut() {
+            for chat in &chats {
+                binding.turn_windows.remove(chat);
             }
         }
         self.sync_terminal_list();

@@ -49,6 +49,18 @@ pub(crate) async fn run_turn(
     terminals: &super::terminal::Terminals,
     bounds: Bounds<'_>,
 ) {
+    // A question or permission that arrived while no turn ran (a tool call that outlived its turn) belongs to
+    // none: it is withdrawn, never shown in this turn.
+    while let Ok((_, responder)) = asks.permissions.try_recv() {
+        let _ = responder.respond(RequestPermissionResponse::new(
+            RequestPermissionOutcome::Cancelled,
+        ));
+    }
+    while let Ok((_, responder)) = asks.elicitations.try_recv() {
+        if let Some(cancel) = super::elicit::response_of(ChatInputResponseKind::Cancel, None) {
+            let _ = responder.respond(cancel);
+        }
+    }
     let mut mapper =
         TurnMapper::new(prompt.chat.clone(), prompt.turn_id.clone(), prompt.sink.clone()).in_session(session);
     if let Some(note) = note {

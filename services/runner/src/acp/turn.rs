@@ -61,6 +61,9 @@ pub struct ParkedPermission {
 /// An elicitation waiting for a device's answer.
 type ParkedInput = Responder<CreateElicitationResponse>;
 
+/// Numbers every question asked in this process (see [`TurnMapper::elicitation`]).
+static NEXT_INPUT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// The mapping state of one turn.
 pub struct TurnMapper {
     /// The chat's session (titles go there).
@@ -510,7 +513,14 @@ impl TurnMapper {
         self.flush();
         self.current = None;
         self.inputs_asked += 1;
-        let id = format!("{}-input{}", self.turn_id, self.inputs_asked);
+        // Unique across every mapper of the process too: a resumed turn keeps its id and may still hold an
+        // unanswered question from before.
+        let id = format!(
+            "{}-input{}-{}",
+            self.turn_id,
+            self.inputs_asked,
+            NEXT_INPUT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
         let Some(input) = super::elicit::request_of(&id, &request) else {
             if let Some(decline) = super::elicit::response_of(ChatInputResponseKind::Decline, None) {
                 let _ = responder.respond(decline);
