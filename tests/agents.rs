@@ -1360,9 +1360,11 @@ async fn an_agents_plan_is_the_chats_activity_and_its_usage_is_reported() {
     let (a, _) = setup.relay.client("device-a").await;
     let (b, _) = setup.relay.client("device-b").await;
     let (session, chat) = scripted_session(&a, "planned").await;
+    let session_uri = session.clone();
     let (_, _, mut b_sub) = subscribe_chat(&b, &chat).await;
-    // Device c follows the session from before the turn.
+    // Device c follows the session from before the turn, and the host's session list.
     let (c, _) = setup.relay.client("device-c").await;
+    let mut root = c.attach_subscription("ahp-root://").await;
     let (followed, mut c_sub) = c.subscribe(session.clone()).await.expect("session");
     let mut followed = session_of(&followed.snapshot.expect("snapshot"));
     a.dispatch(chat.clone(), turn_started("t1", "make a plan"))
@@ -1411,6 +1413,38 @@ async fn an_agents_plan_is_the_chats_activity_and_its_usage_is_reported() {
     assert!(
         cleared.is_ok(),
         "the follower's list kept the plan step (listed: {listed_step})"
+    );
+    // So did its session list (root notifications: a summary that sets the step, then one without it).
+    let mut shown: Option<String> = None;
+    let mut shown_step = false;
+    let cleared = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match root.recv().await {
+                Some(ahp::SubscriptionEvent::SessionAdded(added))
+                    if added.summary.resource == session_uri =>
+                {
+                    shown = added.summary.activity.clone();
+                }
+                Some(ahp::SubscriptionEvent::SessionSummaryChanged(changed))
+                    if changed.session == session_uri =>
+                {
+                    if let Some(activity) = changed.changes.activity.clone() {
+                        shown = Some(activity);
+                    }
+                }
+                Some(_) => {}
+                None => panic!("root subscription closed"),
+            }
+            shown_step |= shown.is_some();
+            if shown_step && shown.is_none() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(
+        cleared.is_ok(),
+        "the session list kept the plan step (shown: {shown_step})"
     );
     let usage = seen
         .iter()

@@ -65,7 +65,9 @@ impl HostCore {
         self.apply_server_action(&session, action);
     }
 
-    /// Announce a changed session summary with `root/sessionSummaryChanged`.
+    /// Announce a changed session summary with `root/sessionSummaryChanged` — or, when a field was cleared
+    /// (an activity ended, say: a partial summary can only set fields), with `root/sessionAdded` of the whole
+    /// summary, which replaces the listed one, so `listSessions` and every root subscriber agree.
     pub(crate) fn sync_session_summary(&mut self, session: &str) {
         let Some(record) = self.model.sessions.get_mut(session) else {
             return;
@@ -77,6 +79,21 @@ impl HostCore {
         }
         let (catalog_no, created_at) = (record.catalog_no, record.created_at.clone());
         self.store_session_summary(session, catalog_no, &created_at, &current);
+        let cleared = (before.activity.is_some() && current.activity.is_none())
+            || (before.working_directories.is_some() && current.working_directories.is_none())
+            || (before.chats.is_some() && current.chats.is_none())
+            || (before.default_chat.is_some() && current.default_chat.is_none());
+        if cleared {
+            self.seq.notify(
+                ROOT_RESOURCE_URI,
+                "root/sessionAdded",
+                &ahp_types::notifications::SessionAddedParams {
+                    channel: ROOT_RESOURCE_URI.into(),
+                    summary: current,
+                },
+            );
+            return;
+        }
         let changes = PartialSessionSummary {
             provider: None,
             title: (before.title != current.title).then(|| current.title.clone()),
