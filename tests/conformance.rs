@@ -2037,3 +2037,68 @@ in_both_shapes!(
     a_missed_truncation_outside_the_window_is_answered_with_snapshots,
     a_missed_truncation_outside_the_window_is_answered_with_snapshots
 );
+
+/// The same when the replay would come from the store (the client was away longer than the in-memory replay
+/// buffer holds): a missed truncation outside its window gets it snapshots (issue 24, 4 and 12).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missed_truncation_outside_the_window_is_answered_with_snapshots_from_the_store_too() {
+    let relay = Relay::start_with(&["--replay-buffer", "2"]).await;
+    let (owner, _) = relay.client("owner").await;
+    let (_, chat) = create_session_and_chat(&owner, "missed-long").await;
+    run_turns(&owner, &chat, 4).await;
+    let mut s = raw(&relay).await;
+    initialize(&mut s, "desktop").await;
+    send(
+        &mut s,
+        frame(
+            "subscribe",
+            Some(1),
+            json!({"channel": chat, "view": {"turns": 1}}),
+        ),
+    )
+    .await;
+    let subscribed = answer_to(&mut s, 1).await;
+    let last_seen = subscribed["result"]["snapshot"]["fromSeq"]
+        .as_u64()
+        .expect("fromSeq");
+    drop(s);
+    let (_, _, mut sub) = subscribe_chat(&owner, &chat).await;
+    owner
+        .dispatch(
+            chat.clone(),
+            StateAction::ChatTruncated(ChatTruncatedAction {
+                turn_id: Some("t1".into()),
+            }),
+        )
+        .await
+        .expect("truncate");
+    // More after it than the in-memory buffer keeps.
+    for n in 0..4 {
+        owner
+            .dispatch(
+                chat.clone(),
+                StateAction::ChatDraftChanged(ChatDraftChangedAction {
+                    draft: Some(message(&format!("draft {n}"))),
+                }),
+            )
+            .await
+            .expect("dispatch");
+    }
+    collect_until(&mut sub, |e| {
+        matches!(&e.action, StateAction::ChatDraftChanged(d) if d.draft.as_ref().is_some_and(|m| m.text == "draft 3"))
+    })
+    .await;
+    let mut again = raw(&relay).await;
+    send(
+        &mut again,
+        frame(
+            "reconnect",
+            Some(1),
+            json!({"channel": "ahp-root://", "clientId": "desktop", "lastSeenServerSeq": last_seen,
+                "subscriptions": [chat]}),
+        ),
+    )
+    .await;
+    let answer = answer_to(&mut again, 1).await;
+    assert_eq!(answer["result"]["type"], "snapshot", "{answer}");
+}

@@ -73,6 +73,19 @@ impl Host {
                 return CommandReply::frame(rpc::error_frame(plan.id, &error));
             }
         };
+        // A missed truncation naming a turn outside the client's window: snapshots (as from memory).
+        let replayed = match replayed {
+            Some(envelopes)
+                if self.with_core(|core| {
+                    envelopes
+                        .iter()
+                        .any(|(_, envelope)| core.truncates_outside_window(connection, envelope))
+                }) =>
+            {
+                None
+            }
+            other => other,
+        };
         telemetry::replayed(match replayed {
             Some(_) => ReplaySource::Store,
             None => ReplaySource::Snapshot,
