@@ -10,6 +10,7 @@
 
 pub mod agent_settings;
 pub mod attachments;
+pub mod chat_sessions;
 pub mod config;
 pub mod elicit;
 pub mod fs;

@@ -13,29 +13,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_client_protocol::schema::ProtocolVersion;
-use agent_client_protocol::v1::schema::AvailableCommand;
 use agent_client_protocol::v1::schema::{
     ClientCapabilities, ContentBlock, CreateElicitationRequest, CreateElicitationResponse,
     CreateTerminalRequest, CreateTerminalResponse, ElicitationCapabilities, FileSystemCapabilities,
     InitializeRequest, KillTerminalRequest, KillTerminalResponse, LoadSessionRequest, NewSessionRequest,
     ReadTextFileRequest, ReadTextFileResponse, ReleaseTerminalRequest, ReleaseTerminalResponse,
-    RequestPermissionRequest, RequestPermissionResponse, SessionConfigId, SessionConfigOption,
-    SessionConfigOptionValue, SessionId, SessionModeState, SessionNotification, SessionUpdate,
-    SetSessionConfigOptionRequest, TerminalId, TerminalOutputRequest, TerminalOutputResponse,
+    RequestPermissionRequest, RequestPermissionResponse, SessionConfigOption, SessionId, SessionModeState,
+    SessionNotification, SessionUpdate, TerminalId, TerminalOutputRequest, TerminalOutputResponse,
     WaitForTerminalExitRequest, WaitForTerminalExitResponse, WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, ByteStreams, Client};
-use ahp_types::actions::{
-    SessionCreationFailedAction, SessionMetaChangedAction, SessionReadyAction, StateAction,
-};
+use ahp_types::actions::{SessionCreationFailedAction, SessionReadyAction, StateAction};
 use ahp_types::state::ErrorInfo;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
-use super::agent_settings::{apply_settings, observe_options};
+use super::chat_sessions::{AgentMeta, ChatSessions, Opening};
 use super::config::AgentConfig;
-use super::options::AgentSettings;
 use super::prompt_turn::{run_turn, Bounds};
 use super::turn::TurnMapper;
 use crate::provider::{ChatSink, TurnControl};
@@ -163,9 +158,9 @@ impl SessionWorker {
 }
 
 /// Says once whether the session could be created.
-struct Announcer {
-    session: String,
-    sink: Arc<dyn ChatSink>,
+pub(crate) struct Announcer {
+    pub(crate) session: String,
+    pub(crate) sink: Arc<dyn ChatSink>,
     pending: bool,
 }
 
@@ -492,36 +487,31 @@ async fn run(
             }
             // Each chat's ACP session: those an earlier process of the agent opened (to load again), and
             // those of this process.
-            let (mut stored, restarted) = match &start {
-                Start::New => (HashMap::new(), false),
-                Start::Continue(stored) => (stored.clone(), true),
+            let (mut sessions, restarted) = match &start {
+                Start::New => (ChatSessions::default(), false),
+                Start::Continue(stored) => (ChatSessions::continuing(stored.clone()), true),
             };
-            let mut by_chat: HashMap<String, SessionId> = HashMap::new();
-            // The agent's model selector (a config option of category `model`) and each ACP session's choice.
-            let mut model_option: Option<SessionConfigId> = None;
-            let mut chosen: HashMap<String, String> = HashMap::new();
-            // The agent's other settings (session config) and what each ACP session has of them.
-            let mut settings = AgentSettings::default();
-            let mut chosen_settings: HashMap<(String, String), serde_json::Value> = HashMap::new();
+            let opening = Opening {
+                cwd: &cwd,
+                can_load,
+                agent: &config.id,
+                listing: &listing,
+                announcer: &announcer,
+                agent_meta: &agent_meta,
+                terminals: &terminals,
+            };
             // A new AHP session opens its first ACP session now: creation reports the agent's success or
             // failure. The first chat that prompts takes it.
-            let mut primary = None;
+            let mut failed = None;
             if !restarted {
                 let Ok(opened) = tokio::time::timeout(timeouts.start, open(&cx, &cwd)).await else {
                     announcer.failed("agentStartTimeout", timeouts.start_message("session/new"));
                     return Ok(());
                 };
                 match opened {
-                    Ok((id, options)) => {
-                        observe_options(
-                            &options,
-                            &config.id,
-                            &listing,
-                            announcer.sink.as_ref(),
-                            &mut model_option,
-                            &mut settings,
-                        );
-                        primary = Some(id);
+                    Ok((id, reported)) => {
+                        sessions.observe(&reported, &opening);
+                        sessions.primary = Some(id);
                     }
                     Err(error) => {
                         let mut message = error.to_string();
@@ -532,12 +522,24 @@ async fn run(
                                  with `env` / `env_files` in the agents file)"
                             ));
                         }
-                        announcer.failed("agentSessionNew", message);
-                        return Ok(());
+                        failed = Some(message);
                     }
                 }
             }
+            if let Some(message) = failed {
+                announcer.failed("agentSessionNew", message);
+                return Ok(());
+            }
             announcer.ready();
+            let opening = Opening {
+                cwd: &cwd,
+                can_load,
+                agent: &config.id,
+                listing: &listing,
+                announcer: &announcer,
+                agent_meta: &agent_meta,
+                terminals: &terminals,
+            };
             // Idle for too long: the agent stops (returning drops the connection, which kills its process
             // group); the next prompt starts it again and loads the chats' sessions.
             loop {
@@ -553,8 +555,7 @@ async fn run(
                 // The relay let go of what the agent had for this chat (a truncation, a fork or side chat told
                 // its history): a new ACP session, told the context. Done first, whatever becomes of this turn.
                 if prompt.fresh {
-                    by_chat.remove(&prompt.chat);
-                    stored.remove(&prompt.chat);
+                    sessions.forget(&prompt.chat);
                 }
                 // Cancelled while it waited behind another chat's turn (its host let go of it): the agent never
                 // hears of it.
@@ -574,82 +575,15 @@ async fn run(
                         continue;
                     }
                 }
-                let mut note = None;
-                let chat_session = match by_chat.get(&prompt.chat) {
-                    Some(id) => id.clone(),
-                    None => {
-                        let previous = stored.remove(&prompt.chat);
-                        let loaded = match (&previous, can_load) {
-                            (Some(id), true) => load(&cx, id, &cwd, &mut asks).await,
-                            _ => None,
-                        };
-                        let opened = match (primary.take(), loaded) {
-                            (Some(id), _) => Ok(id),
-                            (None, Some((id, options))) => {
-                                observe_options(
-                                    &options,
-                                    &config.id,
-                                    &listing,
-                                    announcer.sink.as_ref(),
-                                    &mut model_option,
-                                    &mut settings,
-                                );
-                                Ok(id)
-                            }
-                            (None, None) => {
-                                if previous.is_some() {
-                                    note = Some(CONTEXT_RESET);
-                                }
-                                open(&cx, &cwd).await.map(|(id, options)| {
-                                    observe_options(
-                                        &options,
-                                        &config.id,
-                                        &listing,
-                                        announcer.sink.as_ref(),
-                                        &mut model_option,
-                                        &mut settings,
-                                    );
-                                    id
-                                })
-                            }
-                        };
-                        match opened {
-                            Ok(id) => {
-                                terminals.chat_opened(&id.0, &prompt.chat);
-                                by_chat.insert(prompt.chat.clone(), id.clone());
-                                remember(&announcer, &agent_meta, &stored, &by_chat);
-                                id
-                            }
-                            Err(error) => {
-                                let message = format!("the agent could not open a session: {error}");
-                                fail_turn(&prompt, "agentSessionNew", &message);
-                                continue;
-                            }
-                        }
+                let (chat_session, note) = match sessions.session_for(&cx, &prompt.chat, &opening, &mut asks).await {
+                    Ok(opened) => opened,
+                    Err((error_type, message)) => {
+                        fail_turn(&prompt, error_type, &message);
+                        continue;
                     }
                 };
-                if let (Some(model), Some(option)) = (prompt.model.clone(), model_option.clone()) {
-                    if chosen.get(&chat_session.to_string()) != Some(&model) {
-                        let selected = cx
-                            .send_request(SetSessionConfigOptionRequest::new(
-                                chat_session.clone(),
-                                option,
-                                SessionConfigOptionValue::value_id(model.clone()),
-                            ))
-                            .block_task()
-                            .await;
-                        if let Err(error) = selected {
-                            let message = format!("the agent could not switch to model {model}: {error}");
-                            fail_turn(&prompt, "modelSelectionFailed", &message);
-                            continue;
-                        }
-                        chosen.insert(chat_session.to_string(), model);
-                    }
-                }
-                if let Err(message) =
-                    apply_settings(&cx, &chat_session, &prompt, &settings, &mut chosen_settings).await
-                {
-                    fail_turn(&prompt, "configSelectionFailed", &message);
+                if let Err((error_type, message)) = sessions.prepare(&cx, &chat_session, &prompt).await {
+                    fail_turn(&prompt, error_type, &message);
                     continue;
                 }
                 meter.begin_turn();
@@ -728,63 +662,11 @@ async fn keep_tail(
 }
 
 /// Said in the chat when an agent restarted without its earlier context.
-const CONTEXT_RESET: &str =
+pub(crate) const CONTEXT_RESET: &str =
     "The agent restarted and could not restore this chat's earlier context: it continues without it.";
 
-/// What a session's worker keeps in the AHP session's `_meta["ahpRelay/agent"]`: each chat's ACP session id
-/// (`acpSessions`, loaded after a restart) and the agent's slash commands (`commands`: `name`, `description`,
-/// answered by `completions`).
-#[derive(Default)]
-pub struct AgentMeta {
-    sessions: serde_json::Map<String, serde_json::Value>,
-    commands: Vec<serde_json::Value>,
-}
-
-impl AgentMeta {
-    /// Publish it (`session/metaChanged`).
-    fn publish(&self, sink: &dyn ChatSink, session: &str) {
-        let mut meta = ahp_types::common::JsonObject::new();
-        meta.insert(
-            crate::provider::AGENT_STATE_META.into(),
-            serde_json::json!({ "acpSessions": self.sessions, "commands": self.commands }),
-        );
-        sink.emit(
-            session,
-            StateAction::SessionMetaChanged(SessionMetaChangedAction { meta: Some(meta) }),
-        );
-    }
-
-    /// The agent announced its slash commands.
-    fn commands_changed(&mut self, commands: &[AvailableCommand], sink: &dyn ChatSink, session: &str) {
-        self.commands = commands
-            .iter()
-            .map(|command| serde_json::json!({"name": command.name, "description": command.description}))
-            .collect();
-        self.publish(sink, session);
-    }
-}
-
-/// Keep each chat's ACP session id in the AHP session's state (`_meta`), so a restarted agent can load them.
-fn remember(
-    announcer: &Announcer,
-    meta: &Mutex<AgentMeta>,
-    stored: &HashMap<String, String>,
-    open: &HashMap<String, SessionId>,
-) {
-    let mut meta = meta.lock();
-    meta.sessions = stored
-        .iter()
-        .map(|(chat, id)| (chat.clone(), serde_json::Value::from(id.clone())))
-        .collect();
-    for (chat, id) in open {
-        meta.sessions
-            .insert(chat.clone(), serde_json::Value::from(id.to_string()));
-    }
-    meta.publish(announcer.sink.as_ref(), &announcer.session);
-}
-
 /// Open a new ACP session in `cwd`: its id and config options.
-async fn open(
+pub(crate) async fn open(
     cx: &ConnectionTo<Agent>,
     cwd: &std::path::Path,
 ) -> Result<(SessionId, Reported), agent_client_protocol::Error> {
@@ -806,7 +688,7 @@ pub struct Reported {
 }
 
 /// Load an earlier ACP session; the history the agent replays first is dropped (the relay has it).
-async fn load(
+pub(crate) async fn load(
     cx: &ConnectionTo<Agent>,
     id: &str,
     cwd: &std::path::Path,
