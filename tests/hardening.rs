@@ -197,11 +197,22 @@ async fn a_session_disposed_and_recreated_concurrently_survives_a_restart() {
         .execute("BEGIN IMMEDIATE")
         .await
         .expect("take the write lock");
-    // A commit that waits for the lock, so what follows queues up behind it in one batch.
-    let other = c.request::<_, serde_json::Value>(
-        "createSession",
-        json!({"channel": "ahp-session:/other", "provider": "demo"}),
-    );
+    // A commit that waits for the lock, so what follows queues up behind it in one batch. It is applied in
+    // memory (one more session loaded) before the dispose is sent, so the count below tells the dispose's
+    // application apart from it.
+    let other = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.request::<_, serde_json::Value>(
+                "createSession",
+                json!({"channel": "ahp-session:/other", "provider": "demo"}),
+            )
+            .await
+        }
+    });
+    while loaded().await < before + 1.0 {
+        tokio::task::yield_now().await;
+    }
     let dispose = a.request::<_, serde_json::Value>("disposeSession", json!({"channel": session}));
     let race = async {
         // Once the dispose is applied in memory (the session is no longer loaded), re-create it.
@@ -220,8 +231,8 @@ async fn a_session_disposed_and_recreated_concurrently_survives_a_restart() {
         let (created, ()) = tokio::join!(create, release);
         created
     };
-    let (other, disposed, created) = tokio::join!(other, dispose, race);
-    other.expect("other");
+    let (disposed, created) = tokio::join!(dispose, race);
+    other.await.expect("join").expect("other");
     disposed.expect("dispose");
     created.expect("re-create");
     a.shutdown().await;
