@@ -115,6 +115,13 @@ async function flow(token, outDir) {
   await online(b);
   await b.click(`#sessions li[data-uri="${session}"]`);
   await b.waitForSelector("#pending .input-form", { timeout: PATIENCE });
+  // Both address bars name the open session and chat.
+  const chat = await a.evaluate(() => globalThis.ahpRelay.chat());
+  const placeOf = (page) => page.evaluate(() => Object.fromEntries(new URLSearchParams(location.hash.slice(1))));
+  for (const [name, page] of [["desktop", a], ["phone", b]]) {
+    const place = await placeOf(page);
+    check(place.s === session && place.c === chat, `${name}: the address names the session and chat (${JSON.stringify(place)})`);
+  }
   await b.waitForFunction(
     async (expected) => JSON.stringify(globalThis.ahpRelay.state(globalThis.ahpRelay.chat())) === expected,
     JSON.stringify(await chatState(a)),
@@ -168,6 +175,28 @@ async function flow(token, outDir) {
       `${name}: the markup is shown as text`,
     );
   }
+
+  // ── Links that keep your place: a link pasted into another tab opens the same chat; reload keeps it; Back
+  // returns to the chat after leaving it for the list.
+  const shared = await watchedPage(phone, "shared link", problems);
+  await shared.goto(`${link}&s=${encodeURIComponent(session)}&c=${encodeURIComponent(chat)}`);
+  await shared.waitForFunction((expected) => globalThis.ahpRelay.chat() === expected, chat, { timeout: PATIENCE });
+  await shared.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
+  check((await transcriptText(shared)) === (await transcriptText(b)), "the shared link shows the same transcript");
+  await shared.close();
+  await a.reload();
+  await online(a);
+  await a.waitForFunction((expected) => globalThis.ahpRelay.chat() === expected, chat, { timeout: PATIENCE });
+  await a.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
+  check((await a.evaluate(() => document.body.dataset.view)) === "session", "after a reload the desktop shows the same chat");
+  // On the phone (one pane), leave the chat for the list, then Back.
+  await b.click("#back");
+  await b.waitForFunction(() => document.body.dataset.view === "sessions", null, { timeout: PATIENCE });
+  check(!(await placeOf(b)).s, "the list's address names no session");
+  await b.goBack();
+  await b.waitForFunction((expected) => globalThis.ahpRelay.chat() === expected, chat, { timeout: PATIENCE });
+  check((await b.evaluate(() => document.body.dataset.view)) === "session", "Back returns to the chat");
+  await b.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
 
   await a.screenshot({ path: join(outDir, "desktop.png") });
   await b.screenshot({ path: join(outDir, "phone.png") });

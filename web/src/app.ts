@@ -27,6 +27,28 @@ function takeToken(): string | undefined {
   return sessionStorage.getItem(TOKEN_KEY) ?? undefined;
 }
 
+/** The place the address bar names (`#s=<session>&c=<chat>`, beside `host=`): reload, Back, bookmarks and a
+ * link pasted to a teammate open the same chat. */
+function routeOf(): { session?: string; chat?: string } {
+  const hash = new URLSearchParams(location.hash.slice(1));
+  return { session: hash.get("s") ?? undefined, chat: hash.get("c") ?? undefined };
+}
+
+/** Name `session` and `chat` in the address bar: a new history entry, or in place of the current one. */
+function routeTo(session: string | undefined, chat: string | undefined, replace: boolean): void {
+  const hash = new URLSearchParams(location.hash.slice(1));
+  hash.delete("token");
+  if (session) hash.set("s", session);
+  else hash.delete("s");
+  if (chat) hash.set("c", chat);
+  else hash.delete("c");
+  const next = hash.toString();
+  if (next === location.hash.slice(1)) return;
+  const url = location.pathname + location.search + (next ? `#${next}` : "");
+  if (replace) history.replaceState(null, "", url);
+  else history.pushState(null, "", url);
+}
+
 /** Who the token says we are, for display only (the relay checks the token). */
 function claims(token: string): JsonObject {
   try {
@@ -122,6 +144,8 @@ class App {
     // to reconnect now rather than after the back-off.
     window.addEventListener("offline", () => this.link.drop());
     window.addEventListener("online", () => this.link.retryNow());
+    // Back and Forward move between the places the address bar named.
+    window.addEventListener("popstate", () => void this.followRoute());
     // Read-only inspection from the console (and the browser test): the open chat's reduced state.
     (globalThis as any).ahpRelay = {
       chat: () => this.chat,
@@ -168,6 +192,7 @@ class App {
     });
     this.model.saw(Number(result.serverSeq ?? 0));
     for (const snapshot of result.snapshots ?? []) this.model.applySnapshot(snapshot);
+    const first = !this.initialized;
     this.initialized = true;
     this.fillAgents();
     await this.loadSessions(true);
@@ -176,6 +201,23 @@ class App {
     }
     this.announcePresence();
     this.render();
+    // The first time in: open what the address names (a reload, a bookmark, a shared link).
+    if (first) await this.followRoute();
+  }
+
+  /** Open the session and chat the address bar names (or the list when it names none). */
+  private async followRoute(): Promise<void> {
+    const route = routeOf();
+    if (!route.session) {
+      if (this.session) {
+        this.leave();
+        document.body.dataset.view = "sessions";
+        this.render();
+      }
+      return;
+    }
+    if (route.session !== this.session) await this.openSession(route.session, route.chat, true);
+    else if (route.chat && route.chat !== this.chat) await this.openChat(route.chat, true);
   }
 
   private showLinkState(state: LinkState): void {
@@ -293,12 +335,15 @@ class App {
     await this.openSession(uri);
   }
 
-  private async openSession(uri: string): Promise<void> {
+  /** Open session `uri` and `chat` (else its default chat); `following` when the address bar already says so. */
+  private async openSession(uri: string, chat?: string, following = false): Promise<void> {
     if (this.session && this.session !== uri) this.leave();
     this.session = uri;
+    if (!following) routeTo(uri, undefined, false);
     document.body.dataset.view = "session";
     if (!(await this.subscribe(uri))) return;
-    this.followDefaultChat();
+    if (chat) await this.openChat(chat, true);
+    else this.followDefaultChat();
     this.announcePresence();
     this.render();
   }
@@ -310,8 +355,10 @@ class App {
     if (chat && !this.chat) void this.openChat(chat);
   }
 
-  private async openChat(uri: string): Promise<void> {
+  private async openChat(uri: string, following = false): Promise<void> {
     if (this.chat === uri) return;
+    // Opening the session's chat completes its address (in place); switching chats is a step of its own.
+    if (!following) routeTo(this.session, uri, !routeOf().chat);
     if (this.chat) {
       void this.link.request("unsubscribe", { channel: this.chat }).catch(() => undefined);
       this.model.forget(this.chat);
@@ -337,6 +384,7 @@ class App {
 
   private closeSession(): void {
     this.leave();
+    routeTo(undefined, undefined, false);
     document.body.dataset.view = "sessions";
     this.render();
   }
