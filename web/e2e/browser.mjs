@@ -53,6 +53,12 @@ const transcriptText = (page) => page.locator("#transcript").innerText();
 
 const problems = [];
 
+/** In the page: whether the transcript shows its end. */
+function atEnd() {
+  const t = document.getElementById("transcript");
+  return t.scrollHeight - t.scrollTop - t.clientHeight < 2;
+}
+
 async function flow(token, outDir) {
   mkdirSync(outDir, { recursive: true });
   const link = `${base}/#token=${encodeURIComponent(token)}`;
@@ -81,6 +87,11 @@ async function flow(token, outDir) {
   await a.click("#composer-send");
   await a.waitForSelector("#transcript .markdown >> text=Hello from the demo agent", { timeout: PATIENCE });
   await a.waitForSelector("#pending .confirmation button.approve", { timeout: PATIENCE });
+  // The approval card takes room below the transcript, which stays at its end: the newest reply is in view.
+  await a.waitForFunction(atEnd, null, { timeout: 5000 });
+  // The session waits on the desktop's approval: the list shows it, highlighted, and so does the tab's title.
+  await a.waitForSelector(`#sessions li[data-uri="${session}"][data-status="needs input"] .status`, { timeout: PATIENCE });
+  check((await a.title()).includes("needs input"), `the tab title says the session needs input (${await a.title()})`);
   const lengths = await a.evaluate(() => [...globalThis.replyLengths].filter((n) => n > 0));
   check(lengths.length >= 2, `the reply was seen arriving in parts (lengths seen: ${lengths})`);
 
@@ -115,6 +126,7 @@ async function flow(token, outDir) {
   await online(b);
   await b.click(`#sessions li[data-uri="${session}"]`);
   await b.waitForSelector("#pending .input-form", { timeout: PATIENCE });
+  await b.waitForFunction(atEnd, null, { timeout: 5000 });
   // Both address bars name the open session and chat.
   const chat = await a.evaluate(() => globalThis.ahpRelay.chat());
   const placeOf = (page) => page.evaluate(() => Object.fromEntries(new URLSearchParams(location.hash.slice(1))));
@@ -135,10 +147,29 @@ async function flow(token, outDir) {
   await a.waitForFunction(() => document.getElementById("link-state").dataset.state !== "online", null, {
     timeout: PATIENCE,
   });
+  // The phone's user scrolls up to read: what arrives then does not move them; a button offers the end.
+  check(
+    await b.evaluate(() => {
+      const t = document.getElementById("transcript");
+      return t.scrollHeight > t.clientHeight + 40;
+    }),
+    "the phone's transcript is taller than its view",
+  );
+  await b.evaluate(() => {
+    const t = document.getElementById("transcript");
+    t.scrollTop = 0;
+    t.dispatchEvent(new Event("scroll"));
+  });
   await b.fill('#pending .input-form input[name="name"]', "Phone");
   await b.click("#pending .input-form button.approve");
   await b.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
   check((await transcriptText(b)).includes("Nice to meet you, Phone."), "the phone sees the end of the turn");
+  await b.waitForSelector("#jump-latest:not([hidden])", { timeout: PATIENCE });
+  check((await b.evaluate(() => document.getElementById("transcript").scrollTop)) === 0, "the phone's reader was not moved");
+  await b.click("#jump-latest");
+  await b.waitForFunction(atEnd, null, { timeout: 5000 });
+  await b.waitForSelector(`#sessions li[data-uri="${session}"][data-status="idle"]`, { state: "attached", timeout: PATIENCE });
+  check(!(await b.title()).includes("need"), `once answered the title no longer asks for input (${await b.title()})`);
   check(
     !(await transcriptText(a)).includes("Nice to meet you"),
     "the desktop, offline, has not received the end of the turn",

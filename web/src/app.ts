@@ -97,6 +97,8 @@ class App {
   private chat?: string;
   private initialized = false;
   private renderQueued = false;
+  /** The transcript follows its end while the user is there (and stops when they scroll up). */
+  private stuck = true;
   private turnCache = new Map<string, { json: string; node: HTMLElement }>();
   private modelChoice = new Map<string, string>();
   private me: JsonObject;
@@ -144,6 +146,23 @@ class App {
     // to reconnect now rather than after the back-off.
     window.addEventListener("offline", () => this.link.drop());
     window.addEventListener("online", () => this.link.retryNow());
+    // A transcript that follows: it stays at its end while the user is there, whatever grows (a reply, a
+    // card below it that takes its room); scrolled up, a button offers the way back.
+    const transcript = $("transcript");
+    transcript.addEventListener("scroll", () => {
+      this.stuck = transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight < 24;
+      if (this.stuck) $("jump-latest").hidden = true;
+    });
+    new ResizeObserver(() => this.follow()).observe(transcript);
+    new MutationObserver(() => this.follow()).observe(transcript, {
+      subtree: true,
+      childList: true,
+      characterData: true,
+    });
+    $("jump-latest").addEventListener("click", () => {
+      this.stuck = true;
+      this.follow();
+    });
     // Back and Forward move between the places the address bar named.
     window.addEventListener("popstate", () => void this.followRoute());
     // Read-only inspection from the console (and the browser test): the open chat's reduced state.
@@ -365,6 +384,8 @@ class App {
     }
     this.chat = uri;
     this.turnCache.clear();
+    this.stuck = true;
+    $("jump-latest").hidden = true;
     $("transcript").replaceChildren();
     await this.subscribe(uri);
     this.render();
@@ -501,11 +522,16 @@ class App {
     const list = $("sessions");
     list.replaceChildren(
       ...this.model.sessionList().map((summary) => {
+        const status = statusLabel(summary.status ?? 0);
         const item = h(
           "li",
-          { class: summary.resource === this.session ? "session current" : "session", "data-uri": summary.resource },
+          {
+            class: summary.resource === this.session ? "session current" : "session",
+            "data-uri": summary.resource,
+            "data-status": status,
+          },
           h("span", { class: "title" }, summary.title || "New session"),
-          h("span", { class: "meta" }, `${summary.provider} · ${statusLabel(summary.status ?? 0)}`),
+          h("span", { class: "meta" }, `${summary.provider} · `, h("span", { class: "status" }, status)),
         );
         item.addEventListener("click", () => void this.openSession(summary.resource));
         return item;
@@ -513,6 +539,31 @@ class App {
     );
     $("more-sessions").hidden = !this.model.nextCursor;
     $("empty-sessions").hidden = this.model.sessions.size > 0;
+    this.renderTitle();
+  }
+
+  /** Keep the transcript at its end while the user is there; otherwise say there is more below. */
+  private follow(): void {
+    const transcript = $("transcript");
+    if (this.stuck) {
+      transcript.scrollTop = transcript.scrollHeight;
+    } else if (transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight >= 24) {
+      $("jump-latest").hidden = false;
+    }
+  }
+
+  /** The tab's title: how many sessions need input, then the open session and its status. */
+  private renderTitle(): void {
+    const sessions = this.model.sessionList();
+    const waiting = sessions.filter((s) => statusLabel(s.status ?? 0) === "needs input").length;
+    const open = sessions.find((s) => s.resource === this.session);
+    const status = open ? statusLabel(open.status ?? 0) : "";
+    const parts = [
+      waiting > 0 ? `(${waiting} need${waiting === 1 ? "s" : ""} input)` : "",
+      open ? `${open.title || "New session"}${status && status !== "idle" ? ` — ${status}` : ""}` : "",
+      "ahp-relay",
+    ].filter(Boolean);
+    document.title = parts.join(" · ");
   }
 
   private renderSession(): void {
