@@ -124,9 +124,19 @@ async function flow(token, outDir) {
   const b = await watchedPage(phone, "phone", problems);
   await b.goto(link);
   await online(b);
+  // The phone keeps the new-session form folded away until asked for.
+  check(!(await b.isVisible("#create-session")), "the phone's new-session form is folded away");
+  await b.click("#new-session-toggle");
+  check(await b.isVisible("#create-session"), "asked for, the phone shows the new-session form");
+  await b.click("#new-session-toggle");
+  check(!(await b.isVisible("#create-session")), "and folds it again");
+  check(await a.isVisible("#create-session"), "the desktop shows the form as it is");
   await b.click(`#sessions li[data-uri="${session}"]`);
   await b.waitForSelector("#pending .input-form", { timeout: PATIENCE });
   await b.waitForFunction(atEnd, null, { timeout: 5000 });
+  // No Shift+Enter hint on a touch keyboard; the desktop keeps it.
+  const hints = await Promise.all([a, b].map((page) => page.getAttribute("#prompt", "placeholder")));
+  check(hints[0].includes("Shift+Enter") && !hints[1].includes("Shift+Enter"), `the prompt hints fit the devices (${hints})`);
   // Both address bars name the open session and chat.
   const chat = await a.evaluate(() => globalThis.ahpRelay.chat());
   const placeOf = (page) => page.evaluate(() => Object.fromEntries(new URLSearchParams(location.hash.slice(1))));

@@ -127,6 +127,16 @@ class App {
       void this.createSession();
     });
     $("new-session-agent").addEventListener("change", () => this.fillModels());
+    // On a phone the form is folded away until asked for.
+    $("new-session-toggle").addEventListener("click", () => {
+      const open = $("new-session").classList.toggle("open");
+      $("new-session-toggle").setAttribute("aria-expanded", String(open));
+      if (open) $("new-session-agent").focus();
+    });
+    // A touch keyboard has no Shift+Enter to speak of: its hint is only for keyboards.
+    if (window.matchMedia("(pointer: coarse)").matches || navigator.maxTouchPoints > 0) {
+      $<HTMLTextAreaElement>("prompt").placeholder = "Message the agent";
+    }
     $("more-sessions").addEventListener("click", () => void this.loadSessions(false));
     $("composer").addEventListener("submit", (event) => {
       event.preventDefault();
