@@ -73,6 +73,12 @@ async function flow(token, outDir) {
   await a.click("#create-session");
   await a.waitForSelector("#session-view:not([hidden])", { timeout: PATIENCE });
   const session = await a.evaluate(() => globalThis.ahpRelay.session());
+  // The session's header says what it runs on.
+  await a.waitForFunction(() => document.getElementById("session-facts").textContent.includes("Demo agent"), null, {
+    timeout: PATIENCE,
+  });
+  const facts = await a.textContent("#session-facts");
+  check(facts.includes("default model"), `the header names the agent and model (${facts})`);
 
   // Record every length the reply had on screen, to see it arrive in parts.
   await a.evaluate(() => {

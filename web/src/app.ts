@@ -582,6 +582,7 @@ class App {
     $("no-session").hidden = !!session;
     if (!session) return;
     $("session-title").textContent = session.title || "New session";
+    $("session-facts").textContent = this.sessionFacts(session);
     const people = (session.activeClients ?? []).map((c: JsonObject) =>
       h("span", { class: c.clientId === clientId() ? "person me" : "person" }, c.displayName || c.clientId),
     );
@@ -597,6 +598,19 @@ class App {
     });
     $("chats").replaceChildren(...tabs);
     this.renderChat();
+  }
+
+  /** What the session runs on: its agent, the model this device picks for it, its working directory. */
+  private sessionFacts(session: JsonObject): string {
+    const root = this.model.state(ROOT);
+    const agent = (root?.agents ?? []).find((a: JsonObject) => a.provider === session.provider);
+    const chosen = this.session ? this.modelChoice.get(this.session) : undefined;
+    const model = chosen
+      ? (agent?.models ?? []).find((m: JsonObject) => m.id === chosen)?.name || chosen
+      : "default model";
+    const directory = session.workingDirectories?.[0];
+    const where = directory ? decodeURIComponent(String(directory).replace(/^file:\/\//, "")) : "";
+    return [agent?.displayName || session.provider, model, where].filter(Boolean).join(" · ");
   }
 
   private renderChat(): void {
