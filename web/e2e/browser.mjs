@@ -247,6 +247,21 @@ async function flow(token, outDir) {
 
   await a.screenshot({ path: join(outDir, "desktop.png") });
   await b.screenshot({ path: join(outDir, "phone.png") });
+  // ── Disposing asks first, in a real dialog; the phone, which had the session open, is told.
+  await a.click("#dispose-session");
+  await a.waitForSelector("#confirm-dispose[open]", { timeout: PATIENCE });
+  await a.click("#confirm-dispose-cancel");
+  check(!(await a.isVisible("#confirm-dispose")), "keeping it closes the dialog");
+  check((await a.evaluate(() => globalThis.ahpRelay.session())) === session, "and keeps the session");
+  await a.click("#dispose-session");
+  await a.waitForSelector("#confirm-dispose[open]", { timeout: PATIENCE });
+  await a.click("#confirm-dispose-ok");
+  await a.waitForFunction((uri) => !document.querySelector(`#sessions li[data-uri="${uri}"]`), session, { timeout: PATIENCE });
+  await b.waitForFunction(() => document.body.dataset.view === "sessions", null, { timeout: PATIENCE });
+  const told = await b.locator("#notes").innerText();
+  check(told.includes("was disposed on another device"), `the phone is told the session went (notes: ${told})`);
+  const mine = await a.locator("#notes").innerText();
+  check(!mine.includes("was disposed on another device"), "the desktop, which disposed it, is not told it happened elsewhere");
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
   console.log(JSON.stringify({ session, screenshots: [join(outDir, "desktop.png"), join(outDir, "phone.png")] }));
 }

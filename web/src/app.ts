@@ -97,6 +97,8 @@ class App {
   private chat?: string;
   private initialized = false;
   private renderQueued = false;
+  /** The session this device is disposing (its removal is then no news to it). */
+  private disposing?: string;
   /** The transcript follows its end while the user is there (and stops when they scroll up). */
   private stuck = true;
   private turnCache = new Map<string, { json: string; node: HTMLElement }>();
@@ -275,7 +277,14 @@ class App {
         this.render();
       }
     } else if (this.model.onRootNotification(method, params)) {
-      if (method === "root/sessionRemoved" && params.session === this.session) this.closeSession();
+      if (method === "root/sessionRemoved" && params.session === this.session) {
+        // Disposed elsewhere: say so, rather than leaving the user wondering where it went.
+        if (this.disposing !== params.session) {
+          const title = this.model.state(params.session)?.title || "the open session";
+          this.note(`"${title}" was disposed on another device`);
+        }
+        this.closeSession();
+      }
       this.render();
     }
   }
@@ -431,14 +440,25 @@ class App {
     }
   }
 
+  /** Dispose the open session, once the user confirmed it in the dialog (it ends for every device). */
   private async disposeSession(): Promise<void> {
-    if (!this.session || !window.confirm("Dispose this session for every device?")) return;
+    if (!this.session) return;
     const uri = this.session;
+    const dialog = $<HTMLDialogElement>("confirm-dispose");
+    const answer = await new Promise<string>((resolve) => {
+      dialog.addEventListener("close", () => resolve(dialog.returnValue), { once: true });
+      dialog.returnValue = "cancel";
+      dialog.showModal();
+    });
+    if (answer !== "dispose" || this.session !== uri) return;
     try {
+      this.disposing = uri;
       await this.link.request("disposeSession", { channel: uri });
       this.closeSession();
     } catch (error) {
       this.note(`could not dispose: ${(error as Error).message}`);
+    } finally {
+      this.disposing = undefined;
     }
   }
 
