@@ -119,6 +119,13 @@ async function flow(token, outDir) {
   check(edit.path === "/demo/notes.md", `the edit names its file (${edit.path})`);
   check(edit.added.length === 1 && edit.added[0] === `+ ${hostile}\n`, `the diff adds the prompt as text (${edit.added})`);
   check(edit.kept === 3 && edit.elements === 0, "the diff keeps the unchanged lines and creates no elements from the prompt");
+  // The card says what is what, in words.
+  const card = await a.evaluate(() => {
+    const box = document.querySelector("#transcript .tool.completed");
+    return { labels: [...box.querySelectorAll(".tool-label")].map((l) => l.textContent), badge: box.querySelector(".badge").textContent };
+  });
+  check(card.labels.join(",") === "Input,Output", `the tool card labels its input and output (${card.labels})`);
+  check(card.badge === "done", `the tool card's state is in words (${card.badge})`);
 
   // ── Device B: a phone-sized browser opens the same session and sees the same conversation.
   const phone = await browser.newContext({
@@ -180,6 +187,11 @@ async function flow(token, outDir) {
   await b.click("#pending .input-form button.approve");
   await b.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
   check((await transcriptText(b)).includes("Nice to meet you, Phone."), "the phone sees the end of the turn");
+  const answered = await b.locator("#transcript .input-request").innerText();
+  check(
+    answered.includes("Phone") && !answered.includes('"Phone"') && answered.includes("answered") && !answered.includes("answer: accept"),
+    `the answered question reads as an answer (${answered})`,
+  );
   await b.waitForSelector("#jump-latest:not([hidden])", { timeout: PATIENCE });
   check((await b.evaluate(() => document.getElementById("transcript").scrollTop)) === 0, "the phone's reader was not moved");
   await b.click("#jump-latest");

@@ -89,6 +89,28 @@ function statusLabel(status: number): string {
   return "";
 }
 
+/** A tool call's state in words (a denial is not a cancellation to the person who denied it). */
+function toolState(call: JsonObject): string {
+  switch (call.status) {
+    case "streaming":
+      return "preparing";
+    case "pending-confirmation":
+      return "waiting for approval";
+    case "running":
+      return "running";
+    case "auth-required":
+      return "needs sign-in";
+    case "pending-result-confirmation":
+      return "result waiting for approval";
+    case "completed":
+      return call.result?.success === false ? "failed" : "done";
+    case "cancelled":
+      return call.reason === "denied" || call.reason === "result-denied" ? "denied" : "skipped";
+    default:
+      return String(call.status ?? "");
+  }
+}
+
 class App {
   private model = new Model();
   private link: Link;
@@ -704,15 +726,23 @@ class App {
         return this.renderToolCall(part.toolCall ?? {});
       case "inputRequest": {
         const request = part.request ?? {};
+        // Each answer under its question's title, as the person gave it (not as JSON).
+        const titleOf = (id: string) =>
+          (request.questions ?? []).find((q: JsonObject) => q.id === id)?.title ||
+          (request.questions ?? []).find((q: JsonObject) => q.id === id)?.message ||
+          id;
+        const shown = (value: any): string =>
+          Array.isArray(value) ? value.map(shown).join(", ") : value && typeof value === "object" ? shown(value.value ?? "") : String(value ?? "");
         const answers = Object.entries(request.answers ?? {}).map(([id, answer]: [string, any]) =>
-          h("li", {}, `${id}: ${JSON.stringify(answer?.value?.value ?? answer?.value ?? "")}`),
+          h("li", {}, h("span", { class: "question" }, `${titleOf(id)}: `), h("strong", { class: "answer" }, shown(answer?.value))),
         );
+        const outcome: Record<string, string> = { accept: "answered", decline: "declined", cancel: "withdrawn" };
         return h(
           "div",
           { class: "input-request" },
           h("div", { class: "label" }, request.message ?? "The agent asked for input"),
           h("ul", {}, ...answers),
-          h("div", { class: "meta" }, part.response ? `answer: ${part.response}` : "waiting for an answer"),
+          h("div", { class: "meta" }, part.response ? outcome[part.response] ?? part.response : "waiting for an answer"),
         );
       }
       default:
@@ -724,11 +754,13 @@ class App {
     const card = h("div", { class: `tool ${call.status}`, "data-tool": call.toolCallId });
     const title = call.status === "completed" && call.pastTenseMessage ? call.pastTenseMessage : call.invocationMessage || call.intention || "";
     card.append(
-      h("div", { class: "tool-head" }, h("strong", {}, call.displayName || call.toolName || "tool"), ` ${title} `, h("span", { class: "badge" }, call.status ?? "")),
+      h("div", { class: "tool-head" }, h("strong", {}, call.displayName || call.toolName || "tool"), ` ${title} `, h("span", { class: "badge" }, toolState(call))),
     );
     if (call.toolInput !== undefined) {
+      card.append(h("div", { class: "tool-label" }, "Input"));
       card.append(h("pre", { class: "tool-input" }, typeof call.toolInput === "string" ? call.toolInput : JSON.stringify(call.toolInput, null, 2)));
     }
+    if ((call.content ?? []).length > 0) card.append(h("div", { class: "tool-label" }, "Output"));
     for (const item of call.content ?? []) card.append(renderToolContent(item));
     if (call.error?.message) card.append(h("div", { class: "error" }, call.error.message));
     return card;
