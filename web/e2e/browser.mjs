@@ -259,6 +259,18 @@ async function flow(token, outDir) {
 
   await a.screenshot({ path: join(outDir, "desktop.png") });
   await b.screenshot({ path: join(outDir, "phone.png") });
+  // ── Renaming from one device renames it everywhere (the phone's list shows the new title).
+  await a.click("#rename-session-start");
+  await a.fill("#rename-session-title", "Tool and question walk-through");
+  await a.press("#rename-session-title", "Enter");
+  await a.waitForFunction(() => document.getElementById("session-title").textContent === "Tool and question walk-through", null, {
+    timeout: PATIENCE,
+  });
+  await b.waitForFunction(
+    (uri) => document.querySelector(`#sessions li[data-uri="${uri}"] .title`)?.textContent === "Tool and question walk-through",
+    session,
+    { timeout: PATIENCE },
+  );
   // ── Disposing asks first, in a real dialog; the phone, which had the session open, is told.
   await a.click("#dispose-session");
   await a.waitForSelector("#confirm-dispose[open]", { timeout: PATIENCE });

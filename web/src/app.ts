@@ -174,6 +174,16 @@ class App {
     });
     $("cancel").addEventListener("click", () => this.cancelTurn());
     $("dispose-session").addEventListener("click", () => void this.disposeSession());
+    // Rename in place: the title becomes a field; Enter keeps it (for every device), Escape or leaving it does not.
+    $("rename-session-start").addEventListener("click", () => this.startRename());
+    $("rename-session").addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.finishRename(true);
+    });
+    $("rename-session-title").addEventListener("keydown", (event) => {
+      if (event.key === "Escape") this.finishRename(false);
+    });
+    $("rename-session-title").addEventListener("blur", () => this.finishRename(false));
     $("new-chat").addEventListener("click", () => void this.createChat());
     $("back").addEventListener("click", () => this.closeSession());
     // The browser knows before the socket does: treat "offline" as a dropped connection, "online" as a cue
@@ -459,6 +469,31 @@ class App {
       await this.openChat(chat);
     } catch (error) {
       this.note(`could not create a chat: ${(error as Error).message}`);
+    }
+  }
+
+  private startRename(): void {
+    const session = this.session ? this.model.state(this.session) : undefined;
+    if (!session) return;
+    const field = $<HTMLInputElement>("rename-session-title");
+    field.value = session.title || "";
+    $("rename-session").hidden = false;
+    $("session-title").hidden = true;
+    $("rename-session-start").hidden = true;
+    field.focus();
+    field.select();
+  }
+
+  /** Leave the title field; `keep` renames the session (`session/titleChanged`, seen by every device). */
+  private finishRename(keep: boolean): void {
+    if ($("rename-session").hidden) return;
+    const title = $<HTMLInputElement>("rename-session-title").value.trim();
+    $("rename-session").hidden = true;
+    $("session-title").hidden = false;
+    $("rename-session-start").hidden = false;
+    const current = this.session ? this.model.state(this.session)?.title : undefined;
+    if (keep && this.session && title && title !== current) {
+      this.dispatch(this.session, { type: "session/titleChanged", title });
     }
   }
 
