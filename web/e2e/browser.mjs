@@ -147,6 +147,13 @@ async function flow(token, outDir) {
   await b.click(`#sessions li[data-uri="${session}"]`);
   await b.waitForSelector("#pending .input-form", { timeout: PATIENCE });
   await b.waitForFunction(atEnd, null, { timeout: 5000 });
+  // The phone's session header is short: the transcript starts near the top; its details are on demand.
+  const top = await b.evaluate(() => document.getElementById("transcript").getBoundingClientRect().top);
+  check(top < 200, `the phone's header leaves the screen to the conversation (transcript at ${top}px of 844)`);
+  check(!(await b.isVisible("#session-facts")) && (await a.isVisible("#session-facts")), "the phone folds the session's details");
+  await b.click("#session-details");
+  check(await b.isVisible("#session-facts"), "asked for, the phone shows them");
+  await b.click("#session-details");
   // No Shift+Enter hint on a touch keyboard; the desktop keeps it.
   const hints = await Promise.all([a, b].map((page) => page.getAttribute("#prompt", "placeholder")));
   check(hints[0].includes("Shift+Enter") && !hints[1].includes("Shift+Enter"), `the prompt hints fit the devices (${hints})`);

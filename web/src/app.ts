@@ -174,6 +174,10 @@ class App {
     });
     $("cancel").addEventListener("click", () => this.cancelTurn());
     $("dispose-session").addEventListener("click", () => void this.disposeSession());
+    $("session-details").addEventListener("click", () => {
+      const open = document.body.classList.toggle("details-open");
+      $("session-details").setAttribute("aria-expanded", String(open));
+    });
     // Rename in place: the title becomes a field; Enter keeps it (for every device), Escape or leaving it does not.
     $("rename-session-start").addEventListener("click", () => this.startRename());
     $("rename-session").addEventListener("submit", (event) => {
