@@ -91,17 +91,7 @@ impl Host {
         };
         // A page is one envelope: it keeps its newest turns that fit the reply budget (at least one), and its
         // cursor points before them.
-        let mut bytes = 0usize;
-        let fitting = turns
-            .iter()
-            .rev()
-            .take_while(|turn| {
-                bytes += crate::model::json_len(turn) + 1;
-                bytes <= max_bytes
-            })
-            .count()
-            .max(1)
-            .min(turns.len());
+        let fitting = newest_fitting(&turns, max_bytes).min(turns.len());
         let cut = turns.len() - fitting;
         turns.drain(..cut);
         page.start += cut;
@@ -268,16 +258,7 @@ impl HostCore {
             let first = index - archived;
             let mut pages = Vec::new();
             while end > first {
-                let mut bytes = 0usize;
-                let fitting = held[first..end]
-                    .iter()
-                    .rev()
-                    .take_while(|turn| {
-                        bytes += crate::model::json_len(turn) + 1;
-                        bytes <= max_bytes
-                    })
-                    .count()
-                    .max(1);
+                let fitting = newest_fitting(&held[first..end], max_bytes);
                 let page_start = end - fitting;
                 pages.push(StateAction::ChatTurnsLoaded(ChatTurnsLoadedAction {
                     turns: held[page_start..end].to_vec(),
@@ -318,6 +299,20 @@ impl HostCore {
             self.narrow_window(connection, chat, start);
         }
     }
+}
+
+/// How many of the newest `turns` one `chat/turnsLoaded` page carries within `max_bytes` (at least one).
+fn newest_fitting(turns: &[Turn], max_bytes: usize) -> usize {
+    let mut bytes = 0usize;
+    turns
+        .iter()
+        .rev()
+        .take_while(|turn| {
+            bytes += crate::model::json_len(turn) + 1;
+            bytes <= max_bytes
+        })
+        .count()
+        .max(1)
 }
 
 /// The archived turn a message may name: `chat/truncated{turnId}`, or a `createChat` fork.

@@ -10,10 +10,10 @@ use relay_runner::{DemoPace, DemoProvider, ProviderRegistry};
 use relay_shard::ShardLink;
 use relay_store::Store;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_evicted_host_is_freed() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::connect(&format!("sqlite://{}", dir.path().join("t.sqlite").display()))
+/// A shard on a SQLite store in `dir` with the demo agent and a short active-client grace, its host `t/h`, and
+/// a member of tenant `t`.
+async fn demo_link(dir: &std::path::Path) -> (Arc<ShardLink>, HostKey, Identity) {
+    let store = Store::connect(&format!("sqlite://{}", dir.join("t.sqlite").display()))
         .await
         .expect("store");
     store.migrate().await.expect("migrate");
@@ -24,13 +24,22 @@ async fn an_evicted_host_is_freed() {
         active_client_grace: Duration::from_millis(10),
         ..Limits::default()
     };
-    let link = Arc::new(ShardLink::new(limits, providers, store, None));
-    let key = HostKey::new("t", "h");
     let identity = Identity {
         subject: "u".into(),
         tenant: "t".into(),
         role: Role::Member,
     };
+    (
+        Arc::new(ShardLink::new(limits, providers, store, None)),
+        HostKey::new("t", "h"),
+        identity,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_host_is_freed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (link, key, identity) = demo_link(dir.path()).await;
     let connection = ConnectionId::next();
     let bus = link.attach(&key, connection, &identity).await.expect("attach");
     let init = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"c"}}"#;
@@ -63,24 +72,7 @@ async fn an_evicted_host_is_freed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_default_chat_never_takes_the_name_of_an_unloaded_chat() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::connect(&format!("sqlite://{}", dir.path().join("t.sqlite").display()))
-        .await
-        .expect("store");
-    store.migrate().await.expect("migrate");
-    let providers = ProviderRegistry::new().with(Arc::new(DemoProvider::new(DemoPace {
-        step: Duration::from_millis(1),
-    })));
-    let limits = Limits {
-        active_client_grace: Duration::from_millis(10),
-        ..Limits::default()
-    };
-    let link = Arc::new(ShardLink::new(limits, providers, store, None));
-    let key = HostKey::new("t", "h");
-    let identity = Identity {
-        subject: "u".into(),
-        tenant: "t".into(),
-        role: Role::Member,
-    };
+    let (link, key, identity) = demo_link(dir.path()).await;
     let call = |connection: ConnectionId, frame: serde_json::Value| {
         let link = link.clone();
         let key = key.clone();

@@ -59,13 +59,20 @@ impl ChatSessions {
         }
     }
 
-    /// The agent reported its settings (opening or loading a session): keep its model selector and settings.
-    pub(crate) fn observe(&mut self, reported: &Reported, opening: &Opening<'_>) {
+    /// The agent reported its settings (opening or loading a session): keep its model selector and settings,
+    /// and list its models.
+    pub(crate) fn observe(
+        &mut self,
+        reported: &Reported,
+        agent: &str,
+        listing: &super::Listing,
+        sink: &dyn ChatSink,
+    ) {
         observe_options(
             reported,
-            opening.agent,
-            opening.listing,
-            opening.announcer.sink.as_ref(),
+            agent,
+            listing,
+            sink,
             &mut self.model_option,
             &mut self.settings,
         );
@@ -98,7 +105,12 @@ impl ChatSessions {
         let opened = match (self.primary.take(), loaded) {
             (Some(id), _) => Ok(id),
             (None, Some((id, reported))) => {
-                self.observe(&reported, opening);
+                self.observe(
+                    &reported,
+                    opening.agent,
+                    opening.listing,
+                    opening.announcer.sink.as_ref(),
+                );
                 Ok(id)
             }
             (None, None) => {
@@ -107,7 +119,12 @@ impl ChatSessions {
                 }
                 match open(cx, opening.cwd).await {
                     Ok((id, reported)) => {
-                        self.observe(&reported, opening);
+                        self.observe(
+                            &reported,
+                            opening.agent,
+                            opening.listing,
+                            opening.announcer.sink.as_ref(),
+                        );
                         Ok(id)
                     }
                     Err(error) => Err(error),

@@ -491,18 +491,8 @@ async fn run(
                 Start::New => (ChatSessions::default(), false),
                 Start::Continue(stored) => (ChatSessions::continuing(stored.clone()), true),
             };
-            let opening = Opening {
-                cwd: &cwd,
-                can_load,
-                agent: &config.id,
-                listing: &listing,
-                announcer: &announcer,
-                agent_meta: &agent_meta,
-                terminals: &terminals,
-            };
             // A new AHP session opens its first ACP session now: creation reports the agent's success or
             // failure. The first chat that prompts takes it.
-            let mut failed = None;
             if !restarted {
                 let Ok(opened) = tokio::time::timeout(timeouts.start, open(&cx, &cwd)).await else {
                     announcer.failed("agentStartTimeout", timeouts.start_message("session/new"));
@@ -510,7 +500,7 @@ async fn run(
                 };
                 match opened {
                     Ok((id, reported)) => {
-                        sessions.observe(&reported, &opening);
+                        sessions.observe(&reported, &config.id, &listing, announcer.sink.as_ref());
                         sessions.primary = Some(id);
                     }
                     Err(error) => {
@@ -522,13 +512,10 @@ async fn run(
                                  with `env` / `env_files` in the agents file)"
                             ));
                         }
-                        failed = Some(message);
+                        announcer.failed("agentSessionNew", message);
+                        return Ok(());
                     }
                 }
-            }
-            if let Some(message) = failed {
-                announcer.failed("agentSessionNew", message);
-                return Ok(());
             }
             announcer.ready();
             let opening = Opening {
