@@ -80,6 +80,47 @@ async fn two_browsers_share_a_session_and_one_resumes_after_its_network_is_cut()
     }
 }
 
+/// Issue 25 (1): sign-in that recovers. A foreign, an expired and an expiring token each bring the sign-in panel
+/// with the reason (never an endless retry), a reload does not reuse a refused token, the identity provider's
+/// login (`--sign-in-url`) returns with a working token, signing out forgets it, and no token is ever in a
+/// WebSocket URL or the console (the page sends it in `Sec-WebSocket-Protocol`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_client_signs_in_and_recovers_from_a_refused_or_expired_token() {
+    use relay_gateway::auth::{mint_hs256, Claims};
+    use std::time::Duration;
+    let relay = Relay::start_with(&["--sign-in-url", "https://idp.example/login?return={return}"]).await;
+    let good = relay.token("dev", "dev-user", Role::Admin);
+    let mut stale = Claims::new("dev", "dev-user", Role::Admin, None, Duration::from_secs(3600));
+    stale.exp -= 3 * 3600;
+    stale.iat -= 3 * 3600;
+    let expired = mint_hs256(SECRET.as_bytes(), &stale).expect("mint");
+    let foreign = mint_hs256(
+        b"someone-elses-secret-at-least-32-bytes-long",
+        &Claims::new("dev", "dev-user", Role::Admin, None, Duration::from_secs(3600)),
+    )
+    .expect("mint");
+    // Long enough to open the page and connect; it then expires on the open connection.
+    let short_lived = mint_hs256(
+        SECRET.as_bytes(),
+        &Claims::new("dev", "dev-user", Role::Admin, None, Duration::from_secs(8)),
+    )
+    .expect("mint");
+    let out = repo().join("target/browser-test/signin");
+    let _ = std::fs::remove_dir_all(&out);
+    let base = format!("http://{}", relay.addr);
+    let report = browser(&[
+        "signin",
+        &base,
+        &good,
+        &expired,
+        &foreign,
+        &short_lived,
+        &out.display().to_string(),
+    ])
+    .await;
+    assert!(report.contains("\"sockets\""), "{report}");
+}
+
 /// Acceptance: the same envelope stream reduced in the browser (the page's WebAssembly `ahp` reducers) and by
 /// `ahp` in Rust gives equal JSON, for a session and a chat through a turn with streaming, reasoning, a
 /// confirmed tool call, an answered input request, a title and usage, and a second turn that is cancelled.

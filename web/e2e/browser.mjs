@@ -2,6 +2,7 @@
 // tests/browser.rs, which starts the relay:
 //
 //   node web/e2e/browser.mjs flow   <base-url> <token> <out-dir>   the two-device walk-through, screenshots
+//   node web/e2e/browser.mjs signin <base-url> <good> <expired> <foreign> <short-lived>   sign-in that recovers
 //   node web/e2e/browser.mjs reduce <base-url> <in.json> <out.json> the page's WebAssembly reducers on a stream
 //
 // Exits 0 when every check holds; otherwise prints what failed and exits 1.
@@ -227,7 +228,11 @@ async function flow(token, outDir) {
   check(isDeepStrictEqual(await chatState(a), expected), "the desktop's chat state equals the phone's");
   check((await transcriptText(a)) === (await transcriptText(b)), "both devices show the same transcript again");
   const notes = await a.locator("#notes").innerText();
-  check(notes.includes("resumed from serverSeq"), `the desktop says it resumed (notes: ${notes})`);
+  check(notes.includes("Back online") && !notes.includes("serverSeq"), `the desktop says in words that it resumed (notes: ${notes})`);
+  check(
+    (await a.locator('#notes li[title^="resumed from serverSeq"]').count()) === 1,
+    "the serverSeq it resumed from is in the note's tooltip",
+  );
 
   // ── The agent echoed markup; both pages show it as text and run none of it.
   for (const [name, page] of [
@@ -297,6 +302,83 @@ async function flow(token, outDir) {
   console.log(JSON.stringify({ session, screenshots: [join(outDir, "desktop.png"), join(outDir, "phone.png")] }));
 }
 
+/**
+ * Sign-in that recovers: a refused token says why and asks for another (and a reload does not retry it); the
+ * token is never in a WebSocket URL or the console; an identity provider's login returns with a token; signing
+ * out forgets it; a token expiring on an open connection brings the sign-in back.
+ */
+async function signin(good, expired, foreign, shortLived, outDir) {
+  mkdirSync(outDir, { recursive: true });
+  const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const page = await context.newPage();
+  opened.push(["signin", page]);
+  const consoleLines = [];
+  const sockets = [];
+  page.on("console", (message) => consoleLines.push(message.text()));
+  page.on("pageerror", (error) => problems.push(`signin: page error: ${error.message}`));
+  page.on("websocket", (socket) => sockets.push(socket.url()));
+  const signInShown = () => page.waitForSelector('body[data-view="signin"] #signin-token', { timeout: PATIENCE });
+  const reasonOf = async () => ({ text: await page.textContent("#signin-reason"), detail: await page.getAttribute("#signin-reason", "title") });
+
+  // A foreign token (signed by someone else): refused, said why, not retried.
+  await page.goto(`${base}/#token=${encodeURIComponent(foreign)}`);
+  await signInShown();
+  let reason = await reasonOf();
+  check(reason.text.includes("did not accept your sign-in") && reason.detail.includes("HTTP 401"), `a foreign token is refused with its reason (${JSON.stringify(reason)})`);
+  check((await page.getAttribute("#link-state", "data-state")) === "refused", "the connection says it is refused");
+  check(sockets.length === 1, `the refused token was tried once, not retried (${sockets.length} sockets)`);
+  // A reload does not reuse it: the page asks to sign in and opens no socket.
+  await page.reload();
+  await signInShown();
+  check(await page.isHidden("#signin-reason"), "after a reload the page simply asks to sign in");
+  check(sockets.length === 1, `the reload opened no socket with the refused token (${sockets.length} sockets)`);
+
+  // An expired token pasted in: refused as expired.
+  await page.fill("#signin-token", expired);
+  await Promise.all([page.waitForEvent("load"), page.click("#signin-submit")]);
+  await page.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
+  reason = await reasonOf();
+  check(reason.text.includes("expired"), `an expired token is said to be expired (${JSON.stringify(reason)})`);
+
+  // The identity provider's login (configured with --sign-in-url) returns with a token in the fragment.
+  const provider = await page.getAttribute("#signin-provider", "href");
+  check(provider === `https://idp.example/login?return=${encodeURIComponent(`${base}/`)}`, `the sign-in link goes to the provider with the way back (${provider})`);
+  await page.route("https://idp.example/**", (route) =>
+    route.fulfill({ status: 302, headers: { location: `${base}/#access_token=${encodeURIComponent(good)}&token_type=bearer` } }),
+  );
+  await page.click("#signin-provider");
+  await online(page);
+  check(!(await page.evaluate(() => location.hash.includes("access_token"))), "the provider's token is removed from the address bar");
+  await page.screenshot({ path: join(outDir, "signed-in.png") });
+
+  // Sign out: the page forgets the token; a reload stays signed out.
+  const before = sockets.length;
+  await page.click("#sign-out");
+  await signInShown();
+  check((await page.textContent("#signin-reason")).includes("signed out"), "signing out says so");
+  await page.reload();
+  await signInShown();
+  check(sockets.length === before, "signed out, a reload opens no socket");
+
+  // A token that expires while connected: the relay closes with 4001 and the page asks to sign in again.
+  await page.fill("#signin-token", shortLived);
+  await Promise.all([page.waitForEvent("load"), page.click("#signin-submit")]);
+  await online(page);
+  await page.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
+  reason = await reasonOf();
+  check(reason.text.includes("expired") && reason.detail.includes("4001"), `an expiry on an open connection asks to sign in again (${JSON.stringify(reason)})`);
+  await page.screenshot({ path: join(outDir, "signin.png") });
+
+  // The token was never in a WebSocket URL or the console.
+  for (const token of [good, expired, foreign, shortLived]) {
+    check(!sockets.some((url) => url.includes(token)), "no WebSocket URL carries a token");
+    check(!consoleLines.some((line) => line.includes(token)), "no console line carries a token");
+  }
+  check(!sockets.some((url) => url.includes("access_token")), `no WebSocket URL has an access_token (${sockets})`);
+  check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
+  console.log(JSON.stringify({ sockets: sockets.length }));
+}
+
 async function reduce(inputPath, outputPath) {
   const input = JSON.parse(readFileSync(inputPath, "utf8"));
   const context = await browser.newContext();
@@ -315,6 +397,7 @@ async function reduce(inputPath, outputPath) {
 
 try {
   if (mode === "flow") await flow(rest[0], rest[1]);
+  else if (mode === "signin") await signin(rest[0], rest[1], rest[2], rest[3], rest[4]);
   else if (mode === "reduce") await reduce(rest[0], rest[1]);
   else throw new Error(`unknown mode ${mode}`);
 } catch (error) {
@@ -322,7 +405,8 @@ try {
   process.exitCode = 1;
   // What each page showed when the check failed, next to the test's other output.
   for (const [name, page] of opened) {
-    if (mode === "flow") await page.screenshot({ path: join(rest[1], `failed-${name}.png`) }).catch(() => {});
+    const dir = mode === "flow" ? rest[1] : mode === "signin" ? rest[4] : undefined;
+    if (dir) await page.screenshot({ path: join(dir, `failed-${name}.png`) }).catch(() => {});
     console.error(`${name} notes: ${await page.locator("#notes").innerText().catch(() => "?")}`);
   }
   for (const problem of problems) console.error(problem);

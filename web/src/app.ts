@@ -6,26 +6,12 @@ import { Model, ROOT, loadReducers } from "./state";
 import { renderMarkdown } from "./markdown";
 import { h } from "./dom";
 import { renderToolContent } from "./toolcontent";
+import { forgetToken, refusal, showSignIn, socketProtocols, takeToken, wireSignInForm } from "./signin";
 
-const TOKEN_KEY = "ahp-relay.token";
 const CLIENT_KEY = "ahp-relay.client-id";
 const PAGE_SIZE = 30;
 
 const $ = <T extends HTMLElement = HTMLElement>(id: string) => document.getElementById(id) as T;
-
-/** The token from `#token=…` (then removed from the address bar), else the one this tab already had. */
-function takeToken(): string | undefined {
-  const hash = new URLSearchParams(location.hash.slice(1));
-  const fromLink = hash.get("token");
-  if (fromLink) {
-    sessionStorage.setItem(TOKEN_KEY, fromLink);
-    hash.delete("token");
-    const rest = hash.toString();
-    history.replaceState(null, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
-    return fromLink;
-  }
-  return sessionStorage.getItem(TOKEN_KEY) ?? undefined;
-}
 
 /** The place the address bar names (`#s=<session>&c=<chat>`, beside `host=`): reload, Back, bookmarks and a
  * link pasted to a teammate open the same chat. */
@@ -134,16 +120,26 @@ class App {
     url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
     url.pathname = host ? `/v1/hosts/${encodeURIComponent(host)}/ws` : "/v1/ws";
     url.hash = "";
-    url.search = `access_token=${encodeURIComponent(token)}`;
-    this.link = new Link(url.href, {
+    url.search = "";
+    // The token rides in the handshake's Sec-WebSocket-Protocol, never in the URL (which proxies and the
+    // console log).
+    this.link = new Link(url.href, socketProtocols(token), {
       opened: (link) => this.handshake(link),
       notification: (method, params) => this.onNotification(method, params),
       state: (state) => this.showLinkState(state),
+      refused: () => refusal(token, host),
     });
   }
 
   start(): void {
     $("who").textContent = `${this.me.sub ?? "?"} · ${this.me.role ?? "?"}`;
+    $("sign-out").hidden = false;
+    $("sign-out").addEventListener("click", () => {
+      forgetToken();
+      this.link.stop();
+      $("sign-out").hidden = true;
+      void showSignIn("You signed out.");
+    });
     // A viewer watches: the controls the relay would refuse (create, send, answer, dispose) are hidden.
     document.body.dataset.role = String(this.me.role ?? "");
     $("new-session").addEventListener("submit", (event) => {
@@ -241,14 +237,14 @@ class App {
         } else {
           for (const snapshot of result.snapshots ?? []) this.model.applySnapshot(snapshot);
         }
-        this.note(`resumed from serverSeq ${this.model.lastSeen}`);
+        this.note("Back online: caught up with what happened meanwhile", `resumed from serverSeq ${this.model.lastSeen}`);
         await this.loadSessions(true);
         this.announcePresence();
         this.render();
         return;
       } catch (error) {
         if (!(error instanceof RpcError)) throw error;
-        this.note(`could not resume (${error.message}); starting afresh`);
+        this.note("Back online: reloaded everything (could not catch up)", error.message);
       }
     }
     const result = await link.request("initialize", {
@@ -287,20 +283,33 @@ class App {
     else if (route.chat && route.chat !== this.chat) await this.openChat(route.chat, true);
   }
 
+  /** The connection in words; the details (close codes, the relay's reason) in the pill's tooltip. */
   private showLinkState(state: LinkState): void {
     const pill = $("link-state");
     pill.dataset.state = state.kind;
     pill.textContent =
       state.kind === "online"
-        ? "connected"
+        ? "Connected"
         : state.kind === "connecting"
           ? state.attempt > 1
-            ? `reconnecting (attempt ${state.attempt})…`
-            : "connecting…"
+            ? "Reconnecting…"
+            : "Connecting…"
           : state.kind === "offline"
-            ? `offline: ${state.reason}; retrying in ${(state.retryInMs / 1000).toFixed(1)}s`
-            : `signed out: ${state.reason}`;
+            ? `${state.reason}, retrying in ${Math.max(1, Math.round(state.retryInMs / 1000))} s`
+            : "Signed out";
+    pill.title =
+      state.kind === "offline" || state.kind === "refused"
+        ? state.detail
+        : state.kind === "connecting"
+          ? `attempt ${state.attempt}`
+          : "";
     $("composer-send").toggleAttribute("disabled", state.kind !== "online");
+    if (state.kind === "refused") {
+      // Retrying the same token cannot help, and a reload must not either: ask for a new one.
+      forgetToken();
+      $("sign-out").hidden = true;
+      void showSignIn(state.reason, state.detail);
+    }
   }
 
   private onNotification(method: string, params: JsonObject): void {
@@ -349,8 +358,9 @@ class App {
     if (uri === this.chat) this.chat = undefined;
   }
 
-  private note(text: string): void {
-    const line = h("li", {}, `${new Date().toLocaleTimeString()} ${text}`);
+  /** A line in the notes: `text` for a person, `detail` (numbers, codes) in its tooltip. */
+  private note(text: string, detail?: string): void {
+    const line = h("li", detail ? { title: detail } : {}, `${new Date().toLocaleTimeString()} ${text}`);
     const log = $("notes");
     log.prepend(line);
     while (log.childElementCount > 5) log.lastElementChild?.remove();
@@ -875,17 +885,10 @@ class App {
 }
 
 async function main(): Promise<void> {
+  wireSignInForm();
   const token = takeToken();
   if (!token) {
-    document.body.dataset.view = "signin";
-    $("signin").addEventListener("submit", (event) => {
-      event.preventDefault();
-      const value = $<HTMLInputElement>("signin-token").value.trim();
-      if (value) {
-        location.hash = `token=${encodeURIComponent(value)}`;
-        location.reload();
-      }
-    });
+    await showSignIn();
     return;
   }
   await loadReducers();

@@ -10,26 +10,55 @@ export class RpcError extends Error {
   }
 }
 
-/** What the connection is doing, for the status line. */
+/** What the connection is doing, for the status line: `reason` in words for a person, `detail` as it came. */
 export type LinkState =
   | { kind: "connecting"; attempt: number }
   | { kind: "online" }
-  | { kind: "offline"; retryInMs: number; reason: string }
-  | { kind: "refused"; reason: string };
+  | { kind: "offline"; retryInMs: number; reason: string; detail: string }
+  | { kind: "refused"; reason: string; detail: string };
+
+/** Why a connection was refused: in words, and the relay's own. */
+export interface Refusal {
+  reason: string;
+  detail: string;
+}
 
 export interface LinkEvents {
   /** A fresh socket is open: do the handshake (initialize or reconnect) before anything else. */
   opened(link: Link): Promise<void>;
   notification(method: string, params: JsonObject): void;
   state(state: LinkState): void;
+  /** After a connection failed before it opened: whether the relay refuses this page (retrying cannot help). */
+  refused(): Promise<Refusal | undefined>;
 }
 
 const REQUEST_TIMEOUT_MS = 30_000;
 const BACKOFF_MIN_MS = 250;
 const BACKOFF_MAX_MS = 15_000;
 
-/** Close codes after which connecting again with the same token cannot help. */
-const FATAL_CLOSE_CODES = new Set([1008, 4001, 4003]);
+/** Close codes after which connecting again with the same token cannot help, in words. */
+const FATAL_CLOSE_CODES = new Map([
+  [1008, "The relay refused this connection."],
+  [4001, "Your sign-in has expired."],
+  [4003, "The relay refused this connection."],
+]);
+
+/** What a close code that the page recovers from means, in words. */
+function closeInWords(code: number): string {
+  switch (code) {
+    case 1001:
+    case 1012:
+      return "The relay is restarting";
+    case 1011:
+      return "The relay is briefly unavailable";
+    case 1013:
+      return "The connection fell behind";
+    case 4000:
+      return "Offline";
+    default:
+      return "Connection lost";
+  }
+}
 
 export class Link {
   private socket?: WebSocket;
@@ -39,7 +68,11 @@ export class Link {
   private stopped = false;
   private retryTimer?: number;
 
-  constructor(private url: string, private events: LinkEvents) {}
+  constructor(
+    private url: string,
+    private protocols: string[],
+    private events: LinkEvents,
+  ) {}
 
   start(): void {
     this.open();
@@ -48,6 +81,15 @@ export class Link {
   /** Closes the socket as a network drop would (the loop reconnects). */
   drop(): void {
     this.socket?.close(4000, "dropped by the page");
+  }
+
+  /** Closes for good (signing out). */
+  stop(): void {
+    this.stopped = true;
+    window.clearTimeout(this.retryTimer);
+    const socket = this.socket;
+    this.socket = undefined;
+    socket?.close(1000, "signed out");
   }
 
   /** Reconnects at once instead of waiting out the back-off (e.g. when the browser says it is online). */
@@ -87,20 +129,22 @@ export class Link {
   private open(): void {
     this.attempt += 1;
     this.events.state({ kind: "connecting", attempt: this.attempt });
-    const socket = new WebSocket(this.url);
+    const socket = new WebSocket(this.url, this.protocols);
     this.socket = socket;
+    let opened = false;
     socket.onopen = async () => {
+      opened = true;
       try {
         await this.events.opened(this);
         this.attempt = 0;
         this.events.state({ kind: "online" });
       } catch (error) {
         socket.close(4000, "handshake failed");
-        this.events.state({ kind: "offline", retryInMs: 0, reason: String(error) });
+        this.events.state({ kind: "offline", retryInMs: 0, reason: "Could not resume", detail: String(error) });
       }
     };
     socket.onmessage = (event) => this.receive(String(event.data));
-    socket.onclose = (event) => {
+    socket.onclose = async (event) => {
       if (this.socket !== socket) return;
       this.socket = undefined;
       for (const [, call] of this.pending) {
@@ -108,16 +152,28 @@ export class Link {
         call.reject(new Error("connection lost"));
       }
       this.pending.clear();
-      const reason = event.reason || `connection closed (${event.code})`;
-      if (FATAL_CLOSE_CODES.has(event.code)) {
+      const detail = `closed with code ${event.code}${event.reason ? `: ${event.reason}` : ""}`;
+      const fatal = FATAL_CLOSE_CODES.get(event.code);
+      if (fatal) {
         this.stopped = true;
-        this.events.state({ kind: "refused", reason });
+        this.events.state({ kind: "refused", reason: fatal, detail });
         return;
       }
+      // Refused before it opened: the page cannot see the HTTP status, so it asks the relay why.
+      if (!opened) {
+        const refusal = await this.events.refused();
+        if (this.stopped) return;
+        if (refusal) {
+          this.stopped = true;
+          this.events.state({ kind: "refused", ...refusal });
+          return;
+        }
+      }
+      const reason = closeInWords(event.code);
       // Exponential back-off with full jitter, so a relay restart is not met by every page at once.
       const ceiling = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** Math.min(this.attempt, 10));
       const delay = Math.round(BACKOFF_MIN_MS / 2 + Math.random() * ceiling);
-      this.events.state({ kind: "offline", retryInMs: delay, reason });
+      this.events.state({ kind: "offline", retryInMs: delay, reason, detail });
       this.retryTimer = window.setTimeout(() => this.open(), delay);
     };
   }

@@ -13,6 +13,7 @@ pub mod origin;
 pub mod quotas;
 pub mod server;
 pub mod shared_quotas;
+pub mod sign_in;
 mod tls;
 pub mod web;
 

@@ -3,7 +3,8 @@
 //! web client at `GET /` and `GET /assets/{name}` ([`crate::web`]). A WebSocket upgrade at `/` opens the
 //! default host, like `/v1/ws`.
 //!
-//! The token is checked before the upgrade, from `Authorization: Bearer`, `?access_token=` or `?tkn=` (what VS
+//! The token is checked before the upgrade, from `Authorization: Bearer`, the offered subprotocol
+//! `ahp-relay.bearer.<token>` (what the web page sends, [`crate::sign_in`]), `?access_token=` or `?tkn=` (what VS
 //! Code appends): a missing, malformed, wrongly signed or expired token gets HTTP 401 and never reaches AHP. A
 //! browser page whose `Origin` is not allowed gets HTTP 403 ([`crate::origin`]). The host of a connection is the path's host (or `default`) inside the token's
 //! tenant, so a token can only ever address its own tenant's hosts (invariant 7).
@@ -15,7 +16,7 @@ use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use relay_core::link::HostLink;
 use relay_core::{HostKey, Limits};
 use serde::Deserialize;
@@ -24,6 +25,7 @@ use crate::auth::{AuthError, TokenVerifier};
 use crate::connection::Connection;
 use crate::origin::AllowedOrigins;
 use crate::quotas::TenantQuotas;
+use crate::sign_in::{bearer, refuse, token_from_subprotocols, WEB_SUBPROTOCOL};
 
 /// What the gateway is configured with.
 pub struct GatewayState<L> {
@@ -35,6 +37,8 @@ pub struct GatewayState<L> {
     pub quotas: Arc<TenantQuotas>,
     /// Web pages (besides the relay's own) that may open WebSockets.
     pub allowed_origins: AllowedOrigins,
+    /// Where the web page sends a user to sign in.
+    pub web_sign_in: crate::sign_in::WebSignIn,
 }
 
 /// A connection's WebSocket read buffer, and the most one read takes from the socket. Client frames are small
@@ -53,6 +57,8 @@ pub fn router<L: HostLink>(state: Arc<GatewayState<L>>) -> Router {
         .route("/v1/hosts/{host}/ws", get(named_host_ws::<L>))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz::<L>))
+        .route("/v1/auth/check", get(crate::sign_in::check::<L>))
+        .route("/v1/web-config", get(crate::sign_in::web_config::<L>))
         .route("/metrics", get(metrics::<L>))
         .route("/", get(root::<L>))
         .route("/assets/{name}", get(crate::web::asset))
@@ -165,7 +171,11 @@ async fn open<L: HostLink>(
             "this page's origin may not connect (see --allowed-origins)",
         );
     }
-    let token = match bearer(headers).or(query.access_token).or(query.tkn) {
+    let token = match bearer(headers)
+        .or_else(|| token_from_subprotocols(headers))
+        .or(query.access_token)
+        .or(query.tkn)
+    {
         Some(token) => token,
         None => return refuse(StatusCode::UNAUTHORIZED, &AuthError::Missing.to_string()),
     };
@@ -196,23 +206,12 @@ async fn open<L: HostLink>(
         token_expires_at: std::time::UNIX_EPOCH + std::time::Duration::from_secs(claims.exp),
     };
     upgrade
+        .protocols([WEB_SUBPROTOCOL])
         .read_buffer_size(READ_BUFFER_BYTES)
         .write_buffer_size(WRITE_BUFFER_BYTES)
         .max_message_size(state.limits.max_frame_bytes)
         .max_frame_size(state.limits.max_frame_bytes)
         .on_upgrade(move |socket| connection.run(socket))
-}
-
-fn bearer(headers: &HeaderMap) -> Option<String> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let token = value
-        .strip_prefix("Bearer ")
-        .or_else(|| value.strip_prefix("bearer "))?;
-    Some(token.trim().to_string())
-}
-
-fn refuse(status: StatusCode, message: &str) -> Response {
-    (status, Json(serde_json::json!({ "error": message }))).into_response()
 }
 
 #[cfg(test)]

@@ -119,6 +119,10 @@ pub struct EdgeArgs {
         default_value = "vscode-file://vscode-app"
     )]
     pub allowed_origins: Vec<String>,
+    /// Where the web client sends a user to sign in: an identity provider's login that returns to the page
+    /// with the token in the fragment (`#access_token=…`); `{return}` is replaced by the page's address.
+    #[arg(long, env = "AHP_RELAY_SIGN_IN_URL")]
+    pub sign_in_url: Option<String>,
     /// HS256 secret for access tokens (at least 32 bytes); default: --jwt-secret-file, else generated once
     /// and kept in --data-dir.
     #[arg(long, env = "AHP_RELAY_JWT_SECRET", hide_env_values = true)]
@@ -829,6 +833,9 @@ async fn serve_edge<L: HostLink>(
         shutdown: shutdown_rx,
         quotas: quotas.clone(),
         allowed_origins: relay_gateway::origin::AllowedOrigins::new(&edge.allowed_origins),
+        web_sign_in: relay_gateway::sign_in::WebSignIn {
+            sign_in_url: edge.sign_in_url.clone(),
+        },
     }));
     let listener = tokio::net::TcpListener::bind(edge.listen)
         .await
