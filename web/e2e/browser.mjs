@@ -145,7 +145,14 @@ async function flow(token, outDir) {
   await b.click("#new-session-toggle");
   check(!(await b.isVisible("#create-session")), "and folds it again");
   check(await a.isVisible("#create-session"), "the desktop shows the form as it is");
-  await b.click(`#sessions li[data-uri="${session}"]`);
+  // The phone's user reaches the session with the keyboard alone: Tab to it, Enter.
+  let focused = false;
+  for (let i = 0; i < 40 && !focused; i++) {
+    await b.keyboard.press("Tab");
+    focused = await b.evaluate((uri) => document.activeElement?.closest("#sessions li")?.dataset.uri === uri, session);
+  }
+  check(focused, "the session list is reachable with Tab");
+  await b.keyboard.press("Enter");
   await b.waitForSelector("#pending .input-form", { timeout: PATIENCE });
   await b.waitForFunction(atEnd, null, { timeout: 5000 });
   // The phone's session header is short: the transcript starts near the top; its details are on demand.
@@ -214,6 +221,13 @@ async function flow(token, outDir) {
     (await a.evaluate(() => document.getElementById("link-state").dataset.state)) !== "online",
     "the desktop says it is not connected",
   );
+  // In words; the close code is in the tooltip, not the text.
+  const pill = { text: await a.textContent("#link-state"), detail: await a.getAttribute("#link-state", "title") };
+  check(
+    /^(Offline|Connection lost|Reconnecting|Connecting)/.test(pill.text) && !/\(\d+\)|code/.test(pill.text),
+    `the desktop says it is offline in words (${pill.text})`,
+  );
+  if (/^(Offline|Connection lost)/.test(pill.text)) check(/code \d+/.test(pill.detail ?? ""), `the close code is in the tooltip (${pill.detail})`);
 
   // ── Restore A: it reconnects by itself, resumes from its last serverSeq and ends with B's exact state.
   await desktop.setOffline(false);
@@ -268,6 +282,17 @@ async function flow(token, outDir) {
   await b.waitForFunction((expected) => globalThis.ahpRelay.chat() === expected, chat, { timeout: PATIENCE });
   check((await b.evaluate(() => document.body.dataset.view)) === "session", "Back returns to the chat");
   await b.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
+
+  // The phone's top bar stays one line while offline.
+  const barHeight = () => b.evaluate(() => document.querySelector("header").getBoundingClientRect().height);
+  const onlineBar = await barHeight();
+  await phone.setOffline(true);
+  await b.waitForFunction(() => document.getElementById("link-state").dataset.state === "offline", null, { timeout: PATIENCE });
+  const offlineBar = await barHeight();
+  check(offlineBar === onlineBar && offlineBar < 56, `the phone's top bar keeps one line offline (${onlineBar} → ${offlineBar} px)`);
+  await b.screenshot({ path: join(outDir, "phone-offline.png") });
+  await phone.setOffline(false);
+  await online(b);
 
   await a.screenshot({ path: join(outDir, "desktop.png") });
   await b.screenshot({ path: join(outDir, "phone.png") });

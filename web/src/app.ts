@@ -35,6 +35,14 @@ function routeTo(session: string | undefined, chat: string | undefined, replace:
   else history.pushState(null, "", url);
 }
 
+/** The address of `session` (its default chat), keeping the rest of the fragment (e.g. `host=`). */
+function routeHref(session: string): string {
+  const hash = new URLSearchParams(location.hash.slice(1));
+  hash.delete("c");
+  hash.set("s", session);
+  return `#${hash.toString()}`;
+}
+
 /** Who the token says we are, for display only (the relay checks the token). */
 function claims(token: string): JsonObject {
   try {
@@ -624,18 +632,27 @@ class App {
     list.replaceChildren(
       ...this.model.sessionList().map((summary) => {
         const status = statusLabel(summary.status ?? 0);
-        const item = h(
+        // A link: reachable with the keyboard (Tab, Enter), and opens in a new tab like any link.
+        const open = h(
+          "a",
+          { class: "open", href: routeHref(summary.resource), ...(summary.resource === this.session ? { "aria-current": "page" } : {}) },
+          h("span", { class: "title" }, summary.title || "New session"),
+          h("span", { class: "meta" }, `${summary.provider} · `, h("span", { class: "status" }, status)),
+        );
+        open.addEventListener("click", (event) => {
+          if (event.ctrlKey || event.metaKey || event.shiftKey || event.button !== 0) return;
+          event.preventDefault();
+          void this.openSession(summary.resource);
+        });
+        return h(
           "li",
           {
             class: summary.resource === this.session ? "session current" : "session",
             "data-uri": summary.resource,
             "data-status": status,
           },
-          h("span", { class: "title" }, summary.title || "New session"),
-          h("span", { class: "meta" }, `${summary.provider} · `, h("span", { class: "status" }, status)),
+          open,
         );
-        item.addEventListener("click", () => void this.openSession(summary.resource));
-        return item;
       }),
     );
     $("more-sessions").hidden = !this.model.nextCursor;
