@@ -54,6 +54,25 @@ const transcriptText = (page) => page.locator("#transcript").innerText();
 
 const problems = [];
 
+/** Grants notifications to `context` and records each one its pages show (the real Notification still runs). */
+async function recordNotifications(context) {
+  await context.grantPermissions(["notifications"], { origin: base });
+  await context.addInitScript(() => {
+    const Real = window.Notification;
+    globalThis.__notified = [];
+    class Recorded extends Real {
+      constructor(title, options) {
+        super(title, options);
+        globalThis.__notified.push({ title, tag: options?.tag });
+      }
+    }
+    Object.defineProperty(Recorded, "permission", { get: () => Real.permission });
+    Recorded.requestPermission = (...args) => Real.requestPermission(...args);
+    window.Notification = Recorded;
+  });
+}
+const notified = (page) => page.evaluate(() => globalThis.__notified);
+
 /** In the page: whether the transcript shows its end. */
 function atEnd() {
   const t = document.getElementById("transcript");
@@ -66,6 +85,7 @@ async function flow(token, outDir) {
 
   // ── Device A: a desktop browser creates a session with the demo agent and sends a prompt.
   const desktop = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  await recordNotifications(desktop);
   const a = await watchedPage(desktop, "desktop", problems);
   await a.goto(link);
   await online(a);
@@ -81,6 +101,14 @@ async function flow(token, outDir) {
   const facts = await a.textContent("#session-facts");
   check(facts.includes("default model"), `the header names the agent and model (${facts})`);
 
+  // Record every status the session list showed for the session.
+  await a.evaluate((uri) => {
+    globalThis.statusesSeen = new Set();
+    new MutationObserver(() => {
+      const entry = document.querySelector(`#sessions li[data-uri="${uri}"]`);
+      if (entry) globalThis.statusesSeen.add(entry.dataset.status);
+    }).observe(document.getElementById("sessions"), { subtree: true, childList: true, attributes: true });
+  }, session);
   // Record every length the reply had on screen, to see it arrive in parts.
   await a.evaluate(() => {
     globalThis.replyLengths = new Set();
@@ -99,6 +127,8 @@ async function flow(token, outDir) {
   // The session waits on the desktop's approval: the list shows it, highlighted, and so does the tab's title.
   await a.waitForSelector(`#sessions li[data-uri="${session}"][data-status="needs input"] .status`, { timeout: PATIENCE });
   check((await a.title()).includes("needs input"), `the tab title says the session needs input (${await a.title()})`);
+  const statuses = await a.evaluate(() => [...globalThis.statusesSeen]);
+  check(statuses.includes("working"), `the session list showed the session working while its turn ran (${statuses})`);
   const lengths = await a.evaluate(() => [...globalThis.replyLengths].filter((n) => n > 0));
   check(lengths.length >= 2, `the reply was seen arriving in parts (lengths seen: ${lengths})`);
 
@@ -135,6 +165,7 @@ async function flow(token, outDir) {
     isMobile: true,
     hasTouch: true,
   });
+  await recordNotifications(phone);
   const b = await watchedPage(phone, "phone", problems);
   await b.goto(link);
   await online(b);
@@ -308,6 +339,24 @@ async function flow(token, outDir) {
     session,
     { timeout: PATIENCE },
   );
+  // ── The phone's user went back to the list; the desktop starts a turn that needs approval: the phone, not
+  // looking at the session, is notified; the desktop, looking at it, is not.
+  await b.click("#back");
+  await b.waitForFunction(() => document.body.dataset.view === "sessions", null, { timeout: PATIENCE });
+  await a.fill("#prompt", "use the tool once more");
+  await a.click("#composer-send");
+  await a.waitForSelector("#pending .confirmation button.deny", { timeout: PATIENCE });
+  await b.waitForFunction(() => globalThis.__notified.length > 0, null, { timeout: PATIENCE });
+  const phoneNotes = await notified(b);
+  check(
+    phoneNotes.length === 1 && phoneNotes[0].tag === session && phoneNotes[0].title === "Tool and question walk-through needs input",
+    `the phone is notified once that the session needs input (${JSON.stringify(phoneNotes)})`,
+  );
+  check((await notified(a)).length === 0, "the desktop, looking at the session, is not notified");
+  await a.click("#pending .confirmation button.deny");
+  await b.goBack();
+  await b.waitForFunction((expected) => globalThis.ahpRelay.chat() === expected, chat, { timeout: PATIENCE });
+
   // ── Disposing asks first, in a real dialog; the phone, which had the session open, is told.
   await a.click("#dispose-session");
   await a.waitForSelector("#confirm-dispose[open]", { timeout: PATIENCE });

@@ -6,6 +6,7 @@ import { Model, ROOT, loadReducers } from "./state";
 import { renderMarkdown } from "./markdown";
 import { h } from "./dom";
 import { renderToolContent } from "./toolcontent";
+import { Attention } from "./attention";
 import { forgetToken, refusal, showSignIn, socketProtocols, takeToken, wireSignInForm } from "./signin";
 
 const CLIENT_KEY = "ahp-relay.client-id";
@@ -120,6 +121,11 @@ class App {
   private turnCache = new Map<string, { json: string; node: HTMLElement }>();
   private modelChoice = new Map<string, string>();
   private me: JsonObject;
+  private attention = new Attention(
+    (summary) => statusLabel(summary.status ?? 0) === "needs input",
+    () => this.session,
+    (session) => void this.openSession(session),
+  );
 
   constructor(private token: string) {
     this.me = claims(token);
@@ -141,6 +147,7 @@ class App {
 
   start(): void {
     $("who").textContent = `${this.me.sub ?? "?"} · ${this.me.role ?? "?"}`;
+    this.attention.wire();
     $("sign-out").hidden = false;
     $("sign-out").addEventListener("click", () => {
       forgetToken();
@@ -330,6 +337,7 @@ class App {
         this.render();
       }
     } else if (this.model.onRootNotification(method, params)) {
+      this.attention.observe(this.model.sessionList());
       if (method === "root/sessionRemoved" && params.session === this.session) {
         // Disposed elsewhere: say so, rather than leaving the user wondering where it went.
         if (this.disposing !== params.session) {
@@ -383,6 +391,7 @@ class App {
     if (first) this.model.sessions.clear();
     for (const item of page.items ?? []) this.model.sessions.set(item.resource, item);
     this.model.nextCursor = page.nextCursor ?? undefined;
+    this.attention.observe(this.model.sessionList());
     this.render();
   }
 
