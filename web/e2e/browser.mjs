@@ -127,6 +127,12 @@ async function flow(token, outDir) {
   // The session waits on the desktop's approval: the list shows it, highlighted, and so does the tab's title.
   await a.waitForSelector(`#sessions li[data-uri="${session}"][data-status="needs input"] .status`, { timeout: PATIENCE });
   check((await a.title()).includes("needs input"), `the tab title says the session needs input (${await a.title()})`);
+  // The untitled session is named after its first prompt, in every list.
+  await a.waitForFunction(
+    (uri) => document.querySelector(`#sessions li[data-uri="${uri}"] .title`)?.textContent.startsWith("Please use the tool <script>"),
+    session,
+    { timeout: PATIENCE },
+  );
   const statuses = await a.evaluate(() => [...globalThis.statusesSeen]);
   check(statuses.includes("working"), `the session list showed the session working while its turn ran (${statuses})`);
   const lengths = await a.evaluate(() => [...globalThis.replyLengths].filter((n) => n > 0));
@@ -313,6 +319,27 @@ async function flow(token, outDir) {
   await b.waitForFunction((expected) => globalThis.ahpRelay.chat() === expected, chat, { timeout: PATIENCE });
   check((await b.evaluate(() => document.body.dataset.view)) === "session", "Back returns to the chat");
   await b.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
+
+  // ── A second chat: every tab has its own name; closing it (after a dialog) closes it on both devices.
+  const tabLabels = (page) => page.evaluate(() => [...document.querySelectorAll("#chats .tab")].map((t) => t.textContent));
+  await a.click("#new-chat");
+  await a.waitForFunction((first) => globalThis.ahpRelay.chat() !== first && document.querySelectorAll("#chats .tab").length === 2, chat, {
+    timeout: PATIENCE,
+  });
+  const second = await a.evaluate(() => globalThis.ahpRelay.chat());
+  await b.waitForFunction(() => document.querySelectorAll("#chats .tab").length === 2, null, { timeout: PATIENCE });
+  const labels = await tabLabels(a);
+  check(labels.length === 2 && labels[0] !== labels[1] && !labels.includes("Chat"), `the chats have names of their own (${labels})`);
+  check(JSON.stringify(await tabLabels(b)) === JSON.stringify(labels), "the phone names them the same");
+  check((await a.locator(`#chats .tab-group:has([data-chat="${chat}"]) .tab-close`).count()) === 0, "the default chat cannot be closed");
+  await a.click(`#chats .tab-group:has([data-chat="${second}"]) .tab-close`);
+  await a.waitForSelector("#confirm-close-chat[open]", { timeout: PATIENCE });
+  await a.click("#confirm-close-chat-ok");
+  for (const page of [a, b]) {
+    await page.waitForFunction(() => document.querySelectorAll("#chats .tab").length === 1, null, { timeout: PATIENCE });
+  }
+  await a.waitForFunction((expected) => globalThis.ahpRelay.chat() === expected, chat, { timeout: PATIENCE });
+  await a.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
 
   // The phone's top bar stays one line while offline.
   const barHeight = () => b.evaluate(() => document.querySelector("header").getBoundingClientRect().height);

@@ -44,6 +44,16 @@ function routeHref(session: string): string {
   return `#${hash.toString()}`;
 }
 
+/** A chat's name: its title, else what it is and its place among the session's chats. */
+function chatLabel(summary: JsonObject, index: number, defaultChat: string | undefined): string {
+  if (summary.title) return summary.title;
+  if (summary.resource === defaultChat) return "Main chat";
+  const kind = summary.origin?.kind;
+  if (kind === "fork") return `Fork ${index + 1}`;
+  if (kind === "sideChat") return `Side chat ${index + 1}`;
+  return `Chat ${index + 1}`;
+}
+
 /** Who the token says we are, for display only (the relay checks the token). */
 function claims(token: string): JsonObject {
   try {
@@ -333,7 +343,10 @@ class App {
         this.note(`not applied: ${params.rejectionReason}`);
       }
       if (this.model.applyEnvelope(params)) {
-        if (params.channel === this.session) this.followDefaultChat();
+        if (params.channel === this.session) {
+          this.leaveClosedChat();
+          this.followDefaultChat();
+        }
         this.render();
       }
     } else if (this.model.onRootNotification(method, params)) {
@@ -528,16 +541,44 @@ class App {
     }
   }
 
-  /** Dispose the open session, once the user confirmed it in the dialog (it ends for every device). */
-  private async disposeSession(): Promise<void> {
-    if (!this.session) return;
-    const uri = this.session;
-    const dialog = $<HTMLDialogElement>("confirm-dispose");
-    const answer = await new Promise<string>((resolve) => {
+  /** Asks in `dialog` (its buttons' values); resolves with the value of the button pressed. */
+  private ask(dialog: HTMLDialogElement): Promise<string> {
+    return new Promise<string>((resolve) => {
       dialog.addEventListener("close", () => resolve(dialog.returnValue), { once: true });
       dialog.returnValue = "cancel";
       dialog.showModal();
     });
+  }
+
+  /** Close (dispose) chat `uri` of the open session for every device, once the user confirmed it. */
+  private async closeChat(uri: string, label: string): Promise<void> {
+    const dialog = $<HTMLDialogElement>("confirm-close-chat");
+    $("confirm-close-chat-name").textContent = label;
+    if ((await this.ask(dialog)) !== "close") return;
+    try {
+      await this.link.request("disposeChat", { channel: uri });
+    } catch (error) {
+      this.note(`could not close the chat: ${(error as Error).message}`);
+    }
+  }
+
+  /** The open chat left its session (closed here or on another device): show the session's default chat. */
+  private leaveClosedChat(): void {
+    const session = this.session ? this.model.state(this.session) : undefined;
+    if (!session || !this.chat || (session.chats ?? []).some((c: JsonObject) => c.resource === this.chat)) return;
+    this.model.forget(this.chat);
+    this.chat = undefined;
+    this.turnCache.clear();
+    $("transcript").replaceChildren();
+    routeTo(this.session, undefined, true);
+    this.followDefaultChat();
+  }
+
+  /** Dispose the open session, once the user confirmed it in the dialog (it ends for every device). */
+  private async disposeSession(): Promise<void> {
+    if (!this.session) return;
+    const uri = this.session;
+    const answer = await this.ask($<HTMLDialogElement>("confirm-dispose"));
     if (answer !== "dispose" || this.session !== uri) return;
     try {
       this.disposing = uri;
@@ -704,14 +745,27 @@ class App {
       h("span", { class: c.clientId === clientId() ? "person me" : "person" }, c.displayName || c.clientId),
     );
     $("people").replaceChildren(...people);
-    const tabs = (session.chats ?? []).map((summary: JsonObject) => {
+    const tabs = (session.chats ?? []).map((summary: JsonObject, index: number) => {
+      const label = chatLabel(summary, index, session.defaultChat);
       const tab = h(
         "button",
-        { type: "button", class: summary.resource === this.chat ? "tab current" : "tab" },
-        summary.title || "Chat",
+        {
+          type: "button",
+          class: "tab",
+          "data-chat": summary.resource,
+          ...(summary.resource === this.chat ? { "aria-current": "page" } : {}),
+        },
+        label,
       );
       tab.addEventListener("click", () => void this.openChat(summary.resource));
-      return tab;
+      const group = h("span", { class: summary.resource === this.chat ? "tab-group current" : "tab-group" }, tab);
+      // Any chat but the session's default one can be closed (for every device).
+      if (summary.resource !== session.defaultChat) {
+        const close = h("button", { type: "button", class: "tab-close", "aria-label": `Close ${label}`, title: `Close ${label}` }, "×");
+        close.addEventListener("click", () => void this.closeChat(summary.resource, label));
+        group.append(close);
+      }
+      return group;
     });
     $("chats").replaceChildren(...tabs);
     this.renderChat();

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use ahp_types::actions::{
     ChatDeltaAction, ChatInputRequestedAction, ChatReasoningAction, ChatResponsePartAction,
     ChatToolCallCompleteAction, ChatToolCallReadyAction, ChatToolCallStartAction, ChatTurnCompleteAction,
-    ChatUsageAction, SessionTitleChangedAction, StateAction,
+    ChatUsageAction, StateAction,
 };
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
@@ -134,16 +134,6 @@ pub fn reply_chunks(prompt: &str) -> Vec<String> {
         .collect()
 }
 
-/// A session title derived from the first prompt.
-pub fn title_for(prompt: &str) -> String {
-    let words: Vec<&str> = prompt.split_whitespace().take(6).collect();
-    if words.is_empty() {
-        "Demo session".into()
-    } else {
-        words.join(" ")
-    }
-}
-
 struct DemoTurn {
     turn: TurnRequest,
     sink: Arc<dyn ChatSink>,
@@ -162,12 +152,6 @@ impl DemoTurn {
         let turn_id = self.turn.turn_id.clone();
         let prompt = self.turn.prompt.clone();
         let lower = prompt.to_lowercase();
-
-        if self.turn.first_turn {
-            self.emit_session(StateAction::SessionTitleChanged(SessionTitleChangedAction {
-                title: title_for(&prompt),
-            }))?;
-        }
 
         self.pause().await?;
         self.emit(StateAction::ChatResponsePart(ChatResponsePartAction {
@@ -472,10 +456,6 @@ impl DemoTurn {
     fn emit(&self, action: StateAction) -> Option<()> {
         self.sink.emit(&self.turn.chat, action).then_some(())
     }
-
-    fn emit_session(&self, action: StateAction) -> Option<()> {
-        self.sink.emit(&self.turn.session, action).then_some(())
-    }
 }
 
 #[cfg(test)]
@@ -489,14 +469,5 @@ mod tests {
         let joined: String = chunks.concat();
         assert!(joined.starts_with("Hello from the demo agent. You said: \"hi there\"."));
         assert!(!joined.contains("  "));
-    }
-
-    #[test]
-    fn title_is_the_first_words_of_the_prompt() {
-        assert_eq!(
-            title_for("  please use a tool now ok then more words"),
-            "please use a tool now ok"
-        );
-        assert_eq!(title_for(""), "Demo session");
     }
 }

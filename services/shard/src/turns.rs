@@ -1,7 +1,9 @@
 //! The host side of a chat's turns: the agent's turn started, steered, controlled and stopped as actions are
 //! accepted, and the chat's queued messages run when a turn ends.
 
-use ahp_types::actions::{ChatPendingMessageRemovedAction, ChatTurnStartedAction, StateAction};
+use ahp_types::actions::{
+    ChatPendingMessageRemovedAction, ChatTurnStartedAction, SessionTitleChangedAction, StateAction,
+};
 use ahp_types::state::{Message, PendingMessageKind};
 use relay_runner::{TurnControl, TurnRequest};
 
@@ -12,7 +14,10 @@ use crate::host::HostCore;
 impl HostCore {
     pub(crate) fn chat_side_effects(&mut self, chat: &str, action: &StateAction) {
         match action {
-            StateAction::ChatTurnStarted(a) => self.start_provider_turn(chat, &a.turn_id, &a.message.clone()),
+            StateAction::ChatTurnStarted(a) => {
+                self.name_untitled_session(chat, &a.message);
+                self.start_provider_turn(chat, &a.turn_id, &a.message.clone())
+            }
             StateAction::ChatTurnResume(a) => {
                 let message = self
                     .model
@@ -87,6 +92,26 @@ impl HostCore {
             }
             StateAction::ChatPendingMessageSet(_) => self.steer(chat),
             _ => {}
+        }
+    }
+
+    /// A session still untitled when one of its chats starts a turn is named after the prompt (an agent that
+    /// names its sessions renames it later), so no session stays "New session" in every client's list.
+    fn name_untitled_session(&mut self, chat: &str, message: &Message) {
+        let Some(session) = self.model.chats.get(chat).map(|record| record.session.clone()) else {
+            return;
+        };
+        let untitled = self
+            .model
+            .sessions
+            .get(&session)
+            .is_some_and(|record| record.state.title.is_empty());
+        let title = title_from_prompt(&message.text);
+        if untitled && !title.is_empty() {
+            self.apply_server_action(
+                &session,
+                StateAction::SessionTitleChanged(SessionTitleChangedAction { title }),
+            );
         }
     }
 
@@ -260,5 +285,47 @@ impl HostCore {
                 meta: None,
             }),
         );
+    }
+}
+
+/// Longest title taken from a prompt, in characters (an ellipsis marks the cut).
+const PROMPT_TITLE_CHARS: usize = 60;
+
+/// A session title from a prompt: its first line, whitespace collapsed, cut at a word near
+/// [`PROMPT_TITLE_CHARS`].
+pub(crate) fn title_from_prompt(prompt: &str) -> String {
+    let line = prompt.lines().find(|line| !line.trim().is_empty()).unwrap_or("");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let mut title = String::new();
+    for word in words {
+        let extra = usize::from(!title.is_empty()) + word.chars().count();
+        if title.chars().count() + extra > PROMPT_TITLE_CHARS {
+            if title.is_empty() {
+                title = word.chars().take(PROMPT_TITLE_CHARS).collect();
+            }
+            title.push('…');
+            return title;
+        }
+        if !title.is_empty() {
+            title.push(' ');
+        }
+        title.push_str(word);
+    }
+    title
+}
+
+#[cfg(test)]
+mod tests {
+    use super::title_from_prompt;
+
+    #[test]
+    fn a_title_is_the_prompts_first_line_cut_at_a_word() {
+        assert_eq!(title_from_prompt("  plan the   launch party\nwith details"), "plan the launch party");
+        assert_eq!(title_from_prompt("\n\n  second line"), "second line");
+        assert_eq!(title_from_prompt("   "), "");
+        let long = "word ".repeat(40);
+        let title = title_from_prompt(&long);
+        assert!(title.ends_with('…') && title.chars().count() <= 61, "{title}");
+        assert_eq!(title_from_prompt(&"x".repeat(100)).chars().count(), 61);
     }
 }
