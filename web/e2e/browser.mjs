@@ -215,6 +215,8 @@ async function flow(token, outDir) {
     { timeout: PATIENCE },
   );
   check((await transcriptText(a)) === (await transcriptText(b)), "both devices show the same transcript");
+  const decided = await b.textContent("#transcript .tool.completed .decided-by");
+  check(decided === "Approved on Web (desktop) · dev-user", `the phone sees who approved the tool call, from which device (${decided})`);
   check(await b.locator("#people .person").count() >= 2, "the phone sees both devices connected");
 
   // ── Cut A's network mid-turn (the agent waits for input); B answers and the turn finishes without A.
@@ -381,6 +383,9 @@ async function flow(token, outDir) {
   );
   check((await notified(a)).length === 0, "the desktop, looking at the session, is not notified");
   await a.click("#pending .confirmation button.deny");
+  await a.waitForFunction(() => document.querySelector("#transcript .tool.cancelled .decided-by")?.textContent === "Denied on Web (desktop) · dev-user", null, {
+    timeout: PATIENCE,
+  });
   await b.goBack();
   await b.waitForFunction((expected) => globalThis.ahpRelay.chat() === expected, chat, { timeout: PATIENCE });
 

@@ -81,6 +81,9 @@ function deviceName(): string {
   return window.matchMedia("(max-width: 700px)").matches ? "Web (phone)" : "Web (desktop)";
 }
 
+/** The `_meta` key of a tool call's confirmation naming who decided, from which device. */
+const DECIDED_BY = "ahp-relay/decidedBy";
+
 const STATUS_IDLE = 1;
 const STATUS_ERROR = 2;
 const STATUS_IN_PROGRESS = 8;
@@ -632,7 +635,15 @@ class App {
   private confirmTool(turnId: string, call: JsonObject, approved: boolean): void {
     if (!this.chat) return;
     const option = (call.options ?? []).find((o: JsonObject) => o.kind === (approved ? "approve" : "deny"));
-    const action: JsonObject = { type: "chat/toolCallConfirmed", turnId, toolCallId: call.toolCallId, approved };
+    // Who decided, from which device: kept with the tool call (the reducers carry `_meta` into its state), so
+    // every device shows it, now and after a reload.
+    const action: JsonObject = {
+      type: "chat/toolCallConfirmed",
+      turnId,
+      toolCallId: call.toolCallId,
+      approved,
+      _meta: { [DECIDED_BY]: { clientId: clientId(), displayName: `${deviceName()} · ${this.me.sub ?? ""}` } },
+    };
     if (approved) action.confirmed = "user-action";
     else action.reason = "denied";
     if (option) action.selectedOptionId = option.id;
@@ -885,6 +896,11 @@ class App {
     card.append(
       h("div", { class: "tool-head" }, h("strong", {}, call.displayName || call.toolName || "tool"), ` ${title} `, h("span", { class: "badge" }, toolState(call))),
     );
+    const decidedBy = call._meta?.[DECIDED_BY]?.displayName;
+    if (decidedBy && call.status !== "pending-confirmation") {
+      const verb = call.status === "cancelled" ? "Denied" : "Approved";
+      card.append(h("div", { class: "decided-by" }, `${verb} on ${decidedBy}`));
+    }
     if (call.toolInput !== undefined) {
       card.append(h("div", { class: "tool-label" }, "Input"));
       card.append(h("pre", { class: "tool-input" }, typeof call.toolInput === "string" ? call.toolInput : JSON.stringify(call.toolInput, null, 2)));
