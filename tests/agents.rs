@@ -2282,3 +2282,24 @@ async fn a_queued_message_runs_once_a_truncation_drops_the_running_turn() {
     });
     assert_eq!(started.as_deref(), Some("after the truncation"), "{seen:?}");
 }
+
+/// Issue 25 (6): `initialize` names the tenant's part of the workspace as `defaultDirectory` (so a client can
+/// offer names under it) — in `serve`, and through a gateway to a shard once a runner holding the workspace has
+/// registered (its hello says where its workspace is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initialize_names_the_tenants_part_of_the_workspace_as_default_directory() {
+    let setup = relay_with_agent().await;
+    let (_, init) = setup.relay.client("device-a").await;
+    let expected = format!("file://{}", setup.workspace.path().join("dev").display());
+    assert_eq!(init.default_directory.as_deref(), Some(expected.as_str()));
+
+    let (workspace, _config, file) = agents_file(&[], &[]);
+    let shard = Shard::start(&["--agents", &file.display().to_string()]).await;
+    let gateway = Relay::gateway(&shard.url).await;
+    let (_, before) = gateway.client("device-b").await;
+    assert_eq!(before.default_directory, None, "no runner, no workspace known");
+    let _runner = start_runner(&shard, &file, 1.0).await;
+    let (_, after) = gateway.client("device-c").await;
+    let expected = format!("file://{}", workspace.path().join("dev").display());
+    assert_eq!(after.default_directory.as_deref(), Some(expected.as_str()));
+}

@@ -121,6 +121,35 @@ async fn the_web_client_signs_in_and_recovers_from_a_refused_or_expired_token() 
     assert!(report.contains("\"sockets\""), "{report}");
 }
 
+/// Issue 25 (6): the new-session form names the tenant's part of the workspace (`initialize`'s
+/// `defaultDirectory`), a name typed there makes the session's directory under it, and a directory outside it is
+/// refused next to the field, on a desktop and on a phone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_new_session_form_offers_the_workspace_and_says_what_is_wrong_beside_the_field() {
+    let workspace = tempfile::tempdir().expect("workspace");
+    let config = tempfile::tempdir().expect("config");
+    let file = config.path().join("agents.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nenv = [\"PATH\"]\n",
+            workspace.path().display().to_string(),
+            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
+        ),
+    )
+    .expect("write agents file");
+    let relay = Relay::start_with(&["--agents", &file.display().to_string()]).await;
+    let token = relay.token("dev", "dev-user", Role::Admin);
+    let tenant_dir = workspace.path().join("dev");
+    let out = repo().join("target/browser-test/form");
+    let _ = std::fs::remove_dir_all(&out);
+    let base = format!("http://{}", relay.addr);
+    let report = browser(&["form", &base, &token, &tenant_dir.display().to_string(), &out.display().to_string()]).await;
+    assert!(report.contains("\"session\""), "{report}");
+    assert!(tenant_dir.join("myproject").is_dir(), "the session's directory was made under the tenant's root");
+    assert!(!Path::new("/etc/myproject").exists());
+}
+
 /// Acceptance: the same envelope stream reduced in the browser (the page's WebAssembly `ahp` reducers) and by
 /// `ahp` in Rust gives equal JSON, for a session and a chat through a turn with streaming, reasoning, a
 /// confirmed tool call, an answered input request, a title and usage, and a second turn that is cancelled.

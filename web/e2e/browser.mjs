@@ -3,6 +3,7 @@
 //
 //   node web/e2e/browser.mjs flow   <base-url> <token> <out-dir>   the two-device walk-through, screenshots
 //   node web/e2e/browser.mjs signin <base-url> <good> <expired> <foreign> <short-lived>   sign-in that recovers
+//   node web/e2e/browser.mjs form   <base-url> <token> <tenant-dir> <out-dir>   the new-session form
 //   node web/e2e/browser.mjs reduce <base-url> <in.json> <out.json> the page's WebAssembly reducers on a stream
 //
 // Exits 0 when every check holds; otherwise prints what failed and exits 1.
@@ -485,6 +486,67 @@ async function signin(good, expired, foreign, shortLived, outDir) {
   console.log(JSON.stringify({ sockets: sockets.length }));
 }
 
+/**
+ * The new-session form: it names the tenant's part of the workspace, takes a name under it, and says what is
+ * wrong next to the field (on a phone too) instead of in the notes.
+ */
+async function form(token, tenantDir, outDir) {
+  mkdirSync(outDir, { recursive: true });
+  const link = `${base}/#token=${encodeURIComponent(token)}`;
+  const desktop = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const a = await watchedPage(desktop, "desktop", problems);
+  // The relay's refusals are answers, not page errors.
+  await a.goto(link);
+  await online(a);
+  const root = await a.textContent("#new-session-root");
+  check(root.includes(`${tenantDir}/`), `the form names the allowed root (${root})`);
+  const besideField = (page) =>
+    page.evaluate(() => {
+      const field = document.getElementById("new-session-dir").getBoundingClientRect();
+      const error = document.getElementById("new-session-error").getBoundingClientRect();
+      return error.top >= field.bottom && error.top - field.bottom < 80 && error.bottom <= window.innerHeight;
+    });
+  // Outside the workspace: refused by the relay, said next to the field; no session is made.
+  await a.selectOption("#new-session-agent", "scripted");
+  await a.fill("#new-session-dir", "/etc");
+  await a.click("#create-session");
+  await a.waitForSelector("#new-session-error:not([hidden])", { timeout: PATIENCE });
+  const refused = await a.textContent("#new-session-error");
+  check(refused.includes("outside"), `the refusal says why (${refused})`);
+  check(await besideField(a), "the refusal is next to the field");
+  check((await a.getAttribute("#new-session-dir", "aria-invalid")) === "true", "the field is marked invalid");
+  check((await a.locator("#sessions li").count()) === 0, "no session was made");
+  // A name under the root: the session works there.
+  await a.fill("#new-session-dir", "myproject");
+  await a.click("#create-session");
+  await a.waitForSelector("#session-view:not([hidden])", { timeout: PATIENCE });
+  await a.waitForFunction((dir) => document.getElementById("session-facts").textContent.includes(dir), `${tenantDir}/myproject`, {
+    timeout: PATIENCE,
+  });
+  check(await a.isHidden("#new-session-error"), "the error is gone once the directory is right");
+  await a.screenshot({ path: join(outDir, "form-desktop.png") });
+
+  // On a phone: the form opens on demand and its errors show beside the field, in view.
+  const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
+  const b = await watchedPage(phone, "phone", problems);
+  await b.goto(link);
+  await online(b);
+  await b.click("#new-session-toggle");
+  await b.selectOption("#new-session-agent", "scripted");
+  await b.fill("#new-session-dir", "../elsewhere");
+  await b.click("#create-session");
+  await b.waitForSelector("#new-session-error:not([hidden])", { timeout: PATIENCE });
+  check((await b.textContent("#new-session-error")).includes(".."), "the phone is told a name may not leave the root");
+  check(await besideField(b), "on the phone the error is next to the field, in view");
+  await b.fill("#new-session-dir", "/tmp");
+  await b.click("#create-session");
+  await b.waitForFunction(() => document.getElementById("new-session-error").textContent.includes("outside"), null, { timeout: PATIENCE });
+  check(await besideField(b), "the relay's refusal too");
+  await b.screenshot({ path: join(outDir, "form-phone.png") });
+  check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
+  console.log(JSON.stringify({ session: await a.evaluate(() => globalThis.ahpRelay.session()) }));
+}
+
 async function reduce(inputPath, outputPath) {
   const input = JSON.parse(readFileSync(inputPath, "utf8"));
   const context = await browser.newContext();
@@ -504,6 +566,7 @@ async function reduce(inputPath, outputPath) {
 try {
   if (mode === "flow") await flow(rest[0], rest[1]);
   else if (mode === "signin") await signin(rest[0], rest[1], rest[2], rest[3], rest[4]);
+  else if (mode === "form") await form(rest[0], rest[1], rest[2]);
   else if (mode === "reduce") await reduce(rest[0], rest[1]);
   else throw new Error(`unknown mode ${mode}`);
 } catch (error) {
@@ -511,7 +574,7 @@ try {
   process.exitCode = 1;
   // What each page showed when the check failed, next to the test's other output.
   for (const [name, page] of opened) {
-    const dir = mode === "flow" ? rest[1] : mode === "signin" ? rest[4] : undefined;
+    const dir = mode === "flow" ? rest[1] : mode === "signin" ? rest[4] : mode === "form" ? rest[2] : undefined;
     if (dir) await page.screenshot({ path: join(dir, `failed-${name}.png`) }).catch(() => {});
     console.error(`${name} notes: ${await page.locator("#notes").innerText().catch(() => "?")}`);
   }

@@ -44,6 +44,11 @@ function routeHref(session: string): string {
   return `#${hash.toString()}`;
 }
 
+/** The path of a `file://` URI, for people. */
+function pathOf(uri: string): string {
+  return decodeURIComponent(uri.replace(/^file:\/\//, ""));
+}
+
 /** A chat's name: its title, else what it is and its place among the session's chats. */
 function chatLabel(summary: JsonObject, index: number, defaultChat: string | undefined): string {
   if (summary.title) return summary.title;
@@ -133,6 +138,8 @@ class App {
   private stuck = true;
   private turnCache = new Map<string, { json: string; node: HTMLElement }>();
   private modelChoice = new Map<string, string>();
+  /** Where this tenant's working directories may be (`initialize`'s `defaultDirectory`), if the relay says. */
+  private defaultDirectory?: string;
   private me: JsonObject;
   private attention = new Attention(
     (summary) => statusLabel(summary.status ?? 0) === "needs input",
@@ -282,6 +289,8 @@ class App {
       initialSubscriptions: [ROOT],
     });
     this.model.saw(Number(result.serverSeq ?? 0));
+    this.defaultDirectory = typeof result.defaultDirectory === "string" ? result.defaultDirectory : undefined;
+    this.showDirectoryRoot();
     for (const snapshot of result.snapshots ?? []) this.model.applySnapshot(snapshot);
     const first = !this.initialized;
     this.initialized = true;
@@ -432,22 +441,61 @@ class App {
     );
   }
 
+  /** The new-session form names the allowed root, so a name under it is all a user types. */
+  private showDirectoryRoot(): void {
+    const root = this.defaultDirectory ? pathOf(this.defaultDirectory) : undefined;
+    $("new-session-root").textContent = root ? `Inside ${root}/ — a name or a path under it` : "An absolute path on the runner";
+    $<HTMLInputElement>("new-session-dir").placeholder = root ? "my-project (optional)" : "/path/on/the/runner (optional)";
+  }
+
+  /** The working directory the form names, as a URI: relative names are under the allowed root. */
+  private directoryOf(typed: string): { uri?: string; error?: string } {
+    if (!typed) return {};
+    if (typed.includes("://")) return { uri: typed };
+    if (typed.startsWith("/")) return { uri: `file://${typed}` };
+    if (!this.defaultDirectory) return { error: "Give an absolute path: this relay names no workspace root." };
+    const relative = typed.replace(/^\.\//, "").replace(/\/+$/, "");
+    if (relative.split("/").includes("..")) return { error: "A name under the workspace may not contain '..'." };
+    return { uri: `${this.defaultDirectory.replace(/\/+$/, "")}/${relative}` };
+  }
+
+  /** Shows `message` next to the working-directory field (or clears it). */
+  private directoryError(message?: string): void {
+    const field = $<HTMLInputElement>("new-session-dir");
+    const error = $("new-session-error");
+    error.textContent = message ?? "";
+    error.hidden = !message;
+    if (message) field.setAttribute("aria-invalid", "true");
+    else field.removeAttribute("aria-invalid");
+  }
+
   private async createSession(): Promise<void> {
     const uri = `ahp-session:/${newId()}`;
     const provider = $<HTMLSelectElement>("new-session-agent").value;
     const model = $<HTMLSelectElement>("new-session-model").value;
-    const directory = $<HTMLInputElement>("new-session-dir").value.trim();
-    const params: JsonObject = { channel: uri, provider };
-    if (directory) {
-      params.workingDirectories = [directory.includes("://") ? directory : `file://${directory.startsWith("/") ? "" : "/"}${directory}`];
+    const directory = this.directoryOf($<HTMLInputElement>("new-session-dir").value.trim());
+    this.directoryError(directory.error);
+    if (directory.error) {
+      $("new-session-dir").focus();
+      return;
     }
+    const params: JsonObject = { channel: uri, provider };
+    if (directory.uri) params.workingDirectories = [directory.uri];
     try {
       // The session starts with its default chat, which opening it shows.
       await this.link.request("createSession", params);
     } catch (error) {
-      this.note(`could not create a session: ${(error as Error).message}`);
+      // The relay refuses a directory outside the tenant's workspace: said next to the field.
+      const message = (error as Error).message;
+      if (directory.uri && /directory/i.test(message)) {
+        this.directoryError(message);
+        $("new-session-dir").focus();
+      } else {
+        this.note(`could not create a session: ${message}`);
+      }
       return;
     }
+    $<HTMLInputElement>("new-session-dir").value = "";
     if (model) this.modelChoice.set(uri, model);
     await this.openSession(uri);
   }
@@ -791,7 +839,7 @@ class App {
       ? (agent?.models ?? []).find((m: JsonObject) => m.id === chosen)?.name || chosen
       : "default model";
     const directory = session.workingDirectories?.[0];
-    const where = directory ? decodeURIComponent(String(directory).replace(/^file:\/\//, "")) : "";
+    const where = directory ? pathOf(String(directory)) : "";
     return [agent?.displayName || session.provider, model, where].filter(Boolean).join(" · ");
   }
 

@@ -65,6 +65,8 @@ struct Runner {
     agents: HashSet<String>,
     /// The tenants it is dedicated to (empty: shared).
     tenants: HashSet<String>,
+    /// The root of its agents' workspaces, if it has one.
+    workspace_root: Option<std::path::PathBuf>,
     work: mpsc::UnboundedSender<pb::RunnerWork>,
     /// How many sessions are placed here.
     sessions: usize,
@@ -121,6 +123,8 @@ impl RunnerPool {
                 name: hello.name,
                 agents: hello.agents.into_iter().collect(),
                 tenants: hello.tenants.into_iter().collect(),
+                workspace_root: (!hello.workspace_root.is_empty())
+                    .then(|| std::path::PathBuf::from(hello.workspace_root)),
                 work,
                 sessions: 0,
                 hosts: HashMap::new(),
@@ -128,6 +132,17 @@ impl RunnerPool {
         );
         relay_core::telemetry::agent_runners(state.runners.len());
         id
+    }
+
+    /// The workspace root of a runner offering `agent` (the first registered that has one).
+    fn workspace_root(&self, agent: &str) -> Option<std::path::PathBuf> {
+        let state = self.state.lock();
+        let mut runners: Vec<(&u64, &Runner)> = state.runners.iter().collect();
+        runners.sort_by_key(|(id, _)| **id);
+        runners
+            .into_iter()
+            .filter(|(_, runner)| runner.agents.contains(agent))
+            .find_map(|(_, runner)| runner.workspace_root.clone())
     }
 
     /// The runner of `key`, placing the session on the least-loaded live runner offering `agent` if it has
@@ -489,6 +504,10 @@ impl Provider for RemoteAgent {
         self.pool.settings.lock().get(&self.info.provider).cloned()
     }
 
+    fn workspace_root(&self) -> Option<std::path::PathBuf> {
+        self.pool.workspace_root(&self.info.provider)
+    }
+
     fn create_session(&self, request: SessionRequest, sink: Arc<dyn ChatSink>) -> SessionStart {
         match self.pool.create_session(&self.info.provider, &request, &sink) {
             Ok(()) => SessionStart::Pending,
@@ -637,6 +656,7 @@ mod tests {
                 name: "mine".into(),
                 agents: vec!["scripted".into()],
                 tenants: vec![],
+                workspace_root: String::new(),
             },
             work,
         );
@@ -704,6 +724,7 @@ mod tests {
             name: name.into(),
             agents: vec!["scripted".into()],
             tenants: tenants.iter().map(|t| t.to_string()).collect(),
+            workspace_root: String::new(),
         };
         let (work, _received) = mpsc::unbounded_channel();
         let acme_runner = pool.add(hello("acme-only", &["acme"]), work);

@@ -120,6 +120,11 @@ async fn serve_once(shard: &str, config: &RunnerConfig) -> Result<(), RunnerErro
         name: config.name.clone(),
         agents: providers.keys().cloned().collect(),
         tenants: config.tenants.clone(),
+        workspace_root: providers
+            .values()
+            .find_map(|provider| provider.workspace_root())
+            .map(|root| root.display().to_string())
+            .unwrap_or_default(),
     };
     let _ = reports.send(pb::RunnerReport {
         report: Some(Report::Hello(hello)),

@@ -196,6 +196,10 @@ pub trait Provider: Send + Sync + 'static {
     fn create_session(&self, _session: SessionRequest, _sink: Arc<dyn ChatSink>) -> SessionStart {
         SessionStart::Ready
     }
+    /// The root under which its sessions' working directories live (`<root>/<tenant>/…`), if it has one.
+    fn workspace_root(&self) -> Option<std::path::PathBuf> {
+        None
+    }
     /// The session config this provider's sessions take (`resolveSessionConfig`), if any.
     fn session_config_schema(&self) -> Option<ahp_types::state::SessionConfigSchema> {
         None
@@ -238,6 +242,17 @@ impl ProviderRegistry {
     /// The provider used when `createSession` names none.
     pub fn default_provider(&self) -> Option<&str> {
         self.first.as_deref()
+    }
+
+    /// Where `tenant`'s working directories may be (`initialize`'s `defaultDirectory`): its part of the workspace
+    /// of the default provider, else of the first provider that has one; as a `file://` URI.
+    pub fn default_directory(&self, tenant: &str) -> Option<String> {
+        let first = self.first.as_ref().and_then(|id| self.providers.get(id));
+        first
+            .into_iter()
+            .chain(self.providers.values())
+            .find_map(|provider| provider.workspace_root())
+            .map(|root| crate::acp::workspace::tenant_dir_uri(&root, tenant))
     }
 
     /// Every provider's `AgentInfo`, the default first.

@@ -200,7 +200,7 @@ impl HostCore {
             }),
             meta,
             snapshots,
-            default_directory: None,
+            default_directory: self.providers.default_directory(&self.key.tenant),
             completion_trigger_characters: Some(vec![crate::completions::TRIGGER.into()]),
             terminal_command_prefix: None,
             telemetry: None,

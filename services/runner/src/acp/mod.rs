@@ -214,6 +214,10 @@ impl Provider for AcpProvider {
         self.reported_settings.lock().clone()
     }
 
+    fn workspace_root(&self) -> Option<std::path::PathBuf> {
+        Some(self.sandboxes.workspaces().root().to_path_buf())
+    }
+
     fn create_session(&self, request: SessionRequest, sink: Arc<dyn ChatSink>) -> SessionStart {
         let key = SessionKey {
             tenant: request.tenant.clone(),
