@@ -150,6 +150,20 @@ async fn the_new_session_form_offers_the_workspace_and_says_what_is_wrong_beside
     assert!(!Path::new("/etc/myproject").exists());
 }
 
+/// Issue 25 (8): messages — Markdown tables, quotes and highlighted code with a copy button, copying a reply,
+/// long prompts folded, retrying the last turn and editing a sent prompt (truncate + resend), on a desktop and a
+/// phone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_can_be_copied_edited_retried_and_read() {
+    let relay = Relay::start_with(&["--demo-step-ms", "5"]).await;
+    let token = relay.token("dev", "dev-user", Role::Admin);
+    let out = repo().join("target/browser-test/messages");
+    let _ = std::fs::remove_dir_all(&out);
+    let base = format!("http://{}", relay.addr);
+    let report = browser(&["messages", &base, &token, &out.display().to_string()]).await;
+    assert!(report.contains("\"session\""), "{report}");
+}
+
 /// Acceptance: the same envelope stream reduced in the browser (the page's WebAssembly `ahp` reducers) and by
 /// `ahp` in Rust gives equal JSON, for a session and a chat through a turn with streaming, reasoning, a
 /// confirmed tool call, an answered input request, a title and usage, and a second turn that is cancelled.

@@ -4,6 +4,7 @@
 //   node web/e2e/browser.mjs flow   <base-url> <token> <out-dir>   the two-device walk-through, screenshots
 //   node web/e2e/browser.mjs signin <base-url> <good> <expired> <foreign> <short-lived>   sign-in that recovers
 //   node web/e2e/browser.mjs form   <base-url> <token> <tenant-dir> <out-dir>   the new-session form
+//   node web/e2e/browser.mjs messages <base-url> <token> <out-dir>  copy, edit, retry, long prompts, Markdown
 //   node web/e2e/browser.mjs reduce <base-url> <in.json> <out.json> the page's WebAssembly reducers on a stream
 //
 // Exits 0 when every check holds; otherwise prints what failed and exits 1.
@@ -547,6 +548,120 @@ async function form(token, tenantDir, outDir) {
   console.log(JSON.stringify({ session: await a.evaluate(() => globalThis.ahpRelay.session()) }));
 }
 
+/**
+ * Messages: Markdown tables, quotes and highlighted code with a copy button; copying a reply; a long prompt
+ * folded with "Show more"; retrying the last turn and editing a sent prompt (truncate + resend), seen alike on
+ * a phone.
+ */
+async function messages(token, outDir) {
+  mkdirSync(outDir, { recursive: true });
+  const link = `${base}/#token=${encodeURIComponent(token)}`;
+  const desktop = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  await desktop.grantPermissions(["clipboard-read", "clipboard-write"], { origin: base });
+  const a = await watchedPage(desktop, "desktop", problems);
+  const clipboard = () => a.evaluate(() => navigator.clipboard.readText());
+  const turns = (page) => page.evaluate(() => globalThis.ahpRelay.state(globalThis.ahpRelay.chat())?.turns ?? []);
+  const idleWith = (page, count) =>
+    page.waitForFunction(
+      (n) => {
+        const chat = globalThis.ahpRelay.state(globalThis.ahpRelay.chat());
+        return chat && !chat.activeTurn && (chat.turns ?? []).length === n;
+      },
+      count,
+      { timeout: PATIENCE },
+    );
+  await a.goto(link);
+  await online(a);
+  await a.selectOption("#new-session-agent", "demo");
+  await a.click("#create-session");
+  await a.waitForSelector("#session-view:not([hidden])", { timeout: PATIENCE });
+  await a.fill("#prompt", "show markdown please");
+  await a.click("#composer-send");
+  await idleWith(a, 1);
+  await a.waitForSelector("#transcript .reply-actions .copy-reply", { timeout: PATIENCE });
+
+  // Markdown: a table, a quote, a code block highlighted (as spans, not HTML) with its own copy button.
+  const rendered = await a.evaluate(() => {
+    const reply = document.querySelector("#transcript .turn .reply");
+    return {
+      headers: [...reply.querySelectorAll(".table th")].map((th) => th.textContent),
+      cells: [...reply.querySelectorAll(".table td")].map((td) => td.textContent),
+      centered: reply.querySelector(".table td:nth-child(2)")?.style.textAlign,
+      quote: reply.querySelector("blockquote")?.textContent.trim(),
+      code: reply.querySelector(".code-block code")?.textContent,
+      keywords: [...reply.querySelectorAll(".code-block code .hljs-keyword")].map((k) => k.textContent),
+      strings: reply.querySelectorAll(".code-block code .hljs-string").length,
+    };
+  });
+  check(rendered.headers.join(",") === "Step,State" && rendered.cells.join(",") === "build,done,test,running", `the table is a table (${JSON.stringify(rendered)})`);
+  check(rendered.centered === "center", "the table keeps its column alignment");
+  check(rendered.quote === "Quoted from the plan.", `the quote is a block quote (${rendered.quote})`);
+  const code = 'fn main() {\n    let answer = 42;\n    println!("{answer}");\n}';
+  check(rendered.code === code, `the code is shown as written (${JSON.stringify(rendered.code)})`);
+  check(rendered.keywords.includes("fn") && rendered.keywords.includes("let") && rendered.strings > 0, `the code is highlighted (${rendered.keywords})`);
+  await a.click("#transcript .code-block .copy-code");
+  check((await clipboard()) === code, "the code's copy button copies the code");
+  await a.click("#transcript .reply-actions .copy-reply");
+  const replyText = (await turns(a))[0].responseParts.filter((p) => p.kind === "markdown").map((p) => p.content).join("\n\n");
+  check((await clipboard()) === replyText, "Copy copies the reply as the agent wrote it");
+  await a.screenshot({ path: join(outDir, "markdown.png") });
+
+  // A long prompt is folded, on the phone too, until asked.
+  const long = Array.from({ length: 20 }, (_, i) => `line ${i + 1} of a long prompt`).join("\n");
+  await a.fill("#prompt", long);
+  await a.click("#composer-send");
+  await idleWith(a, 2);
+  const session = await a.evaluate(() => globalThis.ahpRelay.session());
+  const chat = await a.evaluate(() => globalThis.ahpRelay.chat());
+  const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
+  const b = await watchedPage(phone, "phone", problems);
+  await b.goto(`${link}&s=${encodeURIComponent(session)}&c=${encodeURIComponent(chat)}`);
+  await online(b);
+  await idleWith(b, 2);
+  const folded = (page) =>
+    page.evaluate(() => {
+      const prompt = document.querySelectorAll("#transcript .turn .user")[1];
+      return { folded: prompt.classList.contains("folded"), clipped: prompt.scrollHeight > prompt.clientHeight + 4 };
+    });
+  for (const [name, page] of [["desktop", a], ["phone", b]]) {
+    const seen = await folded(page);
+    check(seen.folded && seen.clipped, `${name}: the long prompt is folded (${JSON.stringify(seen)})`);
+  }
+  check((await folded(a)).folded && (await a.locator("#transcript .turn").first().locator(".show-more").count()) === 0, "a short prompt is not folded");
+  await b.locator("#transcript .turn").nth(1).locator(".show-more").click();
+  const unfolded = await folded(b);
+  check(!unfolded.folded && !unfolded.clipped, `asked, the phone shows all of it (${JSON.stringify(unfolded)})`);
+
+  // Retry the last turn: it is replaced by a new run of the same prompt, on both devices.
+  const before = await turns(a);
+  await a.locator("#transcript .turn").last().locator(".retry-turn").click();
+  await a.waitForFunction((id) => {
+    const chat = globalThis.ahpRelay.state(globalThis.ahpRelay.chat());
+    return !chat.activeTurn && chat.turns.length === 2 && chat.turns[1].id !== id;
+  }, before[1].id, { timeout: PATIENCE });
+  const retried = await turns(a);
+  check(retried[0].id === before[0].id && retried[1].message.text === long && retried[1].state === "complete", "retry ran the last prompt again in its place");
+  check((await a.locator("#transcript .turn").first().locator(".retry-turn").count()) === 0, "only the last turn offers a retry");
+
+  // Edit the first prompt: every turn from it on is replaced by the edited one.
+  await a.locator("#transcript .turn").first().locator(".edit-prompt").click();
+  await a.fill("#transcript .edit-box", "show markdown again");
+  await a.click("#transcript .send-edit");
+  await a.waitForFunction(() => {
+    const chat = globalThis.ahpRelay.state(globalThis.ahpRelay.chat());
+    return !chat.activeTurn && chat.turns.length === 1 && chat.turns[0].message.text === "show markdown again";
+  }, null, { timeout: PATIENCE });
+  await b.waitForFunction(
+    (expected) => JSON.stringify(globalThis.ahpRelay.state(globalThis.ahpRelay.chat())) === expected,
+    JSON.stringify(await chatState(a)),
+    { timeout: PATIENCE },
+  );
+  check((await transcriptText(a)) === (await transcriptText(b)), "the phone shows the edited conversation");
+  await b.screenshot({ path: join(outDir, "messages-phone.png") });
+  check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
+  console.log(JSON.stringify({ session }));
+}
+
 async function reduce(inputPath, outputPath) {
   const input = JSON.parse(readFileSync(inputPath, "utf8"));
   const context = await browser.newContext();
@@ -567,6 +682,7 @@ try {
   if (mode === "flow") await flow(rest[0], rest[1]);
   else if (mode === "signin") await signin(rest[0], rest[1], rest[2], rest[3], rest[4]);
   else if (mode === "form") await form(rest[0], rest[1], rest[2]);
+  else if (mode === "messages") await messages(rest[0], rest[1]);
   else if (mode === "reduce") await reduce(rest[0], rest[1]);
   else throw new Error(`unknown mode ${mode}`);
 } catch (error) {
@@ -574,7 +690,7 @@ try {
   process.exitCode = 1;
   // What each page showed when the check failed, next to the test's other output.
   for (const [name, page] of opened) {
-    const dir = mode === "flow" ? rest[1] : mode === "signin" ? rest[4] : mode === "form" ? rest[2] : undefined;
+    const dir = mode === "flow" ? rest[1] : mode === "signin" ? rest[4] : mode === "form" ? rest[2] : mode === "messages" ? rest[1] : undefined;
     if (dir) await page.screenshot({ path: join(dir, `failed-${name}.png`) }).catch(() => {});
     console.error(`${name} notes: ${await page.locator("#notes").innerText().catch(() => "?")}`);
   }

@@ -89,6 +89,10 @@ function deviceName(): string {
 /** The `_meta` key of a tool call's confirmation naming who decided, from which device. */
 const DECIDED_BY = "ahp-relay/decidedBy";
 
+/** A prompt longer than this (characters or lines) is folded with "Show more". */
+const LONG_PROMPT_CHARS = 600;
+const LONG_PROMPT_LINES = 8;
+
 const STATUS_IDLE = 1;
 const STATUS_ERROR = 2;
 const STATUS_IN_PROGRESS = 8;
@@ -675,6 +679,41 @@ class App {
     box.value = "";
   }
 
+  /** Edit a sent prompt in place; sending it replaces that turn and every later one (truncate + resend). */
+  private startEdit(node: HTMLElement, prompt: HTMLElement, text: string, before: string | undefined): void {
+    const box = h("textarea", { class: "edit-box", "aria-label": "Edited prompt", rows: "3" }) as HTMLTextAreaElement;
+    box.value = text;
+    const send = h("button", { type: "button", class: "send-edit" }, "Send");
+    const cancel = h("button", { type: "button", class: "link" }, "Cancel");
+    const editor = h("div", { class: "editor" }, box, h("div", { class: "actions" }, send, cancel));
+    prompt.replaceWith(editor);
+    node.querySelector(".prompt-actions")?.setAttribute("hidden", "");
+    box.focus();
+    cancel.addEventListener("click", () => {
+      editor.replaceWith(prompt);
+      node.querySelector(".prompt-actions")?.removeAttribute("hidden");
+    });
+    send.addEventListener("click", () => {
+      const edited = box.value.trim();
+      if (edited) this.resend(before, { text: edited, origin: { kind: "user" } });
+    });
+  }
+
+  /**
+   * Drop the turns after `before` (all, when undefined) and send `message` as a new turn (AHP: `chat/truncated`
+   * then `chat/turnStarted`). Both go in order on the one connection.
+   */
+  private resend(before: string | undefined, message: JsonObject): void {
+    const chat = this.chat;
+    if (!chat || this.chatState()?.activeTurn || !this.link.online) return;
+    this.dispatch(chat, before ? { type: "chat/truncated", turnId: before } : { type: "chat/truncated" });
+    const next: JsonObject = { ...message, origin: message.origin ?? { kind: "user" } };
+    const model = this.session && this.modelChoice.get(this.session);
+    if (model && !next.model) next.model = { id: model };
+    this.dispatch(chat, { type: "chat/turnStarted", turnId: newId(), startedAt: new Date().toISOString(), message: next });
+    this.stuck = true;
+  }
+
   private cancelTurn(): void {
     const turn = this.chatState()?.activeTurn;
     if (turn && this.chat) this.dispatch(this.chat, { type: "chat/turnCancelled", turnId: turn.id, duration: 0 });
@@ -849,11 +888,20 @@ class App {
     const atBottom = transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight < 40;
     const turns: JsonObject[] = [...(chat?.turns ?? [])];
     if (chat?.activeTurn) turns.push({ ...chat.activeTurn, state: "active" });
-    const nodes = turns.map((turn) => {
-      const json = JSON.stringify(turn);
+    const idle = !chat?.activeTurn;
+    const olderUnloaded = !!chat?.turnsNextCursor;
+    const nodes = turns.map((turn, index) => {
+      // What a turn offers depends on its place: edit needs the turn before it known (or none older at all),
+      // retry is for the last one; neither while a turn runs.
+      const offers = {
+        edit: idle && turn.state !== "active" && (index > 0 || !olderUnloaded),
+        retry: idle && index === turns.length - 1,
+        before: index > 0 ? (turns[index - 1].id as string) : undefined,
+      };
+      const json = JSON.stringify([turn, offers]);
       const cached = this.turnCache.get(turn.id);
       if (cached && cached.json === json) return cached.node;
-      const node = this.renderTurn(turn);
+      const node = this.renderTurn(turn, offers);
       this.turnCache.set(turn.id, { json, node });
       return node;
     });
@@ -884,12 +932,57 @@ class App {
     );
   }
 
-  private renderTurn(turn: JsonObject): HTMLElement {
+  private renderTurn(turn: JsonObject, offers: { edit: boolean; retry: boolean; before?: string }): HTMLElement {
     const node = h("article", { class: `turn ${turn.state ?? ""}`, "data-turn": turn.id });
-    node.append(h("div", { class: "user" }, turn.message?.text ?? ""));
+    const text = String(turn.message?.text ?? "");
+    const prompt = h("div", { class: "user" }, text);
+    node.append(prompt);
+    // A long prompt is folded to a few lines, with a way to read it all.
+    if (text.length > LONG_PROMPT_CHARS || text.split("\n").length > LONG_PROMPT_LINES) {
+      prompt.classList.add("folded");
+      const more = h("button", { type: "button", class: "link show-more", "aria-expanded": "false" }, "Show more");
+      more.addEventListener("click", () => {
+        const folded = prompt.classList.toggle("folded");
+        more.textContent = folded ? "Show more" : "Show less";
+        more.setAttribute("aria-expanded", String(!folded));
+      });
+      node.append(h("div", { class: "prompt-actions" }, more));
+    }
+    if (offers.edit) {
+      const edit = h("button", { type: "button", class: "link edit-prompt", "aria-label": "Edit this prompt and send it again" }, "Edit");
+      edit.addEventListener("click", () => this.startEdit(node, prompt, text, offers.before));
+      let actions = node.querySelector(".prompt-actions");
+      if (!actions) node.append((actions = h("div", { class: "prompt-actions" })));
+      actions.append(edit);
+    }
     const reply = h("div", { class: "reply" });
     for (const part of turn.responseParts ?? []) reply.append(this.renderPart(part));
     node.append(reply);
+    if (turn.state && turn.state !== "active") {
+      const actions = h("div", { class: "reply-actions" });
+      const markdown = (turn.responseParts ?? [])
+        .filter((part: JsonObject) => part.kind === "markdown")
+        .map((part: JsonObject) => String(part.content ?? ""))
+        .join("\n\n");
+      if (markdown) {
+        const copy = h("button", { type: "button", class: "link copy-reply" }, "Copy");
+        copy.addEventListener("click", async () => {
+          try {
+            await navigator.clipboard.writeText(markdown);
+            copy.textContent = "Copied";
+          } catch {
+            copy.textContent = "Copy failed";
+          }
+        });
+        actions.append(copy);
+      }
+      if (offers.retry) {
+        const retry = h("button", { type: "button", class: "link retry-turn", "aria-label": "Run this prompt again" }, "Retry");
+        retry.addEventListener("click", () => this.resend(offers.before, turn.message ?? { text }));
+        actions.append(retry);
+      }
+      if (actions.childElementCount > 0) node.append(actions);
+    }
     if (turn.error) node.append(h("div", { class: "error" }, `error: ${turn.error.message ?? ""}`));
     if (turn.state && turn.state !== "active") {
       const usage = turn.usage ? ` · ${turn.usage.inputTokens ?? 0} in / ${turn.usage.outputTokens ?? 0} out` : "";

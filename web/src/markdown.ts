@@ -1,7 +1,9 @@
 // Markdown from agents, rendered safely: the text is parsed into DOM nodes built with createElement and
 // textContent, never assigned as HTML, so `<script>` or `<img onerror>` in a reply shows as text. Links keep
-// only http(s) and mailto targets. Supported: paragraphs, headings, fenced and inline code, bold, italics,
-// lists, block quotes and links — what agents write.
+// only http(s) and mailto targets. Supported: paragraphs, headings, fenced code (highlighted, with a copy
+// button) and inline code, bold, italics, lists, block quotes, tables and links — what agents write.
+
+import { highlightInto } from "./highlight";
 
 export function renderMarkdown(source: string): DocumentFragment {
   const out = document.createDocumentFragment();
@@ -18,12 +20,7 @@ export function renderMarkdown(source: string): DocumentFragment {
         i += 1;
       }
       i += 1;
-      const pre = el("pre");
-      const code = el("code");
-      if (fence[2]) code.dataset.lang = fence[2];
-      code.textContent = body.join("\n");
-      pre.append(code);
-      out.append(pre);
+      out.append(codeBlock(body.join("\n"), fence[2] || undefined));
       continue;
     }
     if (!line.trim()) {
@@ -50,6 +47,27 @@ export function renderMarkdown(source: string): DocumentFragment {
       out.append(list);
       continue;
     }
+    if (tableStarts(lines, i)) {
+      const header = cells(line);
+      const align = cells(lines[i + 1]).map((cell) =>
+        /^:-+:$/.test(cell) ? "center" : /-+:$/.test(cell) ? "right" : /^:-+/.test(cell) ? "left" : "",
+      );
+      i += 2;
+      const table = el("table");
+      const head = el("thead");
+      head.append(row(header, "th", align));
+      const body = el("tbody");
+      while (i < lines.length && lines[i].includes("|") && lines[i].trim()) {
+        body.append(row(cells(lines[i]), "td", align, header.length));
+        i += 1;
+      }
+      table.append(head, body);
+      const scroller = el("div");
+      scroller.className = "table";
+      scroller.append(table);
+      out.append(scroller);
+      continue;
+    }
     if (line.startsWith(">")) {
       const quote: string[] = [];
       while (i < lines.length && lines[i].startsWith(">")) {
@@ -68,7 +86,8 @@ export function renderMarkdown(source: string): DocumentFragment {
       !/^\s*(```|~~~)/.test(lines[i]) &&
       !/^#{1,6}\s/.test(lines[i]) &&
       !/^\s*([-*+]|\d+[.)])\s+/.test(lines[i]) &&
-      !lines[i].startsWith(">")
+      !lines[i].startsWith(">") &&
+      !tableStarts(lines, i)
     ) {
       paragraph.push(lines[i]);
       i += 1;
@@ -78,6 +97,64 @@ export function renderMarkdown(source: string): DocumentFragment {
     out.append(p);
   }
   return out;
+}
+
+/** A fenced block: its code (highlighted when its language is known) and a button that copies it. */
+function codeBlock(text: string, language: string | undefined): HTMLElement {
+  const block = el("div");
+  block.className = "code-block";
+  const bar = el("div");
+  bar.className = "code-bar";
+  const label = el("span");
+  label.textContent = language ?? "";
+  const copy = el("button") as HTMLButtonElement;
+  copy.type = "button";
+  copy.className = "link copy-code";
+  copy.textContent = "Copy";
+  copy.setAttribute("aria-label", `Copy ${language ?? ""} code`.replace("  ", " "));
+  copy.addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(text);
+      copy.textContent = "Copied";
+    } catch {
+      copy.textContent = "Copy failed";
+    }
+  });
+  bar.append(label, copy);
+  const pre = el("pre");
+  const code = el("code");
+  if (language) code.dataset.lang = language;
+  highlightInto(code, text, language);
+  pre.append(code);
+  block.append(bar, pre);
+  return block;
+}
+
+/** A GFM table starts here: a row of cells, then a separator row (`| --- | :-: |`). */
+function tableStarts(lines: string[], i: number): boolean {
+  return (
+    i + 1 < lines.length &&
+    lines[i].includes("|") &&
+    /^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$/.test(lines[i + 1]) &&
+    cells(lines[i]).length === cells(lines[i + 1]).length
+  );
+}
+
+/** A table row's cells (`\|` is a pipe inside a cell). */
+function cells(line: string): string[] {
+  const trimmed = line.trim().replace(/^\|/, "").replace(/(?<!\\)\|$/, "");
+  return trimmed.split(/(?<!\\)\|/).map((cell) => cell.trim().replace(/\\\|/g, "|"));
+}
+
+function row(values: string[], tag: "th" | "td", align: string[], width = values.length): HTMLElement {
+  const tr = el("tr");
+  for (let column = 0; column < width; column++) {
+    const cell = el(tag);
+    if (align[column]) cell.style.textAlign = align[column];
+    cell.append(inline(values[column] ?? ""));
+    tr.append(cell);
+  }
+  return tr;
 }
 
 /** Inline spans: `code`, **bold**, *italic* / _italic_, [text](url); everything else is text. */

@@ -3,7 +3,8 @@
 //! It exercises every part of a turn that clients must handle: a reasoning part, a markdown reply streamed in
 //! several `chat/delta`s, usage, a session title, a tool call that needs confirmation (when the prompt contains
 //! "tool"; its result is the prompt as text and as a file edit appending it to `notes.md`), a tool call that an active client of the session runs itself (when it contains "client tool" and a
-//! client offers a tool), and an input request (when the prompt contains "input"). It stops promptly on
+//! client offers a tool), an input request (when the prompt contains "input"), and a reply showing what Markdown
+//! clients render — a table, a block quote, a fenced code block — when it contains "markdown". It stops promptly on
 //! [`TurnControl::Cancelled`], and answers a steering message ([`TurnControl::Steer`]) at the end of its reply.
 //! Its pace is configurable so tests can stream slowly enough to interrupt.
 
@@ -121,7 +122,7 @@ pub fn reply_chunks(prompt: &str) -> Vec<String> {
         prompt.trim()
     );
     let words: Vec<&str> = text.split(' ').collect();
-    words
+    let mut chunks: Vec<String> = words
         .chunks(4)
         .enumerate()
         .map(|(i, c)| {
@@ -131,8 +132,16 @@ pub fn reply_chunks(prompt: &str) -> Vec<String> {
             }
             s
         })
-        .collect()
+        .collect();
+    if prompt.to_lowercase().contains("markdown") {
+        chunks.extend(MARKDOWN_SAMPLE.split_inclusive('\n').map(str::to_string));
+    }
+    chunks
 }
+
+/// What the demo appends when asked for Markdown: a line at a time.
+const MARKDOWN_SAMPLE: &str = "\n\n| Step | State |\n| --- | :---: |\n| build | done |\n| test | running |\n\n\
+> Quoted from the plan.\n\n```rust\nfn main() {\n    let answer = 42;\n    println!(\"{answer}\");\n}\n```\n";
 
 struct DemoTurn {
     turn: TurnRequest,
@@ -469,5 +478,8 @@ mod tests {
         let joined: String = chunks.concat();
         assert!(joined.starts_with("Hello from the demo agent. You said: \"hi there\"."));
         assert!(!joined.contains("  "));
+        assert!(!joined.contains("```"), "no Markdown sample unless asked");
+        let sample: String = reply_chunks("show markdown").concat();
+        assert!(sample.contains("| Step | State |") && sample.ends_with("```\n"), "{sample}");
     }
 }
