@@ -164,6 +164,46 @@ async fn messages_can_be_copied_edited_retried_and_read() {
     assert!(report.contains("\"session\""), "{report}");
 }
 
+/// Issue 25 (11): search sessions by title across the tenant's catalogue (40 sessions, more than the list's first
+/// page) and find text within the open chat, on a desktop and a phone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_searched_by_title_and_text_is_found_in_a_chat() {
+    let relay = Relay::start_with(&["--demo-step-ms", "2"]).await;
+    let (maker, _) = relay.client("maker").await;
+    for i in 0..40 {
+        let (session, _) = create_session_and_chat(&maker, &format!("titled-{i:02}")).await;
+        let title = if i % 10 == 3 { format!("Launch plan {i}") } else { format!("Other work {i}") };
+        maker
+            .dispatch(
+                session,
+                StateAction::SessionTitleChanged(ahp_types::actions::SessionTitleChangedAction { title }),
+            )
+            .await
+            .expect("title");
+    }
+    // The titles are actions: wait until the catalogue lists the last one.
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let page: ahp_types::commands::ListSessionsResult = maker
+                .request("listSessions", serde_json::json!({"channel": "ahp-root://", "limit": 1}))
+                .await
+                .expect("list");
+            if page.items.first().is_some_and(|s| s.title == "Other work 39") {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("titles listed");
+    let token = relay.token("dev", "dev-user", Role::Admin);
+    let out = repo().join("target/browser-test/search");
+    let _ = std::fs::remove_dir_all(&out);
+    let base = format!("http://{}", relay.addr);
+    let report = browser(&["search", &base, &token, &out.display().to_string()]).await;
+    assert!(report.contains("Launch plan 33"), "{report}");
+}
+
 /// Acceptance: the same envelope stream reduced in the browser (the page's WebAssembly `ahp` reducers) and by
 /// `ahp` in Rust gives equal JSON, for a session and a chat through a turn with streaming, reasoning, a
 /// confirmed tool call, an answered input request, a title and usage, and a second turn that is cancelled.

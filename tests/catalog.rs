@@ -64,6 +64,69 @@ async fn list_sessions_pages_newest_first_without_gaps_while_sessions_are_create
     assert!(matches!(bad, Err(ahp::ClientError::Rpc(e)) if e.code == -32602));
 }
 
+/// Issue 25 (11): `listSessions` with `_meta["ahpRelay/titleContains"]` lists the sessions whose title holds
+/// the text (ignoring case), newest first, paged without gaps or duplicates — including sessions far beyond the
+/// first page of the unfiltered list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_sessions_searches_titles_across_the_whole_catalogue() {
+    let relay = Relay::start().await;
+    let (a, _) = relay.client("searcher").await;
+    let mut expected = Vec::new();
+    for i in 0..45 {
+        let (session, _) = create_session_and_chat(&a, &format!("q{i:03}")).await;
+        let title = if i % 10 == 3 { format!("Launch plan {i}") } else { format!("Other work {i}") };
+        a.dispatch(
+            session,
+            StateAction::SessionTitleChanged(ahp_types::actions::SessionTitleChangedAction { title: title.clone() }),
+        )
+        .await
+        .expect("title");
+        if title.starts_with("Launch") {
+            expected.push(title);
+        }
+    }
+    expected.reverse();
+    let search = |cursor: Option<String>, text: serde_json::Value| {
+        let a = &a;
+        async move {
+            a.request::<_, ListSessionsResult>(
+                "listSessions",
+                serde_json::json!({
+                    "channel": "ahp-root://", "limit": 2, "cursor": cursor,
+                    "_meta": {"ahpRelay/titleContains": text},
+                }),
+            )
+            .await
+        }
+    };
+    // The titles are set by actions after creation: wait until the catalogue has the last one.
+    let last = expected[0].clone();
+    tokio::time::timeout(PATIENCE, async {
+        while !search(None, "launch".into()).await.expect("search").items.iter().any(|s| s.title == last) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the catalogue has the titles");
+    let mut found = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = search(cursor, "LAUNCH".into()).await.expect("search");
+        assert!(page.items.len() <= 2);
+        found.extend(page.items.into_iter().map(|s| s.title));
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(found, expected, "every match, newest first, once");
+    assert!(search(None, "nothing like it".into()).await.expect("search").items.is_empty());
+    let wrong = search(None, serde_json::json!(7)).await.expect_err("a number is not a search");
+    assert!(wrong.to_string().contains("titleContains"), "{wrong}");
+    // Without the key, the list is unfiltered.
+    assert_eq!(list_page(&a, None, 50).await.items.len(), 45);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn root_notifications_announce_sessions_and_their_titles() {
     let relay = Relay::start().await;

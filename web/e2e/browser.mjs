@@ -5,6 +5,7 @@
 //   node web/e2e/browser.mjs signin <base-url> <good> <expired> <foreign> <short-lived>   sign-in that recovers
 //   node web/e2e/browser.mjs form   <base-url> <token> <tenant-dir> <out-dir>   the new-session form
 //   node web/e2e/browser.mjs messages <base-url> <token> <out-dir>  copy, edit, retry, long prompts, Markdown
+//   node web/e2e/browser.mjs search <base-url> <token> <out-dir>   search sessions by title, find in a chat
 //   node web/e2e/browser.mjs reduce <base-url> <in.json> <out.json> the page's WebAssembly reducers on a stream
 //
 // Exits 0 when every check holds; otherwise prints what failed and exits 1.
@@ -662,6 +663,82 @@ async function messages(token, outDir) {
   console.log(JSON.stringify({ session }));
 }
 
+/**
+ * Search: the relay holds 40 titled sessions (the test made them); the list shows the first page, a search by
+ * title finds matches beyond it (the relay searches), on a desktop and a phone; find in a chat marks and counts
+ * what it finds in the loaded turns and steps through it.
+ */
+async function search(token, outDir) {
+  mkdirSync(outDir, { recursive: true });
+  const link = `${base}/#token=${encodeURIComponent(token)}`;
+  const titles = (page) => page.evaluate(() => [...document.querySelectorAll("#sessions li .title")].map((t) => t.textContent));
+  const listed = (page, count) =>
+    page.waitForFunction((n) => document.querySelectorAll("#sessions li").length === n, count, { timeout: PATIENCE });
+  const desktop = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const a = await watchedPage(desktop, "desktop", problems);
+  await a.goto(link);
+  await online(a);
+  await listed(a, 30);
+  check(!(await titles(a)).includes("Launch plan 3"), "the oldest match is beyond the first page");
+  await a.fill("#session-search", "launch");
+  await listed(a, 4);
+  let found = await titles(a);
+  check(JSON.stringify(found) === JSON.stringify(["Launch plan 33", "Launch plan 23", "Launch plan 13", "Launch plan 3"]), `the search finds every match, newest first (${found})`);
+  await a.fill("#session-search", "no such title");
+  await listed(a, 0);
+  check(await a.isVisible("#empty-sessions"), "no match says so");
+  await a.fill("#session-search", "");
+  await listed(a, 30);
+
+  const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
+  const b = await watchedPage(phone, "phone", problems);
+  await b.goto(link);
+  await online(b);
+  await listed(b, 30);
+  await b.fill("#session-search", "PLAN 3");
+  await listed(b, 2);
+  found = await titles(b);
+  check(JSON.stringify(found) === JSON.stringify(["Launch plan 33", "Launch plan 3"]), `the phone's search ignores case (${found})`);
+  await b.screenshot({ path: join(outDir, "search-phone.png") });
+
+  // Find in a chat: the desktop opens the newest match and talks to the demo agent.
+  await a.fill("#session-search", "launch plan 33");
+  await listed(a, 1);
+  await a.click("#sessions li a");
+  await a.waitForSelector("#session-view:not([hidden])", { timeout: PATIENCE });
+  for (const [i, prompt] of ["alpha one", "beta two", "alpha three"].entries()) {
+    await a.fill("#prompt", prompt);
+    await a.click("#composer-send");
+    await a.waitForFunction(
+      (n) => {
+        const chat = globalThis.ahpRelay.state(globalThis.ahpRelay.chat());
+        return chat && !chat.activeTurn && (chat.turns ?? []).length === n;
+      },
+      i + 1,
+      { timeout: PATIENCE },
+    );
+  }
+  const marked = (page, name) => page.evaluate((n) => CSS.highlights.get(n)?.size ?? 0, name);
+  await a.fill("#find-in-chat", "ALPHA");
+  await a.waitForFunction(() => document.getElementById("find-count").textContent === "4 matches", null, { timeout: PATIENCE });
+  check((await marked(a, "find")) === 4, "each prompt and its echo are marked (4)");
+  await a.press("#find-in-chat", "Enter");
+  check((await a.textContent("#find-count")) === "1 of 4" && (await marked(a, "find-current")) === 1, "Enter steps to the first");
+  await a.press("#find-in-chat", "Enter");
+  check((await a.textContent("#find-count")) === "2 of 4", "and on");
+  await a.screenshot({ path: join(outDir, "find-desktop.png") });
+  await a.fill("#find-in-chat", "zzz");
+  await a.waitForFunction(() => document.getElementById("find-count").textContent === "no match", null, { timeout: PATIENCE });
+  check((await marked(a, "find")) === 0, "nothing is marked for no match");
+  // The phone opens the session and finds there too.
+  await b.click("#sessions li:first-child a");
+  await b.waitForFunction(() => (globalThis.ahpRelay.state(globalThis.ahpRelay.chat())?.turns ?? []).length === 3, null, { timeout: PATIENCE });
+  await b.fill("#find-in-chat", "beta");
+  await b.waitForFunction(() => document.getElementById("find-count").textContent === "2 matches", null, { timeout: PATIENCE });
+  check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
+  console.log(JSON.stringify({ found }));
+}
+
 async function reduce(inputPath, outputPath) {
   const input = JSON.parse(readFileSync(inputPath, "utf8"));
   const context = await browser.newContext();
@@ -683,6 +760,7 @@ try {
   else if (mode === "signin") await signin(rest[0], rest[1], rest[2], rest[3], rest[4]);
   else if (mode === "form") await form(rest[0], rest[1], rest[2]);
   else if (mode === "messages") await messages(rest[0], rest[1]);
+  else if (mode === "search") await search(rest[0], rest[1]);
   else if (mode === "reduce") await reduce(rest[0], rest[1]);
   else throw new Error(`unknown mode ${mode}`);
 } catch (error) {
@@ -690,7 +768,7 @@ try {
   process.exitCode = 1;
   // What each page showed when the check failed, next to the test's other output.
   for (const [name, page] of opened) {
-    const dir = mode === "flow" ? rest[1] : mode === "signin" ? rest[4] : mode === "form" ? rest[2] : mode === "messages" ? rest[1] : undefined;
+    const dir = mode === "flow" ? rest[1] : mode === "signin" ? rest[4] : mode === "form" ? rest[2] : mode === "messages" || mode === "search" ? rest[1] : undefined;
     if (dir) await page.screenshot({ path: join(dir, `failed-${name}.png`) }).catch(() => {});
     console.error(`${name} notes: ${await page.locator("#notes").innerText().catch(() => "?")}`);
   }

@@ -7,6 +7,7 @@ import { renderMarkdown } from "./markdown";
 import { h } from "./dom";
 import { renderToolContent } from "./toolcontent";
 import { Attention } from "./attention";
+import { FindInChat, SessionSearch } from "./search";
 import { forgetToken, refusal, showSignIn, socketProtocols, takeToken, wireSignInForm } from "./signin";
 
 const CLIENT_KEY = "ahp-relay.client-id";
@@ -142,6 +143,10 @@ class App {
   private stuck = true;
   private turnCache = new Map<string, { json: string; node: HTMLElement }>();
   private modelChoice = new Map<string, string>();
+  /** The session search under way, if any. */
+  private search?: SessionSearch;
+  private searchTimer?: number;
+  private find = new FindInChat();
   /** Where this tenant's working directories may be (`initialize`'s `defaultDirectory`), if the relay says. */
   private defaultDirectory?: string;
   private me: JsonObject;
@@ -196,7 +201,22 @@ class App {
     if (window.matchMedia("(pointer: coarse)").matches || navigator.maxTouchPoints > 0) {
       $<HTMLTextAreaElement>("prompt").placeholder = "Message the agent";
     }
-    $("more-sessions").addEventListener("click", () => void this.loadSessions(false));
+    $("more-sessions").addEventListener("click", () => void (this.search ? this.searchMore() : this.loadSessions(false)));
+    $("session-search").addEventListener("input", () => {
+      window.clearTimeout(this.searchTimer);
+      this.searchTimer = window.setTimeout(() => void this.startSearch(), 200);
+    });
+    $("find-in-chat").addEventListener("input", () => {
+      this.find.reset($<HTMLInputElement>("find-in-chat").value.trim());
+      this.showFind();
+    });
+    $("find-in-chat").addEventListener("keydown", (event) => {
+      if (event.key !== "Enter") return;
+      event.preventDefault();
+      this.stuck = false;
+      this.find.step($("transcript"), event.shiftKey);
+      this.showFind();
+    });
     $("composer").addEventListener("submit", (event) => {
       event.preventDefault();
       this.send();
@@ -422,6 +442,44 @@ class App {
     this.model.nextCursor = page.nextCursor ?? undefined;
     this.attention.observe(this.model.sessionList());
     this.render();
+  }
+
+  /** Search the catalogue for the query in the search box (the whole list again when it is empty). */
+  private async startSearch(): Promise<void> {
+    const query = $<HTMLInputElement>("session-search").value.trim();
+    if (!query) {
+      this.search = undefined;
+      this.render();
+      return;
+    }
+    const search = new SessionSearch(query);
+    this.search = search;
+    await this.searchMore(search);
+  }
+
+  private async searchMore(search = this.search): Promise<void> {
+    if (!search) return;
+    try {
+      const page = await this.link.request("listSessions", search.params(PAGE_SIZE, ROOT));
+      if (this.search !== search) return;
+      search.add(page);
+    } catch (error) {
+      this.note(`could not search: ${(error as Error).message}`);
+    }
+    this.render();
+  }
+
+  /** Marks what the find box looks for in the transcript and says how many there are. */
+  private showFind(): void {
+    const count = this.find.mark($("transcript"));
+    const place = this.find.place;
+    $("find-count").textContent = !this.find.query
+      ? ""
+      : count === 0
+        ? "no match"
+        : place > 0
+          ? `${place} of ${count}`
+          : `${count} match${count === 1 ? "" : "es"}`;
   }
 
   private fillAgents(): void {
@@ -778,7 +836,7 @@ class App {
   private renderSessions(): void {
     const list = $("sessions");
     list.replaceChildren(
-      ...this.model.sessionList().map((summary) => {
+      ...(this.search ? this.search.list(this.model.sessions) : this.model.sessionList()).map((summary) => {
         const status = statusLabel(summary.status ?? 0);
         // A link: reachable with the keyboard (Tab, Enter), and opens in a new tab like any link.
         const open = h(
@@ -803,8 +861,10 @@ class App {
         );
       }),
     );
-    $("more-sessions").hidden = !this.model.nextCursor;
-    $("empty-sessions").hidden = this.model.sessions.size > 0;
+    const shown = list.childElementCount;
+    $("more-sessions").hidden = !(this.search ? this.search.cursor : this.model.nextCursor);
+    $("empty-sessions").hidden = shown > 0;
+    $("empty-sessions").textContent = this.search ? "No session has that in its title." : "No sessions yet.";
     this.renderTitle();
   }
 
@@ -908,6 +968,7 @@ class App {
     if (nodes.length !== transcript.childElementCount || nodes.some((n, i) => transcript.children[i] !== n)) {
       transcript.replaceChildren(...nodes);
     }
+    if (this.find.query) this.showFind();
     if (atBottom) transcript.scrollTop = transcript.scrollHeight;
 
     const active = chat?.activeTurn;

@@ -3,6 +3,11 @@
 //! The cursor is the last listed session's (modifiedAt, catalogue number): a page lists what sorts after it,
 //! so sessions created or modified while a client pages move ahead of the cursor and never shift later pages
 //! (no duplicates; a session modified meanwhile is announced by `root/sessionSummaryChanged`).
+//!
+//! Search: `_meta["ahpRelay/titleContains"]` (AHP lets hosts read namespaced `_meta` keys; others ignore it)
+//! lists only sessions whose title contains the text, ignoring case. The catalogue is scanned in batches from
+//! the cursor, at most [`SEARCH_SCAN_BUDGET`] entries a request: a page may then hold fewer items than asked,
+//! with a cursor to scan on from.
 
 use ahp_types::commands::{ListSessionsParams, ListSessionsResult};
 use ahp_types::state::SessionSummary;
@@ -13,6 +18,15 @@ use relay_store::CatalogCursor;
 
 use crate::commands::{answer, reply};
 use crate::host::Host;
+
+/// The `listSessions` `_meta` key that filters by title.
+pub const TITLE_CONTAINS: &str = "ahpRelay/titleContains";
+
+/// Entries a search reads from the store at a time.
+const SEARCH_SCAN_BATCH: usize = 200;
+
+/// Most entries one search request scans before it answers with what it found and a cursor.
+const SEARCH_SCAN_BUDGET: usize = 5_000;
 
 pub fn encode_cursor(at: &CatalogCursor) -> String {
     format!("{}@{}", at.catalog_no, at.modified_at)
@@ -55,31 +69,56 @@ impl Host {
             None => None,
             Some(c) => Some(decode_cursor(c).ok_or_else(|| RpcError::invalid_params("unknown cursor"))?),
         };
+        let filter = match params.meta.as_ref().and_then(|meta| meta.get(TITLE_CONTAINS)) {
+            None => None,
+            Some(serde_json::Value::String(text)) => Some(text.to_lowercase()).filter(|text| !text.is_empty()),
+            Some(_) => {
+                return Err(RpcError::invalid_params(format!("_meta.{TITLE_CONTAINS} must be a string")))
+            }
+        };
         // Everything created before this request is in the catalogue once it is committed.
         self.wait_committed(barrier).await;
-        let rows = self
-            .store
-            .list_sessions(&self.key.tenant, &self.key.host, after.as_ref(), limit + 1)
-            .await
-            .map_err(|error| {
-                tracing::error!(host = %self.key, %error, "listing sessions failed");
-                RpcError::internal("the store is unavailable; retry")
-            })?;
-        let more = rows.len() > limit;
         let mut items = Vec::with_capacity(limit);
-        let mut last = None;
-        for row in rows.into_iter().take(limit) {
-            last = Some(row.cursor());
-            match serde_json::from_str::<SessionSummary>(&row.summary) {
-                Ok(summary) => items.push(summary),
-                Err(error) => tracing::error!(uri = %row.uri, %error, "unreadable catalogue entry"),
+        let mut after = after;
+        let mut scanned = 0;
+        let next_cursor = loop {
+            let want = if filter.is_some() { SEARCH_SCAN_BATCH } else { limit + 1 };
+            let rows = self
+                .store
+                .list_sessions(&self.key.tenant, &self.key.host, after.as_ref(), want)
+                .await
+                .map_err(|error| {
+                    tracing::error!(host = %self.key, %error, "listing sessions failed");
+                    RpcError::internal("the store is unavailable; retry")
+                })?;
+            let full = rows.len() == want;
+            let mut page_full = false;
+            for row in rows {
+                if items.len() == limit {
+                    // Another entry follows the page.
+                    page_full = true;
+                    break;
+                }
+                scanned += 1;
+                after = Some(row.cursor());
+                match serde_json::from_str::<SessionSummary>(&row.summary) {
+                    Ok(summary) if title_matches(&summary, filter.as_deref()) => items.push(summary),
+                    Ok(_) => {}
+                    Err(error) => tracing::error!(uri = %row.uri, %error, "unreadable catalogue entry"),
+                }
             }
-        }
-        let next_cursor = if more {
-            last.as_ref().map(encode_cursor)
-        } else {
-            None
+            if page_full || (full && scanned >= SEARCH_SCAN_BUDGET) {
+                break after.as_ref().map(encode_cursor);
+            }
+            if !full {
+                break None;
+            }
         };
         reply(message.id, &ListSessionsResult { next_cursor, items })
     }
+}
+
+/// Whether `summary` passes the search (`filter` is lowercase).
+fn title_matches(summary: &SessionSummary, filter: Option<&str>) -> bool {
+    filter.is_none_or(|text| summary.title.to_lowercase().contains(text))
 }

@@ -1,0 +1,97 @@
+// Search: sessions by title across the tenant's whole catalogue (the relay filters `listSessions` with
+// `_meta["ahpRelay/titleContains"]`, so sessions beyond the loaded pages are found), and text within the open
+// chat's loaded turns, marked with the CSS Custom Highlight API (no change to the transcript's DOM).
+
+import type { JsonObject } from "./rpc";
+
+/** The `listSessions` `_meta` key the relay filters titles by. */
+export const TITLE_CONTAINS = "ahpRelay/titleContains";
+
+/** A search of the session catalogue: the query and what the relay found so far. */
+export class SessionSearch {
+  items = new Map<string, JsonObject>();
+  cursor?: string;
+
+  constructor(readonly query: string) {}
+
+  /** The `listSessions` params of the next page. */
+  params(limit: number, root: string): JsonObject {
+    const params: JsonObject = { channel: root, limit, _meta: { [TITLE_CONTAINS]: this.query } };
+    if (this.cursor) params.cursor = this.cursor;
+    return params;
+  }
+
+  add(page: JsonObject): void {
+    for (const item of page.items ?? []) this.items.set(item.resource, item);
+    this.cursor = page.nextCursor ?? undefined;
+  }
+
+  matches(summary: JsonObject): boolean {
+    return String(summary.title ?? "").toLowerCase().includes(this.query.toLowerCase());
+  }
+
+  /**
+   * The sessions to list: what the relay found and what the page knows (renamed or added since), as the page
+   * knows them now, still matching, newest first.
+   */
+  list(known: Map<string, JsonObject>): JsonObject[] {
+    const all = new Map(this.items);
+    for (const [uri, summary] of known) all.set(uri, summary);
+    return [...all.values()]
+      .map((summary) => known.get(summary.resource) ?? summary)
+      .filter((summary) => this.matches(summary))
+      .sort((a, b) => String(b.modifiedAt ?? "").localeCompare(String(a.modifiedAt ?? "")));
+  }
+}
+
+/** Finding text in the transcript: every occurrence marked, one of them current. */
+export class FindInChat {
+  private ranges: Range[] = [];
+  private current = -1;
+  query = "";
+
+  /** Marks every occurrence of the query in `root`; returns how many there are. */
+  mark(root: HTMLElement): number {
+    this.ranges = [];
+    const registry = (CSS as any).highlights as Map<string, unknown> | undefined;
+    const needle = this.query.toLowerCase();
+    if (needle) {
+      const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+      for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+        const text = (node.textContent ?? "").toLowerCase();
+        for (let at = text.indexOf(needle); at >= 0; at = text.indexOf(needle, at + needle.length)) {
+          const range = document.createRange();
+          range.setStart(node, at);
+          range.setEnd(node, at + needle.length);
+          this.ranges.push(range);
+        }
+      }
+    }
+    if (this.current >= this.ranges.length) this.current = this.ranges.length - 1;
+    if (registry && typeof Highlight !== "undefined") {
+      registry.set("find", new Highlight(...this.ranges));
+      const current = this.ranges[this.current];
+      registry.set("find-current", current ? new Highlight(current) : new Highlight());
+    }
+    return this.ranges.length;
+  }
+
+  /** Moves to the next occurrence (the previous with `back`), scrolled into view; returns its 1-based place. */
+  step(root: HTMLElement, back = false): number {
+    if (this.ranges.length === 0) return 0;
+    const n = this.ranges.length;
+    this.current = back ? (this.current - 1 + n) % n : (this.current + 1) % n;
+    this.mark(root);
+    this.ranges[this.current]?.startContainer.parentElement?.scrollIntoView({ block: "center" });
+    return this.current + 1;
+  }
+
+  get place(): number {
+    return this.current + 1;
+  }
+
+  reset(query: string): void {
+    this.query = query;
+    this.current = -1;
+  }
+}
