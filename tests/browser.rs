@@ -56,6 +56,8 @@ async fn browser(args: &[&str]) -> String {
         "the browser run failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    // What the run reports (e.g. the accessibility pass's findings), shown with --nocapture.
+    println!("{stdout}");
     stdout
 }
 

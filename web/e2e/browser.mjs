@@ -12,7 +12,8 @@
 
 import { chromium } from "playwright-core";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { isDeepStrictEqual } from "node:util";
 
 const PATIENCE = 20_000;
@@ -56,6 +57,23 @@ const chatState = (page) => page.evaluate(() => globalThis.ahpRelay.state(global
 const transcriptText = (page) => page.locator("#transcript").innerText();
 
 const problems = [];
+
+/**
+ * An accessibility pass with axe-core (WCAG 2.x A/AA rules and best practices) over what `page` shows now: any
+ * critical violation fails the run; serious ones are reported in the run's output.
+ */
+const axeSource = readFileSync(join(dirname(fileURLToPath(import.meta.url)), "../node_modules/axe-core/axe.min.js"), "utf8");
+const accessibility = [];
+async function accessible(page, view) {
+  if (!(await page.evaluate(() => typeof globalThis.axe !== "undefined"))) await page.evaluate(axeSource);
+  const violations = await page.evaluate(async () => {
+    const result = await globalThis.axe.run(document, { resultTypes: ["violations"] });
+    return result.violations.map((v) => ({ id: v.id, impact: v.impact, nodes: v.nodes.length, target: String(v.nodes[0]?.target ?? "") }));
+  });
+  accessibility.push({ view, violations });
+  const critical = violations.filter((v) => v.impact === "critical");
+  check(critical.length === 0, `${view}: no critical accessibility issue (${JSON.stringify(critical)})`);
+}
 
 /** Grants notifications to `context` and records each one its pages show (the real Notification still runs). */
 async function recordNotifications(context) {
@@ -125,6 +143,7 @@ async function flow(token, outDir) {
   await a.click("#composer-send");
   await a.waitForSelector("#transcript .markdown >> text=Hello from the demo agent", { timeout: PATIENCE });
   await a.waitForSelector("#pending .confirmation button.approve", { timeout: PATIENCE });
+  await accessible(a, "desktop: session with an approval card");
   // The approval card takes room below the transcript, which stays at its end: the newest reply is in view.
   await a.waitForFunction(atEnd, null, { timeout: 5000 });
   // The session waits on the desktop's approval: the list shows it, highlighted, and so does the tab's title.
@@ -180,8 +199,10 @@ async function flow(token, outDir) {
   await online(b);
   // The phone keeps the new-session form folded away until asked for.
   check(!(await b.isVisible("#create-session")), "the phone's new-session form is folded away");
+  await accessible(b, "phone: session list");
   await b.click("#new-session-toggle");
   check(await b.isVisible("#create-session"), "asked for, the phone shows the new-session form");
+  await accessible(b, "phone: new-session form");
   await b.click("#new-session-toggle");
   check(!(await b.isVisible("#create-session")), "and folds it again");
   check(await a.isVisible("#create-session"), "the desktop shows the form as it is");
@@ -195,6 +216,7 @@ async function flow(token, outDir) {
   await b.keyboard.press("Enter");
   await b.waitForSelector("#pending .input-form", { timeout: PATIENCE });
   await b.waitForFunction(atEnd, null, { timeout: 5000 });
+  await accessible(b, "phone: session with a question form");
   // The phone's session header is short: the transcript starts near the top; its details are on demand.
   const top = await b.evaluate(() => document.getElementById("transcript").getBoundingClientRect().top);
   check(top < 200, `the phone's header leaves the screen to the conversation (transcript at ${top}px of 844)`);
@@ -395,6 +417,7 @@ async function flow(token, outDir) {
   // ── Disposing asks first, in a real dialog; the phone, which had the session open, is told.
   await a.click("#dispose-session");
   await a.waitForSelector("#confirm-dispose[open]", { timeout: PATIENCE });
+  await accessible(a, "desktop: dispose dialog");
   await a.click("#confirm-dispose-cancel");
   check(!(await a.isVisible("#confirm-dispose")), "keeping it closes the dialog");
   check((await a.evaluate(() => globalThis.ahpRelay.session())) === session, "and keeps the session");
@@ -408,7 +431,7 @@ async function flow(token, outDir) {
   const mine = await a.locator("#notes").innerText();
   check(!mine.includes("was disposed on another device"), "the desktop, which disposed it, is not told it happened elsewhere");
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
-  console.log(JSON.stringify({ session, screenshots: [join(outDir, "desktop.png"), join(outDir, "phone.png")] }));
+  console.log(JSON.stringify({ session, accessibility, screenshots: [join(outDir, "desktop.png"), join(outDir, "phone.png")] }));
 }
 
 /**
@@ -436,6 +459,7 @@ async function signin(good, expired, foreign, shortLived, outDir) {
   check(reason.text.includes("did not accept your sign-in") && reason.detail.includes("HTTP 401"), `a foreign token is refused with its reason (${JSON.stringify(reason)})`);
   check((await page.getAttribute("#link-state", "data-state")) === "refused", "the connection says it is refused");
   check(sockets.length === 1, `the refused token was tried once, not retried (${sockets.length} sockets)`);
+  await accessible(page, "sign-in with a reason");
   // A reload does not reuse it: the page asks to sign in and opens no socket.
   await page.reload();
   await signInShown();
@@ -485,7 +509,7 @@ async function signin(good, expired, foreign, shortLived, outDir) {
   }
   check(!sockets.some((url) => url.includes("access_token")), `no WebSocket URL has an access_token (${sockets})`);
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
-  console.log(JSON.stringify({ sockets: sockets.length }));
+  console.log(JSON.stringify({ sockets: sockets.length, accessibility }));
 }
 
 /**
@@ -544,9 +568,10 @@ async function form(token, tenantDir, outDir) {
   await b.click("#create-session");
   await b.waitForFunction(() => document.getElementById("new-session-error").textContent.includes("outside"), null, { timeout: PATIENCE });
   check(await besideField(b), "the relay's refusal too");
+  await accessible(b, "phone: new-session form with an error");
   await b.screenshot({ path: join(outDir, "form-phone.png") });
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
-  console.log(JSON.stringify({ session: await a.evaluate(() => globalThis.ahpRelay.session()) }));
+  console.log(JSON.stringify({ session: await a.evaluate(() => globalThis.ahpRelay.session()), accessibility }));
 }
 
 /**
@@ -606,6 +631,7 @@ async function messages(token, outDir) {
   const replyText = (await turns(a))[0].responseParts.filter((p) => p.kind === "markdown").map((p) => p.content).join("\n\n");
   check((await clipboard()) === replyText, "Copy copies the reply as the agent wrote it");
   await a.screenshot({ path: join(outDir, "markdown.png") });
+  await accessible(a, "desktop: Markdown reply with code");
 
   // A long prompt is folded, on the phone too, until asked.
   const long = Array.from({ length: 20 }, (_, i) => `line ${i + 1} of a long prompt`).join("\n");
@@ -660,7 +686,7 @@ async function messages(token, outDir) {
   check((await transcriptText(a)) === (await transcriptText(b)), "the phone shows the edited conversation");
   await b.screenshot({ path: join(outDir, "messages-phone.png") });
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
-  console.log(JSON.stringify({ session }));
+  console.log(JSON.stringify({ session, accessibility }));
 }
 
 /**
@@ -700,6 +726,7 @@ async function search(token, outDir) {
   found = await titles(b);
   check(JSON.stringify(found) === JSON.stringify(["Launch plan 33", "Launch plan 3"]), `the phone's search ignores case (${found})`);
   await b.screenshot({ path: join(outDir, "search-phone.png") });
+  await accessible(b, "phone: search results");
 
   // Find in a chat: the desktop opens the newest match and talks to the demo agent.
   await a.fill("#session-search", "launch plan 33");
@@ -727,6 +754,7 @@ async function search(token, outDir) {
   await a.press("#find-in-chat", "Enter");
   check((await a.textContent("#find-count")) === "2 of 4", "and on");
   await a.screenshot({ path: join(outDir, "find-desktop.png") });
+  await accessible(a, "desktop: find in chat");
   await a.fill("#find-in-chat", "zzz");
   await a.waitForFunction(() => document.getElementById("find-count").textContent === "no match", null, { timeout: PATIENCE });
   check((await marked(a, "find")) === 0, "nothing is marked for no match");
@@ -736,7 +764,7 @@ async function search(token, outDir) {
   await b.fill("#find-in-chat", "beta");
   await b.waitForFunction(() => document.getElementById("find-count").textContent === "2 matches", null, { timeout: PATIENCE });
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
-  console.log(JSON.stringify({ found }));
+  console.log(JSON.stringify({ found, accessibility }));
 }
 
 async function reduce(inputPath, outputPath) {

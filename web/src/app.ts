@@ -1010,7 +1010,7 @@ class App {
       node.append(h("div", { class: "prompt-actions" }, more));
     }
     if (offers.edit) {
-      const edit = h("button", { type: "button", class: "link edit-prompt", "aria-label": "Edit this prompt and send it again" }, "Edit");
+      const edit = h("button", { type: "button", class: "link edit-prompt", title: "Edit this prompt and send it again" }, "Edit");
       edit.addEventListener("click", () => this.startEdit(node, prompt, text, offers.before));
       let actions = node.querySelector(".prompt-actions");
       if (!actions) node.append((actions = h("div", { class: "prompt-actions" })));
@@ -1038,7 +1038,7 @@ class App {
         actions.append(copy);
       }
       if (offers.retry) {
-        const retry = h("button", { type: "button", class: "link retry-turn", "aria-label": "Run this prompt again" }, "Retry");
+        const retry = h("button", { type: "button", class: "link retry-turn", title: "Run this prompt again" }, "Retry");
         retry.addEventListener("click", () => this.resend(offers.before, turn.message ?? { text }));
         actions.append(retry);
       }

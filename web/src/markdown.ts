@@ -111,7 +111,7 @@ function codeBlock(text: string, language: string | undefined): HTMLElement {
   copy.type = "button";
   copy.className = "link copy-code";
   copy.textContent = "Copy";
-  copy.setAttribute("aria-label", `Copy ${language ?? ""} code`.replace("  ", " "));
+  copy.title = `Copy the ${language ? `${language} ` : ""}code`;
   copy.addEventListener("click", async () => {
     try {
       await navigator.clipboard.writeText(text);
