@@ -24,6 +24,17 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// With `AHP_README_SCREENSHOTS=1` (`scripts/screenshots`), copies the README's pictures from a run's
+/// screenshots (`from` in `dir`) to `docs/` (`to`), so the README shows what the tests saw.
+fn publish(dir: &Path, shots: &[(&str, &str)]) {
+    if std::env::var("AHP_README_SCREENSHOTS").as_deref() != Ok("1") {
+        return;
+    }
+    for (from, to) in shots {
+        std::fs::copy(dir.join(from), repo().join("docs").join(to)).expect("copy a screenshot to docs/");
+    }
+}
+
 /// Runs `web/e2e/browser.mjs` with `args`; panics with its output unless it succeeds.
 async fn browser(args: &[&str]) -> String {
     let script = repo().join("web/e2e/browser.mjs");
@@ -71,7 +82,7 @@ async fn two_browsers_share_a_session_and_one_resumes_after_its_network_is_cut()
     // Slow enough that the reply visibly arrives in parts.
     let relay = Relay::start_with(&["--demo-step-ms", "60"]).await;
     let token = relay.token("dev", "dev-user", Role::Admin);
-    let out = repo().join("target/browser-test");
+    let out = repo().join("target/browser-test/flow");
     let _ = std::fs::remove_dir_all(&out);
     let base = format!("http://{}", relay.addr);
     let report = browser(&["flow", &base, &token, &out.display().to_string()]).await;
@@ -80,6 +91,14 @@ async fn two_browsers_share_a_session_and_one_resumes_after_its_network_is_cut()
         let png = std::fs::read(out.join(shot)).expect("screenshot written");
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{shot} is a PNG");
     }
+    publish(
+        &out,
+        &[
+            ("readme-desktop.png", "web-client.png"),
+            ("readme-phone.png", "web-client-phone.png"),
+            ("phone-offline.png", "web-client-phone-offline.png"),
+        ],
+    );
 }
 
 /// Issue 25 (1): sign-in that recovers. A foreign, an expired and an expiring token each bring the sign-in panel
@@ -121,6 +140,7 @@ async fn the_web_client_signs_in_and_recovers_from_a_refused_or_expired_token() 
     ])
     .await;
     assert!(report.contains("\"sockets\""), "{report}");
+    publish(&out, &[("signin.png", "web-client-signin.png")]);
 }
 
 /// Issue 25 (6): the new-session form names the tenant's part of the workspace (`initialize`'s
@@ -149,6 +169,7 @@ async fn the_new_session_form_offers_the_workspace_and_says_what_is_wrong_beside
     let report = browser(&["form", &base, &token, &tenant_dir.display().to_string(), &out.display().to_string()]).await;
     assert!(report.contains("\"session\""), "{report}");
     assert!(tenant_dir.join("myproject").is_dir(), "the session's directory was made under the tenant's root");
+    publish(&out, &[("form-phone.png", "web-client-form-phone.png")]);
     assert!(!Path::new("/etc/myproject").exists());
 }
 
@@ -164,6 +185,7 @@ async fn messages_can_be_copied_edited_retried_and_read() {
     let base = format!("http://{}", relay.addr);
     let report = browser(&["messages", &base, &token, &out.display().to_string()]).await;
     assert!(report.contains("\"session\""), "{report}");
+    publish(&out, &[("markdown.png", "web-client-markdown.png")]);
 }
 
 /// Issue 25 (11): search sessions by title across the tenant's catalogue (40 sessions, more than the list's first
@@ -204,6 +226,10 @@ async fn sessions_are_searched_by_title_and_text_is_found_in_a_chat() {
     let base = format!("http://{}", relay.addr);
     let report = browser(&["search", &base, &token, &out.display().to_string()]).await;
     assert!(report.contains("Launch plan 33"), "{report}");
+    publish(
+        &out,
+        &[("search-phone.png", "web-client-search-phone.png"), ("find-desktop.png", "web-client-find.png")],
+    );
 }
 
 /// Acceptance: the same envelope stream reduced in the browser (the page's WebAssembly `ahp` reducers) and by

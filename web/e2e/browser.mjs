@@ -393,6 +393,13 @@ async function flow(token, outDir) {
     session,
     { timeout: PATIENCE },
   );
+  // The README's pictures of the walk-through.
+  await b.waitForFunction(() => document.getElementById("session-title").textContent === "Tool and question walk-through", null, {
+    timeout: PATIENCE,
+  });
+  for (const page of [a, b]) await page.evaluate(() => document.getElementById("transcript").scrollTo(0, 1e9));
+  await a.screenshot({ path: join(outDir, "readme-desktop.png") });
+  await b.screenshot({ path: join(outDir, "readme-phone.png") });
   // ── The phone's user went back to the list; the desktop starts a turn that needs approval: the phone, not
   // looking at the session, is notified; the desktop, looking at it, is not.
   await b.click("#back");

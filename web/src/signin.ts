@@ -79,6 +79,8 @@ async function signInUrl(): Promise<string | undefined> {
  */
 export async function showSignIn(reason?: string, detail?: string): Promise<void> {
   document.body.dataset.view = "signin";
+  // Nobody is signed in here any more.
+  $("who").textContent = "";
   const why = $("signin-reason");
   why.textContent = reason ?? "";
   why.title = detail ?? "";
