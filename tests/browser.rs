@@ -109,7 +109,11 @@ async fn two_browsers_share_a_session_and_one_resumes_after_its_network_is_cut()
 async fn the_web_client_signs_in_and_recovers_from_a_refused_or_expired_token() {
     use relay_gateway::auth::{mint_hs256, Claims};
     use std::time::Duration;
-    let relay = Relay::start_with(&["--sign-in-url", "https://idp.example/login?return={return}"]).await;
+    let relay = Relay::start_with(&[
+        "--sign-in-url",
+        "https://idp.example/login?return={return}&state={state}",
+    ])
+    .await;
     let good = relay.token("dev", "dev-user", Role::Admin);
     let mut stale = Claims::new("dev", "dev-user", Role::Admin, None, Duration::from_secs(3600));
     stale.exp -= 3 * 3600;
@@ -120,10 +124,16 @@ async fn the_web_client_signs_in_and_recovers_from_a_refused_or_expired_token() 
         &Claims::new("dev", "dev-user", Role::Admin, None, Duration::from_secs(3600)),
     )
     .expect("mint");
-    // Long enough to open the page and connect; it then expires on the open connection.
-    let short_lived = mint_hs256(
+    // A token of the tenant's host `other` only.
+    let other_host = mint_hs256(
         SECRET.as_bytes(),
-        &Claims::new("dev", "dev-user", Role::Admin, None, Duration::from_secs(8)),
+        &Claims::new(
+            "dev",
+            "dev-user",
+            Role::Admin,
+            Some(vec!["other".into()]),
+            Duration::from_secs(3600),
+        ),
     )
     .expect("mint");
     let out = repo().join("target/browser-test/signin");
@@ -135,7 +145,9 @@ async fn the_web_client_signs_in_and_recovers_from_a_refused_or_expired_token() 
         &good,
         &expired,
         &foreign,
-        &short_lived,
+        &other_host,
+        // The page's test mints a token expiring on an open connection when it needs it (the secret signs it).
+        SECRET,
         &out.display().to_string(),
     ])
     .await;
@@ -166,9 +178,19 @@ async fn the_new_session_form_offers_the_workspace_and_says_what_is_wrong_beside
     let out = repo().join("target/browser-test/form");
     let _ = std::fs::remove_dir_all(&out);
     let base = format!("http://{}", relay.addr);
-    let report = browser(&["form", &base, &token, &tenant_dir.display().to_string(), &out.display().to_string()]).await;
+    let report = browser(&[
+        "form",
+        &base,
+        &token,
+        &tenant_dir.display().to_string(),
+        &out.display().to_string(),
+    ])
+    .await;
     assert!(report.contains("\"session\""), "{report}");
-    assert!(tenant_dir.join("myproject").is_dir(), "the session's directory was made under the tenant's root");
+    assert!(
+        tenant_dir.join("myproject").is_dir(),
+        "the session's directory was made under the tenant's root"
+    );
     publish(&out, &[("form-phone.png", "web-client-form-phone.png")]);
     assert!(!Path::new("/etc/myproject").exists());
 }
@@ -196,7 +218,11 @@ async fn sessions_are_searched_by_title_and_text_is_found_in_a_chat() {
     let (maker, _) = relay.client("maker").await;
     for i in 0..40 {
         let (session, _) = create_session_and_chat(&maker, &format!("titled-{i:02}")).await;
-        let title = if i % 10 == 3 { format!("Launch plan {i}") } else { format!("Other work {i}") };
+        let title = if i % 10 == 3 {
+            format!("Launch plan {i}")
+        } else {
+            format!("Other work {i}")
+        };
         maker
             .dispatch(
                 session,
@@ -209,7 +235,10 @@ async fn sessions_are_searched_by_title_and_text_is_found_in_a_chat() {
     tokio::time::timeout(PATIENCE, async {
         loop {
             let page: ahp_types::commands::ListSessionsResult = maker
-                .request("listSessions", serde_json::json!({"channel": "ahp-root://", "limit": 1}))
+                .request(
+                    "listSessions",
+                    serde_json::json!({"channel": "ahp-root://", "limit": 1}),
+                )
                 .await
                 .expect("list");
             if page.items.first().is_some_and(|s| s.title == "Other work 39") {
@@ -228,7 +257,10 @@ async fn sessions_are_searched_by_title_and_text_is_found_in_a_chat() {
     assert!(report.contains("Launch plan 33"), "{report}");
     publish(
         &out,
-        &[("search-phone.png", "web-client-search-phone.png"), ("find-desktop.png", "web-client-find.png")],
+        &[
+            ("search-phone.png", "web-client-search-phone.png"),
+            ("find-desktop.png", "web-client-find.png"),
+        ],
     );
 }
 

@@ -66,18 +66,27 @@ async fn list_sessions_pages_newest_first_without_gaps_while_sessions_are_create
 
 /// Issue 25 (11): `listSessions` with `_meta["ahpRelay/titleContains"]` lists the sessions whose title holds
 /// the text (ignoring case), newest first, paged without gaps or duplicates — including sessions far beyond the
-/// first page of the unfiltered list.
+/// first page of the unfiltered list and across the shard's scan batches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_sessions_searches_titles_across_the_whole_catalogue() {
     let relay = Relay::start().await;
     let (a, _) = relay.client("searcher").await;
     let mut expected = Vec::new();
-    for i in 0..45 {
+    // More than one scan batch (200 entries), so a search page continues from one batch into the next.
+    for i in 0..230 {
         let (session, _) = create_session_and_chat(&a, &format!("q{i:03}")).await;
-        let title = if i % 10 == 3 { format!("Launch plan {i}") } else { format!("Other work {i}") };
+        let title = if i % 10 == 3 {
+            format!("Launch plan {i}")
+        } else if i == 5 || i == 225 {
+            format!("Rare find {i}")
+        } else {
+            format!("Other work {i}")
+        };
         a.dispatch(
             session,
-            StateAction::SessionTitleChanged(ahp_types::actions::SessionTitleChangedAction { title: title.clone() }),
+            StateAction::SessionTitleChanged(ahp_types::actions::SessionTitleChangedAction {
+                title: title.clone(),
+            }),
         )
         .await
         .expect("title");
@@ -102,7 +111,13 @@ async fn list_sessions_searches_titles_across_the_whole_catalogue() {
     // The titles are set by actions after creation: wait until the catalogue has the last one.
     let last = expected[0].clone();
     tokio::time::timeout(PATIENCE, async {
-        while !search(None, "launch".into()).await.expect("search").items.iter().any(|s| s.title == last) {
+        while !search(None, "launch".into())
+            .await
+            .expect("search")
+            .items
+            .iter()
+            .any(|s| s.title == last)
+        {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     })
@@ -120,11 +135,21 @@ async fn list_sessions_searches_titles_across_the_whole_catalogue() {
         }
     }
     assert_eq!(found, expected, "every match, newest first, once");
-    assert!(search(None, "nothing like it".into()).await.expect("search").items.is_empty());
-    let wrong = search(None, serde_json::json!(7)).await.expect_err("a number is not a search");
+    // Two matches 220 entries apart: one page, read across two scan batches.
+    let rare = search(None, "rare find".into()).await.expect("search");
+    let titles: Vec<&str> = rare.items.iter().map(|s| s.title.as_str()).collect();
+    assert_eq!(titles, ["Rare find 225", "Rare find 5"]);
+    assert!(search(None, "nothing like it".into())
+        .await
+        .expect("search")
+        .items
+        .is_empty());
+    let wrong = search(None, serde_json::json!(7))
+        .await
+        .expect_err("a number is not a search");
     assert!(wrong.to_string().contains("titleContains"), "{wrong}");
     // Without the key, the list is unfiltered.
-    assert_eq!(list_page(&a, None, 50).await.items.len(), 45);
+    assert_eq!(list_page(&a, None, 50).await.items.len(), 50);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,7 @@
 // tests/browser.rs, which starts the relay:
 //
 //   node web/e2e/browser.mjs flow   <base-url> <token> <out-dir>   the two-device walk-through, screenshots
-//   node web/e2e/browser.mjs signin <base-url> <good> <expired> <foreign> <short-lived>   sign-in that recovers
+//   node web/e2e/browser.mjs signin <base-url> <good> <expired> <foreign> <other-host> <secret> <out-dir>  sign-in
 //   node web/e2e/browser.mjs form   <base-url> <token> <tenant-dir> <out-dir>   the new-session form
 //   node web/e2e/browser.mjs messages <base-url> <token> <out-dir>  copy, edit, retry, long prompts, Markdown
 //   node web/e2e/browser.mjs search <base-url> <token> <out-dir>   search sessions by title, find in a chat
@@ -11,6 +11,7 @@
 // Exits 0 when every check holds; otherwise prints what failed and exits 1.
 
 import { chromium } from "playwright-core";
+import { createHmac } from "node:crypto";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -197,6 +198,11 @@ async function flow(token, outDir) {
   const b = await watchedPage(phone, "phone", problems);
   await b.goto(link);
   await online(b);
+  // The session was named after its first prompt in the phone's list too.
+  check(
+    (await b.textContent(`#sessions li[data-uri="${session}"] .title`)).startsWith("Please use the tool <script>"),
+    "the phone's list names the session after its first prompt",
+  );
   // The phone keeps the new-session form folded away until asked for.
   check(!(await b.isVisible("#create-session")), "the phone's new-session form is folded away");
   await accessible(b, "phone: session list");
@@ -285,13 +291,11 @@ async function flow(token, outDir) {
     (await a.evaluate(() => document.getElementById("link-state").dataset.state)) !== "online",
     "the desktop says it is not connected",
   );
-  // In words; the close code is in the tooltip, not the text.
-  const pill = { text: await a.textContent("#link-state"), detail: await a.getAttribute("#link-state", "title") };
-  check(
-    /^(Offline|Connection lost|Reconnecting|Connecting)/.test(pill.text) && !/\(\d+\)|code/.test(pill.text),
-    `the desktop says it is offline in words (${pill.text})`,
-  );
-  if (/^(Offline|Connection lost)/.test(pill.text)) check(/code \d+/.test(pill.detail ?? ""), `the close code is in the tooltip (${pill.detail})`);
+  // In words; the close code is in the tooltip, not the text (between two attempts).
+  await a.waitForFunction(() => document.getElementById("link-state").dataset.state === "offline", null, { timeout: PATIENCE });
+  const pill = await a.evaluate(() => ({ text: document.getElementById("link-state").textContent, detail: document.getElementById("link-state").title }));
+  check(/^(Offline|Connection lost), retrying in \d+ s$/.test(pill.text), `the desktop says it is offline in words (${pill.text})`);
+  check(/closed with code \d+/.test(pill.detail), `the close code is in the tooltip (${pill.detail})`);
 
   // ── Restore A: it reconnects by itself, resumes from its last serverSeq and ends with B's exact state.
   await desktop.setOffline(false);
@@ -408,6 +412,8 @@ async function flow(token, outDir) {
   await a.click("#composer-send");
   await a.waitForSelector("#pending .confirmation button.deny", { timeout: PATIENCE });
   await b.waitForFunction(() => globalThis.__notified.length > 0, null, { timeout: PATIENCE });
+  // The desktop has seen the session start waiting too (so a notification it wrongly showed would be there).
+  await a.waitForSelector(`#sessions li[data-uri="${session}"][data-status="needs input"]`, { timeout: PATIENCE });
   const phoneNotes = await notified(b);
   check(
     phoneNotes.length === 1 && phoneNotes[0].tag === session && phoneNotes[0].title === "Tool and question walk-through needs input",
@@ -441,12 +447,22 @@ async function flow(token, outDir) {
   console.log(JSON.stringify({ session, accessibility, screenshots: [join(outDir, "desktop.png"), join(outDir, "phone.png")] }));
 }
 
+/** A token like `model` (its claims) expiring `seconds` from now, signed with the relay's HS256 `secret`. */
+function tokenExpiringIn(model, secret, seconds) {
+  const claims = JSON.parse(Buffer.from(model.split(".")[1], "base64url").toString());
+  const now = Math.floor(Date.now() / 1000);
+  const part = (value) => Buffer.from(JSON.stringify(value)).toString("base64url");
+  const unsigned = `${part({ alg: "HS256", typ: "JWT" })}.${part({ ...claims, iat: now, exp: now + seconds })}`;
+  return `${unsigned}.${createHmac("sha256", secret).update(unsigned).digest("base64url")}`;
+}
+
 /**
  * Sign-in that recovers: a refused token says why and asks for another (and a reload does not retry it); the
- * token is never in a WebSocket URL or the console; an identity provider's login returns with a token; signing
- * out forgets it; a token expiring on an open connection brings the sign-in back.
+ * token is never in a WebSocket URL or the console; an identity provider's login returns with a token (and the
+ * `state` it was given, else it is refused) to the place the page showed; signing out forgets the token; a
+ * token expiring on an open connection brings the sign-in back; a token refused only for this host is kept.
  */
-async function signin(good, expired, foreign, shortLived, outDir) {
+async function signin(good, expired, foreign, otherHost, secret, outDir) {
   mkdirSync(outDir, { recursive: true });
   const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
   const page = await context.newPage();
@@ -458,6 +474,7 @@ async function signin(good, expired, foreign, shortLived, outDir) {
   page.on("websocket", (socket) => sockets.push(socket.url()));
   const signInShown = () => page.waitForSelector('body[data-view="signin"] #signin-token', { timeout: PATIENCE });
   const reasonOf = async () => ({ text: await page.textContent("#signin-reason"), detail: await page.getAttribute("#signin-reason", "title") });
+  const shortLived = [];
 
   // A foreign token (signed by someone else): refused, said why, not retried.
   await page.goto(`${base}/#token=${encodeURIComponent(foreign)}`);
@@ -473,22 +490,40 @@ async function signin(good, expired, foreign, shortLived, outDir) {
   check(await page.isHidden("#signin-reason"), "after a reload the page simply asks to sign in");
   check(sockets.length === 1, `the reload opened no socket with the refused token (${sockets.length} sockets)`);
 
-  // An expired token pasted in: refused as expired.
-  await page.fill("#signin-token", expired);
+  // Something that is not a token at all is said so at once, without a connection.
+  await page.fill("#signin-token", "my password");
+  await page.click("#signin-submit");
+  await page.waitForSelector("#signin-reason:not([hidden])", { timeout: PATIENCE });
+  check((await page.textContent("#signin-reason")).includes("not an access token"), "a non-token is refused in the page");
+  check(sockets.length === 1, "and opens no socket");
+
+  // An expired token pasted in (with a `Bearer ` prefix, which is dropped): refused as expired.
+  await page.fill("#signin-token", `Bearer ${expired}`);
   await Promise.all([page.waitForEvent("load"), page.click("#signin-submit")]);
   await page.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
   reason = await reasonOf();
   check(reason.text.includes("expired"), `an expired token is said to be expired (${JSON.stringify(reason)})`);
 
-  // The identity provider's login (configured with --sign-in-url) returns with a token in the fragment.
+  // The identity provider's login (configured with --sign-in-url) returns with a token in the fragment and the
+  // state it was given; an answer with another state is refused. The page comes back to where it was.
   const provider = await page.getAttribute("#signin-provider", "href");
-  check(provider === `https://idp.example/login?return=${encodeURIComponent(`${base}/`)}`, `the sign-in link goes to the provider with the way back (${provider})`);
-  await page.route("https://idp.example/**", (route) =>
-    route.fulfill({ status: 302, headers: { location: `${base}/#access_token=${encodeURIComponent(good)}&token_type=bearer` } }),
-  );
+  check(provider.startsWith(`https://idp.example/login?return=${encodeURIComponent(`${base}/`)}&state=`), `the sign-in link goes to the provider with the way back (${provider})`);
+  let forgeState = true;
+  await page.route("https://idp.example/**", (route) => {
+    const state = new URL(route.request().url()).searchParams.get("state");
+    const answer = forgeState ? "someone-elses" : state;
+    route.fulfill({ status: 302, headers: { location: `${base}/#access_token=${encodeURIComponent(good)}&token_type=bearer&state=${answer}` } });
+  });
+  await page.click("#signin-provider");
+  await page.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
+  check((await page.textContent("#signin-reason")).includes("did not match"), "an answer with another state is refused");
+  forgeState = false;
+  await page.evaluate(() => { location.hash = "s=ahp-session%3A%2Fsomewhere&c=ahp-chat%3A%2Fthere"; });
   await page.click("#signin-provider");
   await online(page);
-  check(!(await page.evaluate(() => location.hash.includes("access_token"))), "the provider's token is removed from the address bar");
+  const place = await page.evaluate(() => Object.fromEntries(new URLSearchParams(location.hash.slice(1))));
+  check(!("access_token" in place) && !("state" in place), `the provider's answer is removed from the address bar (${JSON.stringify(place)})`);
+  check(place.s === "ahp-session:/somewhere" && place.c === "ahp-chat:/there", `the page is back where it was (${JSON.stringify(place)})`);
   await page.screenshot({ path: join(outDir, "signed-in.png") });
 
   // Sign out: the page forgets the token; a reload stays signed out.
@@ -501,7 +536,8 @@ async function signin(good, expired, foreign, shortLived, outDir) {
   check(sockets.length === before, "signed out, a reload opens no socket");
 
   // A token that expires while connected: the relay closes with 4001 and the page asks to sign in again.
-  await page.fill("#signin-token", shortLived);
+  shortLived.push(tokenExpiringIn(good, secret, 4));
+  await page.fill("#signin-token", shortLived[0]);
   await Promise.all([page.waitForEvent("load"), page.click("#signin-submit")]);
   await online(page);
   await page.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
@@ -509,14 +545,44 @@ async function signin(good, expired, foreign, shortLived, outDir) {
   check(reason.text.includes("expired") && reason.detail.includes("4001"), `an expiry on an open connection asks to sign in again (${JSON.stringify(reason)})`);
   await page.screenshot({ path: join(outDir, "signin.png") });
 
+  // A token refused only for this host (403) is kept: the same tab opens the host it grants.
+  await page.goto(`${base}/#token=${encodeURIComponent(otherHost)}`);
+  await page.reload(); // a new fragment alone does not load the page again
+  await page.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
+  reason = await reasonOf();
+  check(reason.text.includes("may not open this host") && reason.detail.includes("HTTP 403"), `a token for another host says so (${JSON.stringify(reason)})`);
+  await page.goto(`${base}/#host=other`);
+  await page.reload();
+  await online(page);
+
   // The token was never in a WebSocket URL or the console.
-  for (const token of [good, expired, foreign, shortLived]) {
+  for (const token of [good, expired, foreign, otherHost, ...shortLived]) {
     check(!sockets.some((url) => url.includes(token)), "no WebSocket URL carries a token");
     check(!consoleLines.some((line) => line.includes(token)), "no console line carries a token");
   }
   check(!sockets.some((url) => url.includes("access_token")), `no WebSocket URL has an access_token (${sockets})`);
+
+  // On a phone: an expired link shows the sign-in panel with its reason, in view, and a pasted token works.
+  const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
+  const b = await watchedPhoneSignIn(phone);
+  await b.goto(`${base}/#token=${encodeURIComponent(expired)}`);
+  await b.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
+  check((await b.textContent("#signin-reason")).includes("expired"), "the phone says the sign-in expired");
+  check(await b.evaluate(() => document.getElementById("signin-submit").getBoundingClientRect().bottom <= window.innerHeight), "the phone's sign-in form is in view");
+  await accessible(b, "phone: sign-in with a reason");
+  await b.fill("#signin-token", good);
+  await Promise.all([b.waitForEvent("load"), b.click("#signin-submit")]);
+  await online(b);
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
   console.log(JSON.stringify({ sockets: sockets.length, accessibility }));
+}
+
+/** A phone page for the sign-in scenario: refused connections log console errors there, by design. */
+async function watchedPhoneSignIn(context) {
+  const page = await context.newPage();
+  opened.push(["signin phone", page]);
+  page.on("pageerror", (error) => problems.push(`signin phone: page error: ${error.message}`));
+  return page;
 }
 
 /**
@@ -633,10 +699,33 @@ async function messages(token, outDir) {
   check(rendered.code === code, `the code is shown as written (${JSON.stringify(rendered.code)})`);
   check(rendered.keywords.includes("fn") && rendered.keywords.includes("let") && rendered.strings > 0, `the code is highlighted (${rendered.keywords})`);
   await a.click("#transcript .code-block .copy-code");
+  await a.waitForSelector("#transcript .code-block .copy-code >> text=Copied", { timeout: PATIENCE });
   check((await clipboard()) === code, "the code's copy button copies the code");
   await a.click("#transcript .reply-actions .copy-reply");
+  await a.waitForSelector("#transcript .reply-actions .copy-reply >> text=Copied", { timeout: PATIENCE });
   const replyText = (await turns(a))[0].responseParts.filter((p) => p.kind === "markdown").map((p) => p.content).join("\n\n");
   check((await clipboard()) === replyText, "Copy copies the reply as the agent wrote it");
+  // Find in chat finds text that highlighting split into several spans.
+  await a.fill("#find-in-chat", "let answer");
+  await a.waitForFunction(() => document.getElementById("find-count").textContent === "1 match", null, { timeout: PATIENCE });
+  await a.fill("#find-in-chat", "");
+  // The renderer always finishes and never makes markup from text: random Markdown-ish input, line separators
+  // (U+2028) included.
+  const fuzz = await a.evaluate(() => {
+    const alphabet = ["#", "# ", "\u2028", "\u2029", "|", "---", ":", "-", ">", "```", "~~~", "*", "_", "`", "[", "]", "(", ")", "\n", " ", "a", "1.", "<img src=x onerror=alert(1)>", "http://x", "\\|"];
+    let seed = 7;
+    const next = () => (seed = (seed * 1103515245 + 12345) % 2147483648);
+    const allowed = new Set(["p", "h3", "h4", "h5", "h6", "ul", "ol", "li", "blockquote", "div", "span", "button", "pre", "code", "table", "thead", "tbody", "tr", "th", "td", "strong", "em", "a"]);
+    let cases = 0;
+    for (; cases < 3000; cases++) {
+      const parts = Array.from({ length: 1 + (next() % 24) }, () => alphabet[next() % alphabet.length]);
+      const { tags } = globalThis.ahpRelay.markdown(parts.join(""));
+      const stray = tags.filter((t) => !allowed.has(t));
+      if (stray.length > 0) return { cases, stray, input: parts.join("") };
+    }
+    return { cases };
+  });
+  check(fuzz.cases === 3000 && !fuzz.stray, `the Markdown renderer survives 3000 random inputs (${JSON.stringify(fuzz)})`);
   await a.screenshot({ path: join(outDir, "markdown.png") });
   await accessible(a, "desktop: Markdown reply with code");
 
@@ -648,6 +737,7 @@ async function messages(token, outDir) {
   const session = await a.evaluate(() => globalThis.ahpRelay.session());
   const chat = await a.evaluate(() => globalThis.ahpRelay.chat());
   const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
+  await phone.grantPermissions(["clipboard-read", "clipboard-write"], { origin: base });
   const b = await watchedPage(phone, "phone", problems);
   await b.goto(`${link}&s=${encodeURIComponent(session)}&c=${encodeURIComponent(chat)}`);
   await online(b);
@@ -666,9 +756,14 @@ async function messages(token, outDir) {
   const unfolded = await folded(b);
   check(!unfolded.folded && !unfolded.clipped, `asked, the phone shows all of it (${JSON.stringify(unfolded)})`);
 
-  // Retry the last turn: it is replaced by a new run of the same prompt, on both devices.
+  // The phone copies a reply too.
+  await b.locator("#transcript .turn").first().locator(".copy-reply").click();
+  await b.waitForSelector("#transcript .turn:first-child .copy-reply >> text=Copied", { timeout: PATIENCE });
+  check((await b.evaluate(() => navigator.clipboard.readText())) === replyText, "the phone copies the reply");
+
+  // The phone retries the last turn: it is replaced by a new run of the same prompt, on both devices.
   const before = await turns(a);
-  await a.locator("#transcript .turn").last().locator(".retry-turn").click();
+  await b.locator("#transcript .turn").last().locator(".retry-turn").click();
   await a.waitForFunction((id) => {
     const chat = globalThis.ahpRelay.state(globalThis.ahpRelay.chat());
     return !chat.activeTurn && chat.turns.length === 2 && chat.turns[1].id !== id;
@@ -792,7 +887,7 @@ async function reduce(inputPath, outputPath) {
 
 try {
   if (mode === "flow") await flow(rest[0], rest[1]);
-  else if (mode === "signin") await signin(rest[0], rest[1], rest[2], rest[3], rest[4]);
+  else if (mode === "signin") await signin(rest[0], rest[1], rest[2], rest[3], rest[4], rest[5]);
   else if (mode === "form") await form(rest[0], rest[1], rest[2]);
   else if (mode === "messages") await messages(rest[0], rest[1]);
   else if (mode === "search") await search(rest[0], rest[1]);
@@ -803,7 +898,7 @@ try {
   process.exitCode = 1;
   // What each page showed when the check failed, next to the test's other output.
   for (const [name, page] of opened) {
-    const dir = mode === "flow" ? rest[1] : mode === "signin" ? rest[4] : mode === "form" ? rest[2] : mode === "messages" || mode === "search" ? rest[1] : undefined;
+    const dir = mode === "flow" ? rest[1] : mode === "signin" ? rest[5] : mode === "form" ? rest[2] : mode === "messages" || mode === "search" ? rest[1] : undefined;
     if (dir) await page.screenshot({ path: join(dir, `failed-${name}.png`) }).catch(() => {});
     console.error(`${name} notes: ${await page.locator("#notes").innerText().catch(() => "?")}`);
   }

@@ -12,6 +12,8 @@ import { forgetToken, refusal, showSignIn, socketProtocols, takeToken, wireSignI
 
 const CLIENT_KEY = "ahp-relay.client-id";
 const PAGE_SIZE = 30;
+/** Most `listSessions` requests one search step makes while it finds nothing. */
+const SEARCH_REQUESTS = 5;
 
 const $ = <T extends HTMLElement = HTMLElement>(id: string) => document.getElementById(id) as T;
 
@@ -47,7 +49,12 @@ function routeHref(session: string): string {
 
 /** The path of a `file://` URI, for people. */
 function pathOf(uri: string): string {
-  return decodeURIComponent(uri.replace(/^file:\/\//, ""));
+  const path = uri.replace(/^file:\/\//, "");
+  try {
+    return decodeURIComponent(path);
+  } catch {
+    return path;
+  }
 }
 
 /** A chat's name: its title, else what it is and its place among the session's chats. */
@@ -143,6 +150,8 @@ class App {
   private stuck = true;
   private turnCache = new Map<string, { json: string; node: HTMLElement }>();
   private modelChoice = new Map<string, string>();
+  /** Actions of this page whose outcome something waits for, by clientSeq. */
+  private awaiting = new Map<number, (rejection: string | undefined) => void>();
   /** The session search under way, if any. */
   private search?: SessionSearch;
   private searchTimer?: number;
@@ -274,6 +283,14 @@ class App {
       session: () => this.session,
       state: (uri: string) => this.model.state(uri),
       lastSeenServerSeq: () => this.model.lastSeen,
+      // What the page's Markdown renderer makes of `source`: its text and the elements it created.
+      markdown: (source: string) => {
+        const fragment = renderMarkdown(source);
+        return {
+          text: fragment.textContent,
+          tags: [...new Set([...fragment.querySelectorAll("*")].map((e) => e.tagName.toLowerCase()))],
+        };
+      },
     };
     this.link.start();
   }
@@ -366,8 +383,9 @@ class App {
           : "";
     $("composer-send").toggleAttribute("disabled", state.kind !== "online");
     if (state.kind === "refused") {
-      // Retrying the same token cannot help, and a reload must not either: ask for a new one.
-      forgetToken();
+      // Retrying cannot help. A token that is no good is forgotten (a reload must not retry it); one refused
+      // only for this host is kept (the address is what is wrong).
+      if (state.forget) forgetToken();
       $("sign-out").hidden = true;
       void showSignIn(state.reason, state.detail);
     }
@@ -375,8 +393,13 @@ class App {
 
   private onNotification(method: string, params: JsonObject): void {
     if (method === "action") {
-      if (params.rejectionReason && params.origin?.clientId === clientId()) {
-        this.note(`not applied: ${params.rejectionReason}`);
+      if (params.origin?.clientId === clientId()) {
+        if (params.rejectionReason) this.note(`not applied: ${params.rejectionReason}`);
+        const waiting = this.awaiting.get(Number(params.origin.clientSeq));
+        if (waiting) {
+          this.awaiting.delete(Number(params.origin.clientSeq));
+          waiting(params.rejectionReason ?? undefined);
+        }
       }
       if (this.model.applyEnvelope(params)) {
         if (params.channel === this.session) {
@@ -399,11 +422,30 @@ class App {
     }
   }
 
-  private dispatch(channel: string, action: JsonObject): void {
+  /** Sends `action`; returns its clientSeq, or `undefined` when offline (not sent). */
+  private dispatch(channel: string, action: JsonObject): number | undefined {
     this.clientSeq += 1;
     if (!this.link.notify("dispatchAction", { channel, clientSeq: this.clientSeq, action })) {
       this.note("offline: the action was not sent");
+      return undefined;
     }
+    return this.clientSeq;
+  }
+
+  /** Sends `action` and waits for the relay's answer: `undefined` once applied, else why it was not. */
+  private dispatchAndWait(channel: string, action: JsonObject): Promise<string | undefined> {
+    const seq = this.dispatch(channel, action);
+    if (seq === undefined) return Promise.resolve("offline: not sent");
+    return new Promise((resolve) => {
+      const timer = window.setTimeout(() => {
+        this.awaiting.delete(seq);
+        resolve("the relay did not answer in time");
+      }, 10_000);
+      this.awaiting.set(seq, (rejection) => {
+        window.clearTimeout(timer);
+        resolve(rejection);
+      });
+    });
   }
 
   private async subscribe(uri: string): Promise<boolean> {
@@ -460,9 +502,15 @@ class App {
   private async searchMore(search = this.search): Promise<void> {
     if (!search) return;
     try {
-      const page = await this.link.request("listSessions", search.params(PAGE_SIZE, ROOT));
-      if (this.search !== search) return;
-      search.add(page);
+      // The relay scans a bounded part of the catalogue a request: go on while it found nothing yet and has
+      // more to scan (a few requests at most before the user is shown the "more" button).
+      for (let asked = 0; asked < SEARCH_REQUESTS; asked++) {
+        const before = search.items.size;
+        const page = await this.link.request("listSessions", search.params(PAGE_SIZE, ROOT));
+        if (this.search !== search) return;
+        search.add(page);
+        if (search.items.size > before || !search.cursor) break;
+      }
     } catch (error) {
       this.note(`could not search: ${(error as Error).message}`);
     }
@@ -753,7 +801,7 @@ class App {
     });
     send.addEventListener("click", () => {
       const edited = box.value.trim();
-      if (edited) this.resend(before, { text: edited, origin: { kind: "user" } });
+      if (edited) void this.resend(before, { text: edited, origin: { kind: "user" } });
     });
   }
 
@@ -761,10 +809,12 @@ class App {
    * Drop the turns after `before` (all, when undefined) and send `message` as a new turn (AHP: `chat/truncated`
    * then `chat/turnStarted`). Both go in order on the one connection.
    */
-  private resend(before: string | undefined, message: JsonObject): void {
+  private async resend(before: string | undefined, message: JsonObject): Promise<void> {
     const chat = this.chat;
     if (!chat || this.chatState()?.activeTurn || !this.link.online) return;
-    this.dispatch(chat, before ? { type: "chat/truncated", turnId: before } : { type: "chat/truncated" });
+    // The new turn goes only once the truncation is applied (refused, it would land after the old turns).
+    const refused = await this.dispatchAndWait(chat, before ? { type: "chat/truncated", turnId: before } : { type: "chat/truncated" });
+    if (refused !== undefined || this.chat !== chat) return;
     const next: JsonObject = { ...message, origin: message.origin ?? { kind: "user" } };
     const model = this.session && this.modelChoice.get(this.session);
     if (model && !next.model) next.model = { id: model };
@@ -787,7 +837,7 @@ class App {
       turnId,
       toolCallId: call.toolCallId,
       approved,
-      _meta: { [DECIDED_BY]: { clientId: clientId(), displayName: `${deviceName()} · ${this.me.sub ?? ""}` } },
+      _meta: { [DECIDED_BY]: { clientId: clientId(), displayName: `${deviceName()} · ${this.me.sub ?? ""}`, approved } },
     };
     if (approved) action.confirmed = "user-action";
     else action.reason = "denied";
@@ -838,7 +888,7 @@ class App {
     list.replaceChildren(
       ...(this.search ? this.search.list(this.model.sessions) : this.model.sessionList()).map((summary) => {
         const status = statusLabel(summary.status ?? 0);
-        // A link: reachable with the keyboard (Tab, Enter), and opens in a new tab like any link.
+        // A link: reachable with the keyboard (Tab, Enter); its address is the session's route.
         const open = h(
           "a",
           { class: "open", href: routeHref(summary.resource), ...(summary.resource === this.session ? { "aria-current": "page" } : {}) },
@@ -955,7 +1005,7 @@ class App {
       // retry is for the last one; neither while a turn runs.
       const offers = {
         edit: idle && turn.state !== "active" && (index > 0 || !olderUnloaded),
-        retry: idle && index === turns.length - 1,
+        retry: idle && index === turns.length - 1 && (index > 0 || !olderUnloaded),
         before: index > 0 ? (turns[index - 1].id as string) : undefined,
       };
       const json = JSON.stringify([turn, offers]);
@@ -1039,7 +1089,7 @@ class App {
       }
       if (offers.retry) {
         const retry = h("button", { type: "button", class: "link retry-turn", title: "Run this prompt again" }, "Retry");
-        retry.addEventListener("click", () => this.resend(offers.before, turn.message ?? { text }));
+        retry.addEventListener("click", () => void this.resend(offers.before, turn.message ?? { text }));
         actions.append(retry);
       }
       if (actions.childElementCount > 0) node.append(actions);
@@ -1098,9 +1148,10 @@ class App {
     card.append(
       h("div", { class: "tool-head" }, h("strong", {}, call.displayName || call.toolName || "tool"), ` ${title} `, h("span", { class: "badge" }, toolState(call))),
     );
-    const decidedBy = call._meta?.[DECIDED_BY]?.displayName;
-    if (decidedBy && call.status !== "pending-confirmation") {
-      const verb = call.status === "cancelled" ? "Denied" : "Approved";
+    const decision = call._meta?.[DECIDED_BY];
+    if (decision?.displayName && call.status !== "pending-confirmation") {
+      const decidedBy = decision.displayName;
+      const verb = decision.approved === false ? "Denied" : "Approved";
       card.append(h("div", { class: "decided-by" }, `${verb} on ${decidedBy}`));
     }
     if (call.toolInput !== undefined) {

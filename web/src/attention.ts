@@ -41,10 +41,16 @@ export class Attention {
     if (!("Notification" in window) || Notification.permission !== "granted") return;
     if (summary.resource === this.lookingAt() && document.visibilityState === "visible") return;
     const title = summary.title || "A session";
-    const notification = new Notification(`${title} needs input`, {
-      body: "The agent is waiting for you.",
-      tag: summary.resource,
-    });
+    let notification: Notification;
+    try {
+      notification = new Notification(`${title} needs input`, {
+        body: "The agent is waiting for you.",
+        tag: summary.resource,
+      });
+    } catch {
+      // Some browsers (Android's Chrome) show notifications only through a service worker: none, then.
+      return;
+    }
     notification.onclick = () => {
       window.focus();
       this.open(summary.resource);

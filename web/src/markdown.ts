@@ -27,7 +27,7 @@ export function renderMarkdown(source: string): DocumentFragment {
       i += 1;
       continue;
     }
-    const heading = line.match(/^(#{1,6})\s+(.*)$/);
+    const heading = line.match(/^(#{1,6})\s+([^]*)$/);
     if (heading) {
       const h = el(`h${Math.min(6, heading[1].length + 2)}`);
       h.append(inline(heading[2]));
@@ -89,6 +89,12 @@ export function renderMarkdown(source: string): DocumentFragment {
       !lines[i].startsWith(">") &&
       !tableStarts(lines, i)
     ) {
+      paragraph.push(lines[i]);
+      i += 1;
+    }
+    // Every line is some block's: should no rule above take this one, it is a paragraph of its own (the loop
+    // always moves on, whatever the text).
+    if (paragraph.length === 0) {
       paragraph.push(lines[i]);
       i += 1;
     }

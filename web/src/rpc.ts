@@ -15,12 +15,13 @@ export type LinkState =
   | { kind: "connecting"; attempt: number }
   | { kind: "online" }
   | { kind: "offline"; retryInMs: number; reason: string; detail: string }
-  | { kind: "refused"; reason: string; detail: string };
+  | { kind: "refused"; reason: string; detail: string; forget: boolean };
 
-/** Why a connection was refused: in words, and the relay's own. */
+/** Why a connection was refused: in words, and the relay's own; `forget` when the token itself is no good. */
 export interface Refusal {
   reason: string;
   detail: string;
+  forget: boolean;
 }
 
 export interface LinkEvents {
@@ -129,7 +130,15 @@ export class Link {
   private open(): void {
     this.attempt += 1;
     this.events.state({ kind: "connecting", attempt: this.attempt });
-    const socket = new WebSocket(this.url, this.protocols);
+    let socket: WebSocket;
+    try {
+      socket = new WebSocket(this.url, this.protocols);
+    } catch (error) {
+      // A token no subprotocol can carry: no connection with it can ever work.
+      this.stopped = true;
+      this.events.state({ kind: "refused", reason: "That access token cannot be used.", detail: String(error), forget: true });
+      return;
+    }
     this.socket = socket;
     let opened = false;
     socket.onopen = async () => {
@@ -156,13 +165,14 @@ export class Link {
       const fatal = FATAL_CLOSE_CODES.get(event.code);
       if (fatal) {
         this.stopped = true;
-        this.events.state({ kind: "refused", reason: fatal, detail });
+        this.events.state({ kind: "refused", reason: fatal, detail, forget: true });
         return;
       }
       // Refused before it opened: the page cannot see the HTTP status, so it asks the relay why.
       if (!opened) {
         const refusal = await this.events.refused();
-        if (this.stopped) return;
+        // Meanwhile the page may have stopped, or reconnected on its own (the browser said it is online).
+        if (this.stopped || this.socket) return;
         if (refusal) {
           this.stopped = true;
           this.events.state({ kind: "refused", ...refusal });

@@ -56,13 +56,16 @@ export class FindInChat {
     const registry = (CSS as any).highlights as Map<string, unknown> | undefined;
     const needle = this.query.toLowerCase();
     if (needle) {
-      const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
-      for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-        const text = (node.textContent ?? "").toLowerCase();
+      // Text in one block (a paragraph, a code block, a cell) is searched as one string, whatever spans split
+      // it (highlighted code, bold, links); blocks are never joined.
+      for (const run of textRuns(root)) {
+        const text = run.map((node) => node.textContent ?? "").join("").toLowerCase();
         for (let at = text.indexOf(needle); at >= 0; at = text.indexOf(needle, at + needle.length)) {
           const range = document.createRange();
-          range.setStart(node, at);
-          range.setEnd(node, at + needle.length);
+          const [startNode, startOffset] = locate(run, at);
+          const [endNode, endOffset] = locate(run, at + needle.length, true);
+          range.setStart(startNode, startOffset);
+          range.setEnd(endNode, endOffset);
           this.ranges.push(range);
         }
       }
@@ -94,4 +97,33 @@ export class FindInChat {
     this.query = query;
     this.current = -1;
   }
+}
+
+/** The elements whose text is one searchable run. */
+const BLOCKS = "p,li,pre,td,th,h1,h2,h3,h4,h5,h6,blockquote,summary,div,label";
+
+/** `root`'s text nodes, grouped by the block each lies in (consecutive nodes of one block form a run). */
+function textRuns(root: HTMLElement): Text[][] {
+  const runs: Text[][] = [];
+  let block: Element | null | undefined;
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode() as Text | null; node; node = walker.nextNode() as Text | null) {
+    const owner = node.parentElement?.closest(BLOCKS);
+    if (owner !== block || runs.length === 0) runs.push([]);
+    block = owner;
+    runs[runs.length - 1].push(node);
+  }
+  return runs;
+}
+
+/** The node and offset of character `at` of a run (`end`: a range's end may sit at a node's end). */
+function locate(run: Text[], at: number, end = false): [Text, number] {
+  let passed = 0;
+  for (const node of run) {
+    const length = node.length;
+    if (at < passed + length || (end && at === passed + length)) return [node, at - passed];
+    passed += length;
+  }
+  const last = run[run.length - 1];
+  return [last, last.length];
 }

@@ -51,7 +51,7 @@ pub fn bearer(headers: &HeaderMap) -> Option<String> {
 #[derive(Clone, Debug, Default)]
 pub struct WebSignIn {
     /// Where a user signs in (an identity provider's login that returns to the page with `#access_token=…`);
-    /// `{return}` in it is replaced by the page's address.
+    /// the page replaces `{return}` in it by its address and `{state}` by a one-time value it then requires back.
     pub sign_in_url: Option<String>,
 }
 
@@ -65,30 +65,52 @@ pub struct CheckQuery {
     host: Option<String>,
 }
 
-/// `GET /v1/auth/check[?host=…]`: whether the bearer token opens a connection (to `host`), and if not why.
+/// `GET /v1/auth/check[?host=…]`: whether the bearer token opens a connection (to `host`), and if not why —
+/// the same token and host rules, in the same order, as the upgrade ([`crate::server`]). Never cached.
 pub async fn check<L: HostLink>(
     State(state): State<Arc<GatewayState<L>>>,
     headers: HeaderMap,
     Query(query): Query<CheckQuery>,
 ) -> Response {
-    let Some(token) = bearer(&headers) else {
-        return refuse(StatusCode::UNAUTHORIZED, "no access token");
+    let mut response = match admit(&state, &headers, query.host.as_deref().unwrap_or("default")).await {
+        Ok(claims) => Json(serde_json::json!({
+            "subject": claims.sub,
+            "tenant": claims.tid,
+            "role": claims.role,
+            "expiresAt": claims.exp,
+        }))
+        .into_response(),
+        Err(refusal) => refusal,
     };
-    let claims = match state.verifier.verify(&token).await {
-        Ok(claims) => claims,
-        Err(error) => return refuse(StatusCode::UNAUTHORIZED, &error.to_string()),
-    };
-    let host = query.host.unwrap_or_else(|| "default".into());
-    if !claims.allows_host(&host) {
-        return refuse(StatusCode::FORBIDDEN, "the token does not grant this host");
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    response
+}
+
+/// The claims of the bearer token if it may open `host`, else the refusal the upgrade would get.
+async fn admit<L: HostLink>(
+    state: &GatewayState<L>,
+    headers: &HeaderMap,
+    host: &str,
+) -> Result<crate::auth::Claims, Response> {
+    let token = bearer(headers).ok_or_else(|| refuse(StatusCode::UNAUTHORIZED, "no access token"))?;
+    let claims = state
+        .verifier
+        .verify(&token)
+        .await
+        .map_err(|error| refuse(StatusCode::UNAUTHORIZED, &error.to_string()))?;
+    if !crate::server::valid_host_name(host) {
+        return Err(refuse(StatusCode::NOT_FOUND, "invalid host name"));
     }
-    Json(serde_json::json!({
-        "subject": claims.sub,
-        "tenant": claims.tid,
-        "role": claims.role,
-        "expiresAt": claims.exp,
-    }))
-    .into_response()
+    if !claims.allows_host(host) {
+        return Err(refuse(
+            StatusCode::FORBIDDEN,
+            "the token does not grant this host",
+        ));
+    }
+    Ok(claims)
 }
 
 /// An error response the page shows as it is.

@@ -120,7 +120,8 @@ pub struct EdgeArgs {
     )]
     pub allowed_origins: Vec<String>,
     /// Where the web client sends a user to sign in: an identity provider's login that returns to the page
-    /// with the token in the fragment (`#access_token=…`); `{return}` is replaced by the page's address.
+    /// with the token in the fragment (`#access_token=…`); `{return}` is replaced by the page's address and
+    /// `{state}` by a one-time value the provider must hand back (`&state=…`), else the answer is refused.
     #[arg(long, env = "AHP_RELAY_SIGN_IN_URL")]
     pub sign_in_url: Option<String>,
     /// HS256 secret for access tokens (at least 32 bytes); default: --jwt-secret-file, else generated once

@@ -140,7 +140,8 @@ pub fn reply_chunks(prompt: &str) -> Vec<String> {
 }
 
 /// What the demo appends when asked for Markdown: a line at a time.
-const MARKDOWN_SAMPLE: &str = "\n\n| Step | State |\n| --- | :---: |\n| build | done |\n| test | running |\n\n\
+const MARKDOWN_SAMPLE: &str =
+    "\n\n| Step | State |\n| --- | :---: |\n| build | done |\n| test | running |\n\n\
 > Quoted from the plan.\n\n```rust\nfn main() {\n    let answer = 42;\n    println!(\"{answer}\");\n}\n```\n";
 
 struct DemoTurn {
@@ -480,6 +481,9 @@ mod tests {
         assert!(!joined.contains("  "));
         assert!(!joined.contains("```"), "no Markdown sample unless asked");
         let sample: String = reply_chunks("show markdown").concat();
-        assert!(sample.contains("| Step | State |") && sample.ends_with("```\n"), "{sample}");
+        assert!(
+            sample.contains("| Step | State |") && sample.ends_with("```\n"),
+            "{sample}"
+        );
     }
 }

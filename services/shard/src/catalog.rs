@@ -71,9 +71,13 @@ impl Host {
         };
         let filter = match params.meta.as_ref().and_then(|meta| meta.get(TITLE_CONTAINS)) {
             None => None,
-            Some(serde_json::Value::String(text)) => Some(text.to_lowercase()).filter(|text| !text.is_empty()),
+            Some(serde_json::Value::String(text)) => {
+                Some(text.to_lowercase()).filter(|text| !text.is_empty())
+            }
             Some(_) => {
-                return Err(RpcError::invalid_params(format!("_meta.{TITLE_CONTAINS} must be a string")))
+                return Err(RpcError::invalid_params(format!(
+                    "_meta.{TITLE_CONTAINS} must be a string"
+                )))
             }
         };
         // Everything created before this request is in the catalogue once it is committed.
@@ -82,7 +86,11 @@ impl Host {
         let mut after = after;
         let mut scanned = 0;
         let next_cursor = loop {
-            let want = if filter.is_some() { SEARCH_SCAN_BATCH } else { limit + 1 };
+            let want = if filter.is_some() {
+                SEARCH_SCAN_BATCH
+            } else {
+                limit + 1
+            };
             let rows = self
                 .store
                 .list_sessions(&self.key.tenant, &self.key.host, after.as_ref(), want)

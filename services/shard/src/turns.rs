@@ -320,7 +320,10 @@ mod tests {
 
     #[test]
     fn a_title_is_the_prompts_first_line_cut_at_a_word() {
-        assert_eq!(title_from_prompt("  plan the   launch party\nwith details"), "plan the launch party");
+        assert_eq!(
+            title_from_prompt("  plan the   launch party\nwith details"),
+            "plan the launch party"
+        );
         assert_eq!(title_from_prompt("\n\n  second line"), "second line");
         assert_eq!(title_from_prompt("   "), "");
         let long = "word ".repeat(40);

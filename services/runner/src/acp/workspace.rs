@@ -225,14 +225,14 @@ impl Workspaces {
     }
 }
 
-/// A name as one directory name, injectively: `[A-Za-z0-9_-]` kept, other bytes `%XX`, the empty name `%`;
-/// names that would be longer than [`MAX_NAME_BYTES`] become a prefix, `%~` and the SHA-256 of the name.
 /// `<root>/<tenant>` (where every directory of the tenant's sessions lies) as a `file://` URI, its path
 /// written as [`Workspaces::session`] reads requested directories back (literally, not percent-decoded).
 pub fn tenant_dir_uri(root: &Path, tenant: &str) -> String {
     format!("file://{}", root.join(encode(tenant)).display())
 }
 
+/// A name as one directory name, injectively: `[A-Za-z0-9_-]` kept, other bytes `%XX`, the empty name `%`;
+/// names that would be longer than [`MAX_NAME_BYTES`] become a prefix, `%~` and the SHA-256 of the name.
 pub fn encode(name: &str) -> String {
     if name.is_empty() {
         return "%".into();
