@@ -5,9 +5,13 @@ import { Link, LinkState, JsonObject, RpcError } from "./rpc";
 import { Model, ROOT, loadReducers } from "./state";
 import { renderMarkdown } from "./markdown";
 import { h } from "./dom";
-import { renderToolContent } from "./toolcontent";
 import { Attention } from "./attention";
 import { FindInChat, SessionSearch } from "./search";
+import { routeHref, routeOf, routeTo } from "./routes";
+import { DirectoryField } from "./new_session";
+import { DECIDED_BY, renderTurn } from "./turn_view";
+import { confirmationCard, inputForm } from "./pending_cards";
+import { STATUS_INPUT_NEEDED, chatLabel, pathOf, statusLabel } from "./labels";
 import { forgetToken, refusal, showSignIn, socketProtocols, takeToken, wireSignInForm } from "./signin";
 
 const CLIENT_KEY = "ahp-relay.client-id";
@@ -16,56 +20,6 @@ const PAGE_SIZE = 30;
 const SEARCH_REQUESTS = 5;
 
 const $ = <T extends HTMLElement = HTMLElement>(id: string) => document.getElementById(id) as T;
-
-/** The place the address bar names (`#s=<session>&c=<chat>`, beside `host=`): reload, Back, bookmarks and a
- * link pasted to a teammate open the same chat. */
-function routeOf(): { session?: string; chat?: string } {
-  const hash = new URLSearchParams(location.hash.slice(1));
-  return { session: hash.get("s") ?? undefined, chat: hash.get("c") ?? undefined };
-}
-
-/** Name `session` and `chat` in the address bar: a new history entry, or in place of the current one. */
-function routeTo(session: string | undefined, chat: string | undefined, replace: boolean): void {
-  const hash = new URLSearchParams(location.hash.slice(1));
-  hash.delete("token");
-  if (session) hash.set("s", session);
-  else hash.delete("s");
-  if (chat) hash.set("c", chat);
-  else hash.delete("c");
-  const next = hash.toString();
-  if (next === location.hash.slice(1)) return;
-  const url = location.pathname + location.search + (next ? `#${next}` : "");
-  if (replace) history.replaceState(null, "", url);
-  else history.pushState(null, "", url);
-}
-
-/** The address of `session` (its default chat), keeping the rest of the fragment (e.g. `host=`). */
-function routeHref(session: string): string {
-  const hash = new URLSearchParams(location.hash.slice(1));
-  hash.delete("c");
-  hash.set("s", session);
-  return `#${hash.toString()}`;
-}
-
-/** The path of a `file://` URI, for people. */
-function pathOf(uri: string): string {
-  const path = uri.replace(/^file:\/\//, "");
-  try {
-    return decodeURIComponent(path);
-  } catch {
-    return path;
-  }
-}
-
-/** A chat's name: its title, else what it is and its place among the session's chats. */
-function chatLabel(summary: JsonObject, index: number, defaultChat: string | undefined): string {
-  if (summary.title) return summary.title;
-  if (summary.resource === defaultChat) return "Main chat";
-  const kind = summary.origin?.kind;
-  if (kind === "fork") return `Fork ${index + 1}`;
-  if (kind === "sideChat") return `Side chat ${index + 1}`;
-  return `Chat ${index + 1}`;
-}
 
 /** Who the token says we are, for display only (the relay checks the token). */
 function claims(token: string): JsonObject {
@@ -94,48 +48,6 @@ function deviceName(): string {
   return window.matchMedia("(max-width: 700px)").matches ? "Web (phone)" : "Web (desktop)";
 }
 
-/** The `_meta` key of a tool call's confirmation naming who decided, from which device. */
-const DECIDED_BY = "ahp-relay/decidedBy";
-
-/** A prompt longer than this (characters or lines) is folded with "Show more". */
-const LONG_PROMPT_CHARS = 600;
-const LONG_PROMPT_LINES = 8;
-
-const STATUS_IDLE = 1;
-const STATUS_ERROR = 2;
-const STATUS_IN_PROGRESS = 8;
-const STATUS_INPUT_NEEDED = 24;
-
-function statusLabel(status: number): string {
-  if ((status & STATUS_INPUT_NEEDED) === STATUS_INPUT_NEEDED) return "needs input";
-  if (status & STATUS_IN_PROGRESS) return "working";
-  if (status & STATUS_ERROR) return "error";
-  if (status & STATUS_IDLE) return "idle";
-  return "";
-}
-
-/** A tool call's state in words (a denial is not a cancellation to the person who denied it). */
-function toolState(call: JsonObject): string {
-  switch (call.status) {
-    case "streaming":
-      return "preparing";
-    case "pending-confirmation":
-      return "waiting for approval";
-    case "running":
-      return "running";
-    case "auth-required":
-      return "needs sign-in";
-    case "pending-result-confirmation":
-      return "result waiting for approval";
-    case "completed":
-      return call.result?.success === false ? "failed" : "done";
-    case "cancelled":
-      return call.reason === "denied" || call.reason === "result-denied" ? "denied" : "skipped";
-    default:
-      return String(call.status ?? "");
-  }
-}
-
 class App {
   private model = new Model();
   private link: Link;
@@ -156,8 +68,7 @@ class App {
   private search?: SessionSearch;
   private searchTimer?: number;
   private find = new FindInChat();
-  /** Where this tenant's working directories may be (`initialize`'s `defaultDirectory`), if the relay says. */
-  private defaultDirectory?: string;
+  private directory = new DirectoryField();
   private me: JsonObject;
   private attention = new Attention(
     (summary) => statusLabel(summary.status ?? 0) === "needs input",
@@ -330,8 +241,7 @@ class App {
       initialSubscriptions: [ROOT],
     });
     this.model.saw(Number(result.serverSeq ?? 0));
-    this.defaultDirectory = typeof result.defaultDirectory === "string" ? result.defaultDirectory : undefined;
-    this.showDirectoryRoot();
+    this.directory.setRoot(typeof result.defaultDirectory === "string" ? result.defaultDirectory : undefined);
     for (const snapshot of result.snapshots ?? []) this.model.applySnapshot(snapshot);
     const first = !this.initialized;
     this.initialized = true;
@@ -551,44 +461,13 @@ class App {
     );
   }
 
-  /** The new-session form names the allowed root, so a name under it is all a user types. */
-  private showDirectoryRoot(): void {
-    const root = this.defaultDirectory ? pathOf(this.defaultDirectory) : undefined;
-    $("new-session-root").textContent = root ? `Inside ${root}/ — a name or a path under it` : "An absolute path on the runner";
-    $<HTMLInputElement>("new-session-dir").placeholder = root ? "my-project (optional)" : "/path/on/the/runner (optional)";
-  }
-
-  /** The working directory the form names, as a URI: relative names are under the allowed root. */
-  private directoryOf(typed: string): { uri?: string; error?: string } {
-    if (!typed) return {};
-    if (typed.includes("://")) return { uri: typed };
-    if (typed.startsWith("/")) return { uri: `file://${typed}` };
-    if (!this.defaultDirectory) return { error: "Give an absolute path: this relay names no workspace root." };
-    const relative = typed.replace(/^\.\//, "").replace(/\/+$/, "");
-    if (relative.split("/").includes("..")) return { error: "A name under the workspace may not contain '..'." };
-    return { uri: `${this.defaultDirectory.replace(/\/+$/, "")}/${relative}` };
-  }
-
-  /** Shows `message` next to the working-directory field (or clears it). */
-  private directoryError(message?: string): void {
-    const field = $<HTMLInputElement>("new-session-dir");
-    const error = $("new-session-error");
-    error.textContent = message ?? "";
-    error.hidden = !message;
-    if (message) field.setAttribute("aria-invalid", "true");
-    else field.removeAttribute("aria-invalid");
-  }
-
   private async createSession(): Promise<void> {
     const uri = `ahp-session:/${newId()}`;
     const provider = $<HTMLSelectElement>("new-session-agent").value;
     const model = $<HTMLSelectElement>("new-session-model").value;
-    const directory = this.directoryOf($<HTMLInputElement>("new-session-dir").value.trim());
-    this.directoryError(directory.error);
-    if (directory.error) {
-      $("new-session-dir").focus();
-      return;
-    }
+    const directory = this.directory.resolve();
+    this.directory.showError(directory.error);
+    if (directory.error) return;
     const params: JsonObject = { channel: uri, provider };
     if (directory.uri) params.workingDirectories = [directory.uri];
     try {
@@ -598,14 +477,13 @@ class App {
       // The relay refuses a directory outside the tenant's workspace: said next to the field.
       const message = (error as Error).message;
       if (directory.uri && /directory/i.test(message)) {
-        this.directoryError(message);
-        $("new-session-dir").focus();
+        this.directory.showError(message);
       } else {
         this.note(`could not create a session: ${message}`);
       }
       return;
     }
-    $<HTMLInputElement>("new-session-dir").value = "";
+    this.directory.clear();
     if (model) this.modelChoice.set(uri, model);
     await this.openSession(uri);
   }
@@ -1011,7 +889,10 @@ class App {
       const json = JSON.stringify([turn, offers]);
       const cached = this.turnCache.get(turn.id);
       if (cached && cached.json === json) return cached.node;
-      const node = this.renderTurn(turn, offers);
+      const node = renderTurn(turn, offers, {
+        edit: (node, prompt, text, before) => this.startEdit(node, prompt, text, before),
+        retry: (before, message) => void this.resend(before, message),
+      });
       this.turnCache.set(turn.id, { json, node });
       return node;
     });
@@ -1043,127 +924,6 @@ class App {
     );
   }
 
-  private renderTurn(turn: JsonObject, offers: { edit: boolean; retry: boolean; before?: string }): HTMLElement {
-    const node = h("article", { class: `turn ${turn.state ?? ""}`, "data-turn": turn.id });
-    const text = String(turn.message?.text ?? "");
-    const prompt = h("div", { class: "user" }, text);
-    node.append(prompt);
-    // A long prompt is folded to a few lines, with a way to read it all.
-    if (text.length > LONG_PROMPT_CHARS || text.split("\n").length > LONG_PROMPT_LINES) {
-      prompt.classList.add("folded");
-      const more = h("button", { type: "button", class: "link show-more", "aria-expanded": "false" }, "Show more");
-      more.addEventListener("click", () => {
-        const folded = prompt.classList.toggle("folded");
-        more.textContent = folded ? "Show more" : "Show less";
-        more.setAttribute("aria-expanded", String(!folded));
-      });
-      node.append(h("div", { class: "prompt-actions" }, more));
-    }
-    if (offers.edit) {
-      const edit = h("button", { type: "button", class: "link edit-prompt", title: "Edit this prompt and send it again" }, "Edit");
-      edit.addEventListener("click", () => this.startEdit(node, prompt, text, offers.before));
-      let actions = node.querySelector(".prompt-actions");
-      if (!actions) node.append((actions = h("div", { class: "prompt-actions" })));
-      actions.append(edit);
-    }
-    const reply = h("div", { class: "reply" });
-    for (const part of turn.responseParts ?? []) reply.append(this.renderPart(part));
-    node.append(reply);
-    if (turn.state && turn.state !== "active") {
-      const actions = h("div", { class: "reply-actions" });
-      const markdown = (turn.responseParts ?? [])
-        .filter((part: JsonObject) => part.kind === "markdown")
-        .map((part: JsonObject) => String(part.content ?? ""))
-        .join("\n\n");
-      if (markdown) {
-        const copy = h("button", { type: "button", class: "link copy-reply" }, "Copy");
-        copy.addEventListener("click", async () => {
-          try {
-            await navigator.clipboard.writeText(markdown);
-            copy.textContent = "Copied";
-          } catch {
-            copy.textContent = "Copy failed";
-          }
-        });
-        actions.append(copy);
-      }
-      if (offers.retry) {
-        const retry = h("button", { type: "button", class: "link retry-turn", title: "Run this prompt again" }, "Retry");
-        retry.addEventListener("click", () => void this.resend(offers.before, turn.message ?? { text }));
-        actions.append(retry);
-      }
-      if (actions.childElementCount > 0) node.append(actions);
-    }
-    if (turn.error) node.append(h("div", { class: "error" }, `error: ${turn.error.message ?? ""}`));
-    if (turn.state && turn.state !== "active") {
-      const usage = turn.usage ? ` · ${turn.usage.inputTokens ?? 0} in / ${turn.usage.outputTokens ?? 0} out` : "";
-      node.append(h("div", { class: "turn-end", "data-state": turn.state }, `${turn.state}${usage}`));
-    }
-    return node;
-  }
-
-  private renderPart(part: JsonObject): Node {
-    switch (part.kind) {
-      case "markdown": {
-        const body = h("div", { class: "markdown" });
-        body.append(renderMarkdown(String(part.content ?? "")));
-        return body;
-      }
-      case "reasoning": {
-        const details = h("details", { class: "reasoning" }, h("summary", {}, "Reasoning"));
-        details.append(h("div", {}, String(part.content ?? "")));
-        return details;
-      }
-      case "toolCall":
-        return this.renderToolCall(part.toolCall ?? {});
-      case "inputRequest": {
-        const request = part.request ?? {};
-        // Each answer under its question's title, as the person gave it (not as JSON).
-        const titleOf = (id: string) =>
-          (request.questions ?? []).find((q: JsonObject) => q.id === id)?.title ||
-          (request.questions ?? []).find((q: JsonObject) => q.id === id)?.message ||
-          id;
-        const shown = (value: any): string =>
-          Array.isArray(value) ? value.map(shown).join(", ") : value && typeof value === "object" ? shown(value.value ?? "") : String(value ?? "");
-        const answers = Object.entries(request.answers ?? {}).map(([id, answer]: [string, any]) =>
-          h("li", {}, h("span", { class: "question" }, `${titleOf(id)}: `), h("strong", { class: "answer" }, shown(answer?.value))),
-        );
-        const outcome: Record<string, string> = { accept: "answered", decline: "declined", cancel: "withdrawn" };
-        return h(
-          "div",
-          { class: "input-request" },
-          h("div", { class: "label" }, request.message ?? "The agent asked for input"),
-          h("ul", {}, ...answers),
-          h("div", { class: "meta" }, part.response ? outcome[part.response] ?? part.response : "waiting for an answer"),
-        );
-      }
-      default:
-        return h("pre", { class: "part" }, JSON.stringify(part, null, 2));
-    }
-  }
-
-  private renderToolCall(call: JsonObject): HTMLElement {
-    const card = h("div", { class: `tool ${call.status}`, "data-tool": call.toolCallId });
-    const title = call.status === "completed" && call.pastTenseMessage ? call.pastTenseMessage : call.invocationMessage || call.intention || "";
-    card.append(
-      h("div", { class: "tool-head" }, h("strong", {}, call.displayName || call.toolName || "tool"), ` ${title} `, h("span", { class: "badge" }, toolState(call))),
-    );
-    const decision = call._meta?.[DECIDED_BY];
-    if (decision?.displayName && call.status !== "pending-confirmation") {
-      const decidedBy = decision.displayName;
-      const verb = decision.approved === false ? "Denied" : "Approved";
-      card.append(h("div", { class: "decided-by" }, `${verb} on ${decidedBy}`));
-    }
-    if (call.toolInput !== undefined) {
-      card.append(h("div", { class: "tool-label" }, "Input"));
-      card.append(h("pre", { class: "tool-input" }, typeof call.toolInput === "string" ? call.toolInput : JSON.stringify(call.toolInput, null, 2)));
-    }
-    if ((call.content ?? []).length > 0) card.append(h("div", { class: "tool-label" }, "Output"));
-    for (const item of call.content ?? []) card.append(renderToolContent(item));
-    if (call.error?.message) card.append(h("div", { class: "error" }, call.error.message));
-    return card;
-  }
-
   /** Confirmations and input requests of the running turn, kept as they are while they stay open. */
   private renderPending(turn: JsonObject | undefined): void {
     const panel = $("pending");
@@ -1171,10 +931,10 @@ class App {
     for (const part of turn?.responseParts ?? []) {
       const call = part.toolCall;
       if (part.kind === "toolCall" && call?.status === "pending-confirmation") {
-        open.set(`tool:${call.toolCallId}`, () => this.confirmationCard(turn!.id, call));
+        open.set(`tool:${call.toolCallId}`, () => confirmationCard(call, (approved) => this.confirmTool(turn!.id, call, approved)));
       }
       if (part.kind === "inputRequest" && !part.response) {
-        open.set(`input:${part.request.id}`, () => this.inputForm(part.request));
+        open.set(`input:${part.request.id}`, () => inputForm(part.request, (form, accept) => this.answerInput(part.request, form, accept)));
       }
     }
     for (const child of [...panel.children] as HTMLElement[]) {
@@ -1189,48 +949,6 @@ class App {
     }
   }
 
-  private confirmationCard(turnId: string, call: JsonObject): HTMLElement {
-    const approve = h("button", { type: "button", class: "approve" }, "Approve");
-    const deny = h("button", { type: "button", class: "deny" }, "Deny");
-    approve.addEventListener("click", () => this.confirmTool(turnId, call, true));
-    deny.addEventListener("click", () => this.confirmTool(turnId, call, false));
-    const input = typeof call.toolInput === "string" ? call.toolInput : JSON.stringify(call.toolInput ?? "", null, 2);
-    return h(
-      "div",
-      { class: "card confirmation" },
-      h("div", { class: "label" }, call.confirmationTitle?.value ?? call.confirmationTitle ?? `Run ${call.displayName ?? call.toolName}?`),
-      h("pre", {}, input),
-      h("div", { class: "actions" }, approve, deny),
-    );
-  }
-
-  private inputForm(request: JsonObject): HTMLElement {
-    const form = h("form", { class: "card input-form" });
-    form.append(h("div", { class: "label" }, request.message ?? "The agent asks:"));
-    for (const question of request.questions ?? []) {
-      const label = h("label", {}, question.title ?? question.message ?? question.id);
-      let field: HTMLElement;
-      if (question.kind === "boolean") {
-        field = h("input", { type: "checkbox", name: question.id });
-      } else if (question.kind === "single-select" || question.kind === "multi-select") {
-        field = h("select", question.kind === "multi-select" ? { name: question.id, multiple: "" } : { name: question.id },
-          ...(question.options ?? []).map((o: JsonObject) => h("option", { value: o.id }, o.label ?? o.id)));
-      } else {
-        field = h("input", { type: question.kind === "number" || question.kind === "integer" ? "number" : "text", name: question.id, placeholder: question.message ?? "" });
-        if (question.required) field.setAttribute("required", "");
-      }
-      label.append(field);
-      form.append(label);
-    }
-    const decline = h("button", { type: "button", class: "deny" }, "Decline");
-    decline.addEventListener("click", () => this.answerInput(request, form, false));
-    form.append(h("div", { class: "actions" }, h("button", { type: "submit", class: "approve" }, "Answer"), decline));
-    form.addEventListener("submit", (event) => {
-      event.preventDefault();
-      this.answerInput(request, form, true);
-    });
-    return form;
-  }
 }
 
 async function main(): Promise<void> {

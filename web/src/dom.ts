@@ -1,4 +1,5 @@
-// Building DOM nodes from text: every string becomes a text node, so nothing here can inject markup.
+// Building DOM nodes from text: every string becomes a text node, so nothing here can inject markup. Also the
+// page's one "Copy" button.
 
 export function h<K extends keyof HTMLElementTagNameMap>(
   tag: K,
@@ -12,4 +13,18 @@ export function h<K extends keyof HTMLElementTagNameMap>(
   }
   node.append(...children);
   return node;
+}
+
+/** A "Copy" button that puts `text` on the clipboard and says whether it did. */
+export function copyButton(text: string, className: string, title?: string): HTMLButtonElement {
+  const copy = h("button", { type: "button", class: `link ${className}`, ...(title ? { title } : {}) }, "Copy");
+  copy.addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(text);
+      copy.textContent = "Copied";
+    } catch {
+      copy.textContent = "Copy failed";
+    }
+  });
+  return copy;
 }

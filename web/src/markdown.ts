@@ -3,6 +3,7 @@
 // only http(s) and mailto targets. Supported: paragraphs, headings, fenced code (highlighted, with a copy
 // button) and inline code, bold, italics, lists, block quotes, tables and links — what agents write.
 
+import { copyButton } from "./dom";
 import { highlightInto } from "./highlight";
 
 export function renderMarkdown(source: string): DocumentFragment {
@@ -113,19 +114,7 @@ function codeBlock(text: string, language: string | undefined): HTMLElement {
   bar.className = "code-bar";
   const label = el("span");
   label.textContent = language ?? "";
-  const copy = el("button") as HTMLButtonElement;
-  copy.type = "button";
-  copy.className = "link copy-code";
-  copy.textContent = "Copy";
-  copy.title = `Copy the ${language ? `${language} ` : ""}code`;
-  copy.addEventListener("click", async () => {
-    try {
-      await navigator.clipboard.writeText(text);
-      copy.textContent = "Copied";
-    } catch {
-      copy.textContent = "Copy failed";
-    }
-  });
+  const copy = copyButton(text, "copy-code", `Copy the ${language ? `${language} ` : ""}code`);
   bar.append(label, copy);
   const pre = el("pre");
   const code = el("code");

@@ -1,0 +1,144 @@
+// A turn of the transcript as DOM: the prompt (folded when long; Edit), the reply's parts (Markdown, reasoning,
+// tool cards with their input, output and who decided, answered questions), Copy and Retry, and how it ended.
+// Everything is built from text nodes (see dom.ts, markdown.ts); what a button does is the caller's.
+
+import { copyButton, h } from "./dom";
+import { toolState } from "./labels";
+import { renderMarkdown } from "./markdown";
+import type { JsonObject } from "./rpc";
+import { renderToolContent } from "./toolcontent";
+
+/** The `_meta` key of a tool call's confirmation naming who decided, from which device. */
+export const DECIDED_BY = "ahp-relay/decidedBy";
+
+/** A prompt longer than this (characters or lines) is folded with "Show more". */
+const LONG_PROMPT_CHARS = 600;
+const LONG_PROMPT_LINES = 8;
+
+/** What a turn offers, by its place in the chat. */
+export interface TurnOffers {
+  edit: boolean;
+  retry: boolean;
+  /** The turn before it, which an edit or retry truncates to (none: the chat's first). */
+  before?: string;
+}
+
+/** What the turn's buttons do. */
+export interface TurnActions {
+  /** Edit the prompt shown in `prompt` of `node` in place. */
+  edit(node: HTMLElement, prompt: HTMLElement, text: string, before: string | undefined): void;
+  /** Run `message` again in place of the turns after `before`. */
+  retry(before: string | undefined, message: JsonObject): void;
+}
+
+export function renderTurn(turn: JsonObject, offers: TurnOffers, actions: TurnActions): HTMLElement {
+  const node = h("article", { class: `turn ${turn.state ?? ""}`, "data-turn": turn.id });
+  const text = String(turn.message?.text ?? "");
+  const prompt = h("div", { class: "user" }, text);
+  node.append(prompt);
+  // A long prompt is folded to a few lines, with a way to read it all.
+  if (text.length > LONG_PROMPT_CHARS || text.split("\n").length > LONG_PROMPT_LINES) {
+    prompt.classList.add("folded");
+    const more = h("button", { type: "button", class: "link show-more", "aria-expanded": "false" }, "Show more");
+    more.addEventListener("click", () => {
+      const folded = prompt.classList.toggle("folded");
+      more.textContent = folded ? "Show more" : "Show less";
+      more.setAttribute("aria-expanded", String(!folded));
+    });
+    node.append(h("div", { class: "prompt-actions" }, more));
+  }
+  if (offers.edit) {
+    const edit = h("button", { type: "button", class: "link edit-prompt", title: "Edit this prompt and send it again" }, "Edit");
+    edit.addEventListener("click", () => actions.edit(node, prompt, text, offers.before));
+    let promptActions = node.querySelector(".prompt-actions");
+    if (!promptActions) node.append((promptActions = h("div", { class: "prompt-actions" })));
+    promptActions.append(edit);
+  }
+  const reply = h("div", { class: "reply" });
+  for (const part of turn.responseParts ?? []) reply.append(renderPart(part));
+  node.append(reply);
+  if (turn.state && turn.state !== "active") {
+    const replyActions = h("div", { class: "reply-actions" });
+    const markdown = (turn.responseParts ?? [])
+      .filter((part: JsonObject) => part.kind === "markdown")
+      .map((part: JsonObject) => String(part.content ?? ""))
+      .join("\n\n");
+    if (markdown) {
+      replyActions.append(copyButton(markdown, "copy-reply"));
+    }
+    if (offers.retry) {
+      const retry = h("button", { type: "button", class: "link retry-turn", title: "Run this prompt again" }, "Retry");
+      retry.addEventListener("click", () => actions.retry(offers.before, turn.message ?? { text }));
+      replyActions.append(retry);
+    }
+    if (replyActions.childElementCount > 0) node.append(replyActions);
+  }
+  if (turn.error) node.append(h("div", { class: "error" }, `error: ${turn.error.message ?? ""}`));
+  if (turn.state && turn.state !== "active") {
+    const usage = turn.usage ? ` · ${turn.usage.inputTokens ?? 0} in / ${turn.usage.outputTokens ?? 0} out` : "";
+    node.append(h("div", { class: "turn-end", "data-state": turn.state }, `${turn.state}${usage}`));
+  }
+  return node;
+}
+
+function renderPart(part: JsonObject): Node {
+  switch (part.kind) {
+    case "markdown": {
+      const body = h("div", { class: "markdown" });
+      body.append(renderMarkdown(String(part.content ?? "")));
+      return body;
+    }
+    case "reasoning": {
+      const details = h("details", { class: "reasoning" }, h("summary", {}, "Reasoning"));
+      details.append(h("div", {}, String(part.content ?? "")));
+      return details;
+    }
+    case "toolCall":
+      return renderToolCall(part.toolCall ?? {});
+    case "inputRequest": {
+      const request = part.request ?? {};
+      // Each answer under its question's title, as the person gave it (not as JSON).
+      const titleOf = (id: string) =>
+        (request.questions ?? []).find((q: JsonObject) => q.id === id)?.title ||
+        (request.questions ?? []).find((q: JsonObject) => q.id === id)?.message ||
+        id;
+      const shown = (value: any): string =>
+        Array.isArray(value) ? value.map(shown).join(", ") : value && typeof value === "object" ? shown(value.value ?? "") : String(value ?? "");
+      const answers = Object.entries(request.answers ?? {}).map(([id, answer]: [string, any]) =>
+        h("li", {}, h("span", { class: "question" }, `${titleOf(id)}: `), h("strong", { class: "answer" }, shown(answer?.value))),
+      );
+      const outcome: Record<string, string> = { accept: "answered", decline: "declined", cancel: "withdrawn" };
+      return h(
+        "div",
+        { class: "input-request" },
+        h("div", { class: "label" }, request.message ?? "The agent asked for input"),
+        h("ul", {}, ...answers),
+        h("div", { class: "meta" }, part.response ? outcome[part.response] ?? part.response : "waiting for an answer"),
+      );
+    }
+    default:
+      return h("pre", { class: "part" }, JSON.stringify(part, null, 2));
+  }
+}
+
+function renderToolCall(call: JsonObject): HTMLElement {
+  const card = h("div", { class: `tool ${call.status}`, "data-tool": call.toolCallId });
+  const title = call.status === "completed" && call.pastTenseMessage ? call.pastTenseMessage : call.invocationMessage || call.intention || "";
+  card.append(
+    h("div", { class: "tool-head" }, h("strong", {}, call.displayName || call.toolName || "tool"), ` ${title} `, h("span", { class: "badge" }, toolState(call))),
+  );
+  const decision = call._meta?.[DECIDED_BY];
+  if (decision?.displayName && call.status !== "pending-confirmation") {
+    const decidedBy = decision.displayName;
+    const verb = decision.approved === false ? "Denied" : "Approved";
+    card.append(h("div", { class: "decided-by" }, `${verb} on ${decidedBy}`));
+  }
+  if (call.toolInput !== undefined) {
+    card.append(h("div", { class: "tool-label" }, "Input"));
+    card.append(h("pre", { class: "tool-input" }, typeof call.toolInput === "string" ? call.toolInput : JSON.stringify(call.toolInput, null, 2)));
+  }
+  if ((call.content ?? []).length > 0) card.append(h("div", { class: "tool-label" }, "Output"));
+  for (const item of call.content ?? []) card.append(renderToolContent(item));
+  if (call.error?.message) card.append(h("div", { class: "error" }, call.error.message));
+  return card;
+}
