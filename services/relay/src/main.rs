@@ -98,6 +98,14 @@ fn main() -> anyhow::Result<()> {
     if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(relay_sandbox::exec::SUBCOMMAND)) {
         std::process::exit(relay_sandbox::exec::main(std::env::args_os().skip(2).collect()));
     }
+    // A tenant's file server, inside a sandbox of the tenant: std only, stdin/stdout.
+    if std::env::args_os().nth(1).as_deref()
+        == Some(std::ffi::OsStr::new(relay_runner::files::server::SUBCOMMAND))
+    {
+        std::process::exit(relay_runner::files::server::main(
+            std::env::args_os().skip(2).collect(),
+        ));
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Token(args) => {

@@ -102,6 +102,10 @@ pub struct HostArgs {
     /// How often the retention job runs (e.g. 1h).
     #[arg(long, env = "AHP_RELAY_COMPACT_EVERY", default_value = "1h", value_parser = crate::parse_ttl)]
     pub compact_every: Duration,
+    /// Largest file a client reads or writes with resourceRead/resourceWrite (bytes); a larger one is refused
+    /// with an error naming this limit.
+    #[arg(long, env = "AHP_RELAY_MAX_FILE_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub max_file_bytes: u64,
 }
 
 /// The client-facing side's settings (the gateway).
@@ -562,6 +566,14 @@ async fn open_hosts(
                 for agent in relay_runner::acp::AcpProvider::from_file(&file, &sandboxes) {
                     providers = providers.with(Arc::new(agent));
                 }
+                // Tenants' files (resource*), served from a sandbox of each tenant by this program.
+                let program =
+                    std::env::current_exe().context("finding this program's path (it serves files)")?;
+                providers = providers.with_files(relay_runner::files::FileService::new(
+                    sandboxes.clone(),
+                    program,
+                    host.max_file_bytes,
+                ));
             }
             AgentPlacement::Runners(pool) => {
                 for agent in &file.agents {

@@ -7,6 +7,7 @@
 
 pub mod acp;
 pub mod demo;
+pub mod files;
 pub mod provider;
 
 pub use demo::{DemoPace, DemoProvider};

@@ -219,6 +219,8 @@ pub trait Provider: Send + Sync + 'static {
 #[derive(Clone, Default)]
 pub struct ProviderRegistry {
     providers: BTreeMap<String, Arc<dyn Provider>>,
+    /// Tenants' files (AHP `resource*`), where this process holds the agents' workspace.
+    files: Option<Arc<crate::files::FileService>>,
     /// The first provider added: the default.
     first: Option<String>,
 }
@@ -233,6 +235,17 @@ impl ProviderRegistry {
         self.first.get_or_insert_with(|| id.clone());
         self.providers.insert(id, provider);
         self
+    }
+
+    /// Serve tenants' files from `files`.
+    pub fn with_files(mut self, files: Arc<crate::files::FileService>) -> Self {
+        self.files = Some(files);
+        self
+    }
+
+    /// Tenants' files, where this process serves them.
+    pub fn files(&self) -> Option<&Arc<crate::files::FileService>> {
+        self.files.as_ref()
     }
 
     pub fn get(&self, id: &str) -> Option<&Arc<dyn Provider>> {

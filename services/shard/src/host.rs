@@ -282,6 +282,10 @@ impl Host {
     }
 
     async fn serve_call(&self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
+        // Files: nothing of the host's state is read or changed.
+        if crate::resources::RESOURCE_METHODS.contains(&message.method.as_str()) {
+            return self.resource_command(connection, &message).await;
+        }
         let size = message.params.as_ref().map_or(0, |params| params.get().len());
         let opens_session = matches!(message.method.as_str(), "initialize" | "reconnect");
         let mut admitted = !opens_session;

@@ -31,6 +31,7 @@ pub mod owed;
 pub mod ownership;
 pub mod preload;
 pub mod replay;
+pub mod resources;
 pub mod restore;
 pub mod resume;
 pub mod salvage;

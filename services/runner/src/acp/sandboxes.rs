@@ -168,6 +168,19 @@ impl Sandboxes {
         Ok((child, slot))
     }
 
+    /// Start a relay service (`program args`, nothing of the agent's environment) in the sandbox `spec`: not an
+    /// agent, so not counted against the tenant's running agents. Stdio is piped; dropping the child kills it.
+    pub async fn start_service(
+        &self,
+        spec: &SandboxSpec,
+        program: &str,
+        args: &[String],
+    ) -> std::io::Result<tokio::process::Child> {
+        let env = BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]);
+        let command = self.launcher.command(spec, program, args, &env).await?;
+        Launcher::spawn(command).await
+    }
+
     /// Measure `tenant`'s workspace, homes and `/tmp`s now.
     pub async fn measure(&self, tenant: &str) {
         let dirs = [

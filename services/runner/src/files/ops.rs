@@ -1,0 +1,745 @@
+//! The file operations of AHP's `resource*` commands on a tenant's directory, as the tenant's file server runs
+//! them inside the tenant's sandbox ([`super::server`]): every path is resolved (symlinks followed, except a
+//! final one where the operation acts on the link itself) and refused unless it lies inside the tenant's root,
+//! before anything is touched. Reads and writes are bounded; a file being replaced is written to a temporary
+//! file beside it and renamed over it, so no reader ever sees half of it.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+
+use base64::Engine;
+
+use super::protocol::{EntryKind, FileError, FileOp, FileReply, Resolved, WriteMode};
+
+/// A tenant's files.
+pub struct Files {
+    /// The tenant's directory, resolved.
+    root: PathBuf,
+    /// Largest file read or written.
+    max_bytes: u64,
+}
+
+fn io_error(path: &Path, error: std::io::Error) -> FileError {
+    let shown = path.display();
+    match error.kind() {
+        std::io::ErrorKind::NotFound => FileError::NotFound(format!("{shown} does not exist")),
+        std::io::ErrorKind::AlreadyExists => FileError::AlreadyExists(format!("{shown} already exists")),
+        std::io::ErrorKind::PermissionDenied => {
+            FileError::PermissionDenied(format!("{shown}: permission denied"))
+        }
+        std::io::ErrorKind::DirectoryNotEmpty => {
+            FileError::Invalid(format!("{shown} is a directory that is not empty"))
+        }
+        std::io::ErrorKind::NotADirectory => {
+            FileError::NotFound(format!("{shown}: a part of the path is not a directory"))
+        }
+        std::io::ErrorKind::IsADirectory => FileError::Invalid(format!("{shown} is a directory")),
+        _ => FileError::Unavailable(format!("{shown}: {error}")),
+    }
+}
+
+/// The version of a file as `resourceResolve` reports it and `ifMatch` checks it.
+fn etag(meta: &fs::Metadata) -> String {
+    format!(
+        "{:x}-{:x}-{:x}.{:x}",
+        meta.ino(),
+        meta.size(),
+        meta.mtime(),
+        meta.mtime_nsec()
+    )
+}
+
+fn timestamp(seconds: i64, nanos: i64) -> Option<String> {
+    jiff::Timestamp::new(seconds, i32::try_from(nanos).ok()?)
+        .ok()
+        .map(|t| format!("{t:.3}"))
+}
+
+fn kind_of(meta: &fs::Metadata) -> EntryKind {
+    if meta.file_type().is_symlink() {
+        EntryKind::Symlink
+    } else if meta.is_dir() {
+        EntryKind::Directory
+    } else {
+        EntryKind::File
+    }
+}
+
+/// A content type from a file's first bytes (magic numbers), else its name, else whether it is text.
+fn sniff(path: &Path, bytes: &[u8]) -> (String, bool) {
+    let text = std::str::from_utf8(bytes).is_ok() && !bytes.contains(&0);
+    if let Some(kind) = infer::get(bytes) {
+        return (kind.mime_type().to_string(), false);
+    }
+    let guessed = mime_guess::from_path(path).first_raw();
+    match guessed {
+        Some(mime) if text || !mime.starts_with("text/") => (mime.to_string(), text),
+        _ if text => ("text/plain".into(), true),
+        _ => ("application/octet-stream".into(), false),
+    }
+}
+
+impl Files {
+    pub fn new(root: &Path, max_bytes: u64) -> Result<Files, FileError> {
+        let root = root
+            .canonicalize()
+            .map_err(|error| FileError::Unavailable(format!("the workspace {}: {error}", root.display())))?;
+        Ok(Files { root, max_bytes })
+    }
+
+    /// `requested` resolved inside the root: every existing part's symlinks followed (the last one's only when
+    /// `follow_last`), or PermissionDenied when it leads outside. What does not exist yet is kept as named.
+    fn confine(&self, requested: &str, follow_last: bool) -> Result<PathBuf, FileError> {
+        let path = Path::new(requested);
+        if !path.is_absolute() {
+            return Err(FileError::Invalid(format!("{requested} is not an absolute path")));
+        }
+        if path.components().any(|c| matches!(c, Component::ParentDir)) {
+            return Err(FileError::PermissionDenied(format!(
+                "{requested}: '..' is not allowed"
+            )));
+        }
+        let outside =
+            || FileError::PermissionDenied(format!("{requested} is outside this tenant's workspace"));
+        let (base, last) = match (follow_last, path.parent(), path.file_name()) {
+            (false, Some(parent), Some(name)) => (parent.to_path_buf(), Some(name.to_owned())),
+            _ => (path.to_path_buf(), None),
+        };
+        // The deepest existing ancestor, resolved; the rest appended as named.
+        let mut existing = base.clone();
+        let mut rest = Vec::new();
+        let resolved = loop {
+            match existing.canonicalize() {
+                Ok(resolved) => break resolved,
+                // A symlink whose target cannot be resolved (it does not exist, or not in this sandbox's view):
+                // one that points out of the root is refused as such, not reported missing.
+                Err(_) if self.points_outside(&existing) => return Err(outside()),
+                Err(_) => match (existing.file_name().map(ToOwned::to_owned), existing.parent()) {
+                    (Some(name), Some(parent)) => {
+                        rest.push(name);
+                        existing = parent.to_path_buf();
+                    }
+                    _ => return Err(outside()),
+                },
+            }
+        };
+        let mut full = resolved;
+        for name in rest.into_iter().rev() {
+            full.push(name);
+        }
+        if let Some(name) = last {
+            full.push(name);
+        }
+        if full.starts_with(&self.root) {
+            Ok(full)
+        } else {
+            Err(outside())
+        }
+    }
+
+    /// Whether `path` is a symlink whose target (read, not resolved) lies outside the root.
+    fn points_outside(&self, path: &Path) -> bool {
+        let Ok(meta) = fs::symlink_metadata(path) else {
+            return false;
+        };
+        if !meta.file_type().is_symlink() {
+            return false;
+        }
+        let Ok(target) = fs::read_link(path) else {
+            return true;
+        };
+        let target = match path.parent() {
+            Some(parent) if target.is_relative() => parent.join(target),
+            _ => target,
+        };
+        // Lexically: `..` steps back a component.
+        let mut normal = PathBuf::new();
+        for component in target.components() {
+            match component {
+                Component::ParentDir => {
+                    normal.pop();
+                }
+                Component::CurDir => {}
+                other => normal.push(other),
+            }
+        }
+        !normal.starts_with(&self.root)
+    }
+
+    pub fn run(&self, op: FileOp) -> Result<FileReply, FileError> {
+        match op {
+            FileOp::Read { path } => self.read(&path),
+            FileOp::Write {
+                path,
+                data,
+                create_only,
+                mode,
+                position,
+                if_match,
+            } => {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .map_err(|error| FileError::Invalid(format!("the data is not base64: {error}")))?;
+                self.write(&path, &bytes, create_only, mode, position, if_match.as_deref())
+            }
+            FileOp::List { path } => self.list(&path),
+            FileOp::Copy {
+                source,
+                destination,
+                fail_if_exists,
+            } => self.copy(&source, &destination, fail_if_exists),
+            FileOp::Move {
+                source,
+                destination,
+                fail_if_exists,
+            } => self.rename(&source, &destination, fail_if_exists),
+            FileOp::Delete { path, recursive } => self.delete(&path, recursive),
+            FileOp::Resolve {
+                path,
+                follow_symlinks,
+            } => self.resolve(&path, follow_symlinks),
+            FileOp::Mkdir { path } => self.mkdir(&path),
+        }
+    }
+
+    fn too_big(&self, path: &Path) -> FileError {
+        FileError::Invalid(format!(
+            "{} is larger than this relay's limit of {} bytes",
+            path.display(),
+            self.max_bytes
+        ))
+    }
+
+    /// The bytes of a regular file, at most the limit.
+    fn read_bounded(&self, path: &Path) -> Result<Vec<u8>, FileError> {
+        use std::io::Read;
+        let meta = fs::metadata(path).map_err(|e| io_error(path, e))?;
+        if meta.is_dir() {
+            return Err(FileError::Invalid(format!("{} is a directory", path.display())));
+        }
+        if !meta.is_file() {
+            return Err(FileError::Invalid(format!(
+                "{} is not a regular file",
+                path.display()
+            )));
+        }
+        if meta.len() > self.max_bytes {
+            return Err(self.too_big(path));
+        }
+        let mut bytes = Vec::new();
+        fs::File::open(path)
+            .map_err(|e| io_error(path, e))?
+            .take(self.max_bytes + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io_error(path, e))?;
+        if bytes.len() as u64 > self.max_bytes {
+            return Err(self.too_big(path));
+        }
+        Ok(bytes)
+    }
+
+    fn read(&self, requested: &str) -> Result<FileReply, FileError> {
+        let path = self.confine(requested, true)?;
+        let bytes = self.read_bounded(&path)?;
+        let (content_type, text) = sniff(&path, &bytes);
+        Ok(FileReply::Read {
+            data: base64::engine::general_purpose::STANDARD.encode(&bytes),
+            content_type,
+            text,
+        })
+    }
+
+    fn write(
+        &self,
+        requested: &str,
+        data: &[u8],
+        create_only: bool,
+        mode: WriteMode,
+        position: u64,
+        if_match: Option<&str>,
+    ) -> Result<FileReply, FileError> {
+        let path = self.confine(requested, true)?;
+        let current = match fs::metadata(&path) {
+            Ok(meta) if meta.is_dir() => {
+                return Err(FileError::Invalid(format!("{} is a directory", path.display())))
+            }
+            Ok(meta) => Some(meta),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+            Err(error) => return Err(io_error(&path, error)),
+        };
+        if create_only && current.is_some() {
+            return Err(FileError::AlreadyExists(format!(
+                "{} already exists",
+                path.display()
+            )));
+        }
+        if let Some(expected) = if_match {
+            let now = current.as_ref().map(etag);
+            if now.as_deref() != Some(expected) {
+                return Err(FileError::Conflict(format!(
+                    "{} changed since it was resolved (etag {} is not {expected})",
+                    path.display(),
+                    now.as_deref().unwrap_or("none: the file does not exist")
+                )));
+            }
+        }
+        let existing = match &current {
+            Some(_) => self.read_bounded(&path)?,
+            None => Vec::new(),
+        };
+        let length = existing.len() as u64;
+        let beyond = || {
+            FileError::Invalid(format!(
+                "position {position} is beyond the end of {} ({length} bytes)",
+                path.display()
+            ))
+        };
+        let at = match mode {
+            WriteMode::Truncate | WriteMode::Insert => position,
+            WriteMode::Append => length.checked_sub(position).ok_or_else(beyond)?,
+        };
+        if at > length {
+            return Err(beyond());
+        }
+        let at = at as usize;
+        let keep_after = !matches!(mode, WriteMode::Truncate);
+        let total = at + data.len() + if keep_after { existing.len() - at } else { 0 };
+        if total as u64 > self.max_bytes {
+            return Err(self.too_big(&path));
+        }
+        let mut content = Vec::with_capacity(total);
+        content.extend_from_slice(&existing[..at]);
+        content.extend_from_slice(data);
+        if keep_after {
+            content.extend_from_slice(&existing[at..]);
+        }
+        self.replace(&path, &content, current.as_ref(), create_only)
+    }
+
+    /// Write `content` to a temporary file beside `path` and rename it over `path` (which keeps its mode).
+    fn replace(
+        &self,
+        path: &Path,
+        content: &[u8],
+        current: Option<&fs::Metadata>,
+        create_only: bool,
+    ) -> Result<FileReply, FileError> {
+        let parent = path
+            .parent()
+            .ok_or_else(|| FileError::Invalid(format!("{} has no directory", path.display())))?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let temporary = parent.join(format!(".{name}.ahp-{}.tmp", uuid::Uuid::new_v4().simple()));
+        let written = (|| {
+            let mut file = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&temporary)?;
+            file.write_all(content)?;
+            if let Some(meta) = current {
+                file.set_permissions(meta.permissions())?;
+            }
+            file.sync_all()
+        })();
+        if let Err(error) = written {
+            let _ = fs::remove_file(&temporary);
+            return Err(io_error(path, error));
+        }
+        // createOnly: the name must still be free (link fails if it was taken meanwhile); else replace.
+        let placed = if create_only {
+            fs::hard_link(&temporary, path).and_then(|()| fs::remove_file(&temporary))
+        } else {
+            fs::rename(&temporary, path)
+        };
+        if let Err(error) = placed {
+            let _ = fs::remove_file(&temporary);
+            return Err(io_error(path, error));
+        }
+        Ok(FileReply::Done)
+    }
+
+    fn list(&self, requested: &str) -> Result<FileReply, FileError> {
+        let path = self.confine(requested, true)?;
+        let meta = fs::metadata(&path).map_err(|e| io_error(&path, e))?;
+        if !meta.is_dir() {
+            return Err(FileError::Invalid(format!(
+                "{} is not a directory",
+                path.display()
+            )));
+        }
+        let mut entries = Vec::new();
+        for entry in fs::read_dir(&path).map_err(|e| io_error(&path, e))? {
+            let entry = entry.map_err(|e| io_error(&path, e))?;
+            let kind = match entry.file_type() {
+                Ok(kind) if kind.is_dir() => EntryKind::Directory,
+                Ok(kind) if kind.is_symlink() => match fs::metadata(entry.path()) {
+                    Ok(target) if target.is_dir() => EntryKind::Directory,
+                    Ok(_) => EntryKind::File,
+                    Err(_) => EntryKind::Symlink,
+                },
+                _ => EntryKind::File,
+            };
+            entries.push((entry.file_name().to_string_lossy().into_owned(), kind));
+        }
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(FileReply::Listed { entries })
+    }
+
+    fn copy(&self, source: &str, destination: &str, fail_if_exists: bool) -> Result<FileReply, FileError> {
+        let from = self.confine(source, true)?;
+        let to = self.confine(destination, false)?;
+        let meta = fs::metadata(&from).map_err(|e| io_error(&from, e))?;
+        let exists = fs::symlink_metadata(&to).is_ok();
+        if exists && fail_if_exists {
+            return Err(FileError::AlreadyExists(format!(
+                "{} already exists",
+                to.display()
+            )));
+        }
+        if to.starts_with(&from) && meta.is_dir() {
+            return Err(FileError::Invalid(format!(
+                "cannot copy {} into itself",
+                from.display()
+            )));
+        }
+        if meta.is_dir() {
+            if exists {
+                self.delete_path(&to, true)?;
+            }
+            let mut budget = self.max_bytes;
+            copy_tree(&from, &to, &mut budget).map_err(|e| match e {
+                CopyError::Io(path, error) => io_error(&path, error),
+                CopyError::TooBig => self.too_big(&from),
+            })?;
+            Ok(FileReply::Done)
+        } else {
+            let bytes = self.read_bounded(&from)?;
+            self.replace(&to, &bytes, None, false)
+        }
+    }
+
+    fn rename(&self, source: &str, destination: &str, fail_if_exists: bool) -> Result<FileReply, FileError> {
+        let from = self.confine(source, false)?;
+        let to = self.confine(destination, false)?;
+        if from == self.root {
+            return Err(FileError::PermissionDenied(
+                "the workspace's root cannot be moved".into(),
+            ));
+        }
+        fs::symlink_metadata(&from).map_err(|e| io_error(&from, e))?;
+        if fail_if_exists && fs::symlink_metadata(&to).is_ok() {
+            return Err(FileError::AlreadyExists(format!(
+                "{} already exists",
+                to.display()
+            )));
+        }
+        fs::rename(&from, &to).map_err(|e| io_error(&to, e))?;
+        Ok(FileReply::Done)
+    }
+
+    fn delete(&self, requested: &str, recursive: bool) -> Result<FileReply, FileError> {
+        let path = self.confine(requested, false)?;
+        if path == self.root {
+            return Err(FileError::PermissionDenied(
+                "the workspace's root cannot be deleted".into(),
+            ));
+        }
+        self.delete_path(&path, recursive)?;
+        Ok(FileReply::Done)
+    }
+
+    fn delete_path(&self, path: &Path, recursive: bool) -> Result<(), FileError> {
+        let meta = fs::symlink_metadata(path).map_err(|e| io_error(path, e))?;
+        let removed = if meta.is_dir() {
+            if recursive {
+                fs::remove_dir_all(path)
+            } else {
+                fs::remove_dir(path)
+            }
+        } else {
+            fs::remove_file(path)
+        };
+        removed.map_err(|e| io_error(path, e))
+    }
+
+    fn resolve(&self, requested: &str, follow_symlinks: bool) -> Result<FileReply, FileError> {
+        let path = self.confine(requested, follow_symlinks)?;
+        let meta = if follow_symlinks {
+            fs::metadata(&path)
+        } else {
+            fs::symlink_metadata(&path)
+        }
+        .map_err(|e| io_error(&path, e))?;
+        let kind = kind_of(&meta);
+        let content_type = (kind == EntryKind::File)
+            .then(|| {
+                use std::io::Read;
+                let mut head = Vec::new();
+                fs::File::open(&path)
+                    .ok()?
+                    .take(8192)
+                    .read_to_end(&mut head)
+                    .ok()?;
+                Some(sniff(&path, &head).0)
+            })
+            .flatten();
+        Ok(FileReply::Resolved(Resolved {
+            path: path.display().to_string(),
+            kind,
+            size: (kind != EntryKind::Directory).then_some(meta.size()),
+            mtime: timestamp(meta.mtime(), meta.mtime_nsec()),
+            ctime: timestamp(meta.ctime(), meta.ctime_nsec()),
+            content_type,
+            etag: (kind == EntryKind::File).then(|| etag(&meta)),
+        }))
+    }
+
+    fn mkdir(&self, requested: &str) -> Result<FileReply, FileError> {
+        let path = self.confine(requested, true)?;
+        match fs::metadata(&path) {
+            Ok(meta) if meta.is_dir() => return Ok(FileReply::Done),
+            Ok(_) => {
+                return Err(FileError::AlreadyExists(format!(
+                    "{} exists and is not a directory",
+                    path.display()
+                )))
+            }
+            Err(_) => {}
+        }
+        fs::create_dir_all(&path).map_err(|error| match error.kind() {
+            // A part of the path is a file.
+            std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory => {
+                FileError::AlreadyExists(format!(
+                    "{}: a part of the path exists and is not a directory",
+                    path.display()
+                ))
+            }
+            _ => io_error(&path, error),
+        })?;
+        Ok(FileReply::Done)
+    }
+}
+
+enum CopyError {
+    Io(PathBuf, std::io::Error),
+    TooBig,
+}
+
+/// Copy a directory tree (symlinks as symlinks), at most `budget` bytes of files.
+fn copy_tree(from: &Path, to: &Path, budget: &mut u64) -> Result<(), CopyError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |error| CopyError::Io(path, error)
+    };
+    fs::create_dir(to).map_err(io(to))?;
+    for entry in fs::read_dir(from).map_err(io(from))? {
+        let entry = entry.map_err(io(from))?;
+        let source = entry.path();
+        let target = to.join(entry.file_name());
+        let kind = entry.file_type().map_err(io(&source))?;
+        if kind.is_dir() {
+            copy_tree(&source, &target, budget)?;
+        } else if kind.is_symlink() {
+            let link = fs::read_link(&source).map_err(io(&source))?;
+            std::os::unix::fs::symlink(link, &target).map_err(io(&target))?;
+        } else if kind.is_file() {
+            let size = entry.metadata().map_err(io(&source))?.len();
+            *budget = budget.checked_sub(size).ok_or(CopyError::TooBig)?;
+            fs::copy(&source, &target).map_err(io(&target))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files() -> (tempfile::TempDir, Files) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files = Files::new(dir.path(), 1024).expect("files");
+        (dir, files)
+    }
+
+    fn path(dir: &tempfile::TempDir, name: &str) -> String {
+        dir.path()
+            .canonicalize()
+            .expect("root")
+            .join(name)
+            .display()
+            .to_string()
+    }
+
+    fn write(
+        files: &Files,
+        at: &str,
+        data: &[u8],
+        mode: WriteMode,
+        position: u64,
+    ) -> Result<FileReply, FileError> {
+        files.run(FileOp::Write {
+            path: at.into(),
+            data: base64::engine::general_purpose::STANDARD.encode(data),
+            create_only: false,
+            mode,
+            position,
+            if_match: None,
+        })
+    }
+
+    #[test]
+    fn write_modes_place_the_data_where_the_spec_says() {
+        let (dir, files) = files();
+        let at = path(&dir, "f.txt");
+        write(&files, &at, b"hello world", WriteMode::Truncate, 0).expect("create");
+        write(&files, &at, b"there", WriteMode::Truncate, 6).expect("truncate at 6");
+        assert_eq!(fs::read(&at).expect("read"), b"hello there");
+        write(&files, &at, b"!", WriteMode::Append, 0).expect("append at the end");
+        write(&files, &at, b",", WriteMode::Append, 7).expect("append 7 back from the end");
+        assert_eq!(fs::read(&at).expect("read"), b"hello, there!");
+        write(&files, &at, b">> ", WriteMode::Insert, 0).expect("insert at 0");
+        assert_eq!(fs::read(&at).expect("read"), b">> hello, there!");
+        assert!(matches!(
+            write(&files, &at, b"x", WriteMode::Insert, 99),
+            Err(FileError::Invalid(_))
+        ));
+        assert!(matches!(
+            write(&files, &at, b"x", WriteMode::Append, 99),
+            Err(FileError::Invalid(_))
+        ));
+        // No temporary file is left beside it.
+        assert_eq!(fs::read_dir(dir.path()).expect("list").count(), 1);
+    }
+
+    #[test]
+    fn a_file_over_the_limit_is_refused_naming_the_limit_and_left_as_it_was() {
+        let (dir, files) = files();
+        let at = path(&dir, "big.bin");
+        fs::write(&at, vec![7u8; 2000]).expect("seed");
+        let error = files.run(FileOp::Read { path: at.clone() }).expect_err("too big");
+        assert!(error.to_string().contains("1024 bytes"), "{error}");
+        let small = path(&dir, "small.txt");
+        write(&files, &small, b"ok", WriteMode::Truncate, 0).expect("small");
+        let error = write(&files, &small, &[b'x'; 1100], WriteMode::Append, 0).expect_err("too big");
+        assert!(error.to_string().contains("1024 bytes"), "{error}");
+        assert_eq!(fs::read(&small).expect("read"), b"ok");
+    }
+
+    #[test]
+    fn paths_out_of_the_root_are_refused() {
+        let (dir, files) = files();
+        let outside = tempfile::tempdir().expect("outside");
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("escape")).expect("symlink");
+        for requested in [
+            outside.path().join("x").display().to_string(),
+            format!("{}/../x", dir.path().display()),
+            path(&dir, "escape/x"),
+            "relative/x".to_string(),
+        ] {
+            let refused = write(&files, &requested, b"x", WriteMode::Truncate, 0);
+            assert!(
+                matches!(
+                    refused,
+                    Err(FileError::PermissionDenied(_)) | Err(FileError::Invalid(_))
+                ),
+                "{requested}: {refused:?}"
+            );
+        }
+        assert_eq!(
+            fs::read_dir(outside.path()).expect("list").count(),
+            0,
+            "nothing written outside"
+        );
+        // A link to somewhere that does not exist (or that the sandbox does not show) out of the root.
+        std::os::unix::fs::symlink("/nonexistent/elsewhere", dir.path().join("dangling")).expect("symlink");
+        assert!(matches!(
+            files.run(FileOp::Read {
+                path: path(&dir, "dangling/x")
+            }),
+            Err(FileError::PermissionDenied(_))
+        ));
+        // The link itself (not its target) may be resolved, moved and deleted.
+        let link = files
+            .run(FileOp::Resolve {
+                path: path(&dir, "escape"),
+                follow_symlinks: false,
+            })
+            .expect("lstat");
+        assert!(matches!(
+            link,
+            FileReply::Resolved(Resolved {
+                kind: EntryKind::Symlink,
+                ..
+            })
+        ));
+        assert!(matches!(
+            files.run(FileOp::Resolve {
+                path: path(&dir, "escape"),
+                follow_symlinks: true
+            }),
+            Err(FileError::PermissionDenied(_))
+        ));
+        files
+            .run(FileOp::Delete {
+                path: path(&dir, "escape"),
+                recursive: false,
+            })
+            .expect("delete the link");
+        assert!(outside.path().exists());
+    }
+
+    #[test]
+    fn mkdir_is_mkdir_p_and_an_existing_file_is_already_exists() {
+        let (dir, files) = files();
+        files
+            .run(FileOp::Mkdir {
+                path: path(&dir, "a/b/c"),
+            })
+            .expect("mkdir -p");
+        files
+            .run(FileOp::Mkdir {
+                path: path(&dir, "a/b/c"),
+            })
+            .expect("again: no-op");
+        write(&files, &path(&dir, "a/f"), b"x", WriteMode::Truncate, 0).expect("file");
+        assert!(matches!(
+            files.run(FileOp::Mkdir {
+                path: path(&dir, "a/f")
+            }),
+            Err(FileError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            files.run(FileOp::Mkdir {
+                path: path(&dir, "a/f/g")
+            }),
+            Err(FileError::AlreadyExists(_))
+        ));
+    }
+
+    #[test]
+    fn binary_is_sniffed_and_text_is_text() {
+        let (dir, files) = files();
+        let png = path(&dir, "pixel");
+        fs::write(&png, b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR").expect("png");
+        let FileReply::Read {
+            content_type, text, ..
+        } = files.run(FileOp::Read { path: png }).expect("read")
+        else {
+            panic!("not a read")
+        };
+        assert_eq!((content_type.as_str(), text), ("image/png", false));
+        let notes = path(&dir, "notes.md");
+        fs::write(&notes, "# hi\n").expect("md");
+        let FileReply::Read {
+            content_type, text, ..
+        } = files.run(FileOp::Read { path: notes }).expect("read")
+        else {
+            panic!("not a read")
+        };
+        assert_eq!((content_type.as_str(), text), ("text/markdown", true));
+    }
+}

@@ -1,0 +1,143 @@
+//! What the runner asks of a tenant's file server and what it answers ([`super::server`], inside the tenant's
+//! sandbox): one JSON object per line each way, requests numbered so answers may come in any order. Paths are
+//! absolute paths as the sandbox sees them (the tenant's directory is mounted at its own path).
+
+use serde::{Deserialize, Serialize};
+
+/// Where `data` goes in a written file (AHP `ResourceWriteMode`, its `position` resolved per mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WriteMode {
+    /// Keep the first `position` bytes, then `data`.
+    Truncate,
+    /// Insert `data` `position` bytes back from the end.
+    Append,
+    /// Insert `data` at `position`.
+    Insert,
+}
+
+/// One file operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum FileOp {
+    Read {
+        path: String,
+    },
+    Write {
+        path: String,
+        /// The bytes, base64.
+        data: String,
+        create_only: bool,
+        mode: WriteMode,
+        position: u64,
+        if_match: Option<String>,
+    },
+    List {
+        path: String,
+    },
+    Copy {
+        source: String,
+        destination: String,
+        fail_if_exists: bool,
+    },
+    Move {
+        source: String,
+        destination: String,
+        fail_if_exists: bool,
+    },
+    Delete {
+        path: String,
+        recursive: bool,
+    },
+    Resolve {
+        path: String,
+        follow_symlinks: bool,
+    },
+    Mkdir {
+        path: String,
+    },
+}
+
+impl FileOp {
+    /// Whether the operation changes anything (a viewer may only read).
+    pub fn writes(&self) -> bool {
+        !matches!(
+            self,
+            FileOp::Read { .. } | FileOp::List { .. } | FileOp::Resolve { .. }
+        )
+    }
+}
+
+/// A directory entry's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum EntryKind {
+    File,
+    Directory,
+    Symlink,
+}
+
+/// What a resolved path is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Resolved {
+    pub path: String,
+    pub kind: EntryKind,
+    pub size: Option<u64>,
+    pub mtime: Option<String>,
+    pub ctime: Option<String>,
+    pub content_type: Option<String>,
+    pub etag: Option<String>,
+}
+
+/// A successful operation's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "camelCase")]
+pub enum FileReply {
+    /// The file's bytes (base64) and its sniffed content type; `text` when they are UTF-8 text.
+    Read {
+        data: String,
+        content_type: String,
+        text: bool,
+    },
+    Listed {
+        entries: Vec<(String, EntryKind)>,
+    },
+    Resolved(Resolved),
+    Done,
+}
+
+/// Why an operation failed (each maps to an AHP error code).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "error", content = "message", rename_all = "camelCase")]
+pub enum FileError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// The request cannot be served as asked (too large, not a directory, a directory, not empty…).
+    #[error("{0}")]
+    Invalid(String),
+    /// The file server failed (it died, timed out, or the disk did).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// A request on the wire.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Request {
+    pub id: u64,
+    #[serde(flatten)]
+    pub op: FileOp,
+}
+
+/// An answer on the wire.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Answer {
+    pub id: u64,
+    pub result: Result<FileReply, FileError>,
+}

@@ -1,0 +1,196 @@
+//! The runner's side of tenants' files: one file server per tenant ([`super::server`]), started on first use
+//! inside a sandbox of the tenant — its user, its part of the workspace the only writable directory, no
+//! network — and asked over its stdin/stdout. A server that dies is started again on the next request; the
+//! requests it had are answered "unavailable". Servers live as long as this service (killed with it).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use relay_sandbox::{Egress, ResourceLimits, SandboxSpec};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::oneshot;
+
+use super::protocol::{Answer, FileError, FileOp, FileReply, Request};
+use super::server::SUBCOMMAND;
+use crate::acp::sandboxes::Sandboxes;
+
+/// How long one operation may take before it is answered "unavailable".
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The host name under which file servers get their private directories (no AHP host can have it).
+const FILES_HOST: &str = ".files";
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<FileReply, FileError>>>>>;
+
+/// A running file server.
+struct Server {
+    input: tokio::sync::Mutex<tokio::process::ChildStdin>,
+    pending: Pending,
+    /// Kills the sandbox when the server is dropped.
+    _child: tokio::process::Child,
+}
+
+/// Tenants' files, served from their sandboxes.
+pub struct FileService {
+    sandboxes: Arc<Sandboxes>,
+    /// The program that serves files (this binary).
+    program: PathBuf,
+    max_bytes: u64,
+    next_id: AtomicU64,
+    servers: tokio::sync::Mutex<HashMap<String, Arc<Server>>>,
+}
+
+impl FileService {
+    /// Files of the tenants of `sandboxes`' workspace, served by `program` (`ahp-relay`), reads and writes at
+    /// most `max_bytes` each.
+    pub fn new(sandboxes: Arc<Sandboxes>, program: PathBuf, max_bytes: u64) -> Arc<FileService> {
+        Arc::new(FileService {
+            sandboxes,
+            program,
+            max_bytes,
+            next_id: AtomicU64::new(1),
+            servers: tokio::sync::Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The largest file read or written.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// `tenant`'s part of the workspace (the root its file URIs must lie in).
+    pub fn tenant_root(&self, tenant: &str) -> PathBuf {
+        self.sandboxes.workspaces().tenant_dir(tenant)
+    }
+
+    /// Run `op` on `tenant`'s files.
+    pub async fn call(&self, tenant: &str, op: FileOp) -> Result<FileReply, FileError> {
+        let server = self.server(tenant).await?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (answer_tx, answer_rx) = oneshot::channel();
+        server.pending.lock().insert(id, answer_tx);
+        let mut line = serde_json::to_vec(&Request { id, op })
+            .map_err(|error| FileError::Unavailable(format!("cannot encode the request: {error}")))?;
+        line.push(b'\n');
+        let sent = {
+            let mut input = server.input.lock().await;
+            match input.write_all(&line).await {
+                Ok(()) => input.flush().await,
+                Err(error) => Err(error),
+            }
+        };
+        if sent.is_err() {
+            server.pending.lock().remove(&id);
+            self.forget(tenant, &server).await;
+            return Err(FileError::Unavailable(
+                "the tenant's file server stopped; retry".into(),
+            ));
+        }
+        match tokio::time::timeout(OPERATION_TIMEOUT, answer_rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(FileError::Unavailable(
+                "the tenant's file server stopped; retry".into(),
+            )),
+            Err(_) => {
+                server.pending.lock().remove(&id);
+                Err(FileError::Unavailable(format!(
+                    "the file operation took longer than {} s",
+                    OPERATION_TIMEOUT.as_secs()
+                )))
+            }
+        }
+    }
+
+    /// Drop `server` if it is still `tenant`'s (the next request starts another).
+    async fn forget(&self, tenant: &str, server: &Arc<Server>) {
+        let mut servers = self.servers.lock().await;
+        if servers
+            .get(tenant)
+            .is_some_and(|current| Arc::ptr_eq(current, server))
+        {
+            servers.remove(tenant);
+        }
+    }
+
+    /// `tenant`'s server, started if it has none.
+    async fn server(&self, tenant: &str) -> Result<Arc<Server>, FileError> {
+        let mut servers = self.servers.lock().await;
+        if let Some(server) = servers.get(tenant) {
+            return Ok(server.clone());
+        }
+        let server = Arc::new(self.start(tenant).await?);
+        servers.insert(tenant.to_string(), server.clone());
+        Ok(server)
+    }
+
+    async fn start(&self, tenant: &str) -> Result<Server, FileError> {
+        let unavailable =
+            |what: String| FileError::Unavailable(format!("cannot start the tenant's file server: {what}"));
+        let root = self.tenant_root(tenant);
+        let requested = root.display().to_string();
+        let dirs = self
+            .sandboxes
+            .workspaces()
+            .session(tenant, FILES_HOST, FILES_HOST, Some(&requested))
+            .map_err(|error| unavailable(error.to_string()))?;
+        let install = self.program.parent().map(PathBuf::from).into_iter().collect();
+        let spec = SandboxSpec {
+            tenant: dirs.tenant_key.clone(),
+            anchor: self.sandboxes.anchor().to_path_buf(),
+            cgroup: None,
+            workspace: dirs.workspace.clone(),
+            home: dirs.home.clone(),
+            tmp: dirs.tmp.clone(),
+            shm: dirs.shm.clone(),
+            cwd: dirs.workspace.clone(),
+            install,
+            egress: Egress::None,
+            limits: ResourceLimits::default(),
+            user: dirs.user,
+        };
+        let args = vec![
+            SUBCOMMAND.to_string(),
+            dirs.workspace.display().to_string(),
+            self.max_bytes.to_string(),
+        ];
+        let program = self.program.display().to_string();
+        let mut child = self
+            .sandboxes
+            .start_service(&spec, &program, &args)
+            .await
+            .map_err(|error| unavailable(error.to_string()))?;
+        let (Some(input), Some(output)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(unavailable("its pipes are missing".into()));
+        };
+        let pending: Pending = Arc::default();
+        let answers = pending.clone();
+        let tenant_name = tenant.to_string();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(output).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                match serde_json::from_str::<Answer>(&line) {
+                    Ok(answer) => {
+                        if let Some(waiting) = answers.lock().remove(&answer.id) {
+                            let _ = waiting.send(answer.result);
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(tenant = %tenant_name, %error, "unreadable answer of a file server")
+                    }
+                }
+            }
+            // Stopped: whatever it had is answered by the dropped senders ("stopped; retry").
+            answers.lock().clear();
+        });
+        tracing::info!(tenant, "started the tenant's file server");
+        Ok(Server {
+            input: tokio::sync::Mutex::new(input),
+            pending,
+            _child: child,
+        })
+    }
+}

@@ -1,0 +1,257 @@
+//! AHP's `resource*` commands on `file:` URIs: a client reads and changes files of its tenant's part of the
+//! agents' workspace, served by the tenant's file server in a sandbox of the tenant
+//! ([`relay_runner::files`]). Here: the commands' parameters into file operations, the role rule (viewers read,
+//! never write), and the answers and errors AHP defines. URIs name paths literally (`file://<path>`), as the
+//! relay's `defaultDirectory` does.
+
+use ahp_types::commands::{
+    ContentEncoding, DirectoryEntry, ResourceCopyParams, ResourceDeleteParams, ResourceListParams,
+    ResourceListResult, ResourceMkdirParams, ResourceMoveParams, ResourceReadParams, ResourceReadResult,
+    ResourceRequestParams, ResourceResolveParams, ResourceResolveResult, ResourceType, ResourceWriteMode,
+    ResourceWriteParams,
+};
+use ahp_types::errors::ahp_error_codes;
+use base64::Engine;
+use relay_core::link::CommandReply;
+use relay_core::rpc::{InboundMessage, RpcError};
+use relay_core::ConnectionId;
+use relay_runner::files::{EntryKind, FileError, FileOp, FileReply, WriteMode};
+
+use crate::commands::{answer, reply, CommandResult};
+use crate::host::Host;
+
+/// The commands served here.
+pub const RESOURCE_METHODS: &[&str] = &[
+    "resourceRead",
+    "resourceWrite",
+    "resourceList",
+    "resourceCopy",
+    "resourceMove",
+    "resourceDelete",
+    "resourceResolve",
+    "resourceMkdir",
+    "resourceRequest",
+];
+
+const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// The path a `file:` URI names.
+fn path_of(uri: &str) -> Result<String, RpcError> {
+    match uri.strip_prefix("file://") {
+        Some(path) if path.starts_with('/') => Ok(path.to_string()),
+        _ => Err(RpcError::new(
+            ahp_error_codes::NOT_FOUND,
+            format!("{uri}: this host serves file:///… URIs of its workspace only"),
+        )),
+    }
+}
+
+fn to_rpc(error: FileError) -> RpcError {
+    match error {
+        FileError::NotFound(message) => RpcError::new(ahp_error_codes::NOT_FOUND, message),
+        FileError::PermissionDenied(message) => RpcError::permission_denied(message),
+        FileError::AlreadyExists(message) => RpcError::new(ahp_error_codes::ALREADY_EXISTS, message),
+        FileError::Conflict(message) => RpcError::new(ahp_error_codes::CONFLICT, message),
+        FileError::Invalid(message) => RpcError::invalid_params(message),
+        FileError::Unavailable(message) => RpcError::internal(message),
+    }
+}
+
+/// A file operation from a command's parameters.
+fn operation(message: &InboundMessage) -> Result<FileOp, RpcError> {
+    Ok(match message.method.as_str() {
+        "resourceRead" => {
+            let params: ResourceReadParams = message.parse_params()?;
+            FileOp::Read {
+                path: path_of(&params.uri)?,
+            }
+        }
+        "resourceWrite" => {
+            let params: ResourceWriteParams = message.parse_params()?;
+            let data = match params.encoding {
+                ContentEncoding::Utf8 => BASE64.encode(params.data.as_bytes()),
+                ContentEncoding::Base64 => {
+                    let bytes = BASE64
+                        .decode(&params.data)
+                        .map_err(|error| RpcError::invalid_params(format!("data is not base64: {error}")))?;
+                    BASE64.encode(bytes)
+                }
+            };
+            let position = u64::try_from(params.position.unwrap_or(0))
+                .map_err(|_| RpcError::invalid_params("position must not be negative"))?;
+            FileOp::Write {
+                path: path_of(&params.uri)?,
+                data,
+                create_only: params.create_only.unwrap_or(false),
+                mode: match params.mode {
+                    None | Some(ResourceWriteMode::Truncate) => WriteMode::Truncate,
+                    Some(ResourceWriteMode::Append) => WriteMode::Append,
+                    Some(ResourceWriteMode::Insert) => WriteMode::Insert,
+                },
+                position,
+                if_match: params.if_match,
+            }
+        }
+        "resourceList" => {
+            let params: ResourceListParams = message.parse_params()?;
+            FileOp::List {
+                path: path_of(&params.uri)?,
+            }
+        }
+        "resourceCopy" => {
+            let params: ResourceCopyParams = message.parse_params()?;
+            FileOp::Copy {
+                source: path_of(&params.source)?,
+                destination: path_of(&params.destination)?,
+                fail_if_exists: params.fail_if_exists.unwrap_or(false),
+            }
+        }
+        "resourceMove" => {
+            let params: ResourceMoveParams = message.parse_params()?;
+            FileOp::Move {
+                source: path_of(&params.source)?,
+                destination: path_of(&params.destination)?,
+                fail_if_exists: params.fail_if_exists.unwrap_or(false),
+            }
+        }
+        "resourceDelete" => {
+            let params: ResourceDeleteParams = message.parse_params()?;
+            FileOp::Delete {
+                path: path_of(&params.uri)?,
+                recursive: params.recursive.unwrap_or(false),
+            }
+        }
+        "resourceResolve" => {
+            let params: ResourceResolveParams = message.parse_params()?;
+            FileOp::Resolve {
+                path: path_of(&params.uri)?,
+                follow_symlinks: params.follow_symlinks.unwrap_or(true),
+            }
+        }
+        "resourceMkdir" => {
+            let params: ResourceMkdirParams = message.parse_params()?;
+            FileOp::Mkdir {
+                path: path_of(&params.uri)?,
+            }
+        }
+        other => return Err(RpcError::method_not_found(other)),
+    })
+}
+
+impl Host {
+    pub(crate) async fn resource_command(
+        &self,
+        connection: ConnectionId,
+        message: &InboundMessage,
+    ) -> CommandReply {
+        answer(message.id, self.resource_result(connection, message).await)
+    }
+
+    async fn resource_result(&self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
+        let (files, writer) = {
+            let core = self.core.lock();
+            core.client_id(connection)?;
+            let writer = core.connection(connection)?.identity.role.can_write();
+            (core.providers.files().cloned(), writer)
+        };
+        let Some(files) = files else {
+            return Err(RpcError::method_not_found(&format!(
+                "{} (this relay serves files only where it runs the agents' workspace: configure --agents)",
+                message.method
+            )));
+        };
+        let tenant = &self.key.tenant;
+        if message.method == "resourceRequest" {
+            // Access is decided by who asks, not granted per file: a member may read and write the tenant's
+            // workspace, a viewer may read it.
+            let params: ResourceRequestParams = message.parse_params()?;
+            let path = path_of(&params.uri)?;
+            if !std::path::Path::new(&path).starts_with(files.tenant_root(tenant)) {
+                return Err(RpcError::permission_denied(format!(
+                    "{path} is outside this tenant's workspace"
+                )));
+            }
+            if params.write == Some(true) && !writer {
+                return Err(RpcError::permission_denied(
+                    "viewers may read files, not change them",
+                ));
+            }
+            return reply(message.id, &serde_json::json!({}));
+        }
+        let op = operation(message)?;
+        if op.writes() && !writer {
+            return Err(RpcError::permission_denied(
+                "viewers may read files, not change them",
+            ));
+        }
+        let wanted = match message.method.as_str() {
+            "resourceRead" => message
+                .parse_params::<ResourceReadParams>()
+                .ok()
+                .and_then(|params| params.encoding),
+            _ => None,
+        };
+        match files.call(tenant, op).await.map_err(to_rpc)? {
+            FileReply::Read {
+                data,
+                content_type,
+                text,
+            } => {
+                // Binary MUST be base64; text is UTF-8 unless base64 was asked for.
+                let utf8 = text && wanted != Some(ContentEncoding::Base64);
+                let (data, encoding) = if utf8 {
+                    let bytes = BASE64.decode(&data).map_err(|error| {
+                        RpcError::internal(format!("the file server answered garbage: {error}"))
+                    })?;
+                    (
+                        String::from_utf8_lossy(&bytes).into_owned(),
+                        ContentEncoding::Utf8,
+                    )
+                } else {
+                    (data, ContentEncoding::Base64)
+                };
+                reply(
+                    message.id,
+                    &ResourceReadResult {
+                        data,
+                        encoding,
+                        content_type: Some(content_type),
+                    },
+                )
+            }
+            FileReply::Listed { entries } => reply(
+                message.id,
+                &ResourceListResult {
+                    entries: entries
+                        .into_iter()
+                        .map(|(name, kind)| DirectoryEntry {
+                            name,
+                            r#type: match kind {
+                                EntryKind::Directory => "directory",
+                                EntryKind::File | EntryKind::Symlink => "file",
+                            }
+                            .into(),
+                        })
+                        .collect(),
+                },
+            ),
+            FileReply::Resolved(resolved) => reply(
+                message.id,
+                &ResourceResolveResult {
+                    uri: format!("file://{}", resolved.path),
+                    r#type: match resolved.kind {
+                        EntryKind::File => ResourceType::File,
+                        EntryKind::Directory => ResourceType::Directory,
+                        EntryKind::Symlink => ResourceType::Symlink,
+                    },
+                    size: resolved.size.and_then(|size| i64::try_from(size).ok()),
+                    mtime: resolved.mtime,
+                    ctime: resolved.ctime,
+                    content_type: resolved.content_type,
+                    etag: resolved.etag,
+                },
+            ),
+            FileReply::Done => reply(message.id, &serde_json::json!({})),
+        }
+    }
+}

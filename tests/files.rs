@@ -1,0 +1,506 @@
+//! Issue 26 (1): a tenant's files over AHP's `resource*` commands, with the official client over real
+//! WebSockets against `serve` with an agents file (so the relay holds a workspace): every rule of the commands
+//! (encodings, write modes, createOnly, ifMatch, mkdir -p, followSymlinks, NotFound), escapes refused with
+//! nothing touched outside, tenants apart, viewers reading only, sizes bounded, and the file server running as
+//! the tenant's user in a sandbox, not as the relay.
+
+mod support;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use ahp::ClientError;
+use relay_core::Role;
+use serde_json::{json, Value};
+use support::*;
+
+struct FilesRelay {
+    relay: Relay,
+    workspace: tempfile::TempDir,
+    _config: tempfile::TempDir,
+}
+
+impl FilesRelay {
+    /// `tenant`'s part of the workspace.
+    fn root(&self, tenant: &str) -> PathBuf {
+        self.workspace.path().join(tenant)
+    }
+}
+
+/// `serve` with the scripted agent's agents file (a workspace in a temporary directory) and `extra` flags.
+async fn relay_with_workspace(extra: &[&str]) -> FilesRelay {
+    let workspace = tempfile::tempdir().expect("workspace");
+    let config = tempfile::tempdir().expect("config");
+    let file = config.path().join("agents.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nenv = [\"PATH\"]\n",
+            workspace.path().display().to_string(),
+            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
+        ),
+    )
+    .expect("write agents file");
+    let mut args = vec!["--agents", file.to_str().expect("path")];
+    args.extend_from_slice(extra);
+    let relay = Relay::start_with(&args).await;
+    FilesRelay {
+        relay,
+        workspace,
+        _config: config,
+    }
+}
+
+fn uri(path: &Path) -> String {
+    format!("file://{}", path.display())
+}
+
+fn code<T: std::fmt::Debug>(result: Result<T, ClientError>) -> (i32, String) {
+    match result {
+        Err(ClientError::Rpc(e)) => (e.code, e.message),
+        other => panic!("expected an RPC error, got {other:?}"),
+    }
+}
+
+async fn call(client: &ahp::Client, method: &str, params: Value) -> Result<Value, ClientError> {
+    let mut params = params;
+    params["channel"] = json!("ahp-root://");
+    client.request::<_, Value>(method, params).await
+}
+
+/// The tenant's directory exists once its file server started: the first request makes it.
+async fn mkdir(client: &ahp::Client, path: &Path) {
+    call(client, "resourceMkdir", json!({"uri": uri(path)}))
+        .await
+        .expect("mkdir");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_are_read_and_written_by_the_rules_of_the_spec() {
+    let setup = relay_with_workspace(&[]).await;
+    let (a, init) = setup.relay.client("device-a").await;
+    let root = setup.root("dev");
+    assert_eq!(init.default_directory.as_deref(), Some(uri(&root).as_str()));
+    let dir = root.join("project/src");
+    mkdir(&a, &dir).await;
+    assert!(dir.is_dir(), "mkdir -p made the parents");
+    mkdir(&a, &dir).await;
+
+    // Text: written as UTF-8, read back as UTF-8 with a sniffed type.
+    let notes = dir.join("notes.md");
+    call(
+        &a,
+        "resourceWrite",
+        json!({"uri": uri(&notes), "data": "# Notes\n", "encoding": "utf-8"}),
+    )
+    .await
+    .expect("write");
+    let read = call(&a, "resourceRead", json!({"uri": uri(&notes)}))
+        .await
+        .expect("read");
+    assert_eq!(read["data"], "# Notes\n");
+    assert_eq!(read["encoding"], "utf-8");
+    assert_eq!(read["contentType"], "text/markdown");
+    // Asked for base64, text comes as base64.
+    let read = call(
+        &a,
+        "resourceRead",
+        json!({"uri": uri(&notes), "encoding": "base64"}),
+    )
+    .await
+    .expect("read");
+    assert_eq!(
+        (read["data"].as_str(), read["encoding"].as_str()),
+        (Some("IyBOb3Rlcwo="), Some("base64"))
+    );
+
+    // Binary MUST be base64, whatever was asked.
+    let png = dir.join("pixel.png");
+    call(
+        &a,
+        "resourceWrite",
+        json!({"uri": uri(&png), "data": "iVBORw0KGgoAAAANSUhEUg==", "encoding": "base64"}),
+    )
+    .await
+    .expect("write binary");
+    let read = call(&a, "resourceRead", json!({"uri": uri(&png), "encoding": "utf-8"}))
+        .await
+        .expect("read");
+    assert_eq!(
+        (read["encoding"].as_str(), read["contentType"].as_str()),
+        (Some("base64"), Some("image/png"))
+    );
+    assert_eq!(read["data"], "iVBORw0KGgoAAAANSUhEUg==");
+
+    // Modes and positions.
+    let text = dir.join("t.txt");
+    let write = |data: &str, mode: &str, position: i64| {
+        call(
+            &a,
+            "resourceWrite",
+            json!({"uri": uri(&text), "data": data, "encoding": "utf-8", "mode": mode, "position": position}),
+        )
+    };
+    write("hello world", "truncate", 0).await.expect("create");
+    write("there", "truncate", 6).await.expect("truncate at 6");
+    write("!", "append", 0).await.expect("append");
+    write(",", "append", 7).await.expect("append 7 from the end");
+    write(">> ", "insert", 0).await.expect("insert");
+    assert_eq!(std::fs::read_to_string(&text).expect("read"), ">> hello, there!");
+    assert_eq!(code(write("x", "insert", 999).await).0, -32602);
+    assert_eq!(
+        code(
+            call(
+                &a,
+                "resourceWrite",
+                json!({"uri": uri(&text), "data": "x", "encoding": "utf-8", "position": -1})
+            )
+            .await
+        )
+        .0,
+        -32602
+    );
+
+    // createOnly and ifMatch.
+    let (refused, _) = code(
+        call(
+            &a,
+            "resourceWrite",
+            json!({"uri": uri(&text), "data": "x", "encoding": "utf-8", "createOnly": true}),
+        )
+        .await,
+    );
+    assert_eq!(refused, -32010);
+    let resolved = call(&a, "resourceResolve", json!({"uri": uri(&text)}))
+        .await
+        .expect("resolve");
+    assert_eq!(
+        (resolved["type"].as_str(), resolved["size"].as_i64()),
+        (Some("file"), Some(16))
+    );
+    let etag = resolved["etag"].as_str().expect("etag").to_string();
+    write("changed meanwhile", "truncate", 0)
+        .await
+        .expect("another write");
+    let (conflict, _) = code(
+        call(
+            &a,
+            "resourceWrite",
+            json!({"uri": uri(&text), "data": "lost update", "encoding": "utf-8", "ifMatch": etag}),
+        )
+        .await,
+    );
+    assert_eq!(conflict, -32011);
+    assert_eq!(std::fs::read_to_string(&text).expect("read"), "changed meanwhile");
+    let fresh = call(&a, "resourceResolve", json!({"uri": uri(&text)}))
+        .await
+        .expect("resolve")["etag"]
+        .clone();
+    call(
+        &a,
+        "resourceWrite",
+        json!({"uri": uri(&text), "data": "ok", "encoding": "utf-8", "ifMatch": fresh}),
+    )
+    .await
+    .expect("a write with the current etag");
+
+    // mkdir over a file; NotFound for what is missing.
+    assert_eq!(
+        code(call(&a, "resourceMkdir", json!({"uri": uri(&text)})).await).0,
+        -32010
+    );
+    for method in [
+        "resourceRead",
+        "resourceResolve",
+        "resourceList",
+        "resourceDelete",
+    ] {
+        let (missing, _) = code(call(&a, method, json!({"uri": uri(&dir.join("missing"))})).await);
+        assert_eq!(missing, -32008, "{method}");
+    }
+
+    // Symlinks: lstat or followed to the canonical URI.
+    std::os::unix::fs::symlink(&text, dir.join("link.txt")).expect("symlink");
+    let link = call(
+        &a,
+        "resourceResolve",
+        json!({"uri": uri(&dir.join("link.txt")), "followSymlinks": false}),
+    )
+    .await
+    .expect("lstat");
+    assert_eq!(link["type"], "symlink");
+    let followed = call(&a, "resourceResolve", json!({"uri": uri(&dir.join("link.txt"))}))
+        .await
+        .expect("stat");
+    assert_eq!(
+        (followed["type"].as_str(), followed["uri"].as_str()),
+        (
+            Some("file"),
+            Some(uri(&text.canonicalize().expect("real")).as_str())
+        )
+    );
+
+    // List, copy, move, delete.
+    let listed = call(&a, "resourceList", json!({"uri": uri(&dir)}))
+        .await
+        .expect("list");
+    let names: Vec<(String, String)> = listed["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap_or("").to_string(),
+                e["type"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("link.txt", "file"),
+            ("notes.md", "file"),
+            ("pixel.png", "file"),
+            ("t.txt", "file")
+        ]
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+    );
+    assert_eq!(
+        code(call(&a, "resourceList", json!({"uri": uri(&text)})).await).0,
+        -32602
+    );
+    let copy = root.join("project/copy");
+    call(
+        &a,
+        "resourceCopy",
+        json!({"source": uri(&dir), "destination": uri(&copy)}),
+    )
+    .await
+    .expect("copy a tree");
+    assert_eq!(
+        std::fs::read_to_string(copy.join("notes.md")).expect("copied"),
+        "# Notes\n"
+    );
+    let (exists, _) = code(
+        call(
+            &a,
+            "resourceCopy",
+            json!({"source": uri(&notes), "destination": uri(&copy.join("t.txt")), "failIfExists": true}),
+        )
+        .await,
+    );
+    assert_eq!(exists, -32010);
+    call(
+        &a,
+        "resourceMove",
+        json!({"source": uri(&copy.join("t.txt")), "destination": uri(&copy.join("moved.txt"))}),
+    )
+    .await
+    .expect("move");
+    assert!(!copy.join("t.txt").exists() && copy.join("moved.txt").exists());
+    let (not_empty, _) = code(call(&a, "resourceDelete", json!({"uri": uri(&copy)})).await);
+    assert_eq!(not_empty, -32602);
+    call(
+        &a,
+        "resourceDelete",
+        json!({"uri": uri(&copy), "recursive": true}),
+    )
+    .await
+    .expect("delete a tree");
+    assert!(!copy.exists());
+
+    // The files were written by the tenant's file server, as the tenant's own user when the relay is root.
+    if rustix_is_root() {
+        let owner = std::fs::metadata(&notes).expect("meta").uid();
+        assert_ne!(owner, 0, "the file server does not write as the relay's user");
+    }
+}
+
+fn rustix_is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escapes_are_refused_with_nothing_touched_outside() {
+    let setup = relay_with_workspace(&[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let root = setup.root("dev");
+    mkdir(&a, &root.join("p")).await;
+    let outside = tempfile::tempdir().expect("outside");
+    std::fs::write(outside.path().join("secret"), "secret").expect("secret");
+    std::os::unix::fs::symlink(outside.path(), root.join("p/escape")).expect("symlink out");
+    let attempts = [
+        format!("file://{}/p/../../x", root.display()),
+        uri(&outside.path().join("secret")),
+        uri(&root.join("p/escape/secret")),
+        uri(&root.join("p/escape/new")),
+        "file:///etc/passwd".to_string(),
+    ];
+    for target in &attempts {
+        let (read, _) = code(call(&a, "resourceRead", json!({"uri": target})).await);
+        assert_eq!(read, -32009, "read {target}");
+        let (write, _) = code(
+            call(
+                &a,
+                "resourceWrite",
+                json!({"uri": target, "data": "x", "encoding": "utf-8"}),
+            )
+            .await,
+        );
+        assert_eq!(write, -32009, "write {target}");
+        let (mkdir, _) = code(call(&a, "resourceMkdir", json!({"uri": format!("{target}-dir")})).await);
+        assert_eq!(mkdir, -32009, "mkdir {target}");
+    }
+    let (moved, _) = code(
+        call(
+            &a,
+            "resourceMove",
+            json!({"source": uri(&root.join("p")), "destination": uri(&outside.path().join("stolen"))}),
+        )
+        .await,
+    );
+    assert_eq!(moved, -32009);
+    let (copied, _) = code(
+        call(
+            &a,
+            "resourceCopy",
+            json!({"source": uri(&outside.path().join("secret")), "destination": uri(&root.join("p/copy"))}),
+        )
+        .await,
+    );
+    assert_eq!(copied, -32009);
+    let entries: Vec<_> = std::fs::read_dir(outside.path()).expect("list").collect();
+    assert_eq!(entries.len(), 1, "nothing was created outside");
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("secret")).expect("read"),
+        "secret"
+    );
+    assert!(root.join("p").is_dir() && !root.join("p/copy").exists());
+    // Not a file: URI at all.
+    assert_eq!(
+        code(call(&a, "resourceRead", json!({"uri": "https://example.com/x"})).await).0,
+        -32008
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_are_apart_and_viewers_only_read() {
+    let setup = relay_with_workspace(&[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let root = setup.root("dev");
+    let file = root.join("shared/plan.txt");
+    mkdir(&a, &root.join("shared")).await;
+    call(
+        &a,
+        "resourceWrite",
+        json!({"uri": uri(&file), "data": "plan", "encoding": "utf-8"}),
+    )
+    .await
+    .expect("write");
+
+    // Another tenant reaches none of it.
+    let (b, init) = setup.relay.client_as("other", "bob", Role::Admin, "bob").await;
+    assert_eq!(
+        init.default_directory.as_deref(),
+        Some(uri(&setup.root("other")).as_str())
+    );
+    for (method, params) in [
+        ("resourceRead", json!({"uri": uri(&file)})),
+        ("resourceList", json!({"uri": uri(&root)})),
+        ("resourceResolve", json!({"uri": uri(&file)})),
+        ("resourceDelete", json!({"uri": uri(&file)})),
+        (
+            "resourceWrite",
+            json!({"uri": uri(&file), "data": "mine", "encoding": "utf-8"}),
+        ),
+    ] {
+        assert_eq!(code(call(&b, method, params).await).0, -32009, "{method}");
+    }
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "plan");
+
+    // A viewer of the tenant reads, never writes.
+    let (viewer, _) = setup.relay.client_as("dev", "vera", Role::Viewer, "vera").await;
+    let read = call(&viewer, "resourceRead", json!({"uri": uri(&file)}))
+        .await
+        .expect("a viewer reads");
+    assert_eq!(read["data"], "plan");
+    for (method, params) in [
+        (
+            "resourceWrite",
+            json!({"uri": uri(&file), "data": "vandal", "encoding": "utf-8"}),
+        ),
+        ("resourceMkdir", json!({"uri": uri(&root.join("v"))})),
+        ("resourceDelete", json!({"uri": uri(&file)})),
+        (
+            "resourceMove",
+            json!({"source": uri(&file), "destination": uri(&root.join("x"))}),
+        ),
+        (
+            "resourceCopy",
+            json!({"source": uri(&file), "destination": uri(&root.join("x"))}),
+        ),
+        ("resourceRequest", json!({"uri": uri(&file), "write": true})),
+    ] {
+        assert_eq!(
+            code(call(&viewer, method, params).await).0,
+            -32009,
+            "viewer {method}"
+        );
+    }
+    call(
+        &viewer,
+        "resourceRequest",
+        json!({"uri": uri(&file), "read": true}),
+    )
+    .await
+    .expect("a viewer may read");
+    assert_eq!(std::fs::read_to_string(&file).expect("read"), "plan");
+    assert!(!root.join("v").exists() && !root.join("x").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_and_writes_are_bounded_and_a_larger_file_is_an_error_naming_the_limit() {
+    let setup = relay_with_workspace(&["--max-file-bytes", "1024"]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let root = setup.root("dev");
+    mkdir(&a, &root).await;
+    let big = root.join("big.log");
+    std::fs::write(&big, vec![b'x'; 2000]).expect("big");
+    let (read, message) = code(call(&a, "resourceRead", json!({"uri": uri(&big)})).await);
+    assert_eq!(read, -32602);
+    assert!(message.contains("1024 bytes"), "{message}");
+    let small = root.join("small.log");
+    call(
+        &a,
+        "resourceWrite",
+        json!({"uri": uri(&small), "data": "ok", "encoding": "utf-8"}),
+    )
+    .await
+    .expect("small");
+    let (write, message) = code(
+        call(
+            &a,
+            "resourceWrite",
+            json!({"uri": uri(&small), "data": "y".repeat(1500), "encoding": "utf-8", "mode": "append"}),
+        )
+        .await,
+    );
+    assert_eq!(write, -32602);
+    assert!(message.contains("1024 bytes"), "{message}");
+    assert_eq!(
+        std::fs::read_to_string(&small).expect("read"),
+        "ok",
+        "never a truncated success"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_workspace_the_commands_say_why() {
+    let relay = Relay::start().await;
+    let (a, _) = relay.client("device-a").await;
+    let (refused, message) = code(call(&a, "resourceRead", json!({"uri": "file:///tmp/x"})).await);
+    assert_eq!(refused, -32601);
+    assert!(message.contains("--agents"), "{message}");
+}
