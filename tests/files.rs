@@ -504,3 +504,180 @@ async fn without_a_workspace_the_commands_say_why() {
     assert_eq!(refused, -32601);
     assert!(message.contains("--agents"), "{message}");
 }
+
+/// The metric `name` of the relay, once it reads `value` (or the last value read after [`PATIENCE`]).
+async fn metric_becomes(relay: &Relay, name: &str, value: f64) -> f64 {
+    let mut seen = relay.metric(name).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while seen != value && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        seen = relay.metric(name).await;
+    }
+    seen
+}
+
+/// The next `resourceWatch/changed` on `sub`: its (uri, type) items.
+async fn next_changes(sub: &mut ahp::SessionSubscription) -> Vec<(String, String)> {
+    loop {
+        let envelope = next_envelope(sub).await;
+        if let ahp_types::actions::StateAction::ResourceWatchChanged(changed) = &envelope.action {
+            let value = serde_json::to_value(&changed.changes).expect("changes");
+            return value["items"]
+                .as_array()
+                .expect("items")
+                .iter()
+                .map(|item| {
+                    (
+                        item["uri"].as_str().unwrap_or("").to_string(),
+                        item["type"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect();
+        }
+    }
+}
+
+/// Issue 26 (1): a watch reports what a client and the agent change (its excludes filtered out), only to its
+/// own connection, and is released on unsubscribe and on disconnect (the gauge says so); bounded per connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_reports_changes_and_is_released_on_unsubscribe_and_on_disconnect() {
+    let setup = relay_with_workspace(&[]).await;
+    let relay = &setup.relay;
+    let (a, _) = relay.client("device-a").await;
+    let root = setup.root("dev");
+    mkdir(&a, &root.join("w")).await;
+    let before = relay.metric("ahp_relay_resource_watches").await;
+    let created = call(
+        &a,
+        "createResourceWatch",
+        json!({"uri": uri(&root), "recursive": true, "excludes": {"items": ["*.log"]}}),
+    )
+    .await
+    .expect("watch");
+    let channel = created["channel"].as_str().expect("channel").to_string();
+    assert!(channel.starts_with("ahp-resource-watch:/"), "{channel}");
+    assert_eq!(
+        metric_becomes(relay, "ahp_relay_resource_watches", before + 1.0).await,
+        before + 1.0
+    );
+    let (subscribed, mut changes) = a.subscribe(channel.clone()).await.expect("subscribe");
+    let state = serde_json::to_value(subscribed.snapshot.expect("snapshot").state).expect("state");
+    assert_eq!(state["root"], uri(&root));
+    assert_eq!(state["recursive"], true);
+
+    // It is this connection's: another (same tenant) cannot subscribe to it.
+    let (b, _) = relay.client("device-b").await;
+    assert_eq!(
+        code(b.subscribe(channel.clone()).await.map(|(result, _)| result)).0,
+        -32008
+    );
+
+    // A client's writes: the excluded one is not reported.
+    call(
+        &a,
+        "resourceWrite",
+        json!({"uri": uri(&root.join("w/skip.log")), "data": "x", "encoding": "utf-8"}),
+    )
+    .await
+    .expect("write log");
+    call(
+        &a,
+        "resourceWrite",
+        json!({"uri": uri(&root.join("w/seen.txt")), "data": "x", "encoding": "utf-8"}),
+    )
+    .await
+    .expect("write txt");
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|(u, _): &(String, String)| u.ends_with("/w/seen.txt"))
+    {
+        seen.extend(next_changes(&mut changes).await);
+    }
+    assert!(
+        !seen
+            .iter()
+            .any(|(u, _)| u.ends_with(".log") || u.contains(".ahp-")),
+        "excluded and temporary files are not reported: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|(u, t)| u == &uri(&root.join("w/seen.txt")) && (t == "added" || t == "updated")),
+        "{seen:?}"
+    );
+
+    // The agent's writes (a shell it runs in its session's directory, under the tenant's root).
+    let session = "ahp-session:/watched";
+    let _: Value = a
+        .request(
+            "createSession",
+            json!({"channel": session, "provider": "scripted"}),
+        )
+        .await
+        .expect("createSession");
+    let (opened, mut session_sub) = a.subscribe(session.to_string()).await.expect("subscribe session");
+    let state = serde_json::to_value(opened.snapshot.expect("snapshot").state).expect("state");
+    let chat = state["defaultChat"].as_str().expect("default chat").to_string();
+    if state["lifecycle"] != "ready" {
+        while !matches!(
+            next_envelope(&mut session_sub).await.action,
+            ahp_types::actions::StateAction::SessionReady(_)
+        ) {}
+    }
+    a.dispatch(chat, turn_started("t1", "sh: echo hi > agent-wrote.txt"))
+        .await
+        .expect("prompt");
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|(u, _): &(String, String)| u.ends_with("/agent-wrote.txt"))
+    {
+        seen.extend(next_changes(&mut changes).await);
+    }
+
+    // Released on unsubscribe.
+    a.unsubscribe(channel.clone()).await.expect("unsubscribe");
+    assert_eq!(
+        metric_becomes(relay, "ahp_relay_resource_watches", before).await,
+        before
+    );
+
+    // Released when its connection goes; at most 16 per connection.
+    let (c, _) = relay.client("device-c").await;
+    for _ in 0..16 {
+        call(&c, "createResourceWatch", json!({"uri": uri(&root.join("w"))}))
+            .await
+            .expect("watch");
+    }
+    assert_eq!(
+        code(call(&c, "createResourceWatch", json!({"uri": uri(&root.join("w"))})).await).0,
+        -32602
+    );
+    assert_eq!(
+        metric_becomes(relay, "ahp_relay_resource_watches", before + 16.0).await,
+        before + 16.0
+    );
+    drop(c);
+    assert_eq!(
+        metric_becomes(relay, "ahp_relay_resource_watches", before).await,
+        before
+    );
+
+    // Outside the root, or missing: refused.
+    assert_eq!(
+        code(call(&b, "createResourceWatch", json!({"uri": "file:///etc"})).await).0,
+        -32009
+    );
+    assert_eq!(
+        code(
+            call(
+                &b,
+                "createResourceWatch",
+                json!({"uri": uri(&root.join("missing"))})
+            )
+            .await
+        )
+        .0,
+        -32008
+    );
+}

@@ -24,6 +24,7 @@
 //! | `ahp_relay_sessions_loaded` | gauge | shard | sessions held in memory |
 //! | `ahp_relay_chats_loaded` | gauge | shard | chats held in memory |
 //! | `ahp_relay_agent_runners` | gauge | shard | `ahp-relay runner` processes registered with this shard |
+//! | `ahp_relay_resource_watches` | gauge | shard | resource watches open (`createResourceWatch`, released on unsubscribe or disconnect) |
 //!
 //! **Fan-out latency** starts when the event was stamped ([`crate::bus::BusEvent::published_at`]): in the
 //! embedded relay that is the shard publishing it on the in-process bus, right after its batch committed;
@@ -71,6 +72,8 @@ pub const SESSIONS_LOADED: &str = "ahp_relay_sessions_loaded";
 pub const CHATS_LOADED: &str = "ahp_relay_chats_loaded";
 /// `ahp-relay runner` processes registered with this shard (gauge, shard).
 pub const AGENT_RUNNERS: &str = "ahp_relay_agent_runners";
+/// Resource watches open (gauge, shard).
+pub const RESOURCE_WATCHES: &str = "ahp_relay_resource_watches";
 /// Counter: JSON-RPC notifications the host refused (never answered, as JSON-RPC 2.0 requires).
 pub const NOTIFICATIONS_REFUSED_TOTAL: &str = "ahp_relay_notifications_refused_total";
 
@@ -208,6 +211,8 @@ fn register(side: Side) {
                 "Agent runner processes registered with this shard."
             );
             gauge!(AGENT_RUNNERS).set(0.0);
+            describe_gauge!(RESOURCE_WATCHES, Unit::Count, "Resource watches open.");
+            gauge!(RESOURCE_WATCHES).set(0.0);
             counter!(ACTIONS_TOTAL).increment(0);
             for source in [ReplaySource::Memory, ReplaySource::Store, ReplaySource::Snapshot] {
                 counter!(REPLAYS_TOTAL, "source" => source.label()).increment(0);
@@ -284,6 +289,22 @@ impl FanoutLatency {
 /// How many agent runners are registered with this shard now.
 pub fn agent_runners(count: usize) {
     gauge!(AGENT_RUNNERS).set(count as f64);
+}
+
+/// One open resource watch, counted in `ahp_relay_resource_watches` while this lives.
+#[must_use = "the watch is counted only while this is held"]
+pub struct OpenWatch(());
+
+/// A resource watch was opened; it stays counted until the returned value is dropped.
+pub fn resource_watch_opened() -> OpenWatch {
+    gauge!(RESOURCE_WATCHES).increment(1.0);
+    OpenWatch(())
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        gauge!(RESOURCE_WATCHES).decrement(1.0);
+    }
 }
 
 pub fn gap_repaired() {

@@ -292,6 +292,15 @@ impl HostCore {
             // "All retained turns" (see crate::archive).
             None => self.limits.retained_turns,
         };
+        // A resource watch is its connection's alone: to any other it does not exist.
+        if self
+            .model
+            .watches
+            .get(&params.channel)
+            .is_some_and(|watch| watch.owner != connection)
+        {
+            return Err(not_found(&params.channel));
+        }
         let from_seq = self.seq.current();
         // However many turns are asked for, the reply stays within its budget: a chat shows the newest that
         // fit, and its cursor pages in the rest.
@@ -341,6 +350,10 @@ impl HostCore {
             && !self.client_subscribed(&client_id, &params.channel)
         {
             self.remove_active_client(&params.channel, &client_id);
+        }
+        // A watch is released when its subscriber leaves (AHP: MUST).
+        if self.model.kind(&params.channel) == ChannelKind::ResourceWatch {
+            self.release_watch(connection, &params.channel);
         }
         Ok(CommandReply {
             subscriptions: vec![SubscriptionChange::Remove {

@@ -34,6 +34,8 @@ impl HostCore {
     }
 
     pub(crate) fn disconnect(&mut self, connection: ConnectionId) {
+        // Its resource watches go with it (AHP: MUST).
+        self.release_watches_of(connection);
         let Some(state) = self.connections.remove(&connection) else {
             return;
         };

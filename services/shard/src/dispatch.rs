@@ -222,7 +222,8 @@ impl HostCore {
             ChannelKind::Root => self.store_snapshot(channel),
             // A terminal's lifecycle is listed in root state.
             ChannelKind::Terminal => self.sync_terminal_list(),
-            ChannelKind::Unknown => {}
+            // Changes are sent to the watch's connection alone ([`crate::watches`]), never sequenced here.
+            ChannelKind::ResourceWatch | ChannelKind::Unknown => {}
         }
     }
 

@@ -43,6 +43,7 @@ pub mod summaries;
 pub mod terminals;
 pub mod turns;
 pub mod validate;
+pub mod watches;
 
 pub use host::Host;
 pub use link::ShardLink;

@@ -153,6 +153,8 @@ pub enum ChannelKind {
     Session,
     Chat,
     Terminal,
+    /// A connection's resource watch ([`crate::watches`]).
+    ResourceWatch,
     /// A URI this host has no state for (unknown, disposed, or a kind the relay does not host).
     Unknown,
 }
@@ -163,6 +165,8 @@ pub struct HostModel {
     pub sessions: HashMap<String, SessionRecord>,
     pub chats: HashMap<String, ChatRecord>,
     pub terminals: HashMap<String, TerminalRecord>,
+    /// Open resource watches, by channel (never stored).
+    pub watches: HashMap<String, crate::watches::WatchRecord>,
     next_catalog_no: u64,
 }
 
@@ -174,6 +178,7 @@ impl HostModel {
             sessions: HashMap::new(),
             chats: HashMap::new(),
             terminals: HashMap::new(),
+            watches: HashMap::new(),
             next_catalog_no: next_catalog_no.max(1),
         }
     }
@@ -187,6 +192,8 @@ impl HostModel {
             ChannelKind::Chat
         } else if self.terminals.contains_key(channel) {
             ChannelKind::Terminal
+        } else if self.watches.contains_key(channel) {
+            ChannelKind::ResourceWatch
         } else {
             ChannelKind::Unknown
         }
@@ -356,6 +363,9 @@ impl HostModel {
             }
             ChannelKind::Terminal => {
                 SnapshotState::Terminal(Box::new(self.terminals.get(channel)?.state.clone()))
+            }
+            ChannelKind::ResourceWatch => {
+                SnapshotState::ResourceWatch(Box::new(self.watches.get(channel)?.state.clone()))
             }
             ChannelKind::Unknown => return None,
         };

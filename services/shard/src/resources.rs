@@ -31,12 +31,20 @@ pub const RESOURCE_METHODS: &[&str] = &[
     "resourceResolve",
     "resourceMkdir",
     "resourceRequest",
+    "createResourceWatch",
 ];
+
+/// The answer where this process holds no workspace.
+pub(crate) fn no_files(method: &str) -> RpcError {
+    RpcError::method_not_found(&format!(
+        "{method} (this relay serves files only where it runs the agents' workspace: configure --agents)"
+    ))
+}
 
 const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// The path a `file:` URI names.
-fn path_of(uri: &str) -> Result<String, RpcError> {
+pub(crate) fn path_of(uri: &str) -> Result<String, RpcError> {
     match uri.strip_prefix("file://") {
         Some(path) if path.starts_with('/') => Ok(path.to_string()),
         _ => Err(RpcError::new(
@@ -46,7 +54,7 @@ fn path_of(uri: &str) -> Result<String, RpcError> {
     }
 }
 
-fn to_rpc(error: FileError) -> RpcError {
+pub(crate) fn to_rpc(error: FileError) -> RpcError {
     match error {
         FileError::NotFound(message) => RpcError::new(ahp_error_codes::NOT_FOUND, message),
         FileError::PermissionDenied(message) => RpcError::permission_denied(message),
@@ -155,11 +163,11 @@ impl Host {
             (core.providers.files().cloned(), writer)
         };
         let Some(files) = files else {
-            return Err(RpcError::method_not_found(&format!(
-                "{} (this relay serves files only where it runs the agents' workspace: configure --agents)",
-                message.method
-            )));
+            return Err(no_files(&message.method));
         };
+        if message.method == "createResourceWatch" {
+            return self.create_resource_watch(connection, message).await;
+        }
         let tenant = &self.key.tenant;
         if message.method == "resourceRequest" {
             // Access is decided by who asks, not granted per file: a member may read and write the tenant's

@@ -226,6 +226,7 @@ pub fn check_client_action(
             }
             None => Err("unknown chat".into()),
         },
+        ChannelKind::ResourceWatch => Err("a resource watch's changes come from the host only".into()),
         ChannelKind::Terminal | ChannelKind::Unknown => Err("unknown channel".into()),
     }
 }

@@ -1,11 +1,12 @@
 //! Tenants' files as AHP's `resource*` commands reach them: the operations and their rules ([`ops`]), the file
-//! server that runs them inside a sandbox of the tenant ([`server`]), the runner's handle on those servers
-//! ([`service`]) and what travels between the two ([`protocol`]).
+//! server that runs them inside a sandbox of the tenant ([`server`]) with its watches ([`watch`]), the runner's
+//! handle on those servers ([`service`]) and what travels between the two ([`protocol`]).
 
 pub mod ops;
 pub mod protocol;
 pub mod server;
 pub mod service;
+pub mod watch;
 
-pub use protocol::{EntryKind, FileError, FileOp, FileReply, Resolved, WriteMode};
-pub use service::FileService;
+pub use protocol::{ChangeKind, EntryKind, FileError, FileOp, FileReply, Resolved, WriteMode};
+pub use service::{FileService, WatchHandle};

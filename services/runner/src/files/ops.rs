@@ -13,6 +13,14 @@ use base64::Engine;
 
 use super::protocol::{EntryKind, FileError, FileOp, FileReply, Resolved, WriteMode};
 
+/// What names the temporary file of a write (`.<name>.ahp-<id>.tmp`).
+const TEMPORARY_MARK: &str = ".ahp-";
+
+/// Whether `name` is the temporary file of a write under way (not worth a watch's report).
+pub fn is_temporary(name: &str) -> bool {
+    name.starts_with('.') && name.ends_with(".tmp") && name.contains(TEMPORARY_MARK)
+}
+
 /// A tenant's files.
 pub struct Files {
     /// The tenant's directory, resolved.
@@ -91,7 +99,7 @@ impl Files {
 
     /// `requested` resolved inside the root: every existing part's symlinks followed (the last one's only when
     /// `follow_last`), or PermissionDenied when it leads outside. What does not exist yet is kept as named.
-    fn confine(&self, requested: &str, follow_last: bool) -> Result<PathBuf, FileError> {
+    pub(crate) fn confine(&self, requested: &str, follow_last: bool) -> Result<PathBuf, FileError> {
         let path = Path::new(requested);
         if !path.is_absolute() {
             return Err(FileError::Invalid(format!("{requested} is not an absolute path")));
@@ -201,6 +209,9 @@ impl Files {
                 follow_symlinks,
             } => self.resolve(&path, follow_symlinks),
             FileOp::Mkdir { path } => self.mkdir(&path),
+            FileOp::Watch { .. } | FileOp::Unwatch { .. } => Err(FileError::Invalid(
+                "watches are the file server's, not a file operation".into(),
+            )),
         }
     }
 
@@ -333,7 +344,10 @@ impl Files {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let temporary = parent.join(format!(".{name}.ahp-{}.tmp", uuid::Uuid::new_v4().simple()));
+        let temporary = parent.join(format!(
+            ".{name}{TEMPORARY_MARK}{}.tmp",
+            uuid::Uuid::new_v4().simple()
+        ));
         let written = (|| {
             let mut file = fs::OpenOptions::new()
                 .write(true)

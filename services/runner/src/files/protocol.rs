@@ -56,6 +56,18 @@ pub enum FileOp {
     Mkdir {
         path: String,
     },
+    /// Start watch `watch` of `path` (its changes come as [`Changed`] lines).
+    Watch {
+        watch: u64,
+        path: String,
+        recursive: bool,
+        includes: Vec<String>,
+        excludes: Vec<String>,
+    },
+    /// Stop watch `watch`.
+    Unwatch {
+        watch: u64,
+    },
 }
 
 impl FileOp {
@@ -63,7 +75,11 @@ impl FileOp {
     pub fn writes(&self) -> bool {
         !matches!(
             self,
-            FileOp::Read { .. } | FileOp::List { .. } | FileOp::Resolve { .. }
+            FileOp::Read { .. }
+                | FileOp::List { .. }
+                | FileOp::Resolve { .. }
+                | FileOp::Watch { .. }
+                | FileOp::Unwatch { .. }
         )
     }
 }
@@ -125,6 +141,30 @@ pub enum FileError {
     /// The file server failed (it died, timed out, or the disk did).
     #[error("{0}")]
     Unavailable(String),
+}
+
+/// How a watched path changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ChangeKind {
+    Added,
+    Updated,
+    Deleted,
+}
+
+/// What a watch saw change (a line the server writes on its own).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Changed {
+    pub watch: u64,
+    pub changes: Vec<(String, ChangeKind)>,
+}
+
+/// A line the server writes: an answer, or a watch's changes.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ServerLine {
+    Answer(Answer),
+    Changed(Changed),
 }
 
 /// A request on the wire.

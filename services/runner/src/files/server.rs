@@ -1,12 +1,17 @@
 //! A tenant's file server: `ahp-relay sandbox-files <root> <max-bytes>`, started by the runner inside a sandbox
 //! of the tenant (its user, its directory the only writable one, Landlock and seccomp as for its agents). It
-//! answers [`super::protocol`] requests, one JSON line each, on stdin and stdout, in order, until stdin closes.
+//! answers [`super::protocol`] requests, one JSON line each, on stdin and stdout, in order, until stdin closes;
+//! its watches ([`super::watch`]) write their changes on stdout between answers.
 
 use std::io::{BufRead, Read, Write};
 use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use super::ops::Files;
-use super::protocol::{Answer, Request};
+use super::protocol::{Answer, Changed, FileError, FileOp, FileReply, Request, ServerLine};
+use super::watch::Watches;
 
 /// The subcommand that runs a file server.
 pub const SUBCOMMAND: &str = "sandbox-files";
@@ -14,6 +19,16 @@ pub const SUBCOMMAND: &str = "sandbox-files";
 /// Longest request line read (a write's base64 data with room to spare), so a broken peer cannot grow memory.
 fn max_line(max_bytes: u64) -> usize {
     usize::try_from(max_bytes.saturating_mul(4) / 3 + 64 * 1024).unwrap_or(usize::MAX)
+}
+
+/// Writes one line; `false` once stdout is gone.
+fn write_line(output: &Mutex<std::io::Stdout>, line: &ServerLine) -> bool {
+    let Ok(mut bytes) = serde_json::to_vec(line) else {
+        return true;
+    };
+    bytes.push(b'\n');
+    let mut output = output.lock();
+    output.write_all(&bytes).and_then(|()| output.flush()).is_ok()
 }
 
 /// Serve `args` = [root, max-bytes] on stdin/stdout; the process's exit status.
@@ -32,10 +47,13 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
             return 1;
         }
     };
+    let output = Arc::new(Mutex::new(std::io::stdout()));
+    let reporter = output.clone();
+    let watches = Watches::new(move |watch, changes| {
+        write_line(&reporter, &ServerLine::Changed(Changed { watch, changes }));
+    });
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
-    let stdout = std::io::stdout();
-    let mut output = stdout.lock();
     let limit = max_line(max_bytes);
     let mut line = Vec::new();
     loop {
@@ -53,22 +71,53 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
                 return 1;
             }
         }
-        let answer = match serde_json::from_slice::<Request>(&line) {
-            Ok(request) => Answer {
-                id: request.id,
-                result: files.run(request.op),
-            },
+        let request = match serde_json::from_slice::<Request>(&line) {
+            Ok(request) => request,
             Err(error) => {
                 eprintln!("unreadable request: {error}");
                 return 1;
             }
         };
-        let written = serde_json::to_writer(&mut output, &answer)
-            .map_err(std::io::Error::other)
-            .and_then(|()| output.write_all(b"\n"))
-            .and_then(|()| output.flush());
-        if written.is_err() {
+        let result = match request.op {
+            FileOp::Watch {
+                watch,
+                path,
+                recursive,
+                includes,
+                excludes,
+            } => start_watch(&files, &watches, watch, &path, recursive, &includes, &excludes),
+            FileOp::Unwatch { watch } => {
+                watches.remove(watch);
+                Ok(FileReply::Done)
+            }
+            op => files.run(op),
+        };
+        if !write_line(
+            &output,
+            &ServerLine::Answer(Answer {
+                id: request.id,
+                result,
+            }),
+        ) {
             return 0;
         }
     }
+}
+
+/// Watch an existing path inside the root.
+fn start_watch(
+    files: &Files,
+    watches: &Watches,
+    watch: u64,
+    requested: &str,
+    recursive: bool,
+    includes: &[String],
+    excludes: &[String],
+) -> Result<FileReply, FileError> {
+    let path = files.confine(requested, true)?;
+    if !path.exists() {
+        return Err(FileError::NotFound(format!("{} does not exist", path.display())));
+    }
+    watches.add(watch, path, recursive, includes, excludes)?;
+    Ok(FileReply::Done)
 }

@@ -12,9 +12,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use relay_sandbox::{Egress, ResourceLimits, SandboxSpec};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
-use super::protocol::{Answer, FileError, FileOp, FileReply, Request};
+use super::protocol::{ChangeKind, FileError, FileOp, FileReply, Request, ServerLine};
 use super::server::SUBCOMMAND;
 use crate::acp::sandboxes::Sandboxes;
 
@@ -24,12 +24,19 @@ const OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
 /// The host name under which file servers get their private directories (no AHP host can have it).
 const FILES_HOST: &str = ".files";
 
+/// Most watches one tenant may have open (each is an inotify instance in its file server).
+const MAX_WATCHES_PER_TENANT: usize = 64;
+
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<FileReply, FileError>>>>>;
+
+/// Where each watch's changes go.
+type Listeners = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Vec<(String, ChangeKind)>>>>>;
 
 /// A running file server.
 struct Server {
     input: tokio::sync::Mutex<tokio::process::ChildStdin>,
     pending: Pending,
+    listeners: Listeners,
     /// Kills the sandbox when the server is dropped.
     _child: tokio::process::Child,
 }
@@ -42,18 +49,50 @@ pub struct FileService {
     max_bytes: u64,
     next_id: AtomicU64,
     servers: tokio::sync::Mutex<HashMap<String, Arc<Server>>>,
+    /// Open watches per tenant.
+    watches: Mutex<HashMap<String, usize>>,
+    me: std::sync::Weak<FileService>,
+}
+
+/// An open watch: dropped, its file server stops watching and it is no longer counted.
+pub struct WatchHandle {
+    service: std::sync::Weak<FileService>,
+    tenant: String,
+    id: u64,
+}
+
+impl Drop for WatchHandle {
+    fn drop(&mut self) {
+        let Some(service) = self.service.upgrade() else {
+            return;
+        };
+        if let Some(count) = service.watches.lock().get_mut(&self.tenant) {
+            *count = count.saturating_sub(1);
+        }
+        let (tenant, id) = (self.tenant.clone(), self.id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Some(server) = service.servers.lock().await.get(&tenant).cloned() {
+                    server.listeners.lock().remove(&id);
+                }
+                let _ = service.call(&tenant, FileOp::Unwatch { watch: id }).await;
+            });
+        }
+    }
 }
 
 impl FileService {
     /// Files of the tenants of `sandboxes`' workspace, served by `program` (`ahp-relay`), reads and writes at
     /// most `max_bytes` each.
     pub fn new(sandboxes: Arc<Sandboxes>, program: PathBuf, max_bytes: u64) -> Arc<FileService> {
-        Arc::new(FileService {
+        Arc::new_cyclic(|me| FileService {
             sandboxes,
             program,
             max_bytes,
             next_id: AtomicU64::new(1),
             servers: tokio::sync::Mutex::new(HashMap::new()),
+            watches: Mutex::new(HashMap::new()),
+            me: me.clone(),
         })
     }
 
@@ -103,6 +142,47 @@ impl FileService {
                 )))
             }
         }
+    }
+
+    /// Watch `path` of `tenant`'s files; its changes go to `changes` (coalesced, at most every 100 ms) until the
+    /// returned handle is dropped. At most [`MAX_WATCHES_PER_TENANT`] per tenant.
+    pub async fn watch(
+        &self,
+        tenant: &str,
+        path: String,
+        recursive: bool,
+        includes: Vec<String>,
+        excludes: Vec<String>,
+        changes: mpsc::UnboundedSender<Vec<(String, ChangeKind)>>,
+    ) -> Result<WatchHandle, FileError> {
+        {
+            let mut watches = self.watches.lock();
+            let count = watches.entry(tenant.to_string()).or_default();
+            if *count >= MAX_WATCHES_PER_TENANT {
+                return Err(FileError::Invalid(format!(
+                    "a tenant may have at most {MAX_WATCHES_PER_TENANT} resource watches open"
+                )));
+            }
+            *count += 1;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let handle = WatchHandle {
+            service: self.me.clone(),
+            tenant: tenant.to_string(),
+            id,
+        };
+        let server = self.server(tenant).await?;
+        server.listeners.lock().insert(id, changes);
+        let op = FileOp::Watch {
+            watch: id,
+            path,
+            recursive,
+            includes,
+            excludes,
+        };
+        // Refused: dropping the handle uncounts it (and tells the server, which has nothing to stop).
+        self.call(tenant, op).await?;
+        Ok(handle)
     }
 
     /// Drop `server` if it is still `tenant`'s (the next request starts another).
@@ -167,29 +247,38 @@ impl FileService {
             return Err(unavailable("its pipes are missing".into()));
         };
         let pending: Pending = Arc::default();
+        let listeners: Listeners = Arc::default();
         let answers = pending.clone();
+        let watchers = listeners.clone();
         let tenant_name = tenant.to_string();
         tokio::spawn(async move {
             let mut lines = BufReader::new(output).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                match serde_json::from_str::<Answer>(&line) {
-                    Ok(answer) => {
+                match serde_json::from_str::<ServerLine>(&line) {
+                    Ok(ServerLine::Answer(answer)) => {
                         if let Some(waiting) = answers.lock().remove(&answer.id) {
                             let _ = waiting.send(answer.result);
                         }
                     }
+                    Ok(ServerLine::Changed(changed)) => {
+                        if let Some(listener) = watchers.lock().get(&changed.watch) {
+                            let _ = listener.send(changed.changes);
+                        }
+                    }
                     Err(error) => {
-                        tracing::warn!(tenant = %tenant_name, %error, "unreadable answer of a file server")
+                        tracing::warn!(tenant = %tenant_name, %error, "unreadable line of a file server")
                     }
                 }
             }
-            // Stopped: whatever it had is answered by the dropped senders ("stopped; retry").
+            // Stopped: whatever it had is answered by the dropped senders ("stopped; retry"); its watches end.
             answers.lock().clear();
+            watchers.lock().clear();
         });
         tracing::info!(tenant, "started the tenant's file server");
         Ok(Server {
             input: tokio::sync::Mutex::new(input),
             pending,
+            listeners,
             _child: child,
         })
     }

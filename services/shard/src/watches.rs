@@ -1,0 +1,171 @@
+//! Resource watches (`createResourceWatch`, `ahp-resource-watch:/<id>` channels): a connection asks to watch a
+//! path of its tenant's workspace; the tenant's file server watches it ([`relay_runner::files`]) and what
+//! changes reaches the connection as `resourceWatch/changed` on the watch's channel — privately (no other
+//! connection may subscribe; nothing is logged or replayed). A watch is released when its connection
+//! unsubscribes from it or goes away (AHP: MUST), and is bounded per connection ([`MAX_WATCHES_PER_CONNECTION`])
+//! and per tenant (by the file service).
+
+use ahp_types::actions::{ResourceWatchChangedAction, StateAction};
+use ahp_types::commands::{CreateResourceWatchParams, CreateResourceWatchResult};
+use ahp_types::state::{ResourceChange, ResourceChangeType, ResourceWatchState};
+use relay_core::rpc::{InboundMessage, RpcError};
+use relay_core::ConnectionId;
+use relay_runner::files::{ChangeKind, WatchHandle};
+
+use crate::commands::{reply, CommandResult};
+use crate::host::{Host, HostCore};
+
+/// Most watches one connection may hold.
+pub const MAX_WATCHES_PER_CONNECTION: usize = 16;
+
+/// The URI scheme of watch channels.
+pub const WATCH_SCHEME: &str = "ahp-resource-watch:";
+
+/// One watch: what it watches (its channel's state), whose it is, and the file server's watch.
+pub struct WatchRecord {
+    pub state: ResourceWatchState,
+    pub owner: ConnectionId,
+    pub _handle: WatchHandle,
+    /// Counted in `ahp_relay_resource_watches` while it lives.
+    pub _counted: relay_core::telemetry::OpenWatch,
+}
+
+/// Patterns from `{ items: [...] }` (or a plain list).
+fn patterns(value: Option<&serde_json::Value>) -> Result<Vec<String>, RpcError> {
+    let items = match value {
+        None | Some(serde_json::Value::Null) => return Ok(Vec::new()),
+        Some(serde_json::Value::Object(object)) => object.get("items").cloned().unwrap_or_default(),
+        Some(other) => other.clone(),
+    };
+    match items {
+        serde_json::Value::Null => Ok(Vec::new()),
+        serde_json::Value::Array(items) => items
+            .into_iter()
+            .map(|item| match item {
+                serde_json::Value::String(pattern) => Ok(pattern),
+                _ => Err(RpcError::invalid_params(
+                    "includes/excludes items must be strings",
+                )),
+            })
+            .collect(),
+        _ => Err(RpcError::invalid_params(
+            "includes/excludes must be { items: [...] }",
+        )),
+    }
+}
+
+impl HostCore {
+    /// Forget the watches of `connection` (it went away); their file server watches stop.
+    pub(crate) fn release_watches_of(&mut self, connection: ConnectionId) {
+        self.model.watches.retain(|_, watch| watch.owner != connection);
+    }
+
+    /// Forget watch `channel` if it is `connection`'s.
+    pub(crate) fn release_watch(&mut self, connection: ConnectionId, channel: &str) {
+        if self
+            .model
+            .watches
+            .get(channel)
+            .is_some_and(|watch| watch.owner == connection)
+        {
+            self.model.watches.remove(channel);
+        }
+    }
+
+    /// Report `changes` of watch `channel` to its connection.
+    pub(crate) fn report_watch(&mut self, channel: &str, changes: Vec<(String, ChangeKind)>) {
+        let Some(watch) = self.model.watches.get(channel) else {
+            return;
+        };
+        let owner = watch.owner;
+        let subscribed = self
+            .connections
+            .get(&owner)
+            .is_some_and(|state| state.subscriptions.contains(channel));
+        if !subscribed {
+            return;
+        }
+        let items: Vec<ResourceChange> = changes
+            .into_iter()
+            .map(|(path, kind)| ResourceChange {
+                uri: format!("file://{path}"),
+                r#type: match kind {
+                    ChangeKind::Added => ResourceChangeType::Added,
+                    ChangeKind::Updated => ResourceChangeType::Updated,
+                    ChangeKind::Deleted => ResourceChangeType::Deleted,
+                },
+            })
+            .collect();
+        let action = StateAction::ResourceWatchChanged(ResourceWatchChangedAction {
+            changes: serde_json::json!({ "items": items }),
+        });
+        self.seq.private(owner, channel, &action, None, None);
+    }
+}
+
+impl Host {
+    pub(crate) async fn create_resource_watch(
+        &self,
+        connection: ConnectionId,
+        message: &InboundMessage,
+    ) -> CommandResult {
+        let params: CreateResourceWatchParams = message.parse_params()?;
+        let includes = patterns(params.includes.as_ref())?;
+        let excludes = patterns(params.excludes.as_ref())?;
+        let path = crate::resources::path_of(&params.uri)?;
+        let files = {
+            let core = self.core.lock();
+            core.client_id(connection)?;
+            let held = core
+                .model
+                .watches
+                .values()
+                .filter(|watch| watch.owner == connection)
+                .count();
+            if held >= MAX_WATCHES_PER_CONNECTION {
+                return Err(RpcError::invalid_params(format!(
+                    "a connection may hold at most {MAX_WATCHES_PER_CONNECTION} watches"
+                )));
+            }
+            core.providers.files().cloned()
+        };
+        let files = files.ok_or_else(|| crate::resources::no_files("createResourceWatch"))?;
+        let channel = format!("{WATCH_SCHEME}/{}", uuid::Uuid::new_v4());
+        let recursive = params.recursive.unwrap_or(false);
+        let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+        let handle = files
+            .watch(&self.key.tenant, path, recursive, includes, excludes, events_tx)
+            .await
+            .map_err(crate::resources::to_rpc)?;
+        {
+            let mut core = self.core.lock();
+            // The connection may have gone meanwhile: then the watch goes with the handle.
+            if core.connection(connection).is_err() {
+                return Err(RpcError::internal("connection is not attached"));
+            }
+            core.model.watches.insert(
+                channel.clone(),
+                WatchRecord {
+                    state: ResourceWatchState {
+                        root: params.uri.clone(),
+                        recursive,
+                        excludes: params.excludes.clone(),
+                        includes: params.includes.clone(),
+                    },
+                    owner: connection,
+                    _handle: handle,
+                    _counted: relay_core::telemetry::resource_watch_opened(),
+                },
+            );
+        }
+        let host = self.me.clone();
+        let watched = channel.clone();
+        tokio::spawn(async move {
+            while let Some(changes) = events.recv().await {
+                let Some(host) = host.upgrade() else { return };
+                host.with_core(|core| core.report_watch(&watched, changes));
+            }
+        });
+        reply(message.id, &CreateResourceWatchResult { channel })
+    }
+}
