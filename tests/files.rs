@@ -681,3 +681,119 @@ async fn a_watch_reports_changes_and_is_released_on_unsubscribe_and_on_disconnec
         -32008
     );
 }
+
+/// Issue 26 (5, files): through a gateway to a shard, files and watches are served by a separate runner process
+/// (the one holding the workspace, in a sandbox of the tenant there); a runner killed with SIGKILL leaves resource
+/// commands answered with a clear error, and a new runner serves them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_gateway_files_are_served_by_the_runner_and_its_death_is_a_clear_error() {
+    let workspace = tempfile::tempdir().expect("workspace");
+    let config = tempfile::tempdir().expect("config");
+    let file = config.path().join("agents.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nenv = [\"PATH\"]\n",
+            workspace.path().display().to_string(),
+            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
+        ),
+    )
+    .expect("write agents file");
+    let shard = Shard::start(&["--agents", &file.display().to_string()]).await;
+    let gateway = Relay::gateway(&shard.url).await;
+    let root = workspace.path().join("dev");
+
+    // No runner yet: said so.
+    let (a, _) = gateway.client("device-a").await;
+    let (refused, message) = code(call(&a, "resourceMkdir", json!({"uri": uri(&root.join("x"))})).await);
+    assert_eq!(refused, -32603);
+    assert!(message.contains("runner"), "{message}");
+
+    let mut runner = start_runner(&shard, &file).await;
+    let (b, init) = gateway.client("device-b").await;
+    assert_eq!(init.default_directory.as_deref(), Some(uri(&root).as_str()));
+    mkdir(&b, &root.join("remote")).await;
+    let created = call(
+        &b,
+        "createResourceWatch",
+        json!({"uri": uri(&root.join("remote"))}),
+    )
+    .await
+    .expect("watch");
+    let channel = created["channel"].as_str().expect("channel").to_string();
+    let (_, mut changes) = b.subscribe(channel.clone()).await.expect("subscribe");
+    let notes = root.join("remote/notes.txt");
+    call(
+        &b,
+        "resourceWrite",
+        json!({"uri": uri(&notes), "data": "from afar", "encoding": "utf-8"}),
+    )
+    .await
+    .expect("write");
+    assert_eq!(std::fs::read_to_string(&notes).expect("on disk"), "from afar");
+    let read = call(&b, "resourceRead", json!({"uri": uri(&notes)}))
+        .await
+        .expect("read");
+    assert_eq!(read["data"], "from afar");
+    let mut seen = Vec::new();
+    while !seen.iter().any(|(u, _): &(String, String)| u == &uri(&notes)) {
+        seen.extend(next_changes(&mut changes).await);
+    }
+    assert_eq!(
+        code(call(&b, "resourceRead", json!({"uri": "file:///etc/passwd"})).await).0,
+        -32009
+    );
+    if rustix_is_root() {
+        assert_ne!(
+            std::fs::metadata(&notes).expect("meta").uid(),
+            0,
+            "written in the tenant's sandbox"
+        );
+    }
+
+    // SIGKILL the runner: a clear error, not a hang.
+    runner.start_kill().expect("kill the runner");
+    runner.wait().await.expect("reaped");
+    wait_for_runners(&shard, 0.0).await;
+    let (gone, message) = code(call(&b, "resourceRead", json!({"uri": uri(&notes)})).await);
+    assert_eq!(gone, -32603);
+    assert!(message.contains("runner"), "{message}");
+
+    // Another runner serves the same workspace.
+    let _runner = start_runner(&shard, &file).await;
+    let read = call(&b, "resourceRead", json!({"uri": uri(&notes)}))
+        .await
+        .expect("read again");
+    assert_eq!(read["data"], "from afar");
+}
+
+/// Start `ahp-relay runner` for `shard` with the agents of `file`; wait until the shard counts one runner.
+async fn start_runner(shard: &Shard, file: &Path) -> tokio::process::Child {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+    command
+        .args([
+            "runner",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--name",
+            "files-runner",
+            "--shard",
+            &shard.url,
+            "--agents",
+        ])
+        .arg(file);
+    let (child, _) = spawn_until(command, "runner serving").await;
+    wait_for_runners(shard, 1.0).await;
+    child
+}
+
+/// Wait until the shard has exactly `count` registered runners.
+async fn wait_for_runners(shard: &Shard, count: f64) {
+    let counted = tokio::time::timeout(PATIENCE, async {
+        while shard.metric("ahp_relay_agent_runners").await != count {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "the shard never counted {count} runners");
+}

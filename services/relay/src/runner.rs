@@ -44,6 +44,9 @@ pub struct RunnerArgs {
     /// Address of the HTTP endpoint serving /healthz and /readyz (port 0 picks a free port).
     #[arg(long, env = "AHP_RELAY_HTTP_LISTEN", default_value = "127.0.0.1:7881")]
     pub http_listen: SocketAddr,
+    /// Largest file a client reads or writes in this runner's workspace (resourceRead/resourceWrite, bytes).
+    #[arg(long, env = "AHP_RELAY_MAX_FILE_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub max_file_bytes: u64,
     #[command(flatten)]
     pub runner: crate::serve::RunnerSecretArgs,
     #[command(flatten)]
@@ -90,7 +93,12 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
     let sandboxes = crate::agents::sandboxes(&file, &args.agents, &args.sandbox, protected).await?;
     let registrations = Arc::new(AtomicUsize::new(0));
     serve_http(args.http_listen, registrations.clone()).await?;
+    // Tenants' files (resource*), served from a sandbox of each tenant by this program, for every shard.
+    let program = std::env::current_exe().context("finding this program's path (it serves files)")?;
+    let files: Arc<dyn relay_runner::files::FileAccess> =
+        relay_runner::files::FileService::new(sandboxes.clone(), program, args.max_file_bytes);
     let config = relay_rpc::runner::RunnerConfig {
+        files: Some(files),
         tls: args.tls.load()?,
         registrations,
         tenants: args

@@ -580,6 +580,8 @@ async fn open_hosts(
                     let info = relay_runner::acp::agent_info(agent);
                     providers = providers.with(Arc::new(relay_rpc::RemoteAgent::new(info, pool.clone())));
                 }
+                // Tenants' files are on the runners: asked through them.
+                providers = providers.with_files(relay_rpc::remote_files::RemoteFiles::new(pool.clone()));
             }
         }
         tracing::info!(agents = file.agents.len(), path = %path.display(), "ACP agents configured");

@@ -28,6 +28,7 @@ pub mod client;
 mod convert;
 pub mod credential;
 pub mod placement;
+pub mod remote_files;
 pub mod router;
 pub mod runner;
 pub mod server;

@@ -46,6 +46,8 @@ pub struct RunnerPool {
     listings: Mutex<HashMap<String, AgentInfo>>,
     /// The session settings runners last reported for each agent, by agent id.
     settings: Mutex<HashMap<String, ahp_types::state::SessionConfigSchema>>,
+    /// File operations and watches waiting on runners ([`crate::remote_files`]).
+    files: crate::remote_files::FileRequests,
 }
 
 #[derive(Default)]
@@ -186,6 +188,37 @@ impl RunnerPool {
         Ok(id)
     }
 
+    pub(crate) fn file_requests(&self) -> &crate::remote_files::FileRequests {
+        &self.files
+    }
+
+    /// The runner holding `tenant`'s workspace: one dedicated to it with a workspace, else a shared one (the
+    /// first registered).
+    pub(crate) fn workspace_runner(&self, tenant: &str) -> Option<u64> {
+        let state = self.state.lock();
+        let mut runners: Vec<(&u64, &Runner)> = state
+            .runners
+            .iter()
+            .filter(|(_, runner)| runner.workspace_root.is_some())
+            .collect();
+        runners.sort_by_key(|(id, _)| **id);
+        runners
+            .iter()
+            .find(|(_, runner)| runner.tenants.contains(tenant))
+            .or_else(|| runners.iter().find(|(_, runner)| runner.tenants.is_empty()))
+            .map(|(id, _)| **id)
+    }
+
+    /// The workspace root of `runner`.
+    pub(crate) fn workspace_root_of(&self, runner: u64) -> Option<std::path::PathBuf> {
+        self.state.lock().runners.get(&runner)?.workspace_root.clone()
+    }
+
+    /// Send `work` to `runner`; whether it is still there.
+    pub(crate) fn send_to(&self, runner: u64, work: Work) -> bool {
+        Self::send(&self.state.lock(), runner, work)
+    }
+
     fn send(state: &PoolState, runner: u64, work: Work) -> bool {
         state
             .runners
@@ -302,6 +335,8 @@ impl RunnerPool {
     fn report(&self, runner: u64, report: Report) {
         match report {
             Report::Hello(_) => tracing::warn!(runner, "a runner said hello twice; ignored"),
+            Report::FileAnswer(answer) => self.files.answered(answer),
+            Report::FileChanged(changed) => self.files.changed(runner, changed),
             Report::Action(action) => {
                 let Some(sink) = self.session_sink(runner, action.host.as_ref(), &action.session) else {
                     tracing::warn!(runner, "a runner emitted for a session not placed on it; dropped");
@@ -415,6 +450,7 @@ impl RunnerPool {
     /// A runner's stream ended: its turns end as resumable errors, the sessions it was starting fail, and its
     /// sessions lose their placement.
     fn runner_lost(&self, runner: u64) {
+        self.files.runner_lost(runner);
         let (orphans, unborn): (Vec<PlacedTurn>, Vec<Starting>) = {
             let mut state = self.state.lock();
             let Some(gone) = state.runners.remove(&runner) else {

@@ -23,6 +23,7 @@ use crate::pb;
 use crate::pb::runner_report::Report;
 use crate::pb::runner_work::Work;
 use crate::pb::runners_client::RunnersClient;
+use relay_runner::files::{FileAccess, FileError, FileOp, FileReply, WatchHandle, WatchSpec};
 
 /// Makes a fresh set of providers for one shard connection.
 pub type ProviderFactory = Arc<dyn Fn() -> Vec<Arc<dyn Provider>> + Send + Sync>;
@@ -42,6 +43,8 @@ pub struct RunnerConfig {
     pub tenants: Vec<String>,
     /// TLS to `https://` shards.
     pub tls: crate::LinkTls,
+    /// Tenants' files in this runner's workspace, which shards reach through it.
+    pub files: Option<Arc<dyn FileAccess>>,
 }
 
 /// Why one registration with a shard ended.
@@ -140,6 +143,8 @@ async fn serve_once(shard: &str, config: &RunnerConfig) -> Result<(), RunnerErro
         turns: HashMap::new(),
         reports,
         tenants: config.tenants.clone(),
+        files: config.files.clone(),
+        watches: Arc::default(),
     };
     while let Some(item) = work.message().await? {
         if let Some(item) = item.work {
@@ -158,9 +163,82 @@ struct ShardSession {
     reports: mpsc::UnboundedSender<pb::RunnerReport>,
     /// The tenants this runner is dedicated to (empty: any).
     tenants: Vec<String>,
+    files: Option<Arc<dyn FileAccess>>,
+    /// The watches a shard opened, by its number (dropping one stops it; all go with the registration).
+    watches: Arc<parking_lot::Mutex<HashMap<u64, WatchHandle>>>,
 }
 
 impl ShardSession {
+    /// A file operation of a shard: run on the tenant's files here, answered with its id; a watch's changes
+    /// follow as FileChanged reports under the shard's number for it.
+    fn file(&mut self, request: pb::FileRequest) {
+        let reports = self.reports.clone();
+        let answer = move |result: Result<FileReply, FileError>| {
+            let result = serde_json::to_vec(&result).unwrap_or_default();
+            let _ = reports.send(pb::RunnerReport {
+                report: Some(Report::FileAnswer(pb::FileAnswer {
+                    id: request.id,
+                    result,
+                })),
+            });
+        };
+        let op: FileOp = match serde_json::from_slice(&request.op) {
+            Ok(op) => op,
+            Err(error) => {
+                return answer(Err(FileError::Invalid(format!(
+                    "unreadable file operation: {error}"
+                ))))
+            }
+        };
+        let Some(files) = self.files.clone().filter(|_| self.serves(&request.tenant)) else {
+            return answer(Err(FileError::Unavailable(
+                "this runner holds no workspace for this tenant".into(),
+            )));
+        };
+        let tenant = request.tenant;
+        match op {
+            FileOp::Watch {
+                watch,
+                path,
+                recursive,
+                includes,
+                excludes,
+            } => {
+                let (changes_tx, mut changes) = mpsc::unbounded_channel();
+                let reports = self.reports.clone();
+                let watches = self.watches.clone();
+                tokio::spawn(async move {
+                    let spec = WatchSpec {
+                        path,
+                        recursive,
+                        includes,
+                        excludes,
+                    };
+                    match files.watch(&tenant, spec, changes_tx).await {
+                        Ok(handle) => {
+                            watches.lock().insert(watch, handle);
+                            answer(Ok(FileReply::Done));
+                        }
+                        Err(error) => return answer(Err(error)),
+                    }
+                    while let Some(batch) = changes.recv().await {
+                        let changes = serde_json::to_vec(&batch).unwrap_or_default();
+                        let _ = reports.send(pb::RunnerReport {
+                            report: Some(Report::FileChanged(pb::FileChanged { watch, changes })),
+                        });
+                    }
+                });
+            }
+            FileOp::Unwatch { watch } => {
+                self.watches.lock().remove(&watch);
+                answer(Ok(FileReply::Done));
+            }
+            op => {
+                tokio::spawn(async move { answer(files.call(&tenant, op).await) });
+            }
+        }
+    }
+
     fn sink(&self, tenant: &str, host: &str, session: &str) -> Arc<dyn ChatSink> {
         Arc::new(StreamSink {
             host: pb::HostKey {
@@ -248,6 +326,7 @@ impl ShardSession {
                     handle.send(decoded);
                 }
             }
+            Work::File(request) => self.file(request),
             Work::DisposeSession(dispose) => {
                 let Some(host) = dispose.host else { return };
                 for provider in self.providers.values() {

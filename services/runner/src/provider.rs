@@ -220,7 +220,7 @@ pub trait Provider: Send + Sync + 'static {
 pub struct ProviderRegistry {
     providers: BTreeMap<String, Arc<dyn Provider>>,
     /// Tenants' files (AHP `resource*`), where this process holds the agents' workspace.
-    files: Option<Arc<crate::files::FileService>>,
+    files: Option<Arc<dyn crate::files::FileAccess>>,
     /// The first provider added: the default.
     first: Option<String>,
 }
@@ -238,13 +238,13 @@ impl ProviderRegistry {
     }
 
     /// Serve tenants' files from `files`.
-    pub fn with_files(mut self, files: Arc<crate::files::FileService>) -> Self {
+    pub fn with_files(mut self, files: Arc<dyn crate::files::FileAccess>) -> Self {
         self.files = Some(files);
         self
     }
 
     /// Tenants' files, where this process serves them.
-    pub fn files(&self) -> Option<&Arc<crate::files::FileService>> {
+    pub fn files(&self) -> Option<&Arc<dyn crate::files::FileAccess>> {
         self.files.as_ref()
     }
 

@@ -174,7 +174,10 @@ impl Host {
             // workspace, a viewer may read it.
             let params: ResourceRequestParams = message.parse_params()?;
             let path = path_of(&params.uri)?;
-            if !std::path::Path::new(&path).starts_with(files.tenant_root(tenant)) {
+            let inside = files
+                .tenant_root(tenant)
+                .is_some_and(|root| std::path::Path::new(&path).starts_with(root));
+            if !inside {
                 return Err(RpcError::permission_denied(format!(
                     "{path} is outside this tenant's workspace"
                 )));

@@ -133,8 +133,14 @@ impl Host {
         let channel = format!("{WATCH_SCHEME}/{}", uuid::Uuid::new_v4());
         let recursive = params.recursive.unwrap_or(false);
         let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+        let spec = relay_runner::files::WatchSpec {
+            path,
+            recursive,
+            includes,
+            excludes,
+        };
         let handle = files
-            .watch(&self.key.tenant, path, recursive, includes, excludes, events_tx)
+            .watch(&self.key.tenant, spec, events_tx)
             .await
             .map_err(crate::resources::to_rpc)?;
         {

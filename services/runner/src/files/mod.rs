@@ -2,11 +2,13 @@
 //! server that runs them inside a sandbox of the tenant ([`server`]) with its watches ([`watch`]), the runner's
 //! handle on those servers ([`service`]) and what travels between the two ([`protocol`]).
 
+pub mod access;
 pub mod ops;
 pub mod protocol;
 pub mod server;
 pub mod service;
 pub mod watch;
 
+pub use access::{ChangeSink, FileAccess, FileFuture, WatchHandle, WatchSpec};
 pub use protocol::{ChangeKind, EntryKind, FileError, FileOp, FileReply, Resolved, WriteMode};
-pub use service::{FileService, WatchHandle};
+pub use service::FileService;

@@ -14,6 +14,7 @@ use relay_sandbox::{Egress, ResourceLimits, SandboxSpec};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
+use super::access::{ChangeSink, FileAccess, FileFuture, WatchHandle, WatchSpec};
 use super::protocol::{ChangeKind, FileError, FileOp, FileReply, Request, ServerLine};
 use super::server::SUBCOMMAND;
 use crate::acp::sandboxes::Sandboxes;
@@ -52,33 +53,6 @@ pub struct FileService {
     /// Open watches per tenant.
     watches: Mutex<HashMap<String, usize>>,
     me: std::sync::Weak<FileService>,
-}
-
-/// An open watch: dropped, its file server stops watching and it is no longer counted.
-pub struct WatchHandle {
-    service: std::sync::Weak<FileService>,
-    tenant: String,
-    id: u64,
-}
-
-impl Drop for WatchHandle {
-    fn drop(&mut self) {
-        let Some(service) = self.service.upgrade() else {
-            return;
-        };
-        if let Some(count) = service.watches.lock().get_mut(&self.tenant) {
-            *count = count.saturating_sub(1);
-        }
-        let (tenant, id) = (self.tenant.clone(), self.id);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Some(server) = service.servers.lock().await.get(&tenant).cloned() {
-                    server.listeners.lock().remove(&id);
-                }
-                let _ = service.call(&tenant, FileOp::Unwatch { watch: id }).await;
-            });
-        }
-    }
 }
 
 impl FileService {
@@ -149,11 +123,8 @@ impl FileService {
     pub async fn watch(
         &self,
         tenant: &str,
-        path: String,
-        recursive: bool,
-        includes: Vec<String>,
-        excludes: Vec<String>,
-        changes: mpsc::UnboundedSender<Vec<(String, ChangeKind)>>,
+        spec: WatchSpec,
+        changes: ChangeSink,
     ) -> Result<WatchHandle, FileError> {
         {
             let mut watches = self.watches.lock();
@@ -166,23 +137,41 @@ impl FileService {
             *count += 1;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let handle = WatchHandle {
-            service: self.me.clone(),
-            tenant: tenant.to_string(),
-            id,
-        };
+        let handle = self.handle(tenant, id);
         let server = self.server(tenant).await?;
         server.listeners.lock().insert(id, changes);
         let op = FileOp::Watch {
             watch: id,
-            path,
-            recursive,
-            includes,
-            excludes,
+            path: spec.path,
+            recursive: spec.recursive,
+            includes: spec.includes,
+            excludes: spec.excludes,
         };
         // Refused: dropping the handle uncounts it (and tells the server, which has nothing to stop).
         self.call(tenant, op).await?;
         Ok(handle)
+    }
+
+    /// The handle of watch `id` of `tenant`: dropped, the file server stops it and it is no longer counted.
+    fn handle(&self, tenant: &str, id: u64) -> WatchHandle {
+        let service = self.me.clone();
+        let tenant = tenant.to_string();
+        WatchHandle::new(move || {
+            let Some(service) = service.upgrade() else {
+                return;
+            };
+            if let Some(count) = service.watches.lock().get_mut(&tenant) {
+                *count = count.saturating_sub(1);
+            }
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    if let Some(server) = service.servers.lock().await.get(&tenant).cloned() {
+                        server.listeners.lock().remove(&id);
+                    }
+                    let _ = service.call(&tenant, FileOp::Unwatch { watch: id }).await;
+                });
+            }
+        })
     }
 
     /// Drop `server` if it is still `tenant`'s (the next request starts another).
@@ -281,5 +270,24 @@ impl FileService {
             listeners,
             _child: child,
         })
+    }
+}
+
+impl FileAccess for FileService {
+    fn tenant_root(&self, tenant: &str) -> Option<PathBuf> {
+        Some(FileService::tenant_root(self, tenant))
+    }
+
+    fn call<'a>(&'a self, tenant: &'a str, op: FileOp) -> FileFuture<'a, FileReply> {
+        Box::pin(FileService::call(self, tenant, op))
+    }
+
+    fn watch<'a>(
+        &'a self,
+        tenant: &'a str,
+        spec: WatchSpec,
+        changes: ChangeSink,
+    ) -> FileFuture<'a, WatchHandle> {
+        Box::pin(FileService::watch(self, tenant, spec, changes))
     }
 }

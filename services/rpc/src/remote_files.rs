@@ -1,0 +1,178 @@
+//! Tenants' files through a shard (AHP `resource*`, `createResourceWatch`): the workspace is on the runners, so a
+//! shard asks the runner that holds the tenant's workspace — one dedicated to the tenant, else a shared one with
+//! a workspace — with `FileRequest`s on its stream and waits for the `FileAnswer`; a watch's changes come back as
+//! `FileChanged` reports. When that runner goes, its pending operations are answered "unavailable" and its
+//! watches end.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use relay_runner::files::{
+    ChangeKind, ChangeSink, FileAccess, FileError, FileFuture, FileOp, FileReply, WatchHandle, WatchSpec,
+};
+use tokio::sync::oneshot;
+
+use crate::pb;
+use crate::pb::runner_work::Work;
+use crate::placement::RunnerPool;
+
+/// How long one operation may take before it is answered "unavailable".
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where an operation's answer goes.
+type Answer = oneshot::Sender<Result<FileReply, FileError>>;
+
+/// What the shard waits for from runners.
+#[derive(Default)]
+pub(crate) struct FileRequests {
+    next: AtomicU64,
+    /// Operations under way: their runner, and where the answer goes.
+    pending: Mutex<HashMap<u64, (u64, Answer)>>,
+    /// Open watches: their runner, and where their changes go.
+    watches: Mutex<HashMap<u64, (u64, ChangeSink)>>,
+}
+
+impl FileRequests {
+    /// A runner's answer.
+    pub(crate) fn answered(&self, answer: pb::FileAnswer) {
+        let Some((_, waiting)) = self.pending.lock().remove(&answer.id) else {
+            return;
+        };
+        let result = serde_json::from_slice(&answer.result).unwrap_or_else(|error| {
+            Err(FileError::Unavailable(format!(
+                "unreadable answer of the runner: {error}"
+            )))
+        });
+        let _ = waiting.send(result);
+    }
+
+    /// A runner's watch saw changes.
+    pub(crate) fn changed(&self, runner: u64, changed: pb::FileChanged) {
+        let Ok(changes) = serde_json::from_slice::<Vec<(String, ChangeKind)>>(&changed.changes) else {
+            return;
+        };
+        if let Some((placed, sink)) = self.watches.lock().get(&changed.watch) {
+            if *placed == runner {
+                let _ = sink.send(changes);
+            }
+        }
+    }
+
+    /// The runner went: what waited on it is answered "unavailable"; its watches end.
+    pub(crate) fn runner_lost(&self, runner: u64) {
+        self.pending.lock().retain(|_, (placed, _)| *placed != runner);
+        self.watches.lock().retain(|_, (placed, _)| *placed != runner);
+    }
+}
+
+/// Tenants' files on the runners of `pool`.
+pub struct RemoteFiles {
+    pool: Arc<RunnerPool>,
+    me: Weak<RemoteFiles>,
+}
+
+impl RemoteFiles {
+    pub fn new(pool: Arc<RunnerPool>) -> Arc<RemoteFiles> {
+        Arc::new_cyclic(|me| RemoteFiles { pool, me: me.clone() })
+    }
+
+    fn requests(&self) -> &FileRequests {
+        self.pool.file_requests()
+    }
+
+    /// Send `op` to the runner holding `tenant`'s workspace; its answer.
+    async fn run(
+        &self,
+        tenant: &str,
+        op: FileOp,
+        watch: Option<(u64, ChangeSink)>,
+    ) -> Result<FileReply, FileError> {
+        let body = serde_json::to_vec(&op)
+            .map_err(|error| FileError::Unavailable(format!("cannot encode: {error}")))?;
+        let Some(runner) = self.pool.workspace_runner(tenant) else {
+            return Err(FileError::Unavailable(
+                "no runner with a workspace is registered for this tenant (start `ahp-relay runner`)".into(),
+            ));
+        };
+        let id = self.requests().next.fetch_add(1, Ordering::Relaxed) + 1;
+        let (answer_tx, answer_rx) = oneshot::channel();
+        self.requests().pending.lock().insert(id, (runner, answer_tx));
+        if let Some((watch, sink)) = watch {
+            self.requests().watches.lock().insert(watch, (runner, sink));
+        }
+        let work = Work::File(pb::FileRequest {
+            id,
+            tenant: tenant.to_string(),
+            op: body,
+        });
+        if !self.pool.send_to(runner, work) {
+            self.requests().pending.lock().remove(&id);
+            return Err(FileError::Unavailable(
+                "the runner holding the workspace is gone; retry".into(),
+            ));
+        }
+        match tokio::time::timeout(OPERATION_TIMEOUT, answer_rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(FileError::Unavailable(
+                "the runner holding the workspace went away; retry".into(),
+            )),
+            Err(_) => {
+                self.requests().pending.lock().remove(&id);
+                Err(FileError::Unavailable(format!(
+                    "the file operation took longer than {} s",
+                    OPERATION_TIMEOUT.as_secs()
+                )))
+            }
+        }
+    }
+}
+
+impl FileAccess for RemoteFiles {
+    fn tenant_root(&self, tenant: &str) -> Option<PathBuf> {
+        let runner = self.pool.workspace_runner(tenant)?;
+        let root = self.pool.workspace_root_of(runner)?;
+        let uri = relay_runner::acp::workspace::tenant_dir_uri(&root, tenant);
+        uri.strip_prefix("file://").map(PathBuf::from)
+    }
+
+    fn call<'a>(&'a self, tenant: &'a str, op: FileOp) -> FileFuture<'a, FileReply> {
+        Box::pin(self.run(tenant, op, None))
+    }
+
+    fn watch<'a>(
+        &'a self,
+        tenant: &'a str,
+        spec: WatchSpec,
+        changes: ChangeSink,
+    ) -> FileFuture<'a, WatchHandle> {
+        Box::pin(async move {
+            let watch = self.requests().next.fetch_add(1, Ordering::Relaxed) + 1;
+            let op = FileOp::Watch {
+                watch,
+                path: spec.path,
+                recursive: spec.recursive,
+                includes: spec.includes,
+                excludes: spec.excludes,
+            };
+            if let Err(error) = self.run(tenant, op, Some((watch, changes))).await {
+                self.requests().watches.lock().remove(&watch);
+                return Err(error);
+            }
+            let me = self.me.clone();
+            let tenant = tenant.to_string();
+            Ok(WatchHandle::new(move || {
+                let Some(files) = me.upgrade() else { return };
+                files.requests().watches.lock().remove(&watch);
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move {
+                        let _ = files.run(&tenant, FileOp::Unwatch { watch }, None).await;
+                    });
+                }
+            }))
+        })
+    }
+}
