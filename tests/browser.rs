@@ -157,7 +157,8 @@ async fn the_web_client_signs_in_and_recovers_from_a_refused_or_expired_token() 
 
 /// Issue 25 (6): the new-session form names the tenant's part of the workspace (`initialize`'s
 /// `defaultDirectory`), a name typed there makes the session's directory under it, and a directory outside it is
-/// refused next to the field, on a desktop and on a phone.
+/// refused next to the field, on a desktop and on a phone. Issue 26 (5, files): the session's Files pane lists,
+/// walks and shows the folder's files on both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_new_session_form_offers_the_workspace_and_says_what_is_wrong_beside_the_field() {
     let workspace = tempfile::tempdir().expect("workspace");
@@ -175,6 +176,14 @@ async fn the_new_session_form_offers_the_workspace_and_says_what_is_wrong_beside
     let relay = Relay::start_with(&["--agents", &file.display().to_string()]).await;
     let token = relay.token("dev", "dev-user", Role::Admin);
     let tenant_dir = workspace.path().join("dev");
+    // What the session's Files pane finds in its folder.
+    std::fs::create_dir_all(tenant_dir.join("myproject/src")).expect("project");
+    std::fs::write(tenant_dir.join("myproject/README.md"), "# My project\n").expect("readme");
+    std::fs::write(
+        tenant_dir.join("myproject/src/main.rs"),
+        "fn main() {\n    println!(\"hello from the workspace\");\n}\n",
+    )
+    .expect("main.rs");
     let out = repo().join("target/browser-test/form");
     let _ = std::fs::remove_dir_all(&out);
     let base = format!("http://{}", relay.addr);
@@ -191,7 +200,14 @@ async fn the_new_session_form_offers_the_workspace_and_says_what_is_wrong_beside
         tenant_dir.join("myproject").is_dir(),
         "the session's directory was made under the tenant's root"
     );
-    publish(&out, &[("form-phone.png", "web-client-form-phone.png")]);
+    publish(
+        &out,
+        &[
+            ("form-phone.png", "web-client-form-phone.png"),
+            ("files-desktop.png", "web-client-files.png"),
+            ("files-phone.png", "web-client-files-phone.png"),
+        ],
+    );
     assert!(!Path::new("/etc/myproject").exists());
 }
 

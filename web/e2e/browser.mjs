@@ -625,6 +625,32 @@ async function form(token, tenantDir, outDir) {
   check(await a.isHidden("#new-session-error"), "the error is gone once the directory is right");
   await a.screenshot({ path: join(outDir, "form-desktop.png") });
 
+  // The session's files (the test put a README and src/main.rs in its folder): listed, walked, shown.
+  const entries = (page) => page.evaluate(() => [...document.querySelectorAll("#files-list .file-entry")].map((e) => e.dataset.name));
+  await a.click("#files-toggle");
+  await a.waitForSelector('#files-list .file-entry[data-name="README.md"]', { timeout: PATIENCE });
+  // (The agent keeps a dot-file of its own there too.)
+  const listed = (await entries(a)).filter((name) => !name.startsWith("."));
+  check(JSON.stringify(listed) === JSON.stringify(["src", "README.md"]), `folders first, then files (${await entries(a)})`);
+  check(await a.isHidden("#composer"), "the files take the conversation's place");
+  await a.click('#files-list .file-entry[data-name="src"]');
+  await a.waitForSelector('#files-list .file-entry[data-name="main.rs"]', { timeout: PATIENCE });
+  await a.click('#files-list .file-entry[data-name="main.rs"]');
+  await a.waitForSelector("#file-view pre code", { timeout: PATIENCE });
+  const shown = await a.evaluate(() => ({
+    text: document.querySelector("#file-view pre code").textContent,
+    keywords: [...document.querySelectorAll("#file-view .hljs-keyword")].map((k) => k.textContent),
+  }));
+  check(shown.text === 'fn main() {\n    println!("hello from the workspace");\n}\n', `the file is shown as it is (${JSON.stringify(shown.text)})`);
+  check(shown.keywords.includes("fn"), `and highlighted (${shown.keywords})`);
+  await accessible(a, "desktop: the session's files");
+  await a.screenshot({ path: join(outDir, "files-desktop.png") });
+  await a.click("#files-up");
+  await a.waitForSelector('#files-list .file-entry[data-name="README.md"]', { timeout: PATIENCE });
+  check(await a.isDisabled("#files-up"), "the session's folder is the top");
+  await a.click("#files-toggle");
+  check(await a.isVisible("#composer"), "closing the files brings the conversation back");
+
   // On a phone: the form opens on demand and its errors show beside the field, in view.
   const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
   const b = await watchedPage(phone, "phone", problems);
@@ -642,6 +668,19 @@ async function form(token, tenantDir, outDir) {
   await b.waitForFunction(() => document.getElementById("new-session-error").textContent.includes("outside"), null, { timeout: PATIENCE });
   check(await besideField(b), "the relay's refusal too");
   await accessible(b, "phone: new-session form with an error");
+  // The phone opens the desktop's session and reads its README.
+  const made = await a.evaluate(() => globalThis.ahpRelay.session());
+  await b.click(`#sessions li[data-uri="${made}"] a`);
+  await b.waitForSelector("#files-toggle:not([hidden])", { timeout: PATIENCE });
+  await b.click("#files-toggle");
+  await b.click('#files-list .file-entry[data-name="README.md"]');
+  await b.waitForSelector("#file-view pre code", { timeout: PATIENCE });
+  check((await b.textContent("#file-view pre code")) === "# My project\n", "the phone reads the README");
+  check(
+    await b.evaluate(() => document.getElementById("file-view").getBoundingClientRect().top < window.innerHeight),
+    "the phone shows the file in view",
+  );
+  await b.screenshot({ path: join(outDir, "files-phone.png") });
   await b.screenshot({ path: join(outDir, "form-phone.png") });
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
   console.log(JSON.stringify({ session: await a.evaluate(() => globalThis.ahpRelay.session()), accessibility }));

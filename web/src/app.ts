@@ -9,6 +9,7 @@ import { Attention } from "./attention";
 import { FindInChat, SessionSearch } from "./search";
 import { routeHref, routeOf, routeTo } from "./routes";
 import { DirectoryField } from "./new_session";
+import { FilesPane } from "./files_pane";
 import { DECIDED_BY, renderTurn } from "./turn_view";
 import { confirmationCard, inputForm } from "./pending_cards";
 import { STATUS_INPUT_NEEDED, chatLabel, pathOf, statusLabel } from "./labels";
@@ -69,6 +70,7 @@ class App {
   private searchTimer?: number;
   private find = new FindInChat();
   private directory = new DirectoryField();
+  private files = new FilesPane((method, params) => this.link.request(method, params));
   private me: JsonObject;
   private attention = new Attention(
     (summary) => statusLabel(summary.status ?? 0) === "needs input",
@@ -164,6 +166,9 @@ class App {
     });
     $("rename-session-title").addEventListener("blur", () => this.finishRename(false));
     $("new-chat").addEventListener("click", () => void this.createChat());
+    // The session's files, in place of the conversation while open.
+    this.files.wire();
+    $("files-toggle").addEventListener("click", () => void this.toggleFiles());
     $("back").addEventListener("click", () => this.closeSession());
     // The browser knows before the socket does: treat "offline" as a dropped connection, "online" as a cue
     // to reconnect now rather than after the back-off.
@@ -526,6 +531,7 @@ class App {
   }
 
   private leave(): void {
+    this.showFiles(false);
     for (const uri of [this.chat, this.session]) {
       if (!uri) continue;
       void this.link.request("unsubscribe", { channel: uri }).catch(() => undefined);
@@ -578,6 +584,27 @@ class App {
     if (keep && this.session && title && title !== current) {
       this.dispatch(this.session, { type: "session/titleChanged", title });
     }
+  }
+
+  /** The folder the session works in: its working directory, else the tenant's part of the workspace. */
+  private sessionRoot(): string | undefined {
+    const session = this.session ? this.model.state(this.session) : undefined;
+    return session?.workingDirectories?.[0] ?? this.directory.root;
+  }
+
+  /** Open or close the session's files (they take the conversation's place while open). */
+  private async toggleFiles(): Promise<void> {
+    const open = !document.body.classList.contains("files-open");
+    this.showFiles(open);
+    const root = this.sessionRoot();
+    if (open && root) await this.files.open(root);
+  }
+
+  private showFiles(open: boolean): void {
+    document.body.classList.toggle("files-open", open);
+    $("files-pane").hidden = !open;
+    $("files-toggle").textContent = open ? "Chat" : "Files";
+    $("files-toggle").setAttribute("aria-expanded", String(open));
   }
 
   /** Asks in `dialog` (its buttons' values); resolves with the value of the button pressed. */
@@ -827,6 +854,8 @@ class App {
     if (!session) return;
     $("session-title").textContent = session.title || "New session";
     $("session-facts").textContent = this.sessionFacts(session);
+    // Files where the relay serves them (a workspace), for sessions that have a folder.
+    $("files-toggle").hidden = !(this.directory.root && this.sessionRoot());
     const people = (session.activeClients ?? []).map((c: JsonObject) =>
       h("span", { class: c.clientId === clientId() ? "person me" : "person" }, c.displayName || c.clientId),
     );

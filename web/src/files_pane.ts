@@ -1,0 +1,97 @@
+// The session's files: a pane that lists a directory of the session's workspace (`resourceList`), walks into
+// folders and back up, and shows a file (`resourceRead`): text highlighted by its name's language, images as
+// images, anything else described. Viewers see the same; nothing here writes.
+
+import { h } from "./dom";
+import { highlightInto } from "./highlight";
+import type { JsonObject } from "./rpc";
+
+const $ = <T extends HTMLElement = HTMLElement>(id: string) => document.getElementById(id) as T;
+
+/** The language of a file name, for highlighting. */
+function languageOf(name: string): string | undefined {
+  const extension = name.split(".").pop()?.toLowerCase() ?? "";
+  const known: Record<string, string> = {
+    rs: "rust", ts: "typescript", js: "javascript", mjs: "javascript", json: "json", py: "python", go: "go",
+    sh: "bash", md: "markdown", toml: "toml", yaml: "yaml", yml: "yaml", css: "css", html: "html", sql: "sql",
+    c: "c", h: "c", cpp: "cpp", java: "java", diff: "diff",
+  };
+  return known[extension];
+}
+
+/** A request to the relay. */
+export type Ask = (method: string, params: JsonObject) => Promise<any>;
+
+export class FilesPane {
+  /** The directory listed (a `file://` URI), and the pane's top. */
+  private directory?: string;
+  private top?: string;
+
+  constructor(private ask: Ask) {}
+
+  wire(): void {
+    $("files-up").addEventListener("click", () => {
+      if (!this.directory || this.directory === this.top) return;
+      void this.list(this.directory.replace(/\/[^/]*$/, ""));
+    });
+  }
+
+  /** Show `root` (the session's working directory). */
+  async open(root: string): Promise<void> {
+    this.top = root.replace(/\/+$/, "");
+    await this.list(this.top);
+  }
+
+  private async list(directory: string): Promise<void> {
+    this.directory = directory;
+    $("files-path").textContent = decodeURIComponent(directory.replace(/^file:\/\//, ""));
+    $<HTMLButtonElement>("files-up").disabled = directory === this.top;
+    $("file-view").replaceChildren();
+    let entries: JsonObject[];
+    try {
+      const listed = await this.ask("resourceList", { channel: "ahp-root://", uri: directory });
+      entries = listed.entries ?? [];
+    } catch (error) {
+      $("files-list").replaceChildren(h("li", { class: "error" }, `Cannot list this folder: ${(error as Error).message}`));
+      return;
+    }
+    entries.sort((a, b) => (a.type === b.type ? String(a.name).localeCompare(String(b.name)) : a.type === "directory" ? -1 : 1));
+    $("files-list").replaceChildren(
+      ...entries.map((entry) => {
+        const folder = entry.type === "directory";
+        const button = h(
+          "button",
+          { type: "button", class: folder ? "file-entry folder" : "file-entry", "data-name": entry.name },
+          folder ? `${entry.name}/` : String(entry.name),
+        );
+        const uri = `${directory}/${entry.name}`;
+        button.addEventListener("click", () => void (folder ? this.list(uri) : this.show(uri, String(entry.name))));
+        return h("li", {}, button);
+      }),
+    );
+    if (entries.length === 0) $("files-list").replaceChildren(h("li", { class: "muted" }, "This folder is empty."));
+  }
+
+  private async show(uri: string, name: string): Promise<void> {
+    const view = $("file-view");
+    view.replaceChildren(h("div", { class: "muted" }, `Opening ${name}…`));
+    let read: JsonObject;
+    try {
+      read = await this.ask("resourceRead", { channel: "ahp-root://", uri });
+    } catch (error) {
+      view.replaceChildren(h("div", { class: "error" }, `Cannot open ${name}: ${(error as Error).message}`));
+      return;
+    }
+    const head = h("div", { class: "file-head" }, h("strong", {}, name), ` · ${read.contentType ?? ""}`);
+    if (read.encoding === "utf-8") {
+      const code = h("code", { "data-lang": languageOf(name) ?? "" });
+      highlightInto(code, String(read.data ?? ""), languageOf(name));
+      view.replaceChildren(head, h("pre", { class: "file-text" }, code));
+    } else if (String(read.contentType ?? "").startsWith("image/")) {
+      view.replaceChildren(head, h("img", { class: "file-image", alt: name, src: `data:${read.contentType};base64,${read.data}` }));
+    } else {
+      const bytes = Math.floor((String(read.data ?? "").length * 3) / 4);
+      view.replaceChildren(head, h("div", { class: "muted" }, `A binary file (about ${bytes} bytes).`));
+    }
+  }
+}
