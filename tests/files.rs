@@ -797,3 +797,58 @@ async fn wait_for_runners(shard: &Shard, count: f64) {
     .await;
     assert!(counted.is_ok(), "the shard never counted {count} runners");
 }
+
+/// The tenant's file server processes running for `workspace` (their command line names it).
+fn file_servers(workspace: &Path) -> Vec<u32> {
+    let needle = workspace.display().to_string();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            // The server itself, not the sandbox launcher around it.
+            cmdline.contains(" sandbox-files ") && cmdline.contains(&needle) && !cmdline.contains("bwrap")
+        })
+        .collect()
+}
+
+/// A tenant's file server stops once idle (nothing under way, no watch open) and the next request starts
+/// another; an open watch keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_file_server_stops_and_the_next_request_starts_another() {
+    let setup = relay_with_workspace(&["--file-server-idle", "1s"]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let root = setup.root("dev");
+    mkdir(&a, &root.join("idle")).await;
+    assert!(
+        !file_servers(setup.workspace.path()).is_empty(),
+        "a file server runs"
+    );
+    let stopped = tokio::time::timeout(PATIENCE, async {
+        while !file_servers(setup.workspace.path()).is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(stopped.is_ok(), "the idle file server stopped");
+    // The next request starts another.
+    let listed = call(&a, "resourceList", json!({"uri": uri(&root)}))
+        .await
+        .expect("list");
+    assert_eq!(listed["entries"][0]["name"], "idle");
+    // A watch keeps it: three idle periods later it still runs.
+    call(&a, "createResourceWatch", json!({"uri": uri(&root)}))
+        .await
+        .expect("watch");
+    let running = file_servers(setup.workspace.path());
+    assert!(!running.is_empty());
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(
+        file_servers(setup.workspace.path()),
+        running,
+        "a server with an open watch keeps running"
+    );
+}

@@ -47,6 +47,9 @@ pub struct RunnerArgs {
     /// Largest file a client reads or writes in this runner's workspace (resourceRead/resourceWrite, bytes).
     #[arg(long, env = "AHP_RELAY_MAX_FILE_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_file_bytes: u64,
+    /// A tenant's file server with nothing under way and no watch open stops after this long (e.g. 10m).
+    #[arg(long, env = "AHP_RELAY_FILE_SERVER_IDLE", default_value = "10m", value_parser = crate::parse_ttl)]
+    pub file_server_idle: std::time::Duration,
     #[command(flatten)]
     pub runner: crate::serve::RunnerSecretArgs,
     #[command(flatten)]
@@ -95,8 +98,12 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
     serve_http(args.http_listen, registrations.clone()).await?;
     // Tenants' files (resource*), served from a sandbox of each tenant by this program, for every shard.
     let program = std::env::current_exe().context("finding this program's path (it serves files)")?;
-    let files: Arc<dyn relay_runner::files::FileAccess> =
-        relay_runner::files::FileService::new(sandboxes.clone(), program, args.max_file_bytes);
+    let files: Arc<dyn relay_runner::files::FileAccess> = relay_runner::files::FileService::new(
+        sandboxes.clone(),
+        program,
+        args.max_file_bytes,
+        args.file_server_idle,
+    );
     let config = relay_rpc::runner::RunnerConfig {
         files: Some(files),
         tls: args.tls.load()?,

@@ -106,6 +106,9 @@ pub struct HostArgs {
     /// with an error naming this limit.
     #[arg(long, env = "AHP_RELAY_MAX_FILE_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_file_bytes: u64,
+    /// A tenant's file server with nothing under way and no watch open stops after this long (e.g. 10m).
+    #[arg(long, env = "AHP_RELAY_FILE_SERVER_IDLE", default_value = "10m", value_parser = crate::parse_ttl)]
+    pub file_server_idle: Duration,
 }
 
 /// The client-facing side's settings (the gateway).
@@ -573,6 +576,7 @@ async fn open_hosts(
                     sandboxes.clone(),
                     program,
                     host.max_file_bytes,
+                    host.file_server_idle,
                 ));
             }
             AgentPlacement::Runners(pool) => {

@@ -38,8 +38,19 @@ struct Server {
     input: tokio::sync::Mutex<tokio::process::ChildStdin>,
     pending: Pending,
     listeners: Listeners,
+    /// When it was last asked something.
+    last_used: Mutex<std::time::Instant>,
     /// Kills the sandbox when the server is dropped.
     _child: tokio::process::Child,
+}
+
+impl Server {
+    /// Nothing under way, no watch open, and not asked anything for `idle`.
+    fn idle_for(&self, idle: Duration) -> bool {
+        self.pending.lock().is_empty()
+            && self.listeners.lock().is_empty()
+            && self.last_used.lock().elapsed() >= idle
+    }
 }
 
 /// Tenants' files, served from their sandboxes.
@@ -58,8 +69,15 @@ pub struct FileService {
 impl FileService {
     /// Files of the tenants of `sandboxes`' workspace, served by `program` (`ahp-relay`), reads and writes at
     /// most `max_bytes` each.
-    pub fn new(sandboxes: Arc<Sandboxes>, program: PathBuf, max_bytes: u64) -> Arc<FileService> {
-        Arc::new_cyclic(|me| FileService {
+    /// A tenant's server that is `idle` (nothing under way, no watch) stops; the next request starts another.
+    /// Needs a Tokio runtime (the stopping runs on it).
+    pub fn new(
+        sandboxes: Arc<Sandboxes>,
+        program: PathBuf,
+        max_bytes: u64,
+        idle: Duration,
+    ) -> Arc<FileService> {
+        let service = Arc::new_cyclic(|me| FileService {
             sandboxes,
             program,
             max_bytes,
@@ -67,7 +85,9 @@ impl FileService {
             servers: tokio::sync::Mutex::new(HashMap::new()),
             watches: Mutex::new(HashMap::new()),
             me: me.clone(),
-        })
+        });
+        tokio::spawn(stop_idle_servers(Arc::downgrade(&service), idle));
+        service
     }
 
     /// The largest file read or written.
@@ -189,6 +209,7 @@ impl FileService {
     async fn server(&self, tenant: &str) -> Result<Arc<Server>, FileError> {
         let mut servers = self.servers.lock().await;
         if let Some(server) = servers.get(tenant) {
+            *server.last_used.lock() = std::time::Instant::now();
             return Ok(server.clone());
         }
         let server = Arc::new(self.start(tenant).await?);
@@ -268,8 +289,26 @@ impl FileService {
             input: tokio::sync::Mutex::new(input),
             pending,
             listeners,
+            last_used: Mutex::new(std::time::Instant::now()),
             _child: child,
         })
+    }
+}
+
+/// Stop the servers that were idle for `idle` (dropping one kills its sandbox), until the service goes.
+async fn stop_idle_servers(service: std::sync::Weak<FileService>, idle: Duration) {
+    let mut ticks =
+        tokio::time::interval((idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(30)));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(service) = service.upgrade() else { return };
+        let mut servers = service.servers.lock().await;
+        let before = servers.len();
+        servers.retain(|_, server| !server.idle_for(idle));
+        if servers.len() < before {
+            tracing::debug!(stopped = before - servers.len(), "stopped idle file servers");
+        }
     }
 }
 
