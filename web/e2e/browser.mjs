@@ -54,7 +54,7 @@ async function watchedPage(context, name, problems) {
 }
 
 const online = (page) => page.waitForSelector('#link-state[data-state="online"]', { timeout: PATIENCE });
-const chatState = (page) => page.evaluate(() => globalThis.ahpRelay.state(globalThis.ahpRelay.chat()));
+const chatState = (page) => page.evaluate(() => globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat()));
 const transcriptText = (page) => page.locator("#transcript").innerText();
 
 const problems = [];
@@ -115,7 +115,7 @@ async function flow(token, outDir) {
   await a.selectOption("#new-session-agent", "demo");
   await a.click("#create-session");
   await a.waitForSelector("#session-view:not([hidden])", { timeout: PATIENCE });
-  const session = await a.evaluate(() => globalThis.ahpRelay.session());
+  const session = await a.evaluate(() => globalThis.ahpRelay?.session());
   // The session's header says what it runs on.
   await a.waitForFunction(() => document.getElementById("session-facts").textContent.includes("Demo agent"), null, {
     timeout: PATIENCE,
@@ -234,14 +234,14 @@ async function flow(token, outDir) {
   const hints = await Promise.all([a, b].map((page) => page.getAttribute("#prompt", "placeholder")));
   check(hints[0].includes("Shift+Enter") && !hints[1].includes("Shift+Enter"), `the prompt hints fit the devices (${hints})`);
   // Both address bars name the open session and chat.
-  const chat = await a.evaluate(() => globalThis.ahpRelay.chat());
+  const chat = await a.evaluate(() => globalThis.ahpRelay?.chat());
   const placeOf = (page) => page.evaluate(() => Object.fromEntries(new URLSearchParams(location.hash.slice(1))));
   for (const [name, page] of [["desktop", a], ["phone", b]]) {
     const place = await placeOf(page);
     check(place.s === session && place.c === chat, `${name}: the address names the session and chat (${JSON.stringify(place)})`);
   }
   await b.waitForFunction(
-    async (expected) => JSON.stringify(globalThis.ahpRelay.state(globalThis.ahpRelay.chat())) === expected,
+    async (expected) => JSON.stringify(globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat())) === expected,
     JSON.stringify(await chatState(a)),
     { timeout: PATIENCE },
   );
@@ -303,7 +303,7 @@ async function flow(token, outDir) {
   await a.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
   const expected = await chatState(b);
   await a.waitForFunction(
-    (json) => JSON.stringify(globalThis.ahpRelay.state(globalThis.ahpRelay.chat())) === json,
+    (json) => JSON.stringify(globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat())) === json,
     JSON.stringify(expected),
     { timeout: PATIENCE },
   );
@@ -333,13 +333,13 @@ async function flow(token, outDir) {
   // returns to the chat after leaving it for the list.
   const shared = await watchedPage(phone, "shared link", problems);
   await shared.goto(`${link}&s=${encodeURIComponent(session)}&c=${encodeURIComponent(chat)}`);
-  await shared.waitForFunction((expected) => globalThis.ahpRelay.chat() === expected, chat, { timeout: PATIENCE });
+  await shared.waitForFunction((expected) => globalThis.ahpRelay?.chat() === expected, chat, { timeout: PATIENCE });
   await shared.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
   check((await transcriptText(shared)) === (await transcriptText(b)), "the shared link shows the same transcript");
   await shared.close();
   await a.reload();
   await online(a);
-  await a.waitForFunction((expected) => globalThis.ahpRelay.chat() === expected, chat, { timeout: PATIENCE });
+  await a.waitForFunction((expected) => globalThis.ahpRelay?.chat() === expected, chat, { timeout: PATIENCE });
   await a.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
   check((await a.evaluate(() => document.body.dataset.view)) === "session", "after a reload the desktop shows the same chat");
   // On the phone (one pane), leave the chat for the list, then Back.
@@ -347,17 +347,17 @@ async function flow(token, outDir) {
   await b.waitForFunction(() => document.body.dataset.view === "sessions", null, { timeout: PATIENCE });
   check(!(await placeOf(b)).s, "the list's address names no session");
   await b.goBack();
-  await b.waitForFunction((expected) => globalThis.ahpRelay.chat() === expected, chat, { timeout: PATIENCE });
+  await b.waitForFunction((expected) => globalThis.ahpRelay?.chat() === expected, chat, { timeout: PATIENCE });
   check((await b.evaluate(() => document.body.dataset.view)) === "session", "Back returns to the chat");
   await b.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
 
   // ── A second chat: every tab has its own name; closing it (after a dialog) closes it on both devices.
   const tabLabels = (page) => page.evaluate(() => [...document.querySelectorAll("#chats .tab")].map((t) => t.textContent));
   await a.click("#new-chat");
-  await a.waitForFunction((first) => globalThis.ahpRelay.chat() !== first && document.querySelectorAll("#chats .tab").length === 2, chat, {
+  await a.waitForFunction((first) => globalThis.ahpRelay?.chat() !== first && document.querySelectorAll("#chats .tab").length === 2, chat, {
     timeout: PATIENCE,
   });
-  const second = await a.evaluate(() => globalThis.ahpRelay.chat());
+  const second = await a.evaluate(() => globalThis.ahpRelay?.chat());
   await b.waitForFunction(() => document.querySelectorAll("#chats .tab").length === 2, null, { timeout: PATIENCE });
   const labels = await tabLabels(a);
   check(labels.length === 2 && labels[0] !== labels[1] && !labels.includes("Chat"), `the chats have names of their own (${labels})`);
@@ -369,7 +369,7 @@ async function flow(token, outDir) {
   for (const page of [a, b]) {
     await page.waitForFunction(() => document.querySelectorAll("#chats .tab").length === 1, null, { timeout: PATIENCE });
   }
-  await a.waitForFunction((expected) => globalThis.ahpRelay.chat() === expected, chat, { timeout: PATIENCE });
+  await a.waitForFunction((expected) => globalThis.ahpRelay?.chat() === expected, chat, { timeout: PATIENCE });
   await a.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
 
   // The phone's top bar stays one line while offline.
@@ -425,7 +425,7 @@ async function flow(token, outDir) {
     timeout: PATIENCE,
   });
   await b.goBack();
-  await b.waitForFunction((expected) => globalThis.ahpRelay.chat() === expected, chat, { timeout: PATIENCE });
+  await b.waitForFunction((expected) => globalThis.ahpRelay?.chat() === expected, chat, { timeout: PATIENCE });
 
   // ── Disposing asks first, in a real dialog; the phone, which had the session open, is told.
   await a.click("#dispose-session");
@@ -433,7 +433,7 @@ async function flow(token, outDir) {
   await accessible(a, "desktop: dispose dialog");
   await a.click("#confirm-dispose-cancel");
   check(!(await a.isVisible("#confirm-dispose")), "keeping it closes the dialog");
-  check((await a.evaluate(() => globalThis.ahpRelay.session())) === session, "and keeps the session");
+  check((await a.evaluate(() => globalThis.ahpRelay?.session())) === session, "and keeps the session");
   await a.click("#dispose-session");
   await a.waitForSelector("#confirm-dispose[open]", { timeout: PATIENCE });
   await a.click("#confirm-dispose-ok");
@@ -669,7 +669,7 @@ async function form(token, tenantDir, outDir) {
   check(await besideField(b), "the relay's refusal too");
   await accessible(b, "phone: new-session form with an error");
   // The phone opens the desktop's session and reads its README.
-  const made = await a.evaluate(() => globalThis.ahpRelay.session());
+  const made = await a.evaluate(() => globalThis.ahpRelay?.session());
   await b.click(`#sessions li[data-uri="${made}"] a`);
   await b.waitForSelector("#files-toggle:not([hidden])", { timeout: PATIENCE });
   await b.click("#files-toggle");
@@ -683,7 +683,7 @@ async function form(token, tenantDir, outDir) {
   await b.screenshot({ path: join(outDir, "files-phone.png") });
   await b.screenshot({ path: join(outDir, "form-phone.png") });
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
-  console.log(JSON.stringify({ session: await a.evaluate(() => globalThis.ahpRelay.session()), accessibility }));
+  console.log(JSON.stringify({ session: await a.evaluate(() => globalThis.ahpRelay?.session()), accessibility }));
 }
 
 /**
@@ -698,11 +698,11 @@ async function messages(token, outDir) {
   await desktop.grantPermissions(["clipboard-read", "clipboard-write"], { origin: base });
   const a = await watchedPage(desktop, "desktop", problems);
   const clipboard = () => a.evaluate(() => navigator.clipboard.readText());
-  const turns = (page) => page.evaluate(() => globalThis.ahpRelay.state(globalThis.ahpRelay.chat())?.turns ?? []);
+  const turns = (page) => page.evaluate(() => globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat())?.turns ?? []);
   const idleWith = (page, count) =>
     page.waitForFunction(
       (n) => {
-        const chat = globalThis.ahpRelay.state(globalThis.ahpRelay.chat());
+        const chat = globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat());
         return chat && !chat.activeTurn && (chat.turns ?? []).length === n;
       },
       count,
@@ -758,7 +758,7 @@ async function messages(token, outDir) {
     let cases = 0;
     for (; cases < 3000; cases++) {
       const parts = Array.from({ length: 1 + (next() % 24) }, () => alphabet[next() % alphabet.length]);
-      const { tags } = globalThis.ahpRelay.markdown(parts.join(""));
+      const { tags } = globalThis.ahpRelay?.markdown(parts.join(""));
       const stray = tags.filter((t) => !allowed.has(t));
       if (stray.length > 0) return { cases, stray, input: parts.join("") };
     }
@@ -773,8 +773,8 @@ async function messages(token, outDir) {
   await a.fill("#prompt", long);
   await a.click("#composer-send");
   await idleWith(a, 2);
-  const session = await a.evaluate(() => globalThis.ahpRelay.session());
-  const chat = await a.evaluate(() => globalThis.ahpRelay.chat());
+  const session = await a.evaluate(() => globalThis.ahpRelay?.session());
+  const chat = await a.evaluate(() => globalThis.ahpRelay?.chat());
   const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
   await phone.grantPermissions(["clipboard-read", "clipboard-write"], { origin: base });
   const b = await watchedPage(phone, "phone", problems);
@@ -804,7 +804,7 @@ async function messages(token, outDir) {
   const before = await turns(a);
   await b.locator("#transcript .turn").last().locator(".retry-turn").click();
   await a.waitForFunction((id) => {
-    const chat = globalThis.ahpRelay.state(globalThis.ahpRelay.chat());
+    const chat = globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat());
     return !chat.activeTurn && chat.turns.length === 2 && chat.turns[1].id !== id;
   }, before[1].id, { timeout: PATIENCE });
   const retried = await turns(a);
@@ -816,11 +816,11 @@ async function messages(token, outDir) {
   await a.fill("#transcript .edit-box", "show markdown again");
   await a.click("#transcript .send-edit");
   await a.waitForFunction(() => {
-    const chat = globalThis.ahpRelay.state(globalThis.ahpRelay.chat());
+    const chat = globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat());
     return !chat.activeTurn && chat.turns.length === 1 && chat.turns[0].message.text === "show markdown again";
   }, null, { timeout: PATIENCE });
   await b.waitForFunction(
-    (expected) => JSON.stringify(globalThis.ahpRelay.state(globalThis.ahpRelay.chat())) === expected,
+    (expected) => JSON.stringify(globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat())) === expected,
     JSON.stringify(await chatState(a)),
     { timeout: PATIENCE },
   );
@@ -879,7 +879,7 @@ async function search(token, outDir) {
     await a.click("#composer-send");
     await a.waitForFunction(
       (n) => {
-        const chat = globalThis.ahpRelay.state(globalThis.ahpRelay.chat());
+        const chat = globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat());
         return chat && !chat.activeTurn && (chat.turns ?? []).length === n;
       },
       i + 1,
@@ -901,7 +901,7 @@ async function search(token, outDir) {
   check((await marked(a, "find")) === 0, "nothing is marked for no match");
   // The phone opens the session and finds there too.
   await b.click("#sessions li:first-child a");
-  await b.waitForFunction(() => (globalThis.ahpRelay.state(globalThis.ahpRelay.chat())?.turns ?? []).length === 3, null, { timeout: PATIENCE });
+  await b.waitForFunction(() => (globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat())?.turns ?? []).length === 3, null, { timeout: PATIENCE });
   await b.fill("#find-in-chat", "beta");
   await b.waitForFunction(() => document.getElementById("find-count").textContent === "2 matches", null, { timeout: PATIENCE });
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
