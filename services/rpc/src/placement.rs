@@ -335,7 +335,7 @@ impl RunnerPool {
     fn report(&self, runner: u64, report: Report) {
         match report {
             Report::Hello(_) => tracing::warn!(runner, "a runner said hello twice; ignored"),
-            Report::FileAnswer(answer) => self.files.answered(answer),
+            Report::FileAnswer(answer) => self.files.answered(runner, answer),
             Report::FileChanged(changed) => self.files.changed(runner, changed),
             Report::Action(action) => {
                 let Some(sink) = self.session_sink(runner, action.host.as_ref(), &action.session) else {

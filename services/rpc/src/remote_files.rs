@@ -38,8 +38,18 @@ pub(crate) struct FileRequests {
 
 impl FileRequests {
     /// A runner's answer.
-    pub(crate) fn answered(&self, answer: pb::FileAnswer) {
-        let Some((_, waiting)) = self.pending.lock().remove(&answer.id) else {
+    pub(crate) fn answered(&self, runner: u64, answer: pb::FileAnswer) {
+        // Only the runner that was asked answers (ids are sequential: another runner could guess them).
+        let waiting = {
+            let mut pending = self.pending.lock();
+            match pending.get(&answer.id) {
+                Some((asked, _)) if *asked == runner => {
+                    pending.remove(&answer.id).map(|(_, waiting)| waiting)
+                }
+                _ => None,
+            }
+        };
+        let Some(waiting) = waiting else {
             return;
         };
         let result = serde_json::from_slice(&answer.result).unwrap_or_else(|error| {

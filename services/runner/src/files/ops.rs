@@ -27,7 +27,12 @@ pub struct Files {
     root: PathBuf,
     /// Largest file read or written.
     max_bytes: u64,
+    /// Most entries a directory listing returns, or a tree copy creates.
+    max_entries: usize,
 }
+
+/// Most entries a listing returns (a bigger directory is refused, naming the limit).
+pub const MAX_ENTRIES: usize = 10_000;
 
 fn io_error(path: &Path, error: std::io::Error) -> FileError {
     let shown = path.display();
@@ -94,7 +99,11 @@ impl Files {
         let root = root
             .canonicalize()
             .map_err(|error| FileError::Unavailable(format!("the workspace {}: {error}", root.display())))?;
-        Ok(Files { root, max_bytes })
+        Ok(Files {
+            root,
+            max_bytes,
+            max_entries: MAX_ENTRIES,
+        })
     }
 
     /// `requested` resolved inside the root: every existing part's symlinks followed (the last one's only when
@@ -240,8 +249,15 @@ impl Files {
             return Err(self.too_big(path));
         }
         let mut bytes = Vec::new();
-        fs::File::open(path)
-            .map_err(|e| io_error(path, e))?
+        // A file swapped for a FIFO or a symlink meanwhile is neither waited on nor followed.
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc_flags())
+                .open(path)
+        };
+        file.map_err(|e| io_error(path, e))?
             .take(self.max_bytes + 1)
             .read_to_end(&mut bytes)
             .map_err(|e| io_error(path, e))?;
@@ -387,6 +403,13 @@ impl Files {
         }
         let mut entries = Vec::new();
         for entry in fs::read_dir(&path).map_err(|e| io_error(&path, e))? {
+            if entries.len() == self.max_entries {
+                return Err(FileError::Invalid(format!(
+                    "{} has more than {} entries, this relay's limit for a listing",
+                    path.display(),
+                    self.max_entries
+                )));
+            }
             let entry = entry.map_err(|e| io_error(&path, e))?;
             let kind = match entry.file_type() {
                 Ok(kind) if kind.is_dir() => EntryKind::Directory,
@@ -414,6 +437,14 @@ impl Files {
                 to.display()
             )));
         }
+        // The root is never replaced, nor is anything the source lies in (or lies in the source).
+        if to == self.root || from.starts_with(&to) {
+            return Err(FileError::PermissionDenied(format!(
+                "{} holds {}: copying onto it would remove what is copied",
+                to.display(),
+                from.display()
+            )));
+        }
         if to.starts_with(&from) && meta.is_dir() {
             return Err(FileError::Invalid(format!(
                 "cannot copy {} into itself",
@@ -421,13 +452,38 @@ impl Files {
             )));
         }
         if meta.is_dir() {
-            if exists {
-                self.delete_path(&to, true)?;
+            // Copied beside the destination first; only a complete copy replaces what was there.
+            let parent = to
+                .parent()
+                .ok_or_else(|| FileError::Invalid(format!("{} has no directory", to.display())))?;
+            let name = to
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let staging = parent.join(format!(
+                ".{name}{TEMPORARY_MARK}{}.tmp",
+                uuid::Uuid::new_v4().simple()
+            ));
+            let mut budget = CopyBudget {
+                bytes: self.max_bytes,
+                entries: self.max_entries,
+            };
+            if let Err(error) = copy_tree(&from, &staging, &mut budget) {
+                let _ = fs::remove_dir_all(&staging);
+                return Err(match error {
+                    CopyError::Io(path, error) => io_error(&path, error),
+                    CopyError::TooBig => self.too_big(&from),
+                });
             }
-            let mut budget = self.max_bytes;
-            copy_tree(&from, &to, &mut budget).map_err(|e| match e {
-                CopyError::Io(path, error) => io_error(&path, error),
-                CopyError::TooBig => self.too_big(&from),
+            if exists {
+                if let Err(error) = self.delete_path(&to, true) {
+                    let _ = fs::remove_dir_all(&staging);
+                    return Err(error);
+                }
+            }
+            fs::rename(&staging, &to).map_err(|e| {
+                let _ = fs::remove_dir_all(&staging);
+                io_error(&to, e)
             })?;
             Ok(FileReply::Done)
         } else {
@@ -489,11 +545,17 @@ impl Files {
         }
         .map_err(|e| io_error(&path, e))?;
         let kind = kind_of(&meta);
-        let content_type = (kind == EntryKind::File)
+        // Only a regular file is opened (a FIFO would block), and without waiting on it.
+        let content_type = meta
+            .is_file()
             .then(|| {
                 use std::io::Read;
+                use std::os::unix::fs::OpenOptionsExt;
                 let mut head = Vec::new();
-                fs::File::open(&path)
+                fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc_flags())
+                    .open(&path)
                     .ok()?
                     .take(8192)
                     .read_to_end(&mut head)
@@ -538,13 +600,24 @@ impl Files {
     }
 }
 
+/// `O_NONBLOCK | O_NOFOLLOW`, for opening what may be a FIFO or a symlink without following or waiting.
+fn libc_flags() -> i32 {
+    (rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOFOLLOW).bits() as i32
+}
+
 enum CopyError {
     Io(PathBuf, std::io::Error),
     TooBig,
 }
 
-/// Copy a directory tree (symlinks as symlinks), at most `budget` bytes of files.
-fn copy_tree(from: &Path, to: &Path, budget: &mut u64) -> Result<(), CopyError> {
+/// What a tree copy may still create.
+struct CopyBudget {
+    bytes: u64,
+    entries: usize,
+}
+
+/// Copy a directory tree (symlinks as symlinks), within `budget` (bytes of files, entries).
+fn copy_tree(from: &Path, to: &Path, budget: &mut CopyBudget) -> Result<(), CopyError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |error| CopyError::Io(path, error)
@@ -554,6 +627,7 @@ fn copy_tree(from: &Path, to: &Path, budget: &mut u64) -> Result<(), CopyError> 
         let entry = entry.map_err(io(from))?;
         let source = entry.path();
         let target = to.join(entry.file_name());
+        budget.entries = budget.entries.checked_sub(1).ok_or(CopyError::TooBig)?;
         let kind = entry.file_type().map_err(io(&source))?;
         if kind.is_dir() {
             copy_tree(&source, &target, budget)?;
@@ -562,7 +636,7 @@ fn copy_tree(from: &Path, to: &Path, budget: &mut u64) -> Result<(), CopyError> 
             std::os::unix::fs::symlink(link, &target).map_err(io(&target))?;
         } else if kind.is_file() {
             let size = entry.metadata().map_err(io(&source))?.len();
-            *budget = budget.checked_sub(size).ok_or(CopyError::TooBig)?;
+            budget.bytes = budget.bytes.checked_sub(size).ok_or(CopyError::TooBig)?;
             fs::copy(&source, &target).map_err(io(&target))?;
         }
     }
@@ -704,6 +778,97 @@ mod tests {
             })
             .expect("delete the link");
         assert!(outside.path().exists());
+    }
+
+    #[test]
+    fn a_copy_never_replaces_the_root_or_what_holds_its_source() {
+        let (dir, files) = files();
+        files
+            .run(FileOp::Mkdir {
+                path: path(&dir, "a/b"),
+            })
+            .expect("mkdir");
+        write(&files, &path(&dir, "a/b/f"), b"x", WriteMode::Truncate, 0).expect("file");
+        write(&files, &path(&dir, "keep"), b"k", WriteMode::Truncate, 0).expect("file");
+        for (source, destination) in [("a", ""), ("a/b", "a"), ("a/b/f", ""), ("a/b/f", "a")] {
+            let copied = files.run(FileOp::Copy {
+                source: path(&dir, source),
+                destination: path(&dir, destination).trim_end_matches('/').to_string(),
+                fail_if_exists: false,
+            });
+            assert!(
+                matches!(copied, Err(FileError::PermissionDenied(_))),
+                "{source} -> {destination}: {copied:?}"
+            );
+        }
+        assert_eq!(fs::read(path(&dir, "a/b/f")).expect("kept"), b"x");
+        assert_eq!(fs::read(path(&dir, "keep")).expect("kept"), b"k");
+        // A tree over an existing one replaces it only once copied.
+        files
+            .run(FileOp::Mkdir {
+                path: path(&dir, "c"),
+            })
+            .expect("mkdir");
+        files
+            .run(FileOp::Copy {
+                source: path(&dir, "a"),
+                destination: path(&dir, "c"),
+                fail_if_exists: false,
+            })
+            .expect("copy over");
+        assert_eq!(fs::read(path(&dir, "c/b/f")).expect("copied"), b"x");
+        assert!(!fs::read_dir(dir.path()).expect("list").any(|e| e
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".tmp")));
+    }
+
+    #[test]
+    fn a_fifo_is_resolved_without_being_opened_and_never_read() {
+        let (dir, files) = files();
+        let fifo = path(&dir, "pipe");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        let resolved = files
+            .run(FileOp::Resolve {
+                path: fifo.clone(),
+                follow_symlinks: true,
+            })
+            .expect("resolve");
+        assert!(
+            matches!(
+                resolved,
+                FileReply::Resolved(Resolved {
+                    content_type: None,
+                    ..
+                })
+            ),
+            "{resolved:?}"
+        );
+        assert!(matches!(
+            files.run(FileOp::Read { path: fifo }),
+            Err(FileError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn a_listing_is_bounded() {
+        let (dir, mut files) = files();
+        files.max_entries = 3;
+        for name in ["a", "b", "c", "d"] {
+            write(&files, &path(&dir, name), b"x", WriteMode::Truncate, 0).expect("file");
+        }
+        let listed = files.run(FileOp::List {
+            path: dir.path().display().to_string(),
+        });
+        assert!(
+            matches!(&listed, Err(FileError::Invalid(m)) if m.contains("more than 3 entries")),
+            "{listed:?}"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::watch::Watches;
 pub const SUBCOMMAND: &str = "sandbox-files";
 
 /// Longest request line read (a write's base64 data with room to spare), so a broken peer cannot grow memory.
-fn max_line(max_bytes: u64) -> usize {
+pub(crate) fn max_line(max_bytes: u64) -> usize {
     usize::try_from(max_bytes.saturating_mul(4) / 3 + 64 * 1024).unwrap_or(usize::MAX)
 }
 

@@ -40,6 +40,8 @@ struct Server {
     listeners: Listeners,
     /// When it was last asked something.
     last_used: Mutex<std::time::Instant>,
+    /// Cleared when its output ended or broke the protocol: the next request starts another.
+    alive: Arc<std::sync::atomic::AtomicBool>,
     /// Kills the sandbox when the server is dropped.
     _child: tokio::process::Child,
 }
@@ -108,6 +110,12 @@ impl FileService {
         server.pending.lock().insert(id, answer_tx);
         let mut line = serde_json::to_vec(&Request { id, op })
             .map_err(|error| FileError::Unavailable(format!("cannot encode the request: {error}")))?;
+        if line.len() > super::server::max_line(self.max_bytes) {
+            return Err(FileError::Invalid(format!(
+                "the request is larger than this relay's limit of {} bytes of file content",
+                self.max_bytes
+            )));
+        }
         line.push(b'\n');
         let sent = {
             let mut input = server.input.lock().await;
@@ -208,7 +216,10 @@ impl FileService {
     /// `tenant`'s server, started if it has none.
     async fn server(&self, tenant: &str) -> Result<Arc<Server>, FileError> {
         let mut servers = self.servers.lock().await;
-        if let Some(server) = servers.get(tenant) {
+        if let Some(server) = servers
+            .get(tenant)
+            .filter(|server| server.alive.load(Ordering::Relaxed))
+        {
             *server.last_used.lock() = std::time::Instant::now();
             return Ok(server.clone());
         }
@@ -261,10 +272,25 @@ impl FileService {
         let answers = pending.clone();
         let watchers = listeners.clone();
         let tenant_name = tenant.to_string();
+        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let living = alive.clone();
+        // An answer is at most a file's base64 or a capped listing; a longer line breaks the protocol.
+        let limit = (super::server::max_line(self.max_bytes) as u64).max(8 * 1024 * 1024);
         tokio::spawn(async move {
-            let mut lines = BufReader::new(output).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                match serde_json::from_str::<ServerLine>(&line) {
+            use tokio::io::AsyncReadExt;
+            let mut reader = BufReader::new(output);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match (&mut reader).take(limit).read_until(b'\n', &mut line).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if !line.ends_with(b"\n") && line.len() as u64 >= limit => {
+                        tracing::warn!(tenant = %tenant_name, limit, "a file server wrote a line longer than allowed; stopping it");
+                        break;
+                    }
+                    Ok(_) => {}
+                }
+                match serde_json::from_slice::<ServerLine>(&line) {
                     Ok(ServerLine::Answer(answer)) => {
                         if let Some(waiting) = answers.lock().remove(&answer.id) {
                             let _ = waiting.send(answer.result);
@@ -281,6 +307,7 @@ impl FileService {
                 }
             }
             // Stopped: whatever it had is answered by the dropped senders ("stopped; retry"); its watches end.
+            living.store(false, Ordering::Relaxed);
             answers.lock().clear();
             watchers.lock().clear();
         });
@@ -290,6 +317,7 @@ impl FileService {
             pending,
             listeners,
             last_used: Mutex::new(std::time::Instant::now()),
+            alive,
             _child: child,
         })
     }

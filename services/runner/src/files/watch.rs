@@ -17,6 +17,9 @@ use super::protocol::{ChangeKind, FileError};
 /// How long changes are gathered before they are reported (an editor's save is several events).
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
 
+/// Most paths one report of a watch names (a flood beyond it in one period is not itemized).
+pub const MAX_CHANGES_PER_REPORT: usize = 1_000;
+
 /// What one watch reports.
 struct Watch {
     root: PathBuf,
@@ -120,7 +123,7 @@ impl Watches {
         let excludes = globs(excludes)?;
         let watches = Arc::downgrade(&self.watches);
         let pending = Arc::downgrade(&self.pending);
-        let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let handler = move |event: notify::Result<notify::Event>| {
             let (Ok(event), Some(watches), Some(pending)) = (event, watches.upgrade(), pending.upgrade())
             else {
                 return;
@@ -144,6 +147,9 @@ impl Watches {
             for path in event.paths {
                 if watch.reports(&path) {
                     let changes = pending.entry(id).or_default();
+                    if changes.len() >= MAX_CHANGES_PER_REPORT && !changes.contains_key(&path) {
+                        continue;
+                    }
                     // Added then changed is still added; deleted wins over both.
                     let merged = match (changes.get(&path), kind) {
                         (Some(ChangeKind::Added), ChangeKind::Updated) => ChangeKind::Added,
@@ -152,8 +158,11 @@ impl Watches {
                     changes.insert(path, merged);
                 }
             }
-        })
-        .map_err(|error| FileError::Unavailable(format!("cannot watch: {error}")))?;
+        };
+        // Symlinks are not followed: a link to `/` in the workspace must not make the watch walk the system.
+        let config = notify::Config::default().with_follow_symlinks(false);
+        let mut watcher = notify::RecommendedWatcher::new(handler, config)
+            .map_err(|error| FileError::Unavailable(format!("cannot watch: {error}")))?;
         let mode = if recursive {
             RecursiveMode::Recursive
         } else {
