@@ -1042,38 +1042,6 @@ async fn the_model_a_message_names_is_selected_in_the_agent() {
     assert_eq!(error.part.error.error_type, "modelSelectionFailed");
 }
 
-/// Start `ahp-relay runner` for `shard` with the agents of `file`, and wait until the shard counts it.
-async fn start_runner(shard: &Shard, file: &Path, runners_after: f64) -> tokio::process::Child {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
-    command
-        .args([
-            "runner",
-            // A free port each: tests start runners side by side.
-            "--http-listen",
-            "127.0.0.1:0",
-            "--name",
-            "test-runner",
-            "--shard",
-            &shard.url,
-            "--agents",
-        ])
-        .arg(file);
-    let (child, _) = spawn_until(command, "runner serving").await;
-    wait_for_runners(shard, runners_after).await;
-    child
-}
-
-/// Wait until the shard has exactly `count` registered runners.
-async fn wait_for_runners(shard: &Shard, count: f64) {
-    let counted = tokio::time::timeout(PATIENCE, async {
-        while shard.metric("ahp_relay_agent_runners").await != count {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    assert!(counted.is_ok(), "the shard never counted {count} runners");
-}
-
 /// Whether `ancestor` is `pid`'s parent, grandparent, …
 fn descends_from(pid: u32, ancestor: Option<u32>) -> bool {
     let mut current = Some(pid);

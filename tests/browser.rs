@@ -161,18 +161,8 @@ async fn the_web_client_signs_in_and_recovers_from_a_refused_or_expired_token() 
 /// walks and shows the folder's files on both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_new_session_form_offers_the_workspace_and_says_what_is_wrong_beside_the_field() {
-    let workspace = tempfile::tempdir().expect("workspace");
-    let config = tempfile::tempdir().expect("config");
-    let file = config.path().join("agents.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nenv = [\"PATH\"]\n",
-            workspace.path().display().to_string(),
-            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
-        ),
-    )
-    .expect("write agents file");
+    let agents = scripted_agents_file();
+    let (workspace, file) = (&agents.workspace, &agents.file);
     let relay = Relay::start_with(&["--agents", &file.display().to_string()]).await;
     let token = relay.token("dev", "dev-user", Role::Admin);
     let tenant_dir = workspace.path().join("dev");

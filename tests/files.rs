@@ -29,25 +29,14 @@ impl FilesRelay {
 
 /// `serve` with the scripted agent's agents file (a workspace in a temporary directory) and `extra` flags.
 async fn relay_with_workspace(extra: &[&str]) -> FilesRelay {
-    let workspace = tempfile::tempdir().expect("workspace");
-    let config = tempfile::tempdir().expect("config");
-    let file = config.path().join("agents.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nenv = [\"PATH\"]\n",
-            workspace.path().display().to_string(),
-            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
-        ),
-    )
-    .expect("write agents file");
-    let mut args = vec!["--agents", file.to_str().expect("path")];
+    let agents = scripted_agents_file();
+    let mut args = vec!["--agents", agents.file.to_str().expect("path")];
     args.extend_from_slice(extra);
     let relay = Relay::start_with(&args).await;
     FilesRelay {
         relay,
-        workspace,
-        _config: config,
+        workspace: agents.workspace,
+        _config: agents.config,
     }
 }
 
@@ -687,18 +676,8 @@ async fn a_watch_reports_changes_and_is_released_on_unsubscribe_and_on_disconnec
 /// commands answered with a clear error, and a new runner serves them again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_a_gateway_files_are_served_by_the_runner_and_its_death_is_a_clear_error() {
-    let workspace = tempfile::tempdir().expect("workspace");
-    let config = tempfile::tempdir().expect("config");
-    let file = config.path().join("agents.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nenv = [\"PATH\"]\n",
-            workspace.path().display().to_string(),
-            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
-        ),
-    )
-    .expect("write agents file");
+    let agents = scripted_agents_file();
+    let (workspace, file) = (&agents.workspace, &agents.file);
     let shard = Shard::start(&["--agents", &file.display().to_string()]).await;
     let gateway = Relay::gateway(&shard.url).await;
     let root = workspace.path().join("dev");
@@ -709,7 +688,7 @@ async fn through_a_gateway_files_are_served_by_the_runner_and_its_death_is_a_cle
     assert_eq!(refused, -32603);
     assert!(message.contains("runner"), "{message}");
 
-    let mut runner = start_runner(&shard, &file).await;
+    let mut runner = start_runner(&shard, file, 1.0).await;
     let (b, init) = gateway.client("device-b").await;
     assert_eq!(init.default_directory.as_deref(), Some(uri(&root).as_str()));
     mkdir(&b, &root.join("remote")).await;
@@ -760,42 +739,11 @@ async fn through_a_gateway_files_are_served_by_the_runner_and_its_death_is_a_cle
     assert!(message.contains("runner"), "{message}");
 
     // Another runner serves the same workspace.
-    let _runner = start_runner(&shard, &file).await;
+    let _runner = start_runner(&shard, file, 1.0).await;
     let read = call(&b, "resourceRead", json!({"uri": uri(&notes)}))
         .await
         .expect("read again");
     assert_eq!(read["data"], "from afar");
-}
-
-/// Start `ahp-relay runner` for `shard` with the agents of `file`; wait until the shard counts one runner.
-async fn start_runner(shard: &Shard, file: &Path) -> tokio::process::Child {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
-    command
-        .args([
-            "runner",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--name",
-            "files-runner",
-            "--shard",
-            &shard.url,
-            "--agents",
-        ])
-        .arg(file);
-    let (child, _) = spawn_until(command, "runner serving").await;
-    wait_for_runners(shard, 1.0).await;
-    child
-}
-
-/// Wait until the shard has exactly `count` registered runners.
-async fn wait_for_runners(shard: &Shard, count: f64) {
-    let counted = tokio::time::timeout(PATIENCE, async {
-        while shard.metric("ahp_relay_agent_runners").await != count {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    assert!(counted.is_ok(), "the shard never counted {count} runners");
 }
 
 /// The tenant's file server processes running for `workspace` (their command line names it).

@@ -865,3 +865,65 @@ pub fn identity_keys(dir: &std::path::Path) -> Option<(String, String)> {
     let path = |name: &str| dir.join(name).display().to_string();
     Some((path("identity.pem"), path("identity.pub.pem")))
 }
+
+/// A workspace and an agents file naming the scripted test agent as `scripted`, in temporary directories
+/// (dropped with this).
+pub struct ScriptedAgents {
+    pub workspace: tempfile::TempDir,
+    pub config: tempfile::TempDir,
+    pub file: std::path::PathBuf,
+}
+
+/// [`ScriptedAgents`]: `serve --agents <file>` (or a shard and runner) then has a workspace.
+pub fn scripted_agents_file() -> ScriptedAgents {
+    let workspace = tempfile::tempdir().expect("workspace");
+    let config = tempfile::tempdir().expect("config");
+    let file = config.path().join("agents.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nenv = [\"PATH\"]\n",
+            workspace.path().display().to_string(),
+            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
+        ),
+    )
+    .expect("write agents file");
+    ScriptedAgents {
+        workspace,
+        config,
+        file,
+    }
+}
+
+/// Start `ahp-relay runner` for `shard` with the agents of `file`, and wait until the shard counts
+/// `runners_after` runners.
+pub async fn start_runner(shard: &Shard, file: &std::path::Path, runners_after: f64) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+    command
+        .args([
+            "runner",
+            // A free port each: tests start runners side by side.
+            "--http-listen",
+            "127.0.0.1:0",
+            "--name",
+            "test-runner",
+            "--shard",
+            &shard.url,
+            "--agents",
+        ])
+        .arg(file);
+    let (child, _) = spawn_until(command, "runner serving").await;
+    wait_for_runners(shard, runners_after).await;
+    child
+}
+
+/// Wait until the shard has exactly `count` registered runners.
+pub async fn wait_for_runners(shard: &Shard, count: f64) {
+    let counted = tokio::time::timeout(PATIENCE, async {
+        while shard.metric("ahp_relay_agent_runners").await != count {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "the shard never counted {count} runners");
+}

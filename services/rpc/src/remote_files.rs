@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use parking_lot::Mutex;
+use relay_runner::files::access::await_answer;
 use relay_runner::files::{
     ChangeKind, ChangeSink, FileAccess, FileError, FileFuture, FileOp, FileReply, WatchHandle, WatchSpec,
 };
@@ -19,9 +19,6 @@ use tokio::sync::oneshot;
 use crate::pb;
 use crate::pb::runner_work::Work;
 use crate::placement::RunnerPool;
-
-/// How long one operation may take before it is answered "unavailable".
-const OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where an operation's answer goes.
 type Answer = oneshot::Sender<Result<FileReply, FileError>>;
@@ -125,19 +122,14 @@ impl RemoteFiles {
                 "the runner holding the workspace is gone; retry".into(),
             ));
         }
-        match tokio::time::timeout(OPERATION_TIMEOUT, answer_rx).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(FileError::Unavailable(
-                "the runner holding the workspace went away; retry".into(),
-            )),
-            Err(_) => {
+        await_answer(
+            answer_rx,
+            "the runner holding the workspace went away; retry",
+            || {
                 self.requests().pending.lock().remove(&id);
-                Err(FileError::Unavailable(format!(
-                    "the file operation took longer than {} s",
-                    OPERATION_TIMEOUT.as_secs()
-                )))
-            }
-        }
+            },
+        )
+        .await
     }
 }
 

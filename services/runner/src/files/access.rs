@@ -6,9 +6,35 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::protocol::{ChangeKind, FileError, FileOp, FileReply};
+
+/// How long one operation may take before it is answered "unavailable".
+pub const OPERATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The answer of an operation sent to whoever runs it (a file server, a runner).
+pub type PendingAnswer = oneshot::Receiver<Result<FileReply, FileError>>;
+
+/// Wait for `answer` for at most [`OPERATION_TIMEOUT`]: if its sender went, `gone` says why; if it took too
+/// long, `forget` drops what waited for it.
+pub async fn await_answer(
+    answer: PendingAnswer,
+    gone: &str,
+    forget: impl FnOnce(),
+) -> Result<FileReply, FileError> {
+    match tokio::time::timeout(OPERATION_TIMEOUT, answer).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(FileError::Unavailable(gone.to_string())),
+        Err(_) => {
+            forget();
+            Err(FileError::Unavailable(format!(
+                "the file operation took longer than {} s",
+                OPERATION_TIMEOUT.as_secs()
+            )))
+        }
+    }
+}
 
 /// A file operation under way.
 pub type FileFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, FileError>> + Send + 'a>>;

@@ -14,13 +14,10 @@ use relay_sandbox::{Egress, ResourceLimits, SandboxSpec};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
-use super::access::{ChangeSink, FileAccess, FileFuture, WatchHandle, WatchSpec};
+use super::access::{await_answer, ChangeSink, FileAccess, FileFuture, WatchHandle, WatchSpec};
 use super::protocol::{ChangeKind, FileError, FileOp, FileReply, Request, ServerLine};
 use super::server::SUBCOMMAND;
 use crate::acp::sandboxes::Sandboxes;
-
-/// How long one operation may take before it is answered "unavailable".
-const OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The host name under which file servers get their private directories (no AHP host can have it).
 const FILES_HOST: &str = ".files";
@@ -131,19 +128,10 @@ impl FileService {
                 "the tenant's file server stopped; retry".into(),
             ));
         }
-        match tokio::time::timeout(OPERATION_TIMEOUT, answer_rx).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(FileError::Unavailable(
-                "the tenant's file server stopped; retry".into(),
-            )),
-            Err(_) => {
-                server.pending.lock().remove(&id);
-                Err(FileError::Unavailable(format!(
-                    "the file operation took longer than {} s",
-                    OPERATION_TIMEOUT.as_secs()
-                )))
-            }
-        }
+        await_answer(answer_rx, "the tenant's file server stopped; retry", || {
+            server.pending.lock().remove(&id);
+        })
+        .await
     }
 
     /// Watch `path` of `tenant`'s files; its changes go to `changes` (coalesced, at most every 100 ms) until the
