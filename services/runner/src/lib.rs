@@ -9,9 +9,11 @@ pub mod acp;
 pub mod demo;
 pub mod files;
 pub mod provider;
+pub mod pty;
+pub mod shell_integration;
 
 pub use demo::{DemoPace, DemoProvider};
 pub use provider::{
-    ChatSink, ClientTool, Provider, ProviderRegistry, SessionRequest, SessionStart, TurnAttachment,
-    TurnControl, TurnHandle, TurnRequest, AGENT_STATE_META,
+    ChatSink, ClientTool, Provider, ProviderRegistry, SessionRequest, SessionStart, TerminalKey,
+    TerminalRequest, TerminalStarted, TurnAttachment, TurnControl, TurnHandle, TurnRequest, AGENT_STATE_META,
 };

@@ -176,6 +176,42 @@ pub struct SessionRequest {
     pub working_directory: Option<String>,
 }
 
+/// A terminal of a host of a tenant: terminal URIs are chosen by clients, so they are unique within a host only.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct TerminalKey {
+    pub tenant: String,
+    pub host: String,
+    pub uri: String,
+}
+
+/// A terminal a device opens in a session (`createTerminal`), or a chat's `!command`, as the host asks the
+/// session's provider to start it. The host has opened the terminal's channel; the provider emits its output
+/// there ([`ChatSink::emit_in`] with the session).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TerminalRequest {
+    pub key: TerminalKey,
+    /// The session the terminal runs in (its sandbox, directories and quotas).
+    pub session: String,
+    /// The session's working directory as its client named it, if any.
+    pub working_directory: Option<String>,
+    /// Where the shell starts (`file://` URI or path inside the session's working directory), if named.
+    pub cwd: Option<String>,
+    pub cols: i64,
+    pub rows: i64,
+    /// Run this command line (`sh -c`) instead of an interactive shell; the terminal exits with it.
+    pub command: Option<String>,
+}
+
+/// The provider's answer to [`Provider::start_terminal`]: started, or why not.
+pub type TerminalStarted = tokio::sync::oneshot::Receiver<Result<(), String>>;
+
+/// An answer to [`Provider::start_terminal`] that is already known.
+pub fn terminal_answer(answer: Result<(), String>) -> TerminalStarted {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let _ = tx.send(answer);
+    rx
+}
+
 /// How a session's preparation goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionStart {
@@ -213,6 +249,19 @@ pub trait Provider: Send + Sync + 'static {
     fn start_turn(&self, turn: TurnRequest, sink: Arc<dyn ChatSink>) -> TurnHandle;
     /// The session (`session` on `host` of `tenant`) is gone: stop everything the provider runs for it.
     fn dispose_session(&self, _tenant: &str, _host: &str, _session: &str) {}
+    /// Start a device's terminal (a shell on a pseudoterminal in the session's sandbox). Must not block.
+    /// Providers that run nothing on a machine of their own refuse.
+    fn start_terminal(&self, _request: TerminalRequest, _sink: Arc<dyn ChatSink>) -> TerminalStarted {
+        terminal_answer(Err(
+            "this session's agent has no workspace to open a terminal in".into()
+        ))
+    }
+    /// What a device typed into a terminal this provider started.
+    fn terminal_input(&self, _terminal: &TerminalKey, _data: &str) {}
+    /// A device resized a terminal this provider started.
+    fn terminal_resized(&self, _terminal: &TerminalKey, _cols: i64, _rows: i64) {}
+    /// Kill a terminal's processes (disposed, or its `!command`'s turn cancelled).
+    fn kill_terminal(&self, _terminal: &TerminalKey) {}
 }
 
 /// The providers configured for a host, by provider id.

@@ -73,6 +73,11 @@ pub fn main(args: Vec<OsString>) -> i32 {
                     return EXIT_CONFINEMENT_FAILED;
                 }
             };
+            // A device's terminal: bubblewrap made this process a session leader; its pseudoterminal (stdin)
+            // becomes the session's controlling terminal, so job control and Ctrl-C work in the shell.
+            if rustix::termios::isatty(std::io::stdin()) {
+                let _ = rustix::process::ioctl_tiocsctty(std::io::stdin());
+            }
             close_inherited_descriptors();
             let mut command = std::process::Command::new(&program);
             command.args(args);

@@ -84,8 +84,11 @@ impl Default for SandboxConfig {
 pub struct QuotaConfig {
     /// Agent processes and terminal commands the relay runs for one tenant at once; more are refused.
     pub running_per_tenant: usize,
-    /// Terminal commands one session runs at once.
+    /// Terminal commands one session runs at once (an agent's commands; devices' terminals count apart, the
+    /// same number).
     pub terminals_per_session: usize,
+    /// A device's terminal nothing was typed into and that printed nothing for this long is stopped (seconds).
+    pub terminal_idle_seconds: u64,
     /// Processes and threads of one tenant (RLIMIT_NPROC of its user) when the relay runs as root; otherwise
     /// each sandbox is bounded by its agent's `limits.processes`.
     pub processes_per_tenant: u64,
@@ -115,6 +118,7 @@ impl Default for QuotaConfig {
         Self {
             running_per_tenant: 256,
             terminals_per_session: 16,
+            terminal_idle_seconds: 30 * 60,
             processes_per_tenant: 4096,
             output_bytes_per_second: 1024 * 1024,
             output_bytes_per_turn: 8 * 1024 * 1024,

@@ -20,6 +20,7 @@ pub mod prompt_turn;
 pub mod quota;
 pub mod sandboxes;
 pub mod session;
+pub mod shell;
 pub mod terminal;
 pub mod turn;
 pub mod workspace;
@@ -33,7 +34,10 @@ use ahp_types::state::{
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
-use crate::provider::{ChatSink, Provider, SessionRequest, SessionStart, TurnHandle, TurnRequest};
+use crate::provider::{
+    ChatSink, Provider, SessionRequest, SessionStart, TerminalKey, TerminalRequest, TerminalStarted,
+    TurnHandle, TurnRequest,
+};
 pub use config::{AgentConfig, AgentConfigError, AgentsFile};
 pub use sandboxes::Sandboxes;
 use session::{Prompt, SessionWorker};
@@ -56,12 +60,16 @@ pub struct AcpProvider {
     reported_models: Arc<Mutex<Option<Vec<SessionModelInfo>>>>,
     /// The settings (session config) the agent reported, once known.
     reported_settings: Arc<Mutex<Option<SessionConfigSchema>>>,
+    /// Devices' terminals in its sessions.
+    shells: Arc<shell::ShellTerminals>,
 }
 
 impl AcpProvider {
     pub fn new(config: AgentConfig, sandboxes: Arc<Sandboxes>, timeouts: session::Timeouts) -> Self {
+        let config = Arc::new(config);
         Self {
-            config: Arc::new(config),
+            shells: Arc::new(shell::ShellTerminals::new(sandboxes.clone(), config.clone())),
+            config,
             sandboxes,
             timeouts,
             sessions: Arc::default(),
@@ -295,12 +303,29 @@ impl Provider for AcpProvider {
         handle
     }
 
+    fn start_terminal(&self, request: TerminalRequest, sink: Arc<dyn ChatSink>) -> TerminalStarted {
+        self.start_shell(request, sink)
+    }
+
+    fn terminal_input(&self, terminal: &TerminalKey, data: &str) {
+        self.shells.input(terminal, data);
+    }
+
+    fn terminal_resized(&self, terminal: &TerminalKey, cols: i64, rows: i64) {
+        self.shells.resize(terminal, cols, rows);
+    }
+
+    fn kill_terminal(&self, terminal: &TerminalKey) {
+        self.shells.kill(terminal);
+    }
+
     fn dispose_session(&self, tenant: &str, host: &str, session: &str) {
         let key = SessionKey {
             tenant: tenant.to_string(),
             host: host.to_string(),
             session: session.to_string(),
         };
+        self.shells.dispose_session(&key);
         let worker = self.sessions.lock().remove(&key);
         let sandboxes = self.sandboxes.clone();
         let (tenant, host, session) = (tenant.to_string(), host.to_string(), session.to_string());
@@ -317,6 +342,28 @@ impl Provider for AcpProvider {
             Ok(runtime) => drop(runtime.spawn(dispose)),
             Err(_) => tracing::warn!("a session was disposed outside the runtime: its directories stay"),
         }
+    }
+}
+
+impl AcpProvider {
+    /// [`Provider::start_terminal`]: started in the background, answered when the shell runs.
+    fn start_shell(&self, request: TerminalRequest, sink: Arc<dyn ChatSink>) -> TerminalStarted {
+        let (answer, started) = tokio::sync::oneshot::channel();
+        let shells = self.shells.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(async move {
+                let _ = answer.send(
+                    shells
+                        .start(request, sink)
+                        .await
+                        .map_err(|error| error.to_string()),
+                );
+            })),
+            Err(_) => {
+                return crate::provider::terminal_answer(Err("no runtime to start a terminal in".into()))
+            }
+        }
+        started
     }
 }
 

@@ -168,6 +168,33 @@ impl Sandboxes {
         Ok((child, slot))
     }
 
+    /// [`Sandboxes::start`] with `terminal` (one side of a pseudoterminal) as the process's stdin, stdout and
+    /// stderr: the sandbox's first program makes it the controlling terminal.
+    pub async fn start_on_terminal(
+        &self,
+        tenant: &str,
+        spec: &SandboxSpec,
+        program: &str,
+        args: &[String],
+        env: &BTreeMap<String, String>,
+        terminal: &std::os::fd::OwnedFd,
+    ) -> Result<(tokio::process::Child, RunningSlot), StartError> {
+        let slot = self.quotas.start(tenant)?;
+        let mut command = self.launcher.command(spec, program, args, env).await?;
+        let stdio = || terminal.try_clone().map(std::process::Stdio::from);
+        command.stdin(stdio()?).stdout(stdio()?).stderr(stdio()?);
+        let child = Launcher::spawn(command).await?;
+        Ok((child, slot))
+    }
+
+    /// A session's home directory as its processes see it (`dirs.home` is where it is outside the sandbox).
+    pub fn home_inside(&self, dirs: &SessionDirs) -> std::path::PathBuf {
+        match self.launcher {
+            Launcher::Sandboxed(_) => relay_sandbox::HOME_IN_SANDBOX.into(),
+            Launcher::Unconfined => dirs.home.clone(),
+        }
+    }
+
     /// Start a relay service (`program args`, nothing of the agent's environment) in the sandbox `spec`: not an
     /// agent, so not counted against the tenant's running agents. Stdio is piped; dropping the child kills it.
     pub async fn start_service(

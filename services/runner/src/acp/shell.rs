@@ -1,0 +1,662 @@
+//! Devices' terminals (AHP `createTerminal`) and chats' `!commands`: a shell (or the one command) on a
+//! pseudoterminal ([`crate::pty`]), started in a sandbox of the session — the same confinement, directories,
+//! user and quotas as its agent, counted against the tenant's running processes — with a plain environment
+//! (none of the agent's credentials). What it prints is published on the terminal's channel: `terminal/data`
+//! coalesced (at most every [`DATA_EVERY`] or [`DATA_MAX`] bytes, never an envelope per read), read no faster
+//! than the tenant's output rate (a flood is slowed like a slow link, never buffered), with the shell's marks
+//! ([`crate::shell_integration`]) turned into `terminal/commandExecuted`, `commandFinished` and `cwdChanged`;
+//! `terminal/exited` with the exit status at the end.
+//!
+//! Retention: a terminal's state keeps at most [`SCROLLBACK_BYTES`] of output; past it the terminal is
+//! `terminal/cleared` and its last [`SCROLLBACK_TAIL`] bytes are published again, so its snapshot stays bounded
+//! however much it prints (the action log keeps what it printed until compaction, at the tenant's rate).
+//!
+//! A terminal's processes are killed (its whole sandbox) when it is disposed, when its session is disposed,
+//! when nothing was typed or printed for the quotas' `terminal_idle_seconds`, and when this process stops.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use ahp_types::actions::{
+    StateAction, TerminalClearedAction, TerminalCommandDetectionAvailableAction,
+    TerminalCommandExecutedAction, TerminalCommandFinishedAction, TerminalCwdChangedAction,
+    TerminalDataAction, TerminalExitedAction,
+};
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::config::AgentConfig;
+use super::sandboxes::Sandboxes;
+use super::SessionKey;
+use crate::provider::{ChatSink, TerminalKey, TerminalRequest};
+use crate::pty::{PtyController, TerminalSize};
+use crate::shell_integration::{MarkParser, ShellEvent, BASH_RC};
+
+/// Bytes one `terminal/data` carries at most.
+pub const DATA_MAX: usize = 64 * 1024;
+/// How long output waits for more before it is published.
+pub const DATA_EVERY: Duration = Duration::from_millis(40);
+/// Output a terminal's state keeps; past it the terminal is cleared and its tail published again.
+pub const SCROLLBACK_BYTES: usize = 1024 * 1024;
+/// What a cleared terminal shows again of its output.
+pub const SCROLLBACK_TAIL: usize = 64 * 1024;
+/// Typed input waiting to reach a terminal, in messages (a device typing faster than the shell reads waits).
+const INPUT_QUEUE: usize = 256;
+
+/// Why a terminal did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ShellError {
+    #[error("{0}")]
+    Workspace(#[from] super::workspace::WorkspaceError),
+    #[error("{0}")]
+    Outside(#[from] super::fs::FsError),
+    #[error("the working directory {0} is not a directory")]
+    NotADirectory(String),
+    #[error("this session already runs {0} terminals (its limit)")]
+    TooMany(usize),
+    #[error("terminal {0} is already running")]
+    Exists(String),
+    #[error("cannot open a pseudoterminal: {0}")]
+    Pty(std::io::Error),
+    #[error("cannot start the terminal's shell: {0}")]
+    Spawn(#[from] super::sandboxes::StartError),
+}
+
+/// The running terminals of one provider's sessions.
+pub struct ShellTerminals {
+    sandboxes: Arc<Sandboxes>,
+    config: Arc<AgentConfig>,
+    running: Arc<Mutex<HashMap<TerminalKey, Arc<Shell>>>>,
+}
+
+struct Shell {
+    session: SessionKey,
+    controller: Arc<PtyController>,
+    input: mpsc::Sender<Vec<u8>>,
+    process_group: Option<u32>,
+    /// When something was last typed or printed.
+    touched: Mutex<Instant>,
+}
+
+impl Shell {
+    fn kill(&self) {
+        if let Some(group) = self
+            .process_group
+            .and_then(|pid| rustix::process::Pid::from_raw(pid as i32))
+        {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+impl ShellTerminals {
+    pub fn new(sandboxes: Arc<Sandboxes>, config: Arc<AgentConfig>) -> Self {
+        Self {
+            sandboxes,
+            config,
+            running: Arc::default(),
+        }
+    }
+
+    /// Start the terminal `request` names; its output goes to `sink`.
+    pub async fn start(&self, request: TerminalRequest, sink: Arc<dyn ChatSink>) -> Result<(), ShellError> {
+        let session = SessionKey {
+            tenant: request.key.tenant.clone(),
+            host: request.key.host.clone(),
+            session: request.session.clone(),
+        };
+        let limit = self.sandboxes.config().terminals_per_session.max(1);
+        {
+            let running = self.running.lock();
+            if running.contains_key(&request.key) {
+                return Err(ShellError::Exists(request.key.uri.clone()));
+            }
+            if running.values().filter(|shell| shell.session == session).count() >= limit {
+                return Err(ShellError::TooMany(limit));
+            }
+        }
+        let dirs = self.sandboxes.workspaces().session(
+            &session.tenant,
+            &session.host,
+            &session.session,
+            request.working_directory.as_deref(),
+        )?;
+        let cwd = match &request.cwd {
+            Some(requested) => {
+                let path = PathBuf::from(requested.strip_prefix("file://").unwrap_or(requested));
+                let directory = super::fs::confine(&dirs.workspace, &path)?;
+                if !directory.is_dir() {
+                    return Err(ShellError::NotADirectory(path.display().to_string()));
+                }
+                directory
+            }
+            None => dirs.workspace.clone(),
+        };
+        let spec = self.sandboxes.spec(&dirs, &cwd, &self.config);
+        let mut env = BTreeMap::from([
+            ("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string()),
+            ("TERM".to_string(), "xterm-256color".to_string()),
+            ("COLORTERM".to_string(), "truecolor".to_string()),
+            ("LANG".to_string(), "C.UTF-8".to_string()),
+        ]);
+        let (program, args) = match &request.command {
+            Some(command) => ("sh".to_string(), vec!["-c".to_string(), command.clone()]),
+            None => {
+                // The marks are set up by the first prompt: nothing is written to the session's directories.
+                env.insert("__AHP_RC".into(), BASH_RC.into());
+                env.insert("PROMPT_COMMAND".into(), "eval \"$__AHP_RC\"".into());
+                (
+                    "bash".to_string(),
+                    vec!["--noprofile".to_string(), "--norc".to_string(), "-i".to_string()],
+                )
+            }
+        };
+        let size = TerminalSize::clamped(request.cols, request.rows);
+        let pair = crate::pty::open(size).map_err(ShellError::Pty)?;
+        let (child, slot) = self
+            .sandboxes
+            .start_on_terminal(&session.tenant, &spec, &program, &args, &env, &pair.terminal)
+            .await?;
+        drop(pair.terminal);
+        let controller = Arc::new(pair.controller);
+        let (input, typed) = mpsc::channel(INPUT_QUEUE);
+        let shell = Arc::new(Shell {
+            session: session.clone(),
+            controller: controller.clone(),
+            input,
+            process_group: child.id(),
+            touched: Mutex::new(Instant::now()),
+        });
+        self.running.lock().insert(request.key.clone(), shell.clone());
+        tokio::spawn(write_input(controller, typed, Arc::downgrade(&shell)));
+        let publisher = Publisher::new(
+            sink,
+            session.session.clone(),
+            request.key.uri.clone(),
+            request.command.clone(),
+        );
+        let idle = Duration::from_secs(self.sandboxes.config().terminal_idle_seconds.max(1));
+        tokio::spawn(run(
+            shell,
+            child,
+            slot,
+            publisher,
+            idle,
+            Arc::downgrade(&self.running),
+            request.key,
+        ));
+        Ok(())
+    }
+
+    /// Type `data` into a terminal (dropped when its queue is full: the device sends faster than it reads).
+    pub fn input(&self, key: &TerminalKey, data: &str) {
+        if let Some(shell) = self.running.lock().get(key) {
+            if shell.input.try_send(data.as_bytes().to_vec()).is_err() {
+                tracing::debug!(terminal = %key.uri, "a terminal's input queue is full; input dropped");
+            }
+        }
+    }
+
+    /// Resize a terminal (the kernel tells its foreground processes).
+    pub fn resize(&self, key: &TerminalKey, cols: i64, rows: i64) {
+        if let Some(shell) = self.running.lock().get(key) {
+            if let Err(error) = shell.controller.resize(TerminalSize::clamped(cols, rows)) {
+                tracing::debug!(terminal = %key.uri, %error, "cannot resize a terminal");
+            }
+        }
+    }
+
+    /// Kill a terminal's processes; it then publishes `terminal/exited`.
+    pub fn kill(&self, key: &TerminalKey) {
+        if let Some(shell) = self.running.lock().get(key) {
+            shell.kill();
+        }
+    }
+
+    /// Kill every terminal of `session`.
+    pub fn dispose_session(&self, session: &SessionKey) {
+        for shell in self.running.lock().values() {
+            if shell.session == *session {
+                shell.kill();
+            }
+        }
+    }
+}
+
+impl Drop for ShellTerminals {
+    fn drop(&mut self) {
+        for shell in self.running.lock().values() {
+            shell.kill();
+        }
+    }
+}
+
+/// Forward what devices type to the terminal, in order.
+async fn write_input(controller: Arc<PtyController>, mut typed: mpsc::Receiver<Vec<u8>>, shell: Weak<Shell>) {
+    while let Some(data) = typed.recv().await {
+        if let Some(shell) = shell.upgrade() {
+            *shell.touched.lock() = Instant::now();
+        }
+        if controller.write_all(&data).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Publish a terminal's output until its processes are gone, then its exit.
+async fn run(
+    shell: Arc<Shell>,
+    mut child: tokio::process::Child,
+    slot: super::quota::RunningSlot,
+    mut publisher: Publisher,
+    idle: Duration,
+    registry: Weak<Mutex<HashMap<TerminalKey, Arc<Shell>>>>,
+    key: TerminalKey,
+) {
+    let bucket = slot.output();
+    let mut buffer = vec![0_u8; DATA_MAX];
+    let mut status: Option<Option<i64>> = None;
+    // Once the shell exited, what is still in the terminal is read for at most this long.
+    let mut drain_until = None;
+    loop {
+        let touched = *shell.touched.lock();
+        let flush_at = publisher.flush_at();
+        tokio::select! {
+            exited = child.wait(), if status.is_none() => {
+                status = Some(exited.ok().and_then(|status| status.code()).map(i64::from));
+                // Anything it left running goes with it.
+                shell.kill();
+                drain_until = Some(Instant::now() + Duration::from_secs(1));
+            }
+            read = shell.controller.read(&mut buffer) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(read) => {
+                    *shell.touched.lock() = Instant::now();
+                    publisher.push(&buffer[..read]);
+                    pay(&bucket, read).await;
+                    if publisher.closed {
+                        shell.kill();
+                    }
+                }
+            },
+            () = sleep_until(flush_at) => publisher.flush(),
+            () = tokio::time::sleep_until(touched + idle), if status.is_none() => {
+                tracing::info!(terminal = %key.uri, "a terminal idle for {idle:?} is stopped");
+                publisher.note("\r\n[ahp-relay: this terminal was idle and is stopped]\r\n");
+                shell.kill();
+            }
+            () = sleep_until(drain_until), if drain_until.is_some() => break,
+        }
+    }
+    if status.is_none() {
+        shell.kill();
+        status = Some(
+            child
+                .wait()
+                .await
+                .ok()
+                .and_then(|status| status.code())
+                .map(i64::from),
+        );
+    }
+    publisher.flush();
+    publisher.exited(status.flatten());
+    drop(slot);
+    if let Some(registry) = registry.upgrade() {
+        let mut running = registry.lock();
+        if running.get(&key).is_some_and(|held| Arc::ptr_eq(held, &shell)) {
+            running.remove(&key);
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Wait until the tenant's output rate allowed `bytes` more.
+async fn pay(bucket: &super::quota::OutputBucket, mut bytes: usize) {
+    while bytes > 0 {
+        match bucket.take(bytes) {
+            Ok(granted) => bytes = bytes.saturating_sub(granted.max(1)),
+            Err(wait) => tokio::time::sleep(wait).await,
+        }
+    }
+}
+
+/// Turns a terminal's bytes into its channel's actions.
+struct Publisher {
+    sink: Arc<dyn ChatSink>,
+    session: String,
+    uri: String,
+    /// `None` for a one-shot command (its start and end are the relay's own).
+    marks: Option<MarkParser>,
+    one_shot: Option<(String, std::time::Instant)>,
+    pending: Vec<u8>,
+    pending_since: Option<Instant>,
+    published_since_clear: usize,
+    tail: String,
+    detection_announced: bool,
+    command_line: Option<String>,
+    commands: u64,
+    open_command: Option<(String, std::time::Instant)>,
+    cwd: Option<String>,
+    /// The channel is gone: stop.
+    closed: bool,
+}
+
+impl Publisher {
+    fn new(sink: Arc<dyn ChatSink>, session: String, uri: String, command: Option<String>) -> Self {
+        let mut publisher = Self {
+            sink,
+            session,
+            uri,
+            marks: command.is_none().then(MarkParser::default),
+            one_shot: None,
+            pending: Vec::new(),
+            pending_since: None,
+            published_since_clear: 0,
+            tail: String::new(),
+            detection_announced: false,
+            command_line: None,
+            commands: 0,
+            open_command: None,
+            cwd: None,
+            closed: false,
+        };
+        if let Some(command) = command {
+            publisher.emit(StateAction::TerminalCommandExecuted(
+                TerminalCommandExecutedAction {
+                    command_id: "1".into(),
+                    command_line: command.clone(),
+                    timestamp: now_ms(),
+                },
+            ));
+            publisher.one_shot = Some(("1".into(), std::time::Instant::now()));
+        }
+        publisher
+    }
+
+    fn emit(&mut self, action: StateAction) {
+        if !self.closed && !self.sink.emit_in(&self.session, &self.uri, action) {
+            self.closed = true;
+        }
+    }
+
+    fn flush_at(&self) -> Option<Instant> {
+        self.pending_since.map(|since| since + DATA_EVERY)
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let events = match &mut self.marks {
+            Some(parser) => parser.feed(bytes),
+            None => vec![ShellEvent::Output(bytes.to_vec())],
+        };
+        for event in events {
+            match event {
+                ShellEvent::Output(bytes) => {
+                    self.pending.extend_from_slice(&bytes);
+                    self.pending_since.get_or_insert_with(Instant::now);
+                    if self.pending.len() >= DATA_MAX {
+                        self.flush();
+                    }
+                }
+                ShellEvent::Prompt => {
+                    self.flush();
+                    if !self.detection_announced {
+                        self.detection_announced = true;
+                        self.emit(StateAction::TerminalCommandDetectionAvailable(
+                            TerminalCommandDetectionAvailableAction {},
+                        ));
+                    }
+                }
+                ShellEvent::CommandLine(line) => self.command_line = Some(line),
+                ShellEvent::Executed => {
+                    self.flush();
+                    self.commands += 1;
+                    let id = self.commands.to_string();
+                    let command_line = self.command_line.take().unwrap_or_default();
+                    self.emit(StateAction::TerminalCommandExecuted(
+                        TerminalCommandExecutedAction {
+                            command_id: id.clone(),
+                            command_line,
+                            timestamp: now_ms(),
+                        },
+                    ));
+                    self.open_command = Some((id, std::time::Instant::now()));
+                }
+                ShellEvent::Finished(code) => {
+                    self.flush();
+                    if let Some((id, started)) = self.open_command.take() {
+                        self.finished(id, code, started);
+                    }
+                }
+                ShellEvent::Cwd(path) => {
+                    let cwd = format!("file://{path}");
+                    if self.cwd.as_ref() != Some(&cwd) {
+                        self.flush();
+                        self.cwd = Some(cwd.clone());
+                        self.emit(StateAction::TerminalCwdChanged(TerminalCwdChangedAction { cwd }));
+                    }
+                }
+            }
+        }
+    }
+
+    fn finished(&mut self, id: String, code: Option<i64>, started: std::time::Instant) {
+        self.emit(StateAction::TerminalCommandFinished(
+            TerminalCommandFinishedAction {
+                command_id: id,
+                exit_code: code,
+                duration_ms: i64::try_from(started.elapsed().as_millis()).ok(),
+            },
+        ));
+    }
+
+    /// A line of the relay's own in the output.
+    fn note(&mut self, text: &str) {
+        self.flush();
+        self.pending.extend_from_slice(text.as_bytes());
+        self.flush();
+    }
+
+    /// Publish what is pending (an incomplete UTF-8 sequence at its end waits for the rest).
+    fn flush(&mut self) {
+        let keep = incomplete_utf8_suffix(&self.pending);
+        let ready: Vec<u8> = self.pending.drain(..self.pending.len() - keep).collect();
+        self.pending_since = (!self.pending.is_empty()).then(Instant::now);
+        if ready.is_empty() {
+            return;
+        }
+        let data = String::from_utf8_lossy(&ready).into_owned();
+        self.published_since_clear += data.len();
+        self.tail.push_str(&data);
+        if self.tail.len() > 2 * SCROLLBACK_TAIL {
+            let cut = char_boundary(&self.tail, self.tail.len() - SCROLLBACK_TAIL);
+            self.tail.drain(..cut);
+        }
+        self.emit(StateAction::TerminalData(TerminalDataAction { data }));
+        if self.published_since_clear > SCROLLBACK_BYTES {
+            // The state keeps a bounded scrollback: clear it and show the tail again, from a line's start.
+            let from = char_boundary(&self.tail, self.tail.len().saturating_sub(SCROLLBACK_TAIL));
+            let tail = &self.tail[from..];
+            let tail = tail
+                .find('\n')
+                .map_or(tail, |newline| &tail[newline + 1..])
+                .to_string();
+            self.emit(StateAction::TerminalCleared(TerminalClearedAction {}));
+            self.published_since_clear = tail.len();
+            if !tail.is_empty() {
+                self.emit(StateAction::TerminalData(TerminalDataAction { data: tail }));
+            }
+        }
+    }
+
+    fn exited(&mut self, code: Option<i64>) {
+        if !self.pending.is_empty() {
+            // Whatever is left, even half a character.
+            let rest = std::mem::take(&mut self.pending);
+            self.emit(StateAction::TerminalData(TerminalDataAction {
+                data: String::from_utf8_lossy(&rest).into_owned(),
+            }));
+        }
+        if let Some((id, started)) = self.one_shot.take() {
+            self.finished(id, code, started);
+        }
+        self.emit(StateAction::TerminalExited(TerminalExitedAction {
+            exit_code: code,
+        }));
+    }
+}
+
+/// How many bytes at the end of `bytes` are the start of a UTF-8 sequence not yet complete.
+fn incomplete_utf8_suffix(bytes: &[u8]) -> usize {
+    for back in 1..=bytes.len().min(3) {
+        let byte = bytes[bytes.len() - back];
+        if byte & 0xC0 == 0x80 {
+            continue;
+        }
+        let width = match byte {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if width > back { back } else { 0 };
+    }
+    0
+}
+
+/// The nearest char boundary at or after `at`.
+fn char_boundary(text: &str, at: usize) -> usize {
+    (at..=text.len())
+        .find(|&at| text.is_char_boundary(at))
+        .unwrap_or(text.len())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<StateAction>>);
+
+    impl ChatSink for Recorded {
+        fn emit(&self, _channel: &str, action: StateAction) -> bool {
+            self.0.lock().push(action);
+            true
+        }
+    }
+
+    fn publisher(sink: &Arc<Recorded>, command: Option<&str>) -> Publisher {
+        Publisher::new(
+            sink.clone(),
+            "s".into(),
+            "ahp-terminal:/t".into(),
+            command.map(str::to_string),
+        )
+    }
+
+    #[test]
+    fn a_character_split_between_reads_is_published_whole() {
+        let sink = Arc::new(Recorded::default());
+        let mut publisher = publisher(&sink, None);
+        let text = "é€😀";
+        let bytes = text.as_bytes();
+        for byte in bytes {
+            publisher.push(std::slice::from_ref(byte));
+            publisher.flush();
+        }
+        let data: String = sink
+            .0
+            .lock()
+            .iter()
+            .filter_map(|action| match action {
+                StateAction::TerminalData(data) => Some(data.data.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(data, text);
+    }
+
+    #[test]
+    fn output_past_the_scrollback_clears_and_shows_the_tail_again() {
+        let sink = Arc::new(Recorded::default());
+        let mut publisher = publisher(&sink, None);
+        let line = format!("{}\n", "x".repeat(99));
+        for _ in 0..(2 * SCROLLBACK_BYTES / line.len()) {
+            publisher.push(line.as_bytes());
+        }
+        publisher.flush();
+        // Reduced as every client does, the state never holds more than the scrollback and a chunk.
+        let mut state = ahp_types::state::TerminalState {
+            title: String::new(),
+            cwd: None,
+            cols: None,
+            rows: None,
+            content: vec![],
+            lifecycle: ahp_types::state::TerminalLifecycleState::Running(
+                ahp_types::state::TerminalRunningLifecycleState {},
+            ),
+            claim: ahp_types::state::TerminalClaim::Client(ahp_types::state::TerminalClientClaim {
+                client_id: "c".into(),
+            }),
+            supports_command_detection: None,
+            is_pty: Some(true),
+        };
+        let mut largest = 0;
+        let mut cleared = 0;
+        for action in sink.0.lock().iter() {
+            cleared += usize::from(matches!(action, StateAction::TerminalCleared(_)));
+            ahp::reducers::apply_action_to_terminal(&mut state, action);
+            let held: usize = state
+                .content
+                .iter()
+                .map(|part| match part {
+                    ahp_types::state::TerminalContentPart::Unclassified(part) => part.value.len(),
+                    ahp_types::state::TerminalContentPart::Command(part) => part.output.len(),
+                    _ => 0,
+                })
+                .sum();
+            largest = largest.max(held);
+        }
+        assert!(cleared >= 1, "never cleared");
+        assert!(largest <= SCROLLBACK_BYTES + DATA_MAX, "held {largest}");
+        let ahp_types::state::TerminalContentPart::Unclassified(last) = &state.content[0] else {
+            panic!("{:?}", state.content);
+        };
+        assert!(
+            last.value.starts_with('x') && last.value.ends_with("x\n"),
+            "the tail starts at a line"
+        );
+    }
+
+    #[test]
+    fn a_one_shot_command_starts_and_finishes_with_its_status() {
+        let sink = Arc::new(Recorded::default());
+        let mut publisher = publisher(&sink, Some("echo hi"));
+        publisher.push(b"hi\r\n");
+        publisher.flush();
+        publisher.exited(Some(3));
+        let actions = sink.0.lock();
+        assert!(
+            matches!(&actions[0], StateAction::TerminalCommandExecuted(a) if a.command_line == "echo hi")
+        );
+        assert!(matches!(&actions[1], StateAction::TerminalData(a) if a.data == "hi\r\n"));
+        assert!(matches!(&actions[2], StateAction::TerminalCommandFinished(a) if a.exit_code == Some(3)));
+        assert!(matches!(&actions[3], StateAction::TerminalExited(a) if a.exit_code == Some(3)));
+    }
+}
