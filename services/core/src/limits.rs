@@ -69,6 +69,9 @@ pub struct Limits {
     /// How long a client's call may wait for its host (its commit, a stuck store): then it is answered with an
     /// error and the connection goes on.
     pub call_timeout: Duration,
+    /// Whether devices may open terminals in their sessions (`createTerminal`, a chat's `!command`); off, they
+    /// may still watch agents' terminals.
+    pub device_terminals: bool,
 }
 
 impl Default for Limits {
@@ -101,6 +104,7 @@ impl Default for Limits {
             ping_interval: Duration::from_secs(20),
             idle_timeout: Duration::from_secs(60),
             call_timeout: Duration::from_secs(30),
+            device_terminals: true,
         }
     }
 }

@@ -106,6 +106,10 @@ pub struct HostArgs {
     /// with an error naming this limit.
     #[arg(long, env = "AHP_RELAY_MAX_FILE_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_file_bytes: u64,
+    /// Whether devices may open terminals in their sessions (createTerminal, a chat's `!command`); with
+    /// false they still watch agents' terminals.
+    #[arg(long, env = "AHP_RELAY_DEVICE_TERMINALS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub device_terminals: bool,
     /// A tenant's file server with nothing under way and no watch open stops after this long (e.g. 10m).
     #[arg(long, env = "AHP_RELAY_FILE_SERVER_IDLE", default_value = "10m", value_parser = crate::parse_ttl)]
     pub file_server_idle: Duration,
@@ -458,6 +462,7 @@ impl HostArgs {
                 .max(Duration::from_millis(self.active_client_grace_ms) + Duration::from_secs(1)),
             max_reply_bytes: self.max_reply_bytes.max(64 * 1024),
             replay_buffer_bytes: self.replay_buffer_bytes,
+            device_terminals: self.device_terminals,
             ..limits
         }
     }

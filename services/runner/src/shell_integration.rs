@@ -3,7 +3,8 @@
 //! parser that takes those sequences out of the terminal's output and turns them into events — from which the
 //! relay dispatches `terminal/commandExecuted`, `terminal/commandFinished` and `terminal/cwdChanged`.
 
-/// The bash start-up file of a device's terminal: the user's `~/.bashrc` first, then the marks.
+/// The bash start-up script of a device's terminal (run by its first `PROMPT_COMMAND`, so nothing is written to
+/// the session's directories): the user's `~/.bashrc` first, then the marks.
 pub const BASH_RC: &str = r#"# ahp-relay: shell integration (OSC 633), so every device sees each command and its exit status.
 if [ -f "$HOME/.bashrc" ]; then . "$HOME/.bashrc"; fi
 HISTCONTROL=
@@ -23,9 +24,13 @@ __ahp_precmd() {
   __ahp_running=
   printf '\033]633;P;Cwd=%s\007\033]633;A\007' "$(__ahp_escape "$PWD")"
 }
-PROMPT_COMMAND=__ahp_precmd
-trap '__ahp_preexec' DEBUG
 PS1='\w \$ '
+unset __AHP_RC
+export -n PROMPT_COMMAND
+PROMPT_COMMAND=__ahp_precmd
+__ahp_precmd
+# Last: the trap fires before every later simple command, and nothing of this file may count as one.
+trap '__ahp_preexec' DEBUG
 "#;
 
 /// What the terminal's output held: text to show, or a mark of the shell.

@@ -76,6 +76,9 @@ pub fn main(args: Vec<OsString>) -> i32 {
             // A device's terminal: bubblewrap made this process a session leader; its pseudoterminal (stdin)
             // becomes the session's controlling terminal, so job control and Ctrl-C work in the shell.
             if rustix::termios::isatty(std::io::stdin()) {
+                // bubblewrap's init may hold the session: a session of its own first (this process leads no
+                // group here, so setsid succeeds), then the terminal.
+                let _ = rustix::process::setsid();
                 let _ = rustix::process::ioctl_tiocsctty(std::io::stdin());
             }
             close_inherited_descriptors();

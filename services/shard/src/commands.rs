@@ -44,6 +44,8 @@ const KNOWN_METHODS: &[&str] = &[
     "completions",
     "resolveSessionConfig",
     "authenticate",
+    "createTerminal",
+    "disposeTerminal",
 ];
 
 /// The `InitializeResult._meta` key listing `initialSubscriptions` that name no channel of this host.
@@ -105,6 +107,7 @@ impl HostCore {
             "disposeChat" => self.dispose_chat(connection, message),
             "completions" => self.completions(message),
             "resolveSessionConfig" => self.resolve_session_config(message),
+            "disposeTerminal" => self.dispose_terminal_command(connection, message),
             "authenticate" => {
                 let params: AuthenticateParams = message.parse_params()?;
                 Err(RpcError::invalid_params(format!(
@@ -202,7 +205,10 @@ impl HostCore {
             snapshots,
             default_directory: self.providers.default_directory(&self.key.tenant),
             completion_trigger_characters: Some(vec![crate::completions::TRIGGER.into()]),
-            terminal_command_prefix: None,
+            terminal_command_prefix: self
+                .limits
+                .device_terminals
+                .then(|| crate::device_terminals::TERMINAL_COMMAND_PREFIX.to_string()),
             telemetry: None,
             automations: None,
         };

@@ -221,7 +221,10 @@ impl HostCore {
             // restores it however long ago it changed (its log rows may be compacted away).
             ChannelKind::Root => self.store_snapshot(channel),
             // A terminal's lifecycle is listed in root state.
-            ChannelKind::Terminal => self.sync_terminal_list(),
+            ChannelKind::Terminal => {
+                self.terminal_side_effects(channel, action);
+                self.sync_terminal_list();
+            }
             // Changes are sent to the watch's connection alone ([`crate::watches`]), never sequenced here.
             ChannelKind::ResourceWatch | ChannelKind::Unknown => {}
         }

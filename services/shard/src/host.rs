@@ -378,6 +378,7 @@ impl Host {
             "listSessions" => return self.list_sessions(connection, &message).await,
             "reconnect" => return self.reconnect(connection, &message).await,
             "fetchTurns" => return self.fetch_turns(connection, &message).await,
+            "createTerminal" => return self.create_terminal(connection, &message).await,
             _ => {}
         }
         let id = message.id;

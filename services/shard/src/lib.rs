@@ -18,6 +18,7 @@ pub mod commands;
 pub mod commit_thread;
 pub mod completions;
 pub mod connections;
+pub mod device_terminals;
 pub mod dispatch;
 pub mod error;
 pub mod harness;

@@ -69,6 +69,28 @@ pub struct TerminalRecord {
     pub session: String,
     pub state: TerminalState,
     pub clock: SnapshotClock,
+    /// Set for a terminal a device opened (or a chat's `!command`): its process takes devices' input. `None`
+    /// for an agent's command, and for any terminal restored from the store (its process died with the
+    /// process that ran it).
+    pub device: Option<DeviceTerminal>,
+}
+
+/// A terminal devices opened, run by the session's provider.
+#[derive(Debug, Clone)]
+pub struct DeviceTerminal {
+    /// The session's provider, which runs its process.
+    pub provider: String,
+    /// The chat turn a `!command` runs for (its tool call completes when the command exits).
+    pub command_turn: Option<CommandTurn>,
+}
+
+/// The turn of a chat's `!command`.
+#[derive(Debug, Clone)]
+pub struct CommandTurn {
+    pub chat: String,
+    pub turn_id: String,
+    pub tool_call_id: String,
+    pub command: String,
 }
 
 /// The URI scheme of terminal channels.

@@ -27,6 +27,10 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
         action: Option<serde_json::Value>,
         /// `createChat`'s first message.
         initial_message: Option<serde_json::Value>,
+        /// `createTerminal`: the session it runs in (a session claim, or `_meta`).
+        claim: Option<serde_json::Value>,
+        #[serde(rename = "_meta")]
+        meta: Option<serde_json::Value>,
     }
     let Some(params) = message.params.as_ref() else {
         return Vec::new();
@@ -44,6 +48,19 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
         {
             out.insert(format!("ahp-chat:{name}"));
         }
+    }
+    if message.method == "createTerminal" {
+        let claimed = named.claim.as_ref().and_then(|claim| claim.get("session"));
+        let meta = named
+            .meta
+            .as_ref()
+            .and_then(|meta| meta.get(crate::device_terminals::SESSION_META));
+        out.extend(
+            [claimed, meta]
+                .into_iter()
+                .flatten()
+                .filter_map(|session| session.as_str().map(str::to_string)),
+        );
     }
     // A chat a message attaches is resolved (and its turn pinned) when the message is accepted.
     let messages = [

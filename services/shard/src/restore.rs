@@ -273,6 +273,7 @@ impl HostCore {
                     session: doc.session,
                     state,
                     clock: SnapshotClock::fresh(),
+                    device: None,
                 },
             );
         }

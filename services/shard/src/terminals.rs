@@ -50,6 +50,7 @@ impl HostCore {
                 session: session.to_string(),
                 state,
                 clock: SnapshotClock::fresh(),
+                device: None,
             },
         );
         self.store_snapshot(uri);
@@ -58,7 +59,7 @@ impl HostCore {
     }
 
     /// Remove a terminal channel: its subscribers see it disposed, the store forgets it.
-    fn dispose_terminal(&mut self, uri: &str) {
+    pub(crate) fn dispose_terminal(&mut self, uri: &str) {
         if self.model.terminals.remove(uri).is_none() {
             return;
         }

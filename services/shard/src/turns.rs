@@ -116,6 +116,10 @@ impl HostCore {
     }
 
     pub(crate) fn start_provider_turn(&mut self, chat: &str, turn_id: &str, message: &Message) {
+        // `!command`: the host runs it in a terminal itself ([`crate::device_terminals`]).
+        if self.start_command_turn(chat, turn_id, &message.text) {
+            return;
+        }
         let Some(record) = self.model.chats.get(chat) else {
             return;
         };

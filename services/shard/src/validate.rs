@@ -148,6 +148,11 @@ pub fn is_client_dispatchable(action: &StateAction) -> bool {
             | ChatWorkingDirectoryRemoved(_)
             | ChatIsReadChanged(_)
             | ChatIsArchivedChanged(_)
+            | TerminalInput(_)
+            | TerminalResized(_)
+            | TerminalClaimed(_)
+            | TerminalTitleChanged(_)
+            | TerminalCleared(_)
     )
 }
 
@@ -181,11 +186,7 @@ pub fn check_client_action(
         return Err("viewers may not dispatch actions".into());
     }
     if kind == ChannelKind::Terminal {
-        return Err(
-            "this terminal shows an agent's command and is read-only: input, resizing, renaming, clearing and \
-             claims are not accepted"
-                .into(),
-        );
+        return crate::device_terminals::check_terminal_action(model, channel, action, who);
     }
     if !is_client_dispatchable(action) {
         return Err(format!(

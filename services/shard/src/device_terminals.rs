@@ -1,0 +1,617 @@
+//! Devices' terminals: `createTerminal` and `disposeTerminal`, what devices dispatch to a terminal they opened
+//! (`terminal/input`, `resized`, `claimed`, `titleChanged`, `cleared`), and a chat's `!command` (initialize's
+//! `terminalCommandPrefix`), run in a terminal of its own and shown in the chat as a tool call.
+//!
+//! The host opens the terminal's channel (listed in root state `terminals`), then asks the session's provider to
+//! start its process — a shell on a pseudoterminal in the session's sandbox, wherever the session's agent runs
+//! (in-process in `serve`, on its runner in the distributed shape); a start that fails closes the channel again.
+//! The output arrives as server actions like an agent's. Members type, resize, rename, clear and pass the claim
+//! on; viewers watch. An agent's own terminals stay read-only. `--device-terminals false` switches devices'
+//! terminals off for a deployment.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ahp_types::actions::{
+    ChatToolCallCompleteAction, ChatToolCallContentChangedAction, ChatToolCallReadyAction,
+    ChatToolCallStartAction, ChatTurnCompleteAction, StateAction,
+};
+use ahp_types::commands::{CreateTerminalParams, DisposeTerminalParams};
+use ahp_types::common::StringOrMarkdown;
+use ahp_types::state::{
+    TerminalClaim, TerminalCommandResult, TerminalContentPart, TerminalLifecycleState,
+    TerminalRunningLifecycleState, TerminalSessionClaim, TerminalState, ToolCallConfirmationReason,
+    ToolCallResult, ToolInput, ToolResultContent, ToolResultTerminalContent, ToolResultTextContent,
+};
+use relay_core::link::CommandReply;
+use relay_core::rpc::{InboundMessage, RpcError};
+use relay_core::ConnectionId;
+use relay_runner::{Provider, TerminalKey, TerminalRequest, TurnControl, TurnHandle};
+
+use crate::commands::{answer, reply, CommandResult};
+use crate::host::{Host, HostCore};
+use crate::model::{ChannelKind, CommandTurn, DeviceTerminal, TERMINAL_SCHEME};
+use crate::validate::{action_type, Dispatcher};
+
+/// What a user message starts with to run a command in a terminal (initialize's `terminalCommandPrefix`).
+pub const TERMINAL_COMMAND_PREFIX: &str = "!";
+/// The `_meta` key naming the session of a terminal a client claims for itself.
+pub const SESSION_META: &str = "ahpRelay/session";
+/// How long a terminal may take to start.
+const START_PATIENCE: Duration = Duration::from_secs(30);
+/// Output of a `!command` copied into its chat (the terminal keeps the rest).
+const CHAT_PREVIEW_BYTES: usize = 16 * 1024;
+/// Longest title a device may give a terminal.
+const MAX_TITLE: usize = 200;
+
+impl Host {
+    /// `createTerminal`: open the channel, start the process, answer once it runs (or refuse and close it).
+    pub(crate) async fn create_terminal(
+        &self,
+        connection: ConnectionId,
+        message: &InboundMessage,
+    ) -> CommandReply {
+        let (opened, _unit) = self.with_core_as(Some(connection), |core| {
+            core.open_device_terminal(connection, message)
+                .map(|(provider, request)| (provider, request, core.sink.clone(), core.seq.barrier()))
+        });
+        let (provider, request, sink, barrier) = match opened {
+            Ok(opened) => opened,
+            Err(error) => return answer(message.id, Err(error)),
+        };
+        self.wait_committed(barrier).await;
+        let key = request.key.clone();
+        let failure = match tokio::time::timeout(START_PATIENCE, provider.start_terminal(request, sink)).await
+        {
+            Ok(Ok(Ok(()))) => None,
+            Ok(Ok(Err(error))) => Some(error),
+            Ok(Err(_)) => Some("the process that was to run it went away".to_string()),
+            Err(_) => Some(format!("it did not start within {}s", START_PATIENCE.as_secs())),
+        };
+        if let Some(failure) = failure {
+            provider.kill_terminal(&key);
+            let barrier = self.with_core(|core| {
+                core.close_terminal(&key.uri);
+                core.seq.barrier()
+            });
+            self.wait_committed(barrier).await;
+            return answer(
+                message.id,
+                Err(RpcError::internal(format!(
+                    "cannot start the terminal: {failure}"
+                ))),
+            );
+        }
+        answer(message.id, reply(message.id, &()))
+    }
+}
+
+impl HostCore {
+    fn terminal_key(&self, uri: &str) -> TerminalKey {
+        TerminalKey {
+            tenant: self.key.tenant.clone(),
+            host: self.key.host.clone(),
+            uri: uri.to_string(),
+        }
+    }
+
+    /// Check a `createTerminal` and open its channel: the provider to start it and what to ask.
+    fn open_device_terminal(
+        &mut self,
+        connection: ConnectionId,
+        message: &InboundMessage,
+    ) -> Result<(Arc<dyn Provider>, TerminalRequest), RpcError> {
+        let client_id = self.client_id(connection)?;
+        if !self.connection(connection)?.identity.role.can_write() {
+            return Err(RpcError::permission_denied(
+                "viewers may watch terminals, not open them",
+            ));
+        }
+        if !self.limits.device_terminals {
+            return Err(RpcError::permission_denied(
+                "terminals are switched off on this relay (--device-terminals false)",
+            ));
+        }
+        let params: CreateTerminalParams = message.parse_params()?;
+        let uri = params.channel.clone();
+        if !uri.starts_with(&format!("{TERMINAL_SCHEME}/")) || uri.len() > 1024 {
+            return Err(RpcError::invalid_params(format!(
+                "a terminal's channel is an {TERMINAL_SCHEME}/… URI (at most 1024 characters)"
+            )));
+        }
+        if self.model.kind(&uri) != ChannelKind::Unknown {
+            return Err(RpcError::new(
+                ahp_types::errors::ahp_error_codes::ALREADY_EXISTS,
+                format!("{uri} already exists"),
+            ));
+        }
+        let session = match &params.claim {
+            TerminalClaim::Session(claim) => claim.session.clone(),
+            TerminalClaim::Client(claim) => {
+                if claim.client_id != client_id {
+                    return Err(RpcError::invalid_params(
+                        "a client claim names the client creating the terminal",
+                    ));
+                }
+                params
+                    .meta
+                    .as_ref()
+                    .and_then(|meta| meta.get(SESSION_META))
+                    .and_then(|session| session.as_str())
+                    .map(str::to_string)
+                    .ok_or_else(|| {
+                        RpcError::invalid_params(format!(
+                            "name the session the terminal runs in: a session claim, or _meta[\"{SESSION_META}\"]"
+                        ))
+                    })?
+            }
+        };
+        let (provider, request) = self.terminal_request(&session, &uri, params.cwd.clone(), None)?;
+        if let (Some(cols), Some(rows)) = (params.cols, params.rows) {
+            if !(1..=1000).contains(&cols) || !(1..=1000).contains(&rows) {
+                return Err(RpcError::invalid_params("cols and rows are 1 to 1000"));
+            }
+        }
+        let title = params
+            .name
+            .clone()
+            .filter(|name| !name.trim().is_empty())
+            .unwrap_or_else(|| "Terminal".into());
+        let state = TerminalState {
+            title: cut(&title, MAX_TITLE),
+            cwd: params.cwd.clone(),
+            cols: params.cols,
+            rows: params.rows,
+            content: Vec::new(),
+            lifecycle: TerminalLifecycleState::Running(TerminalRunningLifecycleState {}),
+            claim: params.claim.clone(),
+            supports_command_detection: None,
+            is_pty: Some(true),
+        };
+        let request = TerminalRequest {
+            cols: params.cols.unwrap_or(80),
+            rows: params.rows.unwrap_or(24),
+            ..request
+        };
+        self.open_device_channel(&session, &uri, state, provider_id(&provider), None)?;
+        Ok((provider, request))
+    }
+
+    /// The provider of `session` and what to ask it for a terminal `uri` there.
+    fn terminal_request(
+        &self,
+        session: &str,
+        uri: &str,
+        cwd: Option<String>,
+        command: Option<String>,
+    ) -> Result<(Arc<dyn Provider>, TerminalRequest), RpcError> {
+        let record = self
+            .model
+            .sessions
+            .get(session)
+            .ok_or_else(|| RpcError::session_not_found(session))?;
+        let provider = self
+            .providers
+            .get(&record.state.provider)
+            .cloned()
+            .ok_or_else(|| RpcError::internal("this session's agent is not configured here"))?;
+        Ok((
+            provider,
+            TerminalRequest {
+                key: self.terminal_key(uri),
+                session: session.to_string(),
+                working_directory: record
+                    .state
+                    .working_directories
+                    .as_ref()
+                    .and_then(|dirs| dirs.first().cloned()),
+                cwd,
+                cols: 80,
+                rows: 24,
+                command,
+            },
+        ))
+    }
+
+    fn open_device_channel(
+        &mut self,
+        session: &str,
+        uri: &str,
+        state: TerminalState,
+        provider: String,
+        command_turn: Option<CommandTurn>,
+    ) -> Result<(), RpcError> {
+        if !self.open_terminal(session, uri, state) {
+            return Err(RpcError::invalid_request(
+                "this session holds its maximum of running terminals: dispose one first",
+            ));
+        }
+        if let Some(record) = self.model.terminals.get_mut(uri) {
+            record.device = Some(DeviceTerminal {
+                provider,
+                command_turn,
+            });
+        }
+        Ok(())
+    }
+
+    /// A terminal that did not start: its channel goes.
+    pub(crate) fn close_terminal(&mut self, uri: &str) {
+        self.dispose_terminal(uri);
+        self.sync_terminal_list();
+    }
+
+    /// `disposeTerminal`: kill a device's terminal and remove it.
+    pub(crate) fn dispose_terminal_command(
+        &mut self,
+        connection: ConnectionId,
+        message: &InboundMessage,
+    ) -> CommandResult {
+        if !self.connection(connection)?.identity.role.can_write() {
+            return Err(RpcError::permission_denied(
+                "viewers may watch terminals, not dispose them",
+            ));
+        }
+        let params: DisposeTerminalParams = message.parse_params()?;
+        let Some(record) = self.model.terminals.get(&params.channel) else {
+            return Err(RpcError::not_found(&params.channel));
+        };
+        let Some(device) = record.device.clone() else {
+            if matches!(record.state.lifecycle, TerminalLifecycleState::Running(_)) {
+                return Err(RpcError::permission_denied(
+                    "this terminal runs an agent's command: it ends with the command (or the agent's turn)",
+                ));
+            }
+            self.close_terminal(&params.channel);
+            return reply(message.id, &());
+        };
+        if let Some(provider) = self.providers.get(&device.provider) {
+            provider.kill_terminal(&self.terminal_key(&params.channel));
+        }
+        self.close_terminal(&params.channel);
+        reply(message.id, &())
+    }
+
+    /// After an accepted action on a terminal: devices' input and size reach its process; a `!command`'s exit
+    /// completes its chat turn.
+    pub(crate) fn terminal_side_effects(&mut self, uri: &str, action: &StateAction) {
+        let Some(device) = self
+            .model
+            .terminals
+            .get(uri)
+            .and_then(|record| record.device.clone())
+        else {
+            return;
+        };
+        let provider = self.providers.get(&device.provider).cloned();
+        let key = self.terminal_key(uri);
+        match action {
+            StateAction::TerminalInput(input) => {
+                if let Some(provider) = provider {
+                    provider.terminal_input(&key, &input.data);
+                }
+            }
+            StateAction::TerminalResized(size) => {
+                if let Some(provider) = provider {
+                    provider.terminal_resized(&key, size.cols, size.rows);
+                }
+            }
+            StateAction::TerminalExited(exited) => {
+                if let Some(turn) = device.command_turn {
+                    self.finish_command_turn(uri, &turn, exited.exit_code);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A user message `!command`: run `command` in a terminal of the chat, shown as the turn's tool call.
+    /// Returns false when devices' terminals are off (the message goes to the agent as it is).
+    pub(crate) fn start_command_turn(&mut self, chat: &str, turn_id: &str, text: &str) -> bool {
+        let Some(command) = text.strip_prefix(TERMINAL_COMMAND_PREFIX).map(str::trim) else {
+            return false;
+        };
+        if !self.limits.device_terminals || command.is_empty() {
+            return false;
+        }
+        let Some(session) = self.model.chats.get(chat).map(|record| record.session.clone()) else {
+            return false;
+        };
+        let uri = format!("{TERMINAL_SCHEME}/{}", uuid::Uuid::new_v4());
+        let tool_call_id = format!("{turn_id}-terminal");
+        let turn = CommandTurn {
+            chat: chat.to_string(),
+            turn_id: turn_id.to_string(),
+            tool_call_id: tool_call_id.clone(),
+            command: command.to_string(),
+        };
+        self.apply_server_action(
+            chat,
+            StateAction::ChatToolCallStart(ChatToolCallStartAction {
+                turn_id: turn_id.to_string(),
+                tool_call_id: tool_call_id.clone(),
+                meta: None,
+                tool_name: "terminal".into(),
+                display_name: "Terminal".into(),
+                intention: Some(format!("Run {command}")),
+                contributor: None,
+            }),
+        );
+        self.apply_server_action(
+            chat,
+            StateAction::ChatToolCallReady(ChatToolCallReadyAction {
+                turn_id: turn_id.to_string(),
+                tool_call_id: tool_call_id.clone(),
+                meta: None,
+                contributor: None,
+                intention: None,
+                invocation_message: StringOrMarkdown::Plain(format!("Running `{command}`")),
+                tool_input: Some(ToolInput::Inline(command.to_string())),
+                confirmation_title: None,
+                risk_assessment: None,
+                edits: None,
+                editable: Some(false),
+                confirmed: Some(ToolCallConfirmationReason::UserAction),
+                options: None,
+            }),
+        );
+        let started = self.terminal_request(&session, &uri, None, Some(command.to_string()));
+        let opened = started.and_then(|(provider, request)| {
+            let state = TerminalState {
+                title: cut(command, 80),
+                cwd: None,
+                cols: Some(request.cols),
+                rows: Some(request.rows),
+                content: Vec::new(),
+                lifecycle: TerminalLifecycleState::Running(TerminalRunningLifecycleState {}),
+                claim: TerminalClaim::Session(TerminalSessionClaim {
+                    session: session.clone(),
+                    chat: chat.to_string(),
+                    turn_id: Some(turn_id.to_string()),
+                    tool_call_id: Some(tool_call_id.clone()),
+                }),
+                supports_command_detection: Some(true),
+                is_pty: Some(true),
+            };
+            self.open_device_channel(&session, &uri, state, provider_id(&provider), Some(turn.clone()))?;
+            Ok((provider, request))
+        });
+        let (provider, request) = match opened {
+            Ok(opened) => opened,
+            Err(error) => {
+                self.fail_command_turn(&turn, &error.message);
+                return true;
+            }
+        };
+        self.apply_server_action(
+            chat,
+            StateAction::ChatToolCallContentChanged(ChatToolCallContentChangedAction {
+                turn_id: turn_id.to_string(),
+                tool_call_id,
+                meta: None,
+                content: vec![ToolResultContent::Terminal(ToolResultTerminalContent {
+                    resource: uri.clone(),
+                    title: cut(command, 80),
+                    is_pty: Some(true),
+                    result: None,
+                })],
+            }),
+        );
+        // Cancelling the turn kills the command (the handle also says "cancelled" when the turn ends and the
+        // host drops it: the command has exited by then).
+        let (control, mut controls) = tokio::sync::mpsc::unbounded_channel();
+        let key = request.key.clone();
+        let killer = provider.clone();
+        let sink = self.sink.clone();
+        let started = provider.start_terminal(request, sink.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let failure = match tokio::time::timeout(START_PATIENCE, started).await {
+                    Ok(Ok(Ok(()))) => None,
+                    Ok(Ok(Err(error))) => Some(error),
+                    Ok(Err(_)) => Some("the process that was to run it went away".to_string()),
+                    Err(_) => Some("it did not start in time".to_string()),
+                };
+                if let Some(failure) = failure {
+                    // The terminal never ran: it exits, which fails the turn's tool call.
+                    sink.emit(
+                        &key.uri,
+                        StateAction::TerminalData(ahp_types::actions::TerminalDataAction {
+                            data: format!("cannot run the command: {failure}\r\n"),
+                        }),
+                    );
+                    sink.emit(
+                        &key.uri,
+                        StateAction::TerminalExited(ahp_types::actions::TerminalExitedAction {
+                            exit_code: None,
+                        }),
+                    );
+                }
+                while let Some(control) = controls.recv().await {
+                    if matches!(control, TurnControl::Cancelled) {
+                        killer.kill_terminal(&key);
+                        return;
+                    }
+                }
+            });
+        }
+        if let Some(record) = self.model.chats.get_mut(chat) {
+            record.running = Some(TurnHandle::new(control));
+        }
+        true
+    }
+
+    /// The `!command` exited: its tool call completes with its output, and its turn ends.
+    fn finish_command_turn(&mut self, uri: &str, turn: &CommandTurn, exit_code: Option<i64>) {
+        let output = self
+            .model
+            .terminals
+            .get(uri)
+            .map(|record| terminal_text(&record.state))
+            .unwrap_or_default();
+        let (preview, truncated) = tail(&output, CHAT_PREVIEW_BYTES);
+        let status = match exit_code {
+            Some(code) => format!("exit {code}"),
+            None => "killed".into(),
+        };
+        self.apply_server_action(
+            &turn.chat,
+            StateAction::ChatToolCallComplete(ChatToolCallCompleteAction {
+                turn_id: turn.turn_id.clone(),
+                tool_call_id: turn.tool_call_id.clone(),
+                meta: None,
+                result: ToolCallResult {
+                    success: exit_code == Some(0),
+                    past_tense_message: StringOrMarkdown::Plain(format!("Ran `{}` ({status})", turn.command)),
+                    content: Some(vec![
+                        ToolResultContent::Terminal(ToolResultTerminalContent {
+                            resource: uri.to_string(),
+                            title: cut(&turn.command, 80),
+                            is_pty: Some(true),
+                            result: Some(TerminalCommandResult {
+                                exit_code,
+                                preview: Some(preview.clone()),
+                                truncated: Some(truncated),
+                            }),
+                        }),
+                        ToolResultContent::Text(ToolResultTextContent { text: preview }),
+                    ]),
+                    structured_content: None,
+                    error: None,
+                },
+                requires_result_confirmation: None,
+            }),
+        );
+        self.complete_command_turn(turn);
+    }
+
+    fn fail_command_turn(&mut self, turn: &CommandTurn, why: &str) {
+        self.apply_server_action(
+            &turn.chat,
+            StateAction::ChatToolCallComplete(ChatToolCallCompleteAction {
+                turn_id: turn.turn_id.clone(),
+                tool_call_id: turn.tool_call_id.clone(),
+                meta: None,
+                result: ToolCallResult {
+                    success: false,
+                    past_tense_message: StringOrMarkdown::Plain(format!(
+                        "Could not run `{}`: {why}",
+                        turn.command
+                    )),
+                    content: None,
+                    structured_content: None,
+                    error: None,
+                },
+                requires_result_confirmation: None,
+            }),
+        );
+        self.complete_command_turn(turn);
+    }
+
+    fn complete_command_turn(&mut self, turn: &CommandTurn) {
+        let started = self
+            .model
+            .chats
+            .get(&turn.chat)
+            .and_then(|record| record.state.active_turn.as_ref())
+            .filter(|active| active.id == turn.turn_id)
+            .and_then(|active| active.started_at.parse::<jiff::Timestamp>().ok());
+        let Some(started) = started else {
+            return;
+        };
+        let duration = (jiff::Timestamp::now().as_millisecond() - started.as_millisecond()).max(0);
+        self.apply_server_action(
+            &turn.chat,
+            StateAction::ChatTurnComplete(ChatTurnCompleteAction {
+                turn_id: turn.turn_id.clone(),
+                duration,
+                meta: None,
+            }),
+        );
+    }
+}
+
+/// Check a device's action on a terminal.
+pub(crate) fn check_terminal_action(
+    model: &crate::model::HostModel,
+    channel: &str,
+    action: &StateAction,
+    who: &Dispatcher<'_>,
+) -> Result<(), String> {
+    let Some(record) = model.terminals.get(channel) else {
+        return Err(format!("unknown terminal {channel}"));
+    };
+    if record.device.is_none() {
+        return Err(
+            "this terminal shows an agent's command and is read-only: input, resizing, renaming, clearing and \
+             claims are not accepted"
+                .into(),
+        );
+    }
+    let running = matches!(record.state.lifecycle, TerminalLifecycleState::Running(_));
+    match action {
+        StateAction::TerminalInput(_) | StateAction::TerminalResized(_) if !running => {
+            Err("the terminal's process has exited".into())
+        }
+        StateAction::TerminalInput(_) => Ok(()),
+        StateAction::TerminalResized(size) => {
+            if (1..=1000).contains(&size.cols) && (1..=1000).contains(&size.rows) {
+                Ok(())
+            } else {
+                Err("cols and rows are 1 to 1000".into())
+            }
+        }
+        StateAction::TerminalClaimed(_) => match &record.state.claim {
+            TerminalClaim::Client(holder) if holder.client_id == who.client_id => Ok(()),
+            _ => Err("only the terminal's holder may pass its claim on".into()),
+        },
+        StateAction::TerminalTitleChanged(title) => {
+            if title.title.chars().count() <= MAX_TITLE {
+                Ok(())
+            } else {
+                Err(format!("a terminal's title is at most {MAX_TITLE} characters"))
+            }
+        }
+        StateAction::TerminalCleared(_) => Ok(()),
+        other => Err(format!(
+            "{} is a server action and cannot be dispatched by clients",
+            action_type(other)
+        )),
+    }
+}
+
+fn provider_id(provider: &Arc<dyn Provider>) -> String {
+    provider.info().provider
+}
+
+/// The terminal's output as one text (what a naive consumer reconstructs).
+pub(crate) fn terminal_text(state: &TerminalState) -> String {
+    state
+        .content
+        .iter()
+        .map(|part| match part {
+            TerminalContentPart::Command(command) => command.output.as_str(),
+            TerminalContentPart::Unclassified(part) => part.value.as_str(),
+            _ => "",
+        })
+        .collect()
+}
+
+/// The last `max` bytes of `text` (on a character boundary), and whether that cut anything.
+fn tail(text: &str, max: usize) -> (String, bool) {
+    if text.len() <= max {
+        return (text.to_string(), false);
+    }
+    let mut from = text.len() - max;
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    (text[from..].to_string(), true)
+}
+
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    }
+}

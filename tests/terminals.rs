@@ -1,0 +1,559 @@
+//! Issue 26 (3): devices' terminals over AHP, with the official client over real WebSockets against `serve`
+//! with an agents file (the relay holds a workspace): two devices share a shell on a pseudoterminal in the
+//! session's sandbox (one types, both see; the other resizes; Ctrl-C interrupts), shell integration marks each
+//! command, a chat's `!command` runs in a terminal and shows in the chat, dispose kills the processes, viewers
+//! watch only, and an output flood leaves the relay's memory bounded and other sessions answering.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use ahp::ClientError;
+use ahp_types::actions::{StateAction, TerminalInputAction, TerminalResizedAction};
+use ahp_types::state::{
+    SessionLifecycle, Snapshot, SnapshotState, TerminalContentPart, TerminalLifecycleState, TerminalState,
+};
+use relay_core::Role;
+use serde_json::{json, Value};
+use support::*;
+
+struct TerminalRelay {
+    relay: Relay,
+    workspace: tempfile::TempDir,
+    _config: tempfile::TempDir,
+}
+
+/// `serve` with the scripted agent's agents file, `quotas` appended to it (TOML), and `extra` flags.
+async fn relay_with_workspace(quotas: &str, extra: &[&str]) -> TerminalRelay {
+    let agents = scripted_agents_file();
+    if !quotas.is_empty() {
+        let mut text = std::fs::read_to_string(&agents.file).expect("agents file");
+        text = format!("{text}\n{quotas}\n");
+        std::fs::write(&agents.file, text).expect("agents file");
+    }
+    let mut args = vec!["--agents", agents.file.to_str().expect("path")];
+    args.extend_from_slice(extra);
+    let relay = Relay::start_with(&args).await;
+    TerminalRelay {
+        relay,
+        workspace: agents.workspace,
+        _config: agents.config,
+    }
+}
+
+/// A session of the scripted agent, ready.
+async fn session(client: &ahp::Client, name: &str) -> (String, String) {
+    let session = format!("ahp-session:/{name}");
+    let _: Value = client
+        .request(
+            "createSession",
+            json!({"channel": session, "provider": "scripted"}),
+        )
+        .await
+        .expect("createSession");
+    let (result, mut sub) = client.subscribe(session.clone()).await.expect("subscribe");
+    let mut state = session_of(&result.snapshot.expect("snapshot"));
+    while state.lifecycle != SessionLifecycle::Ready {
+        assert_ne!(state.lifecycle, SessionLifecycle::Failed, "{state:?}");
+        let envelope = next_envelope(&mut sub).await;
+        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
+    }
+    client.unsubscribe(session.clone()).await.expect("unsubscribe");
+    (session, format!("ahp-chat:/{name}"))
+}
+
+async fn create_terminal(
+    client: &ahp::Client,
+    client_id: &str,
+    session: &str,
+    uri: &str,
+) -> Result<Value, ClientError> {
+    client
+        .request(
+            "createTerminal",
+            json!({
+                "channel": uri,
+                "claim": {"kind": "client", "clientId": client_id},
+                "name": "Shell",
+                "cols": 80,
+                "rows": 24,
+                "_meta": {"ahpRelay/session": session},
+            }),
+        )
+        .await
+}
+
+fn terminal_state(snapshot: &Snapshot) -> TerminalState {
+    match &snapshot.state {
+        SnapshotState::Terminal(state) => (**state).clone(),
+        other => panic!("not a terminal: {other:?}"),
+    }
+}
+
+/// A terminal's whole output.
+fn text(state: &TerminalState) -> String {
+    state
+        .content
+        .iter()
+        .map(|part| match part {
+            TerminalContentPart::Command(command) => command.output.clone(),
+            TerminalContentPart::Unclassified(part) => part.value.clone(),
+            _ => String::new(),
+        })
+        .collect()
+}
+
+/// A terminal a client watches: its state, kept up to date from its subscription.
+struct Watched {
+    state: TerminalState,
+    sub: ahp::SessionSubscription,
+}
+
+impl Watched {
+    async fn open(client: &ahp::Client, uri: &str) -> Watched {
+        let (result, sub) = client
+            .subscribe(uri.to_string())
+            .await
+            .expect("subscribe terminal");
+        Watched {
+            state: terminal_state(&result.snapshot.expect("snapshot")),
+            sub,
+        }
+    }
+
+    /// Apply envelopes until `done` holds for the state.
+    async fn until(&mut self, what: &str, done: impl Fn(&TerminalState) -> bool) {
+        let waited = tokio::time::timeout(PATIENCE, async {
+            while !done(&self.state) {
+                let envelope = next_envelope(&mut self.sub).await;
+                if envelope.rejection_reason.is_none() {
+                    ahp::reducers::apply_action_to_terminal(&mut self.state, &envelope.action);
+                }
+            }
+        })
+        .await;
+        assert!(
+            waited.is_ok(),
+            "never saw {what}; the terminal shows:\n{}",
+            text(&self.state)
+        );
+    }
+}
+
+fn input(data: &str) -> StateAction {
+    StateAction::TerminalInput(TerminalInputAction { data: data.into() })
+}
+
+/// Host processes whose command line is exactly `args` (found in /proc).
+fn processes(args: &[&str]) -> Vec<u32> {
+    let wanted: Vec<u8> = args.iter().flat_map(|arg| arg.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .expect("proc")
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| cmdline == wanted))
+        .collect()
+}
+
+/// Wait (bounded) until `check` holds, polling the machine's state.
+async fn eventually(what: &str, check: impl Fn() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !check() {
+        assert!(Instant::now() < deadline, "{what} never happened");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn is_exited(state: &TerminalState) -> bool {
+    matches!(state.lifecycle, TerminalLifecycleState::Exited(_))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_devices_share_a_shell_one_types_both_see_the_other_resizes() {
+    let setup = relay_with_workspace("", &[]).await;
+    let (a, init) = setup.relay.client("device-a").await;
+    assert_eq!(init.terminal_command_prefix.as_deref(), Some("!"));
+    let (b, _) = setup.relay.client("device-b").await;
+    let (session, _) = session(&a, "shell").await;
+    let uri = "ahp-terminal:/shared-shell";
+    create_terminal(&a, "device-a", &session, uri)
+        .await
+        .expect("createTerminal");
+    let (root, _) = b.subscribe("ahp-root://".into()).await.expect("root");
+    let SnapshotState::Root(root) = root.snapshot.expect("root snapshot").state else {
+        panic!("root");
+    };
+    assert!(
+        root.terminals
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.resource == uri),
+        "root state lists the terminal"
+    );
+    let mut on_a = Watched::open(&a, uri).await;
+    let mut on_b = Watched::open(&b, uri).await;
+    assert_eq!(on_b.state.is_pty, Some(true));
+
+    // A types; both see the shell's answer, marked as a command with its exit status.
+    a.dispatch(uri.to_string(), input("echo hello-$((6*7))\n"))
+        .await
+        .expect("type");
+    for watched in [&mut on_a, &mut on_b] {
+        watched
+            .until("the echo", |state| text(state).contains("hello-42"))
+            .await;
+        watched
+            .until("the command finished", |state| {
+                state.content.iter().any(|part| {
+                    matches!(part, TerminalContentPart::Command(c)
+                        if c.command_line == "echo hello-$((6*7))" && c.is_complete && c.exit_code == Some(0)
+                            && c.output.contains("hello-42"))
+                })
+            })
+            .await;
+        assert_eq!(watched.state.supports_command_detection, Some(true));
+    }
+    a.dispatch(uri.to_string(), input("false\n")).await.expect("type");
+    on_b.until("a failing command's status", |state| {
+        state.content.iter().any(|part| {
+            matches!(part, TerminalContentPart::Command(c) if c.command_line == "false" && c.exit_code == Some(1))
+        })
+    })
+    .await;
+
+    // B resizes; the shell sees the new size.
+    b.dispatch(
+        uri.to_string(),
+        StateAction::TerminalResized(TerminalResizedAction { cols: 100, rows: 30 }),
+    )
+    .await
+    .expect("resize");
+    on_a.until("the resize", |state| state.cols == Some(100)).await;
+    a.dispatch(uri.to_string(), input("stty size\n"))
+        .await
+        .expect("type");
+    on_a.until("the new size", |state| text(state).contains("30 100"))
+        .await;
+
+    // The terminal is the shell's controlling terminal: Ctrl-C interrupts the foreground command.
+    a.dispatch(uri.to_string(), input("sleep 600\n"))
+        .await
+        .expect("type");
+    on_a.until("sleep running", |state| {
+        state
+            .content
+            .iter()
+            .any(|part| matches!(part, TerminalContentPart::Command(c) if c.command_line == "sleep 600"))
+    })
+    .await;
+    a.dispatch(uri.to_string(), input("\u{3}")).await.expect("ctrl-c");
+    a.dispatch(uri.to_string(), input("echo after-$((1+1))\n"))
+        .await
+        .expect("type");
+    on_b.until("the shell back after Ctrl-C", |state| {
+        text(state).contains("after-2")
+    })
+    .await;
+
+    // The shell runs as the tenant's sandbox user in the session's directory, not as the relay.
+    a.dispatch(uri.to_string(), input("echo uid=$(id -u) cwd=$PWD\n"))
+        .await
+        .expect("type");
+    on_a.until("id", |state| text(state).contains("cwd=/")).await;
+    let shown = text(&on_a.state);
+    let answer = &shown[shown.rfind("uid=").expect("uid")..];
+    let uid = answer.split_whitespace().next().expect("uid");
+    assert_ne!(uid, "uid=0", "the shell runs as root: {answer}");
+    assert!(
+        setup.workspace.path().join("dev").exists(),
+        "the session's directory is in the tenant's part of the workspace"
+    );
+
+    // `exit` ends it: exited with the shell's status, for every device.
+    a.dispatch(uri.to_string(), input("exit 7\n"))
+        .await
+        .expect("exit");
+    for watched in [&mut on_a, &mut on_b] {
+        watched.until("the exit", is_exited).await;
+        assert!(
+            matches!(&watched.state.lifecycle, TerminalLifecycleState::Exited(e) if e.exit_code == Some(7))
+        );
+    }
+    // Every device reduced the same state as the host's: a device that just connected sees it.
+    let (c, _) = setup.relay.client("device-c").await;
+    let fresh = Watched::open(&c, uri).await;
+    assert_eq!(json(&fresh.state), json(&on_b.state));
+    assert_eq!(json(&fresh.state), json(&on_a.state));
+    // An exited terminal takes no input.
+    a.dispatch(uri.to_string(), input("ls\n"))
+        .await
+        .expect("dispatch");
+    let echo = echo_of(&mut on_a.sub, "device-a").await;
+    assert!(echo.rejection_reason.is_some(), "{echo:?}");
+}
+
+/// The echo of the next action `client` dispatched on this subscription's channel.
+async fn echo_of(sub: &mut ahp::SessionSubscription, client: &str) -> ahp_types::actions::ActionEnvelope {
+    loop {
+        let envelope = next_envelope(sub).await;
+        if envelope
+            .origin
+            .as_ref()
+            .is_some_and(|origin| origin.client_id == client)
+        {
+            return envelope;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn viewers_watch_terminals_and_cannot_open_type_or_dispose() {
+    let setup = relay_with_workspace("", &[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (viewer, _) = setup
+        .relay
+        .client_as("dev", "someone", Role::Viewer, "viewer")
+        .await;
+    let (session, _) = session(&a, "watched").await;
+    let refused = create_terminal(&viewer, "viewer", &session, "ahp-terminal:/viewer-own").await;
+    assert!(
+        matches!(&refused, Err(ClientError::Rpc(e)) if e.code == -32009),
+        "{refused:?}"
+    );
+    let uri = "ahp-terminal:/watched";
+    create_terminal(&a, "device-a", &session, uri)
+        .await
+        .expect("createTerminal");
+    let mut watched = Watched::open(&viewer, uri).await;
+    a.dispatch(uri.to_string(), input("echo from-a\n"))
+        .await
+        .expect("type");
+    watched
+        .until("a's output", |state| text(state).contains("from-a"))
+        .await;
+    viewer
+        .dispatch(uri.to_string(), input("echo from-viewer\n"))
+        .await
+        .expect("dispatch");
+    let echo = echo_of(&mut watched.sub, "viewer").await;
+    assert!(
+        echo.rejection_reason.is_some(),
+        "a viewer's input is refused: {echo:?}"
+    );
+    let refused: Result<Value, _> = viewer.request("disposeTerminal", json!({"channel": uri})).await;
+    assert!(
+        matches!(&refused, Err(ClientError::Rpc(e)) if e.code == -32009),
+        "{refused:?}"
+    );
+
+    // Malformed requests change nothing.
+    for bad in [
+        json!({"channel": "ahp-chat:/not-a-terminal", "claim": {"kind": "client", "clientId": "device-a"}, "_meta": {"ahpRelay/session": session}}),
+        json!({"channel": "ahp-terminal:/no-session", "claim": {"kind": "client", "clientId": "device-a"}}),
+        json!({"channel": "ahp-terminal:/other-client", "claim": {"kind": "client", "clientId": "device-b"}, "_meta": {"ahpRelay/session": session}}),
+        json!({"channel": uri, "claim": {"kind": "client", "clientId": "device-a"}, "_meta": {"ahpRelay/session": session}}),
+        json!({"channel": "ahp-terminal:/unknown-session", "claim": {"kind": "client", "clientId": "device-a"}, "_meta": {"ahpRelay/session": "ahp-session:/nope"}}),
+        json!({"channel": "ahp-terminal:/huge", "claim": {"kind": "client", "clientId": "device-a"}, "_meta": {"ahpRelay/session": session}, "cols": 100000, "rows": 5}),
+    ] {
+        let refused: Result<Value, _> = a.request("createTerminal", bad.clone()).await;
+        assert!(matches!(refused, Err(ClientError::Rpc(_))), "{bad} was accepted");
+    }
+    let (root, _) = a.subscribe("ahp-root://".into()).await.expect("root");
+    let SnapshotState::Root(root) = root.snapshot.expect("root snapshot").state else {
+        panic!("root");
+    };
+    let listed: Vec<String> = root
+        .terminals
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.resource)
+        .collect();
+    assert_eq!(listed, vec![uri.to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bang_command_runs_in_a_terminal_and_shows_in_the_chat() {
+    let setup = relay_with_workspace("", &[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (b, _) = setup.relay.client("device-b").await;
+    let (_, chat) = session(&a, "bang").await;
+    let (_, _, mut on_b) = subscribe_chat(&b, &chat).await;
+    a.dispatch(
+        chat.clone(),
+        turn_started("t1", "!echo hi-from-$((40+2)); exit 3"),
+    )
+    .await
+    .expect("dispatch");
+    collect_until(&mut on_b, is_turn_complete).await;
+    let state = fresh_chat_snapshot(&setup.relay, &chat).await;
+    let turn = state.turns.last().expect("the turn");
+    let tool_call = serde_json::to_value(&turn.response_parts).expect("json");
+    let text_of = tool_call.to_string();
+    assert!(
+        text_of.contains("hi-from-42"),
+        "the chat shows the output: {text_of}"
+    );
+    assert!(text_of.contains("exit 3"), "and the status: {text_of}");
+    let terminal = tool_call
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|part| {
+            part.pointer("/toolCall/content")?
+                .as_array()?
+                .iter()
+                .find_map(|content| {
+                    (content["type"] == "terminal").then(|| content["resource"].as_str().map(str::to_string))
+                })
+                .flatten()
+        })
+        .expect("the tool call names its terminal");
+    // The same output in the terminal, which any device can open: the command, its status, exited.
+    let watched = Watched::open(&b, &terminal).await;
+    assert!(text(&watched.state).contains("hi-from-42"));
+    assert!(matches!(&watched.state.lifecycle, TerminalLifecycleState::Exited(e) if e.exit_code == Some(3)));
+    assert!(watched.state.content.iter().any(|part| matches!(part,
+        TerminalContentPart::Command(c) if c.command_line == "echo hi-from-$((40+2)); exit 3" && c.exit_code == Some(3))));
+    // A message that is not a command goes to the agent as before.
+    a.dispatch(chat.clone(), turn_started("t2", "hello"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut on_b, is_turn_complete).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disposing_a_terminal_or_its_session_kills_its_processes() {
+    let setup = relay_with_workspace("", &[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (session, _) = session(&a, "killed").await;
+    let uri = "ahp-terminal:/doomed";
+    create_terminal(&a, "device-a", &session, uri)
+        .await
+        .expect("createTerminal");
+    let mut watched = Watched::open(&a, uri).await;
+    // A background job, in its own process group, survives its shell's hang-up but not the sandbox's end.
+    a.dispatch(uri.to_string(), input("setsid sleep 31337 & echo started\n"))
+        .await
+        .expect("type");
+    watched
+        .until("the job", |state| text(state).contains("started"))
+        .await;
+    eventually("the job running", || !processes(&["sleep", "31337"]).is_empty()).await;
+    let pids = processes(&["sleep", "31337"]);
+    let _: Value = a
+        .request("disposeTerminal", json!({"channel": uri}))
+        .await
+        .expect("dispose");
+    eventually("the job killed", || {
+        pids.iter()
+            .all(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+    })
+    .await;
+    let refused: Result<Value, _> = a.subscribe(uri.to_string()).await.map(|_| Value::Null);
+    assert!(refused.is_err(), "the terminal is gone");
+
+    let uri = "ahp-terminal:/with-its-session";
+    create_terminal(&a, "device-a", &session, uri)
+        .await
+        .expect("createTerminal");
+    let mut watched = Watched::open(&a, uri).await;
+    a.dispatch(uri.to_string(), input("sleep 31338 & echo started\n"))
+        .await
+        .expect("type");
+    watched
+        .until("the job", |state| text(state).contains("started"))
+        .await;
+    eventually("the job running", || !processes(&["sleep", "31338"]).is_empty()).await;
+    let pids = processes(&["sleep", "31338"]);
+    let _: Value = a
+        .request("disposeSession", json!({"channel": session}))
+        .await
+        .expect("dispose session");
+    eventually("the session's job killed", || {
+        pids.iter()
+            .all(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_flood_keeps_memory_bounded_and_other_sessions_answering() {
+    // Fast enough to flood, slow enough that the flood lasts a few seconds (the tenant's output rate).
+    let setup = relay_with_workspace(
+        "[quotas]\noutput_bytes_per_second = 16777216\n",
+        &["--replay-buffer-bytes", "8388608"],
+    )
+    .await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (session, _) = session(&a, "flood").await;
+    let uri = "ahp-terminal:/flood";
+    create_terminal(&a, "device-a", &session, uri)
+        .await
+        .expect("createTerminal");
+    let mut watched = Watched::open(&a, uri).await;
+    let (rss_before, _) = setup.relay.memory();
+    a.dispatch(
+        uri.to_string(),
+        input("yes 0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz | head -c 52428800; exit\n"),
+    )
+    .await
+    .expect("type");
+    // Another device works in another session meanwhile: a demo turn answers while the flood runs.
+    let (b, _) = setup.relay.client("device-b").await;
+    let (_, other_chat) = create_session_and_chat(&b, "elsewhere").await;
+    let (_, _, mut other) = subscribe_chat(&b, &other_chat).await;
+    b.dispatch(other_chat.clone(), turn_started("t1", "still there?"))
+        .await
+        .expect("prompt");
+    collect_until(&mut other, is_turn_complete).await;
+    let (_, peak_mid_flood) = setup.relay.memory();
+    let terminal_now = fresh_terminal(&setup.relay, uri).await;
+    assert!(
+        !is_exited(&terminal_now),
+        "the other session answered while the flood ran"
+    );
+
+    // The flood goes through: it exits, every byte counted once the state clears past its scrollback.
+    let mut published = 0_usize;
+    let mut envelopes = 0_usize;
+    let counted = tokio::time::timeout(Duration::from_secs(120), async {
+        while !is_exited(&watched.state) {
+            let envelope = next_envelope(&mut watched.sub).await;
+            if let StateAction::TerminalData(data) = &envelope.action {
+                published += data.data.len();
+                envelopes += 1;
+            }
+            ahp::reducers::apply_action_to_terminal(&mut watched.state, &envelope.action);
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "the flood never ended ({published} bytes seen)");
+    assert!(published >= 50 * 1024 * 1024, "only {published} bytes arrived");
+    assert!(
+        envelopes < published / 4096,
+        "output is coalesced: {envelopes} envelopes for {published} bytes"
+    );
+    let (_, peak) = setup.relay.memory();
+    let grown = peak.saturating_sub(rss_before);
+    assert!(
+        grown < 64 * 1024 * 1024,
+        "the relay's memory grew by {} MiB for a 50 MiB flood (peak {} MiB mid-flood)",
+        grown / (1024 * 1024),
+        peak_mid_flood / (1024 * 1024)
+    );
+    // The terminal's state keeps a bounded scrollback.
+    let kept = text(&fresh_terminal(&setup.relay, uri).await).len();
+    assert!(
+        kept <= 1024 * 1024 + 64 * 1024,
+        "the terminal's state holds {kept} bytes"
+    );
+}
+
+/// A terminal's state as a device that just connected sees it.
+async fn fresh_terminal(relay: &Relay, uri: &str) -> TerminalState {
+    let (observer, _) = relay.client_as("dev", "observer", Role::Viewer, "observer").await;
+    let (result, _) = observer.subscribe(uri.to_string()).await.expect("subscribe");
+    let state = terminal_state(&result.snapshot.expect("snapshot"));
+    observer.shutdown().await;
+    state
+}
