@@ -29,6 +29,7 @@ mod convert;
 pub mod credential;
 pub mod placement;
 pub mod remote_files;
+pub mod remote_terminals;
 pub mod router;
 pub mod runner;
 pub mod server;

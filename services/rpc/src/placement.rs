@@ -20,8 +20,11 @@ use ahp_types::state::AgentInfo;
 use parking_lot::Mutex;
 use relay_runner::acp::turn::TurnMapper;
 use relay_runner::acp::SessionKey;
-use relay_runner::{ChatSink, Provider, SessionRequest, SessionStart, TurnControl, TurnHandle, TurnRequest};
-use tokio::sync::mpsc;
+use relay_runner::{
+    ChatSink, Provider, SessionRequest, SessionStart, TerminalKey, TerminalRequest, TerminalStarted,
+    TurnControl, TurnHandle, TurnRequest,
+};
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::codegen::InterceptedService;
@@ -48,6 +51,8 @@ pub struct RunnerPool {
     settings: Mutex<HashMap<String, ahp_types::state::SessionConfigSchema>>,
     /// File operations and watches waiting on runners ([`crate::remote_files`]).
     files: crate::remote_files::FileRequests,
+    /// Terminals on runners ([`crate::remote_terminals`]).
+    terminals: crate::remote_terminals::RemoteTerminals,
 }
 
 #[derive(Default)]
@@ -286,6 +291,61 @@ impl RunnerPool {
         Ok(turn)
     }
 
+    /// Start a terminal in a session of `agent` (placing the session if it has no runner); the answer comes
+    /// with the runner's `TerminalStarted`.
+    fn start_terminal(
+        &self,
+        agent: &str,
+        request: &TerminalRequest,
+        sink: &Arc<dyn ChatSink>,
+    ) -> Result<oneshot::Receiver<Result<(), String>>, PlacementError> {
+        let key = SessionKey {
+            tenant: request.key.tenant.clone(),
+            host: request.key.host.clone(),
+            session: request.session.clone(),
+        };
+        let body = serde_json::to_vec(request)?;
+        let id = self.next_turn.fetch_add(1, Ordering::Relaxed) + 1;
+        let (answer, answered) = oneshot::channel();
+        let state = &mut self.state.lock();
+        let runner = Self::place(state, agent, &key, sink)?;
+        self.terminals.starting(id, runner, answer);
+        self.terminals
+            .held(request.key.clone(), runner, &request.session, sink.clone());
+        let work = Work::StartTerminal(pb::StartTerminal {
+            id,
+            agent: agent.to_string(),
+            request: body,
+        });
+        if !Self::send(state, runner, work) {
+            self.terminals.ended(&request.key);
+            return Err(PlacementError::NoRunner(agent.to_string()));
+        }
+        Ok(answered)
+    }
+
+    /// Send what a device did to a terminal to the runner holding it.
+    fn terminal_work(&self, agent: &str, key: &TerminalKey, work: pb::terminal_work::Work) {
+        let Some(runner) = self.terminals.runner_of(key) else {
+            return;
+        };
+        if matches!(work, pb::terminal_work::Work::Kill(_)) {
+            self.terminals.ended(key);
+        }
+        self.send_to(
+            runner,
+            Work::Terminal(pb::TerminalWork {
+                agent: agent.to_string(),
+                host: Some(pb::HostKey {
+                    tenant: key.tenant.clone(),
+                    host: key.host.clone(),
+                }),
+                uri: key.uri.clone(),
+                work: Some(work),
+            }),
+        );
+    }
+
     /// Forward a decision to the runner of `turn`; `Cancelled` also ends the turn's number.
     fn control(&self, turn: u64, control: &TurnControl) {
         let body = match serde_json::to_vec(control) {
@@ -337,6 +397,7 @@ impl RunnerPool {
             Report::Hello(_) => tracing::warn!(runner, "a runner said hello twice; ignored"),
             Report::FileAnswer(answer) => self.files.answered(runner, answer),
             Report::FileChanged(changed) => self.files.changed(runner, changed),
+            Report::TerminalStarted(started) => self.terminals.started(runner, started.id, started.error),
             Report::Action(action) => {
                 let Some(sink) = self.session_sink(runner, action.host.as_ref(), &action.session) else {
                     tracing::warn!(runner, "a runner emitted for a session not placed on it; dropped");
@@ -355,6 +416,13 @@ impl RunnerPool {
                                     session: action.channel.clone(),
                                 });
                             }
+                        }
+                        if let (StateAction::TerminalExited(_), Some(host)) = (&parsed, &action.host) {
+                            self.terminals.ended(&TerminalKey {
+                                tenant: host.tenant.clone(),
+                                host: host.host.clone(),
+                                uri: action.channel.clone(),
+                            });
                         }
                         if !sink.emit_in(&action.session, &action.channel, parsed) {
                             tracing::debug!(runner, channel = %action.channel, "an agent's action was not applied");
@@ -375,7 +443,16 @@ impl RunnerPool {
                 };
                 match serde_json::from_slice::<ahp_types::state::TerminalState>(&terminal.state) {
                     Ok(state) => {
-                        if !sink.open_terminal(&terminal.session, &terminal.uri, state) {
+                        if sink.open_terminal(&terminal.session, &terminal.uri, state) {
+                            if let Some(host) = &terminal.host {
+                                let key = TerminalKey {
+                                    tenant: host.tenant.clone(),
+                                    host: host.host.clone(),
+                                    uri: terminal.uri.clone(),
+                                };
+                                self.terminals.held(key, runner, &terminal.session, sink.clone());
+                            }
+                        } else {
                             tracing::warn!(runner, uri = %terminal.uri, "the host refused an agent's terminal");
                         }
                     }
@@ -451,6 +528,7 @@ impl RunnerPool {
     /// sessions lose their placement.
     fn runner_lost(&self, runner: u64) {
         self.files.runner_lost(runner);
+        self.terminals.runner_lost(runner);
         let (orphans, unborn): (Vec<PlacedTurn>, Vec<Starting>) = {
             let mut state = self.state.lock();
             let Some(gone) = state.runners.remove(&runner) else {
@@ -571,6 +649,34 @@ impl Provider for RemoteAgent {
             Err(error) => fail_later(sink, &request, error),
         }
         handle
+    }
+
+    fn start_terminal(&self, request: TerminalRequest, sink: Arc<dyn ChatSink>) -> TerminalStarted {
+        match self.pool.start_terminal(&self.info.provider, &request, &sink) {
+            Ok(answered) => answered,
+            Err(error) => relay_runner::provider::terminal_answer(Err(error.to_string())),
+        }
+    }
+
+    fn terminal_input(&self, terminal: &TerminalKey, data: &str) {
+        self.pool.terminal_work(
+            &self.info.provider,
+            terminal,
+            pb::terminal_work::Work::Input(data.to_string()),
+        );
+    }
+
+    fn terminal_resized(&self, terminal: &TerminalKey, cols: i64, rows: i64) {
+        self.pool.terminal_work(
+            &self.info.provider,
+            terminal,
+            pb::terminal_work::Work::Resize(pb::TerminalSize { cols, rows }),
+        );
+    }
+
+    fn kill_terminal(&self, terminal: &TerminalKey) {
+        self.pool
+            .terminal_work(&self.info.provider, terminal, pb::terminal_work::Work::Kill(true));
     }
 
     fn dispose_session(&self, tenant: &str, host: &str, session: &str) {

@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use ahp_types::actions::{SessionCreationFailedAction, StateAction};
 use ahp_types::state::{AgentInfo, ErrorInfo};
-use relay_runner::{ChatSink, Provider, SessionRequest, SessionStart, TurnControl, TurnHandle, TurnRequest};
+use relay_runner::{
+    ChatSink, Provider, SessionRequest, SessionStart, TerminalKey, TerminalRequest, TurnControl, TurnHandle,
+    TurnRequest,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::Endpoint;
@@ -239,6 +242,44 @@ impl ShardSession {
         }
     }
 
+    /// Start a terminal in a session placed here; the shard learns how it went from a TerminalStarted.
+    fn start_terminal(&self, start: pb::StartTerminal) {
+        let reports = self.reports.clone();
+        let answer = move |error: String| {
+            let _ = reports.send(pb::RunnerReport {
+                report: Some(Report::TerminalStarted(pb::TerminalStarted {
+                    id: start.id,
+                    error,
+                })),
+            });
+        };
+        let request: TerminalRequest = match serde_json::from_slice(&start.request) {
+            Ok(request) => request,
+            Err(error) => return answer(format!("unreadable terminal request: {error}")),
+        };
+        let Some(provider) = self
+            .providers
+            .get(&start.agent)
+            .filter(|_| self.serves(&request.key.tenant))
+            .cloned()
+        else {
+            return answer(format!(
+                "this runner has no agent {} for this tenant",
+                start.agent
+            ));
+        };
+        let sink = self.sink(&request.key.tenant, &request.key.host, &request.session);
+        let started = provider.start_terminal(request, sink);
+        tokio::spawn(async move {
+            let error = match started.await {
+                Ok(Ok(())) => String::new(),
+                Ok(Err(error)) => error,
+                Err(_) => "the terminal's start was abandoned".into(),
+            };
+            answer(error);
+        });
+    }
+
     fn sink(&self, tenant: &str, host: &str, session: &str) -> Arc<dyn ChatSink> {
         Arc::new(StreamSink {
             host: pb::HostKey {
@@ -327,6 +368,27 @@ impl ShardSession {
                 }
             }
             Work::File(request) => self.file(request),
+            Work::StartTerminal(start) => self.start_terminal(start),
+            Work::Terminal(work) => {
+                let (Some(host), Some(what)) = (work.host, work.work) else {
+                    return;
+                };
+                let Some(provider) = self.providers.get(&work.agent) else {
+                    return;
+                };
+                let key = TerminalKey {
+                    tenant: host.tenant,
+                    host: host.host,
+                    uri: work.uri,
+                };
+                match what {
+                    pb::terminal_work::Work::Input(data) => provider.terminal_input(&key, &data),
+                    pb::terminal_work::Work::Resize(size) => {
+                        provider.terminal_resized(&key, size.cols, size.rows)
+                    }
+                    pb::terminal_work::Work::Kill(_) => provider.kill_terminal(&key),
+                }
+            }
             Work::DisposeSession(dispose) => {
                 let Some(host) = dispose.host else { return };
                 for provider in self.providers.values() {

@@ -1,0 +1,101 @@
+//! Terminals on runners, seen from a shard: which runner holds each terminal of its sessions (devices'
+//! terminals it started there, agents' commands the runner opened), the starts waiting for the runner's
+//! `TerminalStarted`, and what a runner's death means for them — every terminal it held ends as
+//! `terminal/exited` (no exit code), every start waiting on it fails.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ahp_types::actions::{StateAction, TerminalExitedAction};
+use parking_lot::Mutex;
+use relay_runner::{ChatSink, TerminalKey};
+use tokio::sync::oneshot;
+
+/// A terminal a runner holds.
+struct Held {
+    runner: u64,
+    session: String,
+    sink: Arc<dyn ChatSink>,
+}
+
+/// Terminals of a shard's sessions on its runners.
+#[derive(Default)]
+pub struct RemoteTerminals {
+    held: Mutex<HashMap<TerminalKey, Held>>,
+    starting: Mutex<HashMap<u64, (u64, oneshot::Sender<Result<(), String>>)>>,
+}
+
+impl RemoteTerminals {
+    /// `runner` holds terminal `key` of `session` (its actions go to `sink`).
+    pub(crate) fn held(&self, key: TerminalKey, runner: u64, session: &str, sink: Arc<dyn ChatSink>) {
+        self.held.lock().insert(
+            key,
+            Held {
+                runner,
+                session: session.to_string(),
+                sink,
+            },
+        );
+    }
+
+    /// A start sent to `runner` as `id`, answered through `answer`.
+    pub(crate) fn starting(&self, id: u64, runner: u64, answer: oneshot::Sender<Result<(), String>>) {
+        self.starting.lock().insert(id, (runner, answer));
+    }
+
+    /// `runner` answered start `id` (empty `error`: it runs).
+    pub(crate) fn started(&self, runner: u64, id: u64, error: String) {
+        let mut starting = self.starting.lock();
+        if starting.get(&id).is_some_and(|(asked, _)| *asked == runner) {
+            if let Some((_, answer)) = starting.remove(&id) {
+                let _ = answer.send(if error.is_empty() { Ok(()) } else { Err(error) });
+            }
+        }
+    }
+
+    /// The runner holding `key`, if one does.
+    pub(crate) fn runner_of(&self, key: &TerminalKey) -> Option<u64> {
+        self.held.lock().get(key).map(|held| held.runner)
+    }
+
+    /// `key` ended (exited, or disposed).
+    pub(crate) fn ended(&self, key: &TerminalKey) {
+        self.held.lock().remove(key);
+    }
+
+    /// `runner` is gone: its terminals exited, its starts failed.
+    pub(crate) fn runner_lost(&self, runner: u64) {
+        let gone: Vec<(TerminalKey, Held)> = {
+            let mut held = self.held.lock();
+            let keys: Vec<TerminalKey> = held
+                .iter()
+                .filter(|(_, held)| held.runner == runner)
+                .map(|(key, _)| key.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|key| held.remove(&key).map(|held| (key, held)))
+                .collect()
+        };
+        for (key, held) in gone {
+            held.sink.emit_in(
+                &held.session,
+                &key.uri,
+                StateAction::TerminalExited(TerminalExitedAction { exit_code: None }),
+            );
+        }
+        let failed: Vec<oneshot::Sender<Result<(), String>>> = {
+            let mut starting = self.starting.lock();
+            let ids: Vec<u64> = starting
+                .iter()
+                .filter(|(_, (asked, _))| *asked == runner)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| starting.remove(&id).map(|(_, answer)| answer))
+                .collect()
+        };
+        for answer in failed {
+            let _ = answer.send(Err("the runner that was to run it stopped".into()));
+        }
+    }
+}
