@@ -18,11 +18,15 @@ struct Held {
     sink: Arc<dyn ChatSink>,
 }
 
+/// Where a runner's answer to a start goes.
+type StartAnswer = oneshot::Sender<Result<(), String>>;
+
 /// Terminals of a shard's sessions on its runners.
 #[derive(Default)]
 pub struct RemoteTerminals {
     held: Mutex<HashMap<TerminalKey, Held>>,
-    starting: Mutex<HashMap<u64, (u64, oneshot::Sender<Result<(), String>>)>>,
+    /// Starts waiting for their runner's answer: the runner asked, and where the answer goes.
+    starting: Mutex<HashMap<u64, (u64, StartAnswer)>>,
 }
 
 impl RemoteTerminals {
@@ -39,7 +43,7 @@ impl RemoteTerminals {
     }
 
     /// A start sent to `runner` as `id`, answered through `answer`.
-    pub(crate) fn starting(&self, id: u64, runner: u64, answer: oneshot::Sender<Result<(), String>>) {
+    pub(crate) fn starting(&self, id: u64, runner: u64, answer: StartAnswer) {
         self.starting.lock().insert(id, (runner, answer));
     }
 
@@ -83,7 +87,7 @@ impl RemoteTerminals {
                 StateAction::TerminalExited(TerminalExitedAction { exit_code: None }),
             );
         }
-        let failed: Vec<oneshot::Sender<Result<(), String>>> = {
+        let failed: Vec<StartAnswer> = {
             let mut starting = self.starting.lock();
             let ids: Vec<u64> = starting
                 .iter()
