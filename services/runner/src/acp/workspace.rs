@@ -84,9 +84,7 @@ impl Workspaces {
     }
 
     fn default_workspace(&self, tenant: &str, host: &str, session: &str) -> PathBuf {
-        self.tenant_dir(tenant)
-            .join(encode(host))
-            .join(session_name(session))
+        default_session_dir(&self.tenant_dir(tenant), host, session)
     }
 
     fn private_dir(&self, tenant: &str, host: &str, session: &str) -> PathBuf {
@@ -233,6 +231,11 @@ pub fn tenant_dir_uri(root: &Path, tenant: &str) -> String {
 
 /// A name as one directory name, injectively: `[A-Za-z0-9_-]` kept, other bytes `%XX`, the empty name `%`;
 /// names that would be longer than [`MAX_NAME_BYTES`] become a prefix, `%~` and the SHA-256 of the name.
+/// The working directory a session gets when its client names none: `<tenant dir>/<host>/<session>`.
+pub fn default_session_dir(tenant_dir: &Path, host: &str, session: &str) -> PathBuf {
+    tenant_dir.join(encode(host)).join(session_name(session))
+}
+
 pub fn encode(name: &str) -> String {
     if name.is_empty() {
         return "%".into();

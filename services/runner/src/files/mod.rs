@@ -3,6 +3,7 @@
 //! handle on those servers ([`service`]) and what travels between the two ([`protocol`]).
 
 pub mod access;
+pub mod history;
 pub mod ops;
 pub mod protocol;
 pub mod server;
@@ -10,5 +11,8 @@ pub mod service;
 pub mod watch;
 
 pub use access::{ChangeSink, FileAccess, FileFuture, WatchHandle, WatchSpec};
-pub use protocol::{ChangeKind, EntryKind, FileError, FileOp, FileReply, Resolved, WriteMode};
+pub use protocol::{
+    ChangeKind, ChangeStatus, ChangedFile, EntryKind, FileError, FileOp, FileReply, RepositoryOp, Resolved,
+    WriteMode,
+};
 pub use service::FileService;

@@ -81,7 +81,7 @@ fn kind_of(meta: &fs::Metadata) -> EntryKind {
 }
 
 /// A content type from a file's first bytes (magic numbers), else its name, else whether it is text.
-fn sniff(path: &Path, bytes: &[u8]) -> (String, bool) {
+pub(crate) fn sniff(path: &Path, bytes: &[u8]) -> (String, bool) {
     let text = std::str::from_utf8(bytes).is_ok() && !bytes.contains(&0);
     if let Some(kind) = infer::get(bytes) {
         return (kind.mime_type().to_string(), false);
@@ -104,6 +104,16 @@ impl Files {
             max_bytes,
             max_entries: MAX_ENTRIES,
         })
+    }
+
+    /// The tenant's directory, resolved.
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Largest file read or written.
+    pub(crate) fn max_bytes(&self) -> u64 {
+        self.max_bytes
     }
 
     /// `requested` resolved inside the root: every existing part's symlinks followed (the last one's only when
@@ -218,6 +228,15 @@ impl Files {
                 follow_symlinks,
             } => self.resolve(&path, follow_symlinks),
             FileOp::Mkdir { path } => self.mkdir(&path),
+            FileOp::Checkpoint { workspace, label } => self.checkpoint(&workspace, &label),
+            FileOp::Changes { from, to } => self.changes(&from, &to),
+            FileOp::ReadVersion { commit, path } => self.read_version(&commit, &path),
+            FileOp::Restore {
+                workspace,
+                commit,
+                paths,
+            } => self.restore(&workspace, &commit, &paths),
+            FileOp::Repository { workspace, action } => self.repository(&workspace, action),
             FileOp::Watch { .. } | FileOp::Unwatch { .. } => Err(FileError::Invalid(
                 "watches are the file server's, not a file operation".into(),
             )),

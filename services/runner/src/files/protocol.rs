@@ -68,6 +68,64 @@ pub enum FileOp {
     Unwatch {
         watch: u64,
     },
+    /// Commit the working directory `workspace` as a checkpoint ([`super::history`]).
+    Checkpoint {
+        workspace: String,
+        label: String,
+    },
+    /// The files that differ between two checkpoints.
+    Changes {
+        from: String,
+        to: String,
+    },
+    /// A file (a path relative to its working directory) as a checkpoint holds it.
+    ReadVersion {
+        commit: String,
+        path: String,
+    },
+    /// Put files (relative to `workspace`) back as a checkpoint holds them.
+    Restore {
+        workspace: String,
+        commit: String,
+        paths: Vec<String>,
+    },
+    /// The working directory's own git repository.
+    Repository {
+        workspace: String,
+        action: RepositoryOp,
+    },
+}
+
+/// What to do with a working directory's own git repository.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum RepositoryOp {
+    /// Whether it is one.
+    Inspect,
+    /// Stage these paths (relative to it).
+    Stage { paths: Vec<String> },
+    /// Stage everything and commit.
+    Commit { message: String },
+}
+
+/// How a file differs between two checkpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ChangeStatus {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// A file that differs between two checkpoints: its path relative to the working directory, and the lines
+/// added and removed (none for a binary file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChangedFile {
+    pub path: String,
+    pub status: ChangeStatus,
+    pub added: Option<u64>,
+    pub removed: Option<u64>,
 }
 
 impl FileOp {
@@ -80,6 +138,12 @@ impl FileOp {
                 | FileOp::Resolve { .. }
                 | FileOp::Watch { .. }
                 | FileOp::Unwatch { .. }
+                | FileOp::Changes { .. }
+                | FileOp::ReadVersion { .. }
+                | FileOp::Repository {
+                    action: RepositoryOp::Inspect,
+                    ..
+                }
         )
     }
 }
@@ -121,6 +185,16 @@ pub enum FileReply {
     },
     Resolved(Resolved),
     Done,
+    /// A checkpoint's (or a repository's new commit's) id.
+    Checkpoint {
+        commit: String,
+    },
+    Changes {
+        files: Vec<ChangedFile>,
+    },
+    Repository {
+        is_repository: bool,
+    },
 }
 
 /// Why an operation failed (each maps to an AHP error code).
