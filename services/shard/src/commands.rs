@@ -46,6 +46,7 @@ const KNOWN_METHODS: &[&str] = &[
     "authenticate",
     "createTerminal",
     "disposeTerminal",
+    "invokeChangesetOperation",
 ];
 
 /// The `InitializeResult._meta` key listing `initialSubscriptions` that name no channel of this host.

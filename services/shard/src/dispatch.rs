@@ -107,8 +107,12 @@ impl HostCore {
     /// An agent's action. Returns `false` when it does not apply (its chat is gone or its turn ended), or when
     /// the tenant is over its storage quota and the action would add content: then the chat's running turn
     /// ends with a `chat/error` naming the quota (which stops the agent's turn).
-    pub(crate) fn apply_agent_action(&mut self, channel: &str, action: StateAction) -> bool {
+    pub(crate) fn apply_agent_action(&mut self, channel: &str, mut action: StateAction) -> bool {
         let kind = self.model.kind(channel);
+        // An agent replaces the `_meta` it keeps; what the host keeps there stays.
+        if let StateAction::SessionMetaChanged(changed) = &mut action {
+            crate::changesets::keep_host_meta(&self.model, channel, changed);
+        }
         if kind == ChannelKind::Unknown {
             return false;
         }
@@ -227,6 +231,12 @@ impl HostCore {
             }
             // Changes are sent to the watch's connection alone ([`crate::watches`]), never sequenced here.
             ChannelKind::ResourceWatch | ChannelKind::Unknown => {}
+            // Review marks are stored with the changeset at once (its channel may be closed any time).
+            ChannelKind::Changeset => {
+                if matches!(action, StateAction::ChangesetFilesReviewChanged(_)) {
+                    self.store_snapshot(channel);
+                }
+            }
         }
     }
 

@@ -78,6 +78,8 @@ pub struct HostCore {
     pub clients: HashMap<String, ClientBinding>,
     /// A handle agents use to emit actions into this host.
     pub sink: Arc<dyn ChatSink>,
+    /// The host itself, for work that finishes later (a checkpoint, a changeset's computation).
+    pub host: Weak<Host>,
     /// Client ids whose grace period must be armed once the lock is released.
     pub pending_grace: Vec<(String, u64)>,
     /// When the host last did anything (a message, an agent action, a connection coming or going): an idle
@@ -165,6 +167,7 @@ impl Host {
                 connections: HashMap::new(),
                 clients: HashMap::new(),
                 sink: Arc::new(HostSink { host: me.clone() }),
+                host: me.clone(),
                 pending_grace: Vec::new(),
                 disposing: HashMap::new(),
                 owed: Default::default(),
@@ -379,6 +382,15 @@ impl Host {
             "reconnect" => return self.reconnect(connection, &message).await,
             "fetchTurns" => return self.fetch_turns(connection, &message).await,
             "createTerminal" => return self.create_terminal(connection, &message).await,
+            "invokeChangesetOperation" => return self.invoke_changeset_operation(connection, &message).await,
+            // A changeset is opened (and computed again) when a client subscribes to it.
+            "subscribe" => {
+                if let Some(channel) = message.channel() {
+                    if channel.starts_with(crate::changesets::CHANGESET_SCHEME) {
+                        self.with_core(|core| core.changeset_subscribed(&channel));
+                    }
+                }
+            }
             _ => {}
         }
         let id = message.id;

@@ -13,6 +13,7 @@ pub mod archive;
 pub mod attachments;
 pub mod batches;
 pub mod catalog;
+pub mod changesets;
 pub mod chats;
 pub mod commands;
 pub mod commit_thread;

@@ -21,6 +21,7 @@ use relay_runner::TurnHandle;
 use serde::{Deserialize, Serialize};
 
 /// When a channel last had its snapshot stored, to decide the next one.
+#[derive(Debug, Clone)]
 pub struct SnapshotClock {
     pub actions_since: u32,
     pub taken_at: Instant,
@@ -177,6 +178,8 @@ pub enum ChannelKind {
     Terminal,
     /// A connection's resource watch ([`crate::watches`]).
     ResourceWatch,
+    /// A session's changeset ([`crate::changesets`]).
+    Changeset,
     /// A URI this host has no state for (unknown, disposed, or a kind the relay does not host).
     Unknown,
 }
@@ -187,6 +190,8 @@ pub struct HostModel {
     pub sessions: HashMap<String, SessionRecord>,
     pub chats: HashMap<String, ChatRecord>,
     pub terminals: HashMap<String, TerminalRecord>,
+    /// Open changesets, by channel.
+    pub changesets: HashMap<String, crate::changesets::ChangesetRecord>,
     /// Open resource watches, by channel (never stored).
     pub watches: HashMap<String, crate::watches::WatchRecord>,
     next_catalog_no: u64,
@@ -200,6 +205,7 @@ impl HostModel {
             sessions: HashMap::new(),
             chats: HashMap::new(),
             terminals: HashMap::new(),
+            changesets: HashMap::new(),
             watches: HashMap::new(),
             next_catalog_no: next_catalog_no.max(1),
         }
@@ -216,6 +222,8 @@ impl HostModel {
             ChannelKind::Terminal
         } else if self.watches.contains_key(channel) {
             ChannelKind::ResourceWatch
+        } else if self.changesets.contains_key(channel) {
+            ChannelKind::Changeset
         } else {
             ChannelKind::Unknown
         }
@@ -234,6 +242,9 @@ impl HostModel {
         }
         if let Some(terminal) = self.terminals.get_mut(channel) {
             return apply_action_to_terminal(&mut terminal.state, action);
+        }
+        if let Some(changeset) = self.changesets.get_mut(channel) {
+            return ahp::reducers::apply_action_to_changeset(&mut changeset.state, action);
         }
         ReduceOutcome::OutOfScope
     }
@@ -328,6 +339,9 @@ impl HostModel {
         if let Some(record) = self.chats.get_mut(channel) {
             return Some(&mut record.clock);
         }
+        if let Some(record) = self.changesets.get_mut(channel) {
+            return Some(&mut record.clock);
+        }
         self.terminals.get_mut(channel).map(|record| &mut record.clock)
     }
 
@@ -360,6 +374,16 @@ impl HostModel {
                 .ok()
                 .map(|json| (Some(terminal.session.clone()), json));
         }
+        if let Some(changeset) = self.changesets.get(channel) {
+            let doc = crate::changesets::ChangesetDocument {
+                state: changeset.state.clone(),
+                session: changeset.session.clone(),
+                scope: changeset.scope.clone(),
+            };
+            return serde_json::to_string(&doc)
+                .ok()
+                .map(|json| (Some(changeset.session.clone()), json));
+        }
         let chat = self.chats.get(channel)?;
         let doc = ChatDocument {
             state: &chat.state,
@@ -388,6 +412,9 @@ impl HostModel {
             }
             ChannelKind::ResourceWatch => {
                 SnapshotState::ResourceWatch(Box::new(self.watches.get(channel)?.state.clone()))
+            }
+            ChannelKind::Changeset => {
+                SnapshotState::Changeset(Box::new(self.changesets.get(channel)?.state.clone()))
             }
             ChannelKind::Unknown => return None,
         };

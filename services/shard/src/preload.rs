@@ -79,11 +79,18 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
     out.extend(named.chat);
     out.extend(named.initial_subscriptions.unwrap_or_default());
     out.extend(named.subscriptions.unwrap_or_default());
+    // A changeset is opened in its session, which must be loaded for it.
+    let sessions: Vec<String> = out
+        .iter()
+        .filter_map(|channel| crate::changesets::parse_uri(channel).map(|(session, _)| session))
+        .collect();
+    out.extend(sessions);
     out.into_iter()
         .filter(|c| {
             c.starts_with("ahp-session:")
                 || c.starts_with("ahp-chat:")
                 || c.starts_with(crate::model::TERMINAL_SCHEME)
+                || c.starts_with(crate::changesets::CHANGESET_SCHEME)
         })
         .collect()
 }

@@ -70,8 +70,12 @@ fn operation(message: &InboundMessage) -> Result<FileOp, RpcError> {
     Ok(match message.method.as_str() {
         "resourceRead" => {
             let params: ResourceReadParams = message.parse_params()?;
-            FileOp::Read {
-                path: path_of(&params.uri)?,
+            // A changeset's file as a checkpoint holds it ([`crate::changesets`]).
+            match crate::changesets::parse_checkpoint_uri(&params.uri) {
+                Some((commit, path)) => FileOp::ReadVersion { commit, path },
+                None => FileOp::Read {
+                    path: path_of(&params.uri)?,
+                },
             }
         }
         "resourceWrite" => {
@@ -262,7 +266,10 @@ impl Host {
                     etag: resolved.etag,
                 },
             ),
-            FileReply::Done => reply(message.id, &serde_json::json!({})),
+            FileReply::Done
+            | FileReply::Checkpoint { .. }
+            | FileReply::Changes { .. }
+            | FileReply::Repository { .. } => reply(message.id, &serde_json::json!({})),
         }
     }
 }

@@ -27,6 +27,8 @@ struct LoadedSession {
     chats: Vec<(String, ChannelRecord, Option<Vec<Turn>>)>,
     /// The agents' terminals of the session.
     terminals: Vec<(String, ChannelRecord)>,
+    /// Its changesets that were open (their review marks).
+    changesets: Vec<(String, ChannelRecord)>,
 }
 
 impl Host {
@@ -63,7 +65,10 @@ impl Host {
         let Some(record) = self.store.load_channel(tenant, host, channel).await? else {
             return Ok(None);
         };
-        let (uri, session) = if channel.starts_with("ahp-chat:") || channel.starts_with(TERMINAL_SCHEME) {
+        let (uri, session) = if channel.starts_with("ahp-chat:")
+            || channel.starts_with(TERMINAL_SCHEME)
+            || channel.starts_with(crate::changesets::CHANGESET_SCHEME)
+        {
             #[derive(Deserialize)]
             struct Parent {
                 session: String,
@@ -78,7 +83,14 @@ impl Host {
         };
         let mut chats = Vec::new();
         let mut terminals = Vec::new();
+        let mut changesets = Vec::new();
         for chat in self.store.chats_of(tenant, host, &uri).await? {
+            if chat.starts_with(crate::changesets::CHANGESET_SCHEME) {
+                if let Some(record) = self.store.load_channel(tenant, host, &chat).await? {
+                    changesets.push((chat, record));
+                }
+                continue;
+            }
             if chat.starts_with(TERMINAL_SCHEME) {
                 if let Some(record) = self.store.load_channel(tenant, host, &chat).await? {
                     terminals.push((chat, record));
@@ -103,6 +115,7 @@ impl Host {
             session,
             chats,
             terminals,
+            changesets,
         }))
     }
 }
@@ -130,6 +143,7 @@ impl HostCore {
             session.created_by = doc.created_by;
         }
         self.install_terminals(loaded.terminals);
+        self.install_changesets(loaded.changesets);
         let mut interrupted = Vec::new();
         for (uri, record, legacy) in loaded.chats {
             let doc: ChatDocument = match serde_json::from_str(&record.state) {
@@ -248,6 +262,33 @@ impl HostCore {
 }
 
 impl HostCore {
+    /// Reduce a session's stored changesets into memory: their files and review marks as they were (computed
+    /// again when a client next opens one).
+    fn install_changesets(&mut self, changesets: Vec<(String, ChannelRecord)>) {
+        for (uri, record) in changesets {
+            let doc: crate::changesets::ChangesetDocument = match serde_json::from_str(&record.state) {
+                Ok(doc) => doc,
+                Err(error) => {
+                    tracing::error!(changeset = %uri, %error, "unreadable changeset snapshot");
+                    continue;
+                }
+            };
+            let mut state = doc.state;
+            for envelope in tail(&record) {
+                ahp::reducers::apply_action_to_changeset(&mut state, &envelope.action);
+            }
+            self.model.changesets.insert(
+                uri,
+                crate::changesets::ChangesetRecord {
+                    session: doc.session,
+                    scope: doc.scope,
+                    state,
+                    clock: SnapshotClock::fresh(),
+                },
+            );
+        }
+    }
+
     /// Reduce a session's stored terminals into memory. A terminal whose command was running when the process
     /// died (its agent died with it, or with its runner's stream) is marked exited, without an exit code.
     fn install_terminals(&mut self, terminals: Vec<(String, ChannelRecord)>) {

@@ -132,7 +132,9 @@ impl HostCore {
             default_chat: Some(default_chat.clone()),
             config,
             customizations: None,
-            changesets: None,
+            // What its turns change, where this host reaches its files ([`crate::changesets`]).
+            changesets: (self.providers.files().is_some() && agent.workspace_root().is_some())
+                .then(|| crate::changesets::catalogue(&uri)),
             input_needed: None,
             meta: None,
         };
@@ -188,6 +190,13 @@ impl HostCore {
                 &uri,
                 StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }),
             );
+        }
+        let changesets = self.dispose_changesets_of(&uri);
+        self.note_disposing(changesets.iter().cloned());
+        for state in self.connections.values_mut() {
+            for changeset in &changesets {
+                state.subscriptions.remove(changeset);
+            }
         }
         let chats = self.model.remove_session(&uri);
         self.session_count = self.session_count.saturating_sub(1);

@@ -8,6 +8,7 @@ use ahp_types::state::{Message, PendingMessageKind};
 use relay_runner::{TurnControl, TurnRequest};
 
 use crate::agent_context::{self, AgentContext};
+use crate::changesets::TurnEnd;
 use crate::commands::now;
 use crate::host::HostCore;
 
@@ -56,6 +57,15 @@ impl HostCore {
             StateAction::ChatTurnComplete(_)
             | StateAction::ChatTurnCancelled(_)
             | StateAction::ChatError(_) => {
+                let ended = match action {
+                    StateAction::ChatTurnComplete(a) => Some(&a.turn_id),
+                    StateAction::ChatTurnCancelled(a) => Some(&a.turn_id),
+                    StateAction::ChatError(a) => Some(&a.turn_id),
+                    _ => None,
+                };
+                if let Some(turn_id) = ended {
+                    self.checkpoint_then(chat, turn_id, TurnEnd::End, |_| {});
+                }
                 if matches!(action, StateAction::ChatTurnComplete(_)) {
                     if let Some(record) = self.model.chats.get_mut(chat) {
                         record.agent_context = AgentContext::Current;
@@ -115,7 +125,28 @@ impl HostCore {
         }
     }
 
+    /// Start a turn's work: once its session's working directory is checkpointed ([`crate::changesets`]), where
+    /// this host reaches it, so the turn's changes are what happened after.
     pub(crate) fn start_provider_turn(&mut self, chat: &str, turn_id: &str, message: &Message) {
+        let (later_chat, later_turn, later_message) =
+            (chat.to_string(), turn_id.to_string(), message.clone());
+        let deferred = self.checkpoint_then(chat, turn_id, TurnEnd::Start, move |core| {
+            let still_running = core
+                .model
+                .chats
+                .get(&later_chat)
+                .and_then(|record| record.state.active_turn.as_ref())
+                .is_some_and(|turn| turn.id == later_turn);
+            if still_running {
+                core.begin_turn(&later_chat, &later_turn, &later_message);
+            }
+        });
+        if !deferred {
+            self.begin_turn(chat, turn_id, message);
+        }
+    }
+
+    fn begin_turn(&mut self, chat: &str, turn_id: &str, message: &Message) {
         // `!command`: the host runs it in a terminal itself ([`crate::device_terminals`]).
         if self.start_command_turn(chat, turn_id, &message.text) {
             return;

@@ -105,6 +105,14 @@ fn family(action: &StateAction) -> Option<ChannelKind> {
         | TerminalCommandDetectionAvailable(_)
         | TerminalCommandExecuted(_)
         | TerminalCommandFinished(_) => ChannelKind::Terminal,
+        ChangesetStatusChanged(_)
+        | ChangesetFileSet(_)
+        | ChangesetFileRemoved(_)
+        | ChangesetFilesReviewChanged(_)
+        | ChangesetContentChanged(_)
+        | ChangesetOperationsChanged(_)
+        | ChangesetOperationStatusChanged(_)
+        | ChangesetCleared(_) => ChannelKind::Changeset,
         _ => return None,
     })
 }
@@ -153,6 +161,7 @@ pub fn is_client_dispatchable(action: &StateAction) -> bool {
             | TerminalClaimed(_)
             | TerminalTitleChanged(_)
             | TerminalCleared(_)
+            | ChangesetFilesReviewChanged(_)
     )
 }
 
@@ -228,6 +237,21 @@ pub fn check_client_action(
             None => Err("unknown chat".into()),
         },
         ChannelKind::ResourceWatch => Err("a resource watch's changes come from the host only".into()),
+        ChannelKind::Changeset => match (model.changesets.get(channel), action) {
+            (Some(changeset), StateAction::ChangesetFilesReviewChanged(review)) => {
+                match review
+                    .files
+                    .iter()
+                    .find(|id| !changeset.state.files.iter().any(|file| &file.id == *id))
+                {
+                    Some(unknown) => Err(format!("{unknown} is not a file of this changeset")),
+                    None if review.files.is_empty() => Err("name the files to mark".into()),
+                    None => Ok(()),
+                }
+            }
+            (Some(_), _) => Err("only review marks come from clients".into()),
+            (None, _) => Err("unknown changeset".into()),
+        },
         ChannelKind::Terminal | ChannelKind::Unknown => Err("unknown channel".into()),
     }
 }

@@ -1,0 +1,394 @@
+//! Issue 26 (4): changesets over AHP, with the official client over real WebSockets against `serve` with the
+//! scripted ACP agent: a turn that edits two files and creates one lists three files with diffs (both sides
+//! readable with `resourceRead`), review marks are shared by devices and survive a restart, a revert restores
+//! the file on disk and updates every device, and in a git repository the commit operation makes a commit.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use ahp::ClientError;
+use ahp_types::actions::{ChangesetFilesReviewChangedAction, StateAction};
+use ahp_types::state::{
+    ChangesetState, ChangesetStatus, SessionLifecycle, SessionState, Snapshot, SnapshotState,
+};
+use relay_core::Role;
+use serde_json::{json, Value};
+use support::*;
+
+/// `serve` with the scripted agent's agents file, in `data`.
+async fn relay(agents: &ScriptedAgents, data: &Path) -> Relay {
+    Relay::start_in(data, &["--agents", agents.file.to_str().expect("path")]).await
+}
+
+/// A ready session of the scripted agent in `directory` (created first) or its own; its state.
+async fn session(
+    client: &ahp::Client,
+    name: &str,
+    directory: Option<&Path>,
+) -> (String, String, SessionState) {
+    let session = format!("ahp-session:/{name}");
+    let mut params = json!({"channel": session, "provider": "scripted"});
+    if let Some(directory) = directory {
+        params["workingDirectories"] = json!([format!("file://{}", directory.display())]);
+    }
+    let _: Value = client
+        .request("createSession", params)
+        .await
+        .expect("createSession");
+    let (result, mut sub) = client.subscribe(session.clone()).await.expect("subscribe");
+    let mut state = session_of(&result.snapshot.expect("snapshot"));
+    while state.lifecycle != SessionLifecycle::Ready {
+        assert_ne!(state.lifecycle, SessionLifecycle::Failed, "{state:?}");
+        let envelope = next_envelope(&mut sub).await;
+        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
+    }
+    client.unsubscribe(session.clone()).await.expect("unsubscribe");
+    (session, format!("ahp-chat:/{name}"), state)
+}
+
+/// Run a prompt in `chat` and wait for its turn to end.
+async fn prompt(client: &ahp::Client, chat: &str, turn: &str, text: &str) {
+    let (_, _, mut sub) = subscribe_chat(client, chat).await;
+    client
+        .dispatch(chat.to_string(), turn_started(turn, text))
+        .await
+        .expect("prompt");
+    collect_until(&mut sub, is_turn_complete).await;
+    client.unsubscribe(chat.to_string()).await.expect("unsubscribe");
+}
+
+fn changeset_state(snapshot: &Snapshot) -> ChangesetState {
+    match &snapshot.state {
+        SnapshotState::Changeset(state) => (**state).clone(),
+        other => panic!("not a changeset: {other:?}"),
+    }
+}
+
+/// A changeset a device watches, kept up to date from its subscription.
+struct Watched {
+    state: ChangesetState,
+    sub: ahp::SessionSubscription,
+}
+
+impl Watched {
+    async fn open(client: &ahp::Client, uri: &str) -> Watched {
+        let (result, sub) = client
+            .subscribe(uri.to_string())
+            .await
+            .expect("subscribe changeset");
+        Watched {
+            state: changeset_state(&result.snapshot.expect("snapshot")),
+            sub,
+        }
+    }
+
+    async fn until(&mut self, what: &str, done: impl Fn(&ChangesetState) -> bool) {
+        let waited = tokio::time::timeout(PATIENCE, async {
+            while !done(&self.state) {
+                let envelope = next_envelope(&mut self.sub).await;
+                if envelope.rejection_reason.is_none() {
+                    ahp::reducers::apply_action_to_changeset(&mut self.state, &envelope.action);
+                }
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "never saw {what}: {:#?}", self.state);
+    }
+
+    async fn ready(&mut self) {
+        self.until("the changeset ready", |state| {
+            state.status == ChangesetStatus::Ready
+        })
+        .await;
+    }
+
+    fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.state.files.iter().map(|file| file.id.clone()).collect();
+        ids.sort();
+        ids
+    }
+}
+
+async fn read_text(client: &ahp::Client, uri: &str) -> Result<String, ClientError> {
+    let read: Value = client
+        .request(
+            "resourceRead",
+            json!({"channel": "ahp-root://", "uri": uri, "encoding": "utf-8"}),
+        )
+        .await?;
+    Ok(read["data"].as_str().expect("data").to_string())
+}
+
+async fn write(client: &ahp::Client, path: &Path, text: &str) {
+    let _: Value = client
+        .request(
+            "resourceWrite",
+            json!({"channel": "ahp-root://", "uri": format!("file://{}", path.display()), "data": text, "encoding": "utf-8"}),
+        )
+        .await
+        .expect("write");
+}
+
+async fn invoke(
+    client: &ahp::Client,
+    changeset: &str,
+    operation: &str,
+    target: Option<Value>,
+) -> Result<Value, ClientError> {
+    let mut params = json!({"channel": changeset, "operationId": operation});
+    if let Some(target) = target {
+        params["target"] = target;
+    }
+    client.request("invokeChangesetOperation", params).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_changes_are_listed_reviewed_by_every_device_and_reverted() {
+    let agents = scripted_agents_file();
+    let data = tempfile::tempdir().expect("data");
+    let mut relay_process = relay(&agents, data.path()).await;
+    let (a, _) = relay_process.client("device-a").await;
+    let (b, _) = relay_process.client("device-b").await;
+    let dir: PathBuf = agents.workspace.path().join("dev/project");
+    let _: Value = a
+        .request(
+            "resourceMkdir",
+            json!({"channel": "ahp-root://", "uri": format!("file://{}", dir.display())}),
+        )
+        .await
+        .expect("mkdir");
+    write(&a, &dir.join("a.txt"), "one\ntwo\n").await;
+    write(&a, &dir.join("b.txt"), "bee\n").await;
+    // The scripted agent keeps its own state in the directory: not a change worth reviewing.
+    write(&a, &dir.join(".gitignore"), ".test-agent/\n.flow-control\n").await;
+    let (session, chat, state) = session(&a, "edits", Some(&dir)).await;
+    let catalogue = state.changesets.expect("the session lists its changesets");
+    assert_eq!(
+        catalogue
+            .iter()
+            .map(|c| c.change_kind.as_str())
+            .collect::<Vec<_>>(),
+        vec!["turn", "session"]
+    );
+    assert!(catalogue
+        .iter()
+        .all(|c| c.capabilities.as_ref().and_then(|c| c.review.as_ref()).is_some()));
+
+    // A turn edits two files and creates one (the agent's own shell, as coding agents write).
+    prompt(
+        &a,
+        &chat,
+        "t1",
+        "sh: printf 'three\\n' >> a.txt && printf 'BEE\\n' > b.txt && printf 'new\\n' > c.txt",
+    )
+    .await;
+    let turn = catalogue[0].uri_template.replace("{turnId}", "t1");
+    let mut on_b = Watched::open(&b, &turn).await;
+    on_b.ready().await;
+    assert_eq!(on_b.ids(), vec!["a.txt", "b.txt", "c.txt"], "{:#?}", on_b.state);
+    let file = |watched: &Watched, id: &str| {
+        watched
+            .state
+            .files
+            .iter()
+            .find(|file| file.id == id)
+            .cloned()
+            .expect(id)
+    };
+    let a_txt = file(&on_b, "a.txt");
+    let stats = a_txt.edit.diff.clone().expect("diff");
+    assert_eq!((stats.added, stats.removed), (Some(1), Some(0)));
+    let b_stats = file(&on_b, "b.txt").edit.diff.expect("diff");
+    assert_eq!((b_stats.added, b_stats.removed), (Some(1), Some(1)));
+    assert!(file(&on_b, "c.txt").edit.before.is_none(), "c.txt is new");
+    // Both sides are content refs any client reads.
+    let before = a_txt.edit.before.expect("before");
+    let after = a_txt.edit.after.expect("after");
+    assert_eq!(
+        before.uri,
+        format!(
+            "file://{}",
+            dir.canonicalize().expect("real").join("a.txt").display()
+        )
+    );
+    assert_eq!(
+        read_text(&b, &before.content.uri).await.expect("before"),
+        "one\ntwo\n"
+    );
+    assert_eq!(
+        read_text(&b, &after.content.uri).await.expect("after"),
+        "one\ntwo\nthree\n"
+    );
+
+    // B marks a.txt reviewed; A sees it.
+    let mut on_a = Watched::open(&a, &turn).await;
+    on_a.ready().await;
+    b.dispatch(
+        turn.clone(),
+        StateAction::ChangesetFilesReviewChanged(ChangesetFilesReviewChangedAction {
+            files: vec!["a.txt".into()],
+            reviewed: true,
+        }),
+    )
+    .await
+    .expect("review");
+    on_a.until("a.txt reviewed", |state| {
+        state
+            .files
+            .iter()
+            .any(|file| file.id == "a.txt" && file.reviewed == Some(true))
+    })
+    .await;
+    // A file the changeset does not have cannot be marked.
+    b.dispatch(
+        turn.clone(),
+        StateAction::ChangesetFilesReviewChanged(ChangesetFilesReviewChangedAction {
+            files: vec!["nope.txt".into()],
+            reviewed: true,
+        }),
+    )
+    .await
+    .expect("review");
+
+    // After a restart the mark is still there.
+    drop((on_a, on_b));
+    a.shutdown().await;
+    b.shutdown().await;
+    assert!(relay_process.terminate().await);
+    let relay_process = relay(&agents, data.path()).await;
+    let (a, _) = relay_process.client("device-a").await;
+    let (b, _) = relay_process.client("device-b").await;
+    let mut on_a = Watched::open(&a, &turn).await;
+    on_a.ready().await;
+    assert_eq!(file(&on_a, "a.txt").reviewed, Some(true), "{:#?}", on_a.state);
+    assert_eq!(on_a.ids(), vec!["a.txt", "b.txt", "c.txt"]);
+    let mut on_b = Watched::open(&b, &turn).await;
+    on_b.ready().await;
+
+    // A viewer reviews nothing and reverts nothing.
+    let (viewer, _) = relay_process
+        .client_as("dev", "someone", Role::Viewer, "viewer")
+        .await;
+    let refused = invoke(
+        &viewer,
+        &turn,
+        "revert-file",
+        Some(json!({"kind": "resource", "resource": "b.txt"})),
+    )
+    .await;
+    assert!(
+        matches!(&refused, Err(ClientError::Rpc(e)) if e.code == -32009),
+        "{refused:?}"
+    );
+    // An operation the changeset does not offer, or with the wrong target, is refused.
+    assert!(
+        invoke(&a, &turn, "commit", None).await.is_err(),
+        "no repository here"
+    );
+    assert!(
+        invoke(&a, &turn, "revert-file", None).await.is_err(),
+        "revert-file needs a file"
+    );
+
+    // A reverts b.txt: it is back on disk, and both devices see it leave the changeset.
+    invoke(
+        &a,
+        &turn,
+        "revert-file",
+        Some(json!({"kind": "resource", "resource": "b.txt"})),
+    )
+    .await
+    .expect("revert");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("b.txt")).expect("b.txt"),
+        "bee\n"
+    );
+    for watched in [&mut on_a, &mut on_b] {
+        watched
+            .until("b.txt gone from the changeset", |state| {
+                state.status == ChangesetStatus::Ready && !state.files.iter().any(|file| file.id == "b.txt")
+            })
+            .await;
+    }
+    assert_eq!(on_b.ids(), vec!["a.txt", "c.txt"]);
+
+    // All changes: the same three files since the session's first turn, less the reverted one.
+    let all = Watched::open(&a, &catalogue[1].uri_template).await;
+    let mut all = all;
+    all.ready().await;
+    assert_eq!(all.ids(), vec!["a.txt", "c.txt"]);
+    // Revert all (the destructive one says so first).
+    let revert_all = all
+        .state
+        .operations
+        .iter()
+        .flatten()
+        .find(|op| op.id == "revert-all")
+        .cloned()
+        .expect("revert-all");
+    assert!(revert_all.confirmation.is_some());
+    invoke(&a, &catalogue[1].uri_template, "revert-all", None)
+        .await
+        .expect("revert all");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.txt")).expect("a.txt"),
+        "one\ntwo\n"
+    );
+    assert!(!dir.join("c.txt").exists());
+    all.until("nothing left", |state| {
+        state.status == ChangesetStatus::Ready && state.files.is_empty()
+    })
+    .await;
+    let _ = session;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_git_repository_the_commit_operation_makes_a_commit() {
+    let agents = scripted_agents_file();
+    let data = tempfile::tempdir().expect("data");
+    let relay_process = relay(&agents, data.path()).await;
+    let (a, _) = relay_process.client("device-a").await;
+    let dir: PathBuf = agents.workspace.path().join("dev/repo");
+    let _: Value = a
+        .request(
+            "resourceMkdir",
+            json!({"channel": "ahp-root://", "uri": format!("file://{}", dir.display())}),
+        )
+        .await
+        .expect("mkdir");
+    write(&a, &dir.join(".gitignore"), ".test-agent/\n.flow-control\n").await;
+    let (_, chat, state) = session(&a, "repo", Some(&dir)).await;
+    let catalogue = state.changesets.expect("changesets");
+    // The repository is made by the agent, as the tenant's user in its sandbox (whose files it is).
+    prompt(&a, &chat, "t1", "sh: git init -q && printf 'hello\\n' > notes.md").await;
+    let mut all = Watched::open(&a, &catalogue[1].uri_template).await;
+    all.until("the repository's operations", |state| {
+        state.status == ChangesetStatus::Ready
+            && state.operations.iter().flatten().any(|op| op.id == "commit")
+    })
+    .await;
+    assert!(all.ids().contains(&"notes.md".to_string()), "{:?}", all.ids());
+    invoke(
+        &a,
+        &catalogue[1].uri_template,
+        "stage",
+        Some(json!({"kind": "resource", "resource": "notes.md"})),
+    )
+    .await
+    .expect("stage");
+    let result = invoke(&a, &catalogue[1].uri_template, "commit", None)
+        .await
+        .expect("commit");
+    let log = std::process::Command::new("git")
+        .args(["-c", "safe.directory=*", "-C"])
+        .arg(&dir)
+        .args(["log", "--format=%H %s", "--name-only"])
+        .output()
+        .expect("git log");
+    let log = String::from_utf8_lossy(&log.stdout).to_string();
+    assert!(log.contains("notes.md"), "{log}");
+    assert!(log.contains("Changes from"), "{log}");
+    let head = log.split_whitespace().next().expect("a commit");
+    assert!(result.to_string().contains(head), "{result} names {head}");
+}
