@@ -1542,9 +1542,10 @@ async fn an_agents_settings_are_session_config_any_device_may_change() {
 async fn an_agents_slash_commands_complete_in_every_devices_input() {
     let setup = relay_with_agent().await;
     let (a, init) = setup.relay.client("device-a").await;
+    // `/` for the agent's commands, `@` for the workspace's files (this relay holds the workspace).
     assert_eq!(
         init.completion_trigger_characters.as_deref(),
-        Some(&["/".to_string()][..])
+        Some(&["/".to_string(), "@".to_string()][..])
     );
     let (session, chat) = scripted_session(&a, "commands").await;
     // The agent announces its commands right after session/new; they land in the session's state.

@@ -800,3 +800,66 @@ async fn an_idle_file_server_stops_and_the_next_request_starts_another() {
         "a server with an open watch keeps running"
     );
 }
+
+/// Issue 26 (6): `@` completes the session's files (fuzzy, bounded, from the workspace), anywhere in a
+/// message; `initialize` advertises `@` beside `/`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_completes_the_sessions_files() {
+    let setup = relay_with_workspace(&[]).await;
+    let (a, init) = setup.relay.client("device-a").await;
+    assert_eq!(
+        init.completion_trigger_characters,
+        Some(vec!["/".to_string(), "@".to_string()])
+    );
+    let dir = setup.root("dev").join("mentions");
+    for (path, text) in [
+        ("src/main.rs", "fn main() {}\n"),
+        ("src/lib.rs", ""),
+        ("README.md", "# x\n"),
+    ] {
+        let path = dir.join(path);
+        mkdir(&a, path.parent().expect("parent")).await;
+        call(
+            &a,
+            "resourceWrite",
+            json!({"uri": uri(&path), "data": text, "encoding": "utf-8"}),
+        )
+        .await
+        .expect("write");
+    }
+    let session = "ahp-session:/mentions";
+    let _: Value = a
+        .request(
+            "createSession",
+            json!({"channel": session, "provider": "scripted", "workingDirectories": [uri(&dir)]}),
+        )
+        .await
+        .expect("createSession");
+    let chat = "ahp-chat:/mentions";
+    let complete = |text: &'static str| {
+        let a = &a;
+        async move {
+            let offset = text.encode_utf16().count();
+            let result: ahp_types::commands::CompletionsResult = a
+                .request(
+                    "completions",
+                    json!({"channel": chat, "kind": "userMessage", "text": text, "offset": offset}),
+                )
+                .await
+                .expect("completions");
+            result
+        }
+    };
+    let result = complete("look at @smain").await;
+    let first = result.items.first().expect("a file");
+    assert_eq!(first.insert_text, "@src/main.rs ");
+    assert_eq!((first.range_start, first.range_end), (Some(8), Some(14)));
+    let ahp_types::state::MessageAttachment::Resource(attachment) = &first.attachment else {
+        panic!("{:?}", first.attachment);
+    };
+    assert_eq!(attachment.uri, uri(&dir.join("src/main.rs")));
+    assert_eq!(complete("@read").await.items[0].insert_text, "@README.md ");
+    assert!(complete("@zzzz").await.items.is_empty());
+    // Not an @ word: nothing of the files.
+    assert!(complete("mail me@x").await.items.is_empty());
+}

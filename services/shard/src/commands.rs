@@ -205,7 +205,12 @@ impl HostCore {
             meta,
             snapshots,
             default_directory: self.providers.default_directory(&self.key.tenant),
-            completion_trigger_characters: Some(vec![crate::completions::TRIGGER.into()]),
+            completion_trigger_characters: Some(
+                std::iter::once(crate::completions::TRIGGER)
+                    .chain(self.providers.files().map(|_| crate::completions::FILE_TRIGGER))
+                    .map(str::to_string)
+                    .collect(),
+            ),
             terminal_command_prefix: self
                 .limits
                 .device_terminals

@@ -382,6 +382,11 @@ impl Host {
             "reconnect" => return self.reconnect(connection, &message).await,
             "fetchTurns" => return self.fetch_turns(connection, &message).await,
             "createTerminal" => return self.create_terminal(connection, &message).await,
+            "completions" => {
+                if let Some(reply) = self.file_completions(connection, &message).await {
+                    return reply;
+                }
+            }
             "invokeChangesetOperation" => return self.invoke_changeset_operation(connection, &message).await,
             // A changeset is opened (and computed again) when a client subscribes to it.
             "subscribe" => {

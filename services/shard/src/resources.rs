@@ -269,6 +269,7 @@ impl Host {
             FileReply::Done
             | FileReply::Checkpoint { .. }
             | FileReply::Changes { .. }
+            | FileReply::Found { .. }
             | FileReply::Repository { .. } => reply(message.id, &serde_json::json!({})),
         }
     }

@@ -3,6 +3,7 @@
 //! handle on those servers ([`service`]) and what travels between the two ([`protocol`]).
 
 pub mod access;
+pub mod find;
 pub mod history;
 pub mod ops;
 pub mod protocol;

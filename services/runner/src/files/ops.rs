@@ -237,6 +237,11 @@ impl Files {
                 paths,
             } => self.restore(&workspace, &commit, &paths),
             FileOp::Repository { workspace, action } => self.repository(&workspace, action),
+            FileOp::Find {
+                workspace,
+                query,
+                limit,
+            } => self.find(&workspace, &query, limit),
             FileOp::Watch { .. } | FileOp::Unwatch { .. } => Err(FileError::Invalid(
                 "watches are the file server's, not a file operation".into(),
             )),

@@ -89,6 +89,12 @@ pub enum FileOp {
         commit: String,
         paths: Vec<String>,
     },
+    /// Files under `workspace` matching `query` (fuzzy), at most `limit` ([`super::find`]).
+    Find {
+        workspace: String,
+        query: String,
+        limit: usize,
+    },
     /// The working directory's own git repository.
     Repository {
         workspace: String,
@@ -140,6 +146,7 @@ impl FileOp {
                 | FileOp::Unwatch { .. }
                 | FileOp::Changes { .. }
                 | FileOp::ReadVersion { .. }
+                | FileOp::Find { .. }
                 | FileOp::Repository {
                     action: RepositoryOp::Inspect,
                     ..
@@ -194,6 +201,10 @@ pub enum FileReply {
     },
     Repository {
         is_repository: bool,
+    },
+    /// Paths relative to the working directory searched, best match first.
+    Found {
+        paths: Vec<String>,
     },
 }
 
