@@ -270,6 +270,64 @@ async fn sessions_are_searched_by_title_and_text_is_found_in_a_chat() {
     );
 }
 
+/// Issue 26 (5): the session's workspace in the page — a turn's changes (three files, counts, a diff), a review
+/// mark the phone sees, a revert from the phone after its warning (the file back on disk), and a terminal the
+/// desktop opens and types into while the phone watches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workspace_panes_show_changes_and_share_a_terminal() {
+    let agents = scripted_agents_file();
+    let relay = Relay::start_with(&["--agents", &agents.file.display().to_string()]).await;
+    let dir = agents.workspace.path().join("dev/project");
+    std::fs::create_dir_all(&dir).expect("project");
+    std::fs::write(dir.join("a.txt"), "one\ntwo\n").expect("a");
+    std::fs::write(dir.join("b.txt"), "bee\n").expect("b");
+    // The scripted agent's own state is not a change worth reviewing.
+    std::fs::write(dir.join(".gitignore"), ".test-agent/\n.flow-control\n").expect("ignore");
+    let (maker, _) = relay.client("maker").await;
+    let session = "ahp-session:/workspace";
+    let _: serde_json::Value = maker
+        .request(
+            "createSession",
+            serde_json::json!({"channel": session, "provider": "scripted",
+                "workingDirectories": [format!("file://{}", dir.display())]}),
+        )
+        .await
+        .expect("createSession");
+    let chat = "ahp-chat:/workspace";
+    let (_, _, mut sub) = subscribe_chat(&maker, chat).await;
+    maker
+        .dispatch(
+            chat.to_string(),
+            turn_started(
+                "t1",
+                "sh: printf 'three\\n' >> a.txt && printf 'BEE\\n' > b.txt && printf 'new\\n' > c.txt",
+            ),
+        )
+        .await
+        .expect("prompt");
+    collect_until(&mut sub, is_turn_complete).await;
+    let token = relay.token("dev", "dev-user", Role::Admin);
+    let out = repo().join("target/browser-test/workspace");
+    let _ = std::fs::remove_dir_all(&out);
+    let base = format!("http://{}", relay.addr);
+    let report = browser(&["workspace", &base, &token, session, &out.display().to_string()]).await;
+    assert!(report.contains("\"workspace\":\"ok\""), "{report}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("b.txt")).expect("b.txt"),
+        "bee\n",
+        "the phone's revert put b.txt back on disk"
+    );
+    publish(
+        &out,
+        &[
+            ("changes-desktop.png", "web-client-changes.png"),
+            ("changes-phone.png", "web-client-changes-phone.png"),
+            ("terminal-desktop.png", "web-client-terminal.png"),
+            ("terminal-phone.png", "web-client-terminal-phone.png"),
+        ],
+    );
+}
+
 /// Acceptance: the same envelope stream reduced in the browser (the page's WebAssembly `ahp` reducers) and by
 /// `ahp` in Rust gives equal JSON, for a session and a chat through a turn with streaming, reasoning, a
 /// confirmed tool call, an answered input request, a title and usage, and a second turn that is cancelled.

@@ -924,6 +924,89 @@ async function reduce(inputPath, outputPath) {
   writeFileSync(outputPath, JSON.stringify(states));
 }
 
+/**
+ * The session's workspace: a turn's changes (files, counts, a diff) with review marks shared by devices and a
+ * revert after its confirmation; a terminal the desktop opens and types into, which the phone watches.
+ */
+async function workspace(token, session, outDir) {
+  mkdirSync(outDir, { recursive: true });
+  const link = `${base}/#token=${encodeURIComponent(token)}`;
+  const openSession = async (page) => {
+    await page.goto(link);
+    await online(page);
+    await page.click(`#sessions li[data-uri="${session}"] a`);
+    await page.waitForSelector("#changes-toggle:not([hidden])", { timeout: PATIENCE });
+  };
+  const rows = (page) => page.evaluate(() => [...document.querySelectorAll("#changes-list li.change")].map((li) => li.dataset.file));
+  const desktop = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const a = await watchedPage(desktop, "desktop", problems);
+  await openSession(a);
+  await a.click("#changes-toggle");
+  await a.waitForSelector('#changes-list li[data-file="c.txt"]', { timeout: PATIENCE });
+  check(JSON.stringify(await rows(a)) === JSON.stringify(["a.txt", "b.txt", "c.txt"]), `the turn's three files (${await rows(a)})`);
+  check(await a.isHidden("#composer"), "the changes take the conversation's place");
+  const stats = await a.textContent('#changes-list li[data-file="a.txt"] .change-stats');
+  check(stats.includes("+1") && stats.includes("−0"), `a.txt's counts (${stats})`);
+  await a.click('#changes-list li[data-file="a.txt"] .change-name');
+  await a.waitForSelector("#change-diff pre.diff .diff-add", { timeout: PATIENCE });
+  const diff = await a.evaluate(() => [...document.querySelectorAll("#change-diff pre.diff div")].map((d) => [d.className, d.textContent]));
+  check(diff.some(([c, t]) => c === "diff-add" && t === "+ three"), `the added line (${JSON.stringify(diff)})`);
+  check(diff.some(([c, t]) => c === "diff-same" && t === "  one"), `an unchanged line (${JSON.stringify(diff)})`);
+  await accessible(a, "desktop: a turn's changes with a diff");
+  await a.screenshot({ path: join(outDir, "changes-desktop.png") });
+
+  // A phone opens the same changes; the desktop's review mark shows there.
+  const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
+  const b = await watchedPage(phone, "phone", problems);
+  await openSession(b);
+  await b.click("#changes-toggle");
+  await b.waitForSelector('#changes-list li[data-file="c.txt"]', { timeout: PATIENCE });
+  await a.check('#changes-list li[data-file="a.txt"] .change-reviewed');
+  await b.waitForFunction(() => document.querySelector('#changes-list li[data-file="a.txt"] .change-reviewed')?.checked === true, null, {
+    timeout: PATIENCE,
+  });
+  // The phone reverts b.txt, after the relay's own warning; both devices see it leave.
+  await b.click('#changes-list li[data-file="b.txt"] .change-revert');
+  await b.waitForSelector("#confirm-change[open]", { timeout: PATIENCE });
+  const warning = await b.textContent("#confirm-change-text");
+  check(warning.includes("b.txt") && warning.includes("lost"), `the revert says what it does (${warning})`);
+  await b.click("#confirm-change-ok");
+  for (const page of [a, b]) {
+    await page.waitForFunction(
+      () => !document.querySelector('#changes-list li[data-file="b.txt"]') && !!document.querySelector('#changes-list li[data-file="a.txt"]'),
+      null,
+      { timeout: PATIENCE },
+    );
+  }
+  check(
+    await b.evaluate(() => document.querySelector('#changes-list li[data-file="a.txt"] .change-reviewed').checked),
+    "the review mark stays on a.txt",
+  );
+  await accessible(b, "phone: a turn's changes");
+  await b.screenshot({ path: join(outDir, "changes-phone.png") });
+
+  // A terminal: the desktop opens one and types; the phone watches it.
+  const shown = (page) => page.evaluate(() => globalThis.ahpRelay?.terminalText() ?? "");
+  await a.click("#terminal-toggle");
+  await a.click("#terminal-new");
+  await a.waitForSelector("#terminal-screen .xterm", { timeout: PATIENCE });
+  await a.click("#terminal-screen .xterm");
+  await a.keyboard.type("echo hi-$((6*7))\n");
+  await a.waitForFunction(() => /^hi-42\s*$/m.test(globalThis.ahpRelay?.terminalText() ?? ""), null, { timeout: PATIENCE });
+  await accessible(a, "desktop: a terminal");
+  await a.screenshot({ path: join(outDir, "terminal-desktop.png") });
+  await b.click("#terminal-toggle");
+  await b.waitForSelector("#terminal-list button", { timeout: PATIENCE });
+  await b.click("#terminal-list button");
+  await b.waitForFunction(() => /^hi-42\s*$/m.test(globalThis.ahpRelay?.terminalText() ?? ""), null, { timeout: PATIENCE });
+  await a.keyboard.type("echo second-$((1+1))\n");
+  await b.waitForFunction(() => /^second-2\s*$/m.test(globalThis.ahpRelay?.terminalText() ?? ""), null, { timeout: PATIENCE });
+  await accessible(b, "phone: watching a terminal");
+  await b.screenshot({ path: join(outDir, "terminal-phone.png") });
+  check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
+  console.log(JSON.stringify({ workspace: "ok", terminal: (await shown(b)).includes("second-2"), accessibility }));
+}
+
 try {
   if (mode === "flow") await flow(rest[0], rest[1]);
   else if (mode === "signin") await signin(rest[0], rest[1], rest[2], rest[3], rest[4], rest[5]);
@@ -931,13 +1014,14 @@ try {
   else if (mode === "messages") await messages(rest[0], rest[1]);
   else if (mode === "search") await search(rest[0], rest[1]);
   else if (mode === "reduce") await reduce(rest[0], rest[1]);
+  else if (mode === "workspace") await workspace(rest[0], rest[1], rest[2]);
   else throw new Error(`unknown mode ${mode}`);
 } catch (error) {
   console.error(error.stack ?? String(error));
   process.exitCode = 1;
   // What each page showed when the check failed, next to the test's other output.
   for (const [name, page] of opened) {
-    const dir = mode === "flow" ? rest[1] : mode === "signin" ? rest[5] : mode === "form" ? rest[2] : mode === "messages" || mode === "search" ? rest[1] : undefined;
+    const dir = mode === "flow" ? rest[1] : mode === "signin" ? rest[5] : mode === "form" ? rest[2] : mode === "messages" || mode === "search" ? rest[1] : mode === "workspace" ? rest[2] : undefined;
     if (dir) await page.screenshot({ path: join(dir, `failed-${name}.png`) }).catch(() => {});
     console.error(`${name} notes: ${await page.locator("#notes").innerText().catch(() => "?")}`);
   }

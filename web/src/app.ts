@@ -9,7 +9,9 @@ import { Attention } from "./attention";
 import { FindInChat, SessionSearch } from "./search";
 import { routeHref, routeOf, routeTo } from "./routes";
 import { DirectoryField } from "./new_session";
+import { ChangesPane } from "./changes_pane";
 import { FilesPane } from "./files_pane";
+import { TerminalPane } from "./terminal_pane";
 import { DECIDED_BY, renderTurn } from "./turn_view";
 import { confirmationCard, inputForm } from "./pending_cards";
 import { STATUS_INPUT_NEEDED, chatLabel, pathOf, statusLabel } from "./labels";
@@ -49,6 +51,11 @@ function deviceName(): string {
   return window.matchMedia("(max-width: 700px)").matches ? "Web (phone)" : "Web (desktop)";
 }
 
+/** The panes that take the conversation's place. */
+type Pane = "files" | "changes" | "terminal";
+const PANES: Pane[] = ["files", "changes", "terminal"];
+const PANE_LABELS: Record<Pane, string> = { files: "Files", changes: "Changes", terminal: "Terminal" };
+
 class App {
   private model = new Model();
   private link: Link;
@@ -71,6 +78,29 @@ class App {
   private find = new FindInChat();
   private directory = new DirectoryField();
   private files = new FilesPane((method, params) => this.link.request(method, params));
+  /** The pane shown in the conversation's place, if any. */
+  private pane?: Pane;
+  /** Whether the relay lets devices open terminals (`initialize` advertised `terminalCommandPrefix`). */
+  private terminalsOn = false;
+  private changes = new ChangesPane({
+    ask: (method, params) => this.link.request(method, params),
+    dispatch: (channel, action) => void this.dispatch(channel, action),
+    subscribe: (uri) => this.subscribe(uri),
+    unsubscribe: (uri) => this.unsubscribeChannel(uri),
+    state: (uri) => this.model.state(uri),
+    confirm: (text, action) => this.confirmChange(text, action),
+    canWrite: () => this.me.role !== "viewer",
+  });
+  private terminals = new TerminalPane({
+    ask: (method, params) => this.link.request(method, params),
+    dispatch: (channel, action) => void this.dispatch(channel, action),
+    subscribe: (uri) => this.subscribe(uri),
+    unsubscribe: (uri) => this.unsubscribeChannel(uri),
+    state: (uri) => this.model.state(uri),
+    rootState: () => this.model.state(ROOT),
+    clientId: () => clientId(),
+    canWrite: () => this.me.role !== "viewer",
+  });
   private me: JsonObject;
   private attention = new Attention(
     (summary) => statusLabel(summary.status ?? 0) === "needs input",
@@ -168,7 +198,9 @@ class App {
     $("new-chat").addEventListener("click", () => void this.createChat());
     // The session's files, in place of the conversation while open.
     this.files.wire();
-    $("files-toggle").addEventListener("click", () => void this.toggleFiles());
+    this.changes.wire();
+    this.terminals.wire();
+    for (const pane of PANES) $(`${pane}-toggle`).addEventListener("click", () => void this.togglePane(pane));
     $("back").addEventListener("click", () => this.closeSession());
     // The browser knows before the socket does: treat "offline" as a dropped connection, "online" as a cue
     // to reconnect now rather than after the back-off.
@@ -199,6 +231,7 @@ class App {
       session: () => this.session,
       state: (uri: string) => this.model.state(uri),
       lastSeenServerSeq: () => this.model.lastSeen,
+      terminalText: () => this.terminals.text(),
       // What the page's Markdown renderer makes of `source`: its text and the elements it created.
       markdown: (source: string) => {
         const fragment = renderMarkdown(source);
@@ -247,6 +280,7 @@ class App {
     });
     this.model.saw(Number(result.serverSeq ?? 0));
     this.directory.setRoot(typeof result.defaultDirectory === "string" ? result.defaultDirectory : undefined);
+    this.terminalsOn = typeof result.terminalCommandPrefix === "string";
     for (const snapshot of result.snapshots ?? []) this.model.applySnapshot(snapshot);
     const first = !this.initialized;
     this.initialized = true;
@@ -317,6 +351,9 @@ class App {
         }
       }
       if (this.model.applyEnvelope(params)) {
+        if (this.changes.shows(params.channel)) this.changes.render();
+        this.terminals.onAction(params.channel, params.action ?? {});
+        if (params.channel === ROOT) this.terminals.renderList();
         if (params.channel === this.session) {
           this.leaveClosedChat();
           this.followDefaultChat();
@@ -364,11 +401,13 @@ class App {
   }
 
   private async subscribe(uri: string): Promise<boolean> {
+    this.model.expect(uri);
     try {
       const result = await this.link.request("subscribe", { channel: uri });
       if (result.snapshot) this.model.applySnapshot(result.snapshot);
       return true;
     } catch (error) {
+      this.model.forget(uri);
       this.note(`could not open ${uri}: ${(error as Error).message}`);
       return false;
     }
@@ -531,7 +570,7 @@ class App {
   }
 
   private leave(): void {
-    this.showFiles(false);
+    this.showPane(undefined);
     for (const uri of [this.chat, this.session]) {
       if (!uri) continue;
       void this.link.request("unsubscribe", { channel: uri }).catch(() => undefined);
@@ -592,19 +631,50 @@ class App {
     return session?.workingDirectories?.[0] ?? this.directory.root;
   }
 
-  /** Open or close the session's files (they take the conversation's place while open). */
-  private async toggleFiles(): Promise<void> {
-    const open = !document.body.classList.contains("files-open");
-    this.showFiles(open);
-    const root = this.sessionRoot();
-    if (open && root) await this.files.open(root);
+  /** Open or close one of the session's panes (files, changes, terminals): it takes the conversation's place. */
+  private async togglePane(pane: Pane): Promise<void> {
+    const open = this.pane !== pane;
+    this.showPane(open ? pane : undefined);
+    if (!open || !this.session) return;
+    if (pane === "files") {
+      const root = this.sessionRoot();
+      if (root) await this.files.open(root);
+    } else if (pane === "changes") {
+      const session = this.model.state(this.session);
+      if (session) await this.changes.open(session, this.lastTurnId());
+    } else {
+      this.terminals.open(this.session);
+    }
   }
 
-  private showFiles(open: boolean): void {
-    document.body.classList.toggle("files-open", open);
-    $("files-pane").hidden = !open;
-    $("files-toggle").textContent = open ? "Chat" : "Files";
-    $("files-toggle").setAttribute("aria-expanded", String(open));
+  private showPane(pane: Pane | undefined): void {
+    if (this.pane === "changes" && pane !== "changes") this.changes.close();
+    if (this.pane === "terminal" && pane !== "terminal") this.terminals.close();
+    this.pane = pane;
+    document.body.classList.toggle("files-open", pane !== undefined);
+    for (const name of PANES) {
+      $(`${name}-pane`).hidden = pane !== name;
+      $(`${name}-toggle`).textContent = pane === name ? "Chat" : PANE_LABELS[name];
+      $(`${name}-toggle`).setAttribute("aria-expanded", String(pane === name));
+    }
+  }
+
+  /** The open chat's latest turn (what "This turn's changes" shows). */
+  private lastTurnId(): string | undefined {
+    const chat = this.chat ? this.model.state(this.chat) : undefined;
+    return chat?.activeTurn?.id ?? chat?.turns?.at(-1)?.id;
+  }
+
+  private unsubscribeChannel(uri: string): void {
+    void this.link.request("unsubscribe", { channel: uri }).catch(() => undefined);
+    this.model.forget(uri);
+  }
+
+  /** Asks the user to confirm a destructive change (`text`, the relay's words); whether they did. */
+  private async confirmChange(text: string, action: string): Promise<boolean> {
+    $("confirm-change-text").textContent = text;
+    $("confirm-change-ok").textContent = action;
+    return (await this.ask($<HTMLDialogElement>("confirm-change"))) === "ok";
   }
 
   /** Asks in `dialog` (its buttons' values); resolves with the value of the button pressed. */
@@ -856,6 +926,9 @@ class App {
     $("session-facts").textContent = this.sessionFacts(session);
     // Files where the relay serves them (a workspace), for sessions that have a folder.
     $("files-toggle").hidden = !(this.directory.root && this.sessionRoot());
+    // Changes where the session lists changesets; terminals where the relay lets devices open them.
+    $("changes-toggle").hidden = !(session.changesets ?? []).length;
+    $("terminal-toggle").hidden = !(this.terminalsOn && this.directory.root);
     const people = (session.activeClients ?? []).map((c: JsonObject) =>
       h("span", { class: c.clientId === clientId() ? "person me" : "person" }, c.displayName || c.clientId),
     );

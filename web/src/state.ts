@@ -17,6 +17,16 @@ export class Model {
   private applied = new Map<string, number>();
   /** Cached parsed states, dropped when their channel changes. */
   private parsed = new Map<string, JsonObject | undefined>();
+  /**
+   * Envelopes of channels being subscribed, held until their snapshot arrives: the relay may send a channel's
+   * next actions before the `subscribe` reply that carries its snapshot (the reply waits for the store).
+   */
+  private early = new Map<string, JsonObject[]>();
+
+  /** A `subscribe` to `uri` is under way: hold its envelopes until the snapshot. */
+  expect(uri: string): void {
+    if (!this.applied.has(uri)) this.early.set(uri, this.early.get(uri) ?? []);
+  }
   /** Highest serverSeq seen on any channel: what `reconnect` resumes from. */
   lastSeen = 0;
   sessions = new Map<string, JsonObject>();
@@ -29,6 +39,9 @@ export class Model {
     this.applied.set(snapshot.resource, seq);
     this.lastSeen = Math.max(this.lastSeen, seq);
     this.parsed.delete(snapshot.resource);
+    const early = this.early.get(snapshot.resource) ?? [];
+    this.early.delete(snapshot.resource);
+    for (const envelope of early) this.applyEnvelope(envelope);
   }
 
   /**
@@ -41,7 +54,11 @@ export class Model {
     this.lastSeen = Math.max(this.lastSeen, seq);
     const channel = envelope.channel as string;
     const have = this.applied.get(channel);
-    if (have === undefined || seq <= have || envelope.rejectionReason) return false;
+    if (have === undefined) {
+      this.early.get(channel)?.push(envelope);
+      return false;
+    }
+    if (seq <= have || envelope.rejectionReason) return false;
     this.applied.set(channel, seq);
     this.mirror.applyEnvelope(JSON.stringify(envelope));
     this.parsed.delete(channel);
@@ -60,6 +77,7 @@ export class Model {
   forget(uri: string): void {
     this.applied.delete(uri);
     this.parsed.delete(uri);
+    this.early.delete(uri);
   }
 
   /** Everything mirrored, for `reconnect`'s subscription list. */

@@ -46,9 +46,11 @@ const ASSETS: &[Asset] = &[
     },
 ];
 
-/// The page's Content-Security-Policy: its own scripts, styles and WebSocket only.
+/// The page's Content-Security-Policy: its own scripts and WebSocket only. Styles: its own sheet, and the style
+/// elements its terminal emulator (xterm.js) writes for its rows and cursor — `'unsafe-inline'` for styles only;
+/// no script runs but the page's own, and the page never turns text into markup.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self' 'wasm-unsafe-eval'; \
-     style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
+     style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
      frame-ancestors 'none'";
 
 /// Headers on every response of the web client.

@@ -49,7 +49,7 @@ export class Mirror {
         wasm.mirror_reset(this.__wbg_ptr);
     }
     /**
-     * The state of a channel (root, session or chat) as JSON, or `undefined` when it is not mirrored.
+     * The state of a channel (root, session, chat, terminal or changeset) as JSON, or `undefined` when it is not mirrored.
      * @param {string} uri
      * @returns {string | undefined}
      */

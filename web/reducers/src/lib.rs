@@ -1,5 +1,7 @@
 //! The web client's state mirror: the official `ahp` reducers ([`ahp::MultiHostStateMirror`]) behind a small
-//! JSON-in, JSON-out interface for JavaScript. Nothing here reduces anything itself.
+//! JSON-in, JSON-out interface for JavaScript. Nothing here reduces anything itself. The SDK's mirror seeds
+//! changesets from snapshots but does not apply their actions; this one keeps them and applies each with the
+//! SDK's `apply_action_to_changeset`.
 
 use ahp::hosts::HostId;
 use ahp::MultiHostStateMirror;
@@ -15,6 +17,8 @@ const HOST: &str = "relay";
 pub struct Mirror {
     host: HostId,
     inner: MultiHostStateMirror,
+    /// Changesets, by URI (reduced here with the SDK's changeset reducer).
+    changesets: std::collections::HashMap<String, ahp_types::state::ChangesetState>,
 }
 
 impl Default for Mirror {
@@ -30,6 +34,7 @@ impl Mirror {
         Mirror {
             host: HostId::from(HOST),
             inner: MultiHostStateMirror::new(),
+            changesets: Default::default(),
         }
     }
 
@@ -37,6 +42,11 @@ impl Mirror {
     #[wasm_bindgen(js_name = applySnapshot)]
     pub fn apply_snapshot(&mut self, snapshot: &str) -> Result<(), JsError> {
         let snapshot: Snapshot = serde_json::from_str(snapshot)?;
+        if let ahp_types::state::SnapshotState::Changeset(state) = &snapshot.state {
+            self.changesets
+                .insert(snapshot.resource.clone(), state.as_ref().clone());
+            return Ok(());
+        }
         self.inner.apply_snapshot(&self.host, &snapshot);
         Ok(())
     }
@@ -45,18 +55,26 @@ impl Mirror {
     #[wasm_bindgen(js_name = applyEnvelope)]
     pub fn apply_envelope(&mut self, envelope: &str) -> Result<(), JsError> {
         let envelope: ActionEnvelope = serde_json::from_str(envelope)?;
+        if let Some(changeset) = self.changesets.get_mut(&envelope.channel) {
+            ahp::reducers::apply_action_to_changeset(changeset, &envelope.action);
+            return Ok(());
+        }
         self.inner.apply_envelope(&self.host, &envelope);
         Ok(())
     }
 
-    /// The state of a channel (root, session or chat) as JSON, or `undefined` when it is not mirrored.
+    /// The state of a channel (root, session, chat, terminal or changeset) as JSON, or `undefined` when it is not mirrored.
     pub fn state(&self, uri: &str) -> Result<Option<String>, JsError> {
+        if let Some(changeset) = self.changesets.get(uri) {
+            return Ok(Some(serde_json::to_string(changeset)?));
+        }
         Ok(state_json(&self.inner, &self.host, uri)?)
     }
 
     /// Forgets every channel (before seeding afresh).
     pub fn reset(&mut self) {
         self.inner.reset();
+        self.changesets.clear();
     }
 }
 
@@ -77,5 +95,8 @@ pub fn state_json(
     if let Some(session) = mirror.sessions().get(&key) {
         return serde_json::to_string(session).map(Some);
     }
-    mirror.chats().get(&key).map(serde_json::to_string).transpose()
+    if let Some(chat) = mirror.chats().get(&key) {
+        return serde_json::to_string(chat).map(Some);
+    }
+    mirror.terminals().get(&key).map(serde_json::to_string).transpose()
 }
