@@ -2272,3 +2272,107 @@ async fn initialize_names_the_tenants_part_of_the_workspace_as_default_directory
     let expected = format!("file://{}", workspace.path().join("dev").display());
     assert_eq!(after.default_directory.as_deref(), Some(expected.as_str()));
 }
+
+/// Issue 26 (2): an agent's large file edit, long text output and image go into the state by reference
+/// (`ahp-content:/…`), their bytes in the store: the chat's state stays small, `resourceRead` serves them (also
+/// after a restart, not to another tenant), and they go with their session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_tool_output_is_kept_by_reference_and_goes_with_its_session() {
+    let (_workspace, _config, file) = agents_file(&[], &[]);
+    let data = tempfile::tempdir().expect("data");
+    let flags = ["--agents", &file.display().to_string()];
+    let mut relay = Relay::start_in(data.path(), &flags).await;
+    let (a, _) = relay.client("device-a").await;
+    let (session, chat) = scripted_session(&a, "big").await;
+    let state = prompt(&a, &chat, "t1", "big output").await;
+    let parts = serde_json::to_string(&state.turns[0].response_parts).expect("json");
+    assert!(!parts.contains("data:"), "nothing large stays inline");
+    assert!(parts.len() < 16 * 1024, "the turn is {} bytes", parts.len());
+    let tool = completed_tool_calls(&state)
+        .into_iter()
+        .find(|call| call.tool_call_id == "big")
+        .expect("the big tool call");
+    let contents = serde_json::to_value(&tool.content).expect("json");
+    let by_type = |kind: &str| -> Vec<Value> {
+        contents
+            .as_array()
+            .expect("contents")
+            .iter()
+            .filter(|content| content["type"] == kind)
+            .cloned()
+            .collect()
+    };
+    let after = by_type("fileEdit")[0]["after"]["content"]["uri"]
+        .as_str()
+        .expect("after")
+        .to_string();
+    let resources = by_type("resource");
+    let uri_of = |content_type: &str| {
+        resources
+            .iter()
+            .find(|r| {
+                r["contentType"]
+                    .as_str()
+                    .is_some_and(|t| t.starts_with(content_type))
+            })
+            .and_then(|r| r["uri"].as_str())
+            .expect(content_type)
+            .to_string()
+    };
+    let (text_uri, image_uri) = (uri_of("text/plain"), uri_of("image/png"));
+    assert!(by_type("text")[0]["text"]
+        .as_str()
+        .expect("preview")
+        .contains(&text_uri));
+    let read = |client: &ahp::Client, uri: String| {
+        let client = client.clone();
+        async move {
+            client
+                .request::<_, Value>(
+                    "resourceRead",
+                    serde_json::json!({"channel": "ahp-root://", "uri": uri}),
+                )
+                .await
+        }
+    };
+    let check = |client: ahp::Client| {
+        let (after, text_uri, image_uri) = (after.clone(), text_uri.clone(), image_uri.clone());
+        async move {
+            let edited = read(&client, after).await.expect("the edit's after side");
+            assert_eq!(edited["data"], "new line\n".repeat(7_000));
+            let text = read(&client, text_uri).await.expect("the text output");
+            assert_eq!(text["data"], "output line\n".repeat(5_000));
+            let image = read(&client, image_uri).await.expect("the image");
+            assert_eq!(
+                (image["encoding"].as_str(), image["data"].as_str()),
+                (Some("base64"), Some("AAAA".repeat(10_000).as_str()))
+            );
+        }
+    };
+    check(a.clone()).await;
+    // Stored: a restart serves them again.
+    a.shutdown().await;
+    assert!(relay.terminate().await);
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let (a, _) = relay.client("device-a").await;
+    check(a.clone()).await;
+    // Another tenant reaches none of them.
+    let (other, _) = relay
+        .client_as("other-tenant", "someone", relay_core::Role::Member, "other")
+        .await;
+    let refused = read(&other, after.clone()).await;
+    assert!(
+        matches!(&refused, Err(ahp::ClientError::Rpc(e)) if e.code == -32008),
+        "{refused:?}"
+    );
+    // They go with their session.
+    let _: Value = a
+        .request("disposeSession", serde_json::json!({"channel": session}))
+        .await
+        .expect("dispose");
+    let gone = read(&a, after).await;
+    assert!(
+        matches!(&gone, Err(ahp::ClientError::Rpc(e)) if e.code == -32008),
+        "{gone:?}"
+    );
+}

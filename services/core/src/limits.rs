@@ -72,6 +72,9 @@ pub struct Limits {
     /// Whether devices may open terminals in their sessions (`createTerminal`, a chat's `!command`); off, they
     /// may still watch agents' terminals.
     pub device_terminals: bool,
+    /// An agent's inline content (a file edit's side, an image, a text output) larger than this many bytes is
+    /// kept in the store and named by reference (`ahp-content:/…`) instead of inline in the state.
+    pub content_ref_bytes: usize,
 }
 
 impl Default for Limits {
@@ -105,6 +108,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(60),
             call_timeout: Duration::from_secs(30),
             device_terminals: true,
+            content_ref_bytes: 8 * 1024,
         }
     }
 }

@@ -110,6 +110,10 @@ pub struct HostArgs {
     /// false they still watch agents' terminals.
     #[arg(long, env = "AHP_RELAY_DEVICE_TERMINALS", default_value_t = true, action = clap::ArgAction::Set)]
     pub device_terminals: bool,
+    /// An agent's file edit side, image or text output larger than this many bytes is kept in the store and
+    /// named by an `ahp-content:` URI (read with resourceRead) instead of inline in the state.
+    #[arg(long, env = "AHP_RELAY_CONTENT_REF_BYTES", default_value_t = 8 * 1024)]
+    pub content_ref_bytes: usize,
     /// A tenant's file server with nothing under way and no watch open stops after this long (e.g. 10m).
     #[arg(long, env = "AHP_RELAY_FILE_SERVER_IDLE", default_value = "10m", value_parser = crate::parse_ttl)]
     pub file_server_idle: Duration,
@@ -463,6 +467,7 @@ impl HostArgs {
             max_reply_bytes: self.max_reply_bytes.max(64 * 1024),
             replay_buffer_bytes: self.replay_buffer_bytes,
             device_terminals: self.device_terminals,
+            content_ref_bytes: self.content_ref_bytes.max(256),
             ..limits
         }
     }

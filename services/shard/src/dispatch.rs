@@ -113,6 +113,13 @@ impl HostCore {
         if let StateAction::SessionMetaChanged(changed) = &mut action {
             crate::changesets::keep_host_meta(&self.model, channel, changed);
         }
+        // Large inline content goes to the store, named by reference ([`crate::content_refs`]).
+        if let Some(session) = self.model.chats.get(channel).map(|chat| chat.session.clone()) {
+            for content in crate::content_refs::extract(&mut action, &session, self.limits.content_ref_bytes)
+            {
+                self.seq.content(content);
+            }
+        }
         if kind == ChannelKind::Unknown {
             return false;
         }

@@ -19,6 +19,7 @@ pub mod commands;
 pub mod commit_thread;
 pub mod completions;
 pub mod connections;
+pub mod content_refs;
 pub mod device_terminals;
 pub mod dispatch;
 pub mod error;

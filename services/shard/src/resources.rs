@@ -151,6 +151,44 @@ fn operation(message: &InboundMessage) -> Result<FileOp, RpcError> {
 }
 
 impl Host {
+    /// `resourceRead` of content kept by reference (`ahp-content:/<id>`): from the store, this host's only.
+    async fn read_content(&self, id: Option<u64>, params: &ResourceReadParams) -> CommandResult {
+        let missing = || {
+            RpcError::new(
+                ahp_error_codes::NOT_FOUND,
+                format!("{} does not exist", params.uri),
+            )
+        };
+        let content = crate::content_refs::id_of(&params.uri).ok_or_else(missing)?;
+        let stored = self
+            .store
+            .load_content(&self.key.tenant, &self.key.host, content)
+            .await
+            .map_err(|error| RpcError::internal(format!("the store is unavailable: {error}")))?;
+        let (content_type, data) = stored.ok_or_else(missing)?;
+        let textual = content_type.starts_with("text/");
+        let (data, encoding) = match (textual, params.encoding) {
+            (true, None | Some(ContentEncoding::Utf8)) => {
+                let bytes = BASE64
+                    .decode(&data)
+                    .map_err(|error| RpcError::internal(format!("a stored content is damaged: {error}")))?;
+                match String::from_utf8(bytes) {
+                    Ok(text) => (text, ContentEncoding::Utf8),
+                    Err(_) => (data, ContentEncoding::Base64),
+                }
+            }
+            _ => (data, ContentEncoding::Base64),
+        };
+        reply(
+            id,
+            &ResourceReadResult {
+                data,
+                encoding,
+                content_type: Some(content_type),
+            },
+        )
+    }
+
     pub(crate) async fn resource_command(
         &self,
         connection: ConnectionId,
@@ -166,6 +204,12 @@ impl Host {
             let writer = core.connection(connection)?.identity.role.can_write();
             (core.providers.files().cloned(), writer)
         };
+        if message.method == "resourceRead" {
+            let params: ResourceReadParams = message.parse_params()?;
+            if params.uri.starts_with(crate::content_refs::CONTENT_SCHEME) {
+                return self.read_content(message.id, &params).await;
+            }
+        }
         let Some(files) = files else {
             return Err(no_files(&message.method));
         };

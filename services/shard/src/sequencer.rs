@@ -17,7 +17,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use relay_core::bus::{Audience, BusBatch, BusEvent, BusEventKind, BusReceiver, BusSender};
 use relay_core::rpc;
 use relay_core::ConnectionId;
-use relay_store::{ArchivedTurn, CatalogChange, ClientBinding, CommitBatch, LogEntry, SnapshotEntry};
+use relay_store::{
+    ArchivedTurn, CatalogChange, ClientBinding, CommitBatch, LogEntry, SnapshotEntry, StoredContent,
+};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -48,6 +50,7 @@ pub struct PendingBatch {
     pub disposed: Vec<(UnitId, String)>,
     pub bindings: Vec<(UnitId, ClientBinding)>,
     pub turns: Vec<(UnitId, ArchivedTurn)>,
+    pub contents: Vec<(UnitId, StoredContent)>,
     pub publications: Vec<(UnitId, Publication)>,
     /// The connection whose message each unit handled (units of the host's own work have none).
     pub owners: HashMap<UnitId, ConnectionId>,
@@ -62,6 +65,7 @@ pub struct UnitTags {
     disposed: Vec<UnitId>,
     bindings: Vec<UnitId>,
     turns: Vec<UnitId>,
+    contents: Vec<UnitId>,
     publications: Vec<UnitId>,
     owners: HashMap<UnitId, ConnectionId>,
 }
@@ -141,6 +145,9 @@ impl UnitTags {
         for (id, entry) in self.turns.into_iter().zip(commit.turns) {
             unit(&mut units, &owners, id).commit.turns.push(entry);
         }
+        for (id, entry) in self.contents.into_iter().zip(commit.contents) {
+            unit(&mut units, &owners, id).commit.contents.push(entry);
+        }
         for (id, publication) in self.publications.into_iter().zip(publications) {
             unit(&mut units, &owners, id).publications.push(publication);
         }
@@ -161,6 +168,7 @@ impl PendingBatch {
             && self.disposed.is_empty()
             && self.bindings.is_empty()
             && self.turns.is_empty()
+            && self.contents.is_empty()
     }
 
     /// The envelopes numbered in this batch (accepted, rejected and per-connection ones): what its commit makes
@@ -180,6 +188,7 @@ impl PendingBatch {
         let (disposed_units, disposed) = self.disposed.into_iter().unzip();
         let (binding_units, bindings) = self.bindings.into_iter().unzip();
         let (turn_units, turns) = self.turns.into_iter().unzip();
+        let (content_units, contents) = self.contents.into_iter().unzip();
         let (publication_units, publications) = self.publications.into_iter().unzip();
         (
             CommitBatch {
@@ -190,6 +199,7 @@ impl PendingBatch {
                 disposed,
                 bindings,
                 turns,
+                contents,
             },
             publications,
             UnitTags {
@@ -199,6 +209,7 @@ impl PendingBatch {
                 disposed: disposed_units,
                 bindings: binding_units,
                 turns: turn_units,
+                contents: content_units,
                 publications: publication_units,
                 owners: self.owners,
             },
@@ -260,6 +271,7 @@ impl PendingBatch {
         part(&mut self.disposed, &mut taken.disposed, &touching);
         part(&mut self.bindings, &mut taken.bindings, &touching);
         part(&mut self.turns, &mut taken.turns, &touching);
+        part(&mut self.contents, &mut taken.contents, &touching);
         part(&mut self.publications, &mut taken.publications, &touching);
         taken.owners = touching
             .iter()
@@ -485,6 +497,12 @@ impl Sequencer {
                 state,
             },
         ));
+    }
+
+    /// Store a content an action of this batch names by reference (`ahp-content:/<id>`), owned by `owner` (a
+    /// session).
+    pub fn content(&mut self, content: StoredContent) {
+        self.pending.contents.push((self.unit, content));
     }
 
     /// Move a turn into the archive `archive` (a chat's archive key) at absolute index `turn_no` (after any

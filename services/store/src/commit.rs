@@ -5,7 +5,9 @@
 
 use sqlx::{AnyConnection, AnyPool};
 
-use crate::{bindings, catalog, hosts, leases, log, snapshots, turns, Backend, CommitBatch, StoreError};
+use crate::{
+    bindings, catalog, contents, hosts, leases, log, snapshots, turns, Backend, CommitBatch, StoreError,
+};
 
 /// Writes `batch` for the host atomically.
 pub(crate) async fn commit(
@@ -67,8 +69,10 @@ async fn write(
     // batch that disposes it afterwards: its sequencer drops that snapshot when the disposal is queued.)
     snapshots::remove(&mut *conn, tenant, host, &batch.disposed).await?;
     turns::remove(&mut *conn, tenant, host, &batch.disposed).await?;
+    contents::remove(&mut *conn, tenant, host, &batch.disposed).await?;
     snapshots::store(&mut *conn, tenant, host, &batch.snapshots).await?;
     turns::store(&mut *conn, tenant, host, &batch.turns).await?;
+    contents::store(&mut *conn, tenant, host, &batch.contents).await?;
     catalog::apply(&mut *conn, tenant, host, &batch.catalog).await?;
     bindings::store(&mut *conn, tenant, host, &batch.bindings).await?;
     Ok(())

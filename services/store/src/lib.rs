@@ -22,6 +22,7 @@ mod bindings;
 mod catalog;
 mod commit;
 mod connect;
+mod contents;
 mod error;
 mod hosts;
 mod leases;
@@ -39,7 +40,7 @@ use sqlx::AnyPool;
 pub use error::StoreError;
 pub use records::{
     ArchivedTurn, CatalogChange, CatalogCursor, CatalogEntry, ChannelRecord, ClientBinding, CommitBatch,
-    HostRecord, Lease, LogEntry, SnapshotEntry,
+    HostRecord, Lease, LogEntry, SnapshotEntry, StoredContent,
 };
 
 /// Which database a [`Store`] is on.
@@ -198,6 +199,16 @@ impl Store {
         channel: &str,
     ) -> Result<Option<ChannelRecord>, StoreError> {
         snapshots::restore(&self.pool, tenant, host, channel).await
+    }
+
+    /// A content an action named by reference (`ahp-content:/<id>`): its type and data (base64).
+    pub async fn load_content(
+        &self,
+        tenant: &str,
+        host: &str,
+        id: &str,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        contents::load(&self.pool, tenant, host, id).await
     }
 
     /// The bytes `tenant` keeps in the store (its log rows and snapshots, every host).

@@ -50,6 +50,20 @@ pub struct CommitBatch {
     /// Turns moved out of their chats' live state into their archives. Written after `disposed` (which
     /// deletes archives by key): an archive dropped and written again in one batch keeps the new turns.
     pub turns: Vec<ArchivedTurn>,
+    /// Content the batch's actions name by reference. Written after `disposed` (which deletes a disposed
+    /// session's contents).
+    pub contents: Vec<StoredContent>,
+}
+
+/// Content an action names by reference (`ahp-content:/<id>`), owned by a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredContent {
+    pub id: String,
+    /// The session it belongs to (it goes with it).
+    pub owner: String,
+    pub content_type: String,
+    /// The bytes, base64.
+    pub data: String,
 }
 
 /// One turn of a chat's archive.

@@ -61,6 +61,11 @@ const POSTGRES: &[EmbeddedMigration] = &[
         description: "turn archive",
         sql: include_str!("../../../migrations/postgres/0007_turn_archive.sql"),
     },
+    EmbeddedMigration {
+        version: 8,
+        description: "contents",
+        sql: include_str!("../../../migrations/postgres/0008_contents.sql"),
+    },
 ];
 
 const SQLITE: &[EmbeddedMigration] = &[
@@ -98,6 +103,11 @@ const SQLITE: &[EmbeddedMigration] = &[
         version: 7,
         description: "turn archive",
         sql: include_str!("../../../migrations/sqlite/0007_turn_archive.sql"),
+    },
+    EmbeddedMigration {
+        version: 8,
+        description: "contents",
+        sql: include_str!("../../../migrations/sqlite/0008_contents.sql"),
     },
 ];
 

@@ -1,4 +1,4 @@
-//! How much a tenant keeps in the store: the bytes of its log rows, snapshots and archived turns (the JSON text, which is
+//! How much a tenant keeps in the store: the bytes of its log rows, snapshots, archived turns and contents (the text, which is
 //! nearly all of a row) and of its client bindings (host, clientId and subject: a client can make many).
 //! Read by the shards' storage quota; a scan of the tenant's rows, so it is run periodically, not per write.
 
@@ -13,6 +13,7 @@ pub(crate) async fn stored_bytes(pool: &AnyPool, backend: Backend, tenant: &str)
             "SELECT CAST(COALESCE((SELECT SUM(OCTET_LENGTH(envelope)) FROM log WHERE tenant = $1), 0)
                  + COALESCE((SELECT SUM(OCTET_LENGTH(state)) FROM snapshots WHERE tenant = $1), 0)
                  + COALESCE((SELECT SUM(OCTET_LENGTH(turn)) FROM turn_archive WHERE tenant = $1), 0)
+                 + COALESCE((SELECT SUM(OCTET_LENGTH(data)) FROM contents WHERE tenant = $1), 0)
                  + COALESCE((SELECT SUM(OCTET_LENGTH(host) + OCTET_LENGTH(client_id) + OCTET_LENGTH(subject))
                              FROM client_bindings WHERE tenant = $1), 0) AS BIGINT)"
         }
@@ -20,6 +21,7 @@ pub(crate) async fn stored_bytes(pool: &AnyPool, backend: Backend, tenant: &str)
             "SELECT COALESCE((SELECT SUM(LENGTH(CAST(envelope AS BLOB))) FROM log WHERE tenant = $1), 0)
                  + COALESCE((SELECT SUM(LENGTH(CAST(state AS BLOB))) FROM snapshots WHERE tenant = $1), 0)
                  + COALESCE((SELECT SUM(LENGTH(CAST(turn AS BLOB))) FROM turn_archive WHERE tenant = $1), 0)
+                 + COALESCE((SELECT SUM(LENGTH(CAST(data AS BLOB))) FROM contents WHERE tenant = $1), 0)
                  + COALESCE((SELECT SUM(LENGTH(CAST(host AS BLOB)) + LENGTH(CAST(client_id AS BLOB))
                                         + LENGTH(CAST(subject AS BLOB)))
                              FROM client_bindings WHERE tenant = $1), 0)"

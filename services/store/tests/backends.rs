@@ -1159,6 +1159,12 @@ async fn a_deposed_owner_cannot_commit_and_writes_nothing(db: &TestDb) {
             used_at_ms: 1_000,
         }],
         turns: vec![archived("relay-archive:deposed", 0, "t0")],
+        contents: vec![relay_store::StoredContent {
+            id: "deposed-content".into(),
+            owner: "ahp-session:/s2".into(),
+            content_type: "text/plain".into(),
+            data: "aGk=".into(),
+        }],
     };
     assert_eq!(
         fenced(store.commit_fenced(T, H, "a", a.epoch, &everything).await),
@@ -1174,6 +1180,7 @@ async fn a_deposed_owner_cannot_commit_and_writes_nothing(db: &TestDb) {
         (1, 2, Some("b".into()))
     );
     assert_eq!(everything_of(store, T, H).await, before);
+    assert_eq!(store.load_content(T, H, "deposed-content").await.unwrap(), None);
     assert_eq!(store.lease_of(T, H).await.unwrap(), Some(b.clone()));
 
     // The current owner commits, seeing everything the deposed one committed before it was deposed.
@@ -1183,6 +1190,26 @@ async fn a_deposed_owner_cannot_commit_and_writes_nothing(db: &TestDb) {
         .await
         .unwrap();
     assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 50);
+    assert_eq!(
+        store.load_content(T, H, "deposed-content").await.unwrap(),
+        Some(("text/plain".to_string(), "aGk=".to_string()))
+    );
+    // A content goes with the session that owns it.
+    store
+        .commit_fenced(
+            T,
+            H,
+            "b",
+            b.epoch,
+            &CommitBatch {
+                last_seq: 50,
+                disposed: vec!["ahp-session:/s2".into()],
+                ..CommitBatch::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.load_content(T, H, "deposed-content").await.unwrap(), None);
     assert_eq!(
         seqs(
             &store

@@ -18,6 +18,8 @@
 //! - "slow": a long reply, one chunk every 20 ms, that stops at `session/cancel` with `cancelled`;
 //! - "chunks N": N one-character chunks as fast as possible (the coalescing benchmark);
 //! - "fail": a JSON-RPC error instead of an answer;
+//! - "big output": a completed tool call carrying a large edit of `big.txt` (45 KB before, 63 KB after), 60 KB of
+//!   text output and a 30 KB image (the host keeps them by reference);
 //! - "environment": the names of the variables it runs with;
 //! - "limits": its open-files limit (RLIMIT_NOFILE);
 //! - "ask me": an `elicitation/create` form (a required name, a colour from a list), whose answer it repeats;
@@ -464,6 +466,32 @@ async fn script(
             say(cx, session, SessionUpdate::AgentMessageChunk(chunk("x")))?;
         }
         return Ok(StopReason::EndTurn);
+    }
+    if prompt.contains("big output") {
+        // 30,000 zero bytes, base64.
+        let image = "AAAA".repeat(10_000);
+        let contents = vec![
+            ToolCallContent::Diff(
+                Diff::new(cwd.join("big.txt"), "new line\n".repeat(7_000))
+                    .old_text("old line\n".repeat(5_000)),
+            ),
+            ToolCallContent::Content(agent_client_protocol::v1::schema::Content::new(
+                ContentBlock::Text(agent_client_protocol::v1::schema::TextContent::new(
+                    "output line\n".repeat(5_000),
+                )),
+            )),
+            ToolCallContent::Content(agent_client_protocol::v1::schema::Content::new(
+                ContentBlock::Image(agent_client_protocol::v1::schema::ImageContent::new(
+                    image,
+                    "image/png",
+                )),
+            )),
+        ];
+        let tool = ToolCall::new("big", "Produce big output")
+            .kind(ToolKind::Edit)
+            .status(ToolCallStatus::Completed)
+            .content(contents);
+        say(cx, session, SessionUpdate::ToolCall(tool))?;
     }
     if prompt.contains("limits") {
         // Its open-files limit, as the kernel applies it.

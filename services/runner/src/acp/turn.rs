@@ -657,9 +657,18 @@ fn result_contents(contents: Option<&[ToolCallContent]>) -> Vec<ToolResultConten
         .into_iter()
         .flatten()
         .filter_map(|content| match content {
-            ToolCallContent::Content(c) => Some(ToolResultContent::Text(ToolResultTextContent {
-                text: text_of(&c.content),
-            })),
+            // An image as the image it is (the host keeps a large one by reference).
+            ToolCallContent::Content(c) => match &c.content {
+                ContentBlock::Image(image) => Some(ToolResultContent::EmbeddedResource(
+                    ahp_types::state::ToolResultEmbeddedResourceContent {
+                        data: image.data.clone(),
+                        content_type: image.mime_type.clone(),
+                    },
+                )),
+                other => Some(ToolResultContent::Text(ToolResultTextContent {
+                    text: text_of(other),
+                })),
+            },
             ToolCallContent::Diff(diff) => Some(ToolResultContent::FileEdit(file_edit(
                 &diff.path,
                 diff.old_text.as_deref(),
