@@ -2376,3 +2376,70 @@ async fn large_tool_output_is_kept_by_reference_and_goes_with_its_session() {
         "{gone:?}"
     );
 }
+
+/// Issue 26 (6): `sessionConfigCompletions` lists the values of one of the agent's settings that match what the
+/// user typed (from the schema the agent reported); `moveChat` is refused with why (chats here are not
+/// movable) and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_config_values_complete_and_chats_do_not_move() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (session, chat) = scripted_session(&a, "assist").await;
+    let complete = |property: &'static str, query: &'static str| {
+        let a = &a;
+        async move {
+            a.request::<_, ahp_types::commands::SessionConfigCompletionsResult>(
+                "sessionConfigCompletions",
+                serde_json::json!({"channel": "ahp-root://", "provider": "scripted", "property": property, "query": query}),
+            )
+            .await
+        }
+    };
+    let values = |result: ahp_types::commands::SessionConfigCompletionsResult| {
+        result
+            .items
+            .into_iter()
+            .map(|item| item.value)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        values(complete("effort", "").await.expect("all")),
+        ["low", "high"]
+    );
+    assert_eq!(
+        values(complete("effort", "HI").await.expect("filtered")),
+        ["high"]
+    );
+    assert_eq!(values(complete("mode", "co").await.expect("modes")), ["code"]);
+    assert!(matches!(complete("nope", "").await, Err(ahp::ClientError::Rpc(e)) if e.code == -32602));
+
+    let before = session_of(
+        &a.subscribe(session.clone())
+            .await
+            .expect("session")
+            .0
+            .snapshot
+            .expect("snapshot"),
+    );
+    let refused: Result<Value, _> = a
+        .request(
+            "moveChat",
+            serde_json::json!({"channel": chat, "destination": {"kind": "session", "session": session}}),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(ahp::ClientError::Rpc(e)) if e.code == -32602 && e.message.contains("not movable")),
+        "{refused:?}"
+    );
+    let fresh = setup.relay.client("device-b").await.0;
+    let after = session_of(
+        &fresh
+            .subscribe(session.clone())
+            .await
+            .expect("session")
+            .0
+            .snapshot
+            .expect("snapshot"),
+    );
+    assert_eq!(json(&before.chats), json(&after.chats));
+}

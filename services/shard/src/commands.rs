@@ -47,6 +47,8 @@ const KNOWN_METHODS: &[&str] = &[
     "createTerminal",
     "disposeTerminal",
     "invokeChangesetOperation",
+    "sessionConfigCompletions",
+    "moveChat",
 ];
 
 /// The `InitializeResult._meta` key listing `initialSubscriptions` that name no channel of this host.
@@ -109,6 +111,11 @@ impl HostCore {
             "completions" => self.completions(message),
             "resolveSessionConfig" => self.resolve_session_config(message),
             "disposeTerminal" => self.dispose_terminal_command(connection, message),
+            "sessionConfigCompletions" => self.session_config_completions(message),
+            "moveChat" => {
+                self.require_writer(connection)?;
+                self.move_chat(message)
+            }
             "authenticate" => {
                 let params: AuthenticateParams = message.parse_params()?;
                 Err(RpcError::invalid_params(format!(

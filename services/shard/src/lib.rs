@@ -18,6 +18,7 @@ pub mod chats;
 pub mod commands;
 pub mod commit_thread;
 pub mod completions;
+pub mod config_assist;
 pub mod connections;
 pub mod content_refs;
 pub mod device_terminals;
