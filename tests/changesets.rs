@@ -318,6 +318,25 @@ async fn a_turns_changes_are_listed_reviewed_by_every_device_and_reverted() {
     let mut all = all;
     all.ready().await;
     assert_eq!(all.ids(), vec!["a.txt", "c.txt"]);
+    // A mark on All changes holds while the change is the same, however often it is computed again (every
+    // subscribe computes it anew).
+    a.dispatch(
+        catalogue[1].uri_template.clone(),
+        StateAction::ChangesetFilesReviewChanged(ChangesetFilesReviewChangedAction {
+            files: vec!["c.txt".into()],
+            reviewed: true,
+        }),
+    )
+    .await
+    .expect("review");
+    all.until("c.txt reviewed", |state| {
+        state.files.iter().any(|file| file.id == "c.txt" && file.reviewed == Some(true))
+    })
+    .await;
+    let mut again = Watched::open(&b, &catalogue[1].uri_template).await;
+    again.until("computed again", |state| state.status == ChangesetStatus::Recomputing).await;
+    again.ready().await;
+    assert_eq!(file(&again, "c.txt").reviewed, Some(true), "{:#?}", again.state);
     // Revert all (the destructive one says so first).
     let revert_all = all
         .state

@@ -107,6 +107,8 @@ fn text(state: &TerminalState) -> String {
 struct Watched {
     state: TerminalState,
     sub: ahp::SessionSubscription,
+    /// Whether a `terminal/input` envelope reached this device.
+    saw_input: bool,
 }
 
 impl Watched {
@@ -118,6 +120,7 @@ impl Watched {
         Watched {
             state: terminal_state(&result.snapshot.expect("snapshot")),
             sub,
+            saw_input: false,
         }
     }
 
@@ -126,6 +129,7 @@ impl Watched {
         let waited = tokio::time::timeout(PATIENCE, async {
             while !done(&self.state) {
                 let envelope = next_envelope(&mut self.sub).await;
+                self.saw_input |= matches!(envelope.action, StateAction::TerminalInput(_));
                 if envelope.rejection_reason.is_none() {
                     ahp::reducers::apply_action_to_terminal(&mut self.state, &envelope.action);
                 }
@@ -236,16 +240,12 @@ async fn two_devices_share_a_shell_one_types_both_see_the_other_resizes() {
         .await;
 
     // The terminal is the shell's controlling terminal: Ctrl-C interrupts the foreground command.
-    a.dispatch(uri.to_string(), input("sleep 600\n"))
+    // (Ctrl-C once the command runs: pressed between the shell's mark and the command's start, it would reach
+    // only the shell.)
+    a.dispatch(uri.to_string(), input("sleep 31340\n"))
         .await
         .expect("type");
-    on_a.until("sleep running", |state| {
-        state
-            .content
-            .iter()
-            .any(|part| matches!(part, TerminalContentPart::Command(c) if c.command_line == "sleep 600"))
-    })
-    .await;
+    eventually("sleep running", || !processes(&["sleep", "31340"]).is_empty()).await;
     a.dispatch(uri.to_string(), input("\u{3}")).await.expect("ctrl-c");
     a.dispatch(uri.to_string(), input("echo after-$((1+1))\n"))
         .await
@@ -279,6 +279,9 @@ async fn two_devices_share_a_shell_one_types_both_see_the_other_resizes() {
             matches!(&watched.state.lifecycle, TerminalLifecycleState::Exited(e) if e.exit_code == Some(7))
         );
     }
+    // What A typed reached A alone (its echo), never B: keystrokes (passwords too) are nobody else's.
+    assert!(on_a.saw_input, "the typist gets its echo");
+    assert!(!on_b.saw_input, "another device never sees what was typed");
     // Every device reduced the same state as the host's: a device that just connected sees it.
     let (c, _) = setup.relay.client("device-c").await;
     let fresh = Watched::open(&c, uri).await;
@@ -607,11 +610,18 @@ async fn through_a_gateway_terminals_run_on_the_runner_and_end_with_it() {
     assert!(shown.contains("bang-3"), "{shown}");
 
     // SIGKILL the runner: the running shell ends as exited (no code) for every device.
-    a.dispatch(uri.to_string(), input("sleep 600\n"))
+    a.dispatch(uri.to_string(), input("sleep 31341\n"))
         .await
         .expect("type");
+    eventually("sleep running", || !processes(&["sleep", "31341"]).is_empty()).await;
+    let pids = processes(&["sleep", "31341"]);
     runner.start_kill().expect("kill the runner");
     runner.wait().await.expect("reaped");
+    eventually("the runner's shell killed with it", || {
+        pids.iter()
+            .all(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+    })
+    .await;
     for watched in [&mut on_a, &mut on_b] {
         watched.until("the exit", is_exited).await;
         assert!(
@@ -630,4 +640,108 @@ async fn through_a_gateway_terminals_run_on_the_runner_and_end_with_it() {
         .await
         .map(|_| Value::Null);
     assert!(gone.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_terminal_is_stopped_and_a_deployment_may_switch_terminals_off() {
+    // Idle: nothing typed or printed for the quotas' terminal_idle_seconds ends the shell.
+    let setup = relay_with_workspace("[quotas]\nterminal_idle_seconds = 1\n", &[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (idle_session, _) = session(&a, "idle").await;
+    let uri = "ahp-terminal:/idle";
+    create_terminal(&a, "device-a", &idle_session, uri)
+        .await
+        .expect("createTerminal");
+    let mut watched = Watched::open(&a, uri).await;
+    watched.until("the idle stop", is_exited).await;
+    assert!(text(&watched.state).contains("idle"), "{}", text(&watched.state));
+
+    // Switched off: no prefix advertised, createTerminal refused, a `!` message goes to the agent as it is.
+    let off = relay_with_workspace("", &["--device-terminals", "false"]).await;
+    let (b, init) = off.relay.client("device-b").await;
+    assert_eq!(init.terminal_command_prefix, None);
+    let (off_session, chat) = session(&b, "off").await;
+    let refused = create_terminal(&b, "device-b", &off_session, "ahp-terminal:/off").await;
+    assert!(
+        matches!(&refused, Err(ClientError::Rpc(e)) if e.code == -32009),
+        "{refused:?}"
+    );
+    let (_, _, mut sub) = subscribe_chat(&b, &chat).await;
+    b.dispatch(chat.clone(), turn_started("t1", "!echo never-run"))
+        .await
+        .expect("prompt");
+    collect_until(&mut sub, is_turn_complete).await;
+    let shown = serde_json::to_string(&fresh_chat_snapshot(&off.relay, &chat).await.turns).expect("json");
+    assert!(!shown.contains("\"terminal\""), "no terminal tool call: {shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_holder_passes_a_terminals_claim_and_members_rename_and_clear_it() {
+    let setup = relay_with_workspace("", &[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (b, _) = setup.relay.client("device-b").await;
+    let (claims_session, _) = session(&a, "claims").await;
+    let uri = "ahp-terminal:/claimed";
+    create_terminal(&a, "device-a", &claims_session, uri)
+        .await
+        .expect("createTerminal");
+    let mut on_b = Watched::open(&b, uri).await;
+    let claim_for = |client: &str| {
+        StateAction::TerminalClaimed(ahp_types::actions::TerminalClaimedAction {
+            claim: ahp_types::state::TerminalClaim::Client(ahp_types::state::TerminalClientClaim {
+                client_id: client.into(),
+            }),
+        })
+    };
+    // B does not hold it: refused.
+    b.dispatch(uri.to_string(), claim_for("device-b"))
+        .await
+        .expect("dispatch");
+    assert!(echo_of(&mut on_b.sub, "device-b")
+        .await
+        .rejection_reason
+        .is_some());
+    // A passes it to B; B renames and clears it.
+    a.dispatch(uri.to_string(), claim_for("device-b"))
+        .await
+        .expect("dispatch");
+    on_b.until("B holds it", |state| {
+        matches!(&state.claim, ahp_types::state::TerminalClaim::Client(c) if c.client_id == "device-b")
+    })
+    .await;
+    b.dispatch(
+        uri.to_string(),
+        StateAction::TerminalTitleChanged(ahp_types::actions::TerminalTitleChangedAction {
+            title: "Build".into(),
+        }),
+    )
+    .await
+    .expect("rename");
+    on_b.until("the new title", |state| state.title == "Build").await;
+    a.dispatch(uri.to_string(), input("echo before-clear\n"))
+        .await
+        .expect("type");
+    on_b.until("the output", |state| text(state).contains("before-clear\r\n"))
+        .await;
+    b.dispatch(
+        uri.to_string(),
+        StateAction::TerminalCleared(ahp_types::actions::TerminalClearedAction {}),
+    )
+    .await
+    .expect("clear");
+    on_b.until("cleared", |state| !text(state).contains("before-clear"))
+        .await;
+    // A server's action from a client is refused.
+    b.dispatch(
+        uri.to_string(),
+        StateAction::TerminalData(ahp_types::actions::TerminalDataAction {
+            data: "forged".into(),
+        }),
+    )
+    .await
+    .expect("dispatch");
+    assert!(echo_of(&mut on_b.sub, "device-b")
+        .await
+        .rejection_reason
+        .is_some());
 }

@@ -309,7 +309,7 @@ impl RunnerPool {
         let (answer, answered) = oneshot::channel();
         let state = &mut self.state.lock();
         let runner = Self::place(state, agent, &key, sink)?;
-        self.terminals.starting(id, runner, answer);
+        self.terminals.starting(id, runner, request.key.clone(), answer);
         self.terminals
             .held(request.key.clone(), runner, &request.session, sink.clone());
         let work = Work::StartTerminal(pb::StartTerminal {
@@ -370,6 +370,8 @@ impl RunnerPool {
     }
 
     fn dispose_session(&self, key: &SessionKey) {
+        self.terminals
+            .forget_session(&key.tenant, &key.host, &key.session);
         let mut state = self.state.lock();
         state.creating.remove(key);
         let Some(runner) = state.placements.remove(key) else {
@@ -400,6 +402,14 @@ impl RunnerPool {
             Report::TerminalStarted(started) => self.terminals.started(runner, started.id, started.error),
             Report::Action(action) => {
                 let Some(sink) = self.session_sink(runner, action.host.as_ref(), &action.session) else {
+                    // A terminal of a session no longer placed here (disposed) is no longer held.
+                    if let Some(host) = &action.host {
+                        self.terminals.ended(&TerminalKey {
+                            tenant: host.tenant.clone(),
+                            host: host.host.clone(),
+                            uri: action.channel.clone(),
+                        });
+                    }
                     tracing::warn!(runner, "a runner emitted for a session not placed on it; dropped");
                     return;
                 };

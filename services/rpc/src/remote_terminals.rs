@@ -25,8 +25,8 @@ type StartAnswer = oneshot::Sender<Result<(), String>>;
 #[derive(Default)]
 pub struct RemoteTerminals {
     held: Mutex<HashMap<TerminalKey, Held>>,
-    /// Starts waiting for their runner's answer: the runner asked, and where the answer goes.
-    starting: Mutex<HashMap<u64, (u64, StartAnswer)>>,
+    /// Starts waiting for their runner's answer: the runner asked, the terminal, and where the answer goes.
+    starting: Mutex<HashMap<u64, (u64, TerminalKey, StartAnswer)>>,
 }
 
 impl RemoteTerminals {
@@ -43,17 +43,25 @@ impl RemoteTerminals {
     }
 
     /// A start sent to `runner` as `id`, answered through `answer`.
-    pub(crate) fn starting(&self, id: u64, runner: u64, answer: StartAnswer) {
-        self.starting.lock().insert(id, (runner, answer));
+    pub(crate) fn starting(&self, id: u64, runner: u64, key: TerminalKey, answer: StartAnswer) {
+        self.starting.lock().insert(id, (runner, key, answer));
     }
 
     /// `runner` answered start `id` (empty `error`: it runs).
     pub(crate) fn started(&self, runner: u64, id: u64, error: String) {
-        let mut starting = self.starting.lock();
-        if starting.get(&id).is_some_and(|(asked, _)| *asked == runner) {
-            if let Some((_, answer)) = starting.remove(&id) {
-                let _ = answer.send(if error.is_empty() { Ok(()) } else { Err(error) });
+        let taken = {
+            let mut starting = self.starting.lock();
+            match starting.get(&id) {
+                Some((asked, _, _)) if *asked == runner => starting.remove(&id),
+                _ => None,
             }
+        };
+        if let Some((_, key, answer)) = taken {
+            if !error.is_empty() {
+                // It never ran: nothing of it is held.
+                self.ended(&key);
+            }
+            let _ = answer.send(if error.is_empty() { Ok(()) } else { Err(error) });
         }
     }
 
@@ -65,6 +73,13 @@ impl RemoteTerminals {
     /// `key` ended (exited, or disposed).
     pub(crate) fn ended(&self, key: &TerminalKey) {
         self.held.lock().remove(key);
+    }
+
+    /// The terminals of a disposed session are no longer anyone's.
+    pub(crate) fn forget_session(&self, tenant: &str, host: &str, session: &str) {
+        self.held
+            .lock()
+            .retain(|key, held| !(key.tenant == tenant && key.host == host && held.session == session));
     }
 
     /// `runner` is gone: its terminals exited, its starts failed.
@@ -91,11 +106,11 @@ impl RemoteTerminals {
             let mut starting = self.starting.lock();
             let ids: Vec<u64> = starting
                 .iter()
-                .filter(|(_, (asked, _))| *asked == runner)
+                .filter(|(_, (asked, _, _))| *asked == runner)
                 .map(|(id, _)| *id)
                 .collect();
             ids.into_iter()
-                .filter_map(|id| starting.remove(&id).map(|(_, answer)| answer))
+                .filter_map(|id| starting.remove(&id).map(|(_, _, answer)| answer))
                 .collect()
         };
         for answer in failed {

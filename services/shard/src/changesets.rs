@@ -35,7 +35,7 @@ use ahp_types::state::{
 use relay_core::link::CommandReply;
 use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
-use relay_runner::files::{ChangeStatus, ChangedFile, FileAccess, FileOp, FileReply, RepositoryOp};
+use relay_runner::files::{ChangedFile, FileAccess, FileOp, FileReply, RepositoryOp};
 use serde::{Deserialize, Serialize};
 
 use crate::commands::{answer, reply, CommandResult};
@@ -44,7 +44,7 @@ use crate::model::{ChannelKind, SnapshotClock};
 
 /// The URI scheme of changeset channels.
 pub const CHANGESET_SCHEME: &str = "ahp-changeset:";
-/// The URI scheme of a file as a checkpoint holds it (`ahp-checkpoint:/<commit>/<path in the working directory>`).
+/// The URI scheme of a file as a checkpoint holds it (`ahp-checkpoint:/<blob id>/<path in the working directory>`).
 pub const CHECKPOINT_SCHEME: &str = "ahp-checkpoint:";
 /// Where a session keeps its checkpoints.
 pub const CHECKPOINTS_META: &str = "ahpRelay/checkpoints";
@@ -274,13 +274,14 @@ fn error_info(error_type: &str, message: impl Into<String>) -> ErrorInfo {
     }
 }
 
-/// A changed file as a changeset lists it.
-fn changeset_file(workspace: &str, from: &str, to: &str, changed: &ChangedFile) -> ChangesetFile {
+/// A changed file as a changeset lists it: both sides name the file's blob (so an unchanged change is the same
+/// edit however often it is computed, and keeps its review mark).
+fn changeset_file(workspace: &str, changed: &ChangedFile) -> ChangesetFile {
     let file_uri = format!("file://{}/{}", workspace.trim_end_matches('/'), changed.path);
-    let side = |commit: &str| FileEditSide {
+    let side = |blob: &String| FileEditSide {
         uri: file_uri.clone(),
         content: ContentRef {
-            uri: format!("{CHECKPOINT_SCHEME}/{commit}/{}", encode_path(&changed.path)),
+            uri: format!("{CHECKPOINT_SCHEME}/{blob}/{}", encode_path(&changed.path)),
             size_hint: None,
             content_type: None,
             nonce: None,
@@ -289,8 +290,8 @@ fn changeset_file(workspace: &str, from: &str, to: &str, changed: &ChangedFile) 
     ChangesetFile {
         id: changed.path.clone(),
         edit: FileEdit {
-            before: (changed.status != ChangeStatus::Added).then(|| side(from)),
-            after: (changed.status != ChangeStatus::Deleted).then(|| side(to)),
+            before: changed.before.as_ref().map(side),
+            after: changed.after.as_ref().map(side),
             diff: Some(FileEditDiffStats {
                 added: changed.added.and_then(|n| i64::try_from(n).ok()),
                 removed: changed.removed.and_then(|n| i64::try_from(n).ok()),
@@ -427,8 +428,20 @@ impl HostCore {
         let Some((session, scope)) = parse_uri(uri) else {
             return;
         };
-        if !self.model.sessions.contains_key(&session) {
+        // Only a changeset of a session here, named as the catalogue names it, of a turn that has checkpoints:
+        // nobody can make the host keep (and compute) changesets of made-up turns.
+        if !self.model.sessions.contains_key(&session) || uri_of(&session, &scope) != uri {
             return;
+        }
+        if let ChangesetScope::Turn { turn_id } = &scope {
+            if !self
+                .checkpoints_of(&session)
+                .turns
+                .iter()
+                .any(|(id, _, _)| id == turn_id)
+            {
+                return;
+            }
         }
         self.model.changesets.insert(
             uri.to_string(),
@@ -577,6 +590,28 @@ impl HostCore {
         self.store_snapshot(uri);
     }
 
+    /// The session is going: its working directory's checkpoints are forgotten by the file server (in the
+    /// background).
+    pub(crate) fn forget_checkpoints_of(&mut self, session: &str) {
+        let (Some(files), Some(workspace)) = (
+            self.providers.files().cloned(),
+            self.working_directory_of(session),
+        ) else {
+            return;
+        };
+        if self.checkpoints_of(session).base.is_none() {
+            return;
+        }
+        let tenant = self.key.tenant.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = files.call(&tenant, FileOp::ForgetCheckpoints { workspace }).await {
+                    tracing::warn!(%error, "a disposed session's checkpoints were not forgotten");
+                }
+            });
+        }
+    }
+
     /// A changeset's files and review marks go with it: the store forgets it.
     pub(crate) fn dispose_changesets_of(&mut self, session: &str) -> Vec<String> {
         let gone: Vec<String> = self
@@ -657,7 +692,7 @@ async fn compute(
             changes(base.clone(), now.clone())
                 .await?
                 .iter()
-                .map(|changed| changeset_file(workspace, &base, &now, changed))
+                .map(|changed| changeset_file(workspace, changed))
                 .collect()
         }
         ChangesetScope::Turn { turn_id } => {
@@ -676,7 +711,7 @@ async fn compute(
             let still = changes(start.clone(), now).await?;
             turn.iter()
                 .filter(|changed| still.iter().any(|other| other.path == changed.path))
-                .map(|changed| changeset_file(workspace, &start, &end, changed))
+                .map(|changed| changeset_file(workspace, changed))
                 .collect()
         }
     };
@@ -873,6 +908,7 @@ impl HostCore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use relay_runner::files::ChangeStatus;
 
     #[test]
     fn changeset_uris_round_trip_whatever_the_session_is_called() {
@@ -907,14 +943,16 @@ mod tests {
     }
 
     #[test]
-    fn a_checkpoint_uri_names_its_commit_and_path() {
+    fn a_checkpoint_uri_names_its_blob_and_path() {
         let changed = ChangedFile {
             path: "src/a b%.rs".into(),
             status: ChangeStatus::Modified,
             added: Some(2),
             removed: Some(1),
+            before: Some("c0ffee1".into()),
+            after: Some("c0ffee2".into()),
         };
-        let file = changeset_file("/w", "c0ffee1", "c0ffee2", &changed);
+        let file = changeset_file("/w", &changed);
         let before = file.edit.before.expect("before");
         assert_eq!(before.uri, "file:///w/src/a b%.rs");
         assert_eq!(
@@ -923,10 +961,9 @@ mod tests {
         );
         let added = changeset_file(
             "/w",
-            "a",
-            "b",
             &ChangedFile {
                 status: ChangeStatus::Added,
+                before: None,
                 ..changed
             },
         );

@@ -413,6 +413,7 @@ impl HostCore {
                     Err(_) => Some("it did not start in time".to_string()),
                 };
                 if let Some(failure) = failure {
+                    killer.kill_terminal(&key);
                     // The terminal never ran: it exits, which fails the turn's tool call.
                     sink.emit(
                         &key.uri,

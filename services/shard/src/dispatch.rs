@@ -82,6 +82,18 @@ impl HostCore {
             }
             return crate::commands::reply(message.id, &());
         }
+        // What a device types into a terminal (passwords too) is echoed to it alone and never logged: the
+        // terminal's output is what every device sees.
+        if let StateAction::TerminalInput(_) = &params.action {
+            if let Some(echo) =
+                self.seq
+                    .private(connection, &params.channel, &params.action, Some(origin), None)
+            {
+                self.owed.owe(&client_id, echo);
+            }
+            self.after_action(&params.channel, kind, &params.action);
+            return crate::commands::reply(message.id, &());
+        }
         // The dispatcher always gets its echo, subscribed to the channel or not (it may answer an input
         // request on a chat it never subscribed to).
         let subscribed = self
@@ -113,13 +125,14 @@ impl HostCore {
         if let StateAction::SessionMetaChanged(changed) = &mut action {
             crate::changesets::keep_host_meta(&self.model, channel, changed);
         }
-        // Large inline content goes to the store, named by reference ([`crate::content_refs`]).
-        if let Some(session) = self.model.chats.get(channel).map(|chat| chat.session.clone()) {
-            for content in crate::content_refs::extract(&mut action, &session, self.limits.content_ref_bytes)
-            {
-                self.seq.content(content);
+        // Large inline content goes to the store, named by reference ([`crate::content_refs`]) — stored only
+        // with an action that is applied.
+        let contents = match self.model.chats.get(channel).map(|chat| chat.session.clone()) {
+            Some(session) => {
+                crate::content_refs::extract(&mut action, &session, self.limits.content_ref_bytes)
             }
-        }
+            None => Vec::new(),
+        };
         if kind == ChannelKind::Unknown {
             return false;
         }
@@ -131,7 +144,13 @@ impl HostCore {
                 return false;
             }
         }
-        self.apply_server_action(channel, action)
+        let applied = self.apply_server_action(channel, action);
+        if applied {
+            for content in contents {
+                self.seq.content(content);
+            }
+        }
+        applied
     }
 
     /// End `chat`'s running turn: its agent's output no longer fits the tenant's storage quota.

@@ -72,7 +72,7 @@ fn operation(message: &InboundMessage) -> Result<FileOp, RpcError> {
             let params: ResourceReadParams = message.parse_params()?;
             // A changeset's file as a checkpoint holds it ([`crate::changesets`]).
             match crate::changesets::parse_checkpoint_uri(&params.uri) {
-                Some((commit, path)) => FileOp::ReadVersion { commit, path },
+                Some((object, path)) => FileOp::ReadVersion { object, path },
                 None => FileOp::Read {
                     path: path_of(&params.uri)?,
                 },

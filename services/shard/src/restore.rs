@@ -265,6 +265,7 @@ impl HostCore {
     /// Reduce a session's stored changesets into memory: their files and review marks as they were (computed
     /// again when a client next opens one).
     fn install_changesets(&mut self, changesets: Vec<(String, ChannelRecord)>) {
+        let mut interrupted = Vec::new();
         for (uri, record) in changesets {
             let doc: crate::changesets::ChangesetDocument = match serde_json::from_str(&record.state) {
                 Ok(doc) => doc,
@@ -277,6 +278,12 @@ impl HostCore {
             for envelope in tail(&record) {
                 ahp::reducers::apply_action_to_changeset(&mut state, &envelope.action);
             }
+            // An operation running when the process stopped did not finish here.
+            for operation in state.operations.iter().flatten() {
+                if operation.status == ahp_types::state::ChangesetOperationStatus::Running {
+                    interrupted.push((uri.clone(), operation.id.clone()));
+                }
+            }
             self.model.changesets.insert(
                 uri,
                 crate::changesets::ChangesetRecord {
@@ -285,6 +292,24 @@ impl HostCore {
                     state,
                     clock: SnapshotClock::fresh(),
                 },
+            );
+        }
+        for (uri, operation_id) in interrupted {
+            self.apply_server_action(
+                &uri,
+                StateAction::ChangesetOperationStatusChanged(
+                    ahp_types::actions::ChangesetOperationStatusChangedAction {
+                        operation_id,
+                        status: ahp_types::state::ChangesetOperationStatus::Error,
+                        error: Some(ahp_types::state::ErrorInfo {
+                            error_type: "interrupted".into(),
+                            message: "The relay stopped while this ran; look at the files and run it again."
+                                .into(),
+                            stack: None,
+                            meta: None,
+                        }),
+                    },
+                ),
             );
         }
     }

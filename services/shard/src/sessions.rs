@@ -191,6 +191,7 @@ impl HostCore {
                 StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }),
             );
         }
+        self.forget_checkpoints_of(&uri);
         let changesets = self.dispose_changesets_of(&uri);
         self.note_disposing(changesets.iter().cloned());
         for state in self.connections.values_mut() {

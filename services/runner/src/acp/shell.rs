@@ -70,6 +70,10 @@ pub struct ShellTerminals {
     sandboxes: Arc<Sandboxes>,
     config: Arc<AgentConfig>,
     running: Arc<Mutex<HashMap<TerminalKey, Arc<Shell>>>>,
+    /// Terminals whose process is being started, with their session; and those killed meanwhile (killed as
+    /// soon as their process exists).
+    starting: Mutex<HashMap<TerminalKey, SessionKey>>,
+    aborted: Mutex<std::collections::HashSet<TerminalKey>>,
 }
 
 struct Shell {
@@ -98,6 +102,8 @@ impl ShellTerminals {
             sandboxes,
             config,
             running: Arc::default(),
+            starting: Mutex::default(),
+            aborted: Mutex::default(),
         }
     }
 
@@ -111,13 +117,51 @@ impl ShellTerminals {
         let limit = self.sandboxes.config().terminals_per_session.max(1);
         {
             let running = self.running.lock();
-            if running.contains_key(&request.key) {
+            let mut starting = self.starting.lock();
+            if running.contains_key(&request.key) || starting.contains_key(&request.key) {
                 return Err(ShellError::Exists(request.key.uri.clone()));
             }
-            if running.values().filter(|shell| shell.session == session).count() >= limit {
+            let of_session = running.values().filter(|shell| shell.session == session).count()
+                + starting.values().filter(|starting| **starting == session).count();
+            if of_session >= limit {
                 return Err(ShellError::TooMany(limit));
             }
+            starting.insert(request.key.clone(), session.clone());
         }
+        let started = self.spawn(request, sink, session).await;
+        let key_started = started.as_ref().ok().cloned();
+        if let Some((key, shell)) = key_started {
+            self.starting.lock().remove(&key);
+            // Disposed (or its session) while it started: it goes at once.
+            if self.aborted.lock().remove(&key) {
+                shell.kill();
+            }
+        }
+        started.map(|_| ())
+    }
+
+    /// Start the process of a terminal counted in `starting` (taken out of it when this fails).
+    async fn spawn(
+        &self,
+        request: TerminalRequest,
+        sink: Arc<dyn ChatSink>,
+        session: SessionKey,
+    ) -> Result<(TerminalKey, Arc<Shell>), ShellError> {
+        let key = request.key.clone();
+        let spawned = self.spawn_inner(request, sink, session).await;
+        if spawned.is_err() {
+            self.starting.lock().remove(&key);
+            self.aborted.lock().remove(&key);
+        }
+        spawned
+    }
+
+    async fn spawn_inner(
+        &self,
+        request: TerminalRequest,
+        sink: Arc<dyn ChatSink>,
+        session: SessionKey,
+    ) -> Result<(TerminalKey, Arc<Shell>), ShellError> {
         let dirs = self.sandboxes.workspaces().session(
             &session.tenant,
             &session.host,
@@ -171,6 +215,7 @@ impl ShellTerminals {
             touched: Mutex::new(Instant::now()),
         });
         self.running.lock().insert(request.key.clone(), shell.clone());
+        let started = (request.key.clone(), shell.clone());
         tokio::spawn(write_input(controller, typed, Arc::downgrade(&shell)));
         let publisher = Publisher::new(
             sink,
@@ -188,7 +233,7 @@ impl ShellTerminals {
             Arc::downgrade(&self.running),
             request.key,
         ));
-        Ok(())
+        Ok(started)
     }
 
     /// Type `data` into a terminal (dropped when its queue is full: the device sends faster than it reads).
@@ -213,6 +258,8 @@ impl ShellTerminals {
     pub fn kill(&self, key: &TerminalKey) {
         if let Some(shell) = self.running.lock().get(key) {
             shell.kill();
+        } else if self.starting.lock().contains_key(key) {
+            self.aborted.lock().insert(key.clone());
         }
     }
 
@@ -223,6 +270,14 @@ impl ShellTerminals {
                 shell.kill();
             }
         }
+        let starting: Vec<TerminalKey> = self
+            .starting
+            .lock()
+            .iter()
+            .filter(|(_, of)| *of == session)
+            .map(|(key, _)| key.clone())
+            .collect();
+        self.aborted.lock().extend(starting);
     }
 }
 
@@ -266,9 +321,9 @@ async fn run(
         let flush_at = publisher.flush_at();
         tokio::select! {
             exited = child.wait(), if status.is_none() => {
+                // Anything it left running went with it: its sandbox's PID namespace ended with it. (Its
+                // process group is not signalled now: reaped, its number may be another's.)
                 status = Some(exited.ok().and_then(|status| status.code()).map(i64::from));
-                // Anything it left running goes with it.
-                shell.kill();
                 drain_until = Some(Instant::now() + Duration::from_secs(1));
             }
             read = shell.controller.read(&mut buffer) => match read {

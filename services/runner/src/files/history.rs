@@ -1,10 +1,15 @@
-//! Checkpoints of sessions' working directories, for their changesets: one shadow git repository per tenant
-//! (`<tenant root>/.ahp-relay/checkpoints.git`, outside every session's own view), an index and a ref per working
-//! directory, a commit of the whole directory at each turn's start and end (`git add -A`, `write-tree`,
-//! `commit-tree`); what changed between two checkpoints, a file as a checkpoint holds it (the `ahp-checkpoint:`
-//! content URIs changesets' file edits name), and files restored from one. Where the working directory is a git
-//! repository of its own, its files can be staged and committed there. Runs in the tenant's file server (its
-//! sandbox) with the git CLI, hooks and filesystem monitors off.
+//! Checkpoints of sessions' working directories, for their changesets: one shadow git repository per tenant in
+//! the file server's private directory (`$HOME/checkpoints.git` in its sandbox: outside the tenant's root, so no
+//! agent and no `resource*` request can reach it), an index, an exclude list and a ref per working directory, a
+//! commit of the whole directory at each turn's start and end (`git add -A`, `write-tree`, `commit-tree`; files
+//! over the size limit left out, at most [`MAX_CHECKPOINT_ENTRIES`] entries); what changed between two
+//! checkpoints (with each side's blob id), a file as a blob holds it (the `ahp-checkpoint:` content URIs
+//! changesets' file edits name), files restored from one, and a directory's checkpoints forgotten (its session
+//! is gone). Where the working directory is a git repository of its own, its files can be staged and committed
+//! there — unless its configuration names filter drivers or includes (commands git would run for `add`, in this
+//! server's sandbox, which sees the whole tenant). Runs in the tenant's file server with the git CLI: hooks,
+//! filesystem monitors, filters (in the shadow repository), global and system configuration off, pathspecs
+//! literal.
 
 use std::path::{Component, Path, PathBuf};
 use std::process::Command;
@@ -16,6 +21,10 @@ use super::protocol::{ChangeStatus, ChangedFile, FileError, FileReply, Repositor
 
 /// Never part of a checkpoint: repositories' own data, dependency trees, the relay's own directory.
 const EXCLUDES: &str = ".git\nnode_modules/\n.ahp-relay/\n";
+/// No filter driver runs on a checkpoint's files, whatever the working tree's attributes say.
+const ATTRIBUTES: &str = "* -filter\n";
+/// Entries one checkpoint walks at most; a larger working directory has no checkpoints.
+pub const MAX_CHECKPOINT_ENTRIES: usize = 100_000;
 /// Files one comparison lists at most.
 pub const MAX_CHANGED_FILES: usize = 1000;
 
@@ -27,8 +36,14 @@ const AUTHOR: [(&str, &str); 4] = [
     ("GIT_COMMITTER_EMAIL", "ahp-relay@localhost"),
 ];
 
-fn is_commit_id(text: &str) -> bool {
-    (7..=64).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_hexdigit())
+/// A full object id (SHA-1 or SHA-256), never an abbreviation.
+fn is_object_id(text: &str) -> bool {
+    matches!(text.len(), 40 | 64) && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// git's id of "no object" (an added file's before, a deleted file's after).
+fn is_null_id(text: &str) -> bool {
+    text.bytes().all(|b| b == b'0')
 }
 
 /// A path relative to a working directory, without `..`.
@@ -47,8 +62,13 @@ fn relative(path: &str) -> Result<&str, FileError> {
 }
 
 impl Files {
-    fn shadow(&self) -> PathBuf {
-        self.root().join(".ahp-relay").join("checkpoints.git")
+    /// The shadow repository, in the file server's private directory.
+    fn shadow(&self) -> Result<PathBuf, FileError> {
+        self.state_dir()
+            .map(|dir| dir.join("checkpoints.git"))
+            .ok_or_else(|| {
+                FileError::Unavailable("checkpoints need the file server's private directory".into())
+            })
     }
 
     /// The key of a working directory in the shadow repository (its index and ref are named by it).
@@ -71,41 +91,105 @@ impl Files {
 
     /// Run git on the shadow repository (with `workspace` as its work tree and index, when given).
     fn shadow_git(&self, workspace: Option<&Path>, args: &[&str]) -> Result<Vec<u8>, FileError> {
-        let shadow = self.shadow();
+        let shadow = self.shadow()?;
         let mut command = Command::new("git");
         command.arg("--git-dir").arg(&shadow);
         if let Some(workspace) = workspace {
+            let key = Self::workspace_key(workspace);
             command
                 .arg("--work-tree")
                 .arg(workspace)
+                .arg("-c")
+                .arg(format!(
+                    "core.excludesFile={}",
+                    shadow.join("excludes").join(&key).display()
+                ))
                 .current_dir(workspace)
-                .env(
-                    "GIT_INDEX_FILE",
-                    shadow.join("indexes").join(Self::workspace_key(workspace)),
-                );
+                .env("GIT_INDEX_FILE", shadow.join("indexes").join(key));
         }
         run_git(command, args)
     }
 
-    fn ensure_shadow(&self) -> Result<(), FileError> {
-        let shadow = self.shadow();
-        if shadow.join("HEAD").exists() {
-            return Ok(());
-        }
+    fn ensure_shadow(&self) -> Result<PathBuf, FileError> {
+        let shadow = self.shadow()?;
         let unavailable = |error: std::io::Error| FileError::Unavailable(format!("checkpoints: {error}"));
-        std::fs::create_dir_all(&shadow).map_err(unavailable)?;
-        let path = shadow.to_string_lossy();
-        run_git(Command::new("git"), &["init", "--bare", "-q", &path])?;
-        std::fs::create_dir_all(shadow.join("indexes")).map_err(unavailable)?;
-        std::fs::create_dir_all(shadow.join("info")).map_err(unavailable)?;
+        if !shadow.join("HEAD").exists() {
+            std::fs::create_dir_all(&shadow).map_err(unavailable)?;
+            let path = shadow.to_string_lossy();
+            run_git(Command::new("git"), &["init", "--bare", "-q", &path])?;
+        }
+        for dir in ["indexes", "info", "excludes"] {
+            std::fs::create_dir_all(shadow.join(dir)).map_err(unavailable)?;
+        }
         std::fs::write(shadow.join("info").join("exclude"), EXCLUDES).map_err(unavailable)?;
-        Ok(())
+        std::fs::write(shadow.join("info").join("attributes"), ATTRIBUTES).map_err(unavailable)?;
+        Ok(shadow)
+    }
+
+    /// Write the working directory's own exclude list: its files over the size limit. Fails past
+    /// [`MAX_CHECKPOINT_ENTRIES`] entries.
+    fn exclude_large_files(&self, shadow: &Path, workspace: &Path) -> Result<(), FileError> {
+        let mut excluded = String::new();
+        let walker = walkdir::WalkDir::new(workspace)
+            .follow_links(false)
+            .into_iter()
+            .filter_entry(|entry| {
+                entry.depth() == 0
+                    || ![".git", "node_modules", ".ahp-relay"]
+                        .iter()
+                        .any(|skipped| entry.file_name() == *skipped)
+            });
+        for (count, entry) in walker.flatten().enumerate() {
+            if count >= MAX_CHECKPOINT_ENTRIES {
+                return Err(FileError::Invalid(format!(
+                    "{} holds more than {MAX_CHECKPOINT_ENTRIES} entries: too many to checkpoint",
+                    workspace.display()
+                )));
+            }
+            let large = entry.file_type().is_file()
+                && entry.metadata().is_ok_and(|meta| meta.len() > self.max_bytes());
+            if let (true, Ok(relative)) = (large, entry.path().strip_prefix(workspace)) {
+                // Anchored, with glob characters escaped.
+                let mut line = String::from("/");
+                for c in relative.to_string_lossy().chars() {
+                    if matches!(c, '*' | '?' | '[' | '\\' | '!' | '#') {
+                        line.push('\\');
+                    }
+                    line.push(c);
+                }
+                excluded.push_str(&line);
+                excluded.push('\n');
+            }
+        }
+        std::fs::write(
+            shadow.join("excludes").join(Self::workspace_key(workspace)),
+            excluded,
+        )
+        .map_err(|error| FileError::Unavailable(format!("checkpoints: {error}")))
+    }
+
+    /// Forget the checkpoints of working directory `workspace` (its session is gone): its ref, index and
+    /// exclude list, and the objects nothing else names.
+    pub(crate) fn forget_checkpoints(&self, workspace: &str) -> Result<FileReply, FileError> {
+        let workspace = self.confine(workspace, true)?;
+        let shadow = self.shadow()?;
+        if !shadow.join("HEAD").exists() {
+            return Ok(FileReply::Done);
+        }
+        let key = Self::workspace_key(&workspace);
+        let _ = self.shadow_git(None, &["update-ref", "-d", &format!("refs/checkpoints/{key}")]);
+        for dir in ["indexes", "excludes"] {
+            let _ = std::fs::remove_file(shadow.join(dir).join(&key));
+        }
+        self.shadow_git(None, &["gc", "--quiet", "--prune=now"])?;
+        Ok(FileReply::Done)
     }
 
     /// Commit the whole working directory; the commit's id.
     pub(crate) fn checkpoint(&self, workspace: &str, label: &str) -> Result<FileReply, FileError> {
         let workspace = self.working_directory(workspace)?;
-        self.ensure_shadow()?;
+        let shadow = self.ensure_shadow()?;
+        self.exclude_large_files(&shadow, &workspace)?;
         let reference = format!("refs/checkpoints/{}", Self::workspace_key(&workspace));
         self.shadow_git(Some(&workspace), &["add", "-A", "--ignore-errors", "."])
             .or_else(|_| self.shadow_git(Some(&workspace), &["add", "-A", "."]))?;
@@ -114,7 +198,7 @@ impl Files {
             .shadow_git(None, &["rev-parse", "--verify", "-q", &reference])
             .ok()
             .map(text)
-            .filter(|parent| is_commit_id(parent));
+            .filter(|parent| is_object_id(parent));
         let mut args = vec!["commit-tree", tree.as_str(), "-m", label];
         if let Some(parent) = &parent {
             args.extend(["-p", parent.as_str()]);
@@ -124,30 +208,40 @@ impl Files {
         Ok(FileReply::Checkpoint { commit })
     }
 
-    /// The files that differ between two checkpoints.
+    /// The files that differ between two checkpoints, each side's blob id with them.
     pub(crate) fn changes(&self, from: &str, to: &str) -> Result<FileReply, FileError> {
         for commit in [from, to] {
-            if !is_commit_id(commit) {
+            if !is_object_id(commit) {
                 return Err(FileError::Invalid(format!("{commit} is not a checkpoint")));
             }
         }
-        let statuses = self.shadow_git(None, &["diff", "--no-renames", "--name-status", "-z", from, to])?;
+        // `:<mode> <mode> <blob> <blob> <status>\0<path>\0`, full ids.
+        let raw = self.shadow_git(
+            None,
+            &["diff", "--no-renames", "--raw", "--no-abbrev", "-z", from, to],
+        )?;
         let counts = self.shadow_git(None, &["diff", "--no-renames", "--numstat", "-z", from, to])?;
         let mut files: Vec<ChangedFile> = Vec::new();
-        let mut fields = statuses
-            .split(|byte| *byte == 0)
-            .filter(|field| !field.is_empty());
-        while let (Some(status), Some(path)) = (fields.next(), fields.next()) {
-            let status = match status.first() {
-                Some(b'A') => ChangeStatus::Added,
-                Some(b'D') => ChangeStatus::Deleted,
+        let mut fields = raw.split(|byte| *byte == 0).filter(|field| !field.is_empty());
+        while let (Some(head), Some(path)) = (fields.next(), fields.next()) {
+            let head = String::from_utf8_lossy(head);
+            let parts: Vec<&str> = head.trim_start_matches(':').split(' ').collect();
+            let [_, _, before, after, status] = parts.as_slice() else {
+                continue;
+            };
+            let status = match status.chars().next() {
+                Some('A') => ChangeStatus::Added,
+                Some('D') => ChangeStatus::Deleted,
                 _ => ChangeStatus::Modified,
             };
+            let blob = |id: &&str| (!is_null_id(id)).then(|| id.to_string());
             files.push(ChangedFile {
                 path: String::from_utf8_lossy(path).into_owned(),
                 status,
                 added: None,
                 removed: None,
+                before: blob(before),
+                after: blob(after),
             });
             if files.len() >= MAX_CHANGED_FILES {
                 break;
@@ -171,23 +265,29 @@ impl Files {
         Ok(FileReply::Changes { files })
     }
 
-    /// A file as checkpoint `commit` holds it.
-    pub(crate) fn read_version(&self, commit: &str, path: &str) -> Result<FileReply, FileError> {
-        if !is_commit_id(commit) {
-            return Err(FileError::Invalid(format!("{commit} is not a checkpoint")));
+    /// A file's content as blob `object` holds it (`path` names it, for its content type).
+    pub(crate) fn read_version(&self, object: &str, path: &str) -> Result<FileReply, FileError> {
+        if !is_object_id(object) {
+            return Err(FileError::Invalid(format!("{object} is not a checkpoint's file")));
         }
-        let object = format!("{commit}:{}", relative(path)?);
-        let size = self
-            .shadow_git(None, &["cat-file", "-s", &object])
-            .map_err(|_| FileError::NotFound(format!("{path} is not in checkpoint {commit}")))?;
-        let size: u64 = text(size).parse().unwrap_or(u64::MAX);
+        let path = relative(path)?;
+        let missing = || FileError::NotFound(format!("{path} is not in this tenant's checkpoints"));
+        let kind = self
+            .shadow_git(None, &["cat-file", "-t", object])
+            .map_err(|_| missing())?;
+        if text(kind) != "blob" {
+            return Err(missing());
+        }
+        let size: u64 = text(self.shadow_git(None, &["cat-file", "-s", object])?)
+            .parse()
+            .unwrap_or(u64::MAX);
         if size > self.max_bytes() {
             return Err(FileError::Invalid(format!(
                 "{path} is larger than this relay's limit of {} bytes",
                 self.max_bytes()
             )));
         }
-        let bytes = self.shadow_git(None, &["cat-file", "blob", &object])?;
+        let bytes = self.shadow_git(None, &["cat-file", "blob", object])?;
         let (content_type, text) = super::ops::sniff(Path::new(path), &bytes);
         Ok(FileReply::Read {
             data: base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &bytes),
@@ -205,18 +305,23 @@ impl Files {
         paths: &[String],
     ) -> Result<FileReply, FileError> {
         let workspace = self.working_directory(workspace)?;
-        if !is_commit_id(commit) {
+        if !is_object_id(commit) {
             return Err(FileError::Invalid(format!("{commit} is not a checkpoint")));
         }
         for path in paths {
             let path = relative(path)?;
+            // Resolved (symlinks on the way followed) inside the working directory, not only the tenant's root:
+            // a link to another session's folder must not lead a revert there.
+            let target = self.confine(&workspace.join(path).display().to_string(), false)?;
+            if !target.starts_with(&workspace) {
+                return Err(FileError::PermissionDenied(format!(
+                    "{path} leads outside the working directory"
+                )));
+            }
             let object = format!("{commit}:{path}");
             if self.shadow_git(None, &["cat-file", "-e", &object]).is_ok() {
-                // Checked inside the root like any write (a symlink on the way must not lead out).
-                self.confine(&workspace.join(path).display().to_string(), false)?;
                 self.shadow_git(Some(&workspace), &["checkout", commit, "--", path])?;
             } else {
-                let target = self.confine(&workspace.join(path).display().to_string(), false)?;
                 match std::fs::remove_file(&target) {
                     Ok(()) => {}
                     Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
@@ -232,7 +337,10 @@ impl Files {
     /// What a working directory that is a git repository of its own can do.
     pub(crate) fn repository(&self, workspace: &str, op: RepositoryOp) -> Result<FileReply, FileError> {
         let workspace = self.working_directory(workspace)?;
-        let is_repository = workspace.join(".git").exists();
+        let is_repository = workspace.join(".git").is_dir();
+        if is_repository && !matches!(op, RepositoryOp::Inspect) {
+            refuse_commands_in_config(&workspace.join(".git").join("config"))?;
+        }
         let git = |args: &[&str]| {
             let mut command = Command::new("git");
             command.arg("-C").arg(&workspace);
@@ -262,8 +370,28 @@ impl Files {
     }
 }
 
-/// Run a prepared git command with `args`: a clean environment, no hooks, no filesystem monitor, no
-/// automatic gc; its stdout, or why it failed.
+/// Refuse a repository whose configuration makes `git add` run commands (filter drivers) or pulls in other
+/// files (includes): this server's sandbox sees the whole tenant, not only the session that wrote them.
+fn refuse_commands_in_config(config: &Path) -> Result<(), FileError> {
+    let text = std::fs::read_to_string(config).unwrap_or_default().to_lowercase();
+    let sections = text
+        .lines()
+        .map(str::trim_start)
+        .filter(|line| line.starts_with('['))
+        .any(|line| line.starts_with("[filter") || line.starts_with("[include"));
+    if sections {
+        Err(FileError::PermissionDenied(
+            "this repository's configuration names filter drivers or includes: commit from a terminal in the \
+             session instead"
+                .into(),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Run a prepared git command with `args`: a clean environment (no system or global configuration, literal
+/// pathspecs), no hooks, no filesystem monitor, no automatic gc; its stdout, or why it failed.
 fn run_git(mut command: Command, args: &[&str]) -> Result<Vec<u8>, FileError> {
     command
         .args([
@@ -281,6 +409,9 @@ fn run_git(mut command: Command, args: &[&str]) -> Result<Vec<u8>, FileError> {
         .args(args)
         .env("PATH", "/usr/bin:/bin")
         .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_ATTR_NOSYSTEM", "1")
+        .env("GIT_LITERAL_PATHSPECS", "1")
         .env("GIT_TERMINAL_PROMPT", "0")
         .envs(AUTHOR)
         .stdin(std::process::Stdio::null());
@@ -313,11 +444,21 @@ mod tests {
         }
     }
 
+    /// A tenant root and a file server's private directory apart from it.
+    fn setup(max: u64) -> (tempfile::TempDir, tempfile::TempDir, Files, PathBuf) {
+        let root = tempfile::tempdir().expect("root");
+        let state = tempfile::tempdir().expect("state");
+        let files = Files::new(root.path(), max)
+            .expect("files")
+            .with_state_dir(state.path().to_path_buf());
+        let workspace = root.path().canonicalize().expect("real").join("project");
+        std::fs::create_dir_all(&workspace).expect("dir");
+        (root, state, files, workspace)
+    }
+
     #[test]
     fn checkpoints_list_what_changed_and_restore_it() {
-        let root = tempfile::tempdir().expect("root");
-        let files = Files::new(root.path(), 1024 * 1024).expect("files");
-        let workspace = root.path().canonicalize().expect("real").join("project");
+        let (_root, state, files, workspace) = setup(1024 * 1024);
         std::fs::create_dir_all(workspace.join("src")).expect("dir");
         std::fs::write(workspace.join("src/a.txt"), "one\ntwo\n").expect("a");
         std::fs::write(workspace.join("b.txt"), "b\n").expect("b");
@@ -338,17 +479,17 @@ mod tests {
                 .expect(path)
         };
         assert_eq!(changed.len(), 3, "{changed:?}");
+        let a = by_path("src/a.txt");
         assert_eq!(
-            (
-                by_path("src/a.txt").status,
-                by_path("src/a.txt").added,
-                by_path("src/a.txt").removed
-            ),
+            (a.status, a.added, a.removed),
             (ChangeStatus::Modified, Some(2), Some(1))
         );
         assert_eq!(by_path("b.txt").status, ChangeStatus::Deleted);
+        assert!(by_path("b.txt").after.is_none() && by_path("c.txt").before.is_none());
         assert_eq!(by_path("c.txt").status, ChangeStatus::Added);
-        let FileReply::Read { data, text, .. } = files.read_version(&start, "src/a.txt").expect("read")
+        let FileReply::Read { data, text, .. } = files
+            .read_version(&a.before.clone().expect("blob"), "src/a.txt")
+            .expect("read")
         else {
             panic!("read");
         };
@@ -357,13 +498,17 @@ mod tests {
             base64::Engine::decode(&base64::engine::general_purpose::STANDARD, data).expect("b64"),
             b"one\ntwo\n"
         );
+        assert!(
+            matches!(files.read_version(&start, "x"), Err(FileError::NotFound(_))),
+            "a commit is no file"
+        );
+        assert!(
+            matches!(files.read_version(&start[..7], "x"), Err(FileError::Invalid(_))),
+            "no abbreviations"
+        );
         assert!(matches!(
-            files.read_version(&start, "../etc/passwd"),
+            files.read_version(&a.after.clone().expect("blob"), "../x"),
             Err(FileError::PermissionDenied(_))
-        ));
-        assert!(matches!(
-            files.read_version(&start, "c.txt"),
-            Err(FileError::NotFound(_))
         ));
 
         // Reverting puts the start back: a changed file rewritten, a deleted one restored, a new one removed.
@@ -387,20 +532,60 @@ mod tests {
             files.restore(&dir, &start, &["../x".into()]),
             Err(FileError::PermissionDenied(_))
         ));
-        // The relay's own repository is not part of the working directory's checkpoints.
         let again = commit(files.checkpoint(&dir, "again"));
         let FileReply::Changes { files: none } = files.changes(&start, &again).expect("changes") else {
             panic!("changes");
         };
         assert!(none.is_empty(), "{none:?}");
+        // The shadow repository is the file server's own, not in the tenant's root.
+        assert!(state.path().join("checkpoints.git/HEAD").exists());
+        // Forgotten with its session: the checkpoints' objects go.
+        files.forget_checkpoints(&dir).expect("forget");
+        assert!(matches!(
+            files.read_version(&a.before.expect("blob"), "src/a.txt"),
+            Err(FileError::NotFound(_))
+        ));
     }
 
     #[test]
-    fn a_repository_of_its_own_is_staged_and_committed() {
-        let root = tempfile::tempdir().expect("root");
-        let files = Files::new(root.path(), 1024 * 1024).expect("files");
-        let workspace = root.path().canonicalize().expect("real").join("repo");
-        std::fs::create_dir_all(&workspace).expect("dir");
+    fn checkpoints_leave_out_large_files_and_run_no_filters() {
+        let (_root, _state, files, workspace) = setup(100);
+        let dir = workspace.display().to_string();
+        let start = commit(files.checkpoint(&dir, "start"));
+        std::fs::write(workspace.join("big[1].bin"), vec![b'x'; 1000]).expect("big");
+        std::fs::write(workspace.join("small.txt"), "s\n").expect("small");
+        // A filter the working tree asks for, which a checkpoint must not run.
+        std::fs::write(workspace.join(".gitattributes"), "* filter=evil\n").expect("attributes");
+        let end = commit(files.checkpoint(&dir, "end"));
+        let FileReply::Changes { files: changed } = files.changes(&start, &end).expect("changes") else {
+            panic!("changes");
+        };
+        let paths: Vec<&str> = changed.iter().map(|file| file.path.as_str()).collect();
+        assert_eq!(paths, [".gitattributes", "small.txt"]);
+    }
+
+    #[test]
+    fn a_revert_never_leaves_the_working_directory_through_a_link() {
+        let (root, _state, files, workspace) = setup(1024);
+        let other = root.path().canonicalize().expect("real").join("other");
+        std::fs::create_dir_all(&other).expect("other");
+        std::fs::write(other.join("keep.txt"), "theirs\n").expect("theirs");
+        let dir = workspace.display().to_string();
+        let start = commit(files.checkpoint(&dir, "start"));
+        std::os::unix::fs::symlink(&other, workspace.join("link")).expect("link");
+        assert!(matches!(
+            files.restore(&dir, &start, &["link/keep.txt".into()]),
+            Err(FileError::PermissionDenied(_))
+        ));
+        assert_eq!(
+            std::fs::read_to_string(other.join("keep.txt")).expect("kept"),
+            "theirs\n"
+        );
+    }
+
+    #[test]
+    fn a_repository_of_its_own_is_staged_and_committed_unless_it_names_commands() {
+        let (_root, _state, files, workspace) = setup(1024 * 1024);
         let dir = workspace.display().to_string();
         assert!(matches!(
             files.repository(&dir, RepositoryOp::Inspect),
@@ -424,5 +609,21 @@ mod tests {
         log.arg("-C").arg(&workspace);
         let subject = text(run_git(log, &["log", "-1", "--format=%H %s"]).expect("log"));
         assert_eq!(subject, format!("{head} From the relay"));
+        // A configuration that would make `git add` run a command is refused, nothing run.
+        let config = workspace.join(".git/config");
+        let mut text_of = std::fs::read_to_string(&config).expect("config");
+        text_of.push_str("[filter \"evil\"]\n\tclean = touch ran-a-filter\n");
+        std::fs::write(&config, text_of).expect("config");
+        std::fs::write(workspace.join(".gitattributes"), "* filter=evil\n").expect("attributes");
+        assert!(matches!(
+            files.repository(
+                &dir,
+                RepositoryOp::Stage {
+                    paths: vec!["notes.md".into()]
+                }
+            ),
+            Err(FileError::PermissionDenied(_))
+        ));
+        assert!(!workspace.join("ran-a-filter").exists());
     }
 }

@@ -29,6 +29,8 @@ pub struct Files {
     max_bytes: u64,
     /// Most entries a directory listing returns, or a tree copy creates.
     max_entries: usize,
+    /// The server's private directory (its sandbox's `$HOME`, outside the root): where checkpoints live.
+    state_dir: Option<PathBuf>,
 }
 
 /// Most entries a listing returns (a bigger directory is refused, naming the limit).
@@ -103,12 +105,19 @@ impl Files {
             root,
             max_bytes,
             max_entries: MAX_ENTRIES,
+            state_dir: None,
         })
     }
 
-    /// The tenant's directory, resolved.
-    pub(crate) fn root(&self) -> &Path {
-        &self.root
+    /// Keep the server's own state (checkpoints) in `dir`, which must lie outside the root.
+    pub fn with_state_dir(mut self, dir: PathBuf) -> Files {
+        self.state_dir = (!dir.starts_with(&self.root)).then_some(dir);
+        self
+    }
+
+    /// Where the server keeps its own state, if anywhere.
+    pub(crate) fn state_dir(&self) -> Option<&Path> {
+        self.state_dir.as_deref()
     }
 
     /// Largest file read or written.
@@ -230,7 +239,8 @@ impl Files {
             FileOp::Mkdir { path } => self.mkdir(&path),
             FileOp::Checkpoint { workspace, label } => self.checkpoint(&workspace, &label),
             FileOp::Changes { from, to } => self.changes(&from, &to),
-            FileOp::ReadVersion { commit, path } => self.read_version(&commit, &path),
+            FileOp::ReadVersion { object, path } => self.read_version(&object, &path),
+            FileOp::ForgetCheckpoints { workspace } => self.forget_checkpoints(&workspace),
             FileOp::Restore {
                 workspace,
                 commit,

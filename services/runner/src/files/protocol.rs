@@ -78,10 +78,15 @@ pub enum FileOp {
         from: String,
         to: String,
     },
-    /// A file (a path relative to its working directory) as a checkpoint holds it.
+    /// A file as a checkpoint holds it: its blob `object`, and its path relative to its working directory (for
+    /// its content type).
     ReadVersion {
-        commit: String,
+        object: String,
         path: String,
+    },
+    /// Forget the checkpoints of a working directory (its session is gone).
+    ForgetCheckpoints {
+        workspace: String,
     },
     /// Put files (relative to `workspace`) back as a checkpoint holds them.
     Restore {
@@ -132,6 +137,9 @@ pub struct ChangedFile {
     pub status: ChangeStatus,
     pub added: Option<u64>,
     pub removed: Option<u64>,
+    /// Each side's blob id (none: the file is not on that side).
+    pub before: Option<String>,
+    pub after: Option<String>,
 }
 
 impl FileOp {

@@ -41,7 +41,11 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         return 2;
     };
     let files = match Files::new(Path::new(root), max_bytes) {
-        Ok(files) => files,
+        // Its sandbox's private home keeps its own state (checkpoints), out of every agent's and client's reach.
+        Ok(files) => match std::env::var_os("HOME") {
+            Some(home) => files.with_state_dir(std::path::PathBuf::from(home)),
+            None => files,
+        },
         Err(error) => {
             eprintln!("{error}");
             return 1;
