@@ -330,11 +330,18 @@ async fn a_turns_changes_are_listed_reviewed_by_every_device_and_reverted() {
     .await
     .expect("review");
     all.until("c.txt reviewed", |state| {
-        state.files.iter().any(|file| file.id == "c.txt" && file.reviewed == Some(true))
+        state
+            .files
+            .iter()
+            .any(|file| file.id == "c.txt" && file.reviewed == Some(true))
     })
     .await;
     let mut again = Watched::open(&b, &catalogue[1].uri_template).await;
-    again.until("computed again", |state| state.status == ChangesetStatus::Recomputing).await;
+    again
+        .until("computed again", |state| {
+            state.status == ChangesetStatus::Recomputing
+        })
+        .await;
     again.ready().await;
     assert_eq!(file(&again, "c.txt").reviewed, Some(true), "{:#?}", again.state);
     // Revert all (the destructive one says so first).
