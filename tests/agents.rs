@@ -2443,3 +2443,127 @@ async fn session_config_values_complete_and_chats_do_not_move() {
     );
     assert_eq!(json(&before.chats), json(&after.chats));
 }
+
+/// A ready session of the scripted agent in `directory`, with `config`; its chat. Fails the test when the agent
+/// could not start it (returning the error instead when `expect_failure`).
+async fn session_in(
+    client: &ahp::Client,
+    name: &str,
+    directory: &Path,
+    config: Value,
+) -> Result<String, ahp_types::state::ErrorInfo> {
+    let session = format!("ahp-session:/{name}");
+    let _: Value = client
+        .request(
+            "createSession",
+            serde_json::json!({"channel": session, "provider": "scripted", "config": config,
+                "workingDirectories": [format!("file://{}", directory.display())]}),
+        )
+        .await
+        .expect("createSession");
+    let (result, mut sub) = client.subscribe(session.clone()).await.expect("subscribe");
+    let mut state = session_of(&result.snapshot.expect("snapshot"));
+    loop {
+        match state.lifecycle {
+            SessionLifecycle::Ready => break,
+            SessionLifecycle::Failed => return Err(state.creation_error.expect("creation error")),
+            _ => {}
+        }
+        let envelope = next_envelope(&mut sub).await;
+        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
+    }
+    client.unsubscribe(session).await.expect("unsubscribe");
+    Ok(format!("ahp-chat:/{name}"))
+}
+
+/// Issue 26 (6): where the working directory is a git repository, its branch is a dynamic session setting:
+/// `resolveSessionConfig` offers it (the current branch the default), `sessionConfigCompletions` lists the
+/// repository's branches matching the query, and `createSession` starts the session's agent on the chosen one
+/// (a branch that does not exist fails the session's creation, saying so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repositorys_branch_is_a_session_setting_that_completes_and_applies() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let dir = setup.workspace.path().join("dev/repo");
+    let _: Value = a
+        .request(
+            "resourceMkdir",
+            serde_json::json!({"channel": "ahp-root://", "uri": format!("file://{}", dir.display())}),
+        )
+        .await
+        .expect("mkdir");
+    // The repository is made by an agent, as the tenant's user in its sandbox.
+    let maker = session_in(&a, "maker", &dir, serde_json::json!({}))
+        .await
+        .expect("maker");
+    prompt(
+        &a,
+        &maker,
+        "t1",
+        "sh: git init -q -b main && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m init && git branch feature && git branch fix-login",
+    )
+    .await;
+    let uri = format!("file://{}", dir.display());
+    let resolved: ahp_types::commands::ResolveSessionConfigResult = a
+        .request(
+            "resolveSessionConfig",
+            serde_json::json!({"channel": "ahp-root://", "provider": "scripted", "workingDirectory": uri}),
+        )
+        .await
+        .expect("resolve");
+    let branch = resolved
+        .schema
+        .properties
+        .get("branch")
+        .expect("a branch property");
+    assert_eq!(branch.enum_dynamic, Some(true));
+    assert_eq!(branch.default, Some(Value::String("main".into())));
+    assert_eq!(resolved.values.get("branch"), Some(&Value::String("main".into())));
+    let complete = |query: &'static str| {
+        let (a, uri) = (&a, uri.clone());
+        async move {
+            let result: ahp_types::commands::SessionConfigCompletionsResult = a
+                .request(
+                    "sessionConfigCompletions",
+                    serde_json::json!({"channel": "ahp-root://", "provider": "scripted", "property": "branch",
+                        "workingDirectory": uri, "query": query}),
+                )
+                .await
+                .expect("completions");
+            result
+                .items
+                .into_iter()
+                .map(|item| item.value)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(complete("").await, ["feature", "fix-login", "main"]);
+    assert_eq!(complete("FEA").await, ["feature"]);
+    // Elsewhere (not a repository) there is no branch property.
+    let plain: ahp_types::commands::ResolveSessionConfigResult = a
+        .request(
+            "resolveSessionConfig",
+            serde_json::json!({"channel": "ahp-root://", "provider": "scripted"}),
+        )
+        .await
+        .expect("resolve");
+    assert!(!plain.schema.properties.contains_key("branch"));
+
+    // A session created on `feature` starts there.
+    let chat = session_in(&a, "on-feature", &dir, serde_json::json!({"branch": "feature"}))
+        .await
+        .expect("on feature");
+    let state = prompt(&a, &chat, "t1", "sh: git branch --show-current").await;
+    let (reply, _) = turn_text(&state, "t1");
+    assert!(reply.contains("feature"), "{reply}");
+    let failed = session_in(
+        &a,
+        "nowhere",
+        &dir,
+        serde_json::json!({"branch": "no-such-branch"}),
+    )
+    .await
+    .expect_err("no such branch");
+    assert_eq!(failed.error_type, "branchUnavailable");
+    assert!(failed.message.contains("no-such-branch"), "{}", failed.message);
+}

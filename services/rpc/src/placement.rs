@@ -819,6 +819,7 @@ mod tests {
             tenant: "acme".into(),
             host: "default".into(),
             working_directory: None,
+            branch: None,
         };
         pool.create_session("scripted", &request, &sink).expect("placed");
 
@@ -854,6 +855,7 @@ mod tests {
             tenant: tenant.into(),
             host: "default".into(),
             working_directory: None,
+            branch: None,
         }
     }
 

@@ -174,6 +174,9 @@ pub struct SessionRequest {
     pub host: String,
     /// The session's working directory as the client named it (`file://` URI or path), if any.
     pub working_directory: Option<String>,
+    /// The git branch the session works on (its `branch` setting), switched to before its agent starts.
+    #[serde(default)]
+    pub branch: Option<String>,
 }
 
 /// A terminal of a host of a tenant: terminal URIs are chosen by clients, so they are unique within a host only.

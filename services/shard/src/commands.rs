@@ -449,6 +449,15 @@ impl HostCore {
 
     fn resolve_session_config(&mut self, message: &InboundMessage) -> CommandResult {
         let params: ResolveSessionConfigParams = message.parse_params()?;
+        reply(message.id, &self.resolved_config(&params)?)
+    }
+
+    /// The agent's settings (schema and values with defaults) for `params` (the branch of a repository is added
+    /// by [`crate::branches`]).
+    pub(crate) fn resolved_config(
+        &self,
+        params: &ResolveSessionConfigParams,
+    ) -> Result<ResolveSessionConfigResult, RpcError> {
         let provider = match &params.provider {
             Some(provider) => Some(self.providers.get(provider).ok_or_else(|| {
                 RpcError::new(
@@ -470,7 +479,7 @@ impl HostCore {
                 required: None,
             });
         let values = relay_runner::acp::options::resolve(&schema, params.config.as_ref());
-        reply(message.id, &ResolveSessionConfigResult { schema, values })
+        Ok(ResolveSessionConfigResult { schema, values })
     }
 }
 

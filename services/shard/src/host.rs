@@ -382,6 +382,17 @@ impl Host {
             "reconnect" => return self.reconnect(connection, &message).await,
             "fetchTurns" => return self.fetch_turns(connection, &message).await,
             "createTerminal" => return self.create_terminal(connection, &message).await,
+            // A repository's branch, where the client names a working directory ([`crate::branches`]).
+            "resolveSessionConfig" => {
+                if let Some(reply) = self.resolve_with_branch(connection, &message).await {
+                    return reply;
+                }
+            }
+            "sessionConfigCompletions" => {
+                if let Some(reply) = self.branch_completions(connection, &message).await {
+                    return reply;
+                }
+            }
             "completions" => {
                 if let Some(reply) = self.file_completions(connection, &message).await {
                     return reply;

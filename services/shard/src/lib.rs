@@ -12,6 +12,7 @@ pub mod aging;
 pub mod archive;
 pub mod attachments;
 pub mod batches;
+pub mod branches;
 pub mod catalog;
 pub mod changesets;
 pub mod chats;

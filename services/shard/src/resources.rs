@@ -314,6 +314,7 @@ impl Host {
             | FileReply::Checkpoint { .. }
             | FileReply::Changes { .. }
             | FileReply::Found { .. }
+            | FileReply::Branches { .. }
             | FileReply::Repository { .. } => reply(message.id, &serde_json::json!({})),
         }
     }

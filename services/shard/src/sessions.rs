@@ -97,6 +97,13 @@ impl HostCore {
                     .working_directories
                     .as_ref()
                     .and_then(|d| d.first().cloned()),
+                // The repository's branch the client chose ([`crate::branches`]).
+                branch: params
+                    .config
+                    .as_ref()
+                    .and_then(|config| config.get(crate::branches::BRANCH_PROPERTY))
+                    .and_then(|branch| branch.as_str())
+                    .map(str::to_string),
             },
             self.sink.clone(),
         );

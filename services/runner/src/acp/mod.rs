@@ -236,7 +236,9 @@ impl Provider for AcpProvider {
             &key,
             request.working_directory.as_deref(),
             sink,
-            session::Start::New,
+            session::Start::New {
+                branch: request.branch.clone(),
+            },
         ) {
             Ok(_) => SessionStart::Pending,
             Err(message) => SessionStart::Refused(message),

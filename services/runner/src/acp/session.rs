@@ -43,8 +43,9 @@ const STDERR_TAIL_BYTES: usize = 4096;
 /// How a session's agent starts.
 #[derive(Debug, Clone)]
 pub enum Start {
-    /// For a new AHP session: `session/ready` or `session/creationFailed` tell how it went.
-    New,
+    /// For a new AHP session: `session/ready` or `session/creationFailed` tell how it went. Its working directory
+    /// is switched to `branch` (a git repository's) before the agent starts.
+    New { branch: Option<String> },
     /// For an existing session whose agent is gone (a restart, an idle stop): continue each chat's ACP session
     /// (chat → ACP session id) when the agent can load it (`session/load`, its replay suppressed: the relay
     /// has the history); otherwise start afresh and say so in the chat.
@@ -124,7 +125,7 @@ impl SessionWorker {
             let announcer = Announcer {
                 session: key.session.clone(),
                 sink: sink.clone(),
-                pending: matches!(start, Start::New),
+                pending: matches!(start, Start::New { .. }),
             };
             let place = Place {
                 sandboxes,
@@ -210,6 +211,57 @@ pub struct Place {
     pub alive: mpsc::WeakSender<()>,
 }
 
+/// Switch the session's working directory (a git repository) to `branch`, in the session's own sandbox (the
+/// agent's confinement), before its agent starts: its hooks and filesystem monitor off, no global configuration.
+async fn switch_branch(place: &Place, spec: &relay_sandbox::SandboxSpec, branch: &str) -> Result<(), String> {
+    let valid = !branch.is_empty()
+        && branch.len() <= 255
+        && !branch.starts_with('-')
+        && !branch.contains("..")
+        && !branch
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\".contains(c));
+    if !valid {
+        return Err(format!("{branch:?} is not a branch name"));
+    }
+    let env = std::collections::BTreeMap::from([
+        ("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string()),
+        ("GIT_CONFIG_GLOBAL".to_string(), "/dev/null".to_string()),
+        ("GIT_TERMINAL_PROMPT".to_string(), "0".to_string()),
+    ]);
+    let args: Vec<String> = [
+        "-c",
+        "core.hooksPath=/dev/null",
+        "-c",
+        "core.fsmonitor=false",
+        "switch",
+        branch,
+    ]
+    .into_iter()
+    .map(str::to_string)
+    .collect();
+    let (mut child, _slot) = place
+        .sandboxes
+        .start(&place.tenant, spec, "git", &args, &env)
+        .await
+        .map_err(|error| format!("cannot switch to branch {branch}: {error}"))?;
+    drop(child.stdin.take());
+    let mut said = String::new();
+    if let Some(stderr) = child.stderr.take() {
+        use tokio::io::AsyncReadExt;
+        let _ = stderr.take(8 * 1024).read_to_string(&mut said).await;
+    }
+    let status = child
+        .wait()
+        .await
+        .map_err(|error| format!("cannot switch to branch {branch}: {error}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("cannot switch to branch {branch}: {}", said.trim()))
+    }
+}
+
 async fn run(
     config: Arc<AgentConfig>,
     place: Place,
@@ -229,6 +281,12 @@ async fn run(
         }
     };
     let spec = place.sandboxes.spec(&place.dirs, &cwd, &config);
+    if let Start::New { branch: Some(branch) } = &start {
+        if let Err(why) = switch_branch(&place, &spec, branch).await {
+            announcer.failed("branchUnavailable", why.clone());
+            return fail_queued(queue, "branchUnavailable", &why).await;
+        }
+    }
     let (mut child, slot) = match place
         .sandboxes
         .start(&place.tenant, &spec, &config.command, &config.args, &env)
@@ -488,7 +546,7 @@ async fn run(
             // Each chat's ACP session: those an earlier process of the agent opened (to load again), and
             // those of this process.
             let (mut sessions, restarted) = match &start {
-                Start::New => (ChatSessions::default(), false),
+                Start::New { .. } => (ChatSessions::default(), false),
                 Start::Continue(stored) => (ChatSessions::continuing(stored.clone()), true),
             };
             // A new AHP session opens its first ACP session now: creation reports the agent's success or

@@ -338,7 +338,7 @@ impl Files {
     pub(crate) fn repository(&self, workspace: &str, op: RepositoryOp) -> Result<FileReply, FileError> {
         let workspace = self.working_directory(workspace)?;
         let is_repository = workspace.join(".git").is_dir();
-        if is_repository && !matches!(op, RepositoryOp::Inspect) {
+        if is_repository && !matches!(op, RepositoryOp::Inspect | RepositoryOp::Branches) {
             refuse_commands_in_config(&workspace.join(".git").join("config"))?;
         }
         let git = |args: &[&str]| {
@@ -359,6 +359,21 @@ impl Files {
                 }
                 git(&args)?;
                 Ok(FileReply::Done)
+            }
+            RepositoryOp::Branches => {
+                let listed = git(&[
+                    "for-each-ref",
+                    "--format=%(refname:short)",
+                    "--count=500",
+                    "refs/heads",
+                ])?;
+                let branches = String::from_utf8_lossy(&listed)
+                    .lines()
+                    .map(str::to_string)
+                    .filter(|line| !line.is_empty())
+                    .collect();
+                let current = git(&["symbolic-ref", "--short", "-q", "HEAD"]).ok().map(text);
+                Ok(FileReply::Branches { current, branches })
             }
             RepositoryOp::Commit { message } => {
                 git(&["add", "-A"])?;

@@ -117,6 +117,8 @@ pub enum RepositoryOp {
     Stage { paths: Vec<String> },
     /// Stage everything and commit.
     Commit { message: String },
+    /// Its current branch and its branches.
+    Branches,
 }
 
 /// How a file differs between two checkpoints.
@@ -156,7 +158,7 @@ impl FileOp {
                 | FileOp::ReadVersion { .. }
                 | FileOp::Find { .. }
                 | FileOp::Repository {
-                    action: RepositoryOp::Inspect,
+                    action: RepositoryOp::Inspect | RepositoryOp::Branches,
                     ..
                 }
         )
@@ -209,6 +211,11 @@ pub enum FileReply {
     },
     Repository {
         is_repository: bool,
+    },
+    /// A repository's current branch (none when detached) and its branches (at most 500, by name).
+    Branches {
+        current: Option<String>,
+        branches: Vec<String>,
     },
     /// Paths relative to the working directory searched, best match first.
     Found {
