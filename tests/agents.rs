@@ -2444,36 +2444,18 @@ async fn session_config_values_complete_and_chats_do_not_move() {
     assert_eq!(json(&before.chats), json(&after.chats));
 }
 
-/// A ready session of the scripted agent in `directory`, with `config`; its chat. Fails the test when the agent
-/// could not start it (returning the error instead when `expect_failure`).
+/// A ready session of the scripted agent in `directory`, with `config`: its chat, or why it failed.
 async fn session_in(
     client: &ahp::Client,
     name: &str,
     directory: &Path,
     config: Value,
 ) -> Result<String, ahp_types::state::ErrorInfo> {
-    let session = format!("ahp-session:/{name}");
-    let _: Value = client
-        .request(
-            "createSession",
-            serde_json::json!({"channel": session, "provider": "scripted", "config": config,
-                "workingDirectories": [format!("file://{}", directory.display())]}),
-        )
+    let more = serde_json::json!({"config": config,
+        "workingDirectories": [format!("file://{}", directory.display())]});
+    ready_session(client, "scripted", name, more)
         .await
-        .expect("createSession");
-    let (result, mut sub) = client.subscribe(session.clone()).await.expect("subscribe");
-    let mut state = session_of(&result.snapshot.expect("snapshot"));
-    loop {
-        match state.lifecycle {
-            SessionLifecycle::Ready => break,
-            SessionLifecycle::Failed => return Err(state.creation_error.expect("creation error")),
-            _ => {}
-        }
-        let envelope = next_envelope(&mut sub).await;
-        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
-    }
-    client.unsubscribe(session).await.expect("unsubscribe");
-    Ok(format!("ahp-chat:/{name}"))
+        .map(|_| format!("ahp-chat:/{name}"))
 }
 
 /// Issue 26 (6): where the working directory is a git repository, its branch is a dynamic session setting:

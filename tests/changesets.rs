@@ -9,9 +9,7 @@ use std::path::{Path, PathBuf};
 
 use ahp::ClientError;
 use ahp_types::actions::{ChangesetFilesReviewChangedAction, StateAction};
-use ahp_types::state::{
-    ChangesetState, ChangesetStatus, SessionLifecycle, SessionState, Snapshot, SnapshotState,
-};
+use ahp_types::state::{ChangesetState, ChangesetStatus, SessionState, Snapshot, SnapshotState};
 use relay_core::Role;
 use serde_json::{json, Value};
 use support::*;
@@ -27,23 +25,13 @@ async fn session(
     name: &str,
     directory: Option<&Path>,
 ) -> (String, String, SessionState) {
-    let session = format!("ahp-session:/{name}");
-    let mut params = json!({"channel": session, "provider": "scripted"});
-    if let Some(directory) = directory {
-        params["workingDirectories"] = json!([format!("file://{}", directory.display())]);
-    }
-    let _: Value = client
-        .request("createSession", params)
+    let more = match directory {
+        Some(directory) => json!({"workingDirectories": [format!("file://{}", directory.display())]}),
+        None => json!({}),
+    };
+    let (session, state) = ready_session(client, "scripted", name, more)
         .await
-        .expect("createSession");
-    let (result, mut sub) = client.subscribe(session.clone()).await.expect("subscribe");
-    let mut state = session_of(&result.snapshot.expect("snapshot"));
-    while state.lifecycle != SessionLifecycle::Ready {
-        assert_ne!(state.lifecycle, SessionLifecycle::Failed, "{state:?}");
-        let envelope = next_envelope(&mut sub).await;
-        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
-    }
-    client.unsubscribe(session.clone()).await.expect("unsubscribe");
+        .expect("ready");
     (session, format!("ahp-chat:/{name}"), state)
 }
 

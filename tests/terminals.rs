@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 
 use ahp::ClientError;
 use ahp_types::actions::{StateAction, TerminalInputAction, TerminalResizedAction};
-use ahp_types::state::{
-    SessionLifecycle, Snapshot, SnapshotState, TerminalContentPart, TerminalLifecycleState, TerminalState,
-};
+use ahp_types::state::{Snapshot, SnapshotState, TerminalContentPart, TerminalLifecycleState, TerminalState};
 use relay_core::Role;
 use serde_json::{json, Value};
 use support::*;
@@ -43,22 +41,9 @@ async fn relay_with_workspace(quotas: &str, extra: &[&str]) -> TerminalRelay {
 
 /// A session of the scripted agent, ready.
 async fn session(client: &ahp::Client, name: &str) -> (String, String) {
-    let session = format!("ahp-session:/{name}");
-    let _: Value = client
-        .request(
-            "createSession",
-            json!({"channel": session, "provider": "scripted"}),
-        )
+    let (session, _) = ready_session(client, "scripted", name, json!({}))
         .await
-        .expect("createSession");
-    let (result, mut sub) = client.subscribe(session.clone()).await.expect("subscribe");
-    let mut state = session_of(&result.snapshot.expect("snapshot"));
-    while state.lifecycle != SessionLifecycle::Ready {
-        assert_ne!(state.lifecycle, SessionLifecycle::Failed, "{state:?}");
-        let envelope = next_envelope(&mut sub).await;
-        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
-    }
-    client.unsubscribe(session.clone()).await.expect("unsubscribe");
+        .expect("ready");
     (session, format!("ahp-chat:/{name}"))
 }
 

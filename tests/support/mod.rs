@@ -927,3 +927,37 @@ pub async fn wait_for_runners(shard: &Shard, count: f64) {
     .await;
     assert!(counted.is_ok(), "the shard never counted {count} runners");
 }
+
+/// Create session `name` of `provider` with `more` params (e.g. `workingDirectories`, `config`) and wait until
+/// its agent made it ready: its URI and state, or why its creation failed.
+pub async fn ready_session(
+    client: &Client,
+    provider: &str,
+    name: &str,
+    more: serde_json::Value,
+) -> Result<(String, SessionState), ahp_types::state::ErrorInfo> {
+    let session = format!("ahp-session:/{name}");
+    let mut params = serde_json::json!({"channel": session, "provider": provider});
+    if let (Some(params), Some(more)) = (params.as_object_mut(), more.as_object()) {
+        params.extend(more.clone());
+    }
+    let _: serde_json::Value = client
+        .request("createSession", params)
+        .await
+        .expect("createSession");
+    let (result, mut sub) = client.subscribe(session.clone()).await.expect("subscribe");
+    let mut state = session_of(&result.snapshot.expect("snapshot"));
+    loop {
+        match state.lifecycle {
+            ahp_types::state::SessionLifecycle::Ready => break,
+            ahp_types::state::SessionLifecycle::Failed => {
+                return Err(state.creation_error.clone().expect("a creation error"))
+            }
+            _ => {}
+        }
+        let envelope = next_envelope(&mut sub).await;
+        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
+    }
+    client.unsubscribe(session.clone()).await.expect("unsubscribe");
+    Ok((session, state))
+}

@@ -9,9 +9,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use common::{connect, request, spawn_until, token, SECRET};
+use common::{connect, request, serve_with_scripted_agent, token};
 use serde_json::json;
-use tokio::process::Command;
 
 const READS: usize = 200;
 const FILE_BYTES: usize = 1024 * 1024;
@@ -27,32 +26,8 @@ fn ms(d: Duration) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let data = tempfile::tempdir().expect("data");
-    let workspace = tempfile::tempdir().expect("workspace");
-    let agents = data.path().join("agents.toml");
-    std::fs::write(
-        &agents,
-        format!(
-            "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nenv = [\"PATH\"]\n",
-            workspace.path().display().to_string(),
-            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
-        ),
-    )
-    .expect("agents file");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
-    command
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--jwt-secret",
-            SECRET,
-            "--agents",
-        ])
-        .arg(&agents)
-        .arg("--data-dir")
-        .arg(data.path().join("relay"));
-    let (_relay, addr) = spawn_until(command, "listening on ws://").await;
+    let relay = serve_with_scripted_agent("").await;
+    let addr = &relay.addr;
     let mut socket = connect(&format!("ws://{addr}?access_token={}", token())).await;
     let init = request(
         &mut socket,

@@ -11,10 +11,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{connect, next_text, request, spawn_until, token, Socket, SECRET};
+use common::{connect, next_text, request, serve_with_scripted_agent, token, Socket};
 use futures_util::SinkExt;
 use serde_json::{json, Value};
-use tokio::process::Command;
 use tokio_tungstenite::tungstenite::Message;
 
 const FILE_BYTES: usize = 32 * 1024 * 1024;
@@ -64,32 +63,8 @@ async fn wait_for(socket: &mut Socket, uri: &str, kind: &str) -> Value {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let data = tempfile::tempdir().expect("data");
-    let workspace = tempfile::tempdir().expect("workspace");
-    let agents = data.path().join("agents.toml");
-    std::fs::write(
-        &agents,
-        format!(
-            "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nenv = [\"PATH\"]\n\n[quotas]\noutput_bytes_per_second = 4294967296\n",
-            workspace.path().display().to_string(),
-            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
-        ),
-    )
-    .expect("agents file");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
-    command
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--jwt-secret",
-            SECRET,
-            "--agents",
-        ])
-        .arg(&agents)
-        .arg("--data-dir")
-        .arg(data.path().join("relay"));
-    let (_relay, addr) = spawn_until(command, "listening on ws://").await;
+    let relay = serve_with_scripted_agent("[quotas]\noutput_bytes_per_second = 4294967296").await;
+    let addr = &relay.addr;
     let url = format!("ws://{addr}?access_token={}", token());
     let mut a = connect(&url).await;
     let mut b = connect(&url).await;

@@ -396,3 +396,47 @@ pub fn run_with_deadline(deadline: Duration, body: impl std::future::Future<Outp
             .expect("the benchmark did not finish within its deadline");
     });
 }
+
+/// `ahp-relay serve` with the scripted test agent as `scripted` (its workspace in a temporary directory), `quotas`
+/// (TOML, e.g. `[quotas]` lines) appended to its agents file.
+pub struct ScriptedRelay {
+    pub addr: String,
+    _relay: Child,
+    _data: tempfile::TempDir,
+    _workspace: tempfile::TempDir,
+}
+
+pub async fn serve_with_scripted_agent(quotas: &str) -> ScriptedRelay {
+    let data = tempfile::tempdir().expect("data");
+    let workspace = tempfile::tempdir().expect("workspace");
+    let agents = data.path().join("agents.toml");
+    std::fs::write(
+        &agents,
+        format!(
+            "workspace_root = {:?}\n\n[[agent]]\nid = \"scripted\"\ndisplay_name = \"Scripted\"\ncommand = {:?}\nenv = [\"PATH\"]\n\n{quotas}\n",
+            workspace.path().display().to_string(),
+            env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
+        ),
+    )
+    .expect("agents file");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+    command
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--jwt-secret",
+            SECRET,
+            "--agents",
+        ])
+        .arg(&agents)
+        .arg("--data-dir")
+        .arg(data.path().join("relay"));
+    let (relay, addr) = spawn_until(command, "listening on ws://").await;
+    ScriptedRelay {
+        addr,
+        _relay: relay,
+        _data: data,
+        _workspace: workspace,
+    }
+}
