@@ -406,3 +406,53 @@ async fn in_a_git_repository_the_commit_operation_makes_a_commit() {
     let head = log.split_whitespace().next().expect("a commit");
     assert!(result.to_string().contains(head), "{result} names {head}");
 }
+
+/// Through a gateway to a shard, a turn's changes are checkpointed by the runner holding the workspace (its
+/// tenant's file server), listed, read and reverted like in `serve`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_gateway_a_turns_changes_are_listed_and_reverted_on_the_runner() {
+    let agents = scripted_agents_file();
+    let shard = Shard::start(&["--agents", &agents.file.display().to_string()]).await;
+    let gateway = Relay::gateway(&shard.url).await;
+    let _runner = start_runner(&shard, &agents.file, 1.0).await;
+    let (a, _) = gateway.client("device-a").await;
+    let dir: PathBuf = agents.workspace.path().join("dev/remote");
+    let _: Value = a
+        .request(
+            "resourceMkdir",
+            json!({"channel": "ahp-root://", "uri": format!("file://{}", dir.display())}),
+        )
+        .await
+        .expect("mkdir");
+    write(&a, &dir.join("a.txt"), "one\n").await;
+    write(&a, &dir.join(".gitignore"), ".test-agent/\n.flow-control\n").await;
+    let (_, chat, state) = session(&a, "remote-edits", Some(&dir)).await;
+    let catalogue = state.changesets.expect("changesets");
+    prompt(
+        &a,
+        &chat,
+        "t1",
+        "sh: printf 'two\\n' >> a.txt && printf 'new\\n' > b.txt",
+    )
+    .await;
+    let turn = catalogue[0].uri_template.replace("{turnId}", "t1");
+    let mut watched = Watched::open(&a, &turn).await;
+    watched.ready().await;
+    assert_eq!(watched.ids(), vec!["a.txt", "b.txt"], "{:#?}", watched.state);
+    let after = watched.state.files[0].edit.after.clone().expect("after");
+    assert_eq!(
+        read_text(&a, &after.content.uri).await.expect("after"),
+        "one\ntwo\n"
+    );
+    invoke(&a, &turn, "revert-all", None).await.expect("revert");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.txt")).expect("a.txt"),
+        "one\n"
+    );
+    assert!(!dir.join("b.txt").exists());
+    watched
+        .until("nothing left", |state| {
+            state.status == ChangesetStatus::Ready && state.files.is_empty()
+        })
+        .await;
+}
