@@ -98,6 +98,21 @@ impl Watched {
     }
 }
 
+/// Marking `file` reviewed.
+fn reviewed(file: &str) -> StateAction {
+    StateAction::ChangesetFilesReviewChanged(ChangesetFilesReviewChangedAction {
+        files: vec![file.into()],
+        reviewed: true,
+    })
+}
+
+fn is_reviewed(state: &ChangesetState, file: &str) -> bool {
+    state
+        .files
+        .iter()
+        .any(|entry| entry.id == file && entry.reviewed == Some(true))
+}
+
 async fn read_text(client: &ahp::Client, uri: &str) -> Result<String, ClientError> {
     let read: Value = client
         .request(
@@ -212,32 +227,25 @@ async fn a_turns_changes_are_listed_reviewed_by_every_device_and_reverted() {
     // B marks a.txt reviewed; A sees it.
     let mut on_a = Watched::open(&a, &turn).await;
     on_a.ready().await;
-    b.dispatch(
-        turn.clone(),
-        StateAction::ChangesetFilesReviewChanged(ChangesetFilesReviewChangedAction {
-            files: vec!["a.txt".into()],
-            reviewed: true,
-        }),
-    )
-    .await
-    .expect("review");
-    on_a.until("a.txt reviewed", |state| {
-        state
-            .files
-            .iter()
-            .any(|file| file.id == "a.txt" && file.reviewed == Some(true))
-    })
-    .await;
+    b.dispatch(turn.clone(), reviewed("a.txt")).await.expect("review");
+    on_a.until("a.txt reviewed", |state| is_reviewed(state, "a.txt"))
+        .await;
     // A file the changeset does not have cannot be marked.
-    b.dispatch(
-        turn.clone(),
-        StateAction::ChangesetFilesReviewChanged(ChangesetFilesReviewChangedAction {
-            files: vec!["nope.txt".into()],
-            reviewed: true,
-        }),
-    )
-    .await
-    .expect("review");
+    b.dispatch(turn.clone(), reviewed("nope.txt"))
+        .await
+        .expect("review");
+    let echo = loop {
+        let envelope = next_envelope(&mut on_b.sub).await;
+        if envelope
+            .origin
+            .as_ref()
+            .is_some_and(|origin| origin.client_id == "device-b")
+            && envelope.action == reviewed("nope.txt")
+        {
+            break envelope;
+        }
+    };
+    assert!(echo.rejection_reason.is_some(), "{echo:?}");
 
     // After a restart the mark is still there.
     drop((on_a, on_b));
@@ -308,22 +316,11 @@ async fn a_turns_changes_are_listed_reviewed_by_every_device_and_reverted() {
     assert_eq!(all.ids(), vec!["a.txt", "c.txt"]);
     // A mark on All changes holds while the change is the same, however often it is computed again (every
     // subscribe computes it anew).
-    a.dispatch(
-        catalogue[1].uri_template.clone(),
-        StateAction::ChangesetFilesReviewChanged(ChangesetFilesReviewChangedAction {
-            files: vec!["c.txt".into()],
-            reviewed: true,
-        }),
-    )
-    .await
-    .expect("review");
-    all.until("c.txt reviewed", |state| {
-        state
-            .files
-            .iter()
-            .any(|file| file.id == "c.txt" && file.reviewed == Some(true))
-    })
-    .await;
+    a.dispatch(catalogue[1].uri_template.clone(), reviewed("c.txt"))
+        .await
+        .expect("review");
+    all.until("c.txt reviewed", |state| is_reviewed(state, "c.txt"))
+        .await;
     let mut again = Watched::open(&b, &catalogue[1].uri_template).await;
     again
         .until("computed again", |state| {

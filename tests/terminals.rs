@@ -153,6 +153,34 @@ async fn eventually(what: &str, check: impl Fn() -> bool) {
     }
 }
 
+/// Start `command` (a `sleep <marker>` among it) in the watched terminal and wait until it runs: its host PIDs.
+async fn start_job(
+    client: &ahp::Client,
+    watched: &mut Watched,
+    uri: &str,
+    command: &str,
+    marker: &str,
+) -> Vec<u32> {
+    client
+        .dispatch(uri.to_string(), input(command))
+        .await
+        .expect("type");
+    watched
+        .until("the job", |state| text(state).contains("started"))
+        .await;
+    eventually("the job running", || !processes(&["sleep", marker]).is_empty()).await;
+    processes(&["sleep", marker])
+}
+
+/// Wait until every process of `pids` is gone.
+async fn all_gone(what: &str, pids: &[u32]) {
+    eventually(what, || {
+        pids.iter()
+            .all(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+    })
+    .await;
+}
+
 fn is_exited(state: &TerminalState) -> bool {
     matches!(state.lifecycle, TerminalLifecycleState::Exited(_))
 }
@@ -420,23 +448,19 @@ async fn disposing_a_terminal_or_its_session_kills_its_processes() {
         .expect("createTerminal");
     let mut watched = Watched::open(&a, uri).await;
     // A background job, in its own process group, survives its shell's hang-up but not the sandbox's end.
-    a.dispatch(uri.to_string(), input("setsid sleep 31337 & echo started\n"))
-        .await
-        .expect("type");
-    watched
-        .until("the job", |state| text(state).contains("started"))
-        .await;
-    eventually("the job running", || !processes(&["sleep", "31337"]).is_empty()).await;
-    let pids = processes(&["sleep", "31337"]);
+    let pids = start_job(
+        &a,
+        &mut watched,
+        uri,
+        "setsid sleep 31337 & echo started\n",
+        "31337",
+    )
+    .await;
     let _: Value = a
         .request("disposeTerminal", json!({"channel": uri}))
         .await
         .expect("dispose");
-    eventually("the job killed", || {
-        pids.iter()
-            .all(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
-    })
-    .await;
+    all_gone("the job killed", &pids).await;
     let refused: Result<Value, _> = a.subscribe(uri.to_string()).await.map(|_| Value::Null);
     assert!(refused.is_err(), "the terminal is gone");
 
@@ -445,23 +469,12 @@ async fn disposing_a_terminal_or_its_session_kills_its_processes() {
         .await
         .expect("createTerminal");
     let mut watched = Watched::open(&a, uri).await;
-    a.dispatch(uri.to_string(), input("sleep 31338 & echo started\n"))
-        .await
-        .expect("type");
-    watched
-        .until("the job", |state| text(state).contains("started"))
-        .await;
-    eventually("the job running", || !processes(&["sleep", "31338"]).is_empty()).await;
-    let pids = processes(&["sleep", "31338"]);
+    let pids = start_job(&a, &mut watched, uri, "sleep 31338 & echo started\n", "31338").await;
     let _: Value = a
         .request("disposeSession", json!({"channel": session}))
         .await
         .expect("dispose session");
-    eventually("the session's job killed", || {
-        pids.iter()
-            .all(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
-    })
-    .await;
+    all_gone("the session's job killed", &pids).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -602,11 +615,7 @@ async fn through_a_gateway_terminals_run_on_the_runner_and_end_with_it() {
     let pids = processes(&["sleep", "31341"]);
     runner.start_kill().expect("kill the runner");
     runner.wait().await.expect("reaped");
-    eventually("the runner's shell killed with it", || {
-        pids.iter()
-            .all(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
-    })
-    .await;
+    all_gone("the runner's shell killed with it", &pids).await;
     for watched in [&mut on_a, &mut on_b] {
         watched.until("the exit", is_exited).await;
         assert!(

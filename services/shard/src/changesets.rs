@@ -475,16 +475,19 @@ impl HostCore {
         }
     }
 
-    /// Compute every open changeset of `session` again.
-    pub(crate) fn refresh_changesets(&mut self, session: &str) {
-        let open: Vec<String> = self
-            .model
+    /// The open changesets of `session`.
+    fn changesets_of(&self, session: &str) -> Vec<String> {
+        self.model
             .changesets
             .iter()
             .filter(|(_, record)| record.session == session)
             .map(|(uri, _)| uri.clone())
-            .collect();
-        for uri in open {
+            .collect()
+    }
+
+    /// Compute every open changeset of `session` again.
+    pub(crate) fn refresh_changesets(&mut self, session: &str) {
+        for uri in self.changesets_of(session) {
             self.compute_changeset(&uri);
         }
     }
@@ -614,13 +617,7 @@ impl HostCore {
 
     /// A changeset's files and review marks go with it: the store forgets it.
     pub(crate) fn dispose_changesets_of(&mut self, session: &str) -> Vec<String> {
-        let gone: Vec<String> = self
-            .model
-            .changesets
-            .iter()
-            .filter(|(_, record)| record.session == session)
-            .map(|(uri, _)| uri.clone())
-            .collect();
+        let gone = self.changesets_of(session);
         for uri in &gone {
             self.model.changesets.remove(uri);
             self.seq.dispose(uri);

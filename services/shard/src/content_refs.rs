@@ -66,6 +66,15 @@ fn percent_decode(text: &str) -> Vec<u8> {
     out
 }
 
+/// Whether `action` is one whose content [`extract`] looks at (a tool call's result or content): the others —
+/// every streamed delta among them — cost nothing here.
+pub fn may_carry(action: &StateAction) -> bool {
+    matches!(
+        action,
+        StateAction::ChatToolCallComplete(_) | StateAction::ChatToolCallContentChanged(_)
+    )
+}
+
 /// Moves `action`'s inline contents larger than `threshold` bytes out, naming them by reference; returns them,
 /// owned by `session`, to store with the action.
 pub fn extract(action: &mut StateAction, session: &str, threshold: usize) -> Vec<StoredContent> {

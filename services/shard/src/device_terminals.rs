@@ -275,6 +275,13 @@ impl HostCore {
     /// After an accepted action on a terminal: devices' input and size reach its process; a `!command`'s exit
     /// completes its chat turn.
     pub(crate) fn terminal_side_effects(&mut self, uri: &str, action: &StateAction) {
+        // Output (the bulk of a terminal's actions) has none: nothing is looked up for it.
+        if !matches!(
+            action,
+            StateAction::TerminalInput(_) | StateAction::TerminalResized(_) | StateAction::TerminalExited(_)
+        ) {
+            return;
+        }
         let Some(device) = self
             .model
             .terminals

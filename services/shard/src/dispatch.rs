@@ -127,7 +127,10 @@ impl HostCore {
         }
         // Large inline content goes to the store, named by reference ([`crate::content_refs`]) — stored only
         // with an action that is applied.
-        let contents = match self.model.chats.get(channel).map(|chat| chat.session.clone()) {
+        let session = crate::content_refs::may_carry(&action)
+            .then(|| self.model.chats.get(channel).map(|chat| chat.session.clone()))
+            .flatten();
+        let contents = match session {
             Some(session) => {
                 crate::content_refs::extract(&mut action, &session, self.limits.content_ref_bytes)
             }
