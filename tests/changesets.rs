@@ -187,6 +187,13 @@ async fn a_turns_changes_are_listed_reviewed_by_every_device_and_reverted() {
     )
     .await;
     let turn = catalogue[0].uri_template.replace("{turnId}", "t1");
+    // A turn that has no checkpoints names no changeset: nothing is opened (or computed) for it.
+    let made_up = catalogue[0].uri_template.replace("{turnId}", "no-such-turn");
+    let refused = b.subscribe(made_up).await.map(|_| ());
+    assert!(
+        matches!(&refused, Err(ClientError::Rpc(e)) if e.code == -32008),
+        "{refused:?}"
+    );
     let mut on_b = Watched::open(&b, &turn).await;
     on_b.ready().await;
     assert_eq!(on_b.ids(), vec!["a.txt", "b.txt", "c.txt"], "{:#?}", on_b.state);
