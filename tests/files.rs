@@ -863,3 +863,39 @@ async fn at_completes_the_sessions_files() {
     // Not an @ word: nothing of the files.
     assert!(complete("mail me@x").await.items.is_empty());
 }
+
+/// Issue 26 (1): a watch with `includes` reports only the paths its globs name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_with_includes_reports_only_what_they_name() {
+    let setup = relay_with_workspace(&[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let dir = setup.root("dev").join("only-md");
+    mkdir(&a, &dir).await;
+    let created = call(
+        &a,
+        "createResourceWatch",
+        json!({"uri": uri(&dir), "includes": {"items": ["*.md"]}}),
+    )
+    .await
+    .expect("watch");
+    let channel = created["channel"].as_str().expect("channel").to_string();
+    let (_, mut changes) = a.subscribe(channel).await.expect("subscribe");
+    // The one not included is written first: had it been reported, it would come first.
+    for name in ["notes.txt", "notes.md"] {
+        call(
+            &a,
+            "resourceWrite",
+            json!({"uri": uri(&dir.join(name)), "data": "x", "encoding": "utf-8"}),
+        )
+        .await
+        .expect("write");
+    }
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|(u, _): &(String, String)| u.ends_with("/notes.md"))
+    {
+        seen.extend(next_changes(&mut changes).await);
+    }
+    assert!(!seen.iter().any(|(u, _)| u.ends_with("/notes.txt")), "{seen:?}");
+}

@@ -456,6 +456,10 @@ impl Publisher {
         for event in events {
             match event {
                 ShellEvent::Output(bytes) => {
+                    // An envelope carries at most DATA_MAX (and the few bytes of a character cut at its end).
+                    if self.pending.len() + bytes.len() > DATA_MAX {
+                        self.flush();
+                    }
                     self.pending.extend_from_slice(&bytes);
                     self.pending_since.get_or_insert_with(Instant::now);
                     if self.pending.len() >= DATA_MAX {
@@ -697,6 +701,27 @@ mod tests {
             last.value.starts_with('x') && last.value.ends_with("x\n"),
             "the tail starts at a line"
         );
+    }
+
+    #[test]
+    fn no_envelope_carries_more_than_its_maximum() {
+        let sink = Arc::new(Recorded::default());
+        let mut publisher = publisher(&sink, None);
+        for _ in 0..5 {
+            publisher.push(&vec![b'x'; 40 * 1024]);
+        }
+        publisher.flush();
+        let sizes: Vec<usize> = sink
+            .0
+            .lock()
+            .iter()
+            .filter_map(|action| match action {
+                StateAction::TerminalData(data) => Some(data.data.len()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 5 * 40 * 1024);
+        assert!(sizes.iter().all(|size| *size <= DATA_MAX), "{sizes:?}");
     }
 
     #[test]
