@@ -899,3 +899,78 @@ async fn a_watch_with_includes_reports_only_what_they_name() {
     }
     assert!(!seen.iter().any(|(u, _)| u.ends_with("/notes.txt")), "{seen:?}");
 }
+
+/// Issue 26 (1): a truncating write replaces the file whole (a temp file renamed over it: a reader never sees
+/// half of it; the inode changes), a burst of writes is coalesced into few reports, and a tenant holds at most
+/// 64 watches however many connections it spreads them over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_replace_files_whole_reports_are_coalesced_and_a_tenants_watches_are_bounded() {
+    let setup = relay_with_workspace(&[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let dir = setup.root("dev").join("burst");
+    mkdir(&a, &dir).await;
+    let file = dir.join("f.txt");
+    let write = |text: &'static str| {
+        let (a, file) = (&a, file.clone());
+        async move {
+            call(
+                a,
+                "resourceWrite",
+                json!({"uri": uri(&file), "data": text, "encoding": "utf-8"}),
+            )
+            .await
+            .expect("write");
+        }
+    };
+    write("first").await;
+    let before = std::fs::metadata(&file).expect("meta").ino();
+    write("second").await;
+    assert_ne!(
+        std::fs::metadata(&file).expect("meta").ino(),
+        before,
+        "renamed into place, not rewritten"
+    );
+
+    let created = call(&a, "createResourceWatch", json!({"uri": uri(&dir)}))
+        .await
+        .expect("watch");
+    let (_, mut changes) = a
+        .subscribe(created["channel"].as_str().expect("channel").to_string())
+        .await
+        .expect("subscribe");
+    for i in 0..20 {
+        call(
+            &a,
+            "resourceWrite",
+            json!({"uri": uri(&dir.join(format!("n{i}.txt"))), "data": "x", "encoding": "utf-8"}),
+        )
+        .await
+        .expect("write");
+    }
+    let mut reports = 0;
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|(u, _): &(String, String)| u.ends_with("/n19.txt"))
+    {
+        seen.extend(next_changes(&mut changes).await);
+        reports += 1;
+    }
+    assert!(reports < 10, "20 writes in a burst came as {reports} reports");
+
+    // 16 per connection: five connections try 80, the tenant keeps 64 (this one already holds one).
+    let mut held = 1;
+    let mut refused = 0;
+    let mut clients = Vec::new();
+    for n in 0..5 {
+        let (client, _) = setup.relay.client(&format!("device-w{n}")).await;
+        for _ in 0..16 {
+            match call(&client, "createResourceWatch", json!({"uri": uri(&dir)})).await {
+                Ok(_) => held += 1,
+                Err(_) => refused += 1,
+            }
+        }
+        clients.push(client);
+    }
+    assert_eq!((held, refused), (64, 17), "held {held}, refused {refused}");
+}
