@@ -460,3 +460,115 @@ async fn through_a_gateway_a_turns_changes_are_listed_and_reverted_on_the_runner
         })
         .await;
 }
+
+/// Issue 32 (acceptance 1, git): a repository whose configuration the agent wrote to run commands — a filter in
+/// a section header on the line of another, a byte that is not UTF-8, `core.fsmonitor`, `core.hooksPath`,
+/// `include.path` (naming another filter) and `diff.external`, every file filtered by `.git/info/attributes` —
+/// is staged, committed, checkpointed, its branches listed and switched to, and none of those commands runs.
+/// Each would leave a file in the working directory (which every git the relay runs on it can write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planted_git_configuration_runs_nothing_the_relay_does_on_the_repository() {
+    let agents = scripted_agents_file();
+    let data = tempfile::tempdir().expect("data");
+    let relay_process = relay(&agents, data.path()).await;
+    let (a, _) = relay_process.client("device-a").await;
+    let dir: PathBuf = agents.workspace.path().join("dev/planted");
+    let _: Value = a
+        .request(
+            "resourceMkdir",
+            json!({"channel": "ahp-root://", "uri": format!("file://{}", dir.display())}),
+        )
+        .await
+        .expect("mkdir");
+    write(&a, &dir.join(".gitignore"), ".test-agent/\n.flow-control\n").await;
+    let (_, chat, state) = session(&a, "planted", Some(&dir)).await;
+    let catalogue = state.changesets.expect("changesets");
+    let touch = |name: &str| format!("touch {}/ran-{name}", dir.display());
+    let config = format!(
+        "[core] [filter \"x\"]\n\tclean = {}\n\tsmudge = {}\n\tprocess = {}\n\trequired = true\n\
+         [core]\n\tfsmonitor = {}\n\thooksPath = {}/planted-hooks\n[diff]\n\texternal = {}\n\
+         [include]\n\tpath = {}/.git/extra\n",
+        touch("clean"),
+        touch("smudge"),
+        touch("process"),
+        touch("fsmonitor"),
+        dir.display(),
+        touch("external"),
+        dir.display(),
+    );
+    let extra = format!("[filter \"inc\"]\n\tclean = {}\n", touch("included"));
+    let hooks = ["pre-commit", "post-commit", "post-checkout", "commit-msg"]
+        .map(|hook| {
+            format!(
+                "printf '#!/bin/sh\\n{}\\n' > planted-hooks/{hook} && chmod +x planted-hooks/{hook}",
+                touch(hook)
+            )
+        })
+        .join(" && ");
+    // The agent makes the repository and plants it all (as the tenant's user, in its sandbox).
+    let script = format!(
+        "sh: git init -q -b main && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m init && \
+         git branch other && mkdir planted-hooks && {hooks} && printf '# \\377 not UTF-8\\n' >> .git/config && \
+         printf '%s' '{config}' >> .git/config && \
+         printf '%s' '{extra}' > .git/extra && printf '* filter=x\\n*.md filter=inc\\n' > .git/info/attributes && \
+         printf 'hello\\n' > notes.md && git config --name-only --list | grep -c filter.x.clean"
+    );
+    prompt(&a, &chat, "t1", &script).await;
+    assert!(
+        dir.join(".git/config").exists() && dir.join("planted-hooks/pre-commit").exists(),
+        "the agent planted the repository"
+    );
+    let planted = std::fs::read(dir.join(".git/config")).expect("config");
+    assert!(
+        planted.contains(&0o377),
+        "the configuration holds a byte that is not UTF-8"
+    );
+    // A checkpoint (turn t2 starts and ends with one), Stage and Commit.
+    prompt(&a, &chat, "t2", "sh: printf 'more\\n' >> notes.md").await;
+    let mut all = Watched::open(&a, &catalogue[1].uri_template).await;
+    all.until("the repository's operations", |state| {
+        state.status == ChangesetStatus::Ready
+            && state.operations.iter().flatten().any(|op| op.id == "commit")
+    })
+    .await;
+    invoke(
+        &a,
+        &catalogue[1].uri_template,
+        "stage",
+        Some(json!({"kind": "resource", "resource": "notes.md"})),
+    )
+    .await
+    .expect("stage");
+    invoke(&a, &catalogue[1].uri_template, "commit", None)
+        .await
+        .expect("commit");
+    // Branches listed, and a session started on another branch (switched to in its sandbox).
+    let uri = format!("file://{}", dir.display());
+    let listed: ahp_types::commands::SessionConfigCompletionsResult = a
+        .request(
+            "sessionConfigCompletions",
+            json!({"channel": "ahp-root://", "provider": "scripted", "property": "branch",
+                "workingDirectory": uri, "query": ""}),
+        )
+        .await
+        .expect("completions");
+    let branches: Vec<String> = listed.items.into_iter().map(|item| item.value).collect();
+    assert_eq!(branches, ["main", "other"]);
+    ready_session(
+        &a,
+        "scripted",
+        "on-other",
+        json!({"config": {"branch": "other"}, "workingDirectories": [uri]}),
+    )
+    .await
+    .expect("switched to other");
+    let head = std::fs::read_to_string(dir.join(".git/HEAD")).expect("HEAD");
+    assert!(head.contains("refs/heads/other"), "{head}");
+    let ran: Vec<String> = std::fs::read_dir(&dir)
+        .expect("dir")
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("ran-"))
+        .collect();
+    assert!(ran.is_empty(), "planted commands ran: {ran:?}");
+}

@@ -1695,3 +1695,191 @@ async fn without_a_working_sandbox_agents_are_refused_unless_the_operator_says_o
         .unwrap_or(0);
     assert!(visible > 5, "{said}");
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// The relay as deputy (issue 32): what the relay does for a tenant outside any sandbox, as root, never follows a
+// link the tenant planted.
+
+/// A session of the shell agent in `directory` (a `file://` URI), or why it was refused or failed.
+async fn try_session_in(client: &ahp::Client, name: &str, directory: &str) -> Result<String, String> {
+    let session = format!("ahp-session:/{name}");
+    let created: Result<Value, _> = client
+        .request(
+            "createSession",
+            serde_json::json!({"channel": session, "provider": "shell", "workingDirectories": [directory]}),
+        )
+        .await;
+    if let Err(error) = created {
+        return Err(format!("refused: {error}"));
+    }
+    let (result, mut sub) = client.subscribe(session.clone()).await.expect("subscribe");
+    let mut state = session_of(&result.snapshot.expect("snapshot"));
+    while state.lifecycle != SessionLifecycle::Ready {
+        if state.lifecycle == SessionLifecycle::Failed {
+            return Err(format!("failed: {:?}", state.creation_error));
+        }
+        let envelope = next_envelope(&mut sub).await;
+        ahp::reducers::apply_action_to_session(&mut state, &envelope.action);
+    }
+    Ok(format!("ahp-chat:/{name}"))
+}
+
+/// Every file beneath `dir` with its content, for a byte-for-byte comparison.
+fn contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read_dir").flatten() {
+            let kind = entry.file_type().expect("type");
+            if kind.is_dir() {
+                pending.push(entry.path());
+            } else if kind.is_file() {
+                files.push((entry.path(), std::fs::read(entry.path()).expect("read")));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// Issue 32 (acceptance 1, files), in `serve` as root: tenant a plants a link to the directory holding a
+/// stand-in for `/etc`, the relay's data directory and the workspace root (tenant b's workspaces) — its agent
+/// makes the link in its own workspace and a member moves it over a's host directory with `resourceMove` — then
+/// disposes the sessions whose directories the link now names (`etc`, `data`, `ws`). Each of the three survives
+/// byte for byte, and neither the tenant's directory nor a working directory through the link is accepted for a
+/// session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_serve_the_relay_deletes_creates_and_measures_nothing_through_a_tenants_link() {
+    let top = tempfile::tempdir().expect("top");
+    let top = top.path().canonicalize().expect("real");
+    let (data, workspace, config, etc) = (
+        top.join("data"),
+        top.join("ws"),
+        top.join("config"),
+        top.join("etc"),
+    );
+    for dir in [&data, &workspace, &config, &etc] {
+        std::fs::create_dir_all(dir).expect("mkdir");
+    }
+    std::fs::write(etc.join("passwd"), "root:x:0:0:root:/root:/bin/sh\n").expect("etc stand-in");
+    let b_key = private_file(&config, "b-agent-key", B_KEY);
+    let agents = agents_file(&config, &workspace, &b_key, &[]);
+    let args: Vec<String> = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &data.display().to_string(),
+        "--agents",
+        &agents.display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (mut relay, found) = contained(&args, &[], &["listening on ws://"]).await;
+    let addr = found[0].trim_end_matches("/v1/ws").to_string();
+    let secret = std::fs::read_to_string(data.join("jwt-secret")).expect("jwt-secret");
+    let secret = secret.trim().as_bytes().to_vec();
+
+    let b = tenant_at_work(&addr, &secret, &workspace, "b").await;
+    let a = client(&addr, &secret, "a").await;
+    // The sessions whose directories the planted link will name: `<root>/a/default/{etc,data,ws}`.
+    for name in ["etc", "data", "ws"] {
+        shell_session(&a, name).await;
+    }
+    let chat = shell_session(&a, "attack").await;
+    let a_workspace = workspace_of(&a, &chat).await;
+    let linked = sh(
+        &a,
+        &chat,
+        "plant",
+        &format!("ln -s {} link && ls -l link", top.display()),
+    )
+    .await;
+    assert!(linked.contains("link ->"), "the agent made its link: {linked}");
+    let (etc_before, b_before) = (contents(&etc), contents(&workspace.join("b")));
+    let secret_before = std::fs::read(data.join("jwt-secret")).expect("secret");
+    let tenant_dir = workspace.join("a");
+    let host_dir = tenant_dir.join("default");
+    let file_uri = |path: &Path| format!("file://{}", path.display());
+    let moved = |from: PathBuf, to: PathBuf| {
+        let a = &a;
+        async move {
+            let moved: Result<Value, _> = a
+                .request(
+                    "resourceMove",
+                    serde_json::json!({"channel": "ahp-root://", "source": file_uri(&from), "destination": file_uri(&to)}),
+                )
+                .await;
+            moved.map_err(|error| format!("{error}"))
+        }
+    };
+    // Route (b): the host directory moved aside, the agent's link moved over it.
+    moved(host_dir.clone(), tenant_dir.join("default-old"))
+        .await
+        .expect("the host directory moved aside");
+    moved(tenant_dir.join("default-old/attack/link"), host_dir.clone())
+        .await
+        .expect("the link moved over the host directory");
+    assert!(
+        std::fs::symlink_metadata(&host_dir)
+            .expect("planted")
+            .file_type()
+            .is_symlink(),
+        "the host directory is now a link"
+    );
+    // Route (a) and a directory through the link: refused.
+    let refused = try_session_in(&a, "at-root", &file_uri(&tenant_dir)).await;
+    assert!(
+        refused.is_err(),
+        "the tenant's directory as a working directory: {refused:?}"
+    );
+    let through = try_session_in(&a, "through", &file_uri(&host_dir.join("etc"))).await;
+    assert!(
+        through.is_err(),
+        "a working directory through the link: {through:?}"
+    );
+    assert!(!etc.join(".ahp-relay").exists() && !top.join(".ssh").exists());
+
+    for name in ["etc", "data", "ws"] {
+        let _: Value = a
+            .request(
+                "disposeSession",
+                serde_json::json!({"channel": format!("ahp-session:/{name}")}),
+            )
+            .await
+            .expect("disposeSession");
+    }
+    // The disposals reached the workspace (the sessions' private directories went), and nothing through the link.
+    let gone = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let left = ["etc", "data", "ws"]
+                .iter()
+                .filter(|name| workspace.join(format!(".sandbox/a/default/{name}")).exists())
+                .count();
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "the disposed sessions' private directories stayed");
+    assert_eq!(contents(&etc), etc_before, "the stand-in for /etc changed");
+    assert_eq!(
+        contents(&workspace.join("b")),
+        b_before,
+        "tenant b's workspace changed"
+    );
+    assert_eq!(
+        std::fs::read(data.join("jwt-secret")).expect("the data directory is there"),
+        secret_before
+    );
+    assert!(data.join("relay.sqlite").exists(), "the store is there");
+    // The relay and tenant b go on.
+    assert!(sh(&b.client, &b.chat, "after", "cat marker.txt")
+        .await
+        .contains(&b.marker));
+    assert!(a_workspace.starts_with(&workspace));
+    assert!(relay.alive(), "the relay died");
+}

@@ -53,7 +53,7 @@ pub async fn sandboxes(
             "--unsafe-no-sandbox: agents run WITHOUT a sandbox, as this process's user: they can read its \
              secrets and store, other tenants' workspaces, and kill it"
         );
-        return Ok(Sandboxes::new(Launcher::Unconfined, file));
+        return Ok(Sandboxes::new(Launcher::Unconfined, file)?);
     }
     protected.paths.push(agents_file.to_path_buf());
     protected.paths.push(file.workspace_root.clone());
@@ -122,7 +122,7 @@ pub async fn sandboxes(
         proc = sandbox.layout().proc,
         "agents run sandboxed"
     );
-    Ok(Sandboxes::new(Launcher::Sandboxed(Arc::new(sandbox)), file))
+    Ok(Sandboxes::new(Launcher::Sandboxed(Arc::new(sandbox)), file)?)
 }
 
 /// The port of a URL (`scheme://[user@]host:port/…`), with the scheme's default when none is written.

@@ -8,6 +8,7 @@
 pub mod acp;
 pub mod demo;
 pub mod files;
+pub mod git;
 pub mod provider;
 pub mod pty;
 pub mod shell_integration;

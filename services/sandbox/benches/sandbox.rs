@@ -118,7 +118,11 @@ async fn run() {
 fn session(root: &Path) -> SandboxSpec {
     let user = relay_sandbox::running_as_root().then(|| {
         TenantUsers::new(64_000, 900)
-            .claim(root, &root.join("bench"), "bench")
+            .claim(
+                &relay_sandbox::beneath::WorkspaceRoot::open(root).expect("root"),
+                "bench",
+                "bench",
+            )
             .expect("a user")
     });
     let base = root.join("bench");

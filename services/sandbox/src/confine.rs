@@ -266,3 +266,63 @@ pub fn landlock_abi() -> i32 {
     };
     i32::try_from(version).unwrap_or(0).max(0)
 }
+
+/// A further Landlock domain for one child of an already sandboxed process (the tenant's file server running
+/// git on one session's repository): built in the parent, entered between fork and exec
+/// ([`Narrowing::enter`]), so the child and all it starts see only `read_only` (read and execute),
+/// `read_write` and `devices`. Landlock domains stack: the child keeps every restriction it inherited.
+#[derive(Debug)]
+pub struct Narrowing {
+    ruleset: Option<landlock::RulesetCreated>,
+}
+
+impl Narrowing {
+    pub fn new(
+        read_only: &[&Path],
+        read_write: &[&Path],
+        devices: &[&Path],
+    ) -> Result<Narrowing, ConfineError> {
+        let abi = TARGET_ABI;
+        let mut created = Ruleset::default()
+            .set_compatibility(CompatLevel::BestEffort)
+            .handle_access(AccessFs::from_all(abi))?
+            .scope(Scope::from_all(abi))?
+            .create()?;
+        let rules = [
+            (read_only, AccessFs::from_read(abi)),
+            (read_write, AccessFs::from_all(abi)),
+            (
+                devices,
+                AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev,
+            ),
+        ];
+        for (paths, access) in rules {
+            for path in paths {
+                let Some(fd) = open_path(path) else { continue };
+                let access = if is_directory(path) {
+                    access
+                } else {
+                    access & AccessFs::from_file(abi)
+                };
+                created = created.add_rule(PathBeneath::new(fd, access))?;
+            }
+        }
+        Ok(Narrowing {
+            ruleset: Some(created),
+        })
+    }
+
+    /// Enter the domain (in the child, between fork and exec: only system calls happen here). Fails when
+    /// Landlock enforced nothing, or when entered twice.
+    pub fn enter(&mut self) -> std::io::Result<()> {
+        let ruleset = self
+            .ruleset
+            .take()
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        match ruleset.restrict_self() {
+            Ok(status) if status.ruleset != RulesetStatus::NotEnforced => Ok(()),
+            Ok(_) => Err(std::io::Error::from_raw_os_error(libc::ENOSYS)),
+            Err(_) => Err(std::io::Error::from_raw_os_error(libc::EPERM)),
+        }
+    }
+}

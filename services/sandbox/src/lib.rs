@@ -19,6 +19,7 @@
 //! and then builds each sandbox's command. Without a working sandbox the relay refuses to run agents unless
 //! the operator chose [`Launcher::Unconfined`] (`--unsafe-no-sandbox`), which is logged at every start.
 
+pub mod beneath;
 pub mod cgroups;
 pub mod confine;
 pub mod exec;

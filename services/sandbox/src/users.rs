@@ -8,10 +8,11 @@
 //! the owner is read back. Directories made before per-tenant users existed (owned by root) are handed over.
 
 use std::collections::HashSet;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Mutex;
 
+use crate::beneath::{BeneathError, WorkspaceRoot};
 use crate::policy::UserSwitch;
 
 /// A range of user ids to give tenants.
@@ -29,6 +30,8 @@ pub struct TenantUsers {
 pub enum UserError {
     #[error("cannot prepare {path}: {source}")]
     Io { path: String, source: std::io::Error },
+    #[error("{0}")]
+    Beneath(#[from] BeneathError),
     #[error("every user id of the range {first}..{last} is taken by another tenant's directory")]
     Exhausted { first: u32, last: u32 },
 }
@@ -43,10 +46,11 @@ impl TenantUsers {
         }
     }
 
-    /// The user of the tenant whose top directory is `dir` (a child of `root`): its owner; for a directory
-    /// that does not exist yet (or that root owns), a free user, which then owns it (mode 0700, recursively for
-    /// a directory taken over from root).
-    pub fn claim(&self, root: &Path, dir: &Path, tenant: &str) -> Result<UserSwitch, UserError> {
+    /// The user of the tenant whose top directory is `name` (a child of the workspace root `root`): its owner;
+    /// for a directory that does not exist yet (or that root owns), a free user, which then owns it (mode 0700,
+    /// recursively for a directory taken over from root, by descriptor: no link in it is followed).
+    pub fn claim(&self, root: &WorkspaceRoot, name: &str, tenant: &str) -> Result<UserSwitch, UserError> {
+        let dir = root.path().join(name);
         let io = |path: &Path| {
             let path = path.display().to_string();
             move |source| UserError::Io { path, source }
@@ -55,10 +59,9 @@ impl TenantUsers {
             .claiming
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        std::fs::create_dir_all(root).map_err(io(root))?;
-        let _across_processes = lock_file(&root.join(LOCK_FILE)).map_err(io(root))?;
-        match std::fs::symlink_metadata(dir) {
-            Ok(meta) if meta.uid() != 0 && self.contains(meta.uid()) => {
+        let _across_processes = lock_file(&root.path().join(LOCK_FILE)).map_err(io(root.path()))?;
+        match std::fs::symlink_metadata(&dir) {
+            Ok(meta) if meta.is_dir() && meta.uid() != 0 && self.contains(meta.uid()) => {
                 return Ok(UserSwitch {
                     uid: meta.uid(),
                     gid: meta.gid(),
@@ -66,11 +69,11 @@ impl TenantUsers {
             }
             Ok(_) => {}
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir_all(dir).map_err(io(dir))?;
+                root.create_dirs(&dir, None, 0o700)?;
             }
-            Err(error) => return Err(io(dir)(error)),
+            Err(error) => return Err(io(&dir)(error)),
         }
-        let taken = owners_of_children(root);
+        let taken = owners_of_children(root.path());
         let start = fnv1a(tenant) % self.count;
         let uid = (0..self.count)
             .map(|offset| self.first + (start + offset) % self.count)
@@ -80,7 +83,7 @@ impl TenantUsers {
                 last: self.first + (self.count - 1),
             })?;
         let user = UserSwitch { uid, gid: uid };
-        hand_over(dir, user).map_err(io(dir))?;
+        root.hand_over(&dir, user)?;
         Ok(user)
     }
 
@@ -106,24 +109,11 @@ fn lock_file(path: &Path) -> std::io::Result<std::fs::File> {
     Ok(file)
 }
 
-/// Make `path` and everything beneath it `user`'s; the top directory private (0700).
-pub fn hand_over(path: &Path, user: UserSwitch) -> std::io::Result<()> {
-    std::os::unix::fs::lchown(path, Some(user.uid), Some(user.gid))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))?;
-    let mut pending = vec![path.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let child = entry.path();
-            std::os::unix::fs::lchown(&child, Some(user.uid), Some(user.gid))?;
-            if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
-                pending.push(child);
-            }
-        }
-    }
-    Ok(())
+/// Make `path` (a trusted directory: the parent is not a tenant's) and everything beneath it `user`'s; the
+/// top directory private (0700). By descriptor, as [`WorkspaceRoot::hand_over`].
+pub fn hand_over(path: &Path, user: UserSwitch) -> Result<(), BeneathError> {
+    let parent = path.parent().unwrap_or(path);
+    WorkspaceRoot::open(parent)?.hand_over(path, user)
 }
 
 /// The owners of `root`'s entries (other tenants' directories).
@@ -161,24 +151,20 @@ mod tests {
             eprintln!("skipped: handing directories to other users needs root");
             return;
         }
-        let root = tempfile::tempdir().expect("tempdir");
+        let top = tempfile::tempdir().expect("tempdir");
+        let root = WorkspaceRoot::open(top.path()).expect("root");
         // A range of two users, for three claims: the third tenant finds none left.
         let users = TenantUsers::new(61_000, 2);
-        let a = users.claim(root.path(), &root.path().join("a"), "a").expect("a");
-        let b = users.claim(root.path(), &root.path().join("b"), "b").expect("b");
+        let a = users.claim(&root, "a", "a").expect("a");
+        let b = users.claim(&root, "b", "b").expect("b");
         assert_ne!(a.uid, b.uid);
         assert!((61_000..61_002).contains(&a.uid) && (61_000..61_002).contains(&b.uid));
         // Claimed again (another runner, a restart): the directory's owner.
-        assert_eq!(
-            users
-                .claim(root.path(), &root.path().join("a"), "a")
-                .expect("again"),
-            a
-        );
+        assert_eq!(users.claim(&root, "a", "a").expect("again"), a);
         let meta = std::fs::metadata(root.path().join("a")).expect("a");
         assert_eq!((meta.uid(), meta.mode() & 0o777), (a.uid, 0o700));
         assert!(matches!(
-            users.claim(root.path(), &root.path().join("c"), "c"),
+            users.claim(&root, "c", "c"),
             Err(UserError::Exhausted { .. })
         ));
     }
@@ -189,13 +175,33 @@ mod tests {
             eprintln!("skipped: handing directories to other users needs root");
             return;
         }
-        let root = tempfile::tempdir().expect("tempdir");
-        let old = root.path().join("legacy");
+        let top = tempfile::tempdir().expect("tempdir");
+        let old = top.path().join("root/legacy");
         std::fs::create_dir_all(old.join("project/src")).expect("mkdir");
         std::fs::write(old.join("project/src/main.rs"), "fn main() {}").expect("write");
+        // A link in the tree to a directory outside it: handed over itself, its target left alone.
+        let outside = top.path().join("outside");
+        std::fs::create_dir_all(&outside).expect("mkdir");
+        std::fs::write(outside.join("precious"), "x").expect("write");
+        std::os::unix::fs::symlink(&outside, old.join("project/out")).expect("ln");
+        let root = WorkspaceRoot::open(&top.path().join("root")).expect("root");
         let user = TenantUsers::new(62_000, 10)
-            .claim(root.path(), &old, "legacy")
+            .claim(&root, "legacy", "legacy")
             .expect("claim");
+        for outside in [outside.clone(), outside.join("precious")] {
+            assert_eq!(
+                std::fs::metadata(&outside).expect("meta").uid(),
+                0,
+                "{}",
+                outside.display()
+            );
+        }
+        assert_eq!(
+            std::fs::symlink_metadata(old.join("project/out"))
+                .expect("link")
+                .uid(),
+            user.uid
+        );
         for path in [
             old.clone(),
             old.join("project/src"),

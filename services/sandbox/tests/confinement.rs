@@ -28,7 +28,11 @@ async fn launcher(protected: Vec<PathBuf>, system_extra: Vec<PathBuf>) -> Launch
 fn session(root: &Path, tenant: &str) -> SandboxSpec {
     let user = relay_sandbox::running_as_root().then(|| {
         TenantUsers::new(63_000, 900)
-            .claim(root, &root.join(tenant), tenant)
+            .claim(
+                &relay_sandbox::beneath::WorkspaceRoot::open(root).expect("root"),
+                tenant,
+                tenant,
+            )
             .expect("claim a user")
     });
     let base = root.join(tenant);

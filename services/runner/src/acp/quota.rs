@@ -323,28 +323,6 @@ impl<R: AsyncRead + Unpin> AsyncRead for ThrottledReader<R> {
     }
 }
 
-/// The bytes a directory tree holds on disk (allocated blocks, so sparse files count what they use).
-pub fn disk_usage(root: &std::path::Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = 0_u64;
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.path().symlink_metadata() else {
-                continue;
-            };
-            total = total.saturating_add(meta.blocks().saturating_mul(512));
-            if meta.is_dir() {
-                pending.push(entry.path());
-            }
-        }
-    }
-    total
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

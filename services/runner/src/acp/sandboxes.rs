@@ -27,7 +27,7 @@ pub enum StartError {
 /// The sandboxes of this process.
 pub struct Sandboxes {
     launcher: Launcher,
-    workspaces: Workspaces,
+    workspaces: Arc<Workspaces>,
     /// The workspace root, resolved: every session's directory is opened beneath it without symlinks.
     anchor: std::path::PathBuf,
     quotas: Arc<TenantQuotas>,
@@ -39,7 +39,10 @@ pub struct Sandboxes {
 impl Sandboxes {
     /// Sandboxes started by `launcher` for the agents of `file`; starts the background maintenance (needs a
     /// Tokio runtime).
-    pub fn new(launcher: Launcher, file: &AgentsFile) -> Arc<Sandboxes> {
+    pub fn new(
+        launcher: Launcher,
+        file: &AgentsFile,
+    ) -> Result<Arc<Sandboxes>, super::workspace::WorkspaceError> {
         let users = launcher
             .per_tenant_users()
             .then(|| TenantUsers::new(file.sandbox.first_uid, file.sandbox.uid_count));
@@ -75,13 +78,13 @@ impl Sandboxes {
         let sandboxes = Arc::new(Sandboxes {
             launcher,
             anchor,
-            workspaces: Workspaces::new(file.workspace_root.clone(), users),
+            workspaces: Arc::new(Workspaces::new(file.workspace_root.clone(), users)?),
             quotas,
             config,
             cgroups,
         });
         tokio::spawn(maintain(Arc::downgrade(&sandboxes)));
-        sandboxes
+        Ok(sandboxes)
     }
 
     pub fn workspaces(&self) -> &Workspaces {
@@ -210,14 +213,8 @@ impl Sandboxes {
 
     /// Measure `tenant`'s workspace, homes and `/tmp`s now.
     pub async fn measure(&self, tenant: &str) {
-        let dirs = [
-            self.workspaces.tenant_dir(tenant),
-            self.workspaces.tenant_private_dir(tenant),
-        ];
-        let measured = tokio::task::spawn_blocking(move || {
-            dirs.iter().map(|dir| super::quota::disk_usage(dir)).sum::<u64>()
-        })
-        .await;
+        let (workspaces, name) = (self.workspaces.clone(), tenant.to_string());
+        let measured = tokio::task::spawn_blocking(move || workspaces.disk_usage(&name)).await;
         if let Ok(bytes) = measured {
             self.quotas.workspace_measured(tenant, bytes);
         }

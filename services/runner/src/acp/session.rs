@@ -212,7 +212,8 @@ pub struct Place {
 }
 
 /// Switch the session's working directory (a git repository) to `branch`, in the session's own sandbox (the
-/// agent's confinement), before its agent starts: its hooks and filesystem monitor off, no global configuration.
+/// agent's confinement), before its agent starts, with the configuration [`crate::git`] forces: nothing the
+/// repository names runs.
 async fn switch_branch(place: &Place, spec: &relay_sandbox::SandboxSpec, branch: &str) -> Result<(), String> {
     let valid = !branch.is_empty()
         && branch.len() <= 255
@@ -224,42 +225,66 @@ async fn switch_branch(place: &Place, spec: &relay_sandbox::SandboxSpec, branch:
     if !valid {
         return Err(format!("{branch:?} is not a branch name"));
     }
-    let env = std::collections::BTreeMap::from([
-        ("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string()),
-        ("GIT_CONFIG_GLOBAL".to_string(), "/dev/null".to_string()),
-        ("GIT_TERMINAL_PROMPT".to_string(), "0".to_string()),
-    ]);
-    let args: Vec<String> = [
-        "-c",
-        "core.hooksPath=/dev/null",
-        "-c",
-        "core.fsmonitor=false",
-        "switch",
-        branch,
-    ]
-    .into_iter()
-    .map(str::to_string)
-    .collect();
+    let failed = |why: String| format!("cannot switch to branch {branch}: {why}");
+    // The drivers the repository defines, as git reads them (in the sandbox), each forced empty for the switch.
+    let (listed, _) = git_in_sandbox(
+        place,
+        spec,
+        &crate::git::ForcedConfig::base(),
+        crate::git::LIST_NAMES,
+    )
+    .await
+    .map_err(failed)?;
+    if crate::git::ForcedConfig::names_unforceable(&listed) {
+        return Err(failed(
+            "the repository's configuration has names that are not UTF-8".into(),
+        ));
+    }
+    let forced = crate::git::ForcedConfig::for_listed(&listed);
+    let (_, status) = git_in_sandbox(place, spec, &forced, &["switch", branch])
+        .await
+        .map_err(failed)?;
+    status.map_err(failed)
+}
+
+/// Run git with `args` and the `forced` configuration in the session's sandbox: its output (at most 1 MiB), and
+/// whether it succeeded (else what it said).
+async fn git_in_sandbox(
+    place: &Place,
+    spec: &relay_sandbox::SandboxSpec,
+    forced: &crate::git::ForcedConfig,
+    args: &[&str],
+) -> Result<(Vec<u8>, Result<(), String>), String> {
+    use tokio::io::AsyncReadExt;
+    let mut env = forced.environment();
+    env.insert("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into());
+    let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
     let (mut child, _slot) = place
         .sandboxes
         .start(&place.tenant, spec, "git", &args, &env)
         .await
-        .map_err(|error| format!("cannot switch to branch {branch}: {error}"))?;
+        .map_err(|error| error.to_string())?;
     drop(child.stdin.take());
-    let mut said = String::new();
-    if let Some(stderr) = child.stderr.take() {
-        use tokio::io::AsyncReadExt;
-        let _ = stderr.take(8 * 1024).read_to_string(&mut said).await;
-    }
-    let status = child
-        .wait()
-        .await
-        .map_err(|error| format!("cannot switch to branch {branch}: {error}"))?;
-    if status.success() {
+    let (mut out, mut said) = (Vec::new(), String::new());
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let read_out = async {
+        if let Some(stdout) = stdout {
+            let _ = stdout.take(1024 * 1024).read_to_end(&mut out).await;
+        }
+    };
+    let read_err = async {
+        if let Some(stderr) = stderr {
+            let _ = stderr.take(8 * 1024).read_to_string(&mut said).await;
+        }
+    };
+    tokio::join!(read_out, read_err);
+    let status = child.wait().await.map_err(|error| error.to_string())?;
+    let outcome = if status.success() {
         Ok(())
     } else {
-        Err(format!("cannot switch to branch {branch}: {}", said.trim()))
-    }
+        Err(said.trim().to_string())
+    };
+    Ok((out, outcome))
 }
 
 async fn run(

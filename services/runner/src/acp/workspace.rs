@@ -12,9 +12,9 @@
 //! A disposed session's working directory (the default one) and private directories are removed, at once or
 //! after the configured retention ([`Workspaces::dispose`], [`Workspaces::sweep`]).
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
+use relay_sandbox::beneath::{BeneathError, WorkspaceRoot};
 use relay_sandbox::{TenantUsers, UserSwitch};
 use sha2::Digest;
 
@@ -37,8 +37,14 @@ pub enum WorkspaceError {
     NotAbsolute(String),
     #[error("cannot prepare the working directory {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "the working directory {0} holds other sessions' directories (name a project directory inside it)"
+    )]
+    SessionsDirectory(String),
     #[error("{0}")]
     User(#[from] relay_sandbox::users::UserError),
+    #[error("{0}")]
+    Beneath(#[from] BeneathError),
 }
 
 /// A session's directories, ready for its sandbox.
@@ -56,17 +62,23 @@ pub struct SessionDirs {
     pub session_key: String,
 }
 
-/// The workspace root of this runner (or `serve`).
+/// The workspace root of this runner (or `serve`), opened once: every directory of it the relay creates, hands
+/// over, measures, marks or removes is reached by descriptor beneath it ([`WorkspaceRoot`]), never through a link
+/// a tenant planted.
 #[derive(Debug)]
 pub struct Workspaces {
+    /// The root as configured (paths the relay shows are written under it).
     root: PathBuf,
+    opened: WorkspaceRoot,
     /// Per-tenant users, when sandboxes switch users.
     users: Option<TenantUsers>,
 }
 
 impl Workspaces {
-    pub fn new(root: PathBuf, users: Option<TenantUsers>) -> Self {
-        Self { root, users }
+    /// The workspace root `root` (created if missing), opened.
+    pub fn new(root: PathBuf, users: Option<TenantUsers>) -> Result<Self, WorkspaceError> {
+        let opened = WorkspaceRoot::open(&root)?;
+        Ok(Self { root, opened, users })
     }
 
     pub fn root(&self) -> &Path {
@@ -98,13 +110,13 @@ impl Workspaces {
         let Some(users) = &self.users else {
             return Ok(None);
         };
-        create(&self.root)?;
-        Ok(Some(users.claim(&self.root, &self.tenant_dir(tenant), tenant)?))
+        Ok(Some(users.claim(&self.opened, &encode(tenant), tenant)?))
     }
 
     /// The directories of `session` (of `host` of `tenant`), created if missing: its working directory is
-    /// `requested` (a `file://` URI or absolute path) when that lies inside `<root>/<tenant>/`, else its own.
-    /// `..` components and symlinks that lead out of the tenant's directory are refused.
+    /// `requested` (a `file://` URI or absolute path) when that names a directory inside `<root>/<tenant>/`
+    /// (not the tenant's directory itself, nor the one holding its host's sessions), else its own. `..`
+    /// components and symbolic links anywhere on the way are refused.
     pub fn session(
         &self,
         tenant: &str,
@@ -112,41 +124,74 @@ impl Workspaces {
         session: &str,
         requested: Option<&str>,
     ) -> Result<SessionDirs, WorkspaceError> {
-        let user = self.tenant_user(tenant)?;
-        let tenant_dir = self.tenant_dir(tenant);
-        create_owned(&tenant_dir, user)?;
-        let tenant_real = canonical(&tenant_dir)?;
         let wanted = match requested {
             None => self.default_workspace(tenant, host, session),
-            Some(requested) => {
-                let path = PathBuf::from(requested.strip_prefix("file://").unwrap_or(requested));
-                if !path.is_absolute() {
-                    return Err(WorkspaceError::NotAbsolute(requested.into()));
-                }
-                if path.components().any(|c| matches!(c, Component::ParentDir)) {
-                    return Err(WorkspaceError::Outside(requested.into()));
-                }
-                let inside = path.starts_with(&tenant_dir) || path.starts_with(&tenant_real);
-                if !inside {
-                    return Err(WorkspaceError::Outside(requested.into()));
-                }
-                path
-            }
+            Some(requested) => self.named_workspace(tenant, host, requested)?,
         };
-        create_owned(&wanted, user)?;
-        let workspace = canonical(&wanted)?;
-        if !workspace.starts_with(&tenant_real) {
-            return Err(WorkspaceError::Outside(wanted.display().to_string()));
+        self.dirs(tenant, host, session, &wanted)
+    }
+
+    /// The directories of the tenant's file server (`host`/`session` name its private ones): its working
+    /// directory is the tenant's whole directory.
+    pub fn tenant_wide(
+        &self,
+        tenant: &str,
+        host: &str,
+        session: &str,
+    ) -> Result<SessionDirs, WorkspaceError> {
+        self.dirs(tenant, host, session, &self.tenant_dir(tenant))
+    }
+
+    /// The working directory a client named, checked: inside the tenant's directory, below it, and not the
+    /// directory of the session's host (which holds other sessions' directories).
+    fn named_workspace(&self, tenant: &str, host: &str, requested: &str) -> Result<PathBuf, WorkspaceError> {
+        let path = PathBuf::from(requested.strip_prefix("file://").unwrap_or(requested));
+        if !path.is_absolute() {
+            return Err(WorkspaceError::NotAbsolute(requested.into()));
         }
+        if path.components().any(|c| matches!(c, Component::ParentDir)) {
+            return Err(WorkspaceError::Outside(requested.into()));
+        }
+        let tenant_dir = self.tenant_dir(tenant);
+        let tenant_real = self.opened.path().join(encode(tenant));
+        let inside = path
+            .strip_prefix(&tenant_dir)
+            .or_else(|_| path.strip_prefix(&tenant_real))
+            .map_err(|_| WorkspaceError::Outside(requested.into()))?;
+        let mut names = inside.components().filter(|c| !matches!(c, Component::CurDir));
+        match (names.next(), names.next()) {
+            (None, _) => Err(WorkspaceError::SessionsDirectory(requested.into())),
+            (Some(first), None) if first.as_os_str() == encode(host).as_str() => {
+                Err(WorkspaceError::SessionsDirectory(requested.into()))
+            }
+            _ => Ok(tenant_dir.join(inside)),
+        }
+    }
+
+    /// Create (beneath the root, never through a link) the tenant's directory, `wanted` and the session's
+    /// private directories.
+    fn dirs(
+        &self,
+        tenant: &str,
+        host: &str,
+        session: &str,
+        wanted: &Path,
+    ) -> Result<SessionDirs, WorkspaceError> {
+        let user = self.tenant_user(tenant)?;
+        let mode = if user.is_some() { 0o700 } else { 0o755 };
+        self.opened.create_dirs(&self.tenant_dir(tenant), user, mode)?;
+        self.opened.create_dirs(wanted, user, mode)?;
+        let workspace = self.opened.path().join(self.opened.relative(wanted)?);
         let private = self.private_dir(tenant, host, session);
         self.private_root()?;
-        create_owned(&self.tenant_private_dir(tenant), user)?;
+        self.opened
+            .create_dirs(&self.tenant_private_dir(tenant), user, 0o700)?;
         let [home, tmp, shm] = ["home", "tmp", "shm"].map(|name| private.join(name));
         for dir in [&home, &tmp, &shm] {
-            create_owned(dir, user)?;
+            self.opened.create_dirs(dir, user, 0o700)?;
         }
         // A session disposed and created again (the same URI) keeps its new directories.
-        let _ = std::fs::remove_file(private.join(DISPOSED_MARKER));
+        self.opened.remove(&private.join(DISPOSED_MARKER))?;
         let (tenant_key, session_key) = cgroup_names(tenant, host, session);
         Ok(SessionDirs {
             workspace,
@@ -163,16 +208,25 @@ impl Workspaces {
     /// if an earlier release had given it to a tenant.
     fn private_root(&self) -> Result<(), WorkspaceError> {
         let dir = self.root.join(PRIVATE_DIRS);
-        create(&dir)?;
+        let opened = self.opened.create_dirs(&dir, None, 0o711)?;
         if self.users.is_some() {
-            let io = |source| WorkspaceError::Io {
+            let io = |errno: rustix::io::Errno| WorkspaceError::Io {
                 path: dir.clone(),
-                source,
+                source: errno.into(),
             };
-            std::os::unix::fs::lchown(&dir, Some(0), Some(0)).map_err(io)?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).map_err(io)?;
+            let root = Some(rustix::fs::Uid::ROOT);
+            rustix::fs::fchown(&opened, root, Some(rustix::fs::Gid::ROOT)).map_err(io)?;
+            rustix::fs::fchmod(&opened, rustix::fs::Mode::from_raw_mode(0o711)).map_err(io)?;
         }
         Ok(())
+    }
+
+    /// The bytes `tenant`'s workspace, homes and `/tmp`s hold on disk (links never followed).
+    pub fn disk_usage(&self, tenant: &str) -> u64 {
+        [self.tenant_dir(tenant), self.tenant_private_dir(tenant)]
+            .iter()
+            .map(|dir| self.opened.disk_usage(dir))
+            .sum()
     }
 
     /// The session is gone: remove its own working directory (not a shared one a client named) and its
@@ -181,15 +235,17 @@ impl Workspaces {
         let private = self.private_dir(tenant, host, session);
         let workspace = self.default_workspace(tenant, host, session);
         if retention.is_zero() {
-            remove(&workspace);
-            remove(&private);
+            self.remove(&workspace);
+            self.remove(&private);
             return;
         }
         let until = unix_now().saturating_add(retention.as_secs());
-        if std::fs::create_dir_all(&private).is_ok() {
-            if let Err(error) = std::fs::write(private.join(DISPOSED_MARKER), until.to_string()) {
-                tracing::warn!(%error, path = %private.display(), "cannot mark a disposed session's directories");
-            }
+        let marked = self.opened.create_dirs(&private, None, 0o700).and_then(|_| {
+            self.opened
+                .write_file(&private.join(DISPOSED_MARKER), until.to_string().as_bytes())
+        });
+        if let Err(error) = marked {
+            tracing::warn!(%error, "cannot mark a disposed session's directories");
         }
     }
 
@@ -198,28 +254,39 @@ impl Workspaces {
         let now = unix_now();
         let mut removed = 0;
         let private_root = self.root.join(PRIVATE_DIRS);
-        for tenant in children(&private_root) {
-            for host in children(&tenant) {
-                for session in children(&host) {
-                    let due = std::fs::read_to_string(session.join(DISPOSED_MARKER))
+        for tenant in self.opened.subdirectories(&private_root) {
+            let tenant_dir = private_root.join(&tenant);
+            for host in self.opened.subdirectories(&tenant_dir) {
+                let host_dir = tenant_dir.join(&host);
+                for session in self.opened.subdirectories(&host_dir) {
+                    let private = host_dir.join(&session);
+                    let due = self
+                        .opened
+                        .read_file(&private.join(DISPOSED_MARKER), 64)
                         .ok()
-                        .and_then(|text| text.trim().parse::<u64>().ok())
+                        .flatten()
+                        .and_then(|text| String::from_utf8_lossy(&text).trim().parse::<u64>().ok())
                         .is_some_and(|until| until <= now);
                     if !due {
                         continue;
                     }
                     // The same three names under the tenant's workspace: the session's own working directory.
-                    if let (Some(t), Some(h), Some(s)) =
-                        (tenant.file_name(), host.file_name(), session.file_name())
-                    {
-                        remove(&self.root.join(t).join(h).join(s));
-                    }
-                    remove(&session);
+                    self.remove(&self.root.join(&tenant).join(&host).join(&session));
+                    self.remove(&private);
                     removed += 1;
                 }
             }
         }
         removed
+    }
+
+    fn remove(&self, path: &Path) {
+        match self.opened.remove(path) {
+            Ok(()) => tracing::debug!(path = %path.display(), "removed a disposed session's directory"),
+            Err(error) => {
+                tracing::warn!(%error, "cannot remove a disposed session's directory")
+            }
+        }
     }
 }
 
@@ -290,22 +357,6 @@ fn session_name(session: &str) -> String {
     }
 }
 
-fn children(dir: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(dir)
-        .map(|entries| entries.flatten().map(|entry| entry.path()).collect())
-        .unwrap_or_default()
-}
-
-fn remove(path: &Path) {
-    match std::fs::remove_dir_all(path) {
-        Ok(()) => tracing::debug!(path = %path.display(), "removed a disposed session's directory"),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => {
-            tracing::warn!(%error, path = %path.display(), "cannot remove a disposed session's directory")
-        }
-    }
-}
-
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -313,48 +364,12 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-fn create(path: &Path) -> Result<(), WorkspaceError> {
-    std::fs::create_dir_all(path).map_err(|source| WorkspaceError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-/// Create `path` and its missing parents; those made here belong to `user` (when there is one) and are private
-/// to it (`0700`).
-fn create_owned(path: &Path, user: Option<UserSwitch>) -> Result<(), WorkspaceError> {
-    let missing: Vec<PathBuf> = path
-        .ancestors()
-        .take_while(|ancestor| !ancestor.exists())
-        .map(Path::to_path_buf)
-        .collect();
-    create(path)?;
-    if let Some(user) = user {
-        for dir in missing {
-            let io = |source| WorkspaceError::Io {
-                path: dir.clone(),
-                source,
-            };
-            std::os::unix::fs::lchown(&dir, Some(user.uid), Some(user.gid)).map_err(io)?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
-        }
-    }
-    Ok(())
-}
-
-fn canonical(path: &Path) -> Result<PathBuf, WorkspaceError> {
-    path.canonicalize().map_err(|source| WorkspaceError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn workspaces(root: &Path) -> Workspaces {
-        Workspaces::new(root.to_path_buf(), None)
+        Workspaces::new(root.to_path_buf(), None).expect("workspaces")
     }
 
     #[test]
@@ -488,6 +503,66 @@ mod tests {
         std::fs::write(&marker, unix_now().saturating_sub(1).to_string()).expect("age the marker");
         assert_eq!(ws.sweep(), 1);
         assert!(!kept.workspace.exists() && !kept.home.exists());
+    }
+
+    #[test]
+    fn a_tenant_root_or_host_directory_is_no_working_directory_and_links_lead_nowhere() {
+        let top = tempfile::tempdir().expect("tempdir");
+        let root = top.path().join("root");
+        let ws = workspaces(&root);
+        let outside = top.path().join("etc");
+        std::fs::create_dir_all(&outside).expect("mkdir");
+        std::fs::write(outside.join("passwd"), "root:x:0:0").expect("write");
+        for named in [
+            format!("file://{}/acme", root.display()),
+            format!("file://{}/acme/", root.display()),
+            format!("file://{}/acme/default", root.display()),
+        ] {
+            let refused = ws.session("acme", "default", "ahp-session:/s1", Some(&named));
+            assert!(
+                matches!(refused, Err(WorkspaceError::SessionsDirectory(_))),
+                "{named}: {refused:?}"
+            );
+        }
+        // The host directory swapped for a link (route (a) of issue 32): no session is made through it, and
+        // disposing one removes nothing outside.
+        let s1 = ws
+            .session("acme", "default", "ahp-session:/etc", None)
+            .expect("s1");
+        std::fs::rename(root.join("acme/default"), root.join("acme/default-old")).expect("mv");
+        std::os::unix::fs::symlink(top.path(), root.join("acme/default")).expect("ln");
+        assert!(ws.session("acme", "default", "ahp-session:/s2", None).is_err());
+        ws.dispose("acme", "default", "ahp-session:/etc", std::time::Duration::ZERO);
+        assert_eq!(
+            std::fs::read_to_string(outside.join("passwd")).expect("kept"),
+            "root:x:0:0"
+        );
+        assert!(!s1.home.exists(), "its private directories went");
+        // A link inside the tenant's directory (even to a directory of its own) names no working directory.
+        std::os::unix::fs::symlink(root.join("acme/default-old"), root.join("acme/alias")).expect("ln");
+        let alias = format!("file://{}/acme/alias/etc", root.display());
+        assert!(ws
+            .session("acme", "default", "ahp-session:/s3", Some(&alias))
+            .is_err());
+        // Swept with a retention: the same.
+        let s4 = ws.session("acme", "other", "ahp-session:/etc", None).expect("s4");
+        std::fs::write(s4.workspace.join("f"), "x").expect("write");
+        ws.dispose(
+            "acme",
+            "other",
+            "ahp-session:/etc",
+            std::time::Duration::from_secs(1),
+        );
+        std::fs::rename(root.join("acme/other"), root.join("acme/other-old")).expect("mv");
+        std::os::unix::fs::symlink(top.path(), root.join("acme/other")).expect("ln");
+        let marker = s4.home.parent().expect("private").join(DISPOSED_MARKER);
+        std::fs::write(&marker, "0").expect("age the marker");
+        assert_eq!(ws.sweep(), 1);
+        assert!(outside.join("passwd").exists());
+        assert!(
+            root.join("acme/other-old/etc/f").exists(),
+            "the link was not followed"
+        );
     }
 
     #[test]

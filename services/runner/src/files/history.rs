@@ -6,15 +6,19 @@
 //! checkpoints (with each side's blob id), a file as a blob holds it (the `ahp-checkpoint:` content URIs
 //! changesets' file edits name), files restored from one, and a directory's checkpoints forgotten (its session
 //! is gone). Where the working directory is a git repository of its own, its files can be staged and committed
-//! there — unless its configuration names filter drivers or includes (commands git would run for `add`, in this
-//! server's sandbox, which sees the whole tenant). Runs in the tenant's file server with the git CLI: hooks,
-//! filesystem monitors, filters (in the shadow repository), global and system configuration off, pathspecs
-//! literal.
+//! there and its branches listed. Runs in the tenant's file server with the git CLI, every run with the
+//! configuration [`crate::git`] forces (hooks, filesystem monitors, every driver the repository defines, global
+//! and system configuration off, pathspecs literal); git on a session's own repository runs in a Landlock domain
+//! of that working directory alone ([`relay_sandbox::confine::Narrowing`]): not the rest of the tenant, not this
+//! server's private directory (the shadow repository).
 
 use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
+use relay_sandbox::confine::Narrowing;
 use sha2::Digest;
+
+use crate::git::ForcedConfig;
 
 use super::ops::Files;
 use super::protocol::{ChangeStatus, ChangedFile, FileError, FileReply, RepositoryOp};
@@ -92,7 +96,7 @@ impl Files {
     /// Run git on the shadow repository (with `workspace` as its work tree and index, when given).
     fn shadow_git(&self, workspace: Option<&Path>, args: &[&str]) -> Result<Vec<u8>, FileError> {
         let shadow = self.shadow()?;
-        let mut command = Command::new("git");
+        let mut command = ForcedConfig::base().command();
         command.arg("--git-dir").arg(&shadow);
         if let Some(workspace) = workspace {
             let key = Self::workspace_key(workspace);
@@ -116,7 +120,7 @@ impl Files {
         if !shadow.join("HEAD").exists() {
             std::fs::create_dir_all(&shadow).map_err(unavailable)?;
             let path = shadow.to_string_lossy();
-            run_git(Command::new("git"), &["init", "--bare", "-q", &path])?;
+            run_git(ForcedConfig::base().command(), &["init", "--bare", "-q", &path])?;
         }
         for dir in ["indexes", "info", "excludes"] {
             std::fs::create_dir_all(shadow.join(dir)).map_err(unavailable)?;
@@ -338,20 +342,28 @@ impl Files {
     pub(crate) fn repository(&self, workspace: &str, op: RepositoryOp) -> Result<FileReply, FileError> {
         let workspace = self.working_directory(workspace)?;
         let is_repository = workspace.join(".git").is_dir();
-        if is_repository && !matches!(op, RepositoryOp::Inspect | RepositoryOp::Branches) {
-            refuse_commands_in_config(&workspace.join(".git").join("config"))?;
+        match op {
+            RepositoryOp::Inspect => return Ok(FileReply::Repository { is_repository }),
+            _ if !is_repository => {
+                return Err(FileError::Invalid(format!(
+                    "{} is not a git repository",
+                    workspace.display()
+                )))
+            }
+            _ => {}
         }
-        let git = |args: &[&str]| {
-            let mut command = Command::new("git");
-            command.arg("-C").arg(&workspace);
-            run_git(command, args)
-        };
+        // The drivers the repository's configuration defines, as git reads it, each forced empty.
+        let listed = repository_git(&workspace, &ForcedConfig::base(), crate::git::LIST_NAMES)?;
+        if ForcedConfig::names_unforceable(&listed) {
+            return Err(FileError::PermissionDenied(
+                "this repository's configuration has names that are not UTF-8: use a terminal in the session"
+                    .into(),
+            ));
+        }
+        let forced = ForcedConfig::for_listed(&listed);
+        let git = |args: &[&str]| repository_git(&workspace, &forced, args);
         match op {
             RepositoryOp::Inspect => Ok(FileReply::Repository { is_repository }),
-            _ if !is_repository => Err(FileError::Invalid(format!(
-                "{} is not a git repository",
-                workspace.display()
-            ))),
             RepositoryOp::Stage { paths } => {
                 let mut args = vec!["add", "--"];
                 for path in &paths {
@@ -385,51 +397,28 @@ impl Files {
     }
 }
 
-/// Refuse a repository whose configuration makes `git add` run commands (filter drivers) or pulls in other
-/// files (includes): this server's sandbox sees the whole tenant, not only the session that wrote them.
-fn refuse_commands_in_config(config: &Path) -> Result<(), FileError> {
-    let text = std::fs::read_to_string(config).unwrap_or_default().to_lowercase();
-    let sections = text
-        .lines()
-        .map(str::trim_start)
-        .filter(|line| line.starts_with('['))
-        .any(|line| line.starts_with("[filter") || line.starts_with("[include"));
-    if sections {
-        Err(FileError::PermissionDenied(
-            "this repository's configuration names filter drivers or includes: commit from a terminal in the \
-             session instead"
-                .into(),
-        ))
-    } else {
-        Ok(())
+/// What git on a session's repository may see besides it: the system, read-only.
+const SYSTEM: [&str; 7] = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc"];
+
+/// Run git with `args` on the repository `workspace` with `forced` configuration, in a Landlock domain of
+/// `workspace` alone (and the system, read-only).
+fn repository_git(workspace: &Path, forced: &ForcedConfig, args: &[&str]) -> Result<Vec<u8>, FileError> {
+    let system: Vec<&Path> = SYSTEM.iter().map(Path::new).collect();
+    let devices = ["/dev/null", "/dev/urandom", "/dev/random"].map(Path::new);
+    let mut narrowing = Narrowing::new(&system, &[workspace], &devices)
+        .map_err(|error| FileError::Unavailable(format!("cannot confine git: {error}")))?;
+    let mut command = forced.command();
+    command.arg("-C").arg(workspace);
+    // SAFETY: entering a prepared Landlock domain makes only system calls (prctl, landlock_restrict_self).
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, move || narrowing.enter());
     }
+    run_git(command, args)
 }
 
-/// Run a prepared git command with `args`: a clean environment (no system or global configuration, literal
-/// pathspecs), no hooks, no filesystem monitor, no automatic gc; its stdout, or why it failed.
+/// Run a prepared git command (from [`ForcedConfig::command`]) with `args`; its stdout, or why it failed.
 fn run_git(mut command: Command, args: &[&str]) -> Result<Vec<u8>, FileError> {
-    command
-        .args([
-            "-c",
-            "core.hooksPath=/dev/null",
-            "-c",
-            "core.fsmonitor=false",
-            "-c",
-            "gc.auto=0",
-            "-c",
-            "core.autocrlf=false",
-            "-c",
-            "commit.gpgsign=false",
-        ])
-        .args(args)
-        .env("PATH", "/usr/bin:/bin")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_ATTR_NOSYSTEM", "1")
-        .env("GIT_LITERAL_PATHSPECS", "1")
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .envs(AUTHOR)
-        .stdin(std::process::Stdio::null());
+    command.args(args).envs(AUTHOR).stdin(std::process::Stdio::null());
     let output = command
         .output()
         .map_err(|error| FileError::Unavailable(format!("cannot run git: {error}")))?;
@@ -599,14 +588,15 @@ mod tests {
     }
 
     #[test]
-    fn a_repository_of_its_own_is_staged_and_committed_unless_it_names_commands() {
+    fn a_repository_of_its_own_is_staged_and_committed_and_runs_none_of_its_commands() {
         let (_root, _state, files, workspace) = setup(1024 * 1024);
         let dir = workspace.display().to_string();
         assert!(matches!(
             files.repository(&dir, RepositoryOp::Inspect),
             Ok(FileReply::Repository { is_repository: false })
         ));
-        let mut init = Command::new("git");
+        let base = ForcedConfig::base();
+        let mut init = base.command();
         init.arg("-C").arg(&workspace);
         run_git(init, &["init", "-q"]).expect("git init");
         assert!(matches!(
@@ -620,25 +610,61 @@ mod tests {
                 message: "From the relay".into(),
             },
         ));
-        let mut log = Command::new("git");
+        let mut log = base.command();
         log.arg("-C").arg(&workspace);
         let subject = text(run_git(log, &["log", "-1", "--format=%H %s"]).expect("log"));
         assert_eq!(subject, format!("{head} From the relay"));
-        // A configuration that would make `git add` run a command is refused, nothing run.
+        // A filter in a section header on the line of another, after a byte that is not UTF-8, a filesystem
+        // monitor and hooks: staged, committed and listed, none of them run.
         let config = workspace.join(".git/config");
-        let mut text_of = std::fs::read_to_string(&config).expect("config");
-        text_of.push_str("[filter \"evil\"]\n\tclean = touch ran-a-filter\n");
-        std::fs::write(&config, text_of).expect("config");
+        let mut planted = std::fs::read(&config).expect("config");
+        planted.extend_from_slice(
+            b"# \xff\n[core] [filter \"evil\"]\n\tclean = touch ran-a-filter\n\trequired = true\n\
+              [core]\n\tfsmonitor = touch ran-fsmonitor\n\thooksPath = planted-hooks\n",
+        );
+        std::fs::write(&config, planted).expect("config");
+        std::fs::create_dir_all(workspace.join("planted-hooks")).expect("hooks");
         std::fs::write(workspace.join(".gitattributes"), "* filter=evil\n").expect("attributes");
-        assert!(matches!(
-            files.repository(
+        std::fs::write(workspace.join("notes.md"), "changed\n").expect("write");
+        files
+            .repository(
                 &dir,
                 RepositoryOp::Stage {
-                    paths: vec!["notes.md".into()]
-                }
-            ),
-            Err(FileError::PermissionDenied(_))
+                    paths: vec!["notes.md".into()],
+                },
+            )
+            .expect("staged");
+        commit(files.repository(
+            &dir,
+            RepositoryOp::Commit {
+                message: "planted".into(),
+            },
+        ));
+        assert!(matches!(
+            files.repository(&dir, RepositoryOp::Branches),
+            Ok(FileReply::Branches { .. })
         ));
         assert!(!workspace.join("ran-a-filter").exists());
+        assert!(!workspace.join("ran-fsmonitor").exists());
+    }
+
+    #[test]
+    fn git_on_a_sessions_repository_sees_that_directory_alone() {
+        let (root, state, _files, workspace) = setup(1024);
+        let base = ForcedConfig::base();
+        let inside = workspace.join("inside.cfg");
+        std::fs::write(&inside, "[a]\n\tb = c\n").expect("inside");
+        let neighbour = root.path().canonicalize().expect("real").join("other.cfg");
+        std::fs::write(&neighbour, "[a]\n\tb = c\n").expect("neighbour");
+        let shadow = state.path().join("checkpoints.cfg");
+        std::fs::write(&shadow, "[a]\n\tb = c\n").expect("shadow");
+        let read = |file: &Path| {
+            let file = file.display().to_string();
+            repository_git(&workspace, &base, &["config", "--file", &file, "--list"])
+        };
+        assert!(read(&inside).is_ok());
+        for outside in [&neighbour, &shadow] {
+            assert!(read(outside).is_err(), "{} was readable", outside.display());
+        }
     }
 }

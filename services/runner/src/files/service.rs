@@ -219,12 +219,10 @@ impl FileService {
     async fn start(&self, tenant: &str) -> Result<Server, FileError> {
         let unavailable =
             |what: String| FileError::Unavailable(format!("cannot start the tenant's file server: {what}"));
-        let root = self.tenant_root(tenant);
-        let requested = root.display().to_string();
         let dirs = self
             .sandboxes
             .workspaces()
-            .session(tenant, FILES_HOST, FILES_HOST, Some(&requested))
+            .tenant_wide(tenant, FILES_HOST, FILES_HOST)
             .map_err(|error| unavailable(error.to_string()))?;
         let install = self.program.parent().map(PathBuf::from).into_iter().collect();
         let spec = SandboxSpec {

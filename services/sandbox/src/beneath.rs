@@ -1,0 +1,476 @@
+//! The relay's one way to touch tenants' trees from outside any sandbox ([`WorkspaceRoot`]).
+//!
+//! Whatever the relay or a runner does to a tenant's directories with its own privileges (root, often) —
+//! create, hand over (chown, chmod), measure, mark, sweep, delete — it does through descriptors: the workspace
+//! root is opened once, and everything beneath it is reached with `openat2(RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` and the `*at` calls on the opened directory, never by a path
+//! string. A symlink an agent planted anywhere on the way (not only at the last component) makes the call fail
+//! with [`BeneathError::Link`] instead of leading the relay out of the tenant's tree; a directory swapped for a
+//! symlink after it was looked at is never entered (every descent opens with `O_NOFOLLOW`), and a tree is
+//! removed by `unlinkat` walking by descriptor.
+
+use std::ffi::{CStr, OsStr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+
+use crate::policy::UserSwitch;
+
+/// Deepest tree the relay descends into (each level holds a descriptor while it is walked).
+pub const MAX_DEPTH: usize = 512;
+
+const BENEATH: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS);
+
+/// Why an operation beneath the workspace root failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BeneathError {
+    #[error("{0} is not beneath the workspace root")]
+    Outside(String),
+    #[error("{0} passes through a symbolic link (refused: it could lead out of the workspace)")]
+    Link(String),
+    #[error("{0} is nested deeper than {MAX_DEPTH} directories")]
+    TooDeep(String),
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+impl BeneathError {
+    /// The operating system's error, where there is one.
+    pub fn kind(&self) -> std::io::ErrorKind {
+        match self {
+            BeneathError::Io { source, .. } => source.kind(),
+            _ => std::io::ErrorKind::PermissionDenied,
+        }
+    }
+
+    pub fn not_found(&self) -> bool {
+        self.kind() == std::io::ErrorKind::NotFound
+    }
+}
+
+fn shown(path: &Path) -> String {
+    path.display().to_string()
+}
+
+fn failed(path: &Path) -> impl FnOnce(Errno) -> BeneathError + '_ {
+    move |errno| match errno {
+        // RESOLVE_BENEATH refused to leave, RESOLVE_NO_SYMLINKS or O_NOFOLLOW met a link.
+        Errno::XDEV => BeneathError::Outside(shown(path)),
+        Errno::LOOP => BeneathError::Link(shown(path)),
+        errno => BeneathError::Io {
+            path: shown(path),
+            source: errno.into(),
+        },
+    }
+}
+
+/// The workspace root, opened once; every tenant's tree lies beneath it.
+#[derive(Debug)]
+pub struct WorkspaceRoot {
+    /// The root as the configuration names it, and resolved.
+    configured: PathBuf,
+    real: PathBuf,
+    fd: OwnedFd,
+}
+
+impl WorkspaceRoot {
+    /// Open the (trusted) workspace root `path`, creating it if missing.
+    pub fn open(path: &Path) -> Result<WorkspaceRoot, BeneathError> {
+        let io = |source| BeneathError::Io {
+            path: shown(path),
+            source,
+        };
+        std::fs::create_dir_all(path).map_err(io)?;
+        let real = path.canonicalize().map_err(io)?;
+        let fd = rustix::fs::open(
+            &real,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(failed(&real))?;
+        Ok(WorkspaceRoot {
+            configured: path.to_path_buf(),
+            real,
+            fd,
+        })
+    }
+
+    /// The root, resolved.
+    pub fn path(&self) -> &Path {
+        &self.real
+    }
+
+    /// `path` (written under the root as configured or as resolved) relative to the root: plain names only.
+    pub fn relative<'a>(&self, path: &'a Path) -> Result<&'a Path, BeneathError> {
+        let rest = path
+            .strip_prefix(&self.real)
+            .or_else(|_| path.strip_prefix(&self.configured))
+            .map_err(|_| BeneathError::Outside(shown(path)))?;
+        if rest.components().all(|c| matches!(c, Component::Normal(_))) {
+            Ok(rest)
+        } else {
+            Err(BeneathError::Outside(shown(path)))
+        }
+    }
+
+    /// The directory `path`, opened for reading without following any link on the way.
+    pub fn open_dir(&self, path: &Path) -> Result<OwnedFd, BeneathError> {
+        let rest = self.relative(path)?;
+        open_child_dir(&self.fd, rest, path)
+    }
+
+    /// Create directory `path` and its missing parents beneath the root (never through a link); those made
+    /// here belong to `owner` (when given) with `mode`. Returns the directory, opened.
+    pub fn create_dirs(
+        &self,
+        path: &Path,
+        owner: Option<UserSwitch>,
+        mode: u32,
+    ) -> Result<OwnedFd, BeneathError> {
+        let rest = self.relative(path)?;
+        let mut dir = rustix::io::dup(&self.fd).map_err(failed(path))?;
+        for name in rest.components() {
+            let name = name.as_os_str();
+            let made = match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o700)) {
+                Ok(()) => true,
+                Err(Errno::EXIST) => false,
+                Err(errno) => return Err(failed(path)(errno)),
+            };
+            dir = open_child_dir(&dir, Path::new(name), path)?;
+            if made {
+                if let Some(owner) = owner {
+                    rustix::fs::fchown(&dir, Some(uid(owner)), Some(gid(owner))).map_err(failed(path))?;
+                }
+                rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode)).map_err(failed(path))?;
+            }
+        }
+        Ok(dir)
+    }
+
+    /// Give directory `path` and everything beneath it to `owner`; the directory itself private (`0700`).
+    /// Links are changed themselves, never followed.
+    pub fn hand_over(&self, path: &Path, owner: UserSwitch) -> Result<(), BeneathError> {
+        let dir = self.open_dir(path)?;
+        rustix::fs::fchown(&dir, Some(uid(owner)), Some(gid(owner))).map_err(failed(path))?;
+        rustix::fs::fchmod(&dir, Mode::from_raw_mode(0o700)).map_err(failed(path))?;
+        walk(&dir, path, 0, &mut |parent, name, _| {
+            rustix::fs::chownat(
+                parent,
+                name,
+                Some(uid(owner)),
+                Some(gid(owner)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// The bytes the tree at `path` holds on disk (allocated blocks), its links not followed; 0 when it cannot
+    /// be opened.
+    pub fn disk_usage(&self, path: &Path) -> u64 {
+        let Ok(dir) = self.open_dir(path) else {
+            return 0;
+        };
+        let mut total = rustix::fs::fstat(&dir).map(|stat| blocks(&stat)).unwrap_or(0);
+        let _ = walk(&dir, path, 0, &mut |parent, name, _| {
+            if let Ok(stat) = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+                total = total.saturating_add(blocks(&stat));
+            }
+            Ok(())
+        });
+        total
+    }
+
+    /// Remove `path` (a file, a link — itself — or a whole tree). Missing is not an error.
+    pub fn remove(&self, path: &Path) -> Result<(), BeneathError> {
+        let rest = self.relative(path)?;
+        let (Some(name), Some(parent)) = (rest.file_name(), rest.parent()) else {
+            return Err(BeneathError::Outside(shown(path)));
+        };
+        let parent = match open_child_dir(&self.fd, parent, path) {
+            Ok(parent) => parent,
+            Err(error) if error.not_found() => return Ok(()),
+            Err(error) => return Err(error),
+        };
+        remove_entry(&parent, name, path, 0)
+    }
+
+    /// The content of regular file `path` (at most `limit` bytes), `None` when it does not exist.
+    pub fn read_file(&self, path: &Path, limit: u64) -> Result<Option<Vec<u8>>, BeneathError> {
+        use std::io::Read;
+        let rest = self.relative(path)?;
+        let fd = match rustix::fs::openat2(
+            &self.fd,
+            rest,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+            BENEATH,
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(errno) => return Err(failed(path)(errno)),
+        };
+        let stat = rustix::fs::fstat(&fd).map_err(failed(path))?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+            return Err(BeneathError::Io {
+                path: shown(path),
+                source: std::io::Error::other("not a regular file"),
+            });
+        }
+        let mut bytes = Vec::new();
+        std::fs::File::from(fd)
+            .take(limit)
+            .read_to_end(&mut bytes)
+            .map_err(|source| BeneathError::Io {
+                path: shown(path),
+                source,
+            })?;
+        Ok(Some(bytes))
+    }
+
+    /// Write regular file `path` whole (created root's, `0600`, or truncated), never through a link.
+    pub fn write_file(&self, path: &Path, content: &[u8]) -> Result<(), BeneathError> {
+        use std::io::Write;
+        let rest = self.relative(path)?;
+        let fd = rustix::fs::openat2(
+            &self.fd,
+            rest,
+            OFlags::WRONLY
+                | OFlags::CREATE
+                | OFlags::NOFOLLOW
+                | OFlags::NONBLOCK
+                | OFlags::NOCTTY
+                | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+            BENEATH,
+        )
+        .map_err(failed(path))?;
+        let stat = rustix::fs::fstat(&fd).map_err(failed(path))?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+            return Err(BeneathError::Io {
+                path: shown(path),
+                source: std::io::Error::other("not a regular file"),
+            });
+        }
+        rustix::fs::ftruncate(&fd, 0).map_err(failed(path))?;
+        std::fs::File::from(fd)
+            .write_all(content)
+            .map_err(|source| BeneathError::Io {
+                path: shown(path),
+                source,
+            })
+    }
+
+    /// The names in directory `path` that are directories themselves (links are not).
+    pub fn subdirectories(&self, path: &Path) -> Vec<String> {
+        let Ok(dir) = self.open_dir(path) else {
+            return Vec::new();
+        };
+        let Ok(entries) = rustix::fs::Dir::read_from(&dir) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter(|entry| entry.file_type() == FileType::Directory)
+            .filter_map(|entry| entry.file_name().to_str().ok().map(str::to_string))
+            .filter(|name| name != "." && name != "..")
+            .collect()
+    }
+}
+
+fn uid(owner: UserSwitch) -> rustix::fs::Uid {
+    rustix::fs::Uid::from_raw(owner.uid)
+}
+
+fn gid(owner: UserSwitch) -> rustix::fs::Gid {
+    rustix::fs::Gid::from_raw(owner.gid)
+}
+
+fn blocks(stat: &rustix::fs::Stat) -> u64 {
+    u64::try_from(stat.st_blocks).unwrap_or(0).saturating_mul(512)
+}
+
+/// Directory `rest` beneath `dir`, opened for reading; no link anywhere on the way.
+fn open_child_dir(dir: &impl AsFd, rest: &Path, shown_as: &Path) -> Result<OwnedFd, BeneathError> {
+    let rest = if rest.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rest
+    };
+    rustix::fs::openat2(
+        dir,
+        rest,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        BENEATH,
+    )
+    .map_err(|errno| match errno {
+        // O_DIRECTORY on a link (O_NOFOLLOW) says ENOTDIR on some kernels.
+        Errno::NOTDIR if is_link(dir, rest) => BeneathError::Link(shown(shown_as)),
+        errno => failed(shown_as)(errno),
+    })
+}
+
+fn is_link(dir: &impl AsFd, rest: &Path) -> bool {
+    rustix::fs::statat(dir, rest, AtFlags::SYMLINK_NOFOLLOW)
+        .is_ok_and(|stat| FileType::from_raw_mode(stat.st_mode) == FileType::Symlink)
+}
+
+/// Call `visit(parent, name, kind)` for every entry beneath `dir` (depth first, a directory after its
+/// entries), descending into directories only (by descriptor, `O_NOFOLLOW`).
+fn walk(
+    dir: &OwnedFd,
+    shown_as: &Path,
+    depth: usize,
+    visit: &mut dyn FnMut(&OwnedFd, &CStr, FileType) -> Result<(), Errno>,
+) -> Result<(), BeneathError> {
+    if depth >= MAX_DEPTH {
+        return Err(BeneathError::TooDeep(shown(shown_as)));
+    }
+    let entries = rustix::fs::Dir::read_from(dir).map_err(failed(shown_as))?;
+    for entry in entries {
+        let entry = entry.map_err(failed(shown_as))?;
+        let name = entry.file_name();
+        if name == c"." || name == c".." {
+            continue;
+        }
+        if entry.file_type() == FileType::Directory {
+            if let Ok(child) = rustix::fs::openat2(
+                dir,
+                name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+                BENEATH,
+            ) {
+                walk(&child, shown_as, depth + 1, visit)?;
+            }
+        }
+        visit(dir, name, entry.file_type()).map_err(failed(shown_as))?;
+    }
+    Ok(())
+}
+
+/// Remove entry `name` of `parent`: unlinked, or (a directory) emptied by descriptor and removed.
+fn remove_entry(parent: &OwnedFd, name: &OsStr, shown_as: &Path, depth: usize) -> Result<(), BeneathError> {
+    match rustix::fs::unlinkat(parent, name, AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => return Ok(()),
+        Err(Errno::ISDIR) | Err(Errno::PERM) => {}
+        Err(errno) => return Err(failed(shown_as)(errno)),
+    }
+    if depth >= MAX_DEPTH {
+        return Err(BeneathError::TooDeep(shown(shown_as)));
+    }
+    let dir = match rustix::fs::openat2(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        BENEATH,
+    ) {
+        Ok(dir) => dir,
+        Err(Errno::NOENT) => return Ok(()),
+        // Swapped for a link or a file meanwhile: unlink that (the link itself).
+        Err(Errno::LOOP) | Err(Errno::NOTDIR) => {
+            return rustix::fs::unlinkat(parent, name, AtFlags::empty()).map_err(failed(shown_as))
+        }
+        Err(errno) => return Err(failed(shown_as)(errno)),
+    };
+    let names: Vec<std::ffi::OsString> = rustix::fs::Dir::read_from(&dir)
+        .map_err(failed(shown_as))?
+        .flatten()
+        .map(|entry| {
+            use std::os::unix::ffi::OsStrExt;
+            OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string()
+        })
+        .filter(|name| name != "." && name != "..")
+        .collect();
+    for child in names {
+        remove_entry(&dir, &child, shown_as, depth + 1)?;
+    }
+    match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
+        Ok(()) | Err(Errno::NOENT) => Ok(()),
+        Err(errno) => Err(failed(shown_as)(errno)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A workspace root with a tenant tree, and a directory outside it holding a file.
+    fn setup() -> (tempfile::TempDir, WorkspaceRoot, PathBuf) {
+        let top = tempfile::tempdir().expect("tempdir");
+        let root = top.path().join("root");
+        std::fs::create_dir_all(root.join("acme/default/s1")).expect("mkdir");
+        std::fs::write(root.join("acme/default/s1/f"), "x").expect("write");
+        let outside = top.path().join("outside");
+        std::fs::create_dir_all(outside.join("sub")).expect("mkdir");
+        std::fs::write(outside.join("sub/precious"), "keep").expect("write");
+        let workspace = WorkspaceRoot::open(&root).expect("open");
+        (top, workspace, outside)
+    }
+
+    #[test]
+    fn removing_through_a_link_anywhere_on_the_path_leaves_the_target_alone() {
+        let (top, ws, outside) = setup();
+        let root = top.path().join("root");
+        // The host directory replaced by a link out of the tree.
+        std::fs::rename(root.join("acme/default"), root.join("acme/default-old")).expect("mv");
+        std::os::unix::fs::symlink(&outside, root.join("acme/default")).expect("ln");
+        let error = ws.remove(&root.join("acme/default/sub")).expect_err("refused");
+        assert!(matches!(error, BeneathError::Link(_)), "{error}");
+        assert_eq!(
+            std::fs::read_to_string(outside.join("sub/precious")).expect("kept"),
+            "keep"
+        );
+        // The link at the last component is removed itself, its target kept.
+        ws.remove(&root.join("acme/default")).expect("removes the link");
+        assert!(outside.join("sub/precious").exists());
+        assert!(root.join("acme/default").symlink_metadata().is_err());
+        // A link inside a tree being removed goes, its target stays.
+        std::os::unix::fs::symlink(&outside, root.join("acme/default-old/s1/out")).expect("ln");
+        ws.remove(&root.join("acme/default-old")).expect("tree");
+        assert!(!root.join("acme/default-old").exists());
+        assert!(outside.join("sub/precious").exists());
+        // Missing is fine; outside the root is refused.
+        ws.remove(&root.join("acme/nothing/here")).expect("missing");
+        assert!(ws.remove(&outside).is_err());
+    }
+
+    #[test]
+    fn creating_never_goes_through_a_link_and_measuring_never_follows_one() {
+        let (top, ws, outside) = setup();
+        let root = top.path().join("root");
+        std::os::unix::fs::symlink(&outside, root.join("acme/link")).expect("ln");
+        let error = ws
+            .create_dirs(&root.join("acme/link/.ssh"), None, 0o700)
+            .expect_err("refused");
+        assert!(matches!(error, BeneathError::Link(_)), "{error}");
+        assert!(!outside.join(".ssh").exists());
+        ws.create_dirs(&root.join("acme/new/deep"), None, 0o700)
+            .expect("made");
+        assert!(root.join("acme/new/deep").is_dir());
+        let inside = ws.disk_usage(&root.join("acme"));
+        std::fs::write(outside.join("big"), vec![1u8; 1 << 20]).expect("write");
+        assert_eq!(
+            ws.disk_usage(&root.join("acme")),
+            inside,
+            "the link is not followed"
+        );
+        assert!(inside > 0);
+        assert_eq!(ws.disk_usage(&root.join("acme/link")), 0);
+        // A file written beneath never lands through a link.
+        assert!(ws.write_file(&root.join("acme/link/marker"), b"x").is_err());
+        assert!(!outside.join("marker").exists());
+        ws.write_file(&root.join("acme/marker"), b"x").expect("write");
+        assert_eq!(
+            ws.read_file(&root.join("acme/marker"), 10).expect("read"),
+            Some(b"x".to_vec())
+        );
+        assert_eq!(ws.subdirectories(&root.join("acme")).len(), 2, "default, new");
+    }
+}
