@@ -561,10 +561,17 @@ async fn unknown_kids_refetch_the_jwks_at_most_once_per_interval() {
     assert_eq!(jwks.fetches(), 1);
     // Fifty tokens naming made-up kids within the interval since that fetch: no fetch at all (with
     // `--jwks-min-refetch 0s`, each would fetch: see keys_from_a_jwks_rotate_while_clients_stay_connected).
+    // Past the burst of failures one address may have, the rest are throttled (429) before being looked at.
+    let mut looked_at = 0;
     for n in 0..50 {
         let token = signed("other-rsa", &format!("made-up-{n}"), &claims);
-        assert_eq!(upgrade_status(relay.url(), Some(token)).await, 401);
+        match upgrade_status(relay.url(), Some(token)).await {
+            401 => looked_at += 1,
+            429 => {}
+            other => panic!("status {other}"),
+        }
     }
+    assert!(looked_at >= 20, "{looked_at} tokens looked at");
     assert_eq!(jwks.fetches(), 1, "no refetch within the interval");
 }
 
@@ -918,4 +925,38 @@ async fn a_member_disposes_only_its_own_sessions_and_chats_also_after_a_restart(
         .request("disposeSession", serde_json::json!({"channel": kept_session}))
         .await;
     assert!(any.is_ok(), "an admin disposes anyone's session: {any:?}");
+}
+
+/// Issue 32 (acceptance 4): viewers filling a tenant's connection quota leave the members' share: a member
+/// still gets in, another viewer does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn viewers_filling_the_connection_quota_do_not_lock_a_member_out() {
+    let relay = Relay::start_with(&["--max-connections-per-tenant", "2"]).await;
+    let url =
+        |sub: &str, role: Role| format!("{}?access_token={}", relay.url(), relay.token("team", sub, role));
+    let (_viewer, _) = tokio_tungstenite::connect_async(url("vera", Role::Viewer))
+        .await
+        .expect("a viewer");
+    assert_eq!(
+        upgrade_status(url("victor", Role::Viewer), None).await,
+        429,
+        "a second viewer would leave no room for a member"
+    );
+    assert_eq!(upgrade_status(url("ana", Role::Member), None).await, 101);
+}
+
+/// Issue 32 (acceptance 6 of the findings): bad tokens from one address are throttled after a burst (429
+/// without the token being looked at).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_authentications_are_throttled_per_address() {
+    let relay = Relay::start().await;
+    let url = format!("{}?access_token=not-a-jwt", relay.url());
+    let mut statuses = Vec::new();
+    for _ in 0..40 {
+        statuses.push(upgrade_status(url.clone(), None).await);
+    }
+    let refused = statuses.iter().filter(|status| **status == 401).count();
+    let throttled = statuses.iter().filter(|status| **status == 429).count();
+    assert!(refused <= 21 && throttled >= 19, "{statuses:?}");
+    assert!(statuses.iter().all(|status| matches!(status, 401 | 429)));
 }

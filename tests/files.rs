@@ -9,8 +9,11 @@ mod support;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
 use ahp::ClientError;
 use relay_core::Role;
+use relay_gateway::auth::{mint_hs256, Claims};
 use serde_json::{json, Value};
 use support::*;
 
@@ -973,4 +976,127 @@ async fn writes_replace_files_whole_reports_are_coalesced_and_a_tenants_watches_
         clients.push(client);
     }
     assert_eq!((held, refused), (64, 17), "held {held}, refused {refused}");
+}
+
+async fn read_as(client: &ahp::Client, path: PathBuf) -> Result<Value, ClientError> {
+    client
+        .request::<_, Value>(
+            "resourceRead",
+            json!({"channel": "ahp-root://", "uri": uri(&path), "encoding": "utf-8"}),
+        )
+        .await
+}
+
+/// Issue 32 (acceptance 4): a token scoped to host `team1` reaches team1's session directories only: reading,
+/// listing, watching and writing in team2's session directory, or in a directory of the tenant that is no
+/// host's, are refused with -32009 (also through a link planted in team1's directory to team2's); opening a
+/// terminal or creating a session there too. A token of the whole tenant reaches both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_scoped_to_a_host_reaches_that_hosts_directories_only() {
+    let agents = scripted_agents_file();
+    let relay = Relay::start_with(&["--agents", agents.file.to_str().expect("path")]).await;
+    let root = agents.workspace.path().canonicalize().expect("root").join("dev");
+    let (team1_dir, team2_dir) = (root.join("team1/s1"), root.join("team2/s2"));
+    for dir in [&team1_dir, &team2_dir, &root.join("project")] {
+        std::fs::create_dir_all(dir).expect("mkdir");
+    }
+    std::fs::write(team1_dir.join("ours.txt"), "ours").expect("write");
+    std::fs::write(team2_dir.join("theirs.txt"), "theirs").expect("write");
+    std::fs::write(root.join("project/shared.txt"), "shared").expect("write");
+    std::os::unix::fs::symlink(&team2_dir, team1_dir.join("link")).expect("link");
+    let scoped_token = mint_hs256(
+        SECRET.as_bytes(),
+        &Claims::new(
+            "dev",
+            "scoped",
+            Role::Member,
+            Some(vec!["team1".into()]),
+            Duration::from_secs(3600),
+        ),
+    )
+    .expect("mint");
+    let url = format!(
+        "{}/v1/hosts/team1/ws?access_token={scoped_token}",
+        relay.url().trim_end_matches("/v1/ws")
+    );
+    let transport = ahp_ws::WebSocketTransport::connect(&url).await.expect("connect");
+    let scoped = ahp::Client::connect(
+        transport,
+        ahp::ClientConfig {
+            default_request_timeout: Some(PATIENCE),
+            subscription_buffer: 1024,
+        },
+    )
+    .await
+    .expect("client");
+    scoped
+        .initialize("scoped-device".into(), vec!["1.0.0".into()], vec![])
+        .await
+        .expect("initialize");
+    let ours = read_as(&scoped, team1_dir.join("ours.txt"))
+        .await
+        .expect("its own host's file");
+    assert_eq!(ours["data"], "ours");
+    let code = |result: Result<Value, ahp::ClientError>| match result {
+        Err(ahp::ClientError::Rpc(error)) => error.code,
+        other => panic!("expected an error: {other:?}"),
+    };
+    for path in [
+        team2_dir.join("theirs.txt"),
+        root.join("project/shared.txt"),
+        team1_dir.join("link/theirs.txt"),
+    ] {
+        assert_eq!(
+            code(read_as(&scoped, path.clone()).await),
+            -32009,
+            "{}",
+            path.display()
+        );
+    }
+    for (method, params) in [
+        (
+            "resourceList",
+            json!({"channel": "ahp-root://", "uri": uri(&team2_dir)}),
+        ),
+        (
+            "resourceWrite",
+            json!({"channel": "ahp-root://", "uri": uri(&team2_dir.join("planted.txt")), "data": "x", "encoding": "utf-8"}),
+        ),
+        (
+            "resourceMove",
+            json!({"channel": "ahp-root://", "source": uri(&team1_dir.join("ours.txt")), "destination": uri(&team2_dir.join("moved.txt"))}),
+        ),
+        (
+            "createResourceWatch",
+            json!({"channel": "ahp-root://", "uri": uri(&team2_dir), "recursive": true}),
+        ),
+        (
+            "createSession",
+            json!({"channel": "ahp-session:/in-team2", "provider": "scripted", "workingDirectories": [uri(&team2_dir)]}),
+        ),
+    ] {
+        let refused = scoped.request::<_, Value>(method, params).await;
+        assert_eq!(code(refused), -32009, "{method}");
+    }
+    assert!(!team2_dir.join("planted.txt").exists() && !team2_dir.join("moved.txt").exists());
+    // A terminal of a team1 session whose directory would be team2's.
+    let (session, _) = ready_session(&scoped, "scripted", "scoped-session", json!({}))
+        .await
+        .expect("a session of its own host");
+    let terminal = scoped
+        .request::<_, Value>(
+            "createTerminal",
+            json!({"channel": "ahp-terminal:/scoped", "claim": {"kind": "client", "clientId": "scoped-device"},
+                "cwd": uri(&team2_dir), "_meta": {"ahpRelay/session": session}}),
+        )
+        .await;
+    assert_eq!(code(terminal), -32009);
+    // A token of the whole tenant reaches both.
+    let (whole, _) = relay.client("whole-tenant").await;
+    assert_eq!(
+        read_as(&whole, team2_dir.join("theirs.txt"))
+            .await
+            .expect("theirs")["data"],
+        "theirs"
+    );
 }

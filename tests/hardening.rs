@@ -817,9 +817,22 @@ async fn secrets_must_be_long_and_private() {
     ])
     .await;
     assert!(short.contains("at least 32"), "{short}");
+    // Issue 32: long enough, but no secret at all.
+    let repeated = refused(vec![
+        "serve".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--data-dir".into(),
+        dir_arg.clone(),
+        "--jwt-secret".into(),
+        "s".repeat(40),
+    ])
+    .await;
+    assert!(repeated.contains("bits"), "{repeated}");
 
     let file = data.path().join("secret");
-    std::fs::write(&file, "s".repeat(48)).expect("write");
+    let strong = "Zq3vN8xK1pT6wL0dR5mY9cH2sJ7fB4gE-file-secret";
+    std::fs::write(&file, strong).expect("write");
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let file_arg = file.display().to_string();
     let open = refused(vec![
@@ -858,7 +871,7 @@ async fn secrets_must_be_long_and_private() {
     assert_eq!(mode, 0o700, "the data directory is private");
     // A token signed with the file's secret is accepted.
     let token = relay_gateway::auth::mint_hs256(
-        "s".repeat(48).as_bytes(),
+        strong.as_bytes(),
         &relay_gateway::auth::Claims::new("dev", "f", Role::Member, None, std::time::Duration::from_secs(60)),
     )
     .expect("mint");
@@ -893,6 +906,7 @@ async fn the_shard_refuses_calls_without_the_internal_credential() {
             subject: "mallory".into(),
             tenant: tenant.into(),
             role: pb::Role::Admin as i32,
+            ..Default::default()
         })
     };
     let attach = |tenant: &str| pb::AttachRequest {
@@ -1544,6 +1558,7 @@ async fn runners_and_gateways_hold_different_credentials() {
                 subject: "mallory".into(),
                 tenant: "victim".into(),
                 role: pb::Role::Admin as i32,
+                ..Default::default()
             }),
         })
         .await

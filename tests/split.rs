@@ -328,6 +328,7 @@ async fn the_shard_acts_only_on_identities_the_gateways_signed() {
         subject: "vera".into(),
         tenant: "dev".into(),
         role: Role::Viewer,
+        hosts: None,
     };
     let attach = |assert_as: Option<(&relay_rpc::AssertionSigner, &relay_core::HostKey)>| {
         let mut request = tonic::Request::new(pb::AttachRequest {
@@ -341,6 +342,7 @@ async fn the_shard_acts_only_on_identities_the_gateways_signed() {
                 subject: "mallory".into(),
                 tenant: "dev".into(),
                 role: pb::Role::Admin as i32,
+                ..Default::default()
             }),
         });
         if let Some((signer, asserted_host)) = assert_as {

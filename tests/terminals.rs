@@ -1,6 +1,6 @@
 //! Issue 26 (3): devices' terminals over AHP, with the official client over real WebSockets against `serve`
 //! with an agents file (the relay holds a workspace): two devices share a shell on a pseudoterminal in the
-//! session's sandbox (one types, both see; the other resizes; Ctrl-C interrupts), shell integration marks each
+//! session's sandbox (the claim's holder types and resizes, both see; Ctrl-C interrupts), shell integration marks each
 //! command, a chat's `!command` runs in a terminal and shows in the chat, dispose kills the processes, viewers
 //! watch only, and an output flood leaves the relay's memory bounded and other sessions answering.
 
@@ -238,8 +238,8 @@ async fn two_devices_share_a_shell_one_types_both_see_the_other_resizes() {
     })
     .await;
 
-    // B resizes; the shell sees the new size.
-    b.dispatch(
+    // A (the claim's holder) resizes; the shell sees the new size.
+    a.dispatch(
         uri.to_string(),
         StateAction::TerminalResized(TerminalResizedAction { cols: 100, rows: 30 }),
     )
@@ -587,7 +587,7 @@ async fn through_a_gateway_terminals_run_on_the_runner_and_end_with_it() {
             .until("the echo", |state| text(state).contains("remote-42"))
             .await;
     }
-    b.dispatch(
+    a.dispatch(
         uri.to_string(),
         StateAction::TerminalResized(TerminalResizedAction { cols: 120, rows: 40 }),
     )
@@ -712,7 +712,8 @@ async fn only_the_holder_passes_a_terminals_claim_and_members_rename_and_clear_i
     .await
     .expect("rename");
     on_b.until("the new title", |state| state.title == "Build").await;
-    a.dispatch(uri.to_string(), input("echo before-clear\n"))
+    // B holds it now: B types.
+    b.dispatch(uri.to_string(), input("echo before-clear\n"))
         .await
         .expect("type");
     on_b.until("the output", |state| text(state).contains("before-clear\r\n"))
@@ -738,4 +739,90 @@ async fn only_the_holder_passes_a_terminals_claim_and_members_rename_and_clear_i
         .await
         .rejection_reason
         .is_some());
+}
+
+/// Issue 32 (acceptance 3): a client-claimed terminal takes input and sizes from its holder alone (another
+/// member's, sent as a request, is refused with -32009 and changes nothing); what a program prints cannot reach a
+/// device's clipboard (OSC 52), nor end a command or move the terminal's directory with forged shell marks (no
+/// nonce); and `TIOCSTI` (typing into the terminal from inside it) is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_holder_types_and_a_programs_output_forges_nothing() {
+    let setup = relay_with_workspace("", &[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (b, _) = setup.relay.client("device-b").await;
+    let (session, _) = session(&a, "guarded").await;
+    let uri = "ahp-terminal:/guarded";
+    create_terminal(&a, "device-a", &session, uri)
+        .await
+        .expect("createTerminal");
+    let mut on_a = Watched::open(&a, uri).await;
+    on_a.until("the prompt", |state| {
+        state.supports_command_detection == Some(true)
+    })
+    .await;
+    for action in [
+        json!({"type": "terminal/input", "data": "touch typed-by-b\n"}),
+        json!({"type": "terminal/resized", "cols": 50, "rows": 10}),
+    ] {
+        let refused: Result<Value, ClientError> = b
+            .request(
+                "dispatchAction",
+                json!({"channel": uri, "clientSeq": 1, "action": action}),
+            )
+            .await;
+        assert!(
+            matches!(&refused, Err(ClientError::Rpc(e)) if e.code == -32009),
+            "{action}: {refused:?}"
+        );
+    }
+    // A program prints a clipboard write, a link, and forged marks: a command's end with status 7 and a
+    // directory of /etc/shadow. The command really ends with 0.
+    a.dispatch(
+        uri.to_string(),
+        input(
+            "printf 'x\\033]52;c;c2VjcmV0\\007\\033]8;;https://evil.example/\\007link\\033]8;;\\007\\033]633;D;7\\007\\033]633;P;Cwd=/etc/shadow\\007y\\n'; echo forged-$((2+3))\n",
+        ),
+    )
+    .await
+    .expect("type");
+    on_a.until("the printing command's end", |state| {
+        state.content.iter().any(|part| {
+            matches!(part, TerminalContentPart::Command(c)
+                if c.command_line.starts_with("printf") && c.is_complete && c.output.contains("forged-5"))
+        })
+    })
+    .await;
+    let finished = on_a.state.content.iter().find_map(|part| match part {
+        TerminalContentPart::Command(c) if c.command_line.starts_with("printf") => Some(c.exit_code),
+        _ => None,
+    });
+    assert_eq!(finished, Some(Some(0)), "the forged mark did not end the command");
+    let shown = text(&on_a.state);
+    assert!(
+        !shown.contains("\u{1b}]52") && !shown.contains("\u{1b}]8;"),
+        "{shown:?}"
+    );
+    assert!(shown.contains("xlinky"), "the text around them stays: {shown:?}");
+    assert_ne!(on_a.state.cwd.as_deref(), Some("file:///etc/shadow"));
+    // TIOCSTI: pushing input into the terminal from inside it.
+    a.dispatch(
+        uri.to_string(),
+        input("perl -e 'my $c = \"x\"; print ioctl(STDIN, 0x5412, $c) ? \"sti:\".\"worked\\n\" : \"sti:\".\"refused $!\\n\"'\n"),
+    )
+    .await
+    .expect("type");
+    on_a.until("the TIOCSTI attempt", |state| {
+        let shown = text(state);
+        shown.contains("sti:worked") || shown.contains("sti:refused")
+    })
+    .await;
+    let shown = text(&on_a.state);
+    assert!(shown.contains("sti:refused Operation not permitted"), "{shown}");
+    assert!(!setup
+        .workspace
+        .path()
+        .join("dev")
+        .join("guarded")
+        .join("typed-by-b")
+        .exists());
 }

@@ -77,6 +77,9 @@ pub struct Identity {
     pub subject: String,
     pub tenant: String,
     pub role: Role,
+    /// The token's `hosts`: the only hosts (and those hosts' directories of the tenant's workspace) it reaches;
+    /// `None` for a token of the whole tenant.
+    pub hosts: Option<Vec<String>>,
 }
 
 /// Process-unique id of one client connection.

@@ -51,6 +51,7 @@ impl Claims {
             subject: self.sub.clone(),
             tenant: self.tid.clone(),
             role: self.role,
+            hosts: self.hosts.clone(),
         }
     }
 

@@ -5,6 +5,7 @@
 //! [`relay_core::HostLink`].
 
 pub mod auth;
+pub mod auth_throttle;
 pub mod connection;
 pub mod filter;
 pub mod jwks;

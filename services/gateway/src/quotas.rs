@@ -91,6 +91,8 @@ impl TokenBucket {
 
 struct TenantUsage {
     connections: usize,
+    /// Of those, viewers' (who may hold all but the members' share).
+    viewers: usize,
     messages: TokenBucket,
     bytes: TokenBucket,
     /// What this gateway forwarded for the tenant (cumulative), reported to the other gateways.
@@ -123,6 +125,7 @@ pub struct TenantQuotas {
 pub struct ConnectionPermit {
     quotas: Arc<TenantQuotas>,
     tenant: String,
+    viewer: bool,
     /// Its slot among every gateway's, when shared.
     slot: Option<String>,
 }
@@ -276,9 +279,10 @@ impl TenantQuotas {
     }
 
     /// A connection slot for `tenant` on this gateway and, when shared, among every gateway's; `None` when
-    /// the tenant has its maximum open (here, or across the deployment).
-    pub async fn admit_everywhere(self: &Arc<Self>, tenant: &str) -> Option<ConnectionPermit> {
-        let mut permit = self.admit(tenant)?;
+    /// the tenant has its maximum open (here, or across the deployment), or, for a `viewer`, when viewers hold
+    /// all but the members' share of it here ([`TenantQuotas::admit`]).
+    pub async fn admit_everywhere(self: &Arc<Self>, tenant: &str, viewer: bool) -> Option<ConnectionPermit> {
+        let mut permit = self.admit(tenant, viewer)?;
         if let Some(shared) = self.shared.get() {
             match shared.take_slot(tenant, self.limits.max_connections).await {
                 Ok(Some(slot)) => permit.slot = Some(slot),
@@ -291,8 +295,16 @@ impl TenantQuotas {
         Some(permit)
     }
 
-    /// A connection slot for `tenant`, or `None` when it has its maximum open.
-    pub fn admit(self: &Arc<Self>, tenant: &str) -> Option<ConnectionPermit> {
+    /// The connections of a tenant kept for its members: a quarter of its maximum, at least one. Viewers (a
+    /// read-only link shared widely) never fill the rest and lock the team out.
+    pub fn members_share(&self) -> usize {
+        (self.limits.max_connections / 4).max(1)
+    }
+
+    /// A connection slot for `tenant`, or `None` when it has its maximum open, or — for a `viewer` — when
+    /// viewers hold all but the members' share.
+    pub fn admit(self: &Arc<Self>, tenant: &str, viewer: bool) -> Option<ConnectionPermit> {
+        let viewers_most = self.limits.max_connections.saturating_sub(self.members_share());
         let mut tenants = self.tenants.lock();
         // Tenants without connections are kept while in debt; the refilled ones go, now and then.
         if tenants.len() >= PRUNE_AT && !tenants.contains_key(tenant) {
@@ -300,18 +312,21 @@ impl TenantQuotas {
         }
         let usage = tenants.entry(tenant.to_string()).or_insert_with(|| TenantUsage {
             connections: 0,
+            viewers: 0,
             messages: TokenBucket::new(self.limits.messages_per_second, self.limits.message_burst),
             bytes: TokenBucket::new(self.limits.bytes_per_second, self.limits.byte_burst),
             forwarded: Forwarded::default(),
             others_seen: None,
         });
-        if usage.connections >= self.limits.max_connections {
+        if usage.connections >= self.limits.max_connections || (viewer && usage.viewers >= viewers_most) {
             return None;
         }
         usage.connections += 1;
+        usage.viewers += usize::from(viewer);
         Some(ConnectionPermit {
             quotas: self.clone(),
             tenant: tenant.to_string(),
+            viewer,
             slot: None,
         })
     }
@@ -366,6 +381,7 @@ impl Drop for ConnectionPermit {
             let mut tenants = self.quotas.tenants.lock();
             if let Some(usage) = tenants.get_mut(&self.tenant) {
                 usage.connections = usage.connections.saturating_sub(1);
+                usage.viewers = usage.viewers.saturating_sub(usize::from(self.viewer));
                 // A tenant still in debt keeps its buckets: reconnecting does not reset them.
                 if usage.is_idle() {
                     tenants.remove(&self.tenant);
@@ -395,18 +411,37 @@ mod tests {
     #[test]
     fn connection_slots_are_per_tenant_and_freed_on_drop() {
         let q = quotas(2);
-        let a1 = q.admit("a").expect("first");
-        let _a2 = q.admit("a").expect("second");
-        assert!(q.admit("a").is_none(), "third refused");
-        assert!(q.admit("b").is_some(), "other tenants unaffected");
+        let a1 = q.admit("a", false).expect("first");
+        let _a2 = q.admit("a", false).expect("second");
+        assert!(q.admit("a", false).is_none(), "third refused");
+        assert!(q.admit("b", false).is_some(), "other tenants unaffected");
         drop(a1);
-        assert!(q.admit("a").is_some(), "slot freed");
+        assert!(q.admit("a", false).is_some(), "slot freed");
+    }
+
+    #[test]
+    fn viewers_never_take_the_members_share() {
+        let q = quotas(2);
+        let v1 = q.admit("a", true).expect("a viewer");
+        assert!(
+            q.admit("a", true).is_none(),
+            "a second viewer would leave no room for a member"
+        );
+        let m = q.admit("a", false).expect("a member still gets in");
+        assert!(q.admit("a", false).is_none(), "the tenant's maximum holds");
+        drop(v1);
+        drop(m);
+        let q = quotas(8);
+        let viewers: Vec<_> = (0..6).map(|_| q.admit("a", true).expect("viewer")).collect();
+        assert!(q.admit("a", true).is_none(), "viewers hold all but a quarter");
+        let members: Vec<_> = (0..2).map(|_| q.admit("a", false).expect("member")).collect();
+        assert_eq!((viewers.len(), members.len()), (6, 2));
     }
 
     #[test]
     fn messages_beyond_the_burst_wait_at_the_tenant_rate() {
         let q = quotas(1);
-        let _permit = q.admit("a").expect("admit");
+        let _permit = q.admit("a", false).expect("admit");
         let mut bucket = q.connection_bucket();
         for _ in 0..5 {
             assert_eq!(q.message_delay("a", &mut bucket, 1), Duration::ZERO);
@@ -429,7 +464,7 @@ mod tests {
             bytes_per_second: 1e9,
             byte_burst: 1e9,
         });
-        let _permit = q.admit("a").expect("admit");
+        let _permit = q.admit("a", false).expect("admit");
         let (mut first, mut second) = (q.connection_bucket(), q.connection_bucket());
         assert_eq!(q.message_delay("a", &mut first, 1), Duration::ZERO);
         assert_eq!(q.message_delay("a", &mut first, 1), Duration::ZERO);
@@ -441,7 +476,7 @@ mod tests {
     #[test]
     fn bytes_beyond_the_burst_wait_at_the_tenant_byte_rate() {
         let q = quotas(2);
-        let _permit = q.admit("a").expect("admit");
+        let _permit = q.admit("a", false).expect("admit");
         let mut bucket = q.connection_bucket();
         // The burst (2,000 bytes) goes through; the next 500 bytes wait half a second at 1,000 bytes/s.
         assert_eq!(q.message_delay("a", &mut bucket, 2_000), Duration::ZERO);
@@ -451,7 +486,7 @@ mod tests {
             "{wait:?}"
         );
         // Another tenant's bytes are its own.
-        let _other = q.admit("b").expect("admit");
+        let _other = q.admit("b", false).expect("admit");
         assert_eq!(
             q.message_delay("b", &mut q.connection_bucket(), 2_000),
             Duration::ZERO
@@ -461,7 +496,7 @@ mod tests {
     #[test]
     fn a_tenant_in_debt_keeps_it_across_reconnects() {
         let q = quotas(1);
-        let permit = q.admit("a").expect("admit");
+        let permit = q.admit("a", false).expect("admit");
         let mut bucket = q.connection_bucket();
         for _ in 0..5 {
             q.message_delay("a", &mut bucket, 1);
@@ -469,7 +504,7 @@ mod tests {
         assert!(q.message_delay("a", &mut bucket, 1) > Duration::ZERO);
         // Its only connection closes and it reconnects at once: the debt is still there.
         drop(permit);
-        let _again = q.admit("a").expect("admit again");
+        let _again = q.admit("a", false).expect("admit again");
         let wait = q.message_delay("a", &mut q.connection_bucket(), 1);
         assert!(wait > Duration::from_millis(100), "{wait:?}");
     }
@@ -477,7 +512,7 @@ mod tests {
     #[test]
     fn a_refilled_tenant_without_connections_is_forgotten() {
         let q = quotas(1);
-        drop(q.admit("a").expect("admit"));
+        drop(q.admit("a", false).expect("admit"));
         assert!(q.tenants.lock().is_empty());
     }
 }

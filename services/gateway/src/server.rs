@@ -50,14 +50,18 @@ const READ_BUFFER_BYTES: usize = 1024;
 /// Frames are gathered up to this many bytes before a write to the socket (a batch is then flushed once).
 const WRITE_BUFFER_BYTES: usize = 4 * 1024;
 
-/// The gateway's routes.
+/// The gateway's routes. Those that take a token throttle an address's failed authentications
+/// ([`crate::auth_throttle`]; serve with `into_make_service_with_connect_info::<SocketAddr>` so that the peer's
+/// address is known).
 pub fn router<L: HostLink>(state: Arc<GatewayState<L>>) -> Router {
+    let failures = crate::auth_throttle::AuthFailures::new(Default::default());
     Router::new()
         .route("/v1/ws", get(default_host_ws::<L>))
         .route("/v1/hosts/{host}/ws", get(named_host_ws::<L>))
+        .route("/v1/auth/check", get(crate::sign_in::check::<L>))
+        .route_layer(crate::auth_throttle::AuthThrottleLayer::new(failures))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz::<L>))
-        .route("/v1/auth/check", get(crate::sign_in::check::<L>))
         .route("/v1/web-config", get(crate::sign_in::web_config::<L>))
         .route("/metrics", get(metrics::<L>))
         .route("/", get(root::<L>))
@@ -189,7 +193,8 @@ async fn open<L: HostLink>(
     if !claims.allows_host(&host) {
         return refuse(StatusCode::FORBIDDEN, "the token does not grant this host");
     }
-    let Some(permit) = state.quotas.admit_everywhere(&claims.tid).await else {
+    let viewer = claims.role == relay_core::Role::Viewer;
+    let Some(permit) = state.quotas.admit_everywhere(&claims.tid, viewer).await else {
         return refuse(
             StatusCode::TOO_MANY_REQUESTS,
             "the tenant has its maximum of open connections",

@@ -45,19 +45,25 @@ async fn a_tenants_connection_cap_holds_across_gateways() {
         return;
     };
     let tenant = unique_tenant();
-    let first = a.admit_everywhere(&tenant).await.expect("one on gateway a");
-    let _second = b.admit_everywhere(&tenant).await.expect("one on gateway b");
-    assert!(a.admit_everywhere(&tenant).await.is_none(), "a third on a");
-    assert!(b.admit_everywhere(&tenant).await.is_none(), "a third on b");
+    let first = a
+        .admit_everywhere(&tenant, false)
+        .await
+        .expect("one on gateway a");
+    let _second = b
+        .admit_everywhere(&tenant, false)
+        .await
+        .expect("one on gateway b");
+    assert!(a.admit_everywhere(&tenant, false).await.is_none(), "a third on a");
+    assert!(b.admit_everywhere(&tenant, false).await.is_none(), "a third on b");
     assert!(
-        b.admit_everywhere(&unique_tenant()).await.is_some(),
+        b.admit_everywhere(&unique_tenant(), false).await.is_some(),
         "another tenant is not held back"
     );
     // A connection closing on a frees its slot for b (released in the background: bounded wait).
     drop(first);
     let started = std::time::Instant::now();
     let _third = loop {
-        if let Some(permit) = b.admit_everywhere(&tenant).await {
+        if let Some(permit) = b.admit_everywhere(&tenant, false).await {
             break permit;
         }
         assert!(
@@ -74,8 +80,8 @@ async fn a_tenants_rate_holds_across_gateways() {
         return;
     };
     let tenant = unique_tenant();
-    let _on_a = a.admit_everywhere(&tenant).await.expect("admit on a");
-    let _on_b = b.admit_everywhere(&tenant).await.expect("admit on b");
+    let _on_a = a.admit_everywhere(&tenant, false).await.expect("admit on a");
+    let _on_b = b.admit_everywhere(&tenant, false).await.expect("admit on b");
     // Both gateways have met: each knows where the other's counters stand.
     a.exchange_usage(&a_redis).await.expect("exchange");
     b.exchange_usage(&b_redis).await.expect("exchange");
@@ -98,7 +104,7 @@ async fn a_tenant_moving_to_another_gateway_brings_its_debt() {
     };
     let tenant = unique_tenant();
     // On gateway a only: the whole burst and as much again in debt.
-    let on_a = a.admit_everywhere(&tenant).await.expect("admit on a");
+    let on_a = a.admit_everywhere(&tenant, false).await.expect("admit on a");
     a.exchange_usage(&a_redis).await.expect("exchange");
     let mut bucket = a.connection_bucket();
     for _ in 0..10 {
@@ -107,7 +113,7 @@ async fn a_tenant_moving_to_another_gateway_brings_its_debt() {
     a.exchange_usage(&a_redis).await.expect("exchange");
     drop(on_a);
     // It reconnects to gateway b, which never had it: b learns the debt at its first exchange.
-    let _on_b = b.admit_everywhere(&tenant).await.expect("admit on b");
+    let _on_b = b.admit_everywhere(&tenant, false).await.expect("admit on b");
     b.exchange_usage(&b_redis).await.expect("exchange");
     let wait = b.message_delay(&tenant, &mut b.connection_bucket(), 1);
     assert!(wait >= Duration::from_millis(300), "{wait:?}");

@@ -93,6 +93,19 @@ pub fn parse_ttl(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
+/// The relay's processes that run agents are the last the OOM killer picks (agents raise theirs to
+/// [`relay_sandbox::confine::AGENT_OOM_SCORE_ADJ`]); lowering needs `CAP_SYS_RESOURCE`, so elsewhere nothing
+/// changes.
+fn protect_from_the_oom_killer() {
+    match std::fs::write("/proc/self/oom_score_adj", RELAY_OOM_SCORE_ADJ.to_string()) {
+        Ok(()) => tracing::debug!(adj = RELAY_OOM_SCORE_ADJ, "lowered this process's OOM score"),
+        Err(error) => tracing::debug!(%error, "cannot lower this process's OOM score"),
+    }
+}
+
+/// The OOM score adjustment of `serve` and runners, where allowed.
+const RELAY_OOM_SCORE_ADJ: i32 = -500;
+
 fn main() -> anyhow::Result<()> {
     // Inside an agent's sandbox, before anything else (no runtime, no threads): confine, then run the agent.
     if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(relay_sandbox::exec::SUBCOMMAND)) {
@@ -107,6 +120,9 @@ fn main() -> anyhow::Result<()> {
         ));
     }
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Serve(_) | Command::Runner(_)) {
+        protect_from_the_oom_killer();
+    }
     match cli.command {
         Command::Token(args) => {
             let secret = secret::load_or_create(secret::SecretSource {

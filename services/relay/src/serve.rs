@@ -918,7 +918,7 @@ async fn serve_edge<L: HostLink>(
         out.flush()?;
     }
 
-    axum::serve(listener, app)
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(async move {
             wait_for_signal().await;
             tracing::info!("shutting down: closing client connections");

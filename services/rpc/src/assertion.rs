@@ -51,6 +51,9 @@ struct Claims {
     /// For `attach`: the connection's key, which its `Call`s and `Detach` present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     key: Option<String>,
+    /// For `attach`: the hosts the user's token is scoped to, if it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hosts: Option<Vec<String>>,
 }
 
 fn now_secs() -> u64 {
@@ -90,6 +93,7 @@ impl AssertionSigner {
             sub: None,
             role: None,
             key: None,
+            hosts: None,
         }
     }
 
@@ -108,6 +112,7 @@ impl AssertionSigner {
             sub: Some(identity.subject.clone()),
             role: Some(identity.role),
             key: Some(key.to_string()),
+            hosts: identity.hosts.clone(),
             ..Self::claims("attach", host)
         };
         insert(metadata, &self.sign(&claims)?)
@@ -194,6 +199,7 @@ impl AssertionVerifier {
                         subject,
                         tenant: claims.tenant,
                         role,
+                        hosts: claims.hosts,
                     },
                     key,
                 ))

@@ -41,6 +41,8 @@ pub fn identity_to_pb(identity: &Identity) -> pb::Identity {
         subject: identity.subject.clone(),
         tenant: identity.tenant.clone(),
         role: role.into(),
+        host_scoped: identity.hosts.is_some(),
+        hosts: identity.hosts.clone().unwrap_or_default(),
     }
 }
 
@@ -56,6 +58,7 @@ pub fn identity_from_pb(identity: Option<pb::Identity>) -> Result<Identity, Malf
         subject: identity.subject,
         tenant: identity.tenant,
         role,
+        hosts: identity.host_scoped.then_some(identity.hosts),
     })
 }
 

@@ -95,6 +95,7 @@ impl RemoteFiles {
     async fn run(
         &self,
         tenant: &str,
+        scope: Option<&str>,
         op: FileOp,
         watch: Option<(u64, ChangeSink)>,
     ) -> Result<FileReply, FileError> {
@@ -115,6 +116,7 @@ impl RemoteFiles {
             id,
             tenant: tenant.to_string(),
             op: body,
+            host_scope: scope.map(str::to_string),
         });
         if !self.pool.send_to(runner, work) {
             self.requests().pending.lock().remove(&id);
@@ -141,13 +143,19 @@ impl FileAccess for RemoteFiles {
         uri.strip_prefix("file://").map(PathBuf::from)
     }
 
-    fn call<'a>(&'a self, tenant: &'a str, op: FileOp) -> FileFuture<'a, FileReply> {
-        Box::pin(self.run(tenant, op, None))
-    }
-
-    fn watch<'a>(
+    fn call_within<'a>(
         &'a self,
         tenant: &'a str,
+        scope: Option<&'a str>,
+        op: FileOp,
+    ) -> FileFuture<'a, FileReply> {
+        Box::pin(self.run(tenant, scope, op, None))
+    }
+
+    fn watch_within<'a>(
+        &'a self,
+        tenant: &'a str,
+        scope: Option<&'a str>,
         spec: WatchSpec,
         changes: ChangeSink,
     ) -> FileFuture<'a, WatchHandle> {
@@ -160,18 +168,21 @@ impl FileAccess for RemoteFiles {
                 includes: spec.includes,
                 excludes: spec.excludes,
             };
-            if let Err(error) = self.run(tenant, op, Some((watch, changes))).await {
+            if let Err(error) = self.run(tenant, scope, op, Some((watch, changes))).await {
                 self.requests().watches.lock().remove(&watch);
                 return Err(error);
             }
             let me = self.me.clone();
             let tenant = tenant.to_string();
+            let scope = scope.map(str::to_string);
             Ok(WatchHandle::new(move || {
                 let Some(files) = me.upgrade() else { return };
                 files.requests().watches.lock().remove(&watch);
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     runtime.spawn(async move {
-                        let _ = files.run(&tenant, FileOp::Unwatch { watch }, None).await;
+                        let _ = files
+                            .run(&tenant, scope.as_deref(), FileOp::Unwatch { watch }, None)
+                            .await;
                     });
                 }
             }))

@@ -199,6 +199,7 @@ impl ShardSession {
             )));
         };
         let tenant = request.tenant;
+        let scope = request.host_scope;
         match op {
             FileOp::Watch {
                 watch,
@@ -217,7 +218,10 @@ impl ShardSession {
                         includes,
                         excludes,
                     };
-                    match files.watch(&tenant, spec, changes_tx).await {
+                    match files
+                        .watch_within(&tenant, scope.as_deref(), spec, changes_tx)
+                        .await
+                    {
                         Ok(handle) => {
                             watches.lock().insert(watch, handle);
                             answer(Ok(FileReply::Done));
@@ -237,7 +241,7 @@ impl ShardSession {
                 answer(Ok(FileReply::Done));
             }
             op => {
-                tokio::spawn(async move { answer(files.call(&tenant, op).await) });
+                tokio::spawn(async move { answer(files.call_within(&tenant, scope.as_deref(), op).await) });
             }
         }
     }

@@ -575,6 +575,7 @@ impl<L: HostLink + BusHistory> Shard for ShardService<L> {
             subject: INTERNAL_SUBJECT.into(),
             tenant: host.tenant.clone(),
             role: Role::Viewer,
+            hosts: None,
         };
         // Subscribed before the response headers go out: once the caller has the stream, it misses nothing
         // the host publishes afterwards.

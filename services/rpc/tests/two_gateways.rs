@@ -286,6 +286,7 @@ async fn an_unreachable_shard_answers_requests_with_an_internal_error_and_notifi
         subject: "u".into(),
         tenant: "dev".into(),
         role: Role::Member,
+        hosts: None,
     };
     let attached = tokio::time::timeout(PATIENCE, shard.attach(&host, ConnectionId(1), &identity))
         .await
@@ -335,6 +336,7 @@ async fn fetch_range_reads_published_actions_back_from_the_buffer_and_the_store(
         subject: "observer".into(),
         tenant: "dev".into(),
         role: Role::Viewer,
+        hosts: None,
     };
     let mut bus = link
         .attach(&host, ConnectionId(7), &observer)
@@ -442,6 +444,7 @@ async fn a_connection_attached_after_a_gateways_stream_ended_survives_the_stream
             subject: "late".into(),
             tenant: "dev".into(),
             role: relay_rpc::pb::Role::Member as i32,
+            ..Default::default()
         }),
     })
     .await
@@ -618,6 +621,7 @@ async fn a_partitioned_gateways_connections_are_released() {
                 subject: "cut-off".into(),
                 tenant: "dev".into(),
                 role: relay_rpc::pb::Role::Member as i32,
+                ..Default::default()
             }),
         })
         .await
@@ -697,6 +701,7 @@ async fn a_connection_whose_gateway_never_follows_the_host_is_detached() {
             subject: "orphan".into(),
             tenant: "dev".into(),
             role: relay_rpc::pb::Role::Member as i32,
+            ..Default::default()
         }),
     })
     .await

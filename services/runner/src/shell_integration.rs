@@ -1,11 +1,20 @@
-//! Shell integration: the bash start-up script a device's terminal runs, which marks each prompt, command line,
-//! command start and exit status with OSC 633 sequences (the ones VS Code's shell integration uses), and the
-//! parser that takes those sequences out of the terminal's output and turns them into events — from which the
-//! relay dispatches `terminal/commandExecuted`, `terminal/commandFinished` and `terminal/cwdChanged`.
+//! Shell integration and the terminal's output filter: the bash start-up script a device's terminal runs, which
+//! marks each prompt, command line, command start and exit status with OSC 633 sequences (the ones VS Code's
+//! shell integration uses), and the filter every terminal's output passes before any device sees it
+//! ([`MarkParser`]):
+//! - an OSC 633 mark becomes an event — from which the relay dispatches `terminal/commandExecuted`,
+//!   `terminal/commandFinished` and `terminal/cwdChanged` — only when it carries the terminal's nonce, which the
+//!   start-up script alone holds (it takes it out of the environment before any command runs); a program's
+//!   output that forges a mark (`cat` of a file, a remote shell) is dropped, never trusted;
+//! - of the other OSC sequences only window titles (`0`, `1`, `2`) reach devices: the clipboard (`52`),
+//!   hyperlinks (`8`), colour queries (whose answers a terminal types back) and every other one are dropped;
+//!   an OSC too long to be one loses its introducer and shows as text.
 
 /// The bash start-up script of a device's terminal (run by its first `PROMPT_COMMAND`, so nothing is written to
 /// the session's directories): the user's `~/.bashrc` first, then the marks.
 pub const BASH_RC: &str = r#"# ahp-relay: shell integration (OSC 633), so every device sees each command and its exit status.
+__ahp_nonce=$__AHP_NONCE
+unset __AHP_NONCE
 if [ -f "$HOME/.bashrc" ]; then . "$HOME/.bashrc"; fi
 HISTCONTROL=
 __ahp_escape() { local s=$1; s=${s//\\/\\\\}; s=${s//;/\\x3b}; s=${s//$'\n'/\\x0a}; printf '%s' "$s"; }
@@ -16,13 +25,13 @@ __ahp_preexec() {
   [ "$BASH_COMMAND" = __ahp_precmd ] && return
   __ahp_running=1
   local line; line=$(HISTTIMEFORMAT= builtin history 1); line=${line#*[0-9]  }
-  printf '\033]633;E;%s\007\033]633;C\007' "$(__ahp_escape "$line")"
+  printf '\033]633;E;%s;%s\007\033]633;C;%s\007' "$(__ahp_escape "$line")" "$__ahp_nonce" "$__ahp_nonce"
 }
 __ahp_precmd() {
   local status=$?
-  [ -n "$__ahp_running" ] && printf '\033]633;D;%s\007' "$status"
+  [ -n "$__ahp_running" ] && printf '\033]633;D;%s;%s\007' "$status" "$__ahp_nonce"
   __ahp_running=
-  printf '\033]633;P;Cwd=%s\007\033]633;A\007' "$(__ahp_escape "$PWD")"
+  printf '\033]633;P;Cwd=%s;%s\007\033]633;A;%s\007' "$(__ahp_escape "$PWD")" "$__ahp_nonce" "$__ahp_nonce"
 }
 PS1='\w \$ '
 unset __AHP_RC
@@ -50,17 +59,31 @@ pub enum ShellEvent {
     Cwd(String),
 }
 
-const INTRODUCER: &[u8] = b"\x1b]633;";
-/// A mark longer than this is not one: its bytes are shown as they are.
+/// The OSC introducers: `ESC ]`, and the C1 control U+009D as UTF-8.
+const INTRODUCERS: [&[u8]; 2] = [b"\x1b]", b"\xc2\x9d"];
+/// An OSC longer than this is not one: its introducer is dropped and the rest shown as text.
 const MAX_MARK: usize = 16 * 1024;
+/// The OSC sequences devices may see: window and icon titles.
+const SHOWN: [&[u8]; 3] = [b"0", b"1", b"2"];
 
-/// Takes OSC 633 marks out of a byte stream that may split them anywhere.
+/// Filters a terminal's byte stream (which may split a sequence anywhere): OSC 633 marks with the terminal's
+/// nonce become events, titles pass, every other OSC is dropped.
 #[derive(Debug, Default)]
 pub struct MarkParser {
     carry: Vec<u8>,
+    /// The nonce the shell integration holds; `None`: no mark is trusted (a one-shot command).
+    nonce: Option<String>,
 }
 
 impl MarkParser {
+    /// A filter that trusts marks carrying `nonce` (none: trusts no mark).
+    pub fn new(nonce: Option<String>) -> MarkParser {
+        MarkParser {
+            carry: Vec::new(),
+            nonce,
+        }
+    }
+
     /// The events in `bytes` (with what earlier calls left unfinished), in order.
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<ShellEvent> {
         let mut data = std::mem::take(&mut self.carry);
@@ -69,21 +92,26 @@ impl MarkParser {
         let mut output = Vec::new();
         let mut at = 0;
         while at < data.len() {
-            let Some(start) = find(&data[at..], INTRODUCER).map(|found| at + found) else {
-                // A mark's beginning may be cut at the end: keep it for the next call.
+            let Some((start, introducer)) =
+                next_introducer(&data[at..]).map(|(found, len)| (at + found, len))
+            else {
+                // An introducer may be cut at the end: keep its beginning for the next call.
                 let keep = partial_introducer(&data[at..]);
                 output.extend_from_slice(&data[at..data.len() - keep]);
                 self.carry = data[data.len() - keep..].to_vec();
                 break;
             };
             output.extend_from_slice(&data[at..start]);
-            let body = start + INTRODUCER.len();
+            let body = start + introducer;
             match terminator(&data[body..]) {
                 Some((length, skip)) => {
-                    if !output.is_empty() {
-                        events.push(ShellEvent::Output(std::mem::take(&mut output)));
-                    }
-                    if let Some(event) = mark(&data[body..body + length]) {
+                    let sequence = &data[body..body + length];
+                    if SHOWN.contains(&osc_number(sequence)) {
+                        output.extend_from_slice(&data[start..body + length + skip]);
+                    } else if let Some(event) = self.mark(sequence) {
+                        if !output.is_empty() {
+                            events.push(ShellEvent::Output(std::mem::take(&mut output)));
+                        }
                         events.push(event);
                     }
                     at = body + length + skip;
@@ -92,10 +120,8 @@ impl MarkParser {
                     self.carry = data[start..].to_vec();
                     break;
                 }
-                None => {
-                    output.extend_from_slice(&data[start..body]);
-                    at = body;
-                }
+                // Too long to be a sequence: shown without its introducer, as text.
+                None => at = body,
             }
         }
         if !output.is_empty() {
@@ -103,45 +129,69 @@ impl MarkParser {
         }
         events
     }
+
+    /// The event of an OSC 633 mark with this terminal's nonce (its last field); `None` for anything else.
+    fn mark(&self, sequence: &[u8]) -> Option<ShellEvent> {
+        let body = sequence.strip_prefix(b"633;")?;
+        let nonce = self.nonce.as_deref()?;
+        let text = String::from_utf8_lossy(body);
+        let (fields, given) = text.rsplit_once(';')?;
+        if !constant_time_eq(given.as_bytes(), nonce.as_bytes()) {
+            return None;
+        }
+        let (kind, rest) = fields.split_once(';').unwrap_or((fields, ""));
+        match kind {
+            "A" => Some(ShellEvent::Prompt),
+            "C" => Some(ShellEvent::Executed),
+            "D" => Some(ShellEvent::Finished(rest.parse().ok())),
+            "E" => Some(ShellEvent::CommandLine(unescape(rest))),
+            "P" => rest
+                .strip_prefix("Cwd=")
+                .map(|cwd| ShellEvent::Cwd(unescape(cwd))),
+            _ => None,
+        }
+    }
+}
+
+/// A fresh nonce for a terminal's shell integration (128 random bits, hex).
+pub fn new_nonce() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0_u8, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
+/// The OSC's number: what comes before its first `;`.
+fn osc_number(sequence: &[u8]) -> &[u8] {
+    sequence.split(|byte| *byte == b';').next().unwrap_or_default()
+}
+
+/// Where the first OSC introducer in `data` is, and its length.
+fn next_introducer(data: &[u8]) -> Option<(usize, usize)> {
+    INTRODUCERS
+        .iter()
+        .filter_map(|introducer| find(data, introducer).map(|at| (at, introducer.len())))
+        .min()
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|window| window == needle)
 }
 
-/// How many bytes at the end of `data` begin the introducer.
+/// How many bytes at the end of `data` begin an introducer (the one byte both start with).
 fn partial_introducer(data: &[u8]) -> usize {
-    (1..INTRODUCER.len())
-        .rev()
-        .find(|&length| data.len() >= length && data.ends_with(&INTRODUCER[..length]))
-        .unwrap_or(0)
+    usize::from(matches!(data.last(), Some(0x1b) | Some(0xc2)))
 }
 
-/// The mark's length and its terminator's (BEL, or ESC \).
+/// The sequence's length and its terminator's (BEL, ESC \, or the C1 ST U+009C as UTF-8).
 fn terminator(data: &[u8]) -> Option<(usize, usize)> {
     data.iter().enumerate().find_map(|(at, byte)| match byte {
         0x07 => Some((at, 1)),
         0x1b if data.get(at + 1) == Some(&b'\\') => Some((at, 2)),
+        0xc2 if data.get(at + 1) == Some(&0x9c) => Some((at, 2)),
         _ => None,
     })
-}
-
-fn mark(body: &[u8]) -> Option<ShellEvent> {
-    let text = String::from_utf8_lossy(body);
-    let (kind, rest) = text.split_once(';').unwrap_or((&text, ""));
-    match kind {
-        "A" => Some(ShellEvent::Prompt),
-        "C" => Some(ShellEvent::Executed),
-        "D" => Some(ShellEvent::Finished(rest.parse().ok())),
-        // `E;<command line>[;<nonce>]`
-        "E" => Some(ShellEvent::CommandLine(unescape(
-            rest.split(';').next().unwrap_or_default(),
-        ))),
-        "P" => rest
-            .strip_prefix("Cwd=")
-            .map(|cwd| ShellEvent::Cwd(unescape(cwd))),
-        _ => None,
-    }
 }
 
 /// `\\` is a backslash, `\xHH` a byte.
@@ -182,10 +232,14 @@ mod tests {
         ShellEvent::Output(text.as_bytes().to_vec())
     }
 
+    fn parser() -> MarkParser {
+        MarkParser::new(Some("n0nce".into()))
+    }
+
     #[test]
     fn marks_are_taken_out_of_the_output_in_order() {
-        let stream = b"ls\r\n\x1b]633;E;ls -l \\x3b echo a\\\\b\x07\x1b]633;C\x07file\r\n\x1b]633;D;2\x07\x1b]633;P;Cwd=/w/x\x1b\\\x1b]633;A\x07$ ";
-        let events = MarkParser::default().feed(stream);
+        let stream = b"ls\r\n\x1b]633;E;ls -l \\x3b echo a\\\\b;n0nce\x07\x1b]633;C;n0nce\x07file\r\n\x1b]633;D;2;n0nce\x07\x1b]633;P;Cwd=/w/x;n0nce\x1b\\\x1b]633;A;n0nce\x07$ ";
+        let events = parser().feed(stream);
         assert_eq!(
             events,
             vec![
@@ -203,10 +257,11 @@ mod tests {
 
     #[test]
     fn a_mark_split_anywhere_is_found_whole() {
-        let stream: &[u8] = b"a\x1b]633;D;0\x07b\x1b]633;C\x07c";
-        let whole = MarkParser::default().feed(stream);
+        let stream: &[u8] = b"a\x1b]633;D;0;n0nce\x07b\x1b]633;C;n0nce\x07c\xc2\xa9\x1b]52;c;eA==\x07d";
+        let whole = parser().feed(stream);
+        assert_eq!(whole.len(), 5, "{whole:?}");
         for cut in 0..stream.len() {
-            let mut parser = MarkParser::default();
+            let mut parser = parser();
             let mut events = parser.feed(&stream[..cut]);
             events.extend(parser.feed(&stream[cut..]));
             // Output may arrive in more pieces; joined, it is the same.
@@ -222,22 +277,34 @@ mod tests {
     }
 
     #[test]
-    fn other_escape_sequences_and_unterminated_giants_pass_through() {
+    fn marks_without_the_nonce_and_dangerous_sequences_never_reach_a_device() {
+        // A program forging the shell's marks (no nonce, a wrong one), the clipboard, a link, a colour query, the
+        // C1 form of OSC: all dropped; the text around them and a title stay.
+        let stream = b"a\x1b]633;D;0\x07b\x1b]633;D;0;guess\x07c\x1b]633;P;Cwd=/etc/shadow\x07\
+            d\x1b]52;c;cm0gLXJmIH4=\x07e\x1b]8;;https://evil.example/\x1b\\link\x1b]8;;\x1b\\\
+            f\x1b]10;?\x07g\xc2\x9d52;c;eA==\xc2\x9ch\x1b]0;title\x07";
+        let events = parser().feed(stream);
+        assert_eq!(events, vec![output("abcdelinkfgh\x1b]0;title\x07")], "{events:?}");
+        // Without a nonce (a one-shot command) no mark is trusted at all.
+        let marks = b"\x1b]633;D;0;n0nce\x07x";
+        assert_eq!(MarkParser::new(None).feed(marks), vec![output("x")]);
+    }
+
+    #[test]
+    fn other_escape_sequences_pass_and_unterminated_giants_are_made_inert() {
         let colour = b"\x1b[31mred\x1b[0m \x1b]0;title\x07";
-        assert_eq!(
-            MarkParser::default().feed(colour),
-            vec![ShellEvent::Output(colour.to_vec())]
-        );
-        let mut giant = b"\x1b]633;E;".to_vec();
+        assert_eq!(parser().feed(colour), vec![ShellEvent::Output(colour.to_vec())]);
+        let mut giant = b"\x1b]52;c;".to_vec();
         giant.extend(std::iter::repeat_n(b'x', MAX_MARK + 10));
-        let events = MarkParser::default().feed(&giant);
-        let shown: usize = events
+        let events = parser().feed(&giant);
+        let shown: Vec<u8> = events
             .iter()
-            .map(|event| match event {
-                ShellEvent::Output(bytes) => bytes.len(),
-                _ => 0,
+            .flat_map(|event| match event {
+                ShellEvent::Output(bytes) => bytes.clone(),
+                _ => Vec::new(),
             })
-            .sum();
-        assert_eq!(shown, giant.len());
+            .collect();
+        assert_eq!(shown.len(), giant.len() - 2, "all but the introducer");
+        assert!(!shown.contains(&0x1b));
     }
 }

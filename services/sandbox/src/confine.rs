@@ -6,7 +6,8 @@
 //! Landlock (the `landlock` crate, best effort across kernel ABIs but refusing to run unconfined):
 //! - the filesystem: every access right the kernel knows is handled, so only the listed hierarchies are
 //!   reachable (read-only, read-write, devices, read-only files);
-//! - the network: with [`Egress::Ports`], TCP `connect` only to those ports (ABI 4; refused on older kernels);
+//! - the network: with [`Egress::Ports`], TCP `connect` only to those ports and no TCP `bind` at all (ABI 4;
+//!   refused on older kernels);
 //! - scopes (ABI 6): no signals to, and no abstract Unix sockets of, processes outside the sandbox.
 //!
 //! ptrace of processes outside the Landlock domain is always denied by Landlock itself.
@@ -69,6 +70,10 @@ pub fn apply(confinement: &Confinement) -> Result<Enforced, ConfineError> {
     // Before the user switch: the switch makes the process non-dumpable until it runs the agent, and
     // /proc/self/autogroup then belongs to root.
     lower_priority(confinement.nice);
+    // The OOM killer takes an agent before anything of the relay's (raising needs no privilege).
+    let _ = std::fs::write("/proc/self/oom_score_adj", AGENT_OOM_SCORE_ADJ.to_string());
+    // No capability is passed on across exec: the inheritable and ambient sets are emptied, whoever we are.
+    clear_inheritable()?;
     if let Some(user) = confinement.user {
         become_user(user)?;
     }
@@ -128,7 +133,7 @@ fn become_user(user: UserSwitch) -> Result<(), ConfineError> {
     }
     // Once no uid is 0 the kernel clears the permitted, effective and ambient sets: make sure it did.
     let status = std::fs::read_to_string("/proc/self/status").map_err(failed)?;
-    for set in ["CapPrm:", "CapEff:", "CapAmb:", "CapBnd:"] {
+    for set in ["CapPrm:", "CapEff:", "CapAmb:", "CapBnd:", "CapInh:"] {
         let value = status
             .lines()
             .find_map(|line| line.strip_prefix(set))
@@ -139,6 +144,46 @@ fn become_user(user: UserSwitch) -> Result<(), ConfineError> {
                 "capabilities remain after the user switch ({set} {value})"
             ))));
         }
+    }
+    Ok(())
+}
+
+/// The OOM score adjustment of every sandboxed process: the kernel kills agents first.
+pub const AGENT_OOM_SCORE_ADJ: i32 = 500;
+
+/// Empty the inheritable and ambient capability sets of the calling thread (capget/capset, version 3).
+fn clear_inheritable() -> Result<(), ConfineError> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget/capset read the header and read or write two Data records, as the kernel's ABI says.
+    unsafe {
+        if libc::syscall(libc::SYS_capget, &header, data.as_mut_ptr()) != 0 {
+            return Err(ConfineError::Capabilities(std::io::Error::last_os_error()));
+        }
+        for set in &mut data {
+            set.inheritable = 0;
+        }
+        if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0 {
+            return Err(ConfineError::Capabilities(std::io::Error::last_os_error()));
+        }
+        // EINVAL on kernels without ambient capabilities: nothing to clear there.
+        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
     }
     Ok(())
 }
@@ -198,10 +243,11 @@ fn restrict(confinement: &Confinement) -> Result<Enforced, ConfineError> {
         .handle_access(all)?;
     let port_rules = confinement.egress.needs_port_rules();
     if port_rules {
-        // A kernel that cannot restrict ports must not run an agent that was promised it would.
+        // A kernel that cannot restrict ports must not run an agent that was promised it would. Binding is
+        // handled with no port allowed: no listening TCP socket on a named port (the host's network is shared).
         ruleset = ruleset
             .set_compatibility(CompatLevel::HardRequirement)
-            .handle_access(AccessNet::ConnectTcp)
+            .handle_access(AccessNet::ConnectTcp | AccessNet::BindTcp)
             .map_err(|_| ConfineError::PortRulesUnavailable)?
             .set_compatibility(CompatLevel::BestEffort);
     }

@@ -9,7 +9,10 @@
 //!
 //! Landlock's TCP port rules see `connect(2)` only; two ways to open a TCP connection do without it, and are
 //! refused: MPTCP sockets (`IPPROTO_MPTCP`, which fall back to plain TCP with any server) and TCP Fast Open's
-//! `MSG_FASTOPEN` on `sendto`/`sendmsg`/`sendmmsg`. SCTP sockets (no port rules at all) are refused too. On
+//! `MSG_FASTOPEN` on `sendto`/`sendmsg`/`sendmmsg`. SCTP sockets (no port rules at all) are refused too, and
+//! every address family but Unix, IPv4, IPv6 and netlink's routing protocol (`AF_VSOCK` reaches the host from a
+//! VM's guest, `AF_NETLINK` sock_diag lists the host's sockets, `AF_PACKET`, `AF_ALG`, …). `ioctl` with
+//! `TIOCSTI` (push input into a terminal: the shell that started the command) or `TIOCLINUX` is refused. On
 //! x86-64, system call numbers of the x32 ABI (bit 30 set), which a rule for the 64-bit number would miss,
 //! answer `ENOSYS`.
 
@@ -100,7 +103,38 @@ pub fn programs() -> Result<[BpfProgram; 2], SeccompError> {
             ])?);
         }
     }
+    // Address families an agent never needs: everything but Unix, IPv4, IPv6 and netlink (one rule: the domain
+    // is none of those), and netlink but for its routing protocol (glibc's resolver and getifaddrs use that;
+    // sock_diag would list the host's sockets).
+    let domain = |op, value: libc::c_int| SeccompCondition::new(0, SeccompCmpArgLen::Dword, op, value as u64);
+    socket_rules.push(SeccompRule::new(
+        [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK]
+            .into_iter()
+            .map(|allowed| domain(SeccompCmpOp::Ne, allowed))
+            .collect::<Result<Vec<_>, _>>()?,
+    )?);
+    socket_rules.push(SeccompRule::new(vec![
+        domain(SeccompCmpOp::Eq, libc::AF_NETLINK)?,
+        SeccompCondition::new(
+            2,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Ne,
+            libc::NETLINK_ROUTE as u64,
+        )?,
+    ])?);
     refused.insert(libc::SYS_socket, socket_rules);
+    // ioctl(fd, TIOCSTI or TIOCLINUX): typing into a terminal (another process's input) and the console's
+    // selection; the request's low 32 bits are what the kernel reads.
+    refused.insert(
+        libc::SYS_ioctl,
+        [libc::TIOCSTI, libc::TIOCLINUX]
+            .into_iter()
+            .map(|request| {
+                SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, request)
+                    .and_then(|condition| SeccompRule::new(vec![condition]))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    );
     // MSG_FASTOPEN: sendto(fd, buf, len, flags, …), sendmsg(fd, msg, flags), sendmmsg(fd, vec, n, flags).
     let fast_open = libc::MSG_FASTOPEN as u64;
     for (call, flags_arg) in [

@@ -103,6 +103,7 @@ async fn main() {
                 subject: "bench".into(),
                 tenant: host_key.tenant.clone(),
                 role: Role::Admin,
+                hosts: None,
             },
         );
         call(&restored, conn, &json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"bench2"}}).to_string()).await;
@@ -152,6 +153,7 @@ async fn fill_host(
             subject: "bench".into(),
             tenant: key.tenant.clone(),
             role: Role::Admin,
+            hosts: None,
         },
     );
     for frame in [

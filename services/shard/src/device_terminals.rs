@@ -147,6 +147,18 @@ impl HostCore {
             }
         };
         let (provider, request) = self.terminal_request(&session, &uri, params.cwd.clone(), None)?;
+        // A token scoped to hosts opens terminals in their directories only.
+        let tenant_root = self
+            .providers
+            .files()
+            .and_then(|files| files.tenant_root(&self.key.tenant));
+        for directory in [&request.cwd, &request.working_directory].into_iter().flatten() {
+            crate::host_scope::check_directory(
+                &self.connection(connection)?.identity,
+                tenant_root.as_deref(),
+                directory,
+            )?;
+        }
         if let (Some(cols), Some(rows)) = (params.cols, params.rows) {
             if !(1..=1000).contains(&cols) || !(1..=1000).contains(&rows) {
                 return Err(RpcError::invalid_params("cols and rows are 1 to 1000"));
@@ -173,7 +185,14 @@ impl HostCore {
             rows: params.rows.unwrap_or(24),
             ..request
         };
-        self.open_device_channel(&session, &uri, state, provider_id(&provider), None)?;
+        self.open_device_channel(
+            &session,
+            &uri,
+            state,
+            provider_id(&provider),
+            None,
+            Some(client_id),
+        )?;
         Ok((provider, request))
     }
 
@@ -220,6 +239,7 @@ impl HostCore {
         state: TerminalState,
         provider: String,
         command_turn: Option<CommandTurn>,
+        opened_by: Option<String>,
     ) -> Result<(), RpcError> {
         if !self.open_terminal(session, uri, state) {
             return Err(RpcError::invalid_request(
@@ -230,6 +250,7 @@ impl HostCore {
             record.device = Some(DeviceTerminal {
                 provider,
                 command_turn,
+                opened_by,
             });
         }
         Ok(())
@@ -256,6 +277,21 @@ impl HostCore {
         let Some(record) = self.model.terminals.get(&params.channel) else {
             return Err(RpcError::not_found(&params.channel));
         };
+        let client_id = self.client_id(connection)?;
+        let holder = match &record.state.claim {
+            TerminalClaim::Client(holder) => Some(holder.client_id.as_str()),
+            TerminalClaim::Session(_) => None,
+        };
+        let opener = record
+            .device
+            .as_ref()
+            .and_then(|device| device.opened_by.as_deref());
+        if holder.is_some_and(|holder| holder != client_id) && opener != Some(client_id.as_str()) {
+            return Err(RpcError::permission_denied(
+                "the terminal is claimed by another client: only its holder or the client that opened it may \
+                 dispose it",
+            ));
+        }
         let Some(device) = record.device.clone() else {
             if matches!(record.state.lifecycle, TerminalLifecycleState::Running(_)) {
                 return Err(RpcError::permission_denied(
@@ -380,7 +416,14 @@ impl HostCore {
                 supports_command_detection: Some(true),
                 is_pty: Some(true),
             };
-            self.open_device_channel(&session, &uri, state, provider_id(&provider), Some(turn.clone()))?;
+            self.open_device_channel(
+                &session,
+                &uri,
+                state,
+                provider_id(&provider),
+                Some(turn.clone()),
+                None,
+            )?;
             Ok((provider, request))
         });
         let (provider, request) = match opened {
@@ -561,12 +604,17 @@ pub(crate) fn check_terminal_action(
         StateAction::TerminalInput(_) | StateAction::TerminalResized(_) if !running => {
             Err("the terminal's process has exited".into())
         }
-        StateAction::TerminalInput(_) => Ok(()),
-        StateAction::TerminalResized(size) => {
-            if (1..=1000).contains(&size.cols) && (1..=1000).contains(&size.rows) {
-                Ok(())
-            } else {
-                Err("cols and rows are 1 to 1000".into())
+        StateAction::TerminalInput(_) | StateAction::TerminalResized(_) => {
+            if let Some(why) = claim_refusal(&record.state.claim, who) {
+                return Err(why);
+            }
+            match action {
+                StateAction::TerminalResized(size)
+                    if !((1..=1000).contains(&size.cols) && (1..=1000).contains(&size.rows)) =>
+                {
+                    Err("cols and rows are 1 to 1000".into())
+                }
+                _ => Ok(()),
             }
         }
         StateAction::TerminalClaimed(_) => match &record.state.claim {
@@ -586,6 +634,34 @@ pub(crate) fn check_terminal_action(
             action_type(other)
         )),
     }
+}
+
+/// Why `who` may not type into (or resize) a terminal under `claim`: a client's claim is its holder's alone; a
+/// session's claim lets any member of the session (every member may dispatch) type.
+pub(crate) fn claim_refusal(claim: &TerminalClaim, who: &Dispatcher<'_>) -> Option<String> {
+    match claim {
+        TerminalClaim::Client(holder) if holder.client_id != who.client_id => Some(format!(
+            "the terminal is claimed by client {}: only its holder types into it or resizes it",
+            holder.client_id
+        )),
+        _ => None,
+    }
+}
+
+/// Whether a refused terminal action was refused for its claim (a permission, not a malformed action).
+pub(crate) fn refused_for_claim(
+    model: &crate::model::HostModel,
+    channel: &str,
+    action: &StateAction,
+    who: &Dispatcher<'_>,
+) -> bool {
+    matches!(
+        action,
+        StateAction::TerminalInput(_) | StateAction::TerminalResized(_)
+    ) && model
+        .terminals
+        .get(channel)
+        .is_some_and(|record| record.device.is_some() && claim_refusal(&record.state.claim, who).is_some())
 }
 
 fn provider_id(provider: &Arc<dyn Provider>) -> String {

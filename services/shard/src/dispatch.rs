@@ -70,6 +70,13 @@ impl HostCore {
             ReduceOutcome::Applied | ReduceOutcome::NoOp => Ok(()),
         });
         if let Err(reason) = verdict {
+            let forbidden = crate::device_terminals::refused_for_claim(
+                &self.model,
+                &params.channel,
+                &params.action,
+                &who,
+            )
+            .then(|| reason.clone());
             // The rejection goes to its dispatcher alone, and is owed to its clientId until a reconnect.
             if let Some(rejected) = self.seq.private(
                 connection,
@@ -79,6 +86,10 @@ impl HostCore {
                 Some(reason),
             ) {
                 self.owed.owe(&client_id, rejected);
+            }
+            // Sent as a request, a permission refusal is also answered as one.
+            if let (Some(reason), Some(_)) = (forbidden, &message.id) {
+                return Err(RpcError::permission_denied(reason));
             }
             return crate::commands::reply(message.id, &());
         }

@@ -170,5 +170,6 @@ fn identity(subject: &str, role: Role) -> Identity {
         subject: subject.into(),
         tenant: "t".into(),
         role,
+        hosts: None,
     }
 }

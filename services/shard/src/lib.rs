@@ -29,6 +29,7 @@ pub mod harness;
 pub mod health;
 pub mod history;
 pub mod host;
+pub mod host_scope;
 pub mod input_needed;
 pub mod link;
 pub mod model;

@@ -83,6 +83,8 @@ pub struct DeviceTerminal {
     pub provider: String,
     /// The chat turn a `!command` runs for (its tool call completes when the command exits).
     pub command_turn: Option<CommandTurn>,
+    /// The client that opened it (none for a `!command`): it may dispose it whatever its claim.
+    pub opened_by: Option<String>,
 }
 
 /// The turn of a chat's `!command`.

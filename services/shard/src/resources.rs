@@ -65,6 +65,23 @@ pub(crate) fn to_rpc(error: FileError) -> RpcError {
     }
 }
 
+/// The path of the tenant's workspace a client's operation names first (a copy's or move's source: its
+/// destination must then lie where the same file server sees it); `None` for a checkpoint's file, named by its
+/// blob.
+fn client_path(op: &FileOp) -> Option<&str> {
+    match op {
+        FileOp::Read { path }
+        | FileOp::Write { path, .. }
+        | FileOp::List { path, .. }
+        | FileOp::Delete { path, .. }
+        | FileOp::Resolve { path, .. }
+        | FileOp::Mkdir { path, .. }
+        | FileOp::Watch { path, .. } => Some(path),
+        FileOp::Copy { source, .. } | FileOp::Move { source, .. } => Some(source),
+        _ => None,
+    }
+}
+
 /// A file operation from a command's parameters.
 fn operation(message: &InboundMessage) -> Result<FileOp, RpcError> {
     Ok(match message.method.as_str() {
@@ -198,11 +215,15 @@ impl Host {
     }
 
     async fn resource_result(&self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
-        let (files, writer) = {
+        let (files, writer, identity) = {
             let core = self.core.lock();
             core.client_id(connection)?;
-            let writer = core.connection(connection)?.identity.role.can_write();
-            (core.providers.files().cloned(), writer)
+            let identity = core.connection(connection)?.identity.clone();
+            (
+                core.providers.files().cloned(),
+                identity.role.can_write(),
+                identity,
+            )
         };
         if message.method == "resourceRead" {
             let params: ResourceReadParams = message.parse_params()?;
@@ -230,6 +251,7 @@ impl Host {
                     "{path} is outside this tenant's workspace"
                 )));
             }
+            crate::host_scope::scope_for(&identity, files.tenant_root(tenant).as_deref(), &path)?;
             if params.write == Some(true) && !writer {
                 return Err(RpcError::permission_denied(
                     "viewers may read files, not change them",
@@ -243,6 +265,13 @@ impl Host {
                 "viewers may read files, not change them",
             ));
         }
+        // A token scoped to hosts reaches their directories alone, served where nothing else is seen.
+        let scope = match client_path(&op) {
+            Some(path) => {
+                crate::host_scope::scope_for(&identity, files.tenant_root(tenant).as_deref(), path)?
+            }
+            None => None,
+        };
         let wanted = match message.method.as_str() {
             "resourceRead" => message
                 .parse_params::<ResourceReadParams>()
@@ -250,7 +279,11 @@ impl Host {
                 .and_then(|params| params.encoding),
             _ => None,
         };
-        match files.call(tenant, op).await.map_err(to_rpc)? {
+        match files
+            .call_within(tenant, scope.as_deref(), op)
+            .await
+            .map_err(to_rpc)?
+        {
             FileReply::Read {
                 data,
                 content_type,

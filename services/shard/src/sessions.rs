@@ -78,6 +78,18 @@ impl HostCore {
             )));
         }
         let client_id = self.client_id(connection)?;
+        // A token scoped to hosts names working directories in their directories only.
+        let tenant_root = self
+            .providers
+            .files()
+            .and_then(|files| files.tenant_root(&self.key.tenant));
+        for directory in directories {
+            crate::host_scope::check_directory(
+                &self.connection(connection)?.identity,
+                tenant_root.as_deref(),
+                directory,
+            )?;
+        }
         let active_clients = match params.active_client {
             Some(active) if active.client_id != client_id => {
                 return Err(RpcError::invalid_params(

@@ -113,9 +113,10 @@ impl Host {
         let includes = patterns(params.includes.as_ref())?;
         let excludes = patterns(params.excludes.as_ref())?;
         let path = crate::resources::path_of(&params.uri)?;
-        let files = {
+        let (files, identity) = {
             let core = self.core.lock();
             core.client_id(connection)?;
+            let identity = core.connection(connection)?.identity.clone();
             let held = core
                 .model
                 .watches
@@ -127,9 +128,11 @@ impl Host {
                     "a connection may hold at most {MAX_WATCHES_PER_CONNECTION} watches"
                 )));
             }
-            core.providers.files().cloned()
+            (core.providers.files().cloned(), identity)
         };
         let files = files.ok_or_else(|| crate::resources::no_files("createResourceWatch"))?;
+        let scope =
+            crate::host_scope::scope_for(&identity, files.tenant_root(&self.key.tenant).as_deref(), &path)?;
         let channel = format!("{WATCH_SCHEME}/{}", uuid::Uuid::new_v4());
         let recursive = params.recursive.unwrap_or(false);
         let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
@@ -140,7 +143,7 @@ impl Host {
             excludes,
         };
         let handle = files
-            .watch(&self.key.tenant, spec, events_tx)
+            .watch_within(&self.key.tenant, scope.as_deref(), spec, events_tx)
             .await
             .map_err(crate::resources::to_rpc)?;
         {

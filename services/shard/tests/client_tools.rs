@@ -123,6 +123,7 @@ async fn connect(host: &Host, client_id: &str) -> Device {
             subject: client_id.into(),
             tenant: "t".into(),
             role: Role::Member,
+            hosts: None,
         },
     );
     let device = Device {

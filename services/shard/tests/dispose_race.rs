@@ -28,6 +28,7 @@ async fn device(host: &Host, client_id: &str) -> ConnectionId {
             subject: client_id.into(),
             tenant: "t".into(),
             role: Role::Member,
+            hosts: None,
         },
     );
     let reply = call(

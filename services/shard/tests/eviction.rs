@@ -28,6 +28,7 @@ async fn demo_link(dir: &std::path::Path) -> (Arc<ShardLink>, HostKey, Identity)
         subject: "u".into(),
         tenant: "t".into(),
         role: Role::Member,
+        hosts: None,
     };
     (
         Arc::new(ShardLink::new(limits, providers, store, None)),

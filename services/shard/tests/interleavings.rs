@@ -55,6 +55,7 @@ async fn connect(host: &Host, client_id: &str) -> Device {
             subject: client_id.into(),
             tenant: "t".into(),
             role: Role::Member,
+            hosts: None,
         },
     );
     let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize",

@@ -60,6 +60,7 @@ fn identity() -> Identity {
         subject: "user".into(),
         tenant: "t".into(),
         role: Role::Member,
+        hosts: None,
     }
 }
 

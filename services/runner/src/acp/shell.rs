@@ -162,12 +162,19 @@ impl ShellTerminals {
         sink: Arc<dyn ChatSink>,
         session: SessionKey,
     ) -> Result<(TerminalKey, Arc<Shell>), ShellError> {
-        let dirs = self.sandboxes.workspaces().session(
+        let workspaces = self.sandboxes.workspaces();
+        let dirs = workspaces.session(
             &session.tenant,
             &session.host,
             &session.session,
             request.working_directory.as_deref(),
         )?;
+        // A device's terminal has a home of its own; a chat's `!command` runs as the agent's work does.
+        let dirs = if request.command.is_none() {
+            workspaces.for_devices(dirs)?
+        } else {
+            dirs
+        };
         let cwd = match &request.cwd {
             Some(requested) => {
                 let path = PathBuf::from(requested.strip_prefix("file://").unwrap_or(requested));
@@ -186,10 +193,16 @@ impl ShellTerminals {
             ("COLORTERM".to_string(), "truecolor".to_string()),
             ("LANG".to_string(), "C.UTF-8".to_string()),
         ]);
-        let (program, args) = match &request.command {
-            Some(command) => ("sh".to_string(), vec!["-c".to_string(), command.clone()]),
-            None => {
+        // The shell integration's marks carry a nonce of this terminal's: a program printing marks is not trusted.
+        let nonce = request
+            .command
+            .is_none()
+            .then(crate::shell_integration::new_nonce);
+        let (program, args) = match (&request.command, &nonce) {
+            (Some(command), _) => ("sh".to_string(), vec!["-c".to_string(), command.clone()]),
+            (None, nonce) => {
                 // The marks are set up by the first prompt: nothing is written to the session's directories.
+                env.insert("__AHP_NONCE".into(), nonce.clone().unwrap_or_default());
                 env.insert("__AHP_RC".into(), BASH_RC.into());
                 env.insert("PROMPT_COMMAND".into(), "eval \"$__AHP_RC\"".into());
                 (
@@ -222,6 +235,7 @@ impl ShellTerminals {
             session.session.clone(),
             request.key.uri.clone(),
             request.command.clone(),
+            nonce,
         );
         let idle = Duration::from_secs(self.sandboxes.config().terminal_idle_seconds.max(1));
         tokio::spawn(run(
@@ -390,8 +404,9 @@ struct Publisher {
     sink: Arc<dyn ChatSink>,
     session: String,
     uri: String,
-    /// `None` for a one-shot command (its start and end are the relay's own).
-    marks: Option<MarkParser>,
+    /// Filters the output; trusts marks with the shell's nonce (none for a one-shot command: its start and end
+    /// are the relay's own).
+    marks: MarkParser,
     one_shot: Option<(String, std::time::Instant)>,
     pending: Vec<u8>,
     pending_since: Option<Instant>,
@@ -407,12 +422,18 @@ struct Publisher {
 }
 
 impl Publisher {
-    fn new(sink: Arc<dyn ChatSink>, session: String, uri: String, command: Option<String>) -> Self {
+    fn new(
+        sink: Arc<dyn ChatSink>,
+        session: String,
+        uri: String,
+        command: Option<String>,
+        nonce: Option<String>,
+    ) -> Self {
         let mut publisher = Self {
             sink,
             session,
             uri,
-            marks: command.is_none().then(MarkParser::default),
+            marks: MarkParser::new(nonce),
             one_shot: None,
             pending: Vec::new(),
             pending_since: None,
@@ -449,10 +470,7 @@ impl Publisher {
     }
 
     fn push(&mut self, bytes: &[u8]) {
-        let events = match &mut self.marks {
-            Some(parser) => parser.feed(bytes),
-            None => vec![ShellEvent::Output(bytes.to_vec())],
-        };
+        let events = self.marks.feed(bytes);
         for event in events {
             match event {
                 ShellEvent::Output(bytes) => {
@@ -626,6 +644,7 @@ mod tests {
             "s".into(),
             "ahp-terminal:/t".into(),
             command.map(str::to_string),
+            None,
         )
     }
 

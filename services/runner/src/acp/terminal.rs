@@ -14,6 +14,7 @@
 //! [`KEPT_PER_RUNNING`] times `terminals_per_session` terminals, running or exited: the oldest exited go first. `terminal/kill`, `terminal/release`, a cancelled turn of the terminal's chat, the tenant's
 //! workspace going over its quota and the session's agent stopping kill the command's whole sandbox.
 
+use crate::shell_integration::{MarkParser, ShellEvent};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -422,6 +423,8 @@ struct Budgeted {
     stopped: bool,
     /// Said once, at the end of what it printed.
     note: Option<String>,
+    /// Takes out what no device may receive (the clipboard, links, forged marks: see [`MarkParser`]).
+    filter: MarkParser,
 }
 
 impl Budgeted {
@@ -441,7 +444,11 @@ impl Budgeted {
             let note = "\n[the session passed its output budget: the command was stopped]\n".to_string();
             return self.stop(note, child);
         }
-        self.pending.extend(chunk);
+        for event in self.filter.feed(&chunk) {
+            if let ShellEvent::Output(shown) = event {
+                self.pending.extend(shown);
+            }
+        }
     }
 
     fn stop(&mut self, note: String, child: &mut tokio::process::Child) {
@@ -488,6 +495,7 @@ async fn pump(
         meter,
         stopped: false,
         note: None,
+        filter: MarkParser::new(None),
     };
     let mut open = true;
     while open {

@@ -142,6 +142,24 @@ impl Workspaces {
         self.dirs(tenant, host, session, &self.tenant_dir(tenant))
     }
 
+    /// `dirs` with a home of the devices' own instead of the agent's (`…/<session>/device-home`): what a member
+    /// types in a terminal (its history, its `~/.inputrc`, `~/.bashrc`) is not the agent's to read or plant.
+    pub fn for_devices(&self, dirs: SessionDirs) -> Result<SessionDirs, WorkspaceError> {
+        let Some(private) = dirs.home.parent() else {
+            return Ok(dirs);
+        };
+        let home = private.join("device-home");
+        self.opened.create_dirs(&home, dirs.user, 0o700)?;
+        Ok(SessionDirs { home, ..dirs })
+    }
+
+    /// The directories of a file server of host `host` of the tenant alone (`session` names its private ones):
+    /// its working directory is `<root>/<tenant>/<host>`.
+    pub fn host_wide(&self, tenant: &str, host: &str, session: &str) -> Result<SessionDirs, WorkspaceError> {
+        let wanted = self.tenant_dir(tenant).join(encode(host));
+        self.dirs(tenant, &format!("{host}{session}"), session, &wanted)
+    }
+
     /// The working directory a client named, checked: inside the tenant's directory, below it, and not the
     /// directory of the session's host (which holds other sessions' directories).
     fn named_workspace(&self, tenant: &str, host: &str, requested: &str) -> Result<PathBuf, WorkspaceError> {

@@ -77,13 +77,26 @@ impl Drop for WatchHandle {
 pub trait FileAccess: Send + Sync + 'static {
     /// `tenant`'s part of the workspace (the root its file URIs must lie in), when known.
     fn tenant_root(&self, tenant: &str) -> Option<PathBuf>;
-    /// Run `op` on `tenant`'s files.
-    fn call<'a>(&'a self, tenant: &'a str, op: FileOp) -> FileFuture<'a, FileReply>;
-    /// Watch a path of `tenant`'s files; changes go to `changes` until the handle is dropped.
-    fn watch<'a>(
+    /// Run `op` on `tenant`'s files; with a `scope` (a host of the tenant) on that host's directory alone,
+    /// served where nothing else of the tenant is seen (a client whose token is scoped to hosts).
+    fn call_within<'a>(
         &'a self,
         tenant: &'a str,
+        scope: Option<&'a str>,
+        op: FileOp,
+    ) -> FileFuture<'a, FileReply>;
+    /// Watch a path of `tenant`'s files (within `scope`, as [`FileAccess::call_within`]); changes go to
+    /// `changes` until the handle is dropped.
+    fn watch_within<'a>(
+        &'a self,
+        tenant: &'a str,
+        scope: Option<&'a str>,
         spec: WatchSpec,
         changes: ChangeSink,
     ) -> FileFuture<'a, WatchHandle>;
+
+    /// Run `op` on `tenant`'s files (the relay's own work: checkpoints, completions).
+    fn call<'a>(&'a self, tenant: &'a str, op: FileOp) -> FileFuture<'a, FileReply> {
+        self.call_within(tenant, None, op)
+    }
 }

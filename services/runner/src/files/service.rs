@@ -25,6 +25,9 @@ const FILES_HOST: &str = ".files";
 /// Most watches one tenant may have open (each is an inotify instance in its file server).
 const MAX_WATCHES_PER_TENANT: usize = 64;
 
+/// A file server's key: its tenant, and the host whose directory alone it serves (none: the whole tenant's).
+type ServerKey = (String, Option<String>);
+
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<FileReply, FileError>>>>>;
 
 /// Where each watch's changes go.
@@ -59,7 +62,7 @@ pub struct FileService {
     program: PathBuf,
     max_bytes: u64,
     next_id: AtomicU64,
-    servers: tokio::sync::Mutex<HashMap<String, Arc<Server>>>,
+    servers: tokio::sync::Mutex<HashMap<ServerKey, Arc<Server>>>,
     /// Open watches per tenant.
     watches: Mutex<HashMap<String, usize>>,
     me: std::sync::Weak<FileService>,
@@ -99,9 +102,10 @@ impl FileService {
         self.sandboxes.workspaces().tenant_dir(tenant)
     }
 
-    /// Run `op` on `tenant`'s files.
-    pub async fn call(&self, tenant: &str, op: FileOp) -> Result<FileReply, FileError> {
-        let server = self.server(tenant).await?;
+    /// Run `op` on `tenant`'s files (on the directory of host `scope` alone, when given).
+    pub async fn call(&self, tenant: &str, scope: Option<&str>, op: FileOp) -> Result<FileReply, FileError> {
+        let key: ServerKey = (tenant.to_string(), scope.map(str::to_string));
+        let server = self.server(&key).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (answer_tx, answer_rx) = oneshot::channel();
         server.pending.lock().insert(id, answer_tx);
@@ -123,7 +127,7 @@ impl FileService {
         };
         if sent.is_err() {
             server.pending.lock().remove(&id);
-            self.forget(tenant, &server).await;
+            self.forget(&key, &server).await;
             return Err(FileError::Unavailable(
                 "the tenant's file server stopped; retry".into(),
             ));
@@ -139,9 +143,11 @@ impl FileService {
     pub async fn watch(
         &self,
         tenant: &str,
+        scope: Option<&str>,
         spec: WatchSpec,
         changes: ChangeSink,
     ) -> Result<WatchHandle, FileError> {
+        let key: ServerKey = (tenant.to_string(), scope.map(str::to_string));
         {
             let mut watches = self.watches.lock();
             let count = watches.entry(tenant.to_string()).or_default();
@@ -153,8 +159,8 @@ impl FileService {
             *count += 1;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let handle = self.handle(tenant, id);
-        let server = self.server(tenant).await?;
+        let handle = self.handle(&key, id);
+        let server = self.server(&key).await?;
         server.listeners.lock().insert(id, changes);
         let op = FileOp::Watch {
             watch: id,
@@ -164,14 +170,15 @@ impl FileService {
             excludes: spec.excludes,
         };
         // Refused: dropping the handle uncounts it (and tells the server, which has nothing to stop).
-        self.call(tenant, op).await?;
+        self.call(tenant, scope, op).await?;
         Ok(handle)
     }
 
     /// The handle of watch `id` of `tenant`: dropped, the file server stops it and it is no longer counted.
-    fn handle(&self, tenant: &str, id: u64) -> WatchHandle {
+    fn handle(&self, key: &ServerKey, id: u64) -> WatchHandle {
         let service = self.me.clone();
-        let tenant = tenant.to_string();
+        let key = key.clone();
+        let tenant = key.0.clone();
         WatchHandle::new(move || {
             let Some(service) = service.upgrade() else {
                 return;
@@ -181,49 +188,52 @@ impl FileService {
             }
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
-                    if let Some(server) = service.servers.lock().await.get(&tenant).cloned() {
+                    if let Some(server) = service.servers.lock().await.get(&key).cloned() {
                         server.listeners.lock().remove(&id);
                     }
-                    let _ = service.call(&tenant, FileOp::Unwatch { watch: id }).await;
+                    let _ = service
+                        .call(&key.0, key.1.as_deref(), FileOp::Unwatch { watch: id })
+                        .await;
                 });
             }
         })
     }
 
-    /// Drop `server` if it is still `tenant`'s (the next request starts another).
-    async fn forget(&self, tenant: &str, server: &Arc<Server>) {
+    /// Drop `server` if it is still `key`'s (the next request starts another).
+    async fn forget(&self, key: &ServerKey, server: &Arc<Server>) {
         let mut servers = self.servers.lock().await;
         if servers
-            .get(tenant)
+            .get(key)
             .is_some_and(|current| Arc::ptr_eq(current, server))
         {
-            servers.remove(tenant);
+            servers.remove(key);
         }
     }
 
-    /// `tenant`'s server, started if it has none.
-    async fn server(&self, tenant: &str) -> Result<Arc<Server>, FileError> {
+    /// The server of `key`, started if there is none.
+    async fn server(&self, key: &ServerKey) -> Result<Arc<Server>, FileError> {
         let mut servers = self.servers.lock().await;
         if let Some(server) = servers
-            .get(tenant)
+            .get(key)
             .filter(|server| server.alive.load(Ordering::Relaxed))
         {
             *server.last_used.lock() = std::time::Instant::now();
             return Ok(server.clone());
         }
-        let server = Arc::new(self.start(tenant).await?);
-        servers.insert(tenant.to_string(), server.clone());
+        let server = Arc::new(self.start(&key.0, key.1.as_deref()).await?);
+        servers.insert(key.clone(), server.clone());
         Ok(server)
     }
 
-    async fn start(&self, tenant: &str) -> Result<Server, FileError> {
+    async fn start(&self, tenant: &str, scope: Option<&str>) -> Result<Server, FileError> {
         let unavailable =
             |what: String| FileError::Unavailable(format!("cannot start the tenant's file server: {what}"));
-        let dirs = self
-            .sandboxes
-            .workspaces()
-            .tenant_wide(tenant, FILES_HOST, FILES_HOST)
-            .map_err(|error| unavailable(error.to_string()))?;
+        let workspaces = self.sandboxes.workspaces();
+        let dirs = match scope {
+            None => workspaces.tenant_wide(tenant, FILES_HOST, FILES_HOST),
+            Some(host) => workspaces.host_wide(tenant, host, FILES_HOST),
+        }
+        .map_err(|error| unavailable(error.to_string()))?;
         let install = self.program.parent().map(PathBuf::from).into_iter().collect();
         let spec = SandboxSpec {
             tenant: dirs.tenant_key.clone(),
@@ -331,16 +341,22 @@ impl FileAccess for FileService {
         Some(FileService::tenant_root(self, tenant))
     }
 
-    fn call<'a>(&'a self, tenant: &'a str, op: FileOp) -> FileFuture<'a, FileReply> {
-        Box::pin(FileService::call(self, tenant, op))
-    }
-
-    fn watch<'a>(
+    fn call_within<'a>(
         &'a self,
         tenant: &'a str,
+        scope: Option<&'a str>,
+        op: FileOp,
+    ) -> FileFuture<'a, FileReply> {
+        Box::pin(FileService::call(self, tenant, scope, op))
+    }
+
+    fn watch_within<'a>(
+        &'a self,
+        tenant: &'a str,
+        scope: Option<&'a str>,
         spec: WatchSpec,
         changes: ChangeSink,
     ) -> FileFuture<'a, WatchHandle> {
-        Box::pin(FileService::watch(self, tenant, spec, changes))
+        Box::pin(FileService::watch(self, tenant, scope, spec, changes))
     }
 }

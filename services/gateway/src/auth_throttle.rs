@@ -1,0 +1,164 @@
+//! Failed authentications, throttled per client address ([`AuthThrottleLayer`]): a client that presents bad
+//! tokens (to the WebSocket upgrade or `/v1/auth/check`) spends a small burst, then one attempt every few
+//! seconds; past that it gets `429 Too Many Requests` without its token being looked at. Good tokens cost
+//! nothing, and one address's failures never slow another's. The address is the TCP peer's (the relay's
+//! listener records it); behind a proxy that is the proxy's, so the proxy throttles its clients itself.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::extract::ConnectInfo;
+use axum::http::{Request, Response, StatusCode};
+use axum::response::IntoResponse;
+use futures_util::future::BoxFuture;
+use parking_lot::Mutex;
+
+use crate::quotas::TokenBucket;
+
+/// Addresses tracked before those that refilled are forgotten at the next failure of a new one.
+const PRUNE_AT: usize = 4096;
+
+/// Failures per address: the burst, and the rate after it.
+#[derive(Debug, Clone, Copy)]
+pub struct AuthThrottleLimits {
+    pub burst: f64,
+    pub per_second: f64,
+}
+
+impl Default for AuthThrottleLimits {
+    fn default() -> Self {
+        Self {
+            burst: 20.0,
+            per_second: 0.2,
+        }
+    }
+}
+
+/// The failures of every address that failed lately.
+#[derive(Debug)]
+pub struct AuthFailures {
+    limits: AuthThrottleLimits,
+    by_address: Mutex<HashMap<IpAddr, TokenBucket>>,
+}
+
+impl AuthFailures {
+    pub fn new(limits: AuthThrottleLimits) -> Arc<Self> {
+        Arc::new(Self {
+            limits,
+            by_address: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Whether `address` may try (it has failures left).
+    pub fn may_try(&self, address: IpAddr) -> bool {
+        self.by_address
+            .lock()
+            .get(&address)
+            .is_none_or(|bucket| bucket.deficit() <= self.limits.burst - 1.0)
+    }
+
+    /// `address` failed once more.
+    pub fn failed(&self, address: IpAddr) {
+        let mut by_address = self.by_address.lock();
+        if by_address.len() >= PRUNE_AT && !by_address.contains_key(&address) {
+            by_address.retain(|_, bucket| !bucket.is_full());
+        }
+        by_address
+            .entry(address)
+            .or_insert_with(|| TokenBucket::new(self.limits.per_second, self.limits.burst))
+            .take();
+    }
+}
+
+/// A `tower` layer that throttles the failed authentications of the routes it wraps.
+#[derive(Clone)]
+pub struct AuthThrottleLayer {
+    failures: Arc<AuthFailures>,
+}
+
+impl AuthThrottleLayer {
+    pub fn new(failures: Arc<AuthFailures>) -> Self {
+        Self { failures }
+    }
+}
+
+impl<S> tower::Layer<S> for AuthThrottleLayer {
+    type Service = AuthThrottle<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        AuthThrottle {
+            inner,
+            failures: self.failures.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct AuthThrottle<S> {
+    inner: S,
+    failures: Arc<AuthFailures>,
+}
+
+impl<S, B> tower::Service<Request<B>> for AuthThrottle<S>
+where
+    S: tower::Service<Request<B>, Response = Response<axum::body::Body>> + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response<axum::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let address = request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(peer)| peer.ip());
+        if let Some(address) = address {
+            if !self.failures.may_try(address) {
+                return Box::pin(async move {
+                    Ok((
+                        StatusCode::TOO_MANY_REQUESTS,
+                        [(axum::http::header::RETRY_AFTER, "5")],
+                        "too many failed authentications from this address: wait and retry",
+                    )
+                        .into_response())
+                });
+            }
+        }
+        let failures = self.failures.clone();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            if let (Some(address), StatusCode::UNAUTHORIZED) = (address, response.status()) {
+                failures.failed(address);
+            }
+            Ok(response)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_gets_a_burst_of_failures_then_waits_and_others_are_untouched() {
+        let failures = AuthFailures::new(AuthThrottleLimits {
+            burst: 5.0,
+            per_second: 0.001,
+        });
+        let (bad, good) = (IpAddr::from([10, 0, 0, 1]), IpAddr::from([10, 0, 0, 2]));
+        for _ in 0..5 {
+            assert!(failures.may_try(bad));
+            failures.failed(bad);
+        }
+        assert!(!failures.may_try(bad), "past the burst");
+        assert!(failures.may_try(good), "another address is not slowed");
+    }
+}
