@@ -618,6 +618,68 @@ impl<'a> Attack<'a> {
         }
     }
 
+    /// Issue 32 (acceptance 2): under the default egress (TCP 443), no listening socket, no UDP to this
+    /// machine's loopback (`udp`, a socket of the test), no TCP to `127.0.0.1:443` (`https`, a listener of the
+    /// test standing for a TLS proxy in front of the relay), and no `AF_VSOCK`, netlink sock_diag, `AF_PACKET` or
+    /// `AF_ALG` socket. Each datagram or connection would have arrived before the turn ended (loopback delivers
+    /// at once), so nothing pending on the test's sockets afterwards means nothing got through.
+    async fn network_edges_are_closed(&mut self, udp: &std::net::UdpSocket, https: &std::net::TcpListener) {
+        let udp_port = udp.local_addr().expect("udp").port();
+        let https_port = https.local_addr().expect("https").port();
+        let script = format!(
+            "import socket, errno\n\
+             def attempt(name, f):\n\
+             \x20   try:\n\
+             \x20       f(); print(name, 'OPEN')\n\
+             \x20   except OSError as e:\n\
+             \x20       print(name, 'REFUSED', errno.errorcode.get(e.errno, e.errno))\n\
+             def listen():\n\
+             \x20   s = socket.socket(); s.bind(('0.0.0.0', 18081)); s.listen()\n\
+             def udp():\n\
+             \x20   s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b'escaped', ('127.0.0.1', {udp_port}))\n\
+             def https():\n\
+             \x20   socket.create_connection(('127.0.0.1', {https_port}), timeout=3)\n\
+             attempt('listen', listen)\n\
+             attempt('udp', udp)\n\
+             attempt('https', https)\n\
+             attempt('vsock', lambda: socket.socket(40, socket.SOCK_STREAM))\n\
+             attempt('sockdiag', lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 4))\n\
+             attempt('packet', lambda: socket.socket(17, socket.SOCK_RAW, 0))\n\
+             attempt('alg', lambda: socket.socket(38, socket.SOCK_SEQPACKET, 0))\n\
+             attempt('route', lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 0))\n"
+        );
+        let said = self
+            .sh(&format!(
+                "cat > edges.py <<'PYTHON'\n{script}PYTHON\n/usr/bin/python3 edges.py 2>&1"
+            ))
+            .await;
+        for name in ["listen", "vsock", "sockdiag", "packet", "alg"] {
+            check!(
+                self,
+                said.contains(&format!("{name} REFUSED")),
+                "{name} was not refused: {said}"
+            );
+        }
+        check!(
+            self,
+            said.contains("route OPEN"),
+            "netlink's routing protocol (the resolver's) must stay open: {said}"
+        );
+        udp.set_nonblocking(true).expect("nonblocking");
+        let mut buffer = [0_u8; 64];
+        check!(
+            self,
+            udp.recv_from(&mut buffer).is_err(),
+            "a datagram reached this machine's loopback: {said}"
+        );
+        https.set_nonblocking(true).expect("nonblocking");
+        check!(
+            self,
+            https.accept().is_err(),
+            "a connection reached 127.0.0.1:{https_port}: {said}"
+        );
+    }
+
     /// A (bounded, 8,190-process) fork bomb: forks fail at the tenant's process limit. The bomb runs in a
     /// subshell (a shell exits when it cannot fork); what it reported is read back with builtins only (the
     /// limit may still be reached while its processes sleep).
@@ -965,6 +1027,9 @@ async fn in_serve_an_agent_reaches_nothing_of_the_relay_nor_of_another_tenant() 
     ports.extend(ports_from_env());
     attack.cannot_connect(&ports).await;
     attack.tcp_without_connect_is_refused(service_port).await;
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    let https = std::net::TcpListener::bind("127.0.0.1:443").expect("a stand-in TLS proxy on 127.0.0.1:443");
+    attack.network_edges_are_closed(&udp, &https).await;
     attack.fork_bomb_is_contained().await;
     attack.process_limit_spans_the_tenants_sandboxes(&sibling).await;
     attack.big_file_is_refused(&a_workspace).await;

@@ -20,6 +20,10 @@ pub struct SandboxArgs {
     /// bubblewrap's path (default: `bwrap` on the PATH).
     #[arg(long, env = "AHP_RELAY_BWRAP")]
     pub bwrap: Option<PathBuf>,
+    /// pasta's path (Debian's `passt`; default: `pasta` on the PATH): connects the network namespace of each
+    /// agent with port egress.
+    #[arg(long, env = "AHP_RELAY_PASTA")]
+    pub pasta: Option<PathBuf>,
 }
 
 /// What the process knows agents must not reach.
@@ -41,7 +45,7 @@ pub async fn sandboxes(
         if let Egress::Ports(ports) = &agent.egress {
             for (port, what) in &protected.ports {
                 anyhow::ensure!(
-                    !ports.contains(port),
+                    !ports.contains(port) && !agent.loopback_ports.contains(port),
                     "agent {}: its egress allows port {port}, which is {what}: agents must never reach it",
                     agent.id
                 );
@@ -89,6 +93,7 @@ pub async fn sandboxes(
     let sandbox = Sandbox::probe(SandboxSettings {
         helper,
         bwrap: args.bwrap.clone(),
+        pasta: args.pasta.clone(),
         protected: paths,
         extra_system: file.sandbox.system_paths.clone(),
         nice: file.sandbox.nice,

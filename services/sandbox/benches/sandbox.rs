@@ -32,6 +32,7 @@ async fn run() {
     let sandbox = Sandbox::probe(SandboxSettings {
         helper: PathBuf::from(env!("CARGO_BIN_EXE_relay-sandbox-exec")),
         bwrap: None,
+        pasta: None,
         protected: vec![],
         extra_system: vec![],
         nice: 0,
@@ -150,6 +151,7 @@ fn session(root: &Path) -> SandboxSpec {
         shm,
         install: vec![],
         egress: Egress::None,
+        loopback_ports: Vec::new(),
         limits: ResourceLimits::default(),
         cgroup: None,
         user,

@@ -18,7 +18,30 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::layout::{Descriptors, Privilege, SandboxSpec, HOME_IN_SANDBOX};
+use crate::network::SandboxNetwork;
+use crate::policy::Egress;
 use crate::Sandbox;
+
+/// A sandbox's command, ready to be adjusted (stdio, …) and started with [`Launcher::spawn`]; with port egress
+/// it also holds what connects its network before anything runs in it ([`crate::network`]).
+#[derive(Debug)]
+pub struct SandboxCommand {
+    command: tokio::process::Command,
+    network: Option<SandboxNetwork>,
+}
+
+impl std::ops::Deref for SandboxCommand {
+    type Target = tokio::process::Command;
+    fn deref(&self) -> &Self::Target {
+        &self.command
+    }
+}
+
+impl std::ops::DerefMut for SandboxCommand {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.command
+    }
+}
 
 /// How agent processes are started.
 #[derive(Debug, Clone)]
@@ -40,7 +63,7 @@ impl Launcher {
         program: &str,
         args: &[String],
         env: &BTreeMap<String, String>,
-    ) -> std::io::Result<tokio::process::Command> {
+    ) -> std::io::Result<SandboxCommand> {
         let mut command = match self {
             Launcher::Sandboxed(sandbox) => {
                 let run: Vec<OsString> = ["--", program]
@@ -70,7 +93,10 @@ impl Launcher {
                     .env("HOME", &spec.home)
                     .env("TMPDIR", &spec.tmp)
                     .current_dir(&spec.cwd);
-                command
+                SandboxCommand {
+                    command,
+                    network: None,
+                }
             }
         };
         if let Some(procs) = spec
@@ -96,9 +122,19 @@ impl Launcher {
         Ok(command)
     }
 
-    /// Start a command from [`Launcher::command`] (from the one thread sandboxes are started from).
-    pub async fn spawn(command: tokio::process::Command) -> std::io::Result<tokio::process::Child> {
-        crate::spawner::spawn(command).await
+    /// Start a command from [`Launcher::command`] (from the one thread sandboxes are started from); with port
+    /// egress, connect its network before it goes on (a sandbox whose network fails is killed).
+    pub async fn spawn(command: SandboxCommand) -> std::io::Result<tokio::process::Child> {
+        let SandboxCommand { command, network } = command;
+        let mut child = crate::spawner::spawn(command).await?;
+        if let Some(network) = network {
+            if let Err(error) = network.connect().await {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                return Err(error.into());
+            }
+        }
+        Ok(child)
     }
 
     /// Whether sandboxes switch to per-tenant users (the relay runs as root and sandboxes).
@@ -113,7 +149,7 @@ pub(crate) async fn bwrap_command(
     spec: &SandboxSpec,
     run: &[OsString],
     environment: Option<&BTreeMap<String, String>>,
-) -> std::io::Result<tokio::process::Command> {
+) -> std::io::Result<SandboxCommand> {
     let mut inherited: Vec<Arc<OwnedFd>> = Vec::new();
     let mut keep = |fd: Arc<OwnedFd>| {
         let raw = fd.as_raw_fd();
@@ -139,11 +175,28 @@ pub(crate) async fn bwrap_command(
         }
         None => None,
     };
+    // Port egress: a network namespace of its own, connected by pasta once bubblewrap made it.
+    let (network, network_fds) = if matches!(spec.egress, Egress::Ports(_)) {
+        let tenant_namespace = match sandbox.layout.privilege {
+            Privilege::Unprivileged => Some(sandbox.namespaces.of(&spec.tenant).await?),
+            Privilege::Root => None,
+        };
+        let (network, ends) = SandboxNetwork::pipes(
+            sandbox.pasta.clone(),
+            tenant_namespace,
+            spec.loopback_ports.clone(),
+        )?;
+        let fds = (keep(Arc::new(ends.info)), keep(Arc::new(ends.block)));
+        (Some(network), Some(fds))
+    } else {
+        (None, None)
+    };
     let descriptors = Descriptors {
         workspace: Some(workspace),
         helper: Some(helper),
         user_namespace,
         environment,
+        network: network_fds,
     };
     let args = sandbox.layout.bwrap_args(spec, &descriptors, run);
     // bubblewrap takes options from the file; what it runs (`-- HELPER …`) stays on its command line.
@@ -176,7 +229,7 @@ pub(crate) async fn bwrap_command(
             Ok(())
         });
     }
-    Ok(command)
+    Ok(SandboxCommand { command, network })
 }
 
 /// `path` opened (as a directory, `O_PATH`) beneath `anchor` without following any symlink on the way, nor

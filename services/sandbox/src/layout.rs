@@ -95,6 +95,9 @@ pub struct SandboxSpec {
     /// The agent's installation: shown read-only at the same paths.
     pub install: Vec<PathBuf>,
     pub egress: Egress,
+    /// TCP ports of this machine's loopback the sandbox may connect to (with port egress: forwarded into its
+    /// network namespace by pasta, and allowed by Landlock); none by default.
+    pub loopback_ports: Vec<u16>,
     pub limits: ResourceLimits,
     /// The `cgroup.procs` of the session's cgroup, which the sandbox joins before it starts (where the relay
     /// has a delegated cgroup v2; see [`crate::cgroups`]).
@@ -114,6 +117,9 @@ pub struct Descriptors {
     pub user_namespace: Option<i32>,
     /// The agent's environment (a memory file the helper reads once confined).
     pub environment: Option<i32>,
+    /// bubblewrap's ends of the network set-up pipes (`--info-fd`, `--block-fd`): a network namespace of its
+    /// own, connected by pasta ([`crate::network`]).
+    pub network: Option<(i32, i32)>,
 }
 
 /// How bubblewrap creates the sandbox's namespaces.
@@ -192,6 +198,14 @@ impl Layout {
         }
         if spec.egress == Egress::None {
             push(&[&"--unshare-net"]);
+        } else if let Some((info, block)) = fds.network {
+            push(&[
+                &"--unshare-net",
+                &"--info-fd",
+                &info.to_string(),
+                &"--block-fd",
+                &block.to_string(),
+            ]);
         }
         if self.proc {
             push(&[&"--proc", &"/proc"]);
@@ -270,7 +284,16 @@ impl Layout {
             } else {
                 vec![]
             },
-            egress: spec.egress.clone(),
+            egress: match &spec.egress {
+                Egress::Ports(ports) => {
+                    let mut ports = ports.clone();
+                    ports.extend(spec.loopback_ports.iter().copied());
+                    ports.sort_unstable();
+                    ports.dedup();
+                    Egress::Ports(ports)
+                }
+                other => other.clone(),
+            },
             limits: spec.limits.clone(),
             nice: self.nice,
             user: spec.user,
@@ -309,6 +332,7 @@ mod tests {
             cwd: workspace.to_path_buf(),
             install: vec![],
             egress: Egress::default(),
+            loopback_ports: Vec::new(),
             limits: ResourceLimits::default(),
             cgroup: None,
             user: None,

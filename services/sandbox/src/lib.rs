@@ -26,6 +26,7 @@ pub mod exec;
 pub mod launch;
 pub mod layout;
 pub mod namespaces;
+pub mod network;
 pub mod policy;
 pub mod seccomp;
 pub mod spawner;
@@ -52,6 +53,11 @@ pub enum SandboxUnavailable {
          dnf install bubblewrap) or name it with --bwrap"
     )]
     NoBubblewrap,
+    #[error(
+        "pasta is not installed: agents with port egress get a network namespace of their own, connected by \
+         pasta (Debian/Ubuntu: apt-get install passt; Fedora: dnf install passt) or name it with --pasta"
+    )]
+    NoPasta,
     #[error("this kernel has no Landlock (Linux 5.13+ with Landlock enabled in the LSM list is needed)")]
     NoLandlock,
     #[error("a test sandbox failed: {0}")]
@@ -67,6 +73,8 @@ pub struct SandboxSettings {
     pub helper: PathBuf,
     /// bubblewrap; default: `bwrap` on the `PATH`.
     pub bwrap: Option<PathBuf>,
+    /// pasta (Debian's `passt`); default: `pasta` on the `PATH`.
+    pub pasta: Option<PathBuf>,
     /// Paths agents must never see: the relay's data directory, secret files, the workspace root.
     pub protected: Vec<PathBuf>,
     /// More system hierarchies to show read-only (e.g. `/nix/store`).
@@ -90,6 +98,8 @@ pub struct Sandbox {
     helper: std::os::fd::OwnedFd,
     /// Tenants' user namespaces (relays that are not root).
     namespaces: namespaces::TenantNamespaces,
+    /// pasta, which connects the network namespace of a sandbox with port egress ([`network`]).
+    pasta: PathBuf,
 }
 
 impl Sandbox {
@@ -102,6 +112,10 @@ impl Sandbox {
         if confine::landlock_abi() < 1 {
             return Err(SandboxUnavailable::NoLandlock);
         }
+        let pasta = match &settings.pasta {
+            Some(path) => path.clone(),
+            None => find_on_path("pasta").ok_or(SandboxUnavailable::NoPasta)?,
+        };
         let privilege = if running_as_root() {
             Privilege::Root
         } else {
@@ -131,6 +145,7 @@ impl Sandbox {
             } else {
                 Egress::None
             },
+            loopback_ports: Vec::new(),
             limits: ResourceLimits::default(),
             cgroup: None,
             user: (privilege == Privilege::Root).then_some(UserSwitch {
@@ -151,6 +166,7 @@ impl Sandbox {
             },
             helper,
             namespaces: namespaces::TenantNamespaces::default(),
+            pasta,
         };
         let mut outcome = run_probe(&sandbox, &spec).await;
         if let Err(message) = &outcome {
@@ -188,7 +204,7 @@ async fn run_probe(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<Enforced, St
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    let child = spawner::spawn(command)
+    let child = Launcher::spawn(command)
         .await
         .map_err(|error| format!("cannot start {}: {error}", sandbox.bwrap.display()))?;
     let output = tokio::time::timeout(PROBE_TIMEOUT, child.wait_with_output())

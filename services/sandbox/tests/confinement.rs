@@ -13,6 +13,7 @@ async fn launcher(protected: Vec<PathBuf>, system_extra: Vec<PathBuf>) -> Launch
     let sandbox = Sandbox::probe(SandboxSettings {
         helper: PathBuf::from(env!("CARGO_BIN_EXE_relay-sandbox-exec")),
         bwrap: None,
+        pasta: None,
         protected,
         extra_system: system_extra,
         nice: 10,
@@ -60,6 +61,7 @@ fn session(root: &Path, tenant: &str) -> SandboxSpec {
         shm,
         install: vec![],
         egress: Egress::default(),
+        loopback_ports: Vec::new(),
         limits: ResourceLimits::default(),
         cgroup: None,
         user,
@@ -198,9 +200,17 @@ async fn egress_is_the_listed_ports_or_nothing() {
     spec.egress = Egress::Ports(vec![port]);
     assert_eq!(
         first_line(sh(&launcher, &spec, &script).await),
-        "OPEN",
-        "a listed port"
+        "CLOSED",
+        "a listed port, but on this machine's loopback: the sandbox's 127.0.0.1 is its own"
     );
+    spec.egress = Egress::Ports(vec![443]);
+    spec.loopback_ports = vec![port];
+    assert_eq!(
+        first_line(sh(&launcher, &spec, &script).await),
+        "OPEN",
+        "a loopback port the operator allows"
+    );
+    spec.loopback_ports = Vec::new();
     spec.egress = Egress::None;
     assert_eq!(
         first_line(sh(&launcher, &spec, &script).await),

@@ -168,6 +168,10 @@ pub struct AgentConfig {
     /// The TCP connections it may open: `"any"`, `"none"` or a list of ports (default: `[443]`).
     #[serde(default)]
     pub egress: Egress,
+    /// Ports of this machine's loopback (127.0.0.1) it may connect to with port egress — a local model server,
+    /// a proxy (default: none; the agent's own 127.0.0.1 is its network namespace's).
+    #[serde(default)]
+    pub loopback_ports: Vec<u16>,
     /// Directories holding the agent's installation, shown read-only in its sandbox (the command's own
     /// directory, and the package holding it, are added when they lie outside the system directories).
     #[serde(default)]
@@ -479,6 +483,7 @@ env_files = { ANTHROPIC_API_KEY = "/run/secrets/acme-anthropic" }
             models: vec![],
             limits: ResourceLimits::default(),
             egress: Egress::default(),
+            loopback_ports: Vec::new(),
             read_only_paths: vec![],
             multiple_chats: true,
         };
@@ -525,6 +530,7 @@ env_files = { ANTHROPIC_API_KEY = "/run/secrets/acme-anthropic" }
                 models: vec![],
                 limits: ResourceLimits::default(),
                 egress: Egress::default(),
+                loopback_ports: Vec::new(),
                 read_only_paths: vec![PathBuf::from("/opt/extra")],
                 multiple_chats: true,
             }

@@ -146,6 +146,7 @@ impl Sandboxes {
             cwd: cwd.to_path_buf(),
             install: agent.installation(),
             egress: agent.egress.clone(),
+            loopback_ports: agent.loopback_ports.clone(),
             limits,
             user: dirs.user,
         }

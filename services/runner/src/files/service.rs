@@ -246,6 +246,7 @@ impl FileService {
             cwd: dirs.workspace.clone(),
             install,
             egress: Egress::None,
+            loopback_ports: Vec::new(),
             limits: ResourceLimits::default(),
             user: dirs.user,
         };

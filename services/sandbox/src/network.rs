@@ -1,0 +1,197 @@
+//! The network of a sandbox whose agent may reach some TCP ports ([`crate::Egress::Ports`]): a network namespace
+//! of its own, connected to the outside by `pasta` (Debian's `passt`: user-mode networking that turns the
+//! namespace's packets into ordinary sockets of the host).
+//!
+//! Sharing the host's network, as before, left three edges Landlock cannot close (its rules know TCP ports, not
+//! addresses, and nothing of UDP or of listening): the host's loopback services on an allowed port (a TLS proxy
+//! on `127.0.0.1:443`), UDP to any loopback port, and listening sockets reachable from the host's external
+//! address. In a namespace of its own the agent's `127.0.0.1` is its own; `pasta` runs with `--no-map-gw` (the
+//! gateway address does not lead to the host's loopback) and forwards no port inwards (`-t none -u none`) nor
+//! from the namespace's loopback outwards (`-T none -U none`). Landlock still limits TCP to the egress ports.
+//!
+//! The order: bubblewrap makes the namespaces and waits (`--block-fd`) while it reports its child's pid
+//! (`--info-fd`); the relay opens that child's network (and, unprivileged, user) namespace, starts `pasta` on
+//! them (it daemonizes once the namespace's interface, address, routes and resolver forwarding are set up, and
+//! exits when the namespace goes), then lets the sandbox go on. Nothing runs in the sandbox before its network
+//! is ready; when `pasta` fails, the sandbox is killed.
+
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long bubblewrap may take to report its child, and `pasta` to set the namespace up.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a sandbox's network could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    #[error("the sandbox did not report its process: {0}")]
+    NoChild(String),
+    #[error("cannot open the sandbox's namespace: {0}")]
+    Namespace(std::io::Error),
+    #[error("pasta could not connect the sandbox's network: {0}")]
+    Pasta(String),
+}
+
+impl From<NetworkError> for std::io::Error {
+    fn from(error: NetworkError) -> Self {
+        std::io::Error::other(error.to_string())
+    }
+}
+
+/// The parent's ends of a sandbox's set-up pipes, and how to connect it.
+#[derive(Debug)]
+pub struct SandboxNetwork {
+    pasta: PathBuf,
+    /// bubblewrap writes its child's pid here (`--info-fd`).
+    info: OwnedFd,
+    /// One byte written here lets the sandbox go on (`--block-fd`).
+    release: OwnedFd,
+    /// The tenant's user namespace, for a relay that is not root (pasta joins it to reach the network one).
+    user_namespace: Option<Arc<OwnedFd>>,
+    /// Ports of the host's loopback forwarded into the namespace (`-T`); none: `-T none`.
+    loopback_ports: Vec<u16>,
+}
+
+/// The sandbox's ends of the pipes, inherited by bubblewrap.
+pub struct SandboxEnds {
+    pub info: OwnedFd,
+    pub block: OwnedFd,
+}
+
+impl SandboxNetwork {
+    /// The pipes for one sandbox: the parent's ends, and bubblewrap's.
+    pub fn pipes(
+        pasta: PathBuf,
+        user_namespace: Option<Arc<OwnedFd>>,
+        loopback_ports: Vec<u16>,
+    ) -> std::io::Result<(SandboxNetwork, SandboxEnds)> {
+        let (info_read, info_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        let (block_read, block_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        Ok((
+            SandboxNetwork {
+                pasta,
+                info: info_read,
+                release: block_write,
+                user_namespace,
+                loopback_ports,
+            },
+            SandboxEnds {
+                info: info_write,
+                block: block_read,
+            },
+        ))
+    }
+
+    /// Connect the sandbox's network (bubblewrap was started with the other ends), then let it go on.
+    pub async fn connect(self) -> Result<(), NetworkError> {
+        let run = tokio::task::spawn_blocking(move || self.connect_blocking());
+        match tokio::time::timeout(SETUP_TIMEOUT, run).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(error)) => Err(NetworkError::Pasta(error.to_string())),
+            Err(_) => Err(NetworkError::Pasta(format!(
+                "no network within {SETUP_TIMEOUT:?}"
+            ))),
+        }
+    }
+
+    fn connect_blocking(self) -> Result<(), NetworkError> {
+        let pid = child_pid(self.info)?;
+        let namespace = |kind: &str| {
+            rustix::fs::open(
+                format!("/proc/{pid}/ns/{kind}"),
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|errno| NetworkError::Namespace(errno.into()))
+        };
+        let network = namespace("net")?;
+        let mut command = std::process::Command::new(&self.pasta);
+        // As root, pasta keeps the privilege it needs to enter a namespace of the initial user namespace (it
+        // confines itself); otherwise it joins the tenant's user namespace, which this user owns.
+        if crate::running_as_root() {
+            command.args(["--runas", "0"]);
+        }
+        let loopback = if self.loopback_ports.is_empty() {
+            "none".to_string()
+        } else {
+            let ports: Vec<String> = self.loopback_ports.iter().map(u16::to_string).collect();
+            ports.join(",")
+        };
+        command.args([
+            "--quiet",
+            "--config-net",
+            "--no-map-gw",
+            "-t",
+            "none",
+            "-u",
+            "none",
+            "-T",
+            &loopback,
+            "-U",
+            "none",
+        ]);
+        let mut inherited = vec![network.as_raw_fd()];
+        if let Some(user) = &self.user_namespace {
+            command
+                .arg("--userns")
+                .arg(format!("/proc/self/fd/{}", user.as_raw_fd()));
+            inherited.push(user.as_raw_fd());
+        }
+        command
+            .arg("--netns")
+            .arg(format!("/proc/self/fd/{}", network.as_raw_fd()))
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        // SAFETY: the closure only calls fcntl(2) (async-signal-safe) on descriptors that stay open until the
+        // command has been spawned.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                for fd in &inherited {
+                    if libc::fcntl(*fd, libc::F_SETFD, 0) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        // pasta forks into the background once the namespace is set up; its first process exits then.
+        let output = command
+            .output()
+            .map_err(|error| NetworkError::Pasta(format!("{}: {error}", self.pasta.display())))?;
+        drop(network);
+        if !output.status.success() {
+            return Err(NetworkError::Pasta(
+                String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            ));
+        }
+        rustix::io::write(&self.release, b"1")
+            .map(|_| ())
+            .map_err(|errno| NetworkError::Pasta(format!("cannot release the sandbox: {errno}")))
+    }
+}
+
+/// The pid bubblewrap reports on its info pipe (`{"child-pid": N, …}`).
+fn child_pid(info: OwnedFd) -> Result<i32, NetworkError> {
+    let mut report = Vec::new();
+    let mut file = std::fs::File::from(info);
+    let mut chunk = [0_u8; 512];
+    while !report.ends_with(b"}") && !report.ends_with(b"}\n") && report.len() < 64 * 1024 {
+        match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => report.extend_from_slice(&chunk[..n]),
+            Err(error) => return Err(NetworkError::NoChild(error.to_string())),
+        }
+    }
+    let value: serde_json::Value = serde_json::from_slice(&report)
+        .map_err(|error| NetworkError::NoChild(format!("{error}: {}", String::from_utf8_lossy(&report))))?;
+    value["child-pid"]
+        .as_i64()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .filter(|pid| *pid > 0)
+        .ok_or_else(|| NetworkError::NoChild(String::from_utf8_lossy(&report).into_owned()))
+}
