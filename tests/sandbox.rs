@@ -1085,11 +1085,22 @@ async fn on_an_unprivileged_runner_an_agent_reaches_nothing_either() {
 
 /// Every attack, against a shard, a gateway and a runner (running as `runner_user` when given).
 async fn runner_shape(runner_user: Option<u32>) {
-    let config = tempfile::tempdir().expect("config");
-    let workspace = tempfile::tempdir().expect("workspace");
-    let shard_data = tempfile::tempdir().expect("shard data");
-    let gateway_data = tempfile::tempdir().expect("gateway data");
-    let runner_data = tempfile::tempdir().expect("runner data");
+    // Every directory of the test in one, which the relay-as-deputy attack at the end links to.
+    let top_dir = tempfile::tempdir().expect("top");
+    let top = top_dir.path().canonicalize().expect("real");
+    std::fs::set_permissions(&top, std::os::unix::fs::PermissionsExt::from_mode(0o711)).expect("chmod");
+    let made = |name: &str| {
+        let dir = top.join(name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        Made(dir)
+    };
+    let config = made("config");
+    let workspace = made("ws");
+    let shard_data = made("sharddata");
+    let gateway_data = made("gatewaydata");
+    let runner_data = made("runnerdata");
+    let etc = made("etc");
+    std::fs::write(etc.path().join("passwd"), "root:x:0:0:root:/root:/bin/sh\n").expect("etc stand-in");
     let internal = private_file(config.path(), "internal-secret", INTERNAL_SECRET);
     let runner_secret = private_file(config.path(), "runner-secret", RUNNER_SECRET);
     let jwt = private_file(config.path(), "jwt-secret", SECRET);
@@ -1267,7 +1278,27 @@ async fn runner_shape(runner_user: Option<u32>) {
     assert!(sh(&b.client, &chat_b2, "b-after", "echo fine")
         .await
         .contains("fine"));
+    // The relay as deputy (issue 32): the runner deletes nothing through a link tenant a plants.
+    relay_as_deputy(
+        &addr,
+        secret,
+        &top,
+        workspace.path(),
+        &[etc.path(), shard_data.path(), runner_data.path(), config.path()],
+        &b,
+    )
+    .await;
+    assert!(runner.alive(), "the runner died");
     drop((shard, gateway));
+}
+
+/// A directory the test made beneath its own (dropped with that one).
+struct Made(PathBuf);
+
+impl Made {
+    fn path(&self) -> &Path {
+        &self.0
+    }
 }
 
 /// `serve` with the shell agent (and `quotas`, lines of the agents file's `[quotas]` table), outside any PID
@@ -1807,12 +1838,167 @@ fn contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     files
 }
 
-/// Issue 32 (acceptance 1, files), in `serve` as root: tenant a plants a link to the directory holding a
-/// stand-in for `/etc`, the relay's data directory and the workspace root (tenant b's workspaces) — its agent
-/// makes the link in its own workspace and a member moves it over a's host directory with `resourceMove` — then
-/// disposes the sessions whose directories the link now names (`etc`, `data`, `ws`). Each of the three survives
-/// byte for byte, and neither the tenant's directory nor a working directory through the link is accepted for a
-/// session.
+/// What a disposal must leave alone: a directory of the test's (its entries at the start, and a canary file).
+struct Guarded {
+    dir: PathBuf,
+    entries: Vec<std::ffi::OsString>,
+    canary: String,
+}
+
+impl Guarded {
+    fn new(dir: &Path) -> Guarded {
+        let canary = format!("canary-{}", uuid_like());
+        std::fs::write(dir.join("canary.txt"), &canary).expect("canary");
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .expect("read_dir")
+            .flatten()
+            .map(|entry| entry.file_name())
+            .collect();
+        entries.sort();
+        Guarded {
+            dir: dir.to_path_buf(),
+            entries,
+            canary,
+        }
+    }
+
+    fn intact(&self) -> Result<(), String> {
+        let canary = std::fs::read_to_string(self.dir.join("canary.txt"))
+            .map_err(|error| format!("{}: the canary is gone ({error})", self.dir.display()))?;
+        if canary != self.canary {
+            return Err(format!("{}: the canary changed", self.dir.display()));
+        }
+        for entry in &self.entries {
+            if std::fs::symlink_metadata(self.dir.join(entry)).is_err() {
+                return Err(format!("{}: {entry:?} is gone", self.dir.display()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Issue 32 (acceptance 1, files): tenant a plants a link to `top` — the directory holding `guarded` (a
+/// stand-in for `/etc`, the relay's data directories) and the workspace root `workspace` (tenant b's
+/// workspaces) — over its host directory: its agent makes the link in its own workspace and a member moves it
+/// over `<root>/a/default` with `resourceMove`. Sessions named after those directories (created before) are then
+/// disposed: each guarded directory and b's workspace survive, byte for byte; neither the tenant's directory nor
+/// a working directory through the link is accepted for a session. `b` is tenant b at work.
+async fn relay_as_deputy(
+    addr: &str,
+    secret: &[u8],
+    top: &Path,
+    workspace: &Path,
+    guarded: &[&Path],
+    b: &AtWork,
+) {
+    let names: Vec<String> = guarded
+        .iter()
+        .chain(std::iter::once(&workspace))
+        .map(|dir| {
+            let name = dir.strip_prefix(top).expect("beneath top").display().to_string();
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                "{name}: a session name that is its own directory name"
+            );
+            name
+        })
+        .collect();
+    let guards: Vec<Guarded> = guarded.iter().map(|dir| Guarded::new(dir)).collect();
+    let b_before = contents(&workspace.join("b"));
+    let a = client(addr, secret, "a").await;
+    for name in &names {
+        shell_session(&a, name).await;
+    }
+    let chat = shell_session(&a, "attack").await;
+    let linked = sh(
+        &a,
+        &chat,
+        "plant",
+        &format!("ln -s {} link && ls -l link", top.display()),
+    )
+    .await;
+    assert!(linked.contains("link ->"), "the agent made its link: {linked}");
+    let tenant_dir = workspace.join("a");
+    let host_dir = tenant_dir.join("default");
+    let file_uri = |path: &Path| format!("file://{}", path.display());
+    let moved = |from: PathBuf, to: PathBuf| {
+        let a = &a;
+        async move {
+            let moved: Result<Value, _> = a
+                .request(
+                    "resourceMove",
+                    serde_json::json!({"channel": "ahp-root://", "source": file_uri(&from), "destination": file_uri(&to)}),
+                )
+                .await;
+            moved.map_err(|error| format!("{error}"))
+        }
+    };
+    // Route (b): the host directory moved aside, the agent's link moved over it.
+    moved(host_dir.clone(), tenant_dir.join("default-old"))
+        .await
+        .expect("the host directory moved aside");
+    moved(tenant_dir.join("default-old/attack/link"), host_dir.clone())
+        .await
+        .expect("the link moved over the host directory");
+    assert!(
+        std::fs::symlink_metadata(&host_dir)
+            .expect("planted")
+            .file_type()
+            .is_symlink(),
+        "the host directory is now a link"
+    );
+    // Route (a) and a directory through the link: refused, nothing made through the link.
+    let refused = try_session_in(&a, "at-root", &file_uri(&tenant_dir)).await;
+    assert!(
+        refused.is_err(),
+        "the tenant's directory as a working directory: {refused:?}"
+    );
+    let through = try_session_in(&a, "through", &file_uri(&host_dir.join("new-dir"))).await;
+    assert!(
+        through.is_err(),
+        "a working directory through the link: {through:?}"
+    );
+    assert!(!top.join("new-dir").exists() && !top.join("through").exists());
+
+    for name in &names {
+        let _: Value = a
+            .request(
+                "disposeSession",
+                serde_json::json!({"channel": format!("ahp-session:/{name}")}),
+            )
+            .await
+            .expect("disposeSession");
+    }
+    // The disposals reached the workspace (the sessions' private directories went), nothing through the link.
+    let gone = tokio::time::timeout(PATIENCE, async {
+        while names
+            .iter()
+            .any(|name| workspace.join(format!(".sandbox/a/default/{name}")).exists())
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "the disposed sessions' private directories stayed");
+    for guard in &guards {
+        if let Err(why) = guard.intact() {
+            panic!("the relay deleted through the tenant's link: {why}");
+        }
+    }
+    assert_eq!(
+        contents(&workspace.join("b")),
+        b_before,
+        "tenant b's workspace changed"
+    );
+    // Tenant b goes on.
+    assert!(sh(&b.client, &b.chat, "after-deputy", "cat marker.txt")
+        .await
+        .contains(&b.marker));
+}
+
+/// Issue 32 (acceptance 1, files), in `serve` as root: see [`relay_as_deputy`]; the guarded directories are a
+/// stand-in for `/etc` and the relay's data directory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_serve_the_relay_deletes_creates_and_measures_nothing_through_a_tenants_link() {
     let top = tempfile::tempdir().expect("top");
@@ -1845,106 +2031,8 @@ async fn in_serve_the_relay_deletes_creates_and_measures_nothing_through_a_tenan
     let addr = found[0].trim_end_matches("/v1/ws").to_string();
     let secret = std::fs::read_to_string(data.join("jwt-secret")).expect("jwt-secret");
     let secret = secret.trim().as_bytes().to_vec();
-
     let b = tenant_at_work(&addr, &secret, &workspace, "b").await;
-    let a = client(&addr, &secret, "a").await;
-    // The sessions whose directories the planted link will name: `<root>/a/default/{etc,data,ws}`.
-    for name in ["etc", "data", "ws"] {
-        shell_session(&a, name).await;
-    }
-    let chat = shell_session(&a, "attack").await;
-    let a_workspace = workspace_of(&a, &chat).await;
-    let linked = sh(
-        &a,
-        &chat,
-        "plant",
-        &format!("ln -s {} link && ls -l link", top.display()),
-    )
-    .await;
-    assert!(linked.contains("link ->"), "the agent made its link: {linked}");
-    let (etc_before, b_before) = (contents(&etc), contents(&workspace.join("b")));
-    let secret_before = std::fs::read(data.join("jwt-secret")).expect("secret");
-    let tenant_dir = workspace.join("a");
-    let host_dir = tenant_dir.join("default");
-    let file_uri = |path: &Path| format!("file://{}", path.display());
-    let moved = |from: PathBuf, to: PathBuf| {
-        let a = &a;
-        async move {
-            let moved: Result<Value, _> = a
-                .request(
-                    "resourceMove",
-                    serde_json::json!({"channel": "ahp-root://", "source": file_uri(&from), "destination": file_uri(&to)}),
-                )
-                .await;
-            moved.map_err(|error| format!("{error}"))
-        }
-    };
-    // Route (b): the host directory moved aside, the agent's link moved over it.
-    moved(host_dir.clone(), tenant_dir.join("default-old"))
-        .await
-        .expect("the host directory moved aside");
-    moved(tenant_dir.join("default-old/attack/link"), host_dir.clone())
-        .await
-        .expect("the link moved over the host directory");
-    assert!(
-        std::fs::symlink_metadata(&host_dir)
-            .expect("planted")
-            .file_type()
-            .is_symlink(),
-        "the host directory is now a link"
-    );
-    // Route (a) and a directory through the link: refused.
-    let refused = try_session_in(&a, "at-root", &file_uri(&tenant_dir)).await;
-    assert!(
-        refused.is_err(),
-        "the tenant's directory as a working directory: {refused:?}"
-    );
-    let through = try_session_in(&a, "through", &file_uri(&host_dir.join("etc"))).await;
-    assert!(
-        through.is_err(),
-        "a working directory through the link: {through:?}"
-    );
-    assert!(!etc.join(".ahp-relay").exists() && !top.join(".ssh").exists());
-
-    for name in ["etc", "data", "ws"] {
-        let _: Value = a
-            .request(
-                "disposeSession",
-                serde_json::json!({"channel": format!("ahp-session:/{name}")}),
-            )
-            .await
-            .expect("disposeSession");
-    }
-    // The disposals reached the workspace (the sessions' private directories went), and nothing through the link.
-    let gone = tokio::time::timeout(PATIENCE, async {
-        loop {
-            let left = ["etc", "data", "ws"]
-                .iter()
-                .filter(|name| workspace.join(format!(".sandbox/a/default/{name}")).exists())
-                .count();
-            if left == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    assert!(gone.is_ok(), "the disposed sessions' private directories stayed");
-    assert_eq!(contents(&etc), etc_before, "the stand-in for /etc changed");
-    assert_eq!(
-        contents(&workspace.join("b")),
-        b_before,
-        "tenant b's workspace changed"
-    );
-    assert_eq!(
-        std::fs::read(data.join("jwt-secret")).expect("the data directory is there"),
-        secret_before
-    );
+    relay_as_deputy(&addr, &secret, &top, &workspace, &[&etc, &data], &b).await;
     assert!(data.join("relay.sqlite").exists(), "the store is there");
-    // The relay and tenant b go on.
-    assert!(sh(&b.client, &b.chat, "after", "cat marker.txt")
-        .await
-        .contains(&b.marker));
-    assert!(a_workspace.starts_with(&workspace));
     assert!(relay.alive(), "the relay died");
 }

@@ -176,16 +176,16 @@ pub(crate) async fn bwrap_command(
         None => None,
     };
     // Port egress: a network namespace of its own, connected by pasta once bubblewrap made it.
-    let (network, network_fds) = if matches!(spec.egress, Egress::Ports(_)) {
+    let pasta = sandbox
+        .pasta
+        .clone()
+        .filter(|_| matches!(spec.egress, Egress::Ports(_)));
+    let (network, network_fds) = if let Some(pasta) = pasta {
         let tenant_namespace = match sandbox.layout.privilege {
             Privilege::Unprivileged => Some(sandbox.namespaces.of(&spec.tenant).await?),
             Privilege::Root => None,
         };
-        let (network, ends) = SandboxNetwork::pipes(
-            sandbox.pasta.clone(),
-            tenant_namespace,
-            spec.loopback_ports.clone(),
-        )?;
+        let (network, ends) = SandboxNetwork::pipes(pasta, tenant_namespace, spec.loopback_ports.clone())?;
         let fds = (keep(Arc::new(ends.info)), keep(Arc::new(ends.block)));
         (Some(network), Some(fds))
     } else {

@@ -54,8 +54,9 @@ pub enum SandboxUnavailable {
     )]
     NoBubblewrap,
     #[error(
-        "pasta is not installed: agents with port egress get a network namespace of their own, connected by \
-         pasta (Debian/Ubuntu: apt-get install passt; Fedora: dnf install passt) or name it with --pasta"
+        "pasta is not installed: agents with port egress share this process's network namespace (they can reach \
+         its loopback services on their ports); install it (Debian/Ubuntu: apt-get install passt; Fedora: dnf \
+         install passt) or name it with --pasta"
     )]
     NoPasta,
     #[error("this kernel has no Landlock (Linux 5.13+ with Landlock enabled in the LSM list is needed)")]
@@ -98,8 +99,9 @@ pub struct Sandbox {
     helper: std::os::fd::OwnedFd,
     /// Tenants' user namespaces (relays that are not root).
     namespaces: namespaces::TenantNamespaces,
-    /// pasta, which connects the network namespace of a sandbox with port egress ([`network`]).
-    pasta: PathBuf,
+    /// pasta, which connects the network namespace of a sandbox with port egress ([`network`]); `None` where
+    /// it is missing or cannot work here (such sandboxes then share this process's network namespace).
+    pasta: Option<PathBuf>,
 }
 
 impl Sandbox {
@@ -112,10 +114,10 @@ impl Sandbox {
         if confine::landlock_abi() < 1 {
             return Err(SandboxUnavailable::NoLandlock);
         }
-        let pasta = match &settings.pasta {
-            Some(path) => path.clone(),
-            None => find_on_path("pasta").ok_or(SandboxUnavailable::NoPasta)?,
-        };
+        let pasta = settings.pasta.clone().or_else(|| find_on_path("pasta"));
+        if pasta.is_none() {
+            tracing::warn!("{}", SandboxUnavailable::NoPasta);
+        }
         let privilege = if running_as_root() {
             Privilege::Root
         } else {
@@ -169,6 +171,18 @@ impl Sandbox {
             pasta,
         };
         let mut outcome = run_probe(&sandbox, &spec).await;
+        if let Err(message) = &outcome {
+            if message.contains(network::FAILED) {
+                // A container without /dev/net/tun (or not for this user): no namespace of their own.
+                tracing::warn!(
+                    %message,
+                    "agents with port egress share this process's network namespace: they can reach its \
+                     loopback services on their ports and listen on its addresses (give pasta /dev/net/tun)"
+                );
+                sandbox.pasta = None;
+                outcome = run_probe(&sandbox, &spec).await;
+            }
+        }
         if let Err(message) = &outcome {
             if message.contains("proc") {
                 // Some container runtimes forbid a fresh /proc: run without one (nothing outside is visible).

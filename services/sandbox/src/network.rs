@@ -21,6 +21,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What a set-up failure says first (the probe recognises it).
+pub const FAILED: &str = "pasta could not connect the sandbox's network";
+
 /// How long bubblewrap may take to report its child, and `pasta` to set the namespace up.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -31,7 +34,7 @@ pub enum NetworkError {
     NoChild(String),
     #[error("cannot open the sandbox's namespace: {0}")]
     Namespace(std::io::Error),
-    #[error("pasta could not connect the sandbox's network: {0}")]
+    #[error("{FAILED}: {0}")]
     Pasta(String),
 }
 
