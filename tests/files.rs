@@ -1071,6 +1071,15 @@ async fn a_token_scoped_to_a_host_reaches_that_hosts_directories_only() {
             json!({"channel": "ahp-root://", "uri": uri(&team2_dir), "recursive": true}),
         ),
         (
+            "sessionConfigCompletions",
+            json!({"channel": "ahp-root://", "provider": "scripted", "property": "branch",
+                "workingDirectory": uri(&team2_dir), "query": ""}),
+        ),
+        (
+            "resolveSessionConfig",
+            json!({"channel": "ahp-root://", "provider": "scripted", "workingDirectory": uri(&team2_dir)}),
+        ),
+        (
             "createSession",
             json!({"channel": "ahp-session:/in-team2", "provider": "scripted", "workingDirectories": [uri(&team2_dir)]}),
         ),

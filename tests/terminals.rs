@@ -821,8 +821,6 @@ async fn only_the_holder_types_and_a_programs_output_forges_nothing() {
     assert!(!setup
         .workspace
         .path()
-        .join("dev")
-        .join("guarded")
-        .join("typed-by-b")
+        .join("dev/default/guarded/typed-by-b")
         .exists());
 }

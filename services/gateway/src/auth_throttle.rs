@@ -51,24 +51,28 @@ impl AuthFailures {
         })
     }
 
-    /// Whether `address` may try (it has failures left).
-    pub fn may_try(&self, address: IpAddr) -> bool {
-        self.by_address
-            .lock()
-            .get(&address)
-            .is_none_or(|bucket| bucket.deficit() <= self.limits.burst - 1.0)
-    }
-
-    /// `address` failed once more.
-    pub fn failed(&self, address: IpAddr) {
+    /// Take one attempt of `address` before it is made (so attempts made at once are all counted): `false`
+    /// when it has none left. An attempt that did not fail is given back ([`AuthFailures::succeeded`]).
+    pub fn attempt(&self, address: IpAddr) -> bool {
         let mut by_address = self.by_address.lock();
         if by_address.len() >= PRUNE_AT && !by_address.contains_key(&address) {
             by_address.retain(|_, bucket| !bucket.is_full());
         }
-        by_address
+        let bucket = by_address
             .entry(address)
-            .or_insert_with(|| TokenBucket::new(self.limits.per_second, self.limits.burst))
-            .take();
+            .or_insert_with(|| TokenBucket::new(self.limits.per_second, self.limits.burst));
+        if bucket.deficit() > self.limits.burst - 1.0 {
+            return false;
+        }
+        bucket.take();
+        true
+    }
+
+    /// An attempt of `address` did not fail: its token goes back.
+    pub fn succeeded(&self, address: IpAddr) {
+        if let Some(bucket) = self.by_address.lock().get_mut(&address) {
+            bucket.take_n(-1.0);
+        }
     }
 }
 
@@ -120,7 +124,7 @@ where
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(peer)| peer.ip());
         if let Some(address) = address {
-            if !self.failures.may_try(address) {
+            if !self.failures.attempt(address) {
                 return Box::pin(async move {
                     Ok((
                         StatusCode::TOO_MANY_REQUESTS,
@@ -135,8 +139,10 @@ where
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
-            if let (Some(address), StatusCode::UNAUTHORIZED) = (address, response.status()) {
-                failures.failed(address);
+            if let Some(address) = address {
+                if response.status() != StatusCode::UNAUTHORIZED {
+                    failures.succeeded(address);
+                }
             }
             Ok(response)
         })
@@ -155,10 +161,14 @@ mod tests {
         });
         let (bad, good) = (IpAddr::from([10, 0, 0, 1]), IpAddr::from([10, 0, 0, 2]));
         for _ in 0..5 {
-            assert!(failures.may_try(bad));
-            failures.failed(bad);
+            assert!(failures.attempt(bad), "within the burst");
         }
-        assert!(!failures.may_try(bad), "past the burst");
-        assert!(failures.may_try(good), "another address is not slowed");
+        assert!(!failures.attempt(bad), "past the burst");
+        assert!(failures.attempt(good), "another address is not slowed");
+        // Attempts that succeed give their token back: a busy good client is never throttled.
+        for _ in 0..50 {
+            assert!(failures.attempt(good));
+            failures.succeeded(good);
+        }
     }
 }

@@ -59,15 +59,29 @@ pub enum ShellEvent {
     Cwd(String),
 }
 
-/// The OSC introducers: `ESC ]`, and the C1 control U+009D as UTF-8.
-const INTRODUCERS: [&[u8]; 2] = [b"\x1b]", b"\xc2\x9d"];
+/// The string sequences' introducers, 7-bit and as C1 controls in UTF-8, and whether each is an OSC: OSC
+/// (`ESC ]`), and DCS, SOS, PM and APC (`ESC P`, `X`, `^`, `_`), which are always dropped whole.
+const INTRODUCERS: [(&[u8], bool); 10] = [
+    (b"\x1b]", true),
+    (b"\xc2\x9d", true),
+    (b"\x1bP", false),
+    (b"\xc2\x90", false),
+    (b"\x1bX", false),
+    (b"\xc2\x98", false),
+    (b"\x1b^", false),
+    (b"\xc2\x9e", false),
+    (b"\x1b_", false),
+    (b"\xc2\x9f", false),
+];
 /// An OSC longer than this is not one: its introducer is dropped and the rest shown as text.
 const MAX_MARK: usize = 16 * 1024;
 /// The OSC sequences devices may see: window and icon titles.
 const SHOWN: [&[u8]; 3] = [b"0", b"1", b"2"];
 
 /// Filters a terminal's byte stream (which may split a sequence anywhere): OSC 633 marks with the terminal's
-/// nonce become events, titles pass, every other OSC is dropped.
+/// nonce become events, titles of printable text pass (written anew), every other OSC and every DCS, SOS, PM
+/// and APC string is dropped. A string ends where a terminal would end it: at BEL or ST, and also at any other
+/// ESC, C1 control, CAN or SUB (what follows is then read afresh), so nothing rides inside a title.
 #[derive(Debug, Default)]
 pub struct MarkParser {
     carry: Vec<u8>,
@@ -92,8 +106,8 @@ impl MarkParser {
         let mut output = Vec::new();
         let mut at = 0;
         while at < data.len() {
-            let Some((start, introducer)) =
-                next_introducer(&data[at..]).map(|(found, len)| (at + found, len))
+            let Some((start, introducer, is_osc)) =
+                next_introducer(&data[at..]).map(|(found, len, is_osc)| (at + found, len, is_osc))
             else {
                 // An introducer may be cut at the end: keep its beginning for the next call.
                 let keep = partial_introducer(&data[at..]);
@@ -104,10 +118,14 @@ impl MarkParser {
             output.extend_from_slice(&data[at..start]);
             let body = start + introducer;
             match terminator(&data[body..]) {
-                Some((length, skip)) => {
+                Some((length, skip, whole)) => {
                     let sequence = &data[body..body + length];
-                    if SHOWN.contains(&osc_number(sequence)) {
-                        output.extend_from_slice(&data[start..body + length + skip]);
+                    if !is_osc || !whole {
+                        // Dropped: a string sequence no device needs, or an OSC cut short.
+                    } else if SHOWN.contains(&osc_number(sequence)) && printable(sequence) {
+                        output.extend_from_slice(b"\x1b]");
+                        output.extend_from_slice(sequence);
+                        output.push(0x07);
                     } else if let Some(event) = self.mark(sequence) {
                         if !output.is_empty() {
                             events.push(ShellEvent::Output(std::mem::take(&mut output)));
@@ -167,16 +185,26 @@ fn osc_number(sequence: &[u8]) -> &[u8] {
     sequence.split(|byte| *byte == b';').next().unwrap_or_default()
 }
 
-/// Where the first OSC introducer in `data` is, and its length.
-fn next_introducer(data: &[u8]) -> Option<(usize, usize)> {
-    INTRODUCERS
-        .iter()
-        .filter_map(|introducer| find(data, introducer).map(|at| (at, introducer.len())))
-        .min()
+/// Where the first string sequence's introducer in `data` is, its length, and whether it opens an OSC.
+fn next_introducer(data: &[u8]) -> Option<(usize, usize, bool)> {
+    // One pass: only ESC and C2 can begin one.
+    data.iter().enumerate().find_map(|(at, byte)| {
+        if !matches!(byte, 0x1b | 0xc2) {
+            return None;
+        }
+        INTRODUCERS
+            .iter()
+            .find(|(introducer, _)| data[at..].starts_with(introducer))
+            .map(|(introducer, is_osc)| (at, introducer.len(), *is_osc))
+    })
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|window| window == needle)
+/// A title's text: no control characters (C0, DEL, C1) at all.
+fn printable(sequence: &[u8]) -> bool {
+    !sequence.iter().any(|byte| *byte < 0x20 || *byte == 0x7f)
+        && !sequence
+            .windows(2)
+            .any(|pair| pair[0] == 0xc2 && (0x80..=0x9f).contains(&pair[1]))
 }
 
 /// How many bytes at the end of `data` begin an introducer (the one byte both start with).
@@ -184,14 +212,31 @@ fn partial_introducer(data: &[u8]) -> usize {
     usize::from(matches!(data.last(), Some(0x1b) | Some(0xc2)))
 }
 
-/// The sequence's length and its terminator's (BEL, ESC \, or the C1 ST U+009C as UTF-8).
-fn terminator(data: &[u8]) -> Option<(usize, usize)> {
-    data.iter().enumerate().find_map(|(at, byte)| match byte {
-        0x07 => Some((at, 1)),
-        0x1b if data.get(at + 1) == Some(&b'\\') => Some((at, 2)),
-        0xc2 if data.get(at + 1) == Some(&0x9c) => Some((at, 2)),
-        _ => None,
-    })
+/// Where a string sequence's body ends: its length, how many bytes end it, and whether it ended properly (BEL,
+/// ESC \ or the C1 ST) rather than cut short — by CAN or SUB (consumed), or by another ESC or C1 control (left
+/// to be read afresh). `None`: not ended yet (a lone ESC or C2 at the end may begin a terminator).
+fn terminator(data: &[u8]) -> Option<(usize, usize, bool)> {
+    for (at, byte) in data.iter().enumerate() {
+        match byte {
+            0x07 => return Some((at, 1, true)),
+            0x18 | 0x1a => return Some((at, 1, false)),
+            0x1b => {
+                return match data.get(at + 1) {
+                    None => None,
+                    Some(b'\\') => Some((at, 2, true)),
+                    Some(_) => Some((at, 0, false)),
+                }
+            }
+            0xc2 => match data.get(at + 1) {
+                None => return None,
+                Some(0x9c) => return Some((at, 2, true)),
+                Some(0x80..=0x9f) => return Some((at, 0, false)),
+                Some(_) => {}
+            },
+            _ => {}
+        }
+    }
+    None
 }
 
 /// `\\` is a backslash, `\xHH` a byte.
@@ -285,6 +330,12 @@ mod tests {
             f\x1b]10;?\x07g\xc2\x9d52;c;eA==\xc2\x9ch\x1b]0;title\x07";
         let events = parser().feed(stream);
         assert_eq!(events, vec![output("abcdelinkfgh\x1b]0;title\x07")], "{events:?}");
+        // Nothing rides inside a title: an OSC 52 after its ESC, a C1 OSC, a CAN; DCS, APC, PM and SOS strings go
+        // whole.
+        let smuggled = b"a\x1b]0;t\x1b]52;c;eA==\x07b\x1b]2;u\xc2\x9d52;c;eA==\x07c\x1b]1;v\x18w\
+            \x1bPq#0;1;2\x1b\\d\x1b_apc\x07e\x1b^pm\x1b\\f\x1bXsos\x1b\\g\xc2\x90dcs\xc2\x9ch\x1b]0;ok\x1b\\";
+        let events = parser().feed(smuggled);
+        assert_eq!(events, vec![output("abcwdefgh\x1b]0;ok\x07")], "{events:?}");
         // Without a nonce (a one-shot command) no mark is trusted at all.
         let marks = b"\x1b]633;D;0;n0nce\x07x";
         assert_eq!(MarkParser::new(None).feed(marks), vec![output("x")]);

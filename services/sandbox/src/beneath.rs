@@ -18,8 +18,9 @@ use rustix::io::Errno;
 
 use crate::policy::UserSwitch;
 
-/// Deepest tree the relay descends into (each level holds a descriptor while it is walked).
-pub const MAX_DEPTH: usize = 512;
+/// Deepest tree the relay descends into (each level holds one descriptor while it is walked). A deeper tree
+/// cannot be measured (it counts as over any quota) nor removed past this depth.
+pub const MAX_DEPTH: usize = 256;
 
 const BENEATH: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
@@ -157,7 +158,14 @@ impl WorkspaceRoot {
         let dir = self.open_dir(path)?;
         rustix::fs::fchown(&dir, Some(uid(owner)), Some(gid(owner))).map_err(failed(path))?;
         rustix::fs::fchmod(&dir, Mode::from_raw_mode(0o700)).map_err(failed(path))?;
-        walk(&dir, path, 0, &mut |parent, name, _| {
+        walk(&dir, path, 0, &mut |parent, name, kind| {
+            // A file with another name elsewhere (a hard link to a file outside) is not handed over.
+            if kind != FileType::Directory
+                && rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok_and(|stat| stat.st_nlink > 1)
+            {
+                return Ok(());
+            }
             rustix::fs::chownat(
                 parent,
                 name,
@@ -169,20 +177,29 @@ impl WorkspaceRoot {
         })
     }
 
-    /// The bytes the tree at `path` holds on disk (allocated blocks), its links not followed; 0 when it cannot
-    /// be opened.
+    /// The bytes the tree at `path` holds on disk (allocated blocks), its links not followed; 0 when it does
+    /// not exist, `u64::MAX` when it cannot be measured whole (nested deeper than [`MAX_DEPTH`], or unreadable):
+    /// what cannot be measured counts as over any quota.
     pub fn disk_usage(&self, path: &Path) -> u64 {
-        let Ok(dir) = self.open_dir(path) else {
-            return 0;
+        let dir = match self.open_dir(path) {
+            Ok(dir) => dir,
+            Err(error) if error.not_found() => return 0,
+            Err(_) => return u64::MAX,
         };
         let mut total = rustix::fs::fstat(&dir).map(|stat| blocks(&stat)).unwrap_or(0);
-        let _ = walk(&dir, path, 0, &mut |parent, name, _| {
+        let walked = walk(&dir, path, 0, &mut |parent, name, _| {
             if let Ok(stat) = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
                 total = total.saturating_add(blocks(&stat));
             }
             Ok(())
         });
-        total
+        match walked {
+            Ok(()) => total,
+            Err(error) => {
+                tracing::warn!(%error, "a tree could not be measured whole: it counts as over its quota");
+                u64::MAX
+            }
+        }
     }
 
     /// Remove `path` (a file, a link — itself — or a whole tree). Missing is not an error.
@@ -320,8 +337,23 @@ fn is_link(dir: &impl AsFd, rest: &Path) -> bool {
         .is_ok_and(|stat| FileType::from_raw_mode(stat.st_mode) == FileType::Symlink)
 }
 
+/// The entries of `dir` but `.` and `..`, with their kinds, read whole (the listing's descriptor is closed
+/// before the caller descends: one descriptor per level).
+fn entries(dir: &OwnedFd, shown_as: &Path) -> Result<Vec<(std::ffi::CString, FileType)>, BeneathError> {
+    let mut listed = Vec::new();
+    for entry in rustix::fs::Dir::read_from(dir).map_err(failed(shown_as))? {
+        let entry = entry.map_err(failed(shown_as))?;
+        let name = entry.file_name();
+        if name != c"." && name != c".." {
+            listed.push((name.to_owned(), entry.file_type()));
+        }
+    }
+    Ok(listed)
+}
+
 /// Call `visit(parent, name, kind)` for every entry beneath `dir` (depth first, a directory after its
-/// entries), descending into directories only (by descriptor, `O_NOFOLLOW`).
+/// entries), descending into directories only (by descriptor, `O_NOFOLLOW`). A part that cannot be walked
+/// (deeper than [`MAX_DEPTH`]) does not stop its siblings'; the first such error is returned at the end.
 fn walk(
     dir: &OwnedFd,
     shown_as: &Path,
@@ -331,27 +363,26 @@ fn walk(
     if depth >= MAX_DEPTH {
         return Err(BeneathError::TooDeep(shown(shown_as)));
     }
-    let entries = rustix::fs::Dir::read_from(dir).map_err(failed(shown_as))?;
-    for entry in entries {
-        let entry = entry.map_err(failed(shown_as))?;
-        let name = entry.file_name();
-        if name == c"." || name == c".." {
-            continue;
-        }
-        if entry.file_type() == FileType::Directory {
+    let mut first_error = None;
+    for (name, kind) in entries(dir, shown_as)? {
+        if kind == FileType::Directory {
             if let Ok(child) = rustix::fs::openat2(
                 dir,
-                name,
+                name.as_c_str(),
                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::empty(),
                 BENEATH,
             ) {
-                walk(&child, shown_as, depth + 1, visit)?;
+                if let Err(error) = walk(&child, shown_as, depth + 1, visit) {
+                    first_error.get_or_insert(error);
+                }
             }
         }
-        visit(dir, name, entry.file_type()).map_err(failed(shown_as))?;
+        if let Err(errno) = visit(dir, name.as_c_str(), kind) {
+            first_error.get_or_insert(failed(shown_as)(errno));
+        }
     }
-    Ok(())
+    first_error.map_or(Ok(()), Err)
 }
 
 /// Remove entry `name` of `parent`: unlinked, or (a directory) emptied by descriptor and removed.
@@ -379,17 +410,17 @@ fn remove_entry(parent: &OwnedFd, name: &OsStr, shown_as: &Path, depth: usize) -
         }
         Err(errno) => return Err(failed(shown_as)(errno)),
     };
-    let names: Vec<std::ffi::OsString> = rustix::fs::Dir::read_from(&dir)
-        .map_err(failed(shown_as))?
-        .flatten()
-        .map(|entry| {
-            use std::os::unix::ffi::OsStrExt;
-            OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string()
-        })
-        .filter(|name| name != "." && name != "..")
-        .collect();
-    for child in names {
-        remove_entry(&dir, &child, shown_as, depth + 1)?;
+    let mut first_error = None;
+    for (child, _) in entries(&dir, shown_as)? {
+        use std::os::unix::ffi::OsStrExt;
+        let child = OsStr::from_bytes(child.to_bytes());
+        if let Err(error) = remove_entry(&dir, child, shown_as, depth + 1) {
+            first_error.get_or_insert(error);
+        }
+    }
+    drop(dir);
+    if let Some(error) = first_error {
+        return Err(error);
     }
     match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
         Ok(()) | Err(Errno::NOENT) => Ok(()),
@@ -442,6 +473,33 @@ mod tests {
     }
 
     #[test]
+    fn a_tree_deeper_than_the_walk_counts_as_over_quota_and_its_siblings_are_still_removed() {
+        let (top, ws, _outside) = setup();
+        let root = top.path().join("root");
+        // Made level by level: the whole path is longer than one system call takes.
+        let mut dir = std::fs::File::open(&root).expect("root");
+        for name in ["acme", "deep"]
+            .into_iter()
+            .chain(std::iter::repeat_n("d", MAX_DEPTH + 2))
+        {
+            let _ = rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o755));
+            dir = std::fs::File::from(
+                rustix::fs::openat(&dir, name, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+                    .expect("open"),
+            );
+        }
+        assert_eq!(
+            ws.disk_usage(&root.join("acme")),
+            u64::MAX,
+            "unmeasurable counts as over"
+        );
+        std::fs::write(root.join("acme/sibling"), "x").expect("write");
+        assert!(ws.remove(&root.join("acme")).is_err(), "the deep part stays");
+        assert!(!root.join("acme/sibling").exists(), "its siblings went");
+        assert!(!root.join("acme/default").exists());
+    }
+
+    #[test]
     fn creating_never_goes_through_a_link_and_measuring_never_follows_one() {
         let (top, ws, outside) = setup();
         let root = top.path().join("root");
@@ -462,7 +520,9 @@ mod tests {
             "the link is not followed"
         );
         assert!(inside > 0);
-        assert_eq!(ws.disk_usage(&root.join("acme/link")), 0);
+        // A tree measured through a link is not measured: it counts as over any quota.
+        assert_eq!(ws.disk_usage(&root.join("acme/link")), u64::MAX);
+        assert_eq!(ws.disk_usage(&root.join("acme/missing")), 0);
         // A file written beneath never lands through a link.
         assert!(ws.write_file(&root.join("acme/link/marker"), b"x").is_err());
         assert!(!outside.join("marker").exists());

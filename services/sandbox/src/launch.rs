@@ -128,10 +128,27 @@ impl Launcher {
         let SandboxCommand { command, network } = command;
         let mut child = crate::spawner::spawn(command).await?;
         if let Some(network) = network {
-            if let Err(error) = network.connect().await {
+            let pid = child.id().unwrap_or_default();
+            let connected = tokio::time::timeout(crate::network::SETUP_TIMEOUT, network.connect(pid))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(crate::network::NetworkError::Pasta(format!(
+                        "no network within {:?}",
+                        crate::network::SETUP_TIMEOUT
+                    )))
+                });
+            if let Err(error) = connected {
                 let _ = child.start_kill();
                 let _ = child.wait().await;
-                return Err(error.into());
+                // What bubblewrap said, if it failed first (its stderr is the sandbox's).
+                let mut said = String::new();
+                if let Some(stderr) = child.stderr.take() {
+                    use tokio::io::AsyncReadExt;
+                    let mut stderr = stderr.take(4096);
+                    let read = stderr.read_to_string(&mut said);
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), read).await;
+                }
+                return Err(std::io::Error::other(format!("{error} {}", said.trim())));
             }
         }
         Ok(child)

@@ -11,9 +11,10 @@
 //!
 //! The order: bubblewrap makes the namespaces and waits (`--block-fd`) while it reports its child's pid
 //! (`--info-fd`); the relay opens that child's network (and, unprivileged, user) namespace, starts `pasta` on
-//! them (it daemonizes once the namespace's interface, address, routes and resolver forwarding are set up, and
-//! exits when the namespace goes), then lets the sandbox go on. Nothing runs in the sandbox before its network
-//! is ready; when `pasta` fails, the sandbox is killed.
+//! them in the foreground (it writes its pid, to a pipe of the relay's, once the namespace's interface,
+//! address and routes are set up), then lets the sandbox go on. pasta is the relay's child: it is killed when
+//! the sandbox's bubblewrap exits (watched by pidfd) and dies with the relay (parent-death signal). Nothing runs
+//! in the sandbox before its network is ready; when `pasta` fails, the sandbox is killed.
 
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -25,7 +26,7 @@ use std::time::Duration;
 pub const FAILED: &str = "pasta could not connect the sandbox's network";
 
 /// How long bubblewrap may take to report its child, and `pasta` to set the namespace up.
-const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a sandbox's network could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -88,56 +89,48 @@ impl SandboxNetwork {
         ))
     }
 
-    /// Connect the sandbox's network (bubblewrap was started with the other ends), then let it go on.
-    pub async fn connect(self) -> Result<(), NetworkError> {
-        let run = tokio::task::spawn_blocking(move || self.connect_blocking());
-        match tokio::time::timeout(SETUP_TIMEOUT, run).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(error)) => Err(NetworkError::Pasta(error.to_string())),
-            Err(_) => Err(NetworkError::Pasta(format!(
-                "no network within {SETUP_TIMEOUT:?}"
-            ))),
-        }
-    }
-
-    fn connect_blocking(self) -> Result<(), NetworkError> {
-        let pid = child_pid(self.info)?;
-        let namespace = |kind: &str| {
-            rustix::fs::open(
-                format!("/proc/{pid}/ns/{kind}"),
-                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .map_err(|errno| NetworkError::Namespace(errno.into()))
-        };
-        let network = namespace("net")?;
-        let mut command = std::process::Command::new(&self.pasta);
+    /// Connect the sandbox's network (bubblewrap, process `sandbox`, was started with the other ends), then let
+    /// it go on. pasta runs in the foreground as this process's child (started from the sandbox spawner thread,
+    /// with the parent-death signal: it dies with the relay), and is killed when the sandbox's bubblewrap exits.
+    pub async fn connect(self, sandbox: u32) -> Result<(), NetworkError> {
+        let SandboxNetwork {
+            pasta,
+            info,
+            release,
+            user_namespace,
+            loopback_ports,
+        } = self;
+        let pid = tokio::task::spawn_blocking(move || child_pid(info))
+            .await
+            .map_err(|error| NetworkError::NoChild(error.to_string()))??;
+        let network = rustix::fs::open(
+            format!("/proc/{pid}/ns/net"),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|errno| NetworkError::Namespace(errno.into()))?;
+        // pasta writes its pid here once the namespace is set up: the sign it is ready.
+        let (ready_read, ready_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|errno| NetworkError::Pasta(errno.to_string()))?;
+        let mut command = tokio::process::Command::new(&pasta);
         // As root, pasta keeps the privilege it needs to enter a namespace of the initial user namespace (it
         // confines itself); otherwise it joins the tenant's user namespace, which this user owns.
         if crate::running_as_root() {
             command.args(["--runas", "0"]);
         }
-        let loopback = if self.loopback_ports.is_empty() {
+        let loopback = if loopback_ports.is_empty() {
             "none".to_string()
         } else {
-            let ports: Vec<String> = self.loopback_ports.iter().map(u16::to_string).collect();
+            let ports: Vec<String> = loopback_ports.iter().map(u16::to_string).collect();
             ports.join(",")
         };
-        command.args([
-            "--quiet",
-            "--config-net",
-            "--no-map-gw",
-            "-t",
-            "none",
-            "-u",
-            "none",
-            "-T",
-            &loopback,
-            "-U",
-            "none",
-        ]);
-        let mut inherited = vec![network.as_raw_fd()];
-        if let Some(user) = &self.user_namespace {
+        command
+            .args(["--foreground", "--quiet", "--config-net", "--no-map-gw"])
+            .args(["-t", "none", "-u", "none", "-T", &loopback, "-U", "none"])
+            .arg("--pid")
+            .arg(format!("/proc/self/fd/{}", ready_write.as_raw_fd()));
+        let mut inherited = vec![network.as_raw_fd(), ready_write.as_raw_fd()];
+        if let Some(user) = &user_namespace {
             command
                 .arg("--userns")
                 .arg(format!("/proc/self/fd/{}", user.as_raw_fd()));
@@ -149,33 +142,75 @@ impl SandboxNetwork {
             .env_clear()
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
-        // SAFETY: the closure only calls fcntl(2) (async-signal-safe) on descriptors that stay open until the
-        // command has been spawned.
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        // SAFETY: the closure only calls fcntl(2) and prctl(2) (async-signal-safe) on descriptors that stay open
+        // until the command has been spawned.
         unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+            command.pre_exec(move || {
                 for fd in &inherited {
                     if libc::fcntl(*fd, libc::F_SETFD, 0) == -1 {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 Ok(())
             });
         }
-        // pasta forks into the background once the namespace is set up; its first process exits then.
-        let output = command
-            .output()
-            .map_err(|error| NetworkError::Pasta(format!("{}: {error}", self.pasta.display())))?;
-        drop(network);
-        if !output.status.success() {
-            return Err(NetworkError::Pasta(
-                String::from_utf8_lossy(&output.stderr).trim().to_string(),
-            ));
+        let mut child = crate::spawner::spawn(command)
+            .await
+            .map_err(|error| NetworkError::Pasta(format!("{}: {error}", pasta.display())))?;
+        drop((network, ready_write, user_namespace));
+        let ready = tokio::task::spawn_blocking(move || {
+            // Its pid and a newline (pasta keeps the file open while it runs: read up to the line's end).
+            let mut said = Vec::new();
+            let mut file = std::fs::File::from(ready_read);
+            let mut chunk = [0_u8; 32];
+            while !said.ends_with(b"\n") && said.len() < 64 {
+                match file.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => said.extend_from_slice(&chunk[..n]),
+                }
+            }
+            said
+        })
+        .await
+        .map_err(|error| NetworkError::Pasta(error.to_string()))?;
+        if !ready.ends_with(b"\n") {
+            // pasta ended (or closed its pid file) without saying it was ready.
+            let _ = child.start_kill();
+            let mut said = String::new();
+            if let Some(stderr) = child.stderr.take() {
+                use tokio::io::AsyncReadExt;
+                let mut stderr = stderr.take(4096);
+                let _ = stderr.read_to_string(&mut said).await;
+            }
+            return Err(NetworkError::Pasta(said.trim().to_string()));
         }
-        rustix::io::write(&self.release, b"1")
-            .map(|_| ())
-            .map_err(|errno| NetworkError::Pasta(format!("cannot release the sandbox: {errno}")))
+        rustix::io::write(&release, b"1")
+            .map_err(|errno| NetworkError::Pasta(format!("cannot release the sandbox: {errno}")))?;
+        tokio::spawn(outlive_not(sandbox, child));
+        Ok(())
     }
+}
+
+/// Kill pasta (`child`) once the sandbox's bubblewrap (`sandbox`) has exited (its pidfd becomes readable).
+async fn outlive_not(sandbox: u32, mut child: tokio::process::Child) {
+    let watched = i32::try_from(sandbox)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::NONBLOCK).ok())
+        // SAFETY: the pidfd is owned by the AsyncFd and stays open (and registered) as long as it lives.
+        .and_then(|pidfd| unsafe { tokio::io::unix::AsyncFd::register(pidfd) }.ok());
+    if let Some(watched) = watched {
+        tokio::select! {
+            _ = watched.readable() => {}
+            _ = child.wait() => return,
+        }
+    }
+    let _ = child.kill().await;
 }
 
 /// The pid bubblewrap reports on its info pipe (`{"child-pid": N, …}`).

@@ -87,6 +87,9 @@ impl Host {
     ) -> Option<CommandReply> {
         let params: ResolveSessionConfigParams = message.parse_params().ok()?;
         let directory = params.working_directory.clone()?;
+        if let Err(refused) = self.with_core(|core| core.scope_reaches(connection, &directory)) {
+            return Some(answer(message.id, Err(refused)));
+        }
         let (files, tenant) = self.files_for(connection)?;
         let (current, branches) = branches_of(&files, &tenant, &directory).await?;
         let resolved = self.with_core(|core| core.resolved_config(&params));
@@ -125,6 +128,9 @@ impl Host {
             return None;
         }
         let directory = params.working_directory.clone()?;
+        if let Err(refused) = self.with_core(|core| core.scope_reaches(connection, &directory)) {
+            return Some(answer(message.id, Err(refused)));
+        }
         let (files, tenant) = self.files_for(connection)?;
         let (_, branches) = branches_of(&files, &tenant, &directory).await.unwrap_or_default();
         let query = params.query.unwrap_or_default().to_lowercase();

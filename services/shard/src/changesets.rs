@@ -826,6 +826,7 @@ impl HostCore {
         let workspace = self
             .working_directory_of(&session)
             .ok_or_else(|| RpcError::internal("this session has no working directory here"))?;
+        self.scope_reaches(connection, &workspace)?;
         // The files the target names (by id, or by either side's file URI).
         let targeted: Vec<String> = match &params.target {
             Some(ChangesetOperationTarget::Resource { resource, .. }) => {

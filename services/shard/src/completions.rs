@@ -110,6 +110,8 @@ impl crate::host::Host {
             core.client_id(connection).ok()?;
             let session = core.model.chats.get(&params.channel)?.session.clone();
             let workspace = core.working_directory_of(&session)?;
+            // A host-scoped token completes files of its hosts' directories only.
+            core.scope_reaches(connection, &workspace).ok()?;
             Some((
                 core.providers.files()?.clone(),
                 core.key.tenant.clone(),

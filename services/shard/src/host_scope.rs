@@ -52,6 +52,26 @@ pub(crate) fn check_directory(
     scope_for(identity, tenant_root, path).map(|_| ())
 }
 
+impl crate::host::HostCore {
+    /// Whether `connection`'s token reaches `directory` (a working directory it names, or the one of a session
+    /// it acts on): always for a token of the whole tenant; -32009 for a host-scoped token elsewhere.
+    pub(crate) fn scope_reaches(
+        &self,
+        connection: relay_core::ConnectionId,
+        directory: &str,
+    ) -> Result<(), RpcError> {
+        let identity = &self.connection(connection)?.identity;
+        if identity.hosts.is_none() {
+            return Ok(());
+        }
+        let root = self
+            .providers
+            .files()
+            .and_then(|files| files.tenant_root(&self.key.tenant));
+        check_directory(identity, root.as_deref(), directory)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -227,7 +227,7 @@ async fn switch_branch(place: &Place, spec: &relay_sandbox::SandboxSpec, branch:
     }
     let failed = |why: String| format!("cannot switch to branch {branch}: {why}");
     // The drivers the repository defines, as git reads them (in the sandbox), each forced empty for the switch.
-    let (listed, _) = git_in_sandbox(
+    let (listed, listing) = git_in_sandbox(
         place,
         spec,
         &crate::git::ForcedConfig::base(),
@@ -235,6 +235,13 @@ async fn switch_branch(place: &Place, spec: &relay_sandbox::SandboxSpec, branch:
     )
     .await
     .map_err(failed)?;
+    // A listing that failed or was cut could leave a driver unforced.
+    listing.map_err(failed)?;
+    if listed.len() >= LISTING_MAX {
+        return Err(failed(
+            "the repository's configuration is too large to check".into(),
+        ));
+    }
     if crate::git::ForcedConfig::names_unforceable(&listed) {
         return Err(failed(
             "the repository's configuration has names that are not UTF-8".into(),
@@ -246,6 +253,9 @@ async fn switch_branch(place: &Place, spec: &relay_sandbox::SandboxSpec, branch:
         .map_err(failed)?;
     status.map_err(failed)
 }
+
+/// The most of a git's output read (a configuration's names); reaching it is an error for the listing.
+const LISTING_MAX: usize = 1024 * 1024;
 
 /// Run git with `args` and the `forced` configuration in the session's sandbox: its output (at most 1 MiB), and
 /// whether it succeeded (else what it said).
@@ -269,7 +279,7 @@ async fn git_in_sandbox(
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let read_out = async {
         if let Some(stdout) = stdout {
-            let _ = stdout.take(1024 * 1024).read_to_end(&mut out).await;
+            let _ = stdout.take(LISTING_MAX as u64).read_to_end(&mut out).await;
         }
     };
     let read_err = async {

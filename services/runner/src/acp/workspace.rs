@@ -244,7 +244,7 @@ impl Workspaces {
         [self.tenant_dir(tenant), self.tenant_private_dir(tenant)]
             .iter()
             .map(|dir| self.opened.disk_usage(dir))
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     /// The session is gone: remove its own working directory (not a shared one a client named) and its
