@@ -103,6 +103,12 @@ impl SandboxNetwork {
         let pid = tokio::task::spawn_blocking(move || child_pid(info))
             .await
             .map_err(|error| NetworkError::NoChild(error.to_string()))??;
+        // bubblewrap's child sets up its loopback interface before it blocks on the release pipe; pasta
+        // configuring the namespace at the same time races it (`bwrap: loopback: Failed RTM_NEWADDR`). So pasta
+        // starts once the child sleeps reading that pipe.
+        tokio::task::spawn_blocking(move || blocked_on_a_pipe(pid))
+            .await
+            .map_err(|error| NetworkError::NoChild(error.to_string()))??;
         let network = rustix::fs::open(
             format!("/proc/{pid}/ns/net"),
             rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
@@ -211,6 +217,26 @@ async fn outlive_not(sandbox: u32, mut child: tokio::process::Child) {
         }
     }
     let _ = child.kill().await;
+}
+
+/// Wait until process `pid` sleeps reading a pipe (its kernel wait channel is `[anon_]pipe_read`), polling every
+/// millisecond; an error if it goes first. A kernel that does not show wait channels (always `0`) is waited on
+/// for two seconds at most.
+fn blocked_on_a_pipe(pid: i32) -> Result<(), NetworkError> {
+    let path = format!("/proc/{pid}/wchan");
+    for _ in 0..2000 {
+        match std::fs::read_to_string(&path) {
+            // `pipe_read`, or `anon_pipe_read` on newer kernels.
+            Ok(channel) if channel.ends_with("pipe_read") => return Ok(()),
+            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+            Err(error) => {
+                return Err(NetworkError::NoChild(format!(
+                    "the sandbox's process ended while it was set up: {error}"
+                )))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The pid bubblewrap reports on its info pipe (`{"child-pid": N, …}`).
