@@ -260,17 +260,7 @@ fn restrict(confinement: &Confinement) -> Result<Enforced, ConfineError> {
         (&confinement.readable, file_read),
     ];
     for (paths, access) in rules {
-        for path in paths {
-            // A path this system lacks (e.g. /opt) is simply not granted.
-            let Some(fd) = open_path(path) else { continue };
-            let access = if is_directory(path) {
-                access
-            } else {
-                // Rights on a file must be file rights only.
-                access & AccessFs::from_file(abi)
-            };
-            created = created.add_rule(PathBeneath::new(fd, access))?;
-        }
+        created = grant(created, paths, access)?;
     }
     if let Egress::Ports(ports) = &confinement.egress {
         for port in ports {
@@ -288,6 +278,26 @@ fn restrict(confinement: &Confinement) -> Result<Enforced, ConfineError> {
         port_rules,
         scoped: landlock_abi() >= 6,
     })
+}
+
+/// `created` with `access` beneath each of `paths`: a path this system lacks (e.g. /opt) is simply not granted,
+/// and a file gets file rights only.
+fn grant<P: AsRef<Path>>(
+    mut created: landlock::RulesetCreated,
+    paths: &[P],
+    access: landlock::BitFlags<AccessFs>,
+) -> Result<landlock::RulesetCreated, ConfineError> {
+    for path in paths {
+        let path = path.as_ref();
+        let Some(fd) = open_path(path) else { continue };
+        let access = if is_directory(path) {
+            access
+        } else {
+            access & AccessFs::from_file(TARGET_ABI)
+        };
+        created = created.add_rule(PathBeneath::new(fd, access))?;
+    }
+    Ok(created)
 }
 
 fn open_path(path: &Path) -> Option<PathFd> {
@@ -343,15 +353,7 @@ impl Narrowing {
             ),
         ];
         for (paths, access) in rules {
-            for path in paths {
-                let Some(fd) = open_path(path) else { continue };
-                let access = if is_directory(path) {
-                    access
-                } else {
-                    access & AccessFs::from_file(abi)
-                };
-                created = created.add_rule(PathBeneath::new(fd, access))?;
-            }
+            created = grant(created, paths, access)?;
         }
         Ok(Narrowing {
             ruleset: Some(created),
