@@ -159,7 +159,8 @@ fn own_users() -> String {
 }
 
 /// The agents file: the scripted agent, with tenant b's own credential in a secret file, and limits small
-/// enough to cross quickly (64 MiB files, 1 MiB of output per turn, 256 processes per tenant). `system_paths`
+/// enough to cross quickly (64 MiB files, 1 MiB of output per turn, 256 processes per tenant); workspaces are
+/// measured, and disposed sessions' directories swept after a retention, every second. `system_paths`
 /// are given to agents to read, as an operator might by mistake: the relay's secrets inside must stay hidden.
 fn agents_file(config: &Path, workspace: &Path, b_key: &Path, system_paths: &[&Path]) -> PathBuf {
     let file = config.join("agents.toml");
@@ -173,6 +174,8 @@ processes_per_tenant = 256
 output_bytes_per_second = 524288
 output_bytes_per_turn = 1048576
 workspace_bytes_per_tenant = 1073741824
+workspace_check_seconds = 1
+workspace_retention_seconds = 1
 
 [[agent]]
 id = "shell"
@@ -1792,6 +1795,84 @@ async fn without_a_working_sandbox_agents_are_refused_unless_the_operator_says_o
     assert!(visible > 5, "{said}");
 }
 
+/// Issue 32: where pasta cannot give agents a network namespace of their own (here: not installed), agents with
+/// port egress would share the relay's (its loopback services on their ports, listening on its addresses): the
+/// relay refuses to start and says why, unless the operator opts in; agents without egress need no namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_network_of_their_own_agents_with_ports_are_refused_unless_the_operator_says_otherwise() {
+    let workspace = tempfile::tempdir().expect("workspace");
+    let config = tempfile::tempdir().expect("config");
+    let data = tempfile::tempdir().expect("data");
+    let agents = |egress: &str| {
+        let file = config.path().join(format!("agents-{}.toml", egress.len()));
+        std::fs::write(
+            &file,
+            format!(
+                "workspace_root = {:?}\n\n{}\n[[agent]]\nid = \"shell\"\ndisplay_name = \"Shell\"\ncommand = {:?}\nenv = [\"PATH\"]\n{egress}\n",
+                workspace.path().display().to_string(),
+                own_users(),
+                env!("CARGO_BIN_EXE_ahp-relay-test-agent"),
+            ),
+        )
+        .expect("agents file");
+        file.display().to_string()
+    };
+    let with_ports = agents("");
+    let refused = tokio::time::timeout(
+        PATIENCE,
+        Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--pasta",
+                "/nonexistent/pasta",
+                "--agents",
+                &with_ports,
+            ])
+            .arg("--data-dir")
+            .arg(data.path())
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .expect("serve exited")
+    .expect("run");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "serve started agents with port egress in its own network namespace"
+    );
+    assert!(
+        said.contains("network namespace of its own") && said.contains("--unsafe-shared-network"),
+        "{said}"
+    );
+    // An agent without egress needs no namespace of its own: it runs.
+    let relay = Relay::start_with(&[
+        "--agents",
+        &agents("egress = \"none\""),
+        "--pasta",
+        "/nonexistent/pasta",
+    ])
+    .await;
+    let (a, _) = relay.client_as("a", "ana", Role::Member, "ana").await;
+    let chat = shell_session(&a, "offline").await;
+    assert!(sh(&a, &chat, "t1", "echo fine").await.contains("fine"));
+    drop(relay);
+    // The operator's explicit choice: agents with ports run in the relay's network namespace.
+    let relay = Relay::start_with(&[
+        "--agents",
+        &with_ports,
+        "--pasta",
+        "/nonexistent/pasta",
+        "--unsafe-shared-network",
+    ])
+    .await;
+    let (a, _) = relay.client_as("a", "ana", Role::Member, "ana").await;
+    let chat = shell_session(&a, "shared").await;
+    assert!(sh(&a, &chat, "t1", "echo fine").await.contains("fine"));
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The relay as deputy (issue 32): what the relay does for a tenant outside any sandbox, as root, never follows a
 // link the tenant planted.
@@ -1970,7 +2051,9 @@ async fn relay_as_deputy(
             .await
             .expect("disposeSession");
     }
-    // The disposals reached the workspace (the sessions' private directories went), nothing through the link.
+    // The disposals reached the workspace, nothing through the link: with a retention (1 s) disposal marks the
+    // sessions' private directories and the workspace sweep removes them, in a round of the runner's upkeep
+    // that first walks tenant a's workspace for its quota, the link in place.
     let gone = tokio::time::timeout(PATIENCE, async {
         while names
             .iter()

@@ -24,6 +24,11 @@ pub struct SandboxArgs {
     /// agent with port egress.
     #[arg(long, env = "AHP_RELAY_PASTA")]
     pub pasta: Option<PathBuf>,
+    /// Where pasta cannot give agents a network namespace of their own (not installed, or no `/dev/net/tun`),
+    /// let agents with port egress share this process's network namespace instead of refusing to start: they
+    /// can then reach its loopback services on their allowed ports and listen on its addresses.
+    #[arg(long, env = "AHP_RELAY_UNSAFE_SHARED_NETWORK")]
+    pub unsafe_shared_network: bool,
 }
 
 /// What the process knows agents must not reach.
@@ -108,6 +113,27 @@ pub async fn sandboxes(
         )
     })?;
     let enforced = sandbox.enforced().clone();
+    if let Err(why) = sandbox.own_network() {
+        let with_ports = file
+            .agents
+            .iter()
+            .find(|agent| matches!(agent.egress, Egress::Ports(_)));
+        if let Some(agent) = with_ports {
+            anyhow::ensure!(
+                args.unsafe_shared_network,
+                "agent {}: its port egress needs a network namespace of its own, which this machine cannot make: \
+                 {why}. Install passt and give this process /dev/net/tun, give every agent egress = \"none\", or \
+                 start with --unsafe-shared-network to let agents share this process's network namespace (they \
+                 can then reach its loopback services on their ports and listen on its addresses)",
+                agent.id
+            );
+            tracing::warn!(
+                %why,
+                "--unsafe-shared-network: agents with port egress share this process's network namespace: they \
+                 can reach its loopback services on their ports and listen on its addresses"
+            );
+        }
+    }
     let needs_ports = file.agents.iter().any(|agent| agent.egress.needs_port_rules());
     anyhow::ensure!(
         !needs_ports || enforced.port_rules,

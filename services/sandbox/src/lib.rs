@@ -102,6 +102,8 @@ pub struct Sandbox {
     /// pasta, which connects the network namespace of a sandbox with port egress ([`network`]); `None` where
     /// it is missing or cannot work here (such sandboxes then share this process's network namespace).
     pasta: Option<PathBuf>,
+    /// Why sandboxes with port egress cannot have a network namespace of their own here, if they cannot.
+    no_own_network: Option<String>,
 }
 
 impl Sandbox {
@@ -114,10 +116,11 @@ impl Sandbox {
         if confine::landlock_abi() < 1 {
             return Err(SandboxUnavailable::NoLandlock);
         }
-        let pasta = settings.pasta.clone().or_else(|| find_on_path("pasta"));
-        if pasta.is_none() {
-            tracing::warn!("{}", SandboxUnavailable::NoPasta);
-        }
+        let pasta = match &settings.pasta {
+            Some(path) => path.is_file().then(|| path.clone()),
+            None => find_on_path("pasta"),
+        };
+        let no_own_network = pasta.is_none().then(|| SandboxUnavailable::NoPasta.to_string());
         let privilege = if running_as_root() {
             Privilege::Root
         } else {
@@ -169,16 +172,16 @@ impl Sandbox {
             helper,
             namespaces: namespaces::TenantNamespaces::default(),
             pasta,
+            no_own_network,
         };
         let mut outcome = run_probe(&sandbox, &spec).await;
         if let Err(message) = &outcome {
             if message.contains(network::FAILED) {
-                // A container without /dev/net/tun (or not for this user): no namespace of their own.
-                tracing::warn!(
-                    %message,
-                    "agents with port egress share this process's network namespace: they can reach its \
-                     loopback services on their ports and listen on its addresses (give pasta /dev/net/tun)"
-                );
+                // A container without /dev/net/tun (or not for this user): no namespace of their own. Whether
+                // agents may then share this process's is the operator's call ([`Sandbox::own_network`]).
+                sandbox.no_own_network = Some(format!(
+                    "pasta cannot connect a network namespace here (give it /dev/net/tun): {message}"
+                ));
                 sandbox.pasta = None;
                 outcome = run_probe(&sandbox, &spec).await;
             }
@@ -194,6 +197,15 @@ impl Sandbox {
         let _ = std::fs::remove_dir_all(&scratch);
         sandbox.enforced = outcome.map_err(SandboxUnavailable::ProbeFailed)?;
         Ok(sandbox)
+    }
+
+    /// Whether sandboxes with port egress get a network namespace of their own here, or why not (they would
+    /// then share this process's: reach its loopback services on their ports, listen on its addresses).
+    pub fn own_network(&self) -> Result<(), &str> {
+        match &self.no_own_network {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
     }
 
     /// What Landlock enforces on this kernel.
