@@ -960,3 +960,43 @@ async fn failed_authentications_are_throttled_per_address() {
     assert!(refused <= 21 && throttled >= 19, "{statuses:?}");
     assert!(statuses.iter().all(|status| matches!(status, 401 | 429)));
 }
+
+/// Issue 32: behind a proxy the operator trusts (`--trusted-proxies`), failures are throttled per client as
+/// `X-Forwarded-For` names it, not per proxy: one client's guesses do not lock out every member behind the same
+/// proxy; a client's own `X-Forwarded-For` is not believed from an untrusted peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_trusted_proxy_failures_are_throttled_per_forwarded_client() {
+    let status_from = |relay_url: String, forwarded_for: &'static str| async move {
+        let mut request = format!("{relay_url}?access_token=not-a-jwt")
+            .into_client_request()
+            .expect("request");
+        request
+            .headers_mut()
+            .insert("X-Forwarded-For", forwarded_for.parse().expect("header"));
+        match tokio_tungstenite::connect_async(request).await {
+            Ok(_) => 101,
+            Err(WsError::Http(response)) => response.status().as_u16(),
+            Err(other) => panic!("unexpected error: {other}"),
+        }
+    };
+    let relay = Relay::start_with(&["--trusted-proxies", "127.0.0.0/8"]).await;
+    let mut guesser = Vec::new();
+    for _ in 0..40 {
+        guesser.push(status_from(relay.url(), "198.51.100.1").await);
+    }
+    assert!(
+        guesser.iter().filter(|status| **status == 429).count() >= 19,
+        "the guessing client is throttled: {guesser:?}"
+    );
+    assert_eq!(
+        status_from(relay.url(), "198.51.100.2").await,
+        401,
+        "another client behind the same proxy is not throttled"
+    );
+    // Not trusted (the default): the header is the client's own word, and the peer is throttled.
+    let relay = Relay::start().await;
+    for _ in 0..25 {
+        status_from(relay.url(), "198.51.100.1").await;
+    }
+    assert_eq!(status_from(relay.url(), "198.51.100.2").await, 429);
+}

@@ -181,3 +181,35 @@ async fn a_tenants_connection_quota_holds_across_gateways() {
     assert_eq!(status(&gateway2, &tenant).await, 429);
     assert_eq!(status(&gateway2, &unique_tenant()).await, 101);
 }
+
+/// Issue 32 (acceptance 4) across gateways: viewers of a tenant spread over two gateways sharing a Redis hold at
+/// most all but the members' share of its connections together (with 2 allowed: one viewer in all), so a
+/// member still gets in through either gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn viewers_on_two_gateways_do_not_lock_a_member_out() {
+    let Some(url) = redis_url() else { return };
+    let shard = Shard::start(&["--redis-url", &url]).await;
+    let flags = ["--redis-url", url.as_str(), "--max-connections-per-tenant", "2"];
+    let gateway1 = Relay::gateway_with(&shard.url, &flags).await;
+    let gateway2 = Relay::gateway_with(&shard.url, &flags).await;
+    let tenant = unique_tenant();
+    let url = |relay: &Relay, sub: &str, role: Role| {
+        format!("{}?access_token={}", relay.url(), relay.token(&tenant, sub, role))
+    };
+    let status = |url: String| async move {
+        match tokio_tungstenite::connect_async(url).await {
+            Ok((socket, _)) => (101, Some(socket)),
+            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => (response.status().as_u16(), None),
+            Err(error) => panic!("{error}"),
+        }
+    };
+    let (first, _viewer) = status(url(&gateway1, "vera", Role::Viewer)).await;
+    assert_eq!(first, 101, "a viewer");
+    let (second, _other) = status(url(&gateway2, "victor", Role::Viewer)).await;
+    assert_eq!(
+        second, 429,
+        "a second viewer, through the other gateway, would leave no room for a member"
+    );
+    let (member, _member) = status(url(&gateway2, "ana", Role::Member)).await;
+    assert_eq!(member, 101, "a member gets in");
+}

@@ -52,6 +52,21 @@ async fn contained_as(
     env: &[(&str, &str)],
     markers: &[&str],
 ) -> (Contained, Vec<String>) {
+    contained_with(user, None, args, env, markers).await
+}
+
+/// [`contained_as`], the relay's namespace reading `resolv_conf` as its `/etc/resolv.conf` when one is given.
+async fn contained_with(
+    user: Option<u32>,
+    resolv_conf: Option<&Path>,
+    args: &[String],
+    env: &[(&str, &str)],
+    markers: &[&str],
+) -> (Contained, Vec<String>) {
+    // The mount namespace is the PID namespace's own (`--mount-proc`), private: nothing is bound outside it.
+    let resolver = resolv_conf
+        .map(|file| format!("mount --bind '{}' /etc/resolv.conf || exit 9; ", file.display()))
+        .unwrap_or_default();
     let mut command = Command::new("unshare");
     // As root a PID namespace needs no user namespace; otherwise map the test's user to root in one.
     if unsafe_geteuid() != 0 {
@@ -68,7 +83,7 @@ async fn contained_as(
             "-c",
         ])
         // sh stays the namespace's init (pid 1, which `kill -9 -1` never reaches); the relay is its child.
-        .arg("\"$@\" & wait $!")
+        .arg(format!("{resolver}\"$@\" & wait $!"))
         .arg("sh");
     if let Some(uid) = user {
         command.args([
@@ -1871,6 +1886,104 @@ async fn without_a_network_of_their_own_agents_with_ports_are_refused_unless_the
     let (a, _) = relay.client_as("a", "ana", Role::Member, "ana").await;
     let chat = shell_session(&a, "shared").await;
     assert!(sh(&a, &chat, "t1", "echo fine").await.contains("fine"));
+}
+
+/// A DNS server of the test's on `address`:53 (UDP) that answers every A query with `answer` and every other
+/// query with no record.
+async fn stub_dns(address: &str, answer: [u8; 4]) -> tokio::task::JoinHandle<()> {
+    let socket = tokio::net::UdpSocket::bind((address, 53))
+        .await
+        .expect("bind the stub resolver");
+    tokio::spawn(async move {
+        let mut buffer = [0u8; 512];
+        while let Ok((len, from)) = socket.recv_from(&mut buffer).await {
+            let query = &buffer[..len];
+            // The question: labels up to a zero byte, then its type and class.
+            let Some(end) = query.get(12..).and_then(|q| q.iter().position(|b| *b == 0)) else {
+                continue;
+            };
+            let question = &query[12..12 + end + 5];
+            let is_a = question[end + 1..end + 3] == [0, 1];
+            let mut reply = vec![
+                query[0],
+                query[1],
+                0x81,
+                0x80,
+                0,
+                1,
+                0,
+                u8::from(is_a),
+                0,
+                0,
+                0,
+                0,
+            ];
+            reply.extend_from_slice(question);
+            if is_a {
+                reply.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+                reply.extend_from_slice(&answer);
+            }
+            let _ = socket.send_to(&reply, from).await;
+        }
+    })
+}
+
+/// Issue 32: in a network namespace of its own an agent's loopback is its own, so a host whose resolver is on
+/// the host's loopback (systemd-resolved's 127.0.0.53, Docker's embedded 127.0.0.11) would leave it unable to
+/// resolve any name: its resolver is then the host's, reached through pasta.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_resolves_names_through_a_resolver_on_the_hosts_loopback() {
+    if unsafe_geteuid() != 0 {
+        // A resolver listens on port 53, which needs root; the namespaces too.
+        return;
+    }
+    let top = tempfile::tempdir().expect("top");
+    let (data, workspace, config) = (
+        top.path().join("data"),
+        top.path().join("ws"),
+        top.path().join("config"),
+    );
+    for dir in [&data, &workspace, &config] {
+        std::fs::create_dir_all(dir).expect("mkdir");
+    }
+    let resolver = stub_dns("127.0.0.153", [192, 0, 2, 7]).await;
+    let resolv_conf = config.join("resolv.conf");
+    std::fs::write(
+        &resolv_conf,
+        "nameserver 127.0.0.153\noptions timeout:2 attempts:2\n",
+    )
+    .expect("resolv.conf");
+    let b_key = private_file(&config, "b-agent-key", B_KEY);
+    let agents = agents_file(&config, &workspace, &b_key, &[]);
+    let args: Vec<String> = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &data.display().to_string(),
+        "--agents",
+        &agents.display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (_relay, found) = contained_with(None, Some(&resolv_conf), &args, &[], &["listening on ws://"]).await;
+    let addr = found[0].trim_end_matches("/v1/ws").to_string();
+    let secret = std::fs::read_to_string(data.join("jwt-secret")).expect("jwt-secret");
+    let a = client(&addr, secret.trim().as_bytes(), "a").await;
+    let chat = shell_session(&a, "dns").await;
+    let resolved = sh(
+        &a,
+        &chat,
+        "t1",
+        "getent ahostsv4 relay-check.example || echo UNRESOLVED; grep nameserver /etc/resolv.conf",
+    )
+    .await;
+    assert!(
+        resolved.contains("192.0.2.7"),
+        "the agent resolved no name: {resolved}"
+    );
+    resolver.abort();
 }
 
 // ---------------------------------------------------------------------------------------------------------------

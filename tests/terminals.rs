@@ -804,6 +804,32 @@ async fn only_the_holder_types_and_a_programs_output_forges_nothing() {
     );
     assert!(shown.contains("xlinky"), "the text around them stays: {shown:?}");
     assert_ne!(on_a.state.cwd.as_deref(), Some("file:///etc/shadow"));
+    // A program that looks for the nonce wherever it can read (every process's environment and command line
+    // in the sandbox, the shell's among them) and forges a command's end with each candidate finds nothing.
+    a.dispatch(
+        uri.to_string(),
+        input(
+            "for t in $(cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' | grep -oE '[0-9a-f]{32}' | sort -u); do printf '\\033]633;D;9;%s\\007' \"$t\"; done; echo stolen-$((3+4))\n",
+        ),
+    )
+    .await
+    .expect("type");
+    on_a.until("the searching command's end", |state| {
+        state.content.iter().any(|part| {
+            matches!(part, TerminalContentPart::Command(c)
+                if c.command_line.starts_with("for t in") && c.is_complete && c.output.contains("stolen-7"))
+        })
+    })
+    .await;
+    let finished = on_a.state.content.iter().find_map(|part| match part {
+        TerminalContentPart::Command(c) if c.command_line.starts_with("for t in") => Some(c.exit_code),
+        _ => None,
+    });
+    assert_eq!(
+        finished,
+        Some(Some(0)),
+        "a nonce found in a process's environment or arguments ended the command"
+    );
     // TIOCSTI: pushing input into the terminal from inside it.
     a.dispatch(
         uri.to_string(),

@@ -2,7 +2,9 @@
 //! tokens (to the WebSocket upgrade or `/v1/auth/check`) spends a small burst, then one attempt every few
 //! seconds; past that it gets `429 Too Many Requests` without its token being looked at. Good tokens cost
 //! nothing, and one address's failures never slow another's. The address is the TCP peer's (the relay's
-//! listener records it); behind a proxy that is the proxy's, so the proxy throttles its clients itself.
+//! listener records it) — unless the peer is a proxy the operator trusts (`--trusted-proxies`), whose
+//! `X-Forwarded-For` then names the client: the rightmost address in it that is not a trusted proxy's
+//! ([`TrustedProxies::client_of`]; what a client wrote itself further left is never believed).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -16,6 +18,64 @@ use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
 
 use crate::quotas::TokenBucket;
+
+/// The proxies in front of the gateway whose `X-Forwarded-For` is believed; none by default.
+#[derive(Debug, Clone, Default)]
+pub struct TrustedProxies(Vec<ipnet::IpNet>);
+
+/// A trusted proxy that is neither an address nor a network.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not an IP address or network (e.g. 10.0.0.0/8, 192.0.2.7)")]
+pub struct NotANetwork(String);
+
+impl TrustedProxies {
+    /// From addresses and networks (`10.0.0.0/8`, `192.0.2.7`, `fd00::/8`).
+    pub fn parse(items: &[String]) -> Result<TrustedProxies, NotANetwork> {
+        items
+            .iter()
+            .map(|item| item.trim())
+            .filter(|item| !item.is_empty())
+            .map(|item| {
+                item.parse::<ipnet::IpNet>()
+                    .or_else(|_| item.parse::<IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| NotANetwork(item.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(TrustedProxies)
+    }
+
+    fn trusts(&self, address: &IpAddr) -> bool {
+        self.0.iter().any(|network| network.contains(address))
+    }
+
+    /// The client behind `peer`: `peer` itself unless it is a trusted proxy; then, walking `X-Forwarded-For`
+    /// from the right (each proxy appends the address it received from), the first address that is not a
+    /// trusted proxy's. Anything unparsable ends the walk at the last address believed.
+    pub fn client_of(&self, peer: IpAddr, headers: &axum::http::HeaderMap) -> IpAddr {
+        if !self.trusts(&peer) {
+            return peer;
+        }
+        let forwarded: Vec<&str> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .collect();
+        let mut client = peer;
+        for hop in forwarded.iter().rev() {
+            match hop.trim().parse::<IpAddr>() {
+                Ok(address) => {
+                    client = address;
+                    if !self.trusts(&address) {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        client
+    }
+}
 
 /// Addresses tracked before those that refilled are forgotten at the next failure of a new one.
 const PRUNE_AT: usize = 4096;
@@ -80,11 +140,15 @@ impl AuthFailures {
 #[derive(Clone)]
 pub struct AuthThrottleLayer {
     failures: Arc<AuthFailures>,
+    proxies: Arc<TrustedProxies>,
 }
 
 impl AuthThrottleLayer {
-    pub fn new(failures: Arc<AuthFailures>) -> Self {
-        Self { failures }
+    pub fn new(failures: Arc<AuthFailures>, proxies: TrustedProxies) -> Self {
+        Self {
+            failures,
+            proxies: Arc::new(proxies),
+        }
     }
 }
 
@@ -94,6 +158,7 @@ impl<S> tower::Layer<S> for AuthThrottleLayer {
         AuthThrottle {
             inner,
             failures: self.failures.clone(),
+            proxies: self.proxies.clone(),
         }
     }
 }
@@ -102,6 +167,7 @@ impl<S> tower::Layer<S> for AuthThrottleLayer {
 pub struct AuthThrottle<S> {
     inner: S,
     failures: Arc<AuthFailures>,
+    proxies: Arc<TrustedProxies>,
 }
 
 impl<S, B> tower::Service<Request<B>> for AuthThrottle<S>
@@ -122,7 +188,7 @@ where
         let address = request
             .extensions()
             .get::<ConnectInfo<SocketAddr>>()
-            .map(|ConnectInfo(peer)| peer.ip());
+            .map(|ConnectInfo(peer)| self.proxies.client_of(peer.ip(), request.headers()));
         if let Some(address) = address {
             if !self.failures.attempt(address) {
                 return Box::pin(async move {
@@ -152,6 +218,36 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn forwarded(values: &[&str]) -> axum::http::HeaderMap {
+        let mut headers = axum::http::HeaderMap::new();
+        for value in values {
+            headers.append("x-forwarded-for", value.parse().expect("a header value"));
+        }
+        headers
+    }
+
+    #[test]
+    fn behind_a_trusted_proxy_the_client_is_the_rightmost_untrusted_forwarded_address() {
+        let proxies = TrustedProxies::parse(&["10.0.0.0/8".into(), "192.0.2.7".into()]).expect("networks");
+        let proxy = IpAddr::from([10, 1, 2, 3]);
+        let client = IpAddr::from([198, 51, 100, 9]);
+        // A client's own header further left is not believed.
+        let headers = forwarded(&["6.6.6.6, 198.51.100.9", "192.0.2.7"]);
+        assert_eq!(proxies.client_of(proxy, &headers), client);
+        // An untrusted peer is the client, whatever it forwards.
+        let stranger = IpAddr::from([203, 0, 113, 5]);
+        assert_eq!(proxies.client_of(stranger, &headers), stranger);
+        // A trusted proxy that forwards nothing (or garbage) is taken at its word: itself, or the last believed.
+        assert_eq!(proxies.client_of(proxy, &forwarded(&[])), proxy);
+        assert_eq!(
+            proxies.client_of(proxy, &forwarded(&["junk, 192.0.2.7"])),
+            IpAddr::from([192, 0, 2, 7])
+        );
+        assert!(TrustedProxies::parse(&["not-a-network".into()]).is_err());
+        // None trusted (the default): always the peer.
+        assert_eq!(TrustedProxies::default().client_of(proxy, &headers), proxy);
+    }
 
     #[test]
     fn an_address_gets_a_burst_of_failures_then_waits_and_others_are_untouched() {

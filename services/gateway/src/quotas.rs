@@ -280,11 +280,15 @@ impl TenantQuotas {
 
     /// A connection slot for `tenant` on this gateway and, when shared, among every gateway's; `None` when
     /// the tenant has its maximum open (here, or across the deployment), or, for a `viewer`, when viewers hold
-    /// all but the members' share of it here ([`TenantQuotas::admit`]).
+    /// all but the members' share of it (here, or across the deployment; [`TenantQuotas::admit`]).
     pub async fn admit_everywhere(self: &Arc<Self>, tenant: &str, viewer: bool) -> Option<ConnectionPermit> {
         let mut permit = self.admit(tenant, viewer)?;
         if let Some(shared) = self.shared.get() {
-            match shared.take_slot(tenant, self.limits.max_connections).await {
+            let viewers_most = viewer.then(|| self.viewers_most());
+            match shared
+                .take_slot(tenant, self.limits.max_connections, viewers_most)
+                .await
+            {
                 Ok(Some(slot)) => permit.slot = Some(slot),
                 Ok(None) => return None,
                 Err(error) => {
@@ -301,10 +305,15 @@ impl TenantQuotas {
         (self.limits.max_connections / 4).max(1)
     }
 
+    /// The most connections a tenant's viewers may hold: all but the members' share.
+    pub fn viewers_most(&self) -> usize {
+        self.limits.max_connections.saturating_sub(self.members_share())
+    }
+
     /// A connection slot for `tenant`, or `None` when it has its maximum open, or — for a `viewer` — when
     /// viewers hold all but the members' share.
     pub fn admit(self: &Arc<Self>, tenant: &str, viewer: bool) -> Option<ConnectionPermit> {
-        let viewers_most = self.limits.max_connections.saturating_sub(self.members_share());
+        let viewers_most = self.viewers_most();
         let mut tenants = self.tenants.lock();
         // Tenants without connections are kept while in debt; the refilled ones go, now and then.
         if tenants.len() >= PRUNE_AT && !tenants.contains_key(tenant) {

@@ -39,6 +39,8 @@ pub struct GatewayState<L> {
     pub allowed_origins: AllowedOrigins,
     /// Where the web page sends a user to sign in.
     pub web_sign_in: crate::sign_in::WebSignIn,
+    /// Proxies whose `X-Forwarded-For` names the client (for the per-address throttle).
+    pub trusted_proxies: crate::auth_throttle::TrustedProxies,
 }
 
 /// A connection's WebSocket read buffer, and the most one read takes from the socket. Client frames are small
@@ -59,7 +61,10 @@ pub fn router<L: HostLink>(state: Arc<GatewayState<L>>) -> Router {
         .route("/v1/ws", get(default_host_ws::<L>))
         .route("/v1/hosts/{host}/ws", get(named_host_ws::<L>))
         .route("/v1/auth/check", get(crate::sign_in::check::<L>))
-        .route_layer(crate::auth_throttle::AuthThrottleLayer::new(failures))
+        .route_layer(crate::auth_throttle::AuthThrottleLayer::new(
+            failures,
+            state.trusted_proxies.clone(),
+        ))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz::<L>))
         .route("/v1/web-config", get(crate::sign_in::web_config::<L>))

@@ -86,13 +86,33 @@ pub struct SharedQuotas {
 const TAKE_SLOT: &str = r"
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+if ARGV[6] ~= '' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[1])
+  if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[6]) then return 0 end
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return 1
 ";
 
+/// What a viewer's slot name holds after the gateway's id (its slots are also in the viewers' set).
+const VIEWER_SLOT: &str = ":v";
+
+/// Whether `slot` (`<gateway>:<n>` or `<gateway>:v<n>`) is a viewer's.
+fn is_viewer_slot(slot: &str) -> bool {
+    slot.rsplit_once(':')
+        .is_some_and(|(_, number)| number.starts_with('v'))
+}
+
 fn slots_key(tenant: &str) -> String {
     format!("ahp-relay:quota:{{{tenant}}}:slots")
+}
+
+/// The viewers' slots of a tenant (a subset of [`slots_key`]'s, in the same hash slot).
+fn viewer_slots_key(tenant: &str) -> String {
+    format!("ahp-relay:quota:{{{tenant}}}:viewer-slots")
 }
 
 fn usage_key(tenant: &str) -> String {
@@ -120,24 +140,32 @@ impl SharedQuotas {
         }))
     }
 
-    /// A connection slot of `tenant` among every gateway's, unless it holds `max` already: `Some(slot)`, to
-    /// release when the connection ends.
-    pub async fn take_slot(&self, tenant: &str, max: usize) -> Result<Option<String>, SharedQuotaError> {
+    /// A connection slot of `tenant` among every gateway's, unless it holds `max` already or — for a viewer,
+    /// `viewers_most` given — its viewers hold that many: `Some(slot)`, to release when the connection ends.
+    pub async fn take_slot(
+        &self,
+        tenant: &str,
+        max: usize,
+        viewers_most: Option<usize>,
+    ) -> Result<Option<String>, SharedQuotaError> {
         let slot = format!(
-            "{}:{}",
+            "{}{}{}",
             self.gateway,
+            if viewers_most.is_some() { VIEWER_SLOT } else { ":" },
             self.next_slot.fetch_add(1, Ordering::Relaxed)
         );
         let now = now_ms();
         let taken: i64 = redis::cmd("EVAL")
             .arg(TAKE_SLOT)
-            .arg(1)
+            .arg(2)
             .arg(slots_key(tenant))
+            .arg(viewer_slots_key(tenant))
             .arg(now)
             .arg(max)
             .arg(now + SLOT_LEASE.as_millis() as u64)
             .arg(&slot)
             .arg(SLOT_LEASE.as_millis() as u64 * 2)
+            .arg(viewers_most.map(|most| most.to_string()).unwrap_or_default())
             .query_async(&mut self.connection.clone())
             .await?;
         if taken == 0 {
@@ -166,12 +194,14 @@ impl SharedQuotas {
             return; // its lease lapses
         };
         let (shared, key) = (self.clone(), slots_key(tenant));
+        let viewers_key = is_viewer_slot(&slot).then(|| viewer_slots_key(tenant));
         runtime.spawn(async move {
-            let removed: Result<i64, _> = redis::cmd("ZREM")
-                .arg(key)
-                .arg(slot)
-                .query_async(&mut shared.connection.clone())
-                .await;
+            let mut pipe = redis::pipe();
+            pipe.cmd("ZREM").arg(key).arg(&slot).ignore();
+            if let Some(viewers_key) = viewers_key {
+                pipe.cmd("ZREM").arg(viewers_key).arg(&slot).ignore();
+            }
+            let removed: Result<(), _> = pipe.query_async(&mut shared.connection.clone()).await;
             if let Err(error) = removed {
                 tracing::warn!(%error, "could not release a connection slot in Redis; it lapses with its lease");
             }
@@ -192,15 +222,22 @@ impl SharedQuotas {
         let expiry = now_ms() + SLOT_LEASE.as_millis() as u64;
         let mut pipe = redis::pipe();
         for (tenant, slots) in held {
-            let key = slots_key(&tenant);
+            let (key, viewers_key) = (slots_key(&tenant), viewer_slots_key(&tenant));
+            let mut viewers = false;
             for slot in slots {
                 // Without XX: a slot that lapsed during an outage is counted again.
+                if is_viewer_slot(&slot) {
+                    pipe.cmd("ZADD").arg(&viewers_key).arg(expiry).arg(&slot).ignore();
+                    viewers = true;
+                }
                 pipe.cmd("ZADD").arg(&key).arg(expiry).arg(slot).ignore();
             }
-            pipe.cmd("PEXPIRE")
-                .arg(&key)
-                .arg(SLOT_LEASE.as_millis() as u64 * 2)
-                .ignore();
+            for key in std::iter::once(&key).chain(viewers.then_some(&viewers_key)) {
+                pipe.cmd("PEXPIRE")
+                    .arg(key)
+                    .arg(SLOT_LEASE.as_millis() as u64 * 2)
+                    .ignore();
+            }
         }
         pipe.query_async::<()>(&mut self.connection.clone()).await?;
         Ok(())

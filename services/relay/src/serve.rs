@@ -134,6 +134,10 @@ pub struct EdgeArgs {
         default_value = "vscode-file://vscode-app"
     )]
     pub allowed_origins: Vec<String>,
+    /// Proxies in front of the relay (addresses or networks, comma-separated) whose `X-Forwarded-For` names
+    /// the client, for the per-address throttle of failed sign-ins (default: none; every peer is the client).
+    #[arg(long, env = "AHP_RELAY_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub trusted_proxies: Vec<String>,
     /// Where the web client sends a user to sign in: an identity provider's login that returns to the page
     /// with the token in the fragment (`#access_token=…`); `{return}` is replaced by the page's address and
     /// `{state}` by a one-time value the provider must hand back (`&state=…`), else the answer is refused.
@@ -865,6 +869,8 @@ async fn serve_edge<L: HostLink>(
         web_sign_in: relay_gateway::sign_in::WebSignIn {
             sign_in_url: edge.sign_in_url.clone(),
         },
+        trusted_proxies: relay_gateway::auth_throttle::TrustedProxies::parse(&edge.trusted_proxies)
+            .context("--trusted-proxies")?,
     }));
     let listener = tokio::net::TcpListener::bind(edge.listen)
         .await

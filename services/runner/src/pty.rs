@@ -35,6 +35,24 @@ pub struct PtyPair {
     pub terminal: OwnedFd,
 }
 
+impl PtyPair {
+    /// Queue `line` as the process's first input, not echoed (the terminal's echo is off until the process
+    /// turns it back on): a secret handed to the shell that no later program finds in its environment or
+    /// arguments, and that reading consumes.
+    pub fn hand_over_unechoed(&self, line: &str) -> std::io::Result<()> {
+        let mut modes = rustix::termios::tcgetattr(&self.terminal)?;
+        modes.local_modes.remove(rustix::termios::LocalModes::ECHO);
+        rustix::termios::tcsetattr(&self.terminal, rustix::termios::OptionalActions::Now, &modes)?;
+        let mut bytes = line.as_bytes().to_vec();
+        bytes.push(b'\n');
+        let written = rustix::io::write(self.controller.fd.get_ref(), &bytes)?;
+        if written != bytes.len() {
+            return Err(std::io::Error::other("the terminal took part of its first input"));
+        }
+        Ok(())
+    }
+}
+
 /// Open a pseudoterminal of `size`.
 pub fn open(size: TerminalSize) -> std::io::Result<PtyPair> {
     let controller = rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;

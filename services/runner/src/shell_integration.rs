@@ -4,7 +4,8 @@
 //! ([`MarkParser`]):
 //! - an OSC 633 mark becomes an event — from which the relay dispatches `terminal/commandExecuted`,
 //!   `terminal/commandFinished` and `terminal/cwdChanged` — only when it carries the terminal's nonce, which the
-//!   start-up script alone holds (it takes it out of the environment before any command runs); a program's
+//!   start-up script alone holds (the relay queues it as the terminal's first input, unechoed, and the script
+//!   reads it before any command runs: it is in no environment, argument or file); a program's
 //!   output that forges a mark (`cat` of a file, a remote shell) is dropped, never trusted;
 //! - of the other OSC sequences only window titles (`0`, `1`, `2`) reach devices: the clipboard (`52`),
 //!   hyperlinks (`8`), colour queries (whose answers a terminal types back) and every other one are dropped;
@@ -13,8 +14,9 @@
 /// The bash start-up script of a device's terminal (run by its first `PROMPT_COMMAND`, so nothing is written to
 /// the session's directories): the user's `~/.bashrc` first, then the marks.
 pub const BASH_RC: &str = r#"# ahp-relay: shell integration (OSC 633), so every device sees each command and its exit status.
-__ahp_nonce=$__AHP_NONCE
-unset __AHP_NONCE
+# The nonce is the terminal's first input, not echoed (the relay queued it): no program finds it later.
+IFS= read -r __ahp_nonce
+stty echo 2>/dev/null
 if [ -f "$HOME/.bashrc" ]; then . "$HOME/.bashrc"; fi
 HISTCONTROL=
 __ahp_escape() { local s=$1; s=${s//\\/\\\\}; s=${s//;/\\x3b}; s=${s//$'\n'/\\x0a}; printf '%s' "$s"; }

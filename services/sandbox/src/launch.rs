@@ -18,7 +18,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::layout::{Descriptors, Privilege, SandboxSpec, HOME_IN_SANDBOX};
-use crate::network::SandboxNetwork;
+use crate::network::{ForwardedResolver, SandboxNetwork};
 use crate::policy::Egress;
 use crate::Sandbox;
 
@@ -187,7 +187,7 @@ pub(crate) async fn bwrap_command(
                 .collect();
             Some(keep(Arc::new(OwnedFd::from(memory_file(
                 c"ahp-relay-agent-env",
-                &entries,
+                &nul_separated(&entries),
             )?))))
         }
         None => None,
@@ -197,16 +197,29 @@ pub(crate) async fn bwrap_command(
         .pasta
         .clone()
         .filter(|_| matches!(spec.egress, Egress::Ports(_)));
-    let (network, network_fds) = if let Some(pasta) = pasta {
+    let (network, network_fds, resolver) = if let Some(pasta) = pasta {
         let tenant_namespace = match sandbox.layout.privilege {
             Privilege::Unprivileged => Some(sandbox.namespaces.of(&spec.tenant).await?),
             Privilege::Root => None,
         };
-        let (network, ends) = SandboxNetwork::pipes(pasta, tenant_namespace, spec.loopback_ports.clone())?;
+        let resolver = ForwardedResolver::of(std::path::Path::new("/etc/resolv.conf"));
+        let (network, ends) = SandboxNetwork::pipes(
+            pasta,
+            tenant_namespace,
+            spec.loopback_ports.clone(),
+            resolver.is_some(),
+        )?;
         let fds = (keep(Arc::new(ends.info)), keep(Arc::new(ends.block)));
-        (Some(network), Some(fds))
+        let resolver = match resolver {
+            Some(resolver) => {
+                let file = memory_file(c"ahp-relay-resolv-conf", resolver.text.as_bytes())?;
+                Some((keep(Arc::new(OwnedFd::from(file))), resolver.mount_at))
+            }
+            None => None,
+        };
+        (Some(network), Some(fds), resolver)
     } else {
-        (None, None)
+        (None, None, None)
     };
     let descriptors = Descriptors {
         workspace: Some(workspace),
@@ -214,6 +227,7 @@ pub(crate) async fn bwrap_command(
         user_namespace,
         environment,
         network: network_fds,
+        resolver,
     };
     let args = sandbox.layout.bwrap_args(spec, &descriptors, run);
     // bubblewrap takes options from the file; what it runs (`-- HELPER …`) stays on its command line.
@@ -224,7 +238,7 @@ pub(crate) async fn bwrap_command(
     let (options, rest) = args.split_at(split);
     let options_fd = keep(Arc::new(OwnedFd::from(memory_file(
         c"ahp-relay-bwrap-args",
-        options,
+        &nul_separated(options),
     )?)));
     let mut command = tokio::process::Command::new(&sandbox.bwrap);
     command
@@ -280,11 +294,10 @@ pub fn open_beneath(anchor: &std::path::Path, path: &std::path::Path) -> std::io
     Ok(fd)
 }
 
-/// A memory file holding `entries`, each ended by NUL, read from its start.
-fn memory_file(name: &std::ffi::CStr, entries: &[OsString]) -> std::io::Result<std::fs::File> {
+/// A memory file holding `bytes`, read from its start.
+fn memory_file(name: &std::ffi::CStr, bytes: &[u8]) -> std::io::Result<std::fs::File> {
     use std::io::{Seek, Write};
     use std::os::fd::FromRawFd;
-    use std::os::unix::ffi::OsStrExt;
     // SAFETY: memfd_create takes a NUL-terminated name and flags; the descriptor it returns is ours.
     let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
@@ -292,14 +305,20 @@ fn memory_file(name: &std::ffi::CStr, entries: &[OsString]) -> std::io::Result<s
     }
     // SAFETY: `fd` is a fresh descriptor nothing else owns.
     let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.write_all(bytes)?;
+    file.rewind()?;
+    Ok(file)
+}
+
+/// `entries`, each ended by a NUL byte (bubblewrap's `--args`, the helper's environment).
+fn nul_separated(entries: &[OsString]) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
     let mut bytes = Vec::new();
     for entry in entries {
         bytes.extend_from_slice(entry.as_bytes());
         bytes.push(0);
     }
-    file.write_all(&bytes)?;
-    file.rewind()?;
-    Ok(file)
+    bytes
 }
 
 #[cfg(test)]

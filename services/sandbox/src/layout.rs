@@ -107,7 +107,7 @@ pub struct SandboxSpec {
 }
 
 /// Descriptors a sandbox is built from (inherited by bubblewrap; numbers in this process).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Descriptors {
     /// The session's working directory, opened without following symlinks.
     pub workspace: Option<i32>,
@@ -120,6 +120,9 @@ pub struct Descriptors {
     /// bubblewrap's ends of the network set-up pipes (`--info-fd`, `--block-fd`): a network namespace of its
     /// own, connected by pasta ([`crate::network`]).
     pub network: Option<(i32, i32)>,
+    /// The namespace's resolver configuration (a memory file) and where it is mounted, when the host's would
+    /// name the namespace's own loopback ([`crate::network::ForwardedResolver`]).
+    pub resolver: Option<(i32, PathBuf)>,
 }
 
 /// How bubblewrap creates the sandbox's namespaces.
@@ -223,6 +226,11 @@ impl Layout {
         }
         for (target, link) in &self.system.links {
             push(&[&"--symlink", target, link]);
+        }
+        if let Some((fd, mount_at)) = &fds.resolver {
+            parents(mount_at, &mut push);
+            // Readable by the tenant's user (bubblewrap makes data files 0600, root's, otherwise).
+            push(&[&"--perms", &"0644", &"--ro-bind-data", &fd.to_string(), mount_at]);
         }
         for covered in self
             .protected

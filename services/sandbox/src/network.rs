@@ -22,6 +22,55 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Where a sandbox's resolver is in its namespace when the host's resolver is on the host's loopback: pasta
+/// forwards DNS sent there to the host's first resolver (`--dns-forward`), which it reaches from outside.
+pub const FORWARDED_RESOLVER: &str = "169.254.1.53";
+
+/// The resolver configuration of a sandbox with a namespace of its own, when the host's would not work there:
+/// its first nameserver is on the host's loopback (systemd-resolved's `127.0.0.53`, Docker's `127.0.0.11`),
+/// which in the sandbox is the namespace's own. The host's `search` and `options` lines are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardedResolver {
+    /// Where the sandbox reads it: the host's `/etc/resolv.conf`, or the file that link names.
+    pub mount_at: PathBuf,
+    /// `nameserver` [`FORWARDED_RESOLVER`] and the host's other lines.
+    pub text: String,
+}
+
+impl ForwardedResolver {
+    /// What `resolv_conf` (the host's) needs in a sandbox's namespace; `None` when its first nameserver is not
+    /// an IPv4 loopback address (the sandbox reaches it through pasta as it is) or it cannot be read.
+    pub fn of(resolv_conf: &std::path::Path) -> Option<ForwardedResolver> {
+        let text = std::fs::read_to_string(resolv_conf).ok()?;
+        let first = text.lines().find_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next() == Some("nameserver"))
+                .then(|| words.next())
+                .flatten()
+        })?;
+        let loopback = first
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|address| address.is_loopback());
+        if !loopback {
+            return None;
+        }
+        let mut forwarded = format!("nameserver {FORWARDED_RESOLVER}\n");
+        for line in text.lines() {
+            let keyword = line.split_whitespace().next().unwrap_or("");
+            if matches!(keyword, "search" | "domain" | "options") {
+                forwarded.push_str(line);
+                forwarded.push('\n');
+            }
+        }
+        Some(ForwardedResolver {
+            mount_at: resolv_conf
+                .canonicalize()
+                .unwrap_or_else(|_| resolv_conf.to_path_buf()),
+            text: forwarded,
+        })
+    }
+}
+
 /// What a set-up failure says first (the probe recognises it).
 pub const FAILED: &str = "pasta could not connect the sandbox's network";
 
@@ -57,6 +106,8 @@ pub struct SandboxNetwork {
     user_namespace: Option<Arc<OwnedFd>>,
     /// Ports of the host's loopback forwarded into the namespace (`-T`); none: `-T none`.
     loopback_ports: Vec<u16>,
+    /// Whether DNS sent to [`FORWARDED_RESOLVER`] goes to the host's (loopback) resolver.
+    forward_dns: bool,
 }
 
 /// The sandbox's ends of the pipes, inherited by bubblewrap.
@@ -71,6 +122,7 @@ impl SandboxNetwork {
         pasta: PathBuf,
         user_namespace: Option<Arc<OwnedFd>>,
         loopback_ports: Vec<u16>,
+        forward_dns: bool,
     ) -> std::io::Result<(SandboxNetwork, SandboxEnds)> {
         let (info_read, info_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
         let (block_read, block_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
@@ -81,6 +133,7 @@ impl SandboxNetwork {
                 release: block_write,
                 user_namespace,
                 loopback_ports,
+                forward_dns,
             },
             SandboxEnds {
                 info: info_write,
@@ -99,6 +152,7 @@ impl SandboxNetwork {
             release,
             user_namespace,
             loopback_ports,
+            forward_dns,
         } = self;
         let pid = tokio::task::spawn_blocking(move || child_pid(info))
             .await
@@ -132,7 +186,11 @@ impl SandboxNetwork {
         };
         command
             .args(["--foreground", "--quiet", "--config-net", "--no-map-gw"])
-            .args(["-t", "none", "-u", "none", "-T", &loopback, "-U", "none"])
+            .args(["-t", "none", "-u", "none", "-T", &loopback, "-U", "none"]);
+        if forward_dns {
+            command.args(["--dns-forward", FORWARDED_RESOLVER]);
+        }
+        command
             .arg("--pid")
             .arg(format!("/proc/self/fd/{}", ready_write.as_raw_fd()));
         let mut inherited = vec![network.as_raw_fd(), ready_write.as_raw_fd()];
@@ -258,4 +316,42 @@ fn child_pid(info: OwnedFd) -> Result<i32, NetworkError> {
         .and_then(|pid| i32::try_from(pid).ok())
         .filter(|pid| *pid > 0)
         .ok_or_else(|| NetworkError::NoChild(String::from_utf8_lossy(&report).into_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loopback_resolver_is_forwarded_and_the_hosts_search_and_options_kept() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("resolv.conf");
+        std::fs::write(
+            &file,
+            "# comment\nsearch corp.example\nnameserver 127.0.0.53\nnameserver 10.0.0.2\noptions edns0 trust-ad\n",
+        )
+        .expect("write");
+        let forwarded = ForwardedResolver::of(&file).expect("a loopback resolver is forwarded");
+        assert_eq!(
+            forwarded.text,
+            format!("nameserver {FORWARDED_RESOLVER}\nsearch corp.example\noptions edns0 trust-ad\n")
+        );
+        assert_eq!(forwarded.mount_at, file.canonicalize().expect("real"));
+        // A link (systemd's /etc/resolv.conf): mounted where it points.
+        let link = dir.path().join("link.conf");
+        std::os::unix::fs::symlink(&file, &link).expect("link");
+        assert_eq!(
+            ForwardedResolver::of(&link).expect("through a link").mount_at,
+            file.canonicalize().expect("real")
+        );
+    }
+
+    #[test]
+    fn a_resolver_pasta_reaches_as_it_is_is_left_alone() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("resolv.conf");
+        std::fs::write(&file, "nameserver 10.255.255.53\nnameserver 127.0.0.1\n").expect("write");
+        assert_eq!(ForwardedResolver::of(&file), None);
+        assert_eq!(ForwardedResolver::of(&dir.path().join("missing")), None);
+    }
 }

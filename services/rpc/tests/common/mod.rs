@@ -34,6 +34,7 @@ pub async fn start_gateway(shard_url: &str, secret: &[u8], max_connections: usiz
         }),
         allowed_origins: Default::default(),
         web_sign_in: Default::default(),
+        trusted_proxies: Default::default(),
     }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();

@@ -198,11 +198,10 @@ impl ShellTerminals {
             .command
             .is_none()
             .then(crate::shell_integration::new_nonce);
-        let (program, args) = match (&request.command, &nonce) {
-            (Some(command), _) => ("sh".to_string(), vec!["-c".to_string(), command.clone()]),
-            (None, nonce) => {
+        let (program, args) = match &request.command {
+            Some(command) => ("sh".to_string(), vec!["-c".to_string(), command.clone()]),
+            None => {
                 // The marks are set up by the first prompt: nothing is written to the session's directories.
-                env.insert("__AHP_NONCE".into(), nonce.clone().unwrap_or_default());
                 env.insert("__AHP_RC".into(), BASH_RC.into());
                 env.insert("PROMPT_COMMAND".into(), "eval \"$__AHP_RC\"".into());
                 (
@@ -213,6 +212,9 @@ impl ShellTerminals {
         };
         let size = TerminalSize::clamped(request.cols, request.rows);
         let pair = crate::pty::open(size).map_err(ShellError::Pty)?;
+        if let Some(nonce) = &nonce {
+            pair.hand_over_unechoed(nonce).map_err(ShellError::Pty)?;
+        }
         let (child, slot) = self
             .sandboxes
             .start_on_terminal(&session.tenant, &spec, &program, &args, &env, &pair.terminal)
