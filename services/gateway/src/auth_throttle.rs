@@ -52,29 +52,45 @@ impl TrustedProxies {
     /// from the right (each proxy appends the address it received from), the first address that is not a
     /// trusted proxy's. Anything unparsable ends the walk at the last address believed.
     pub fn client_of(&self, peer: IpAddr, headers: &axum::http::HeaderMap) -> IpAddr {
+        let peer = peer.to_canonical();
         if !self.trusts(&peer) {
             return peer;
         }
-        let forwarded: Vec<&str> = headers
+        // Bytes, not text: one byte a client wrote that is not ASCII must not hide what the proxies appended.
+        let forwarded: Vec<&[u8]> = headers
             .get_all("x-forwarded-for")
             .iter()
-            .filter_map(|value| value.to_str().ok())
-            .flat_map(|value| value.split(','))
+            .flat_map(|value| value.as_bytes().split(|byte| *byte == b','))
             .collect();
         let mut client = peer;
         for hop in forwarded.iter().rev() {
-            match hop.trim().parse::<IpAddr>() {
-                Ok(address) => {
+            match forwarded_address(hop) {
+                Some(address) => {
                     client = address;
                     if !self.trusts(&address) {
                         break;
                     }
                 }
-                Err(_) => break,
+                None => break,
             }
         }
         client
     }
+}
+
+/// One `X-Forwarded-For` entry: an address, or an address with a port (`192.0.2.1:4711`, `[2001:db8::1]:4711`),
+/// IPv4-mapped IPv6 taken as the IPv4 address it maps.
+fn forwarded_address(hop: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(hop).ok()?.trim();
+    text.parse::<IpAddr>()
+        .ok()
+        .or_else(|| text.parse::<SocketAddr>().ok().map(|socket| socket.ip()))
+        .or_else(|| {
+            text.strip_prefix('[')
+                .and_then(|rest| rest.strip_suffix(']'))
+                .and_then(|inner| inner.parse::<IpAddr>().ok())
+        })
+        .map(|address| address.to_canonical())
 }
 
 /// Addresses tracked before those that refilled are forgotten at the next failure of a new one.
@@ -245,6 +261,19 @@ mod tests {
             IpAddr::from([192, 0, 2, 7])
         );
         assert!(TrustedProxies::parse(&["not-a-network".into()]).is_err());
+        // A byte that is not ASCII in what the client wrote does not hide what the proxy appended; ports and
+        // IPv4-mapped addresses are read as the addresses they carry.
+        let mut headers = axum::http::HeaderMap::new();
+        headers.append(
+            "x-forwarded-for",
+            axum::http::HeaderValue::from_bytes(b"caf\xc3\xa9, 198.51.100.9:4711").expect("bytes"),
+        );
+        assert_eq!(proxies.client_of(proxy, &headers), client);
+        let mapped: IpAddr = "::ffff:10.1.2.3".parse().expect("mapped");
+        assert_eq!(
+            proxies.client_of(mapped, &forwarded(&["[::ffff:198.51.100.9]:80"])),
+            client
+        );
         // None trusted (the default): always the peer.
         assert_eq!(TrustedProxies::default().client_of(proxy, &headers), proxy);
     }

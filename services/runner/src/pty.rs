@@ -36,12 +36,14 @@ pub struct PtyPair {
 }
 
 impl PtyPair {
-    /// Queue `line` as the process's first input, not echoed (the terminal's echo is off until the process
-    /// turns it back on): a secret handed to the shell that no later program finds in its environment or
+    /// Queue `line` as the process's first input, not echoed (the terminal's echo is off, and an interrupt does
+    /// not flush its input, until the process restores both): a secret handed to the shell that no later program finds in its environment or
     /// arguments, and that reading consumes.
     pub fn hand_over_unechoed(&self, line: &str) -> std::io::Result<()> {
         let mut modes = rustix::termios::tcgetattr(&self.terminal)?;
         modes.local_modes.remove(rustix::termios::LocalModes::ECHO);
+        // An interrupt typed before the process reads the line must not flush it from the input queue.
+        modes.local_modes.insert(rustix::termios::LocalModes::NOFLSH);
         rustix::termios::tcsetattr(&self.terminal, rustix::termios::OptionalActions::Now, &modes)?;
         let mut bytes = line.as_bytes().to_vec();
         bytes.push(b'\n');

@@ -16,7 +16,7 @@
 pub const BASH_RC: &str = r#"# ahp-relay: shell integration (OSC 633), so every device sees each command and its exit status.
 # The nonce is the terminal's first input, not echoed (the relay queued it): no program finds it later.
 IFS= read -r __ahp_nonce
-stty echo 2>/dev/null
+stty echo -noflsh 2>/dev/null
 if [ -f "$HOME/.bashrc" ]; then . "$HOME/.bashrc"; fi
 HISTCONTROL=
 __ahp_escape() { local s=$1; s=${s//\\/\\\\}; s=${s//;/\\x3b}; s=${s//$'\n'/\\x0a}; printf '%s' "$s"; }

@@ -257,6 +257,17 @@ impl Layout {
         push(&[&"--chdir", &spec.cwd]);
         let mut confinement = self.confinement(spec);
         confinement.environment_fd = fds.environment;
+        // The resolver's file may be mounted outside what the system shows (systemd's `/etc/resolv.conf` links
+        // to `/run/systemd/resolve/…`): Landlock must let it be read.
+        if let Some((_, mount_at)) = &fds.resolver {
+            if !confinement
+                .read_only
+                .iter()
+                .any(|shown| mount_at.starts_with(shown))
+            {
+                confinement.read_only.push(mount_at.clone());
+            }
+        }
         let json = serde_json::to_string(&confinement).unwrap_or_default();
         push(&[&"--", &HELPER_IN_SANDBOX, &crate::exec::SUBCOMMAND, &json]);
         out.extend(run.iter().cloned());
@@ -419,6 +430,21 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut no_net = spec(dir.path());
         no_net.egress = Egress::None;
+        // A resolver's file mounted where the system is not shown (systemd's link target) is readable there.
+        let resolver = Descriptors {
+            resolver: Some((7, PathBuf::from("/run/systemd/resolve/stub-resolv.conf"))),
+            ..Descriptors::default()
+        };
+        let joined =
+            text(&layout(vec![]).bwrap_args(&spec(dir.path()), &resolver, &run("agent", &[]))).join(" ");
+        assert!(
+            joined.contains("--dir /run/systemd/resolve --perms 0644 --ro-bind-data 7 /run/systemd/resolve/stub-resolv.conf"),
+            "{joined}"
+        );
+        assert!(
+            joined.contains("\"/run/systemd/resolve/stub-resolv.conf\""),
+            "the confinement lets the resolver's file be read: {joined}"
+        );
         let mut root = layout(vec![]);
         root.privilege = Privilege::Root;
         let joined = text(&root.bwrap_args(&no_net, &Descriptors::default(), &run("agent", &[]))).join(" ");

@@ -117,6 +117,7 @@ impl Sandbox {
             return Err(SandboxUnavailable::NoLandlock);
         }
         let pasta = match &settings.pasta {
+            Some(path) if path.components().count() == 1 => path.to_str().and_then(find_on_path),
             Some(path) => path.is_file().then(|| path.clone()),
             None => find_on_path("pasta"),
         };

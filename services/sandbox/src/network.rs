@@ -39,7 +39,8 @@ pub struct ForwardedResolver {
 
 impl ForwardedResolver {
     /// What `resolv_conf` (the host's) needs in a sandbox's namespace; `None` when its first nameserver is not
-    /// an IPv4 loopback address (the sandbox reaches it through pasta as it is) or it cannot be read.
+    /// an IPv4 loopback address (the sandbox reaches it through pasta as it is) or it cannot be read. A file
+    /// without a nameserver means 127.0.0.1 to the resolver: forwarded too.
     pub fn of(resolv_conf: &std::path::Path) -> Option<ForwardedResolver> {
         let text = std::fs::read_to_string(resolv_conf).ok()?;
         let first = text.lines().find_map(|line| {
@@ -47,10 +48,13 @@ impl ForwardedResolver {
             (words.next() == Some("nameserver"))
                 .then(|| words.next())
                 .flatten()
-        })?;
-        let loopback = first
-            .parse::<std::net::Ipv4Addr>()
-            .is_ok_and(|address| address.is_loopback());
+        });
+        // Without a nameserver line the resolver asks 127.0.0.1: the host's loopback too.
+        let loopback = first.is_none_or(|first| {
+            first
+                .parse::<std::net::Ipv4Addr>()
+                .is_ok_and(|address| address.is_loopback())
+        });
         if !loopback {
             return None;
         }
@@ -347,11 +351,16 @@ mod tests {
     }
 
     #[test]
-    fn a_resolver_pasta_reaches_as_it_is_is_left_alone() {
+    fn a_resolver_pasta_reaches_as_it_is_is_left_alone_and_none_is_the_loopback() {
         let dir = tempfile::tempdir().expect("dir");
         let file = dir.path().join("resolv.conf");
         std::fs::write(&file, "nameserver 10.255.255.53\nnameserver 127.0.0.1\n").expect("write");
         assert_eq!(ForwardedResolver::of(&file), None);
         assert_eq!(ForwardedResolver::of(&dir.path().join("missing")), None);
+        std::fs::write(&file, "search corp.example\n").expect("write");
+        assert!(
+            ForwardedResolver::of(&file).is_some(),
+            "no nameserver: the resolver asks the loopback"
+        );
     }
 }
