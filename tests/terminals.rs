@@ -850,3 +850,159 @@ async fn only_the_holder_types_and_a_programs_output_forges_nothing() {
         .join("dev/default/guarded/typed-by-b")
         .exists());
 }
+
+/// The terminals root state lists now (a fresh subscription's snapshot).
+async fn listed_terminals(client: &ahp::Client) -> Vec<ahp_types::state::TerminalInfo> {
+    let (root, _) = client.subscribe("ahp-root://".into()).await.expect("root");
+    let SnapshotState::Root(root) = root.snapshot.expect("root snapshot").state else {
+        panic!("root");
+    };
+    root.terminals.unwrap_or_default()
+}
+
+/// The running command of a terminal whose line starts with `start`, if any.
+fn command_running(state: &TerminalState, start: &str) -> bool {
+    state.content.iter().any(|part| {
+        matches!(part, TerminalContentPart::Command(c) if c.command_line.starts_with(start) && !c.is_complete)
+    })
+}
+
+/// The exit code of a finished command whose line starts with `start` and whose output holds `output`.
+fn finished_with(state: &TerminalState, start: &str, output: &str) -> Option<Option<i64>> {
+    state.content.iter().find_map(|part| match part {
+        TerminalContentPart::Command(c)
+            if c.command_line.starts_with(start) && c.is_complete && c.output.contains(output) =>
+        {
+            Some(c.exit_code)
+        }
+        _ => None,
+    })
+}
+
+/// Issue 33 (1): a terminal lives on through a device's clear in the middle of a command (the clear takes the
+/// open command, so its end applies to nothing) and through 5 MiB of output (past the host's 1 MiB scrollback,
+/// which clears it itself): its shell still takes input and marks commands, it stays `running` in root state, and
+/// it is disposed at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_survives_a_clear_mid_command_and_5_mib_of_output() {
+    let setup = relay_with_workspace("", &[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (session, _) = session(&a, "enduring").await;
+    let uri = "ahp-terminal:/enduring";
+    create_terminal(&a, "device-a", &session, uri)
+        .await
+        .expect("createTerminal");
+    let mut on_a = Watched::open(&a, uri).await;
+    on_a.until("the prompt", |state| {
+        state.supports_command_detection == Some(true)
+    })
+    .await;
+    // A command that runs until the test lets it go, cleared by the device while it runs.
+    a.dispatch(
+        uri.to_string(),
+        input("while [ ! -e go ]; do sleep 0.05; done; echo after-clear-$((1+1))\n"),
+    )
+    .await
+    .expect("type");
+    on_a.until("the command running", |state| command_running(state, "while"))
+        .await;
+    a.dispatch(
+        uri.to_string(),
+        StateAction::TerminalCleared(ahp_types::actions::TerminalClearedAction {}),
+    )
+    .await
+    .expect("clear");
+    on_a.until("the clear", |state| !command_running(state, "while"))
+        .await;
+    std::fs::write(setup.workspace.path().join("dev/default/enduring/go"), "").expect("let it go");
+    on_a.until("the output after the clear", |state| {
+        text(state).contains("after-clear-2")
+    })
+    .await;
+    a.dispatch(uri.to_string(), input("echo alive-$((2+3))\n"))
+        .await
+        .expect("type");
+    on_a.until("the next command's end", |state| {
+        finished_with(state, "echo alive", "alive-5").is_some()
+    })
+    .await;
+    // 5 MiB: the host clears past its scrollback, mid-command, five times.
+    a.dispatch(
+        uri.to_string(),
+        input("head -c 5242880 /dev/zero | tr '\\0' x; echo; echo big-done-$((3+4))\n"),
+    )
+    .await
+    .expect("type");
+    on_a.until("the end of 5 MiB", |state| text(state).contains("big-done-7"))
+        .await;
+    a.dispatch(uri.to_string(), input("echo still-$((4+5))\n"))
+        .await
+        .expect("type");
+    on_a.until("a command after 5 MiB", |state| {
+        finished_with(state, "echo still", "still-9") == Some(Some(0))
+    })
+    .await;
+    assert!(!is_exited(&on_a.state), "the terminal is still running");
+    let listed = listed_terminals(&a).await;
+    assert!(
+        listed
+            .iter()
+            .any(|t| t.resource == uri && matches!(t.lifecycle, TerminalLifecycleState::Running(_))),
+        "root state lists it running: {listed:?}"
+    );
+    let _: Value = a
+        .request("disposeTerminal", json!({"channel": uri}))
+        .await
+        .expect("disposeTerminal");
+}
+
+/// Issue 33 (1, 2): a `!command` printing 5 MiB (past the 1 MiB scrollback) ends its turn with its status, and
+/// the next turn runs; disposing a running `!command`'s terminal ends its turn (killed) instead of leaving it
+/// running for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bang_command_printing_5_mib_ends_its_turn_and_so_does_disposing_its_terminal() {
+    let setup = relay_with_workspace("", &[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (_, chat) = session(&a, "big-bang").await;
+    let (_, _, mut on_chat) = subscribe_chat(&a, &chat).await;
+    a.dispatch(
+        chat.clone(),
+        turn_started(
+            "t1",
+            "!head -c 5242880 /dev/zero | tr '\\0' y; echo; echo bang-done",
+        ),
+    )
+    .await
+    .expect("dispatch");
+    collect_until(&mut on_chat, is_turn_complete).await;
+    let shown = serde_json::to_string(&fresh_chat_snapshot(&setup.relay, &chat).await.turns).expect("json");
+    assert!(shown.contains("bang-done") && shown.contains("exit 0"), "{shown}");
+    // A running `!command` whose terminal a member disposes: its turn ends.
+    a.dispatch(chat.clone(), turn_started("t2", "!sleep 31342"))
+        .await
+        .expect("dispatch");
+    eventually("the command running", || {
+        !processes(&["sleep", "31342"]).is_empty()
+    })
+    .await;
+    let terminal = listed_terminals(&a)
+        .await
+        .into_iter()
+        .find(|listed| listed.title.contains("31342"))
+        .map(|listed| listed.resource)
+        .expect("the command's terminal is listed");
+    let _: Value = a
+        .request("disposeTerminal", json!({"channel": terminal}))
+        .await
+        .expect("disposeTerminal");
+    collect_until(&mut on_chat, is_turn_complete).await;
+    let shown = serde_json::to_string(&fresh_chat_snapshot(&setup.relay, &chat).await.turns).expect("json");
+    assert!(shown.contains("killed"), "{shown}");
+    // And the chat takes the next turn.
+    a.dispatch(chat.clone(), turn_started("t3", "!echo next-$((1+1))"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut on_chat, is_turn_complete).await;
+    let shown = serde_json::to_string(&fresh_chat_snapshot(&setup.relay, &chat).await.turns).expect("json");
+    assert!(shown.contains("next-2"), "{shown}");
+}

@@ -434,7 +434,7 @@ impl RunnerPool {
                                 uri: action.channel.clone(),
                             });
                         }
-                        if !sink.emit_in(&action.session, &action.channel, parsed) {
+                        if !sink.emit_in(&action.session, &action.channel, parsed).applied() {
                             tracing::debug!(runner, channel = %action.channel, "an agent's action was not applied");
                         }
                     }
@@ -773,14 +773,14 @@ mod tests {
     struct Recorded(Mutex<Vec<(String, String)>>);
 
     impl ChatSink for Recorded {
-        fn emit(&self, channel: &str, _action: StateAction) -> bool {
+        fn emit(&self, channel: &str, _action: StateAction) -> relay_runner::Emitted {
             self.0.lock().push((String::new(), channel.to_string()));
-            true
+            relay_runner::Emitted::Applied
         }
 
-        fn emit_in(&self, session: &str, channel: &str, _action: StateAction) -> bool {
+        fn emit_in(&self, session: &str, channel: &str, _action: StateAction) -> relay_runner::Emitted {
             self.0.lock().push((session.to_string(), channel.to_string()));
-            true
+            relay_runner::Emitted::Applied
         }
     }
 

@@ -426,15 +426,16 @@ struct StreamSink {
 }
 
 impl ChatSink for StreamSink {
-    fn emit(&self, channel: &str, action: StateAction) -> bool {
+    fn emit(&self, channel: &str, action: StateAction) -> relay_runner::Emitted {
         let action = match serde_json::to_vec(&action) {
             Ok(action) => action,
             Err(error) => {
                 tracing::error!(%error, "cannot encode an agent's action");
-                return false;
+                return relay_runner::Emitted::NotApplied;
             }
         };
-        self.reports
+        let sent = self
+            .reports
             .send(pb::RunnerReport {
                 report: Some(Report::Action(pb::AgentAction {
                     host: Some(self.host.clone()),
@@ -443,7 +444,13 @@ impl ChatSink for StreamSink {
                     session: self.session.clone(),
                 })),
             })
-            .is_ok()
+            .is_ok();
+        // The shard applies it in order, or finds it does not apply: only a closed stream is known here.
+        if sent {
+            relay_runner::Emitted::Applied
+        } else {
+            relay_runner::Emitted::Gone
+        }
     }
 
     fn open_terminal(&self, session: &str, uri: &str, state: ahp_types::state::TerminalState) -> bool {

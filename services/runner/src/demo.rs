@@ -464,7 +464,7 @@ impl DemoTurn {
     }
 
     fn emit(&self, action: StateAction) -> Option<()> {
-        self.sink.emit(&self.turn.chat, action).then_some(())
+        self.sink.emit(&self.turn.chat, action).applied().then_some(())
     }
 }
 

@@ -15,6 +15,6 @@ pub mod shell_integration;
 
 pub use demo::{DemoPace, DemoProvider};
 pub use provider::{
-    ChatSink, ClientTool, Provider, ProviderRegistry, SessionRequest, SessionStart, TerminalKey,
+    ChatSink, ClientTool, Emitted, Provider, ProviderRegistry, SessionRequest, SessionStart, TerminalKey,
     TerminalRequest, TerminalStarted, TurnAttachment, TurnControl, TurnHandle, TurnRequest, AGENT_STATE_META,
 };

@@ -10,12 +10,13 @@ use tokio::sync::mpsc;
 /// Where a provider's actions go. Implemented by the host, which applies each action with the `ahp` reducers,
 /// assigns it a `serverSeq` and publishes it.
 pub trait ChatSink: Send + Sync + 'static {
-    /// Emit one server action on `channel` (the turn's chat, or its session). Returns `false` when the channel
-    /// no longer exists or the action no longer applies (e.g. the turn ended), so the provider can stop.
-    fn emit(&self, channel: &str, action: StateAction) -> bool;
-    /// [`ChatSink::emit`] for an agent of `session`: refused (false) unless `channel` is that session, one of
+    /// Emit one server action on `channel` (the turn's chat, its session, a terminal). Says whether it was
+    /// applied, did not apply to the channel's state now (e.g. the turn ended; the channel goes on), or found
+    /// the channel gone (the provider stops producing for it).
+    fn emit(&self, channel: &str, action: StateAction) -> Emitted;
+    /// [`ChatSink::emit`] for an agent of `session`: [`Emitted::Gone`] unless `channel` is that session, one of
     /// its chats or one of its terminals. How actions from a runner (another process) are applied.
-    fn emit_in(&self, session: &str, channel: &str, action: StateAction) -> bool {
+    fn emit_in(&self, session: &str, channel: &str, action: StateAction) -> Emitted {
         let _ = session;
         self.emit(channel, action)
     }
@@ -32,6 +33,31 @@ pub trait ChatSink: Send + Sync + 'static {
     /// What the host lists for an agent changed (e.g. the models its agent reported): the host updates root
     /// state `agents` with `root/agentsChanged`.
     fn agent_changed(&self, _info: AgentInfo) {}
+}
+
+/// What became of an action a provider emitted ([`ChatSink::emit`]). A reducer's no-op is not the end of
+/// a channel: a terminal whose open command a clear took goes on (review lesson 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Emitted {
+    /// Applied by the host (from a runner: sent to it, in order).
+    Applied,
+    /// The channel is there, but the action does not apply to its state now (a turn that ended, a command a
+    /// clear took): nothing changed, and the channel goes on.
+    NotApplied,
+    /// The channel, its session or its host is gone: stop producing for it.
+    Gone,
+}
+
+impl Emitted {
+    /// Whether the host applied it.
+    pub fn applied(self) -> bool {
+        self == Emitted::Applied
+    }
+
+    /// Whether the channel is gone.
+    pub fn gone(self) -> bool {
+        self == Emitted::Gone
+    }
 }
 
 /// The key of a session's `_meta` where its provider keeps what it needs to continue the session later.

@@ -304,6 +304,12 @@ impl HostCore {
         if let Some(provider) = self.providers.get(&device.provider) {
             provider.kill_terminal(&self.terminal_key(&params.channel));
         }
+        // A `!command`'s turn ends with its terminal (its exit will find no channel): killed, with what it
+        // printed so far.
+        let running = matches!(record.state.lifecycle, TerminalLifecycleState::Running(_));
+        if let (true, Some(turn)) = (running, &device.command_turn) {
+            self.finish_command_turn(&params.channel, turn, None);
+        }
         self.close_terminal(&params.channel);
         reply(message.id, &())
     }

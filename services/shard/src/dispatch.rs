@@ -13,6 +13,7 @@ use relay_core::bus::Audience;
 use relay_core::link::CommandReply;
 use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
+use relay_runner::Emitted;
 
 use crate::host::HostCore;
 use crate::model::{ChannelKind, SnapshotClock};
@@ -127,10 +128,11 @@ impl HostCore {
         crate::commands::reply(message.id, &())
     }
 
-    /// An agent's action. Returns `false` when it does not apply (its chat is gone or its turn ended), or when
-    /// the tenant is over its storage quota and the action would add content: then the chat's running turn
-    /// ends with a `chat/error` naming the quota (which stops the agent's turn).
-    pub(crate) fn apply_agent_action(&mut self, channel: &str, mut action: StateAction) -> bool {
+    /// An agent's action: [`Emitted::Gone`] when its channel is gone, [`Emitted::NotApplied`] when it does not
+    /// apply (its turn ended, a clear took its command) or the tenant is over its storage quota and the action
+    /// would add content: then the chat's running turn ends with a `chat/error` naming the quota (which stops
+    /// the agent's turn).
+    pub(crate) fn apply_agent_action(&mut self, channel: &str, mut action: StateAction) -> Emitted {
         let kind = self.model.kind(channel);
         // An agent replaces the `_meta` it keeps; what the host keeps there stays.
         if let StateAction::SessionMetaChanged(changed) = &mut action {
@@ -148,23 +150,23 @@ impl HostCore {
             None => Vec::new(),
         };
         if kind == ChannelKind::Unknown {
-            return false;
+            return Emitted::Gone;
         }
         if crate::storage::agent_grows_storage(&action) {
             if let Some(refusal) = self.storage_refusal() {
                 if kind == ChannelKind::Chat {
                     self.end_turn_over_quota(channel, &refusal);
                 }
-                return false;
+                return Emitted::NotApplied;
             }
         }
-        let applied = self.apply_server_action(channel, action);
-        if applied {
+        let emitted = self.apply_server_action_as(channel, action);
+        if emitted.applied() {
             for content in contents {
                 self.seq.content(content);
             }
         }
-        applied
+        emitted
     }
 
     /// End `chat`'s running turn: its agent's output no longer fits the tenant's storage quota.
@@ -208,17 +210,26 @@ impl HostCore {
     /// Reduce, sequence and publish a server action, then run its side effects. Actions that do not apply to
     /// the current state are dropped rather than sequenced.
     pub(crate) fn apply_server_action(&mut self, channel: &str, action: StateAction) -> bool {
+        self.apply_server_action_as(channel, action).applied()
+    }
+
+    /// [`HostCore::apply_server_action`], saying whether the action did not apply or its channel is gone.
+    pub(crate) fn apply_server_action_as(&mut self, channel: &str, action: StateAction) -> Emitted {
         let kind = self.model.kind(channel);
         match self.model.reduce(channel, &action) {
             ReduceOutcome::Applied => {}
+            ReduceOutcome::OutOfScope => {
+                tracing::debug!(%channel, "server action for a channel that is gone: dropped");
+                return Emitted::Gone;
+            }
             outcome => {
                 tracing::debug!(%channel, ?outcome, "server action dropped");
-                return false;
+                return Emitted::NotApplied;
             }
         }
         self.seq.accept(channel, &action, None);
         self.after_action(channel, kind, &action);
-        true
+        Emitted::Applied
     }
 
     /// Side effects of an accepted action.

@@ -615,7 +615,7 @@ impl Host {
     }
 
     /// Emit a server action as an agent would (used by providers through [`HostSink`]).
-    pub fn emit_agent_action(&self, channel: &str, action: StateAction) -> bool {
+    pub fn emit_agent_action(&self, channel: &str, action: StateAction) -> relay_runner::Emitted {
         self.with_core(|core| core.apply_agent_action(channel, action))
     }
 

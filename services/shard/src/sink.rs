@@ -4,7 +4,7 @@
 use std::sync::Weak;
 
 use ahp_types::actions::StateAction;
-use relay_runner::ChatSink;
+use relay_runner::{ChatSink, Emitted};
 
 use crate::host::Host;
 
@@ -14,16 +14,20 @@ pub(crate) struct HostSink {
 }
 
 impl ChatSink for HostSink {
-    fn emit(&self, channel: &str, action: StateAction) -> bool {
+    fn emit(&self, channel: &str, action: StateAction) -> Emitted {
         self.host
             .upgrade()
-            .is_some_and(|host| host.emit_agent_action(channel, action))
+            .map_or(Emitted::Gone, |host| host.emit_agent_action(channel, action))
     }
 
-    fn emit_in(&self, session: &str, channel: &str, action: StateAction) -> bool {
-        self.host.upgrade().is_some_and(|host| {
+    fn emit_in(&self, session: &str, channel: &str, action: StateAction) -> Emitted {
+        self.host.upgrade().map_or(Emitted::Gone, |host| {
             host.with_core(|core| {
-                core.model.belongs_to(channel, session) && core.apply_agent_action(channel, action)
+                if core.model.belongs_to(channel, session) {
+                    core.apply_agent_action(channel, action)
+                } else {
+                    Emitted::Gone
+                }
             })
         })
     }

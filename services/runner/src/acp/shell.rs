@@ -462,7 +462,8 @@ impl Publisher {
     }
 
     fn emit(&mut self, action: StateAction) {
-        if !self.closed && !self.sink.emit_in(&self.session, &self.uri, action) {
+        // A clear may take the open command: its end then applies to nothing, and the terminal goes on.
+        if !self.closed && self.sink.emit_in(&self.session, &self.uri, action).gone() {
             self.closed = true;
         }
     }
@@ -634,9 +635,9 @@ mod tests {
     struct Recorded(Mutex<Vec<StateAction>>);
 
     impl ChatSink for Recorded {
-        fn emit(&self, _channel: &str, action: StateAction) -> bool {
+        fn emit(&self, _channel: &str, action: StateAction) -> crate::Emitted {
             self.0.lock().push(action);
-            true
+            crate::Emitted::Applied
         }
     }
 

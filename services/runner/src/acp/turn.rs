@@ -110,12 +110,12 @@ impl TurnMapper {
 
     fn emit(&mut self, action: StateAction) -> bool {
         self.emitted += 1;
-        self.sink.emit(&self.chat, action)
+        self.sink.emit(&self.chat, action).applied()
     }
 
     fn emit_on(&mut self, channel: &str, action: StateAction) -> bool {
         self.emitted += 1;
-        self.sink.emit(channel, action)
+        self.sink.emit(channel, action).applied()
     }
 
     fn duration(&self) -> i64 {
