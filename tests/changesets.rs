@@ -572,3 +572,46 @@ async fn a_planted_git_configuration_runs_nothing_the_relay_does_on_the_reposito
         .collect();
     assert!(ran.is_empty(), "planted commands ran: {ran:?}");
 }
+
+/// Issue 33 (10): two sessions work in one directory; one is disposed. The other's checkpoints are its own, not
+/// the directory's: its "All changes" still lists its change, and reverting it still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_share_a_directory_and_disposing_one_keeps_the_others_changes() {
+    let agents = scripted_agents_file();
+    let data = tempfile::tempdir().expect("data");
+    let relay_process = relay(&agents, data.path()).await;
+    let (a, _) = relay_process.client("device-a").await;
+    let dir: PathBuf = agents.workspace.path().join("dev/shared");
+    let _: Value = a
+        .request(
+            "resourceMkdir",
+            json!({"channel": "ahp-root://", "uri": format!("file://{}", dir.display())}),
+        )
+        .await
+        .expect("mkdir");
+    write(&a, &dir.join("a.txt"), "one\n").await;
+    write(&a, &dir.join(".gitignore"), ".test-agent/\n.flow-control\n").await;
+    let (_, chat_one, _) = session(&a, "first", Some(&dir)).await;
+    let (_, chat_two, state_two) = session(&a, "second", Some(&dir)).await;
+    prompt(&a, &chat_one, "t1", "sh: printf 'by-first\\n' > first.txt").await;
+    prompt(&a, &chat_two, "t1", "sh: printf 'two\\n' >> a.txt").await;
+    let _: Value = a
+        .request("disposeSession", json!({"channel": "ahp-session:/first"}))
+        .await
+        .expect("disposeSession");
+    let catalogue = state_two.changesets.expect("changesets");
+    let mut all = Watched::open(&a, &catalogue[1].uri_template).await;
+    all.ready().await;
+    assert_eq!(all.ids(), vec!["a.txt"], "{:#?}", all.state);
+    invoke(&a, &catalogue[1].uri_template, "revert-all", None)
+        .await
+        .expect("revert all");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.txt")).expect("a.txt"),
+        "one\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("first.txt")).expect("the first session's file stays"),
+        "by-first\n"
+    );
+}

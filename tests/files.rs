@@ -1109,3 +1109,170 @@ async fn a_token_scoped_to_a_host_reaches_that_hosts_directories_only() {
         "theirs"
     );
 }
+
+/// A ready session `name` of the scripted agent (whose `sh:` prompts run in its directory): its chat.
+async fn scripted_session(client: &ahp::Client, name: &str) -> String {
+    let (_, state) = ready_session(client, "scripted", name, json!({}))
+        .await
+        .expect("ready");
+    state.default_chat.clone().expect("default chat")
+}
+
+/// Issue 33 (6): a watch tells the truth about files that are replaced, not edited. A non-recursive watch on
+/// one file (what an editor holds for an open file) sees 20 writes — the agent's `>` (in place), the agent's
+/// save through a temporary file and `mv`, and `resourceWrite` (which replaces the file) — each as `updated`,
+/// never `deleted`; a directory watch reports overwriting a file as `updated`, and a move as the source
+/// `deleted` and the destination `added`. `root` is tenant dev's directory, `chat` a session's whose directory
+/// is `dir`.
+async fn a_watch_sees_replaced_files_as_updated(client: &ahp::Client, chat: &str, dir: &Path) {
+    let file = dir.join("open.txt");
+    call(
+        client,
+        "resourceWrite",
+        json!({"uri": uri(&file), "data": "0", "encoding": "utf-8"}),
+    )
+    .await
+    .expect("write");
+    let watch = |path: &Path| {
+        let target = uri(path);
+        async move {
+            let created = call(client, "createResourceWatch", json!({"uri": target}))
+                .await
+                .expect("watch");
+            let channel = created["channel"].as_str().expect("channel").to_string();
+            client.subscribe(channel).await.expect("subscribe").1
+        }
+    };
+    let mut on_file = watch(&file).await;
+    let mut turn = 0;
+    for write in 1..=20 {
+        match write % 3 {
+            0 => {
+                call(
+                    client,
+                    "resourceWrite",
+                    json!({"uri": uri(&file), "data": format!("{write}"), "encoding": "utf-8"}),
+                )
+                .await
+                .expect("write");
+            }
+            how => {
+                turn += 1;
+                let command = if how == 1 {
+                    format!("sh: echo {write} > open.txt")
+                } else {
+                    format!("sh: echo {write} > .open.swp && mv .open.swp open.txt")
+                };
+                client
+                    .dispatch(chat.to_string(), turn_started(&format!("w{turn}"), &command))
+                    .await
+                    .expect("prompt");
+            }
+        }
+        // Reports until one comes after this write (the agent's runs after its prompt is accepted): the next
+        // write waits for it, so every write is seen.
+        loop {
+            let changes = next_changes(&mut on_file).await;
+            assert!(
+                !changes.is_empty()
+                    && changes
+                        .iter()
+                        .all(|(u, kind)| u == &uri(&file) && kind == "updated"),
+                "write {write}: {changes:?}"
+            );
+            let now = std::fs::read_to_string(&file).unwrap_or_default();
+            if now.trim() == write.to_string() {
+                break;
+            }
+        }
+    }
+    // A directory watch: an overwrite is an update; a move is the source gone and the destination new.
+    let mut on_dir = watch(dir).await;
+    call(
+        client,
+        "resourceWrite",
+        json!({"uri": uri(&file), "data": "again", "encoding": "utf-8"}),
+    )
+    .await
+    .expect("write");
+    let changes = next_changes(&mut on_dir).await;
+    assert_eq!(changes, vec![(uri(&file), "updated".to_string())]);
+    let moved = dir.join("moved.txt");
+    call(
+        client,
+        "resourceMove",
+        json!({"source": uri(&file), "destination": uri(&moved)}),
+    )
+    .await
+    .expect("move");
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        seen.extend(next_changes(&mut on_dir).await);
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![
+            (uri(&moved), "added".to_string()),
+            (uri(&file), "deleted".to_string())
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_serve_a_watch_sees_replaced_files_as_updated() {
+    let setup = relay_with_workspace(&[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let chat = scripted_session(&a, "editing").await;
+    a_watch_sees_replaced_files_as_updated(&a, &chat, &setup.root("dev").join("default/editing")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_runner_a_watch_sees_replaced_files_as_updated() {
+    let agents = scripted_agents_file();
+    let shard = Shard::start(&["--agents", &agents.file.display().to_string()]).await;
+    let gateway = Relay::gateway(&shard.url).await;
+    let _runner = start_runner(&shard, &agents.file, 1.0).await;
+    let (a, _) = gateway.client("device-a").await;
+    let chat = scripted_session(&a, "editing").await;
+    let dir = agents.workspace.path().join("dev/default/editing");
+    a_watch_sees_replaced_files_as_updated(&a, &chat, &dir).await;
+}
+
+/// Issue 33 (8): a `data:` URI (what a file edit's small side is) is read like any content reference — with or
+/// without a workspace — text as UTF-8, bytes as base64; one that cannot be decoded is a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_uri_is_read_like_any_content_reference() {
+    let relay = Relay::start().await;
+    let (a, _) = relay.client("device-a").await;
+    let read = call(
+        &a,
+        "resourceRead",
+        json!({"uri": "data:text/plain;charset=utf-8;base64,aGkgdGhlcmU="}),
+    )
+    .await
+    .expect("read");
+    assert_eq!(
+        (read["data"].as_str(), read["encoding"].as_str()),
+        (Some("hi there"), Some("utf-8"))
+    );
+    let read = call(&a, "resourceRead", json!({"uri": "data:,a%20b"}))
+        .await
+        .expect("read");
+    assert_eq!(read["data"], "a b");
+    let read = call(
+        &a,
+        "resourceRead",
+        json!({"uri": "data:application/octet-stream;base64,AAEC"}),
+    )
+    .await
+    .expect("read");
+    assert_eq!(
+        (read["data"].as_str(), read["encoding"].as_str()),
+        (Some("AAEC"), Some("base64"))
+    );
+    assert_eq!(
+        code(call(&a, "resourceRead", json!({"uri": "data:text/plain;base64,@@@"})).await).0,
+        -32602
+    );
+}

@@ -400,8 +400,18 @@ impl HostCore {
             "{turn_id} {}",
             if end == TurnEnd::Start { "start" } else { "end" }
         );
+        let of_session = Some(session.clone());
         runtime.spawn(async move {
-            let taken = files.call(&tenant, FileOp::Checkpoint { workspace, label }).await;
+            let taken = files
+                .call(
+                    &tenant,
+                    FileOp::Checkpoint {
+                        workspace,
+                        label,
+                        session: of_session,
+                    },
+                )
+                .await;
             host.with_core(|core| {
                 match taken {
                     Ok(FileReply::Checkpoint { commit }) => {
@@ -521,7 +531,7 @@ impl HostCore {
         let tenant = self.key.tenant.clone();
         let uri = uri.to_string();
         runtime.spawn(async move {
-            let computed = compute(&*files, &tenant, &workspace, &scope, &checkpoints).await;
+            let computed = compute(&*files, &tenant, &workspace, &session, &scope, &checkpoints).await;
             host.with_core(|core| core.apply_computed(&uri, computed));
         });
     }
@@ -606,9 +616,13 @@ impl HostCore {
             return;
         }
         let tenant = self.key.tenant.clone();
+        let session = Some(session.to_string());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Err(error) = files.call(&tenant, FileOp::ForgetCheckpoints { workspace }).await {
+                let forgotten = files
+                    .call(&tenant, FileOp::ForgetCheckpoints { workspace, session })
+                    .await;
+                if let Err(error) = forgotten {
                     tracing::warn!(%error, "a disposed session's checkpoints were not forgotten");
                 }
             });
@@ -631,6 +645,7 @@ async fn compute(
     files: &dyn FileAccess,
     tenant: &str,
     workspace: &str,
+    session: &str,
     scope: &ChangesetScope,
     checkpoints: &Checkpoints,
 ) -> Result<(Vec<ChangesetFile>, bool), ErrorInfo> {
@@ -654,6 +669,7 @@ async fn compute(
                 FileOp::Checkpoint {
                     workspace: workspace.to_string(),
                     label: "now".into(),
+                    session: Some(session.to_string()),
                 },
             )
             .await

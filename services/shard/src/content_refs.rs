@@ -25,7 +25,7 @@ pub fn id_of(uri: &str) -> Option<&str> {
 }
 
 /// A `data:` URI's content type and bytes.
-fn decode_data_uri(uri: &str) -> Option<(String, Vec<u8>)> {
+pub(crate) fn decode_data_uri(uri: &str) -> Option<(String, Vec<u8>)> {
     let (head, payload) = uri.strip_prefix("data:")?.split_once(',')?;
     let mut parts = head.split(';');
     let content_type = parts

@@ -167,6 +167,26 @@ fn operation(message: &InboundMessage) -> Result<FileOp, RpcError> {
     })
 }
 
+/// What `resourceRead` answers for `bytes` of `content_type`: text as UTF-8 unless base64 was asked for (or
+/// it is not UTF-8), anything else as base64.
+fn read_result(content_type: String, bytes: Vec<u8>, wanted: Option<ContentEncoding>) -> ResourceReadResult {
+    let textual = content_type.starts_with("text/")
+        || content_type.starts_with("application/json")
+        || content_type.is_empty();
+    let (data, encoding) = match (textual, wanted) {
+        (true, None | Some(ContentEncoding::Utf8)) => match String::from_utf8(bytes) {
+            Ok(text) => (text, ContentEncoding::Utf8),
+            Err(error) => (BASE64.encode(error.into_bytes()), ContentEncoding::Base64),
+        },
+        _ => (BASE64.encode(bytes), ContentEncoding::Base64),
+    };
+    ResourceReadResult {
+        data,
+        encoding,
+        content_type: Some(content_type),
+    }
+}
+
 impl Host {
     /// `resourceRead` of content kept by reference (`ahp-content:/<id>`): from the store, this host's only.
     async fn read_content(&self, id: Option<u64>, params: &ResourceReadParams) -> CommandResult {
@@ -229,6 +249,13 @@ impl Host {
             let params: ResourceReadParams = message.parse_params()?;
             if params.uri.starts_with(crate::content_refs::CONTENT_SCHEME) {
                 return self.read_content(message.id, &params).await;
+            }
+            // Content small enough to travel inline (a file edit's side up to a few KiB) is a `data:` URI: a
+            // client that fetches every `ContentRef` reads it here like any other.
+            if params.uri.starts_with("data:") {
+                let (content_type, bytes) = crate::content_refs::decode_data_uri(&params.uri)
+                    .ok_or_else(|| RpcError::invalid_params("a data: URI that cannot be decoded"))?;
+                return reply(message.id, &read_result(content_type, bytes, params.encoding));
             }
         }
         let Some(files) = files else {

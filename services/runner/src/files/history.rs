@@ -29,6 +29,9 @@ const EXCLUDES: &str = ".git\nnode_modules/\n.ahp-relay/\n";
 const ATTRIBUTES: &str = "* -filter\n";
 /// Entries one checkpoint walks at most; a larger working directory has no checkpoints.
 pub const MAX_CHECKPOINT_ENTRIES: usize = 100_000;
+/// Where each session's checkpoints of a directory are: `<SESSION_REFS>/<directory key>/<session key>`.
+const SESSION_REFS: &str = "refs/session-checkpoints";
+
 /// Files one comparison lists at most.
 pub const MAX_CHANGED_FILES: usize = 1000;
 
@@ -77,8 +80,24 @@ impl Files {
 
     /// The key of a working directory in the shadow repository (its index and ref are named by it).
     fn workspace_key(workspace: &Path) -> String {
-        let digest = sha2::Sha256::digest(workspace.as_os_str().as_encoded_bytes());
-        digest.iter().take(12).map(|byte| format!("{byte:02x}")).collect()
+        Self::checkpoints_key(workspace, None)
+    }
+
+    /// What names the checkpoints `session` keeps of `workspace` (ref, index, exclude list): two sessions
+    /// sharing a directory never share them.
+    fn checkpoints_key(workspace: &Path, session: Option<&str>) -> String {
+        let mut digest = sha2::Sha256::new();
+        digest.update(workspace.as_os_str().as_encoded_bytes());
+        if let Some(session) = session {
+            digest.update([0]);
+            digest.update(session.as_bytes());
+        }
+        digest
+            .finalize()
+            .iter()
+            .take(12)
+            .map(|byte| format!("{byte:02x}"))
+            .collect()
     }
 
     /// The working directory `requested`, an existing directory inside the root.
@@ -172,29 +191,91 @@ impl Files {
         .map_err(|error| FileError::Unavailable(format!("checkpoints: {error}")))
     }
 
-    /// Forget the checkpoints of working directory `workspace` (its session is gone): its ref, index and
-    /// exclude list, and the objects nothing else names.
-    pub(crate) fn forget_checkpoints(&self, workspace: &str) -> Result<FileReply, FileError> {
+    /// The ref holding `session`'s checkpoints of `workspace` (without a session: the directory's own, as
+    /// before sessions had their own).
+    fn checkpoints_ref(workspace: &Path, session: Option<&str>) -> String {
+        let directory = Self::workspace_key(workspace);
+        match session {
+            Some(_) => format!(
+                "{SESSION_REFS}/{directory}/{}",
+                Self::checkpoints_key(workspace, session)
+            ),
+            None => format!("refs/checkpoints/{directory}"),
+        }
+    }
+
+    /// Forget the checkpoints `session` keeps of working directory `workspace` (the session is gone): its ref;
+    /// once no session keeps any of that directory, its index and exclude list too. Unreferenced objects go
+    /// with git's own housekeeping (`gc --auto`), never a stop-the-world prune: another session's checkpoints
+    /// of the same directory stay whole.
+    pub(crate) fn forget_checkpoints(
+        &self,
+        workspace: &str,
+        session: Option<&str>,
+    ) -> Result<FileReply, FileError> {
         let workspace = self.confine(workspace, true)?;
         let shadow = self.shadow()?;
         if !shadow.join("HEAD").exists() {
             return Ok(FileReply::Done);
         }
+        self.clear_stale_locks(&shadow);
         let key = Self::workspace_key(&workspace);
-        let _ = self.shadow_git(None, &["update-ref", "-d", &format!("refs/checkpoints/{key}")]);
-        for dir in ["indexes", "excludes"] {
-            let _ = std::fs::remove_file(shadow.join(dir).join(&key));
+        let reference = Self::checkpoints_ref(&workspace, session);
+        let _ = self.shadow_git(None, &["update-ref", "-d", &reference]);
+        let others = self
+            .shadow_git(
+                None,
+                &[
+                    "for-each-ref",
+                    "--count=1",
+                    "--format=%(refname)",
+                    &format!("{SESSION_REFS}/{key}/"),
+                ],
+            )
+            .map(text)
+            .unwrap_or_default();
+        if others.is_empty() {
+            let _ = self.shadow_git(None, &["update-ref", "-d", &format!("refs/checkpoints/{key}")]);
+            for dir in ["indexes", "excludes"] {
+                let _ = std::fs::remove_file(shadow.join(dir).join(&key));
+            }
         }
-        self.shadow_git(None, &["gc", "--quiet", "--prune=now"])?;
+        self.shadow_git(None, &["gc", "--auto", "--quiet"])?;
         Ok(FileReply::Done)
     }
 
-    /// Commit the whole working directory; the commit's id.
-    pub(crate) fn checkpoint(&self, workspace: &str, label: &str) -> Result<FileReply, FileError> {
+    /// Remove the lock files a git that was killed left in the shadow repository (index, refs, packed refs,
+    /// HEAD, config): this file server runs one git at a time and none now, so every lock there is stale —
+    /// and one left behind would fail every later checkpoint.
+    fn clear_stale_locks(&self, shadow: &Path) {
+        let walker = walkdir::WalkDir::new(shadow)
+            .follow_links(false)
+            .into_iter()
+            .filter_entry(|entry| entry.file_name() != "objects");
+        for entry in walker.flatten() {
+            let is_lock =
+                entry.file_type().is_file() && entry.file_name().as_encoded_bytes().ends_with(b".lock");
+            if is_lock {
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => tracing::warn!(lock = %entry.path().display(), "removed a stale git lock"),
+                    Err(error) => tracing::warn!(%error, "cannot remove a stale git lock"),
+                }
+            }
+        }
+    }
+
+    /// Commit the whole working directory, as a checkpoint of `session`; the commit's id.
+    pub(crate) fn checkpoint(
+        &self,
+        workspace: &str,
+        label: &str,
+        session: Option<&str>,
+    ) -> Result<FileReply, FileError> {
         let workspace = self.working_directory(workspace)?;
         let shadow = self.ensure_shadow()?;
+        self.clear_stale_locks(&shadow);
         self.exclude_large_files(&shadow, &workspace)?;
-        let reference = format!("refs/checkpoints/{}", Self::workspace_key(&workspace));
+        let reference = Self::checkpoints_ref(&workspace, session);
         self.shadow_git(Some(&workspace), &["add", "-A", "--ignore-errors", "."])
             .or_else(|_| self.shadow_git(Some(&workspace), &["add", "-A", "."]))?;
         let tree = text(self.shadow_git(Some(&workspace), &["write-tree"])?);
@@ -467,11 +548,11 @@ mod tests {
         std::fs::write(workspace.join("src/a.txt"), "one\ntwo\n").expect("a");
         std::fs::write(workspace.join("b.txt"), "b\n").expect("b");
         let dir = workspace.display().to_string();
-        let start = commit(files.checkpoint(&dir, "t1 start"));
+        let start = commit(files.checkpoint(&dir, "t1 start", None));
         std::fs::write(workspace.join("src/a.txt"), "one\n2\nthree\n").expect("a");
         std::fs::remove_file(workspace.join("b.txt")).expect("b");
         std::fs::write(workspace.join("c.txt"), "new\n").expect("c");
-        let end = commit(files.checkpoint(&dir, "t1 end"));
+        let end = commit(files.checkpoint(&dir, "t1 end", None));
         let FileReply::Changes { files: changed } = files.changes(&start, &end).expect("changes") else {
             panic!("changes");
         };
@@ -536,31 +617,91 @@ mod tests {
             files.restore(&dir, &start, &["../x".into()]),
             Err(FileError::PermissionDenied(_))
         ));
-        let again = commit(files.checkpoint(&dir, "again"));
+        let again = commit(files.checkpoint(&dir, "again", None));
         let FileReply::Changes { files: none } = files.changes(&start, &again).expect("changes") else {
             panic!("changes");
         };
         assert!(none.is_empty(), "{none:?}");
         // The shadow repository is the file server's own, not in the tenant's root.
         assert!(state.path().join("checkpoints.git/HEAD").exists());
-        // Forgotten with its session: the checkpoints' objects go.
-        files.forget_checkpoints(&dir).expect("forget");
-        assert!(matches!(
-            files.read_version(&a.before.expect("blob"), "src/a.txt"),
-            Err(FileError::NotFound(_))
-        ));
+        // Forgotten with its session: nothing names its checkpoints any more (their objects go with git's
+        // housekeeping).
+        files.forget_checkpoints(&dir, None).expect("forget");
+        let named = files.shadow_git(None, &["for-each-ref"]).expect("refs");
+        assert!(named.is_empty(), "{}", String::from_utf8_lossy(&named));
+        let _ = a;
+    }
+
+    /// Issue 33 (10, 11): two sessions sharing a working directory keep checkpoints of their own: one forgotten
+    /// (disposed), the other's survive git's pruning and still compare; and a lock a killed git left in the
+    /// shadow repository does not fail the next checkpoint.
+    #[test]
+    fn sessions_sharing_a_directory_keep_their_checkpoints_and_stale_locks_are_cleared() {
+        let (_root, state, files, workspace) = setup(1 << 20);
+        let dir = workspace.display().to_string();
+        std::fs::write(workspace.join("shared.txt"), "one\n").expect("write");
+        let first = commit(files.checkpoint(&dir, "t1 start", Some("ahp-session:/first")));
+        let second_start = commit(files.checkpoint(&dir, "t1 start", Some("ahp-session:/second")));
+        std::fs::write(workspace.join("shared.txt"), "two\n").expect("write");
+        let second_end = commit(files.checkpoint(&dir, "t1 end", Some("ahp-session:/second")));
+        let _ = first;
+        files
+            .forget_checkpoints(&dir, Some("ahp-session:/first"))
+            .expect("forget the first");
+        // Whatever git's housekeeping later prunes, the second session's checkpoints are named still.
+        files
+            .shadow_git(None, &["gc", "--quiet", "--prune=now"])
+            .expect("prune");
+        let FileReply::Changes { files: changed } = files
+            .changes(&second_start, &second_end)
+            .expect("the second session's changes")
+        else {
+            panic!("changes");
+        };
+        assert_eq!(changed.len(), 1, "{changed:?}");
+        // A git killed mid-checkpoint leaves its locks: the index's and the ref's.
+        let shadow = state.path().join("checkpoints.git");
+        let index = std::fs::read_dir(shadow.join("indexes"))
+            .expect("indexes")
+            .flatten()
+            .next()
+            .expect("an index")
+            .path();
+        let reference = Files::checkpoints_ref(&workspace, Some("ahp-session:/second"));
+        let locks = [
+            PathBuf::from(format!("{}.lock", index.display())),
+            shadow.join("packed-refs.lock"),
+            shadow.join(format!("{reference}.lock")),
+        ];
+        for lock in &locks {
+            if let Some(parent) = lock.parent() {
+                std::fs::create_dir_all(parent).expect("its directory");
+            }
+            std::fs::write(lock, "").expect("a stale lock");
+        }
+        std::fs::write(workspace.join("shared.txt"), "three\n").expect("write");
+        let after = commit(files.checkpoint(&dir, "t2 end", Some("ahp-session:/second")));
+        let FileReply::Changes { files: changed } = files.changes(&second_end, &after).expect("changes")
+        else {
+            panic!("changes");
+        };
+        assert_eq!(changed.len(), 1, "{changed:?}");
+        assert!(
+            locks.iter().all(|lock| !lock.exists()),
+            "the stale locks are gone"
+        );
     }
 
     #[test]
     fn checkpoints_leave_out_large_files_and_run_no_filters() {
         let (_root, _state, files, workspace) = setup(100);
         let dir = workspace.display().to_string();
-        let start = commit(files.checkpoint(&dir, "start"));
+        let start = commit(files.checkpoint(&dir, "start", None));
         std::fs::write(workspace.join("big[1].bin"), vec![b'x'; 1000]).expect("big");
         std::fs::write(workspace.join("small.txt"), "s\n").expect("small");
         // A filter the working tree asks for, which a checkpoint must not run.
         std::fs::write(workspace.join(".gitattributes"), "* filter=evil\n").expect("attributes");
-        let end = commit(files.checkpoint(&dir, "end"));
+        let end = commit(files.checkpoint(&dir, "end", None));
         let FileReply::Changes { files: changed } = files.changes(&start, &end).expect("changes") else {
             panic!("changes");
         };
@@ -575,7 +716,7 @@ mod tests {
         std::fs::create_dir_all(&other).expect("other");
         std::fs::write(other.join("keep.txt"), "theirs\n").expect("theirs");
         let dir = workspace.display().to_string();
-        let start = commit(files.checkpoint(&dir, "start"));
+        let start = commit(files.checkpoint(&dir, "start", None));
         std::os::unix::fs::symlink(&other, workspace.join("link")).expect("link");
         assert!(matches!(
             files.restore(&dir, &start, &["link/keep.txt".into()]),

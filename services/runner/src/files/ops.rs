@@ -237,10 +237,16 @@ impl Files {
                 follow_symlinks,
             } => self.resolve(&path, follow_symlinks),
             FileOp::Mkdir { path } => self.mkdir(&path),
-            FileOp::Checkpoint { workspace, label } => self.checkpoint(&workspace, &label),
+            FileOp::Checkpoint {
+                workspace,
+                label,
+                session,
+            } => self.checkpoint(&workspace, &label, session.as_deref()),
             FileOp::Changes { from, to } => self.changes(&from, &to),
             FileOp::ReadVersion { object, path } => self.read_version(&object, &path),
-            FileOp::ForgetCheckpoints { workspace } => self.forget_checkpoints(&workspace),
+            FileOp::ForgetCheckpoints { workspace, session } => {
+                self.forget_checkpoints(&workspace, session.as_deref())
+            }
             FileOp::Restore {
                 workspace,
                 commit,
@@ -345,6 +351,23 @@ impl Files {
                     now.as_deref().unwrap_or("none: the file does not exist")
                 )));
             }
+        }
+        // Appending at the end: `O_APPEND` on the file itself, so that concurrent appenders (another request, a
+        // process writing through `>>`) never clobber each other, whatever the file's size.
+        if mode == WriteMode::Append && position == 0 {
+            if data.len() as u64 > self.max_bytes {
+                return Err(self.too_big(&path));
+            }
+            let appended = (|| {
+                let mut file = fs::OpenOptions::new()
+                    .append(true)
+                    .create(current.is_none())
+                    .open(&path)?;
+                file.write_all(data)
+            })();
+            return appended
+                .map(|()| FileReply::Done)
+                .map_err(|error| io_error(&path, error));
         }
         let existing = match &current {
             Some(_) => self.read_bounded(&path)?,
@@ -735,6 +758,40 @@ mod tests {
         ));
         // No temporary file is left beside it.
         assert_eq!(fs::read_dir(dir.path()).expect("list").count(), 1);
+    }
+
+    /// Issue 33 (7): an append is written where the file ends, on the file itself: a process appending through
+    /// its own `>>` descriptor between our appends loses nothing, and a file past the read limit takes appends.
+    #[test]
+    fn appends_never_clobber_another_appender_and_work_past_the_read_limit() {
+        use std::io::Write;
+        let (dir, files) = files();
+        let at = path(&dir, "log.txt");
+        fs::write(&at, vec![b'.'; 2000]).expect("a file past the 1024-byte limit");
+        let mut theirs = fs::OpenOptions::new()
+            .append(true)
+            .open(&at)
+            .expect("another appender");
+        for i in 0..100 {
+            write(
+                &files,
+                &at,
+                format!("ours-{i}\n").as_bytes(),
+                WriteMode::Append,
+                0,
+            )
+            .expect("append");
+            theirs
+                .write_all(format!("theirs-{i}\n").as_bytes())
+                .expect("theirs");
+        }
+        let text = fs::read_to_string(&at).expect("read");
+        let lost: Vec<String> = (0..100)
+            .flat_map(|i| [format!("ours-{i}\n"), format!("theirs-{i}\n")])
+            .filter(|line| !text.contains(line.as_str()))
+            .collect();
+        assert!(lost.is_empty(), "lines lost: {lost:?}");
+        assert!(text.starts_with(&".".repeat(2000)));
     }
 
     #[test]

@@ -68,10 +68,13 @@ pub enum FileOp {
     Unwatch {
         watch: u64,
     },
-    /// Commit the working directory `workspace` as a checkpoint ([`super::history`]).
+    /// Commit the working directory `workspace` as a checkpoint of `session` ([`super::history`]): sessions
+    /// sharing a directory keep checkpoints of their own (none named: the directory's, as before).
     Checkpoint {
         workspace: String,
         label: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
     },
     /// The files that differ between two checkpoints.
     Changes {
@@ -84,9 +87,11 @@ pub enum FileOp {
         object: String,
         path: String,
     },
-    /// Forget the checkpoints of a working directory (its session is gone).
+    /// Forget the checkpoints `session` keeps of a working directory (the session is gone).
     ForgetCheckpoints {
         workspace: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
     },
     /// Put files (relative to `workspace`) back as a checkpoint holds them.
     Restore {

@@ -2,8 +2,17 @@
 //! what changed filtered by the watch's `includes`/`excludes` globs (relative to the watched path, `globset`),
 //! coalesced for [`DEBOUNCE`] and written out as one `changed` line per watch. Each watch has its own watcher,
 //! dropped with it; how many a tenant may have is bounded by the runner ([`super::service`]).
+//!
+//! What is reported is the truth at the end of each period, not inotify's story of it: files are replaced, not
+//! edited (an editor's or the file server's save writes a temporary file and renames it over the name), so
+//! - a watched **file** is watched through its directory and filtered by name (inotify on the file itself
+//!   follows the old inode: one `deleted`, then silence);
+//! - each changed path is looked at when the period ends: there now and known before is `updated`, there and
+//!   new is `added`, gone is `deleted`, and a path that came and went within the period is not reported. What
+//!   is known is the watch's listing at its start, kept up to date by what it reports (bounded: past
+//!   [`KNOWN_MAX`] paths a recursive watch falls back to inotify's kinds for paths it never saw).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,17 +29,29 @@ pub const DEBOUNCE: Duration = Duration::from_millis(100);
 /// Most paths one report of a watch names (a flood beyond it in one period is not itemized).
 pub const MAX_CHANGES_PER_REPORT: usize = 1_000;
 
-/// What one watch reports.
-struct Watch {
+/// Most paths a watch knows exist (its listing at the start, then what it reported).
+pub const KNOWN_MAX: usize = 20_000;
+
+/// Which paths one watch reports.
+struct Filter {
     root: PathBuf,
     recursive: bool,
     includes: Option<GlobSet>,
     excludes: Option<GlobSet>,
+}
+
+/// What one watch reports.
+struct Watch {
+    filter: Arc<Filter>,
+    /// Paths under the root known to exist (what tells `added` from `updated`).
+    known: BTreeSet<PathBuf>,
+    /// Whether `known` holds every path there (false past [`KNOWN_MAX`]).
+    complete: bool,
     /// Stops watching when dropped.
     _watcher: notify::RecommendedWatcher,
 }
 
-impl Watch {
+impl Filter {
     /// Whether a change of `path` is this watch's to report (never the file server's own temporary files).
     fn reports(&self, path: &Path) -> bool {
         let Ok(relative) = path.strip_prefix(&self.root) else {
@@ -55,6 +76,99 @@ impl Watch {
             _ => true,
         }
     }
+}
+
+impl Watch {
+    /// What `path`, reported by inotify as `seen` during the period, is now: `None` when it came and went.
+    fn settle(&mut self, path: &Path, seen: ChangeKind) -> Option<ChangeKind> {
+        let exists = std::fs::symlink_metadata(path).is_ok();
+        let known = self.known.contains(path);
+        let kind = match (known, exists) {
+            (true, true) => ChangeKind::Updated,
+            (true, false) => ChangeKind::Deleted,
+            (false, true) if self.complete => ChangeKind::Added,
+            // Never listed: inotify's word, but a path that is there was not deleted.
+            (false, true) => match seen {
+                ChangeKind::Deleted => ChangeKind::Updated,
+                seen => seen,
+            },
+            (false, false) if self.complete => return None,
+            (false, false) => ChangeKind::Deleted,
+        };
+        match kind {
+            ChangeKind::Deleted => {
+                // What was beneath it went with it.
+                let gone: Vec<PathBuf> = self
+                    .known
+                    .range(path.to_path_buf()..)
+                    .take_while(|known| known.starts_with(path))
+                    .cloned()
+                    .collect();
+                for known in gone {
+                    self.known.remove(&known);
+                }
+            }
+            _ if self.known.len() < KNOWN_MAX => {
+                self.known.insert(path.to_path_buf());
+            }
+            _ => self.complete = false,
+        }
+        Some(kind)
+    }
+}
+
+impl Watch {
+    /// What a period's changes are now; with what a new directory of a recursive watch holds already (made
+    /// before the kernel watched it: an agent's `mkdir d && echo > d/f` is one step).
+    fn settle_all(&mut self, changes: BTreeMap<PathBuf, ChangeKind>) -> Vec<(String, ChangeKind)> {
+        let mut settled = Vec::new();
+        for (path, seen) in changes {
+            let Some(kind) = self.settle(&path, seen) else {
+                continue;
+            };
+            let new_directory = kind == ChangeKind::Added
+                && self.filter.recursive
+                && std::fs::symlink_metadata(&path).is_ok_and(|meta| meta.is_dir());
+            settled.push((path.display().to_string(), kind));
+            if new_directory {
+                let (inside, _) = listing(&path, true);
+                for entry in inside {
+                    if settled.len() >= MAX_CHANGES_PER_REPORT {
+                        break;
+                    }
+                    if self.filter.reports(&entry) && !self.known.contains(&entry) {
+                        if let Some(kind) = self.settle(&entry, ChangeKind::Added) {
+                            settled.push((entry.display().to_string(), kind));
+                        }
+                    }
+                }
+            }
+        }
+        settled
+    }
+}
+
+/// What exists of `root` now (`recursive`: the whole tree, links not followed), at most [`KNOWN_MAX`] paths;
+/// whether that is all of it.
+fn listing(root: &Path, recursive: bool) -> (BTreeSet<PathBuf>, bool) {
+    let mut known = BTreeSet::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if known.len() >= KNOWN_MAX {
+                return (known, false);
+            }
+            let path = entry.path();
+            if recursive && entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                pending.push(path.clone());
+            }
+            known.insert(path);
+        }
+    }
+    (known, true)
 }
 
 fn globs(patterns: &[String]) -> Result<Option<GlobSet>, FileError> {
@@ -90,24 +204,33 @@ impl Watches {
     /// [`DEBOUNCE`], while anything is pending).
     pub fn new(report: impl Fn(u64, Vec<(String, ChangeKind)>) + Send + 'static) -> Watches {
         let pending: Arc<Mutex<Pending>> = Arc::default();
-        let taken = pending.clone();
+        let watches: Arc<Mutex<HashMap<u64, Watch>>> = Arc::default();
+        let (taken, settled) = (pending.clone(), Arc::downgrade(&watches));
         std::thread::spawn(move || loop {
             std::thread::sleep(DEBOUNCE);
             let batch = std::mem::take(&mut *taken.lock());
-            for (watch, changes) in batch {
-                report(
-                    watch,
-                    changes
-                        .into_iter()
-                        .map(|(path, kind)| (path.display().to_string(), kind))
-                        .collect(),
-                );
+            if batch.is_empty() {
+                continue;
+            }
+            let Some(watches) = settled.upgrade() else {
+                return;
+            };
+            let reports: Vec<(u64, Vec<(String, ChangeKind)>)> = {
+                let mut watches = watches.lock();
+                batch
+                    .into_iter()
+                    .filter_map(|(id, changes)| {
+                        let watch = watches.get_mut(&id)?;
+                        let changes = watch.settle_all(changes);
+                        (!changes.is_empty()).then_some((id, changes))
+                    })
+                    .collect()
+            };
+            for (watch, changes) in reports {
+                report(watch, changes);
             }
         });
-        Watches {
-            watches: Arc::default(),
-            pending,
-        }
+        Watches { watches, pending }
     }
 
     /// Start watch `id` of `root` (an existing path, already confined).
@@ -119,13 +242,17 @@ impl Watches {
         includes: &[String],
         excludes: &[String],
     ) -> Result<(), FileError> {
-        let includes = globs(includes)?;
-        let excludes = globs(excludes)?;
-        let watches = Arc::downgrade(&self.watches);
+        let filter = Arc::new(Filter {
+            root: root.clone(),
+            recursive,
+            includes: globs(includes)?,
+            excludes: globs(excludes)?,
+        });
         let pending = Arc::downgrade(&self.pending);
+        let reported = filter.clone();
+        // The handler runs on the watcher's thread: it only records, under the pending lock alone.
         let handler = move |event: notify::Result<notify::Event>| {
-            let (Ok(event), Some(watches), Some(pending)) = (event, watches.upgrade(), pending.upgrade())
-            else {
+            let (Ok(event), Some(pending)) = (event, pending.upgrade()) else {
                 return;
             };
             let kind = match event.kind {
@@ -141,21 +268,15 @@ impl Watches {
                 EventKind::Modify(_) => ChangeKind::Updated,
                 _ => return,
             };
-            let watches = watches.lock();
-            let Some(watch) = watches.get(&id) else { return };
             let mut pending = pending.lock();
             for path in event.paths {
-                if watch.reports(&path) {
+                if reported.reports(&path) {
                     let changes = pending.entry(id).or_default();
                     if changes.len() >= MAX_CHANGES_PER_REPORT && !changes.contains_key(&path) {
                         continue;
                     }
-                    // Added then changed is still added; deleted wins over both.
-                    let merged = match (changes.get(&path), kind) {
-                        (Some(ChangeKind::Added), ChangeKind::Updated) => ChangeKind::Added,
-                        (_, kind) => kind,
-                    };
-                    changes.insert(path, merged);
+                    // The last word of inotify; what is true is settled when the period ends.
+                    changes.insert(path, kind);
                 }
             }
         };
@@ -163,21 +284,28 @@ impl Watches {
         let config = notify::Config::default().with_follow_symlinks(false);
         let mut watcher = notify::RecommendedWatcher::new(handler, config)
             .map_err(|error| FileError::Unavailable(format!("cannot watch: {error}")))?;
-        let mode = if recursive {
-            RecursiveMode::Recursive
+        // A file is watched through its directory (saves replace its inode), and filtered by name.
+        let is_dir = std::fs::symlink_metadata(&root).is_ok_and(|meta| meta.is_dir());
+        let (watched, mode) = match (is_dir, root.parent()) {
+            (false, Some(parent)) => (parent.to_path_buf(), RecursiveMode::NonRecursive),
+            _ if recursive => (root.clone(), RecursiveMode::Recursive),
+            _ => (root.clone(), RecursiveMode::NonRecursive),
+        };
+        // Listed before the kernel watches: what appears meanwhile is reported as added.
+        let (known, complete) = if is_dir {
+            listing(&root, recursive)
         } else {
-            RecursiveMode::NonRecursive
+            (BTreeSet::from([root.clone()]), true)
         };
         watcher
-            .watch(&root, mode)
+            .watch(&watched, mode)
             .map_err(|error| FileError::Unavailable(format!("cannot watch {}: {error}", root.display())))?;
         self.watches.lock().insert(
             id,
             Watch {
-                root,
-                recursive,
-                includes,
-                excludes,
+                filter,
+                known,
+                complete,
                 _watcher: watcher,
             },
         );
