@@ -603,6 +603,19 @@ async fn two_sessions_share_a_directory_and_disposing_one_keeps_the_others_chang
     let mut all = Watched::open(&a, &catalogue[1].uri_template).await;
     all.ready().await;
     assert_eq!(all.ids(), vec!["a.txt"], "{:#?}", all.state);
+    // Issue 33 (9): a mark naming a file the changeset no longer lists (another device reverted it) marks the
+    // others, as the spec says, instead of being refused whole.
+    a.dispatch(
+        catalogue[1].uri_template.clone(),
+        StateAction::ChangesetFilesReviewChanged(ChangesetFilesReviewChangedAction {
+            files: vec!["a.txt".into(), "reverted-meanwhile.txt".into()],
+            reviewed: true,
+        }),
+    )
+    .await
+    .expect("review");
+    all.until("a.txt reviewed", |state| is_reviewed(state, "a.txt"))
+        .await;
     invoke(&a, &catalogue[1].uri_template, "revert-all", None)
         .await
         .expect("revert all");

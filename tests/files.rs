@@ -1276,3 +1276,44 @@ async fn a_data_uri_is_read_like_any_content_reference() {
         -32602
     );
 }
+
+/// Issue 33 (9): a resource watch is its connection's alone on every way in — not only `subscribe`, but
+/// `initialize`'s `initialSubscriptions` and `reconnect` too; and `resourceRequest` of `<root>/../other` is not
+/// inside the workspace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_is_its_connections_alone_on_every_way_in_and_dot_dot_is_outside() {
+    let setup = relay_with_workspace(&[]).await;
+    let relay = &setup.relay;
+    let (a, _) = relay.client("device-a").await;
+    let root = setup.root("dev");
+    mkdir(&a, &root.join("w")).await;
+    let created = call(&a, "createResourceWatch", json!({"uri": uri(&root.join("w"))}))
+        .await
+        .expect("watch");
+    let channel = created["channel"].as_str().expect("channel").to_string();
+    // Another device of the same tenant names it at initialize: no snapshot of it.
+    let b = relay.connect("dev", "dev", Role::Member).await;
+    let init = b
+        .initialize("device-b".into(), vec!["1.0.0".into()], vec![channel.clone()])
+        .await
+        .expect("initialize");
+    assert!(init.snapshots.is_empty(), "{:?}", init.snapshots);
+    // Or at reconnect: missing, not replayed.
+    let c = relay.connect("dev", "dev", Role::Member).await;
+    match c
+        .reconnect("device-c".into(), 0, vec![channel.clone()])
+        .await
+        .expect("reconnect")
+    {
+        ahp_types::commands::ReconnectResult::Replay(replay) => {
+            assert!(replay.missing.contains(&channel), "{:?}", replay.missing);
+            assert!(replay.actions.is_empty());
+        }
+        ahp_types::commands::ReconnectResult::Snapshot(snapshots) => {
+            assert!(snapshots.snapshots.is_empty(), "{:?}", snapshots.snapshots);
+        }
+    }
+    let outside = format!("file://{}/../other", root.display());
+    let (refused, _) = code(call(&a, "resourceRequest", json!({"uri": outside})).await);
+    assert_eq!(refused, -32009);
+}

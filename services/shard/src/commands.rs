@@ -183,6 +183,16 @@ impl HostCore {
         let mut unavailable = Vec::new();
         let mut budget = crate::model::ReplyBudget::new(self.limits.max_reply_bytes);
         for channel in requested {
+            // A resource watch is its connection's alone: to any other it does not exist.
+            if self
+                .model
+                .watches
+                .get(&channel)
+                .is_some_and(|watch| watch.owner != connection)
+            {
+                unavailable.push(channel);
+                continue;
+            }
             match self
                 .model
                 .snapshot_within(&channel, from_seq, self.limits.retained_turns, &mut budget)

@@ -46,6 +46,17 @@ const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::
 /// The path a `file:` URI names.
 pub(crate) fn path_of(uri: &str) -> Result<String, RpcError> {
     match uri.strip_prefix("file://") {
+        // No `..`: a path is compared with the workspace's by its words (`<root>/../other` is not inside it).
+        Some(path)
+            if path.starts_with('/')
+                && std::path::Path::new(path)
+                    .components()
+                    .any(|part| part == std::path::Component::ParentDir) =>
+        {
+            Err(RpcError::permission_denied(format!(
+                "{uri}: a path with `..` is not served: name the file itself"
+            )))
+        }
         Some(path) if path.starts_with('/') => Ok(path.to_string()),
         _ => Err(RpcError::new(
             ahp_error_codes::NOT_FOUND,

@@ -215,7 +215,13 @@ impl HostCore {
             if !seen.insert(channel.clone()) {
                 continue;
             }
-            if self.model.kind(&channel) == ChannelKind::Unknown {
+            // A resource watch is its connection's alone (and went with the connection this one replaces).
+            let others_watch = self
+                .model
+                .watches
+                .get(&channel)
+                .is_some_and(|watch| watch.owner != connection);
+            if self.model.kind(&channel) == ChannelKind::Unknown || others_watch {
                 missing.push(channel);
             } else {
                 live.push(channel);

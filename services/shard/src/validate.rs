@@ -238,17 +238,12 @@ pub fn check_client_action(
         },
         ChannelKind::ResourceWatch => Err("a resource watch's changes come from the host only".into()),
         ChannelKind::Changeset => match (model.changesets.get(channel), action) {
-            (Some(changeset), StateAction::ChangesetFilesReviewChanged(review)) => {
-                match review
-                    .files
-                    .iter()
-                    .find(|id| !changeset.state.files.iter().any(|file| &file.id == *id))
-                {
-                    Some(unknown) => Err(format!("{unknown} is not a file of this changeset")),
-                    None if review.files.is_empty() => Err("name the files to mark".into()),
-                    None => Ok(()),
-                }
+            // Ids the changeset no longer lists are ignored by the reducer, as the spec says: a mark racing another
+            // device's revert must not be rolled back whole.
+            (Some(_), StateAction::ChangesetFilesReviewChanged(review)) if review.files.is_empty() => {
+                Err("name the files to mark".into())
             }
+            (Some(_), StateAction::ChangesetFilesReviewChanged(_)) => Ok(()),
             (Some(_), _) => Err("only review marks come from clients".into()),
             (None, _) => Err("unknown changeset".into()),
         },
