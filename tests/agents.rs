@@ -2548,4 +2548,23 @@ async fn a_repositorys_branch_is_a_session_setting_that_completes_and_applies() 
     .expect_err("no such branch");
     assert_eq!(failed.error_type, "branchUnavailable");
     assert!(failed.message.contains("no-such-branch"), "{}", failed.message);
+    // Issue 33 (13): a switch over 24,000 modified files, which git lists (more than 1 MiB) as it carries them
+    // over, starts the session on that branch instead of leaving it `creating` for ever on a full pipe.
+    let prepared = prompt(
+        &a,
+        &maker,
+        "t2",
+        "sh: mkdir many && for i in $(seq 24000); do echo a > many/a-file-with-a-long-name-to-fill-the-pipe-$i.txt; done \
+         && git add many && git -c user.name=t -c user.email=t@t commit -q -m many && git branch big \
+         && for f in many/*; do echo dirty > $f; done && echo prepared",
+    )
+    .await;
+    let (said, _) = turn_text(&prepared, "t2");
+    assert!(said.contains("prepared"), "{said}");
+    let chat = session_in(&a, "onto-big", &dir, serde_json::json!({"branch": "big"}))
+        .await
+        .expect("on big, its local changes carried over");
+    let state = prompt(&a, &chat, "t1", "sh: git branch --show-current").await;
+    let (reply, _) = turn_text(&state, "t1");
+    assert!(reply.contains("big"), "{reply}");
 }

@@ -256,6 +256,8 @@ async fn switch_branch(place: &Place, spec: &relay_sandbox::SandboxSpec, branch:
 
 /// The most of a git's output read (a configuration's names); reaching it is an error for the listing.
 const LISTING_MAX: usize = 1024 * 1024;
+/// How long a git the session's start runs (listing the configuration, switching branch) may take.
+const GIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Run git with `args` and the `forced` configuration in the session's sandbox: its output (at most 1 MiB), and
 /// whether it succeeded (else what it said).
@@ -275,20 +277,35 @@ async fn git_in_sandbox(
         .await
         .map_err(|error| error.to_string())?;
     drop(child.stdin.take());
-    let (mut out, mut said) = (Vec::new(), String::new());
+    let (mut out, mut said) = (Vec::new(), Vec::new());
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    // What is kept is bounded; the rest is read and dropped, so git never waits on a full pipe (a refused
+    // switch lists every dirty file).
     let read_out = async {
-        if let Some(stdout) = stdout {
-            let _ = stdout.take(LISTING_MAX as u64).read_to_end(&mut out).await;
+        if let Some(mut stdout) = stdout {
+            let _ = (&mut stdout).take(LISTING_MAX as u64).read_to_end(&mut out).await;
+            let _ = tokio::io::copy(&mut stdout, &mut tokio::io::sink()).await;
         }
     };
     let read_err = async {
-        if let Some(stderr) = stderr {
-            let _ = stderr.take(8 * 1024).read_to_string(&mut said).await;
+        if let Some(mut stderr) = stderr {
+            let _ = (&mut stderr).take(8 * 1024).read_to_end(&mut said).await;
+            let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
         }
     };
-    tokio::join!(read_out, read_err);
-    let status = child.wait().await.map_err(|error| error.to_string())?;
+    let finished = tokio::time::timeout(GIT_PATIENCE, async {
+        tokio::join!(read_out, read_err);
+        child.wait().await
+    })
+    .await;
+    let status = match finished {
+        Ok(status) => status.map_err(|error| error.to_string())?,
+        Err(_) => {
+            let _ = child.start_kill();
+            return Err(format!("git did not finish within {}s", GIT_PATIENCE.as_secs()));
+        }
+    };
+    let said = String::from_utf8_lossy(&said);
     let outcome = if status.success() {
         Ok(())
     } else {
