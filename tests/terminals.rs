@@ -1006,3 +1006,84 @@ async fn a_bang_command_printing_5_mib_ends_its_turn_and_so_does_disposing_its_t
     let shown = serde_json::to_string(&fresh_chat_snapshot(&setup.relay, &chat).await.turns).expect("json");
     assert!(shown.contains("next-2"), "{shown}");
 }
+
+/// Issue 33 (4): a client that follows the spec alone — a client claim and a `cwd`, no `_meta` of the relay's,
+/// no size — opens a terminal in the session whose directory holds the `cwd`, at 80×24 (its state says so),
+/// types into it and disposes it. A session whose agent has no workspace (the demo) is not offered a terminal
+/// that would fail: `createTerminal` says why, and its `!command` goes to the agent as a message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_only_client_opens_types_into_and_disposes_a_terminal() {
+    let setup = relay_with_workspace("", &[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let (_, _) = session(&a, "spec").await;
+    let directory = setup.workspace.path().join("dev/default/spec");
+    let uri = "ahp-terminal:/spec-only";
+    let _: Value = a
+        .request(
+            "createTerminal",
+            json!({
+                "channel": uri,
+                "claim": {"kind": "client", "clientId": "device-a"},
+                "cwd": format!("file://{}", directory.display()),
+            }),
+        )
+        .await
+        .expect("createTerminal without _meta");
+    let mut on_a = Watched::open(&a, uri).await;
+    assert_eq!((on_a.state.cols, on_a.state.rows), (Some(80), Some(24)));
+    a.dispatch(uri.to_string(), input("stty size; echo spec-$((1+1))\n"))
+        .await
+        .expect("type");
+    on_a.until("the answer", |state| {
+        let shown = text(state);
+        shown.contains("24 80") && shown.contains("spec-2")
+    })
+    .await;
+    let _: Value = a
+        .request("disposeTerminal", json!({"channel": uri}))
+        .await
+        .expect("disposeTerminal");
+    // A cwd no session holds: said so.
+    let refused: Result<Value, ClientError> = a
+        .request(
+            "createTerminal",
+            json!({
+                "channel": "ahp-terminal:/nowhere",
+                "claim": {"kind": "client", "clientId": "device-a"},
+                "cwd": "file:///nowhere",
+            }),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(ClientError::Rpc(e)) if e.code == -32602 && e.message.contains("cwd")),
+        "{refused:?}"
+    );
+    // The demo agent has no workspace.
+    let (demo, _) = ready_session(&a, "demo", "demo", json!({}))
+        .await
+        .expect("demo ready");
+    let refused: Result<Value, ClientError> = a
+        .request(
+            "createTerminal",
+            json!({
+                "channel": "ahp-terminal:/demo",
+                "claim": {"kind": "session", "session": demo, "chat": "ahp-chat:/demo"},
+            }),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(ClientError::Rpc(e)) if e.code == -32602 && e.message.contains("workspace")),
+        "{refused:?}"
+    );
+    let chat = "ahp-chat:/demo".to_string();
+    let (_, _, mut on_chat) = subscribe_chat(&a, &chat).await;
+    a.dispatch(chat.clone(), turn_started("t1", "!ls"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut on_chat, is_turn_complete).await;
+    let shown = serde_json::to_string(&fresh_chat_snapshot(&setup.relay, &chat).await.turns).expect("json");
+    assert!(
+        !shown.contains("killed") && !shown.contains("ahp-terminal:"),
+        "{shown}"
+    );
+}

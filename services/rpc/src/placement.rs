@@ -661,6 +661,10 @@ impl Provider for RemoteAgent {
         handle
     }
 
+    fn runs_terminals(&self) -> bool {
+        true
+    }
+
     fn start_terminal(&self, request: TerminalRequest, sink: Arc<dyn ChatSink>) -> TerminalStarted {
         match self.pool.start_terminal(&self.info.provider, &request, &sink) {
             Ok(answered) => answered,

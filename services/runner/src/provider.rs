@@ -278,6 +278,12 @@ pub trait Provider: Send + Sync + 'static {
     fn start_turn(&self, turn: TurnRequest, sink: Arc<dyn ChatSink>) -> TurnHandle;
     /// The session (`session` on `host` of `tenant`) is gone: stop everything the provider runs for it.
     fn dispose_session(&self, _tenant: &str, _host: &str, _session: &str) {}
+    /// Whether [`Provider::start_terminal`] can run a terminal (the provider has a workspace of the session's
+    /// on a machine): a `!command` or `createTerminal` for a session of one that cannot is not offered a
+    /// terminal that would only fail.
+    fn runs_terminals(&self) -> bool {
+        false
+    }
     /// Start a device's terminal (a shell on a pseudoterminal in the session's sandbox). Must not block.
     /// Providers that run nothing on a machine of their own refuse.
     fn start_terminal(&self, _request: TerminalRequest, _sink: Arc<dyn ChatSink>) -> TerminalStarted {

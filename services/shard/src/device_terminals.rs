@@ -125,28 +125,38 @@ impl HostCore {
                 format!("{uri} already exists"),
             ));
         }
-        let session = match &params.claim {
-            TerminalClaim::Session(claim) => claim.session.clone(),
-            TerminalClaim::Client(claim) => {
-                if claim.client_id != client_id {
-                    return Err(RpcError::invalid_params(
-                        "a client claim names the client creating the terminal",
-                    ));
+        let session =
+            match &params.claim {
+                TerminalClaim::Session(claim) => claim.session.clone(),
+                TerminalClaim::Client(claim) => {
+                    if claim.client_id != client_id {
+                        return Err(RpcError::invalid_params(
+                            "a client claim names the client creating the terminal",
+                        ));
+                    }
+                    let named = params
+                        .meta
+                        .as_ref()
+                        .and_then(|meta| meta.get(SESSION_META))
+                        .and_then(|session| session.as_str())
+                        .map(str::to_string);
+                    // A client that follows the spec alone names a `cwd`: the session whose directory holds it.
+                    match named.or_else(|| params.cwd.as_deref().and_then(|cwd| self.session_holding(cwd))) {
+                        Some(session) => session,
+                        None => return Err(RpcError::invalid_params(
+                            "name where the terminal runs: a cwd inside a session's working directory, or a \
+                             session claim",
+                        )),
+                    }
                 }
-                params
-                    .meta
-                    .as_ref()
-                    .and_then(|meta| meta.get(SESSION_META))
-                    .and_then(|session| session.as_str())
-                    .map(str::to_string)
-                    .ok_or_else(|| {
-                        RpcError::invalid_params(format!(
-                            "name the session the terminal runs in: a session claim, or _meta[\"{SESSION_META}\"]"
-                        ))
-                    })?
-            }
-        };
+            };
         let (provider, request) = self.terminal_request(&session, &uri, params.cwd.clone(), None)?;
+        if !provider.runs_terminals() {
+            return Err(RpcError::invalid_params(
+                "this session's agent has no workspace to open a terminal in: open it in a session of an agent \
+                 that has one",
+            ));
+        }
         // A token scoped to hosts opens terminals in their directories only.
         let tenant_root = self
             .providers
@@ -169,11 +179,13 @@ impl HostCore {
             .clone()
             .filter(|name| !name.trim().is_empty())
             .unwrap_or_else(|| "Terminal".into());
+        // The size it runs at (80×24 unless asked), said in its state too.
+        let (cols, rows) = (params.cols.unwrap_or(80), params.rows.unwrap_or(24));
         let state = TerminalState {
             title: cut(&title, MAX_TITLE),
             cwd: params.cwd.clone(),
-            cols: params.cols,
-            rows: params.rows,
+            cols: Some(cols),
+            rows: Some(rows),
             content: Vec::new(),
             lifecycle: TerminalLifecycleState::Running(TerminalRunningLifecycleState {}),
             claim: params.claim.clone(),
@@ -181,8 +193,8 @@ impl HostCore {
             is_pty: Some(true),
         };
         let request = TerminalRequest {
-            cols: params.cols.unwrap_or(80),
-            rows: params.rows.unwrap_or(24),
+            cols,
+            rows,
             ..request
         };
         self.open_device_channel(
@@ -194,6 +206,29 @@ impl HostCore {
             Some(client_id),
         )?;
         Ok((provider, request))
+    }
+
+    /// The session of this host whose working directory holds `cwd` (a `file://` URI or a path): the one whose
+    /// directory is the deepest such.
+    fn session_holding(&self, cwd: &str) -> Option<String> {
+        let path = |uri: &str| std::path::PathBuf::from(uri.strip_prefix("file://").unwrap_or(uri));
+        let cwd = path(cwd);
+        if cwd
+            .components()
+            .any(|part| part == std::path::Component::ParentDir)
+        {
+            return None;
+        }
+        self.model
+            .sessions
+            .keys()
+            .filter_map(|uri| {
+                let directory = path(&self.working_directory_of(uri)?);
+                cwd.starts_with(&directory)
+                    .then(|| (directory.components().count(), uri.clone()))
+            })
+            .max()
+            .map(|(_, uri)| uri)
     }
 
     /// The provider of `session` and what to ask it for a terminal `uri` there.
@@ -366,6 +401,16 @@ impl HostCore {
         let Some(session) = self.model.chats.get(chat).map(|record| record.session.clone()) else {
             return false;
         };
+        // An agent without a workspace (the demo) runs no command: the message goes to it as it is.
+        let runs_terminals = self
+            .model
+            .sessions
+            .get(&session)
+            .and_then(|record| self.providers.get(&record.state.provider))
+            .is_some_and(|provider| provider.runs_terminals());
+        if !runs_terminals {
+            return false;
+        }
         let uri = format!("{TERMINAL_SCHEME}/{}", uuid::Uuid::new_v4());
         let tool_call_id = format!("{turn_id}-terminal");
         let turn = CommandTurn {

@@ -305,6 +305,10 @@ impl Provider for AcpProvider {
         handle
     }
 
+    fn runs_terminals(&self) -> bool {
+        true
+    }
+
     fn start_terminal(&self, request: TerminalRequest, sink: Arc<dyn ChatSink>) -> TerminalStarted {
         self.start_shell(request, sink)
     }
