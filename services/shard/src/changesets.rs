@@ -751,26 +751,42 @@ impl Host {
         message: &InboundMessage,
     ) -> CommandResult {
         let params: InvokeChangesetOperationParams = message.parse_params()?;
-        let prepared = self.with_core(|core| core.prepare_operation(connection, &params));
-        let (files, tenant, op, session) = prepared?;
-        let uri = params.channel.clone();
-        let outcome = files.call(&tenant, op).await;
-        let failure = outcome.as_ref().err().map(|error| error.to_string());
-        self.with_core(|core| {
-            core.apply_server_action(
-                &uri,
-                StateAction::ChangesetOperationStatusChanged(ChangesetOperationStatusChangedAction {
-                    operation_id: params.operation_id.clone(),
-                    status: if failure.is_some() {
-                        ahp_types::state::ChangesetOperationStatus::Error
-                    } else {
-                        ahp_types::state::ChangesetOperationStatus::Idle
-                    },
-                    error: failure.clone().map(|why| error_info("operationFailed", why)),
-                }),
-            );
-            core.refresh_changesets(&session);
+        let prepared = self.with_core(|core| {
+            let prepared = core.prepare_operation(connection, &params)?;
+            let host = core
+                .host
+                .upgrade()
+                .ok_or_else(|| RpcError::internal("the host is going away"))?;
+            Ok::<_, RpcError>((prepared, host))
         });
+        let ((files, tenant, op, session), host) = prepared?;
+        let uri = params.channel.clone();
+        let operation_id = params.operation_id.clone();
+        // The operation is the host's, not the request's: a request dropped meanwhile (its client gone, the
+        // gateway's call timeout) still settles its status, which would otherwise stay `running` for ever.
+        let settled = tokio::spawn(async move {
+            let outcome = files.call(&tenant, op).await;
+            let failure = outcome.as_ref().err().map(|error| error.to_string());
+            host.with_core(|core| {
+                core.apply_server_action(
+                    &uri,
+                    StateAction::ChangesetOperationStatusChanged(ChangesetOperationStatusChangedAction {
+                        operation_id,
+                        status: if failure.is_some() {
+                            ahp_types::state::ChangesetOperationStatus::Error
+                        } else {
+                            ahp_types::state::ChangesetOperationStatus::Idle
+                        },
+                        error: failure.clone().map(|why| error_info("operationFailed", why)),
+                    }),
+                );
+                core.refresh_changesets(&session);
+            });
+            outcome
+        });
+        let outcome = settled
+            .await
+            .map_err(|_| RpcError::internal("the operation's task was lost"))?;
         match outcome {
             Ok(FileReply::Checkpoint { commit }) => reply(
                 message.id,

@@ -59,30 +59,45 @@ impl Host {
             Ok(opened) => opened,
             Err(error) => return answer(message.id, Err(error)),
         };
-        self.wait_committed(barrier).await;
-        let key = request.key.clone();
-        let failure = match tokio::time::timeout(START_PATIENCE, provider.start_terminal(request, sink)).await
-        {
-            Ok(Ok(Ok(()))) => None,
-            Ok(Ok(Err(error))) => Some(error),
-            Ok(Err(_)) => Some("the process that was to run it went away".to_string()),
-            Err(_) => Some(format!("it did not start within {}s", START_PATIENCE.as_secs())),
+        let Some(host) = self.with_core(|core| core.host.upgrade()) else {
+            return answer(message.id, Err(RpcError::internal("the host is going away")));
         };
-        if let Some(failure) = failure {
-            provider.kill_terminal(&key);
-            let barrier = self.with_core(|core| {
-                core.close_terminal(&key.uri);
-                core.seq.barrier()
-            });
-            self.wait_committed(barrier).await;
-            return answer(
+        // The start is the host's, not the request's: a request dropped meanwhile (its client gone, the
+        // gateway's call timeout) still leaves the terminal running or closed, never open with no process.
+        let started = tokio::spawn(async move {
+            host.wait_committed(barrier).await;
+            let key = request.key.clone();
+            let failure =
+                match tokio::time::timeout(START_PATIENCE, provider.start_terminal(request, sink)).await {
+                    Ok(Ok(Ok(()))) => None,
+                    Ok(Ok(Err(error))) => Some(error),
+                    Ok(Err(_)) => Some("the process that was to run it went away".to_string()),
+                    Err(_) => Some(format!("it did not start within {}s", START_PATIENCE.as_secs())),
+                };
+            if let Some(failure) = &failure {
+                provider.kill_terminal(&key);
+                let barrier = host.with_core(|core| {
+                    core.close_terminal(&key.uri);
+                    core.seq.barrier()
+                });
+                host.wait_committed(barrier).await;
+                tracing::debug!(terminal = %key.uri, %failure, "a terminal did not start");
+            }
+            failure
+        });
+        match started.await {
+            Ok(None) => answer(message.id, reply(message.id, &())),
+            Ok(Some(failure)) => answer(
                 message.id,
                 Err(RpcError::internal(format!(
                     "cannot start the terminal: {failure}"
                 ))),
-            );
+            ),
+            Err(_) => answer(
+                message.id,
+                Err(RpcError::internal("the terminal's start was lost")),
+            ),
         }
-        answer(message.id, reply(message.id, &()))
     }
 }
 
