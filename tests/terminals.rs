@@ -1087,3 +1087,113 @@ async fn a_spec_only_client_opens_types_into_and_disposes_a_terminal() {
         "{shown}"
     );
 }
+
+/// Issue 33 (3): a terminal runs on while no device is connected for longer than the idle-host timeout (a
+/// phone that started a build and locked its screen): its host stays in memory for it while another, idle one
+/// is evicted; its late output is there when a device comes back, which types into it and disposes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_outlives_the_idle_host_timeout_with_no_client_connected() {
+    // (The idle-host timeout is at least the clients' grace plus 1 s.)
+    let setup = relay_with_workspace(
+        "",
+        &["--idle-host-timeout", "1s", "--active-client-grace-ms", "100"],
+    )
+    .await;
+    let relay = &setup.relay;
+    let uri = "ahp-terminal:/build";
+    {
+        let (a, _) = relay.client("phone").await;
+        let (session, _) = session(&a, "build").await;
+        create_terminal(&a, "phone", &session, uri)
+            .await
+            .expect("createTerminal");
+        let mut on_a = Watched::open(&a, uri).await;
+        on_a.until("the prompt", |state| {
+            state.supports_command_detection == Some(true)
+        })
+        .await;
+        a.dispatch(
+            uri.to_string(),
+            input("while [ ! -e done-waiting ]; do sleep 0.1; done; echo late-$((1+1))\n"),
+        )
+        .await
+        .expect("type");
+        on_a.until("the build running", |state| command_running(state, "while"))
+            .await;
+        // The phone locks its screen: no client of the tenant is connected.
+    }
+    // Another tenant's host, used after and left idle: the yardstick for the eviction pass.
+    {
+        let (other, _) = relay.client_as("other", "olga", Role::Member, "olga").await;
+        other.ping().await.expect("ping");
+    }
+    let deadline = Instant::now() + PATIENCE;
+    while relay.metric("ahp_relay_hosts_open").await > 1.0 {
+        assert!(Instant::now() < deadline, "the idle host was never evicted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::write(setup.workspace.path().join("dev/default/build/done-waiting"), "").expect("let it finish");
+    // The phone comes back: the terminal ran on, its output arrived, and it takes input.
+    let (a, _) = relay.client("phone").await;
+    let mut on_a = Watched::open(&a, uri).await;
+    on_a.until("the late output", |state| text(state).contains("late-2"))
+        .await;
+    assert!(!is_exited(&on_a.state), "the terminal still runs");
+    a.dispatch(uri.to_string(), input("echo back-$((2+3))\n"))
+        .await
+        .expect("type");
+    on_a.until("the answer", |state| {
+        finished_with(state, "echo back", "back-5") == Some(Some(0))
+    })
+    .await;
+    let _: Value = a
+        .request("disposeTerminal", json!({"channel": uri}))
+        .await
+        .expect("disposeTerminal");
+}
+
+/// Issue 33 (3), a live host: a session whose terminal runs stays in memory while nothing subscribes to it
+/// (another device keeps the host open; unused sessions leave memory), so its terminal runs on and takes input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_keeps_its_session_in_memory_on_a_live_host() {
+    let setup = relay_with_workspace(
+        "",
+        &["--idle-host-timeout", "400ms", "--active-client-grace-ms", "100"],
+    )
+    .await;
+    let relay = &setup.relay;
+    let (keeper, _) = relay.client("keeper").await;
+    let (_, _) = session(&keeper, "unused").await;
+    let uri = "ahp-terminal:/kept";
+    {
+        let (a, _) = relay.client("phone").await;
+        let (session, _) = session(&a, "kept").await;
+        create_terminal(&a, "phone", &session, uri)
+            .await
+            .expect("createTerminal");
+        let mut on_a = Watched::open(&a, uri).await;
+        on_a.until("the prompt", |state| {
+            state.supports_command_detection == Some(true)
+        })
+        .await;
+    }
+    keeper.unsubscribe("ahp-session:/unused".into()).await.ok();
+    keeper.unsubscribe("ahp-chat:/unused".into()).await.ok();
+    // The unused session leaves memory: the yardstick for the sweep.
+    let deadline = Instant::now() + PATIENCE;
+    while relay.metric("ahp_relay_sessions_loaded").await > 1.0 {
+        assert!(Instant::now() < deadline, "the unused session never left memory");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (a, _) = relay.client("phone").await;
+    let mut on_a = Watched::open(&a, uri).await;
+    assert!(!is_exited(&on_a.state), "the terminal still runs");
+    a.dispatch(uri.to_string(), input("echo kept-$((2+3))\n"))
+        .await
+        .expect("type");
+    on_a.until("the answer", |state| {
+        finished_with(state, "echo kept", "kept-5") == Some(Some(0))
+    })
+    .await;
+    keeper.ping().await.expect("the keeper is still attached");
+}

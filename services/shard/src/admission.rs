@@ -120,9 +120,18 @@ impl HostCore {
         }
     }
 
-    /// Whether a connection subscribes to `session` or one of its chats or terminals, a turn runs in it, or
-    /// its agent is still starting it (a reload would fail it).
+    /// Whether a connection subscribes to `session` or one of its chats or terminals, a turn or a terminal
+    /// runs in it (a phone that started a build and locked its screen), or its agent is still starting it (a
+    /// reload would fail it).
     pub(crate) fn session_in_use(&self, session: &str) -> bool {
+        if self
+            .model
+            .terminals
+            .values()
+            .any(|terminal| terminal.session == session && terminal.runs_here())
+        {
+            return true;
+        }
         let starting = self
             .model
             .sessions

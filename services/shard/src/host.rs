@@ -454,8 +454,8 @@ impl Host {
         })
     }
 
-    /// Whether the host can be evicted from memory: no connection attached, no agent turn running, nothing
-    /// waiting to be committed or in flight, and no activity for `idle_for`. Everything it holds is then in
+    /// Whether the host can be evicted from memory: no connection attached, no agent turn or terminal running,
+    /// nothing waiting to be committed or in flight, and no activity for `idle_for`. Everything it holds is then in
     /// the store, and reopening it restores the same state.
     pub fn is_idle(&self, idle_for: std::time::Duration) -> bool {
         let core = self.core.lock();
@@ -464,6 +464,8 @@ impl Host {
             && !core.seq.has_pending()
             && *self.durable.borrow() >= core.seq.barrier()
             && core.model.chats.values().all(|chat| chat.running.is_none())
+            // A running terminal's process sends its output here.
+            && !core.model.terminals.values().any(|terminal| terminal.runs_here())
             && core.clients.values().all(|binding| binding.live_connections == 0)
             // An agent still starting a session reports to this host (a reload would fail the session).
             && core

@@ -76,6 +76,18 @@ pub struct TerminalRecord {
     pub device: Option<DeviceTerminal>,
 }
 
+impl TerminalRecord {
+    /// Whether a process runs it that this host took (a device's terminal, a `!command`): the host must stay
+    /// in memory for it, or the process loses where its output goes.
+    pub fn runs_here(&self) -> bool {
+        self.device.is_some()
+            && matches!(
+                self.state.lifecycle,
+                ahp_types::state::TerminalLifecycleState::Running(_)
+            )
+    }
+}
+
 /// A terminal devices opened, run by the session's provider.
 #[derive(Debug, Clone)]
 pub struct DeviceTerminal {
