@@ -2568,3 +2568,50 @@ async fn a_repositorys_branch_is_a_session_setting_that_completes_and_applies() 
     let (reply, _) = turn_text(&state, "t1");
     assert!(reply.contains("big"), "{reply}");
 }
+
+/// Issue 33 (16): an agent that cannot start fails its session in its own words: what it wrote to stderr and
+/// how it exited; and when what it runs is outside its sandbox's view (a shim that runs an interpreter under a
+/// directory the sandbox does not show, as pyenv's), the message names the path and how to make it visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_start_says_why_in_its_own_words() {
+    let shims = tempfile::tempdir().expect("shims");
+    let shim = shims.path().join("python3");
+    std::fs::write(
+        &shim,
+        format!("#!/bin/sh\nexec {}\n", env!("CARGO_BIN_EXE_ahp-relay-test-agent")),
+    )
+    .expect("shim");
+    std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let shim_path = shim.display().to_string();
+    let setup = relay_with_agents(&[
+        (
+            "talker",
+            "sh",
+            &["-c", "echo 'missing API key: set TALKER_KEY' >&2; exit 3"],
+        ),
+        ("shimmed", &shim_path, &[]),
+    ])
+    .await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let failed = ready_session(&a, "talker", "talks", serde_json::json!({}))
+        .await
+        .expect_err("the agent exits at once");
+    assert!(
+        failed.message.contains("missing API key: set TALKER_KEY") && failed.message.contains('3'),
+        "{}",
+        failed.message
+    );
+    // The shim's directory is shown (an agent's command's is), the interpreter it runs is not.
+    let failed = ready_session(&a, "shimmed", "shimmed", serde_json::json!({}))
+        .await
+        .expect_err("what the shim runs is not in the sandbox");
+    let target = env!("CARGO_BIN_EXE_ahp-relay-test-agent");
+    assert!(
+        failed
+            .message
+            .contains(&format!("{target} is not visible in the agent's sandbox"))
+            && failed.message.contains("read_only_paths"),
+        "{}",
+        failed.message
+    );
+}

@@ -285,6 +285,16 @@ impl Layout {
         shown
     }
 
+    /// Whether a path of this machine (resolved) is seen at the same place inside a sandbox of `spec`: the
+    /// system's and the installation's read-only hierarchies, and the session's working directory.
+    pub fn shows(&self, spec: &SandboxSpec, path: &std::path::Path) -> bool {
+        path.starts_with(&spec.workspace)
+            || self
+                .read_only_shown(spec)
+                .iter()
+                .any(|shown| path.starts_with(shown))
+    }
+
     /// What the sandbox applies to itself from inside.
     pub fn confinement(&self, spec: &SandboxSpec) -> Confinement {
         let mut read_only = self.read_only_shown(spec);

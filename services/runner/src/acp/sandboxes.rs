@@ -212,6 +212,67 @@ impl Sandboxes {
         Launcher::spawn(command).await
     }
 
+    /// The paths an agent's start names that its sandbox of `spec` does not show — the command (found on the
+    /// `PATH` it gets, as this machine sees it) and arguments that are absolute paths — each resolved: why an
+    /// agent that works outside may not start inside (a pyenv shim, a tool under a home directory).
+    pub fn unseen_paths(
+        &self,
+        spec: &SandboxSpec,
+        agent: &AgentConfig,
+        env: &BTreeMap<String, String>,
+    ) -> Vec<std::path::PathBuf> {
+        let Launcher::Sandboxed(sandbox) = &self.launcher else {
+            return Vec::new();
+        };
+        let command = if agent.command.contains('/') {
+            Some(std::path::PathBuf::from(&agent.command))
+        } else {
+            env.get("PATH").and_then(|path| {
+                std::env::split_paths(path)
+                    .map(|dir| dir.join(&agent.command))
+                    .find(|candidate| candidate.is_file())
+            })
+        };
+        let arguments = agent
+            .args
+            .iter()
+            .map(std::path::PathBuf::from)
+            .filter(|arg| arg.is_absolute() && arg.exists());
+        command
+            .into_iter()
+            .chain(arguments)
+            .flat_map(|path| {
+                // The path as named (a link) and where it leads: both must be seen.
+                let resolved = path.canonicalize().ok();
+                std::iter::once(path).chain(resolved)
+            })
+            .filter(|path| !sandbox.layout().shows(spec, path))
+            .collect()
+    }
+
+    /// The absolute paths `text` (what an agent wrote to stderr) names that exist on this machine but that its
+    /// sandbox of `spec` does not show: a shim's `exec` of an interpreter under a home directory says "not
+    /// found" of one.
+    pub fn unseen_in_text(&self, spec: &SandboxSpec, text: &str) -> Vec<std::path::PathBuf> {
+        let Launcher::Sandboxed(sandbox) = &self.launcher else {
+            return Vec::new();
+        };
+        let mut unseen: Vec<std::path::PathBuf> = Vec::new();
+        for word in text.split(|c: char| c.is_whitespace() || matches!(c, ':' | '\'' | '"' | '`' | ',' | ';'))
+        {
+            let path = std::path::Path::new(word.trim_end_matches(['.', ')']));
+            if path.is_absolute()
+                && path.exists()
+                && !sandbox.layout().shows(spec, path)
+                && !unseen.iter().any(|seen| seen == path)
+                && unseen.len() < 4
+            {
+                unseen.push(path.to_path_buf());
+            }
+        }
+        unseen
+    }
+
     /// Measure `tenant`'s workspace, homes and `/tmp`s now.
     pub async fn measure(&self, tenant: &str) {
         let (workspaces, name) = (self.workspaces.clone(), tenant.to_string());

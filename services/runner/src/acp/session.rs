@@ -364,6 +364,11 @@ async fn run(
     // keep the session's prompts), and dropping `_kill` (the worker stopping) kills its sandbox.
     let (kill, killed) = tokio::sync::oneshot::channel::<()>();
     let (exit_tx, mut exited) = tokio::sync::watch::channel(None::<String>);
+    let unseen = place.sandboxes.unseen_paths(&spec, &config, &env);
+    let unseen_in = {
+        let (sandboxes, spec) = (place.sandboxes.clone(), spec.clone());
+        move |text: &str| sandboxes.unseen_in_text(&spec, text)
+    };
     let reaping = place.alive.upgrade();
     tokio::spawn(async move {
         let _reaping = reaping;
@@ -378,6 +383,7 @@ async fn run(
     });
     let _kill = kill;
     let stderr_tail = Arc::new(Mutex::new(std::collections::VecDeque::<u8>::new()));
+    let (start_tail, start_exited) = (stderr_tail.clone(), exited.clone());
     tokio::spawn(keep_tail(
         super::quota::ThrottledReader::new(stderr, slot.output(), None),
         stderr_tail.clone(),
@@ -581,7 +587,10 @@ async fn run(
             let initialized = match tokio::time::timeout(timeouts.start, initialized).await {
                 Ok(Ok(initialized)) => initialized,
                 Ok(Err(error)) => {
-                    announcer.failed("agentInitialize", error.to_string());
+                    let said =
+                        start_failure(&error.to_string(), start_exited.clone(), &start_tail, &unseen, &unseen_in)
+                            .await;
+                    announcer.failed("agentInitialize", said);
                     return Ok(());
                 }
                 Err(_) => {
@@ -714,11 +723,12 @@ async fn run(
                 .trim()
                 .to_string()
         };
-        let message = if tail.is_empty() {
+        let mut message = if tail.is_empty() {
             format!("{error} (the agent: {status})")
         } else {
             format!("{error} (the agent: {status}; it said: {tail})")
         };
+        message.push_str(&unseen_hints(&unseen));
         announcer.failed("agentExited", message.clone());
         tracing::warn!(session = %session_uri, %message, "the agent's connection ended");
     }
@@ -728,6 +738,62 @@ async fn run(
     drop(slot);
     // Turns queued for an agent that is gone end with an error (resumable: the next prompt starts one).
     fail_queued(queue, "agentExited", "the agent process exited").await;
+}
+
+/// Why an agent did not start, in its own words: what the connection said, how the process ended, the tail of
+/// its stderr, and any path it names that its sandbox does not show (with how to show it).
+async fn start_failure(
+    error: &str,
+    mut exited: tokio::sync::watch::Receiver<Option<String>>,
+    tail: &Mutex<std::collections::VecDeque<u8>>,
+    unseen: &[PathBuf],
+    unseen_in: &(dyn Fn(&str) -> Vec<PathBuf> + Send + Sync),
+) -> String {
+    // The process usually ended already; what it said is read by then.
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        exited.wait_for(Option::is_some),
+    )
+    .await;
+    let status = exited
+        .borrow()
+        .clone()
+        .unwrap_or_else(|| "still running".to_string());
+    let said = {
+        let tail = tail.lock();
+        String::from_utf8_lossy(&tail.iter().copied().collect::<Vec<u8>>())
+            .trim()
+            .to_string()
+    };
+    let mut message = format!("the agent did not start: {error} (the agent: {status}");
+    if !said.is_empty() {
+        message.push_str(&format!("; it said: {said}"));
+    }
+    message.push(')');
+    let mut named = unseen.to_vec();
+    for path in unseen_in(&said) {
+        if !named.contains(&path) {
+            named.push(path);
+        }
+    }
+    message.push_str(&unseen_hints(&named));
+    message
+}
+
+/// What to say of paths an agent's start names that its sandbox does not show, and how to show them.
+fn unseen_hints(unseen: &[PathBuf]) -> String {
+    unseen
+        .iter()
+        .map(|path| {
+            let dir = path.parent().unwrap_or(path);
+            format!(
+                ". {} is not visible in the agent's sandbox: add {} to the agent's read_only_paths in the \
+                 agents file",
+                path.display(),
+                dir.display()
+            )
+        })
+        .collect()
 }
 
 /// End every turn still queued for an agent that is not running.
