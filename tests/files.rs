@@ -1317,3 +1317,53 @@ async fn a_watch_is_its_connections_alone_on_every_way_in_and_dot_dot_is_outside
     let (refused, _) = code(call(&a, "resourceRequest", json!({"uri": outside})).await);
     assert_eq!(refused, -32009);
 }
+
+/// Issue 33 (14): a watch outlives its file server. Killed (SIGKILL), the tenant's server is started again by
+/// the next request, and the watch is made again there: it says its root changed (what changed meanwhile is
+/// not known) and reports what changes after, instead of going silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_outlives_its_file_server() {
+    let setup = relay_with_workspace(&[]).await;
+    let relay = &setup.relay;
+    let (a, _) = relay.client("device-a").await;
+    let root = setup.root("dev");
+    let dir = root.join("w");
+    mkdir(&a, &dir).await;
+    let created = call(&a, "createResourceWatch", json!({"uri": uri(&dir)}))
+        .await
+        .expect("watch");
+    let channel = created["channel"].as_str().expect("channel").to_string();
+    let (_, mut changes) = a.subscribe(channel).await.expect("subscribe");
+    let servers = file_servers(setup.workspace.path());
+    assert!(!servers.is_empty(), "the tenant's file server runs");
+    for pid in &servers {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    }
+    // The next write starts a server again; the watch, made again, reports.
+    let after = dir.join("after-kill.txt");
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut attempt = 0;
+    while !seen.iter().any(|(u, _): &(String, String)| u == &uri(&after)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the watch went silent: {seen:?}"
+        );
+        attempt += 1;
+        let _ = call(
+            &a,
+            "resourceWrite",
+            json!({"uri": uri(&after), "data": format!("{attempt}"), "encoding": "utf-8"}),
+        )
+        .await;
+        if let Ok(more) = tokio::time::timeout(Duration::from_millis(500), next_changes(&mut changes)).await {
+            seen.extend(more);
+        }
+    }
+    assert!(
+        seen.iter().any(|(u, kind)| u == &uri(&dir) && kind == "updated"),
+        "the root is said to have changed: {seen:?}"
+    );
+}

@@ -135,6 +135,27 @@ impl RemoteFiles {
     }
 }
 
+/// Forget watch `watch` here and unwatch it on its runner (in the background).
+fn unwatch(
+    files: Weak<RemoteFiles>,
+    tenant: &str,
+    scope: Option<&str>,
+    watch: u64,
+) -> impl FnOnce() + Send + Sync + 'static {
+    let (tenant, scope) = (tenant.to_string(), scope.map(str::to_string));
+    move || {
+        let Some(files) = files.upgrade() else { return };
+        files.requests().watches.lock().remove(&watch);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = files
+                    .run(&tenant, scope.as_deref(), FileOp::Unwatch { watch }, None)
+                    .await;
+            });
+        }
+    }
+}
+
 impl FileAccess for RemoteFiles {
     fn tenant_root(&self, tenant: &str) -> Option<PathBuf> {
         let runner = self.pool.workspace_runner(tenant)?;
@@ -168,24 +189,11 @@ impl FileAccess for RemoteFiles {
                 includes: spec.includes,
                 excludes: spec.excludes,
             };
-            if let Err(error) = self.run(tenant, scope, op, Some((watch, changes))).await {
-                self.requests().watches.lock().remove(&watch);
-                return Err(error);
-            }
-            let me = self.me.clone();
-            let tenant = tenant.to_string();
-            let scope = scope.map(str::to_string);
-            Ok(WatchHandle::new(move || {
-                let Some(files) = me.upgrade() else { return };
-                files.requests().watches.lock().remove(&watch);
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    runtime.spawn(async move {
-                        let _ = files
-                            .run(&tenant, scope.as_deref(), FileOp::Unwatch { watch }, None)
-                            .await;
-                    });
-                }
-            }))
+            // Until the watch is handed over, it is unwatched on the runner if this fails, times out or is
+            // dropped: the runner may have made it all the same.
+            let handle = WatchHandle::new(unwatch(self.me.clone(), tenant, scope, watch));
+            self.run(tenant, scope, op, Some((watch, changes))).await?;
+            Ok(handle)
         })
     }
 }

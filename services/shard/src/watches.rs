@@ -143,7 +143,7 @@ impl Host {
             excludes,
         };
         let handle = files
-            .watch_within(&self.key.tenant, scope.as_deref(), spec, events_tx)
+            .watch_within(&self.key.tenant, scope.as_deref(), spec.clone(), events_tx)
             .await
             .map_err(crate::resources::to_rpc)?;
         {
@@ -151,6 +151,18 @@ impl Host {
             // The connection may have gone meanwhile: then the watch goes with the handle.
             if core.connection(connection).is_err() {
                 return Err(RpcError::internal("connection is not attached"));
+            }
+            // Counted again: requests made at once all passed the first count.
+            let held = core
+                .model
+                .watches
+                .values()
+                .filter(|watch| watch.owner == connection)
+                .count();
+            if held >= MAX_WATCHES_PER_CONNECTION {
+                return Err(RpcError::invalid_params(format!(
+                    "a connection may hold at most {MAX_WATCHES_PER_CONNECTION} watches"
+                )));
             }
             core.model.watches.insert(
                 channel.clone(),
@@ -169,12 +181,68 @@ impl Host {
         }
         let host = self.me.clone();
         let watched = channel.clone();
+        let tenant = self.key.tenant.clone();
         tokio::spawn(async move {
-            while let Some(changes) = events.recv().await {
-                let Some(host) = host.upgrade() else { return };
-                host.with_core(|core| core.report_watch(&watched, changes));
+            loop {
+                while let Some(changes) = events.recv().await {
+                    let Some(host) = host.upgrade() else { return };
+                    host.with_core(|core| core.report_watch(&watched, changes));
+                }
+                // The file server went away (a runner lost, a server restarted) while the watch lives: watch
+                // again, and say the root changed (what changed meanwhile is not known).
+                let Some(again) = rewatch(&host, &watched, &files, &tenant, scope.as_deref(), &spec).await
+                else {
+                    return;
+                };
+                events = again;
             }
         });
         reply(message.id, &CreateResourceWatchResult { channel })
+    }
+}
+
+/// Watch `spec` again for watch `channel` (its file server went away), while the watch lives: its new events,
+/// once watching; `None` when the watch (or its host) is gone, or watching fails for a minute.
+async fn rewatch(
+    host: &std::sync::Weak<Host>,
+    channel: &str,
+    files: &std::sync::Arc<dyn relay_runner::files::FileAccess>,
+    tenant: &str,
+    scope: Option<&str>,
+    spec: &relay_runner::files::WatchSpec,
+) -> Option<tokio::sync::mpsc::UnboundedReceiver<Vec<(String, ChangeKind)>>> {
+    let mut backoff = std::time::Duration::from_millis(200);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let live = |host: &std::sync::Weak<Host>| {
+            host.upgrade()
+                .is_some_and(|host| host.with_core(|core| core.model.watches.contains_key(channel)))
+        };
+        if !live(host) {
+            return None;
+        }
+        let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
+        match files.watch_within(tenant, scope, spec.clone(), events_tx).await {
+            Ok(handle) => {
+                let host = host.upgrade()?;
+                let kept = host.with_core(|core| match core.model.watches.get_mut(channel) {
+                    Some(watch) => {
+                        watch._handle = handle;
+                        core.report_watch(channel, vec![(spec.path.clone(), ChangeKind::Updated)]);
+                        true
+                    }
+                    None => false,
+                });
+                return kept.then_some(events);
+            }
+            Err(error) => {
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::warn!(%channel, %error, "a resource watch could not be made again; it reports nothing more");
+                    return None;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+            }
+        }
     }
 }
