@@ -237,7 +237,8 @@ async fn a_turns_changes_are_listed_reviewed_by_every_device_and_reverted() {
     b.dispatch(turn.clone(), reviewed("a.txt")).await.expect("review");
     on_a.until("a.txt reviewed", |state| is_reviewed(state, "a.txt"))
         .await;
-    // A file the changeset does not have cannot be marked.
+    // A file the changeset does not list (another device reverted it meanwhile) is ignored, as the spec says:
+    // the mark is not refused, and the changeset does not grow a file.
     b.dispatch(turn.clone(), reviewed("nope.txt"))
         .await
         .expect("review");
@@ -252,7 +253,13 @@ async fn a_turns_changes_are_listed_reviewed_by_every_device_and_reverted() {
             break envelope;
         }
     };
-    assert!(echo.rejection_reason.is_some(), "{echo:?}");
+    assert!(echo.rejection_reason.is_none(), "{echo:?}");
+    ahp::reducers::apply_action_to_changeset(&mut on_b.state, &echo.action);
+    assert!(
+        !on_b.state.files.iter().any(|file| file.id == "nope.txt"),
+        "{:#?}",
+        on_b.state
+    );
 
     // After a restart the mark is still there.
     drop((on_a, on_b));

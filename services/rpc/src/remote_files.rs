@@ -57,8 +57,19 @@ impl FileRequests {
         let _ = waiting.send(result);
     }
 
-    /// A runner's watch saw changes.
+    /// A runner's watch saw changes — or, with no changes at all, ended there (its file server went): its
+    /// sink goes, so whoever watched makes it again.
     pub(crate) fn changed(&self, runner: u64, changed: pb::FileChanged) {
+        if changed.changes.is_empty() {
+            let mut watches = self.watches.lock();
+            if watches
+                .get(&changed.watch)
+                .is_some_and(|(placed, _)| *placed == runner)
+            {
+                watches.remove(&changed.watch);
+            }
+            return;
+        }
         let Ok(changes) = serde_json::from_slice::<Vec<(String, ChangeKind)>>(&changed.changes) else {
             return;
         };

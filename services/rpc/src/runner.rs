@@ -167,8 +167,9 @@ struct ShardSession {
     /// The tenants this runner is dedicated to (empty: any).
     tenants: Vec<String>,
     files: Option<Arc<dyn FileAccess>>,
-    /// The watches a shard opened, by its number (dropping one stops it; all go with the registration).
-    watches: Arc<parking_lot::Mutex<HashMap<u64, WatchHandle>>>,
+    /// The watches a shard opened, by its number (dropping one stops it; all go with the registration); `None`
+    /// while one is being made (an `Unwatch` then removes it, and the handle made is dropped).
+    watches: Arc<parking_lot::Mutex<HashMap<u64, Option<WatchHandle>>>>,
 }
 
 impl ShardSession {
@@ -211,6 +212,7 @@ impl ShardSession {
                 let (changes_tx, mut changes) = mpsc::unbounded_channel();
                 let reports = self.reports.clone();
                 let watches = self.watches.clone();
+                watches.lock().insert(watch, None);
                 tokio::spawn(async move {
                     let spec = WatchSpec {
                         path,
@@ -223,15 +225,38 @@ impl ShardSession {
                         .await
                     {
                         Ok(handle) => {
-                            watches.lock().insert(watch, handle);
+                            let mut held = watches.lock();
+                            match held.get_mut(&watch) {
+                                Some(slot) => *slot = Some(handle),
+                                // Unwatched while it was being made: it stops at once.
+                                None => {
+                                    drop(held);
+                                    drop(handle);
+                                    return answer(Ok(FileReply::Done));
+                                }
+                            }
+                            drop(held);
                             answer(Ok(FileReply::Done));
                         }
-                        Err(error) => return answer(Err(error)),
+                        Err(error) => {
+                            watches.lock().remove(&watch);
+                            return answer(Err(error));
+                        }
                     }
                     while let Some(batch) = changes.recv().await {
                         let changes = serde_json::to_vec(&batch).unwrap_or_default();
                         let _ = reports.send(pb::RunnerReport {
                             report: Some(Report::FileChanged(pb::FileChanged { watch, changes })),
+                        });
+                    }
+                    // The file server went (restarted) while the shard still watches: it is told the watch
+                    // ended (a report with no changes), and makes it again.
+                    if watches.lock().remove(&watch).is_some() {
+                        let _ = reports.send(pb::RunnerReport {
+                            report: Some(Report::FileChanged(pb::FileChanged {
+                                watch,
+                                changes: Vec::new(),
+                            })),
                         });
                     }
                 });

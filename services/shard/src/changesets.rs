@@ -752,11 +752,12 @@ impl Host {
     ) -> CommandResult {
         let params: InvokeChangesetOperationParams = message.parse_params()?;
         let prepared = self.with_core(|core| {
-            let prepared = core.prepare_operation(connection, &params)?;
+            // The host first: once prepared, the operation shows `running` until the task settles it.
             let host = core
                 .host
                 .upgrade()
                 .ok_or_else(|| RpcError::internal("the host is going away"))?;
+            let prepared = core.prepare_operation(connection, &params)?;
             Ok::<_, RpcError>((prepared, host))
         });
         let ((files, tenant, op, session), host) = prepared?;

@@ -184,10 +184,12 @@ impl HostCore {
                 directory,
             )?;
         }
-        if let (Some(cols), Some(rows)) = (params.cols, params.rows) {
-            if !(1..=1000).contains(&cols) || !(1..=1000).contains(&rows) {
-                return Err(RpcError::invalid_params("cols and rows are 1 to 1000"));
-            }
+        if [params.cols, params.rows]
+            .into_iter()
+            .flatten()
+            .any(|size| !(1..=1000).contains(&size))
+        {
+            return Err(RpcError::invalid_params("cols and rows are 1 to 1000"));
         }
         let title = params
             .name

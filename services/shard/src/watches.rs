@@ -211,6 +211,14 @@ async fn rewatch(
     scope: Option<&str>,
     spec: &relay_runner::files::WatchSpec,
 ) -> Option<tokio::sync::mpsc::UnboundedReceiver<Vec<(String, ChangeKind)>>> {
+    // The dead watch's handle goes first: it must not count against the tenant's watches meanwhile.
+    if let Some(host) = host.upgrade() {
+        host.with_core(|core| {
+            if let Some(watch) = core.model.watches.get_mut(channel) {
+                drop(std::mem::replace(&mut watch._handle, WatchHandle::new(|| {})));
+            }
+        });
+    }
     let mut backoff = std::time::Duration::from_millis(200);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {

@@ -213,8 +213,9 @@ impl Sandboxes {
     }
 
     /// The paths an agent's start names that its sandbox of `spec` does not show — the command (found on the
-    /// `PATH` it gets, as this machine sees it) and arguments that are absolute paths — each resolved: why an
-    /// agent that works outside may not start inside (a pyenv shim, a tool under a home directory).
+    /// `PATH` it gets, as this machine sees it), arguments that are absolute paths, and what a script command
+    /// runs — each resolved: why an agent that works outside may not start inside (a pyenv shim's interpreter, a
+    /// tool under a home directory).
     pub fn unseen_paths(
         &self,
         spec: &SandboxSpec,
@@ -238,9 +239,13 @@ impl Sandboxes {
             .iter()
             .map(std::path::PathBuf::from)
             .filter(|arg| arg.is_absolute() && arg.exists());
+        // A script (a shim, as pyenv's) runs what it names: the absolute paths it holds. It is the operator's
+        // file, not the agent's output.
+        let named_by_script = command.as_deref().map(script_paths).unwrap_or_default();
         command
             .into_iter()
             .chain(arguments)
+            .chain(named_by_script)
             .flat_map(|path| {
                 // The path as named (a link) and where it leads: both must be seen.
                 let resolved = path.canonicalize().ok();
@@ -248,29 +253,6 @@ impl Sandboxes {
             })
             .filter(|path| !sandbox.layout().shows(spec, path))
             .collect()
-    }
-
-    /// The absolute paths `text` (what an agent wrote to stderr) names that exist on this machine but that its
-    /// sandbox of `spec` does not show: a shim's `exec` of an interpreter under a home directory says "not
-    /// found" of one.
-    pub fn unseen_in_text(&self, spec: &SandboxSpec, text: &str) -> Vec<std::path::PathBuf> {
-        let Launcher::Sandboxed(sandbox) = &self.launcher else {
-            return Vec::new();
-        };
-        let mut unseen: Vec<std::path::PathBuf> = Vec::new();
-        for word in text.split(|c: char| c.is_whitespace() || matches!(c, ':' | '\'' | '"' | '`' | ',' | ';'))
-        {
-            let path = std::path::Path::new(word.trim_end_matches(['.', ')']));
-            if path.is_absolute()
-                && path.exists()
-                && !sandbox.layout().shows(spec, path)
-                && !unseen.iter().any(|seen| seen == path)
-                && unseen.len() < 4
-            {
-                unseen.push(path.to_path_buf());
-            }
-        }
-        unseen
     }
 
     /// Measure `tenant`'s workspace, homes and `/tmp`s now.
@@ -295,6 +277,25 @@ impl Sandboxes {
             Duration::from_secs(self.config.workspace_retention_seconds),
         );
     }
+}
+
+/// The absolute paths that exist, named in `command` when it is a small script (`#!`): what a shim runs.
+fn script_paths(command: &std::path::Path) -> Vec<std::path::PathBuf> {
+    use std::io::Read;
+    let mut text = Vec::new();
+    let read = std::fs::File::open(command).and_then(|file| file.take(64 * 1024).read_to_end(&mut text));
+    if read.is_err() || !text.starts_with(b"#!") {
+        return Vec::new();
+    }
+    let text = String::from_utf8_lossy(&text);
+    let mut paths: Vec<std::path::PathBuf> = Vec::new();
+    for word in text.split(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ';' | '=' | ':')) {
+        let path = std::path::Path::new(word);
+        if path.is_absolute() && path.is_file() && !paths.iter().any(|seen| seen == path) && paths.len() < 8 {
+            paths.push(path.to_path_buf());
+        }
+    }
+    paths
 }
 
 /// Measure active tenants' workspaces and sweep disposed sessions' directories, until the sandboxes go.

@@ -365,10 +365,6 @@ async fn run(
     let (kill, killed) = tokio::sync::oneshot::channel::<()>();
     let (exit_tx, mut exited) = tokio::sync::watch::channel(None::<String>);
     let unseen = place.sandboxes.unseen_paths(&spec, &config, &env);
-    let unseen_in = {
-        let (sandboxes, spec) = (place.sandboxes.clone(), spec.clone());
-        move |text: &str| sandboxes.unseen_in_text(&spec, text)
-    };
     let reaping = place.alive.upgrade();
     tokio::spawn(async move {
         let _reaping = reaping;
@@ -588,8 +584,7 @@ async fn run(
                 Ok(Ok(initialized)) => initialized,
                 Ok(Err(error)) => {
                     let said =
-                        start_failure(&error.to_string(), start_exited.clone(), &start_tail, &unseen, &unseen_in)
-                            .await;
+                        start_failure(&error.to_string(), start_exited.clone(), &start_tail, &unseen).await;
                     announcer.failed("agentInitialize", said);
                     return Ok(());
                 }
@@ -747,7 +742,6 @@ async fn start_failure(
     mut exited: tokio::sync::watch::Receiver<Option<String>>,
     tail: &Mutex<std::collections::VecDeque<u8>>,
     unseen: &[PathBuf],
-    unseen_in: &(dyn Fn(&str) -> Vec<PathBuf> + Send + Sync),
 ) -> String {
     // The process usually ended already; what it said is read by then.
     let _ = tokio::time::timeout(
@@ -770,13 +764,7 @@ async fn start_failure(
         message.push_str(&format!("; it said: {said}"));
     }
     message.push(')');
-    let mut named = unseen.to_vec();
-    for path in unseen_in(&said) {
-        if !named.contains(&path) {
-            named.push(path);
-        }
-    }
-    message.push_str(&unseen_hints(&named));
+    message.push_str(&unseen_hints(unseen));
     message
 }
 

@@ -205,9 +205,9 @@ impl Files {
     }
 
     /// Forget the checkpoints `session` keeps of working directory `workspace` (the session is gone): its ref;
-    /// once no session keeps any of that directory, its index and exclude list too. Unreferenced objects go
-    /// with git's own housekeeping (`gc --auto`), never a stop-the-world prune: another session's checkpoints
-    /// of the same directory stay whole.
+    /// once no session keeps any of that directory, its index and exclude list too; then the loose objects
+    /// nothing has named for an hour (`git prune --expire`): another session's checkpoints of the same
+    /// directory are named by its own ref and stay whole.
     pub(crate) fn forget_checkpoints(
         &self,
         workspace: &str,
@@ -240,14 +240,35 @@ impl Files {
                 let _ = std::fs::remove_file(shadow.join(dir).join(&key));
             }
         }
-        self.shadow_git(None, &["gc", "--auto", "--quiet"])?;
+        // What nothing names any more goes: loose objects unreferenced for an hour (a checkpoint under way
+        // names its objects within that). Another session's checkpoints are named by its own ref.
+        self.shadow_git(None, &["prune", "--expire=1.hour.ago"])?;
         Ok(FileReply::Done)
     }
 
     /// Remove the lock files a git that was killed left in the shadow repository (index, refs, packed refs,
-    /// HEAD, config): this file server runs one git at a time and none now, so every lock there is stale —
-    /// and one left behind would fail every later checkpoint.
+    /// HEAD, config): a file server runs one git at a time and none now, and holds an exclusive `flock` on
+    /// the repository while it lives — so, holding it, every lock there is stale (one left behind would fail
+    /// every later checkpoint). Without it (another server of the tenant still lives), nothing is touched.
     fn clear_stale_locks(&self, shadow: &Path) {
+        let Ok(mut held) = self.checkpoints_lock.lock() else {
+            return;
+        };
+        if held.is_none() {
+            *held = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(shadow.join("relay.lock"))
+                .ok()
+                .filter(|file| {
+                    rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
+                });
+        }
+        if held.is_none() {
+            return;
+        }
+        drop(held);
         let walker = walkdir::WalkDir::new(shadow)
             .follow_links(false)
             .into_iter()

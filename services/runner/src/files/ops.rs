@@ -31,6 +31,9 @@ pub struct Files {
     max_entries: usize,
     /// The server's private directory (its sandbox's `$HOME`, outside the root): where checkpoints live.
     state_dir: Option<PathBuf>,
+    /// This server's exclusive lock on its checkpoints (`flock`, held while it lives), once taken: only its
+    /// holder may take the git locks it finds for stale ([`super::history`]).
+    pub(crate) checkpoints_lock: std::sync::Mutex<Option<fs::File>>,
 }
 
 /// Most entries a listing returns (a bigger directory is refused, naming the limit).
@@ -106,6 +109,7 @@ impl Files {
             max_bytes,
             max_entries: MAX_ENTRIES,
             state_dir: None,
+            checkpoints_lock: std::sync::Mutex::new(None),
         })
     }
 
@@ -359,10 +363,16 @@ impl Files {
                 return Err(self.too_big(&path));
             }
             let appended = (|| {
+                use std::os::unix::fs::OpenOptionsExt;
+                // Never waits on a FIFO the agent made: opened without blocking, and refused unless a file.
                 let mut file = fs::OpenOptions::new()
                     .append(true)
                     .create(current.is_none())
+                    .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
                     .open(&path)?;
+                if !file.metadata()?.is_file() {
+                    return Err(std::io::Error::other("not a regular file"));
+                }
                 file.write_all(data)
             })();
             return appended

@@ -76,6 +76,14 @@ impl Filter {
             _ => true,
         }
     }
+
+    /// Whether what is beneath `dir` is never reported (an excluded directory: not listed, not walked).
+    fn excludes_all_of(&self, dir: &Path) -> bool {
+        dir.strip_prefix(&self.root).is_ok_and(|relative| {
+            relative.components().count() > 0
+                && self.excludes.as_ref().is_some_and(|set| set.is_match(relative))
+        })
+    }
 }
 
 impl Watch {
@@ -122,7 +130,12 @@ impl Watch {
     /// before the kernel watched it: an agent's `mkdir d && echo > d/f` is one step).
     fn settle_all(&mut self, changes: BTreeMap<PathBuf, ChangeKind>) -> Vec<(String, ChangeKind)> {
         let mut settled = Vec::new();
+        // A path listed from its new directory and then seen in an event of its own is reported once.
+        let mut reported: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
         for (path, seen) in changes {
+            if settled.len() >= MAX_CHANGES_PER_REPORT || reported.contains(&path) {
+                continue;
+            }
             let Some(kind) = self.settle(&path, seen) else {
                 continue;
             };
@@ -130,16 +143,17 @@ impl Watch {
                 && self.filter.recursive
                 && std::fs::symlink_metadata(&path).is_ok_and(|meta| meta.is_dir());
             settled.push((path.display().to_string(), kind));
+            reported.insert(path.clone());
             if new_directory {
-                let (inside, _) = listing(&path, true);
+                let budget = MAX_CHANGES_PER_REPORT.saturating_sub(settled.len());
+                let (inside, _) = listing(&path, true, &self.filter, budget);
                 for entry in inside {
-                    if settled.len() >= MAX_CHANGES_PER_REPORT {
-                        break;
+                    if self.known.contains(&entry) || reported.contains(&entry) {
+                        continue;
                     }
-                    if self.filter.reports(&entry) && !self.known.contains(&entry) {
-                        if let Some(kind) = self.settle(&entry, ChangeKind::Added) {
-                            settled.push((entry.display().to_string(), kind));
-                        }
+                    if let Some(kind) = self.settle(&entry, ChangeKind::Added) {
+                        settled.push((entry.display().to_string(), kind));
+                        reported.insert(entry);
                     }
                 }
             }
@@ -148,9 +162,9 @@ impl Watch {
     }
 }
 
-/// What exists of `root` now (`recursive`: the whole tree, links not followed), at most [`KNOWN_MAX`] paths;
-/// whether that is all of it.
-fn listing(root: &Path, recursive: bool) -> (BTreeSet<PathBuf>, bool) {
+/// What `filter`'s watch reports of what exists beneath `root` now (`recursive`: the whole tree, links not
+/// followed, excluded directories not walked), at most `most` paths; whether that is all of it.
+fn listing(root: &Path, recursive: bool, filter: &Filter, most: usize) -> (BTreeSet<PathBuf>, bool) {
     let mut known = BTreeSet::new();
     let mut pending = vec![root.to_path_buf()];
     while let Some(dir) = pending.pop() {
@@ -158,14 +172,19 @@ fn listing(root: &Path, recursive: bool) -> (BTreeSet<PathBuf>, bool) {
             continue;
         };
         for entry in entries.flatten() {
-            if known.len() >= KNOWN_MAX {
+            if known.len() >= most {
                 return (known, false);
             }
             let path = entry.path();
-            if recursive && entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+            if recursive
+                && entry.file_type().is_ok_and(|kind| kind.is_dir())
+                && !filter.excludes_all_of(&path)
+            {
                 pending.push(path.clone());
             }
-            known.insert(path);
+            if filter.reports(&path) {
+                known.insert(path);
+            }
         }
     }
     (known, true)
@@ -293,7 +312,10 @@ impl Watches {
         };
         // Listed before the kernel watches: what appears meanwhile is reported as added.
         let (known, complete) = if is_dir {
-            listing(&root, recursive)
+            // The root itself is known too: its own deletion is reported.
+            let (mut known, complete) = listing(&root, recursive, &filter, KNOWN_MAX);
+            known.insert(root.clone());
+            (known, complete)
         } else {
             (BTreeSet::from([root.clone()]), true)
         };
