@@ -475,3 +475,34 @@ async fn the_pages_reducers_and_the_servers_agree_on_a_recorded_stream() {
     assert_eq!(page[&session], rust_session, "the session state");
     assert_eq!(page[&chat], rust_chat, "the chat state");
 }
+
+/// Issue 33 (15): a newcomer's `serve` (the demo agent's workspace on, as by default): the demo's first turn
+/// shows in the web client's Changes pane as the file it wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_serves_demo_turn_shows_in_the_changes_pane() {
+    let relay = Relay::start_with(&["--demo-workspace", "true"]).await;
+    let (maker, _) = relay.client("maker").await;
+    let (_, state) = ready_session(&maker, "demo", "newcomer", serde_json::json!({}))
+        .await
+        .expect("ready");
+    let chat = state.default_chat.clone().expect("default chat");
+    let (_, _, mut sub) = subscribe_chat(&maker, &chat).await;
+    maker
+        .dispatch(chat.clone(), turn_started("t1", "hello, demo"))
+        .await
+        .expect("prompt");
+    collect_until(&mut sub, is_turn_complete).await;
+    let token = relay.token("dev", "dev-user", Role::Admin);
+    let out = repo().join("target/browser-test/demo");
+    let _ = std::fs::remove_dir_all(&out);
+    let base = format!("http://{}", relay.addr);
+    let report = browser(&[
+        "demo",
+        &base,
+        &token,
+        "ahp-session:/newcomer",
+        &out.display().to_string(),
+    ])
+    .await;
+    assert!(report.contains("\"demo\":\"ok\""), "{report}");
+}

@@ -635,3 +635,28 @@ async fn two_sessions_share_a_directory_and_disposing_one_keeps_the_others_chang
         "by-first\n"
     );
 }
+
+/// Issue 33 (15): `serve` as a newcomer starts it (no agents file) gives the demo agent a workspace under its
+/// data directory where this machine can sandbox: `initialize` names the tenant's `defaultDirectory`, a demo
+/// session gets a directory of its own, and each turn appends the prompt to `notes.md` there — a changeset to
+/// review, whose file any client reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_serve_gives_the_demo_a_workspace_whose_turns_are_changes() {
+    let relay = Relay::start_with(&["--demo-workspace", "true"]).await;
+    let (a, init) = relay.client("device-a").await;
+    let default_directory = init.default_directory.expect("a default directory");
+    assert!(default_directory.starts_with("file:///"), "{default_directory}");
+    let (_, state) = ready_session(&a, "demo", "first-steps", json!({}))
+        .await
+        .expect("ready");
+    let catalogue = state.changesets.expect("the session lists its changesets");
+    let chat = state.default_chat.clone().expect("default chat");
+    prompt(&a, &chat, "t1", "hello from a newcomer").await;
+    let turn = catalogue[0].uri_template.replace("{turnId}", "t1");
+    let mut watched = Watched::open(&a, &turn).await;
+    watched.ready().await;
+    assert_eq!(watched.ids(), vec!["notes.md"], "{:#?}", watched.state);
+    let notes = format!("{default_directory}/default/first-steps/notes.md");
+    let text = read_text(&a, &notes).await.expect("notes.md");
+    assert!(text.contains("hello from a newcomer"), "{text}");
+}

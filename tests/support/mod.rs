@@ -71,6 +71,11 @@ impl Relay {
         if !extra.contains(&"--demo-step-ms") {
             args.extend(["--demo-step-ms".into(), "5".into()]);
         }
+        // The demo agent's workspace (on by default) is turned on by the tests about it: the others keep a
+        // relay that starts no sandbox for the demo.
+        if !extra.contains(&"--demo-workspace") {
+            args.extend(["--demo-workspace".into(), "false".into()]);
+        }
         args.extend(extra.iter().map(|a| a.to_string()));
         Self::spawn(&args).await
     }

@@ -1007,6 +1007,27 @@ async function workspace(token, session, outDir) {
   console.log(JSON.stringify({ workspace: "ok", terminal: (await shown(b)).includes("second-2"), accessibility }));
 }
 
+/**
+ * A newcomer's relay (`serve` with no flags): the demo session's turn shows in the Changes pane as the file
+ * it wrote, `notes.md`, with its added line.
+ */
+async function demoChanges(token, session, outDir) {
+  mkdirSync(outDir, { recursive: true });
+  const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const page = await watchedPage(context, "desktop", problems);
+  await page.goto(`${base}/#token=${encodeURIComponent(token)}`);
+  await online(page);
+  await page.click(`#sessions li[data-uri="${session}"] a`);
+  await page.waitForSelector("#changes-toggle:not([hidden])", { timeout: PATIENCE });
+  await page.click("#changes-toggle");
+  await page.waitForSelector('#changes-list li[data-file="notes.md"]', { timeout: PATIENCE });
+  const stats = await page.textContent('#changes-list li[data-file="notes.md"] .change-stats');
+  check(stats.includes("+1"), `notes.md's added line (${stats})`);
+  await page.screenshot({ path: join(outDir, "demo-changes.png") });
+  check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
+  console.log(JSON.stringify({ demo: "ok" }));
+}
+
 try {
   if (mode === "flow") await flow(rest[0], rest[1]);
   else if (mode === "signin") await signin(rest[0], rest[1], rest[2], rest[3], rest[4], rest[5]);
@@ -1015,13 +1036,14 @@ try {
   else if (mode === "search") await search(rest[0], rest[1]);
   else if (mode === "reduce") await reduce(rest[0], rest[1]);
   else if (mode === "workspace") await workspace(rest[0], rest[1], rest[2]);
+  else if (mode === "demo") await demoChanges(rest[0], rest[1], rest[2]);
   else throw new Error(`unknown mode ${mode}`);
 } catch (error) {
   console.error(error.stack ?? String(error));
   process.exitCode = 1;
   // What each page showed when the check failed, next to the test's other output.
   for (const [name, page] of opened) {
-    const dir = mode === "flow" ? rest[1] : mode === "signin" ? rest[5] : mode === "form" ? rest[2] : mode === "messages" || mode === "search" ? rest[1] : mode === "workspace" ? rest[2] : undefined;
+    const dir = mode === "flow" ? rest[1] : mode === "signin" ? rest[5] : mode === "form" ? rest[2] : mode === "messages" || mode === "search" ? rest[1] : mode === "workspace" || mode === "demo" ? rest[2] : undefined;
     if (dir) await page.screenshot({ path: join(dir, `failed-${name}.png`) }).catch(() => {});
     console.error(`${name} notes: ${await page.locator("#notes").innerText().catch(() => "?")}`);
   }

@@ -32,6 +32,7 @@ pub struct SandboxArgs {
 }
 
 /// What the process knows agents must not reach.
+#[derive(Clone)]
 pub struct Protected {
     /// Files and directories never shown in a sandbox (data dir, secret files, the agents file).
     pub paths: Vec<PathBuf>,

@@ -37,6 +37,11 @@ pub struct HostArgs {
     /// Pause between the demo agent's streamed actions, in milliseconds.
     #[arg(long, env = "AHP_RELAY_DEMO_STEP_MS", default_value_t = 40)]
     pub demo_step_ms: u64,
+    /// `serve` without --agents: give the demo agent a workspace under the data directory (`workspaces/`),
+    /// sandboxed as agents are, so the Files and Changes panes work out of the box; where this machine cannot
+    /// sandbox, `serve` says so at start and runs without one.
+    #[arg(long, env = "AHP_RELAY_DEMO_WORKSPACE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub demo_workspace: bool,
     /// The ACP agents this deployment offers besides `demo` (TOML; see deploy/agents.example.toml). `serve`
     /// runs them itself; a shard only lists them and places their sessions on `ahp-relay runner` processes.
     #[arg(long, env = "AHP_RELAY_AGENTS")]
@@ -563,6 +568,37 @@ enum AgentPlacement {
     Runners(Arc<relay_rpc::RunnerPool>),
 }
 
+/// The demo agent's workspace under `data_dir` (`workspaces/`), sandboxed as agents' are, and the tenants'
+/// file servers there; or why this machine cannot give it one.
+async fn demo_workspace(
+    data_dir: &std::path::Path,
+    host: &HostArgs,
+    sandbox: &crate::agents::SandboxArgs,
+    protected: crate::agents::Protected,
+) -> anyhow::Result<(
+    relay_runner::DemoWorkspace,
+    Arc<dyn relay_runner::files::FileAccess>,
+)> {
+    let root = std::path::absolute(data_dir.join("workspaces"))?;
+    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let root = root.canonicalize()?;
+    // No agents file: this text stands for one (its path names it in errors, and is never shown to agents).
+    let path = data_dir.join("demo-workspace.toml");
+    let text = format!("workspace_root = {:?}\n", root.display().to_string());
+    let file = relay_runner::acp::AgentsFile::parse(&path, &text)?;
+    let sandboxes = crate::agents::sandboxes(&file, &path, sandbox, protected).await?;
+    let program = std::env::current_exe().context("finding this program's path (it serves files)")?;
+    let files: Arc<dyn relay_runner::files::FileAccess> =
+        relay_runner::files::FileService::new(sandboxes, program, host.max_file_bytes, host.file_server_idle);
+    Ok((
+        relay_runner::DemoWorkspace {
+            root,
+            files: files.clone(),
+        },
+        files,
+    ))
+}
+
 /// The host logic on its store, with the demo provider and the retention job.
 async fn open_hosts(
     data: &DataArgs,
@@ -572,9 +608,32 @@ async fn open_hosts(
     ownership: Option<relay_shard::ownership::Ownership>,
     placement: AgentPlacement,
 ) -> anyhow::Result<Arc<ShardLink>> {
-    let mut providers = ProviderRegistry::new().with(Arc::new(DemoProvider::new(DemoPace {
+    let mut demo = DemoProvider::new(DemoPace {
         step: Duration::from_millis(host.demo_step_ms),
-    })));
+    });
+    let mut demo_files = None;
+    if let (None, true, AgentPlacement::InProcess { sandbox, protected }) =
+        (&host.agents, host.demo_workspace, &placement)
+    {
+        if sandbox.unsafe_no_sandbox {
+            tracing::warn!("--unsafe-no-sandbox: the demo agent gets no workspace (its file server would run unconfined)");
+        } else {
+            match demo_workspace(&data.data_dir, host, sandbox, protected.clone()).await {
+                Ok((workspace, files)) => {
+                    tracing::info!(root = %workspace.root.display(), "the demo agent works in a workspace under the data directory");
+                    demo = demo.with_workspace(workspace);
+                    demo_files = Some(files);
+                }
+                Err(error) => tracing::warn!(
+                    "the demo agent runs without a workspace (no Files, Changes or Terminal panes): {error:#}"
+                ),
+            }
+        }
+    }
+    let mut providers = ProviderRegistry::new().with(Arc::new(demo));
+    if let Some(files) = demo_files {
+        providers = providers.with_files(files);
+    }
     if let Some(path) = &host.agents {
         let file = relay_runner::acp::AgentsFile::load(path)?;
         match placement {

@@ -7,6 +7,10 @@
 //! clients render — a table, a block quote, a fenced code block — when it contains "markdown". It stops promptly on
 //! [`TurnControl::Cancelled`], and answers a steering message ([`TurnControl::Steer`]) at the end of its reply.
 //! Its pace is configurable so tests can stream slowly enough to interrupt.
+//!
+//! Given a workspace ([`DemoWorkspace`]: `serve` with no agents file, where this machine can sandbox), each
+//! session gets a directory of its own and each turn appends its prompt to `notes.md` there — a change to
+//! review in the Files and Changes panes. Both are written by the tenant's file server, in its sandbox.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,7 +30,7 @@ use ahp_types::state::{
 };
 use tokio::sync::mpsc;
 
-use crate::provider::{ChatSink, Provider, TurnControl, TurnHandle, TurnRequest};
+use crate::provider::{ChatSink, Provider, SessionStart, TurnControl, TurnHandle, TurnRequest};
 
 /// The file the demo's echo tool reports editing (nothing is written: the edit is shown, not applied).
 const DEMO_EDITED_FILE: &str = "/demo/notes.md";
@@ -48,17 +52,75 @@ impl Default for DemoPace {
     }
 }
 
+/// The workspace the demo agent works in: its root (`<root>/<tenant>/<host>/<session>` its sessions'
+/// directories) and the tenants' file servers that write there.
+#[derive(Clone)]
+pub struct DemoWorkspace {
+    pub root: std::path::PathBuf,
+    pub files: Arc<dyn crate::files::FileAccess>,
+}
+
+impl std::fmt::Debug for DemoWorkspace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DemoWorkspace").field("root", &self.root).finish()
+    }
+}
+
+impl DemoWorkspace {
+    /// The directory a session of `tenant` on `host` works in: the one its client named (inside the tenant's
+    /// directory, and neither that directory nor its host's), else its own.
+    fn session_dir(
+        &self,
+        tenant: &str,
+        host: &str,
+        session: &str,
+        named: Option<&str>,
+    ) -> Result<String, String> {
+        let tenant_root = self
+            .files
+            .tenant_root(tenant)
+            .ok_or_else(|| "the demo agent's workspace is not available".to_string())?;
+        let Some(named) = named else {
+            let dir = crate::acp::workspace::default_session_dir(&tenant_root, host, session);
+            return Ok(dir.display().to_string());
+        };
+        let path = std::path::PathBuf::from(named.strip_prefix("file://").unwrap_or(named));
+        let inside = path.starts_with(&tenant_root)
+            && !path
+                .components()
+                .any(|part| part == std::path::Component::ParentDir);
+        let shared = path == tenant_root || path.parent() == Some(tenant_root.as_path());
+        if !inside || shared {
+            return Err(format!(
+                "{named}: a working directory is a directory of its own inside {}",
+                tenant_root.display()
+            ));
+        }
+        Ok(path.display().to_string())
+    }
+}
+
 /// The `demo` provider.
 #[derive(Debug, Clone, Default)]
 pub struct DemoProvider {
     pace: DemoPace,
+    workspace: Option<DemoWorkspace>,
 }
 
 impl DemoProvider {
     pub const ID: &'static str = "demo";
 
     pub fn new(pace: DemoPace) -> Self {
-        Self { pace }
+        Self {
+            pace,
+            workspace: None,
+        }
+    }
+
+    /// The demo agent, working in `workspace`.
+    pub fn with_workspace(mut self, workspace: DemoWorkspace) -> Self {
+        self.workspace = Some(workspace);
+        self
     }
 }
 
@@ -93,9 +155,55 @@ impl Provider for DemoProvider {
         true
     }
 
+    fn workspace_root(&self) -> Option<std::path::PathBuf> {
+        self.workspace.as_ref().map(|workspace| workspace.root.clone())
+    }
+
+    fn create_session(
+        &self,
+        request: crate::provider::SessionRequest,
+        sink: Arc<dyn ChatSink>,
+    ) -> SessionStart {
+        let Some(workspace) = self.workspace.clone() else {
+            return SessionStart::Ready;
+        };
+        let dir = match workspace.session_dir(
+            &request.tenant,
+            &request.host,
+            &request.session,
+            request.working_directory.as_deref(),
+        ) {
+            Ok(dir) => dir,
+            Err(why) => return SessionStart::Refused(why),
+        };
+        // Its directory is made by the tenant's file server (in its sandbox), then the session is ready.
+        tokio::spawn(async move {
+            let made = workspace
+                .files
+                .call(&request.tenant, crate::files::FileOp::Mkdir { path: dir })
+                .await;
+            let action = match made {
+                Ok(_) => StateAction::SessionReady(ahp_types::actions::SessionReadyAction {}),
+                Err(error) => {
+                    StateAction::SessionCreationFailed(ahp_types::actions::SessionCreationFailedAction {
+                        error: ahp_types::state::ErrorInfo {
+                            error_type: "workspaceUnavailable".into(),
+                            message: format!("the demo agent's directory could not be made: {error}"),
+                            stack: None,
+                            meta: None,
+                        },
+                    })
+                }
+            };
+            sink.emit(&request.session, action);
+        });
+        SessionStart::Pending
+    }
+
     fn start_turn(&self, turn: TurnRequest, sink: Arc<dyn ChatSink>) -> TurnHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let pace = self.pace;
+        let workspace = self.workspace.clone();
         tokio::spawn(async move {
             let mut run = DemoTurn {
                 turn,
@@ -105,6 +213,7 @@ impl Provider for DemoProvider {
                 started: Instant::now(),
                 output_words: 0,
                 steering: Default::default(),
+                workspace,
             };
             if run.run().await.is_none() {
                 tracing::debug!(chat = %run.turn.chat, turn = %run.turn.turn_id, "demo turn stopped early");
@@ -153,6 +262,8 @@ struct DemoTurn {
     output_words: i64,
     /// Steering messages taken at a step and not answered yet.
     steering: std::collections::VecDeque<String>,
+    /// Where it writes its notes, if it has a workspace.
+    workspace: Option<DemoWorkspace>,
 }
 
 impl DemoTurn {
@@ -200,6 +311,7 @@ impl DemoTurn {
             self.ask_for_input().await?;
         }
 
+        self.write_notes(&prompt).await;
         self.pause().await?;
         let mut steered = 0;
         while let Some(text) = self.steering.pop_front() {
@@ -226,6 +338,38 @@ impl DemoTurn {
         }))?;
         tracing::debug!(%chat, "demo turn complete");
         Some(())
+    }
+
+    /// With a workspace: append the prompt to `notes.md` in the session's directory (a change to review).
+    async fn write_notes(&mut self, prompt: &str) {
+        let Some(workspace) = &self.workspace else {
+            return;
+        };
+        let turn = &self.turn;
+        let dir = match workspace.session_dir(
+            &turn.tenant,
+            &turn.host,
+            &turn.session,
+            turn.working_directory.as_deref(),
+        ) {
+            Ok(dir) => dir,
+            Err(why) => {
+                tracing::debug!(%why, "the demo agent writes no notes");
+                return;
+            }
+        };
+        let line = format!("- {}\n", prompt.lines().next().unwrap_or_default());
+        let write = crate::files::FileOp::Write {
+            path: format!("{dir}/notes.md"),
+            data: base64::Engine::encode(&base64::engine::general_purpose::STANDARD, line.as_bytes()),
+            create_only: false,
+            mode: crate::files::WriteMode::Append,
+            position: 0,
+            if_match: None,
+        };
+        if let Err(error) = workspace.files.call(&turn.tenant, write).await {
+            tracing::debug!(%error, "the demo agent's notes were not written");
+        }
     }
 
     async fn run_tool_call(&mut self, prompt: &str) -> Option<()> {

@@ -13,7 +13,7 @@ pub mod provider;
 pub mod pty;
 pub mod shell_integration;
 
-pub use demo::{DemoPace, DemoProvider};
+pub use demo::{DemoPace, DemoProvider, DemoWorkspace};
 pub use provider::{
     ChatSink, ClientTool, Emitted, Provider, ProviderRegistry, SessionRequest, SessionStart, TerminalKey,
     TerminalRequest, TerminalStarted, TurnAttachment, TurnControl, TurnHandle, TurnRequest, AGENT_STATE_META,

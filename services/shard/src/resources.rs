@@ -37,7 +37,7 @@ pub const RESOURCE_METHODS: &[&str] = &[
 /// The answer where this process holds no workspace.
 pub(crate) fn no_files(method: &str) -> RpcError {
     RpcError::method_not_found(&format!(
-        "{method} (this relay serves files only where it runs the agents' workspace: configure --agents)"
+        "{method} (this relay serves files only where it runs a workspace: configure --agents, or run serve where the kernel can sandbox; its log says why it could not)"
     ))
 }
 
