@@ -579,6 +579,8 @@ async fn demo_workspace(
     relay_runner::DemoWorkspace,
     Arc<dyn relay_runner::files::FileAccess>,
 )> {
+    // The data directory stays its owner's alone (it holds the store and the signing secret).
+    crate::secret::create_private_dir(data_dir)?;
     let root = std::path::absolute(data_dir.join("workspaces"))?;
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
     let root = root.canonicalize()?;
