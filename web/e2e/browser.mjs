@@ -506,6 +506,8 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
 
   // The identity provider's login (configured with --sign-in-url) returns with a token in the fragment and the
   // state it was given; an answer with another state is refused. The page comes back to where it was.
+  // The link is made once the page has the relay's configuration (fetched after the reason shows).
+  await page.waitForSelector('#signin-provider[href^="https://idp.example/"]', { timeout: PATIENCE });
   const provider = await page.getAttribute("#signin-provider", "href");
   check(provider.startsWith(`https://idp.example/login?return=${encodeURIComponent(`${base}/`)}&state=`), `the sign-in link goes to the provider with the way back (${provider})`);
   let forgeState = true;
