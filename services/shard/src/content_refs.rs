@@ -76,8 +76,37 @@ pub fn may_carry(action: &StateAction) -> bool {
 }
 
 /// Moves `action`'s inline contents larger than `threshold` bytes out, naming them by reference; returns them,
-/// owned by `session`, to store with the action.
+/// owned by `session`, to store with the action. A running tool call's content update (its output so far,
+/// sent again whole at each update) stores nothing: what is large is cut to its newest part inline, and the
+/// whole output is stored once, with the call's result — 200 updates of a growing 100 KB output were 10 MB.
 pub fn extract(action: &mut StateAction, session: &str, threshold: usize) -> Vec<StoredContent> {
+    if let StateAction::ChatToolCallContentChanged(changed) = action {
+        for content in &mut changed.content {
+            match content {
+                ToolResultContent::Text(text) if text.text.len() > threshold => {
+                    let total = text.text.len();
+                    let mut start = total.saturating_sub(PREVIEW_CHARS);
+                    while !text.text.is_char_boundary(start) {
+                        start += 1;
+                    }
+                    text.text = format!(
+                        "… ({total} bytes so far; the whole output comes with the result)\n{}",
+                        &text.text[start..]
+                    );
+                }
+                ToolResultContent::EmbeddedResource(embedded) if embedded.data.len() / 4 * 3 > threshold => {
+                    *content = ToolResultContent::Text(ToolResultTextContent {
+                        text: format!(
+                            "({} of {} bytes; it comes with the result)",
+                            embedded.content_type,
+                            embedded.data.len() / 4 * 3
+                        ),
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
     let contents = match action {
         StateAction::ChatToolCallComplete(complete) => complete.result.content.as_mut(),
         StateAction::ChatToolCallContentChanged(changed) => Some(&mut changed.content),
@@ -172,6 +201,45 @@ mod tests {
             StateAction::ChatToolCallComplete(a) => a.result.content.clone().unwrap_or_default(),
             _ => vec![],
         }
+    }
+
+    /// Issue 33 (8): a running tool call's output, sent whole at each update as it grows, is stored with its
+    /// result only: 200 updates of a growing 100 KB output store nothing, each update carrying its newest part.
+    #[test]
+    fn a_running_tool_calls_updates_store_nothing_and_keep_the_newest_output() {
+        let mut stored = 0;
+        for update in 1..=200 {
+            let text = format!("{}end-{update}", "x".repeat(update * 500));
+            let mut action = StateAction::ChatToolCallContentChanged(
+                ahp_types::actions::ChatToolCallContentChangedAction {
+                    turn_id: "t".into(),
+                    tool_call_id: "c".into(),
+                    meta: None,
+                    content: vec![ToolResultContent::Text(ToolResultTextContent { text })],
+                },
+            );
+            stored += extract(&mut action, "ahp-session:/s", 8192)
+                .iter()
+                .map(|content| content.data.len())
+                .sum::<usize>();
+            let StateAction::ChatToolCallContentChanged(changed) = &action else {
+                panic!("{action:?}");
+            };
+            let ToolResultContent::Text(shown) = &changed.content[0] else {
+                panic!("{changed:?}");
+            };
+            // Within the threshold it stays whole; past it, its newest part.
+            assert!(
+                shown.text.len() <= 8192,
+                "update {update}: {} bytes inline",
+                shown.text.len()
+            );
+            assert!(
+                shown.text.ends_with(&format!("end-{update}")),
+                "the newest part is kept"
+            );
+        }
+        assert_eq!(stored, 0, "updates stored copies");
     }
 
     #[test]
