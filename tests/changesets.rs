@@ -659,4 +659,15 @@ async fn a_default_serve_gives_the_demo_a_workspace_whose_turns_are_changes() {
     let notes = format!("{default_directory}/default/first-steps/notes.md");
     let text = read_text(&a, &notes).await.expect("notes.md");
     assert!(text.contains("hello from a newcomer"), "{text}");
+    // A directory the new-session form names under the tenant's: the demo works there too.
+    let project = format!("{default_directory}/project");
+    let (_, state) = ready_session(&a, "demo", "in-project", json!({"workingDirectories": [project]}))
+        .await
+        .expect("a named directory");
+    let chat = state.default_chat.clone().expect("default chat");
+    prompt(&a, &chat, "t1", "notes in the project").await;
+    let text = read_text(&a, &format!("{project}/notes.md"))
+        .await
+        .expect("the project's notes.md");
+    assert!(text.contains("notes in the project"), "{text}");
 }

@@ -68,7 +68,8 @@ impl std::fmt::Debug for DemoWorkspace {
 
 impl DemoWorkspace {
     /// The directory a session of `tenant` on `host` works in: the one its client named (inside the tenant's
-    /// directory, and neither that directory nor its host's), else its own.
+    /// directory, and neither that directory nor its host's, which hold other sessions'), else its own — the
+    /// rule agents' sessions follow ([`crate::acp::workspace::Workspaces::session`]).
     fn session_dir(
         &self,
         tenant: &str,
@@ -89,7 +90,8 @@ impl DemoWorkspace {
             && !path
                 .components()
                 .any(|part| part == std::path::Component::ParentDir);
-        let shared = path == tenant_root || path.parent() == Some(tenant_root.as_path());
+        let host_dir = tenant_root.join(crate::acp::workspace::encode(host));
+        let shared = path == tenant_root || path == host_dir;
         if !inside || shared {
             return Err(format!(
                 "{named}: a working directory is a directory of its own inside {}",
