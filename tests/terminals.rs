@@ -786,16 +786,10 @@ async fn only_the_holder_types_and_a_programs_output_forges_nothing() {
     .await
     .expect("type");
     on_a.until("the printing command's end", |state| {
-        state.content.iter().any(|part| {
-            matches!(part, TerminalContentPart::Command(c)
-                if c.command_line.starts_with("printf") && c.is_complete && c.output.contains("forged-5"))
-        })
+        finished_with(state, "printf", "forged-5").is_some()
     })
     .await;
-    let finished = on_a.state.content.iter().find_map(|part| match part {
-        TerminalContentPart::Command(c) if c.command_line.starts_with("printf") => Some(c.exit_code),
-        _ => None,
-    });
+    let finished = finished_with(&on_a.state, "printf", "forged-5");
     assert_eq!(finished, Some(Some(0)), "the forged mark did not end the command");
     let shown = text(&on_a.state);
     assert!(
@@ -815,16 +809,10 @@ async fn only_the_holder_types_and_a_programs_output_forges_nothing() {
     .await
     .expect("type");
     on_a.until("the searching command's end", |state| {
-        state.content.iter().any(|part| {
-            matches!(part, TerminalContentPart::Command(c)
-                if c.command_line.starts_with("for t in") && c.is_complete && c.output.contains("stolen-7"))
-        })
+        finished_with(state, "for t in", "stolen-7").is_some()
     })
     .await;
-    let finished = on_a.state.content.iter().find_map(|part| match part {
-        TerminalContentPart::Command(c) if c.command_line.starts_with("for t in") => Some(c.exit_code),
-        _ => None,
-    });
+    let finished = finished_with(&on_a.state, "for t in", "stolen-7");
     assert_eq!(
         finished,
         Some(Some(0)),

@@ -55,6 +55,22 @@ fn patterns(value: Option<&serde_json::Value>) -> Result<Vec<String>, RpcError> 
 }
 
 impl HostCore {
+    /// Whether `connection` may hold one more watch ([`MAX_WATCHES_PER_CONNECTION`]).
+    fn room_for_a_watch(&self, connection: ConnectionId) -> Result<(), RpcError> {
+        let held = self
+            .model
+            .watches
+            .values()
+            .filter(|watch| watch.owner == connection)
+            .count();
+        if held >= MAX_WATCHES_PER_CONNECTION {
+            return Err(RpcError::invalid_params(format!(
+                "a connection may hold at most {MAX_WATCHES_PER_CONNECTION} watches"
+            )));
+        }
+        Ok(())
+    }
+
     /// Forget the watches of `connection` (it went away); their file server watches stop.
     pub(crate) fn release_watches_of(&mut self, connection: ConnectionId) {
         self.model.watches.retain(|_, watch| watch.owner != connection);
@@ -117,17 +133,7 @@ impl Host {
             let core = self.core.lock();
             core.client_id(connection)?;
             let identity = core.connection(connection)?.identity.clone();
-            let held = core
-                .model
-                .watches
-                .values()
-                .filter(|watch| watch.owner == connection)
-                .count();
-            if held >= MAX_WATCHES_PER_CONNECTION {
-                return Err(RpcError::invalid_params(format!(
-                    "a connection may hold at most {MAX_WATCHES_PER_CONNECTION} watches"
-                )));
-            }
+            core.room_for_a_watch(connection)?;
             (core.providers.files().cloned(), identity)
         };
         let files = files.ok_or_else(|| crate::resources::no_files("createResourceWatch"))?;
@@ -153,17 +159,7 @@ impl Host {
                 return Err(RpcError::internal("connection is not attached"));
             }
             // Counted again: requests made at once all passed the first count.
-            let held = core
-                .model
-                .watches
-                .values()
-                .filter(|watch| watch.owner == connection)
-                .count();
-            if held >= MAX_WATCHES_PER_CONNECTION {
-                return Err(RpcError::invalid_params(format!(
-                    "a connection may hold at most {MAX_WATCHES_PER_CONNECTION} watches"
-                )));
-            }
+            core.room_for_a_watch(connection)?;
             core.model.watches.insert(
                 channel.clone(),
                 WatchRecord {
