@@ -1185,3 +1185,116 @@ async fn a_terminal_keeps_its_session_in_memory_on_a_live_host() {
     .await;
     keeper.ping().await.expect("the keeper is still attached");
 }
+
+/// Issue 33 (3), a shard failover: a device's terminal runs on a runner registered with two shards (on one
+/// Postgres, over Redis); the shard owning its host is killed (SIGKILL) while the shell prints. The other shard
+/// takes the host over and with it the running shell: what it prints after the move arrives (saying some may be
+/// missing), it takes input, and disposing it kills its processes. Needs `DATABASE_URL` and `REDIS_URL`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_survives_a_shard_failover_and_is_typed_into_and_disposed_after() {
+    let (Ok(db), Ok(redis)) = (std::env::var("DATABASE_URL"), std::env::var("REDIS_URL")) else {
+        eprintln!("skipped: DATABASE_URL and REDIS_URL are needed (scripts/test starts both)");
+        return;
+    };
+    let agents = scripted_agents_file();
+    let agents_path = agents.file.display().to_string();
+    let shard_args = [
+        "--database-url",
+        db.as_str(),
+        "--redis-url",
+        redis.as_str(),
+        "--lease-ttl",
+        "3s",
+        "--agents",
+        agents_path.as_str(),
+    ];
+    let mut shards = vec![Shard::start(&shard_args).await, Shard::start(&shard_args).await];
+    let urls = format!("{},{}", shards[0].url, shards[1].url);
+    let gateways = [
+        Relay::gateway_with(&urls, &["--redis-url", &redis]).await,
+        Relay::gateway_with(&urls, &["--redis-url", &redis]).await,
+    ];
+    // One runner serves both shards.
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+    command
+        .args(["runner", "--http-listen", "127.0.0.1:0", "--name", "both", "--shard", &urls, "--agents"])
+        .arg(&agents.file);
+    let (_runner, _) = spawn_until(command, "runner serving").await;
+    for shard in &shards {
+        wait_for_runners(shard, 1.0).await;
+    }
+
+    let tenant = unique_tenant();
+    let (a, _) = gateways[0]
+        .client_as(&tenant, "ana", Role::Member, "ana-laptop")
+        .await;
+    let (session, _) = session(&a, "moving").await;
+    let uri = "ahp-terminal:/moving";
+    create_terminal(&a, "ana-laptop", &session, uri)
+        .await
+        .expect("createTerminal");
+    let mut on_a = Watched::open(&a, uri).await;
+    on_a.until("the prompt", |state| {
+        state.supports_command_detection == Some(true)
+    })
+    .await;
+    let marker = "31344";
+    start_job(&a, &mut on_a, uri, &format!("sleep {marker} & echo started\n"), marker).await;
+    let pids = processes(&["sleep", marker]);
+    // A job that prints until it is told to stop: its output is in flight when the shard dies.
+    a.dispatch(
+        uri.to_string(),
+        input("while [ ! -e stop-ticking ]; do echo tick; sleep 0.05; done; echo late-$((1+1))\n"),
+    )
+    .await
+    .expect("type");
+    on_a.until("the ticks", |state| text(state).matches("tick").count() > 3)
+        .await;
+
+    let store = relay_store::Store::connect(&db).await.expect("store");
+    let owner_url = store
+        .lease_of(&tenant, "default")
+        .await
+        .expect("lease")
+        .expect("leased")
+        .owner;
+    let owner = shards
+        .iter()
+        .position(|shard| owner_url.starts_with(&shard.url))
+        .expect("one of the shards owns the host");
+    shards[owner].kill().await;
+    // The runner's stream to the dead shard ended; the shell waits, its processes alive.
+    assert!(!processes(&["sleep", marker]).is_empty(), "the job died with the shard");
+
+    // The device comes back through the other gateway, served by the other shard.
+    let (a, _) = gateways[1]
+        .client_as(&tenant, "ana", Role::Member, "ana-laptop")
+        .await;
+    let now_owner = store
+        .lease_of(&tenant, "default")
+        .await
+        .expect("lease")
+        .expect("leased")
+        .owner;
+    assert!(now_owner.starts_with(&shards[1 - owner].url), "the other shard took the host: {now_owner}");
+    let mut on_a = Watched::open(&a, uri).await;
+    assert!(!is_exited(&on_a.state), "restored as running: {:?}", on_a.state.lifecycle);
+    // Taken over: what it prints from now on arrives here, after the note that some may be missing.
+    on_a.until("the note of the move", |state| text(state).contains("host moved"))
+        .await;
+    let workspace = agents.workspace.path().join(&tenant).join("default/moving");
+    std::fs::write(workspace.join("stop-ticking"), "").expect("stop the ticks");
+    on_a.until("the late output", |state| text(state).contains("late-2"))
+        .await;
+    a.dispatch(uri.to_string(), input("echo back-$((2+3))\n"))
+        .await
+        .expect("type");
+    on_a.until("the answer to input after the move", |state| text(state).contains("back-5"))
+        .await;
+    assert!(!is_exited(&on_a.state));
+    let _: Value = a
+        .request("disposeTerminal", json!({"channel": uri}))
+        .await
+        .expect("disposeTerminal after the move");
+    all_gone("the terminal's job killed by its disposal", &pids).await;
+}

@@ -104,6 +104,7 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
         args.max_file_bytes,
         args.file_server_idle,
     );
+    let shells = relay_runner::acp::KeptShells::default();
     let config = relay_rpc::runner::RunnerConfig {
         files: Some(files),
         tls: args.tls.load()?,
@@ -120,8 +121,9 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
             "a runner secret is required: set AHP_RELAY_RUNNER_SECRET (or --runner-secret-file) to the value \
              the shards have",
         )?,
+        // Devices' terminals are the process's: a registration that ends leaves them for the host's next owner.
         providers: Arc::new(move || {
-            AcpProvider::from_file(&file, &sandboxes)
+            AcpProvider::from_file(&file, &sandboxes, &shells)
                 .into_iter()
                 .map(|agent| Arc::new(agent) as Arc<dyn Provider>)
                 .collect()

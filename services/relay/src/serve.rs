@@ -641,7 +641,11 @@ async fn open_hosts(
         match placement {
             AgentPlacement::InProcess { sandbox, protected } => {
                 let sandboxes = crate::agents::sandboxes(&file, path, &sandbox, protected).await?;
-                for agent in relay_runner::acp::AcpProvider::from_file(&file, &sandboxes) {
+                for agent in relay_runner::acp::AcpProvider::from_file(
+                    &file,
+                    &sandboxes,
+                    &relay_runner::acp::KeptShells::default(),
+                ) {
                     providers = providers.with(Arc::new(agent));
                 }
                 // Tenants' files (resource*), served from a sandbox of each tenant by this program.

@@ -39,6 +39,9 @@ use crate::pb::runners_server::{Runners, RunnersServer};
 /// A host of a tenant, as the runner protocol names it.
 type HostId = (String, String);
 
+/// How long one runner may take to say whether it still runs a terminal a host that moved here takes over.
+const ADOPTION_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The runners registered with this shard and the sessions placed on them.
 #[derive(Default)]
 pub struct RunnerPool {
@@ -324,6 +327,61 @@ impl RunnerPool {
         Ok(answered)
     }
 
+    /// Take over terminal `key` of `session` from whichever runner of `agent` still runs it (its host moved
+    /// here from a shard that went): each runner that may hold it is asked in turn; the first that does keeps
+    /// it, and its output goes to `sink` from then on.
+    async fn adopt_terminal(
+        self: Arc<Self>,
+        agent: String,
+        key: TerminalKey,
+        session: String,
+        sink: Arc<dyn ChatSink>,
+    ) -> Result<(), String> {
+        let candidates: Vec<u64> = {
+            let state = self.state.lock();
+            let mut candidates: Vec<u64> = state
+                .runners
+                .iter()
+                .filter(|(_, runner)| runner.agents.contains(&agent))
+                .filter(|(_, runner)| runner.tenants.is_empty() || runner.tenants.contains(&key.tenant))
+                .map(|(id, _)| *id)
+                .collect();
+            candidates.sort_unstable();
+            candidates
+        };
+        for runner in candidates {
+            let id = self.next_turn.fetch_add(1, Ordering::Relaxed) + 1;
+            let (answer, answered) = oneshot::channel();
+            self.terminals.starting(id, runner, key.clone(), answer);
+            // Held before it is asked: a runner that holds it sends its output at once, before its answer.
+            self.terminals.held(key.clone(), runner, &session, sink.clone());
+            let work = Work::AdoptTerminal(pb::AdoptTerminal {
+                id,
+                agent: agent.clone(),
+                host: Some(pb::HostKey {
+                    tenant: key.tenant.clone(),
+                    host: key.host.clone(),
+                }),
+                session: session.clone(),
+                uri: key.uri.clone(),
+            });
+            if !self.send_to(runner, work) {
+                self.terminals.abandoned(id);
+                self.terminals.ended(&key);
+                continue;
+            }
+            match tokio::time::timeout(ADOPTION_PATIENCE, answered).await {
+                Ok(Ok(Ok(()))) => return Ok(()),
+                Ok(_) => self.terminals.ended(&key),
+                Err(_) => {
+                    self.terminals.abandoned(id);
+                    self.terminals.ended(&key);
+                }
+            }
+        }
+        Err("no runner runs it any more".into())
+    }
+
     /// Send what a device did to a terminal to the runner holding it.
     fn terminal_work(&self, agent: &str, key: &TerminalKey, work: pb::terminal_work::Work) {
         let Some(runner) = self.terminals.runner_of(key) else {
@@ -401,7 +459,17 @@ impl RunnerPool {
             Report::FileChanged(changed) => self.files.changed(runner, changed),
             Report::TerminalStarted(started) => self.terminals.started(runner, started.id, started.error),
             Report::Action(action) => {
-                let Some(sink) = self.session_sink(runner, action.host.as_ref(), &action.session) else {
+                let held = action.host.as_ref().and_then(|host| {
+                    let key = TerminalKey {
+                        tenant: host.tenant.clone(),
+                        host: host.host.clone(),
+                        uri: action.channel.clone(),
+                    };
+                    self.terminals.sink_of(&key, runner, &action.session)
+                });
+                let Some(sink) =
+                    held.or_else(|| self.session_sink(runner, action.host.as_ref(), &action.session))
+                else {
                     // A terminal of a session no longer placed here (disposed) is no longer held.
                     if let Some(host) = &action.host {
                         self.terminals.ended(&TerminalKey {
@@ -691,6 +759,28 @@ impl Provider for RemoteAgent {
     fn kill_terminal(&self, terminal: &TerminalKey) {
         self.pool
             .terminal_work(&self.info.provider, terminal, pb::terminal_work::Work::Kill(true));
+    }
+
+    fn adopt_terminal(
+        &self,
+        terminal: &TerminalKey,
+        session: &str,
+        sink: Arc<dyn ChatSink>,
+    ) -> TerminalStarted {
+        let (answer, answered) = oneshot::channel();
+        let adoption = self.pool.clone().adopt_terminal(
+            self.info.provider.clone(),
+            terminal.clone(),
+            session.to_string(),
+            sink,
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(async move {
+                let _ = answer.send(adoption.await);
+            })),
+            Err(_) => return relay_runner::provider::terminal_answer(Err("no runtime".into())),
+        }
+        answered
     }
 
     fn dispose_session(&self, tenant: &str, host: &str, session: &str) {

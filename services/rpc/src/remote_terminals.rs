@@ -65,6 +65,21 @@ impl RemoteTerminals {
         }
     }
 
+    /// A start (or takeover) `id` that will not be answered any more (it timed out).
+    pub(crate) fn abandoned(&self, id: u64) {
+        self.starting.lock().remove(&id);
+    }
+
+    /// Where `runner`'s actions on terminal `key` of `session` go, when it holds that terminal: a terminal taken
+    /// over from a runner goes on there even while its session's agent is placed elsewhere (or nowhere).
+    pub(crate) fn sink_of(&self, key: &TerminalKey, runner: u64, session: &str) -> Option<Arc<dyn ChatSink>> {
+        self.held
+            .lock()
+            .get(key)
+            .filter(|held| held.runner == runner && held.session == session)
+            .map(|held| held.sink.clone())
+    }
+
     /// The runner holding `key`, if one does.
     pub(crate) fn runner_of(&self, key: &TerminalKey) -> Option<u64> {
         self.held.lock().get(key).map(|held| held.runner)

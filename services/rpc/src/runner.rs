@@ -7,7 +7,7 @@
 //! places the sessions again on their next prompt, where the agents continue their ACP sessions.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -148,6 +148,7 @@ async fn serve_once(shard: &str, config: &RunnerConfig) -> Result<(), RunnerErro
         tenants: config.tenants.clone(),
         files: config.files.clone(),
         watches: Arc::default(),
+        ended: Arc::default(),
     };
     while let Some(item) = work.message().await? {
         if let Some(item) = item.work {
@@ -170,6 +171,14 @@ struct ShardSession {
     /// The watches a shard opened, by its number (dropping one stops it; all go with the registration); `None`
     /// while one is being made (an `Unwatch` then removes it, and the handle made is dropped).
     watches: Arc<parking_lot::Mutex<HashMap<u64, Option<WatchHandle>>>>,
+    /// Set when the registration ended: its sinks reach nobody from then on, whatever the stream's buffers do.
+    ended: Arc<AtomicBool>,
+}
+
+impl Drop for ShardSession {
+    fn drop(&mut self) {
+        self.ended.store(true, Ordering::Release);
+    }
 }
 
 impl ShardSession {
@@ -317,6 +326,7 @@ impl ShardSession {
             },
             session: session.to_string(),
             reports: self.reports.clone(),
+            ended: self.ended.clone(),
         })
     }
 
@@ -326,8 +336,40 @@ impl ShardSession {
         self.tenants.is_empty() || self.tenants.iter().any(|t| t == tenant)
     }
 
+    /// Take over a terminal still running here for a host that moved to this shard; answered like a start.
+    fn adopt_terminal(&self, adopt: pb::AdoptTerminal) {
+        let reports = self.reports.clone();
+        let id = adopt.id;
+        let answer = move |error: String| {
+            let _ = reports.send(pb::RunnerReport {
+                report: Some(Report::TerminalStarted(pb::TerminalStarted { id, error })),
+            });
+        };
+        let Some(host) = adopt.host.filter(|host| self.serves(&host.tenant)) else {
+            return answer("this runner serves no such host".into());
+        };
+        let Some(provider) = self.providers.get(&adopt.agent).cloned() else {
+            return answer(format!("this runner has no agent {}", adopt.agent));
+        };
+        let key = TerminalKey {
+            tenant: host.tenant.clone(),
+            host: host.host.clone(),
+            uri: adopt.uri,
+        };
+        let sink = self.sink(&host.tenant, &host.host, &adopt.session);
+        let adopted = provider.adopt_terminal(&key, &adopt.session, sink);
+        tokio::spawn(async move {
+            answer(match adopted.await {
+                Ok(Ok(())) => String::new(),
+                Ok(Err(error)) => error,
+                Err(_) => "the takeover was abandoned".into(),
+            });
+        });
+    }
+
     fn handle(&mut self, work: Work) {
         match work {
+            Work::AdoptTerminal(adopt) => self.adopt_terminal(adopt),
             Work::CreateSession(create) => {
                 let request: SessionRequest = match serde_json::from_slice(&create.request) {
                     Ok(request) => request,
@@ -448,10 +490,14 @@ struct StreamSink {
     host: pb::HostKey,
     session: String,
     reports: mpsc::UnboundedSender<pb::RunnerReport>,
+    ended: Arc<AtomicBool>,
 }
 
 impl ChatSink for StreamSink {
     fn emit(&self, channel: &str, action: StateAction) -> relay_runner::Emitted {
+        if self.ended.load(Ordering::Acquire) {
+            return relay_runner::Emitted::Unreachable;
+        }
         let action = match serde_json::to_vec(&action) {
             Ok(action) => action,
             Err(error) => {
@@ -470,11 +516,12 @@ impl ChatSink for StreamSink {
                 })),
             })
             .is_ok();
-        // The shard applies it in order, or finds it does not apply: only a closed stream is known here.
+        // The shard applies it in order, or finds it does not apply: only a closed stream is known here, and a
+        // closed stream means the shard went, not the channel (another shard may own its host next).
         if sent {
             relay_runner::Emitted::Applied
         } else {
-            relay_runner::Emitted::Gone
+            relay_runner::Emitted::Unreachable
         }
     }
 

@@ -46,6 +46,10 @@ pub enum Emitted {
     NotApplied,
     /// The channel, its session or its host is gone: stop producing for it.
     Gone,
+    /// Nobody heard it: the host's owner is out of reach from here (the stream to its shard ended, or the host
+    /// left this process). The channel may live on with the host's next owner, which may take it over
+    /// ([`Provider::adopt_terminal`]); what was emitted meanwhile is the producer's to hold or drop.
+    Unreachable,
 }
 
 impl Emitted {
@@ -297,6 +301,17 @@ pub trait Provider: Send + Sync + 'static {
     fn terminal_resized(&self, _terminal: &TerminalKey, _cols: i64, _rows: i64) {}
     /// Kill a terminal's processes (disposed, or its `!command`'s turn cancelled).
     fn kill_terminal(&self, _terminal: &TerminalKey) {}
+    /// Take over a terminal of `session` this provider still runs for a host that moved (another shard owns it
+    /// now) or was loaded again: its output goes to `sink` from now on. Answers an error when no such terminal
+    /// runs here. Must not block.
+    fn adopt_terminal(
+        &self,
+        _terminal: &TerminalKey,
+        _session: &str,
+        _sink: Arc<dyn ChatSink>,
+    ) -> TerminalStarted {
+        terminal_answer(Err("this session's agent runs no terminals".into()))
+    }
 }
 
 /// The providers configured for a host, by provider id.

@@ -102,7 +102,62 @@ impl Host {
 }
 
 impl HostCore {
-    fn terminal_key(&self, uri: &str) -> TerminalKey {
+    /// Take over the processes of running devices' terminals a loaded session holds (the host moved here, or was
+    /// loaded again): each provider that still runs one goes on sending its output here. One no provider runs any
+    /// more ends as exited; a `!command`'s is killed, since its turn ended with the restore.
+    pub(crate) fn adopt_terminals(&mut self, adopting: Vec<(String, String, DeviceTerminal)>) {
+        if adopting.is_empty() {
+            return;
+        }
+        let (Some(host), Ok(runtime)) = (self.host.upgrade(), tokio::runtime::Handle::try_current()) else {
+            for (uri, _, _) in adopting {
+                self.apply_server_action(
+                    &uri,
+                    StateAction::TerminalExited(ahp_types::actions::TerminalExitedAction { exit_code: None }),
+                );
+            }
+            return;
+        };
+        for (uri, session, device) in adopting {
+            let key = self.terminal_key(&uri);
+            let provider = self.providers.get(&device.provider).cloned();
+            let answer = match &provider {
+                Some(provider) => provider.adopt_terminal(&key, &session, self.sink.clone()),
+                None => {
+                    relay_runner::provider::terminal_answer(Err("its agent is not configured here".into()))
+                }
+            };
+            let host = host.clone();
+            runtime.spawn(async move {
+                let taken = matches!(tokio::time::timeout(START_PATIENCE, answer).await, Ok(Ok(Ok(()))));
+                let keep = host.with_core(|core| {
+                    let running = core
+                        .model
+                        .terminals
+                        .get(&uri)
+                        .is_some_and(|record| record.runs_here());
+                    if !taken && running {
+                        core.apply_server_action(
+                            &uri,
+                            StateAction::TerminalExited(ahp_types::actions::TerminalExitedAction {
+                                exit_code: None,
+                            }),
+                        );
+                    }
+                    running && device.command_turn.is_none()
+                });
+                if taken && !keep {
+                    // Disposed while it was taken over, or a `!command` whose turn ended: it goes (its exit follows).
+                    if let Some(provider) = provider {
+                        provider.kill_terminal(&key);
+                    }
+                }
+                tracing::debug!(terminal = %key.uri, taken, "a running terminal of a loaded session");
+            });
+        }
+    }
+
+    pub(crate) fn terminal_key(&self, uri: &str) -> TerminalKey {
         TerminalKey {
             tenant: self.key.tenant.clone(),
             host: self.key.host.clone(),
@@ -293,17 +348,15 @@ impl HostCore {
         command_turn: Option<CommandTurn>,
         opened_by: Option<String>,
     ) -> Result<(), RpcError> {
-        if !self.open_terminal(session, uri, state) {
+        let device = DeviceTerminal {
+            provider,
+            command_turn,
+            opened_by,
+        };
+        if !self.open_terminal_of(session, uri, state, Some(device)) {
             return Err(RpcError::invalid_request(
                 "this session holds its maximum of running terminals: dispose one first",
             ));
-        }
-        if let Some(record) = self.model.terminals.get_mut(uri) {
-            record.device = Some(DeviceTerminal {
-                provider,
-                command_turn,
-                opened_by,
-            });
         }
         Ok(())
     }

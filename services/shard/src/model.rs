@@ -71,8 +71,8 @@ pub struct TerminalRecord {
     pub state: TerminalState,
     pub clock: SnapshotClock,
     /// Set for a terminal a device opened (or a chat's `!command`): its process takes devices' input. `None`
-    /// for an agent's command, and for any terminal restored from the store (its process died with the
-    /// process that ran it).
+    /// for an agent's command. Stored with the terminal: a host loaded again (another shard took it over)
+    /// takes its running process over from the provider that runs it.
     pub device: Option<DeviceTerminal>,
 }
 
@@ -89,7 +89,8 @@ impl TerminalRecord {
 }
 
 /// A terminal devices opened, run by the session's provider.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct DeviceTerminal {
     /// The session's provider, which runs its process.
     pub provider: String,
@@ -100,7 +101,8 @@ pub struct DeviceTerminal {
 }
 
 /// The turn of a chat's `!command`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct CommandTurn {
     pub chat: String,
     pub turn_id: String,
@@ -130,6 +132,17 @@ pub struct ChatDocument<C = ChatState, T = String> {
     pub session: T,
     #[serde(default = "Option::default", skip_serializing_if = "Option::is_none")]
     pub created_by: Option<T>,
+}
+
+/// What the store keeps of a terminal: its state, its session (the parent it is restored with) and, for a
+/// device's terminal, what the host needs to take its process over. Read as a chat's document was read before
+/// `device` was kept.
+#[derive(Serialize, Deserialize)]
+pub struct TerminalDocument<S = TerminalState, T = String, D = DeviceTerminal> {
+    pub state: S,
+    pub session: T,
+    #[serde(default = "Option::default", skip_serializing_if = "Option::is_none")]
+    pub device: Option<D>,
 }
 
 /// What the store keeps of the root channel: what clients set and the host must not forget (its
@@ -378,11 +391,10 @@ impl HostModel {
             return serde_json::to_string(&doc).ok().map(|json| (None, json));
         }
         if let Some(terminal) = self.terminals.get(channel) {
-            // A terminal is stored like a chat: its state and its session (the parent it is restored with).
-            let doc = ChatDocument {
+            let doc = TerminalDocument {
                 state: &terminal.state,
                 session: &terminal.session,
-                created_by: None,
+                device: terminal.device.as_ref(),
             };
             return serde_json::to_string(&doc)
                 .ok()

@@ -6,7 +6,7 @@
 
 use ahp::reducers::{apply_action_to_chat, apply_action_to_session, apply_action_to_terminal};
 use ahp_types::actions::{ChatErrorAction, StateAction, TerminalExitedAction};
-use ahp_types::state::{ErrorInfo, ErrorResponsePart, TerminalLifecycleState, TerminalState, Turn};
+use ahp_types::state::{ErrorInfo, ErrorResponsePart, TerminalLifecycleState, Turn};
 use relay_store::ChannelRecord;
 
 use crate::error::ShardError;
@@ -15,7 +15,8 @@ use serde::Deserialize;
 
 use crate::host::{Host, HostCore};
 use crate::model::{
-    ChannelKind, ChatDocument, ChatRecord, SessionDocument, SnapshotClock, TerminalRecord, TERMINAL_SCHEME,
+    ChannelKind, ChatDocument, ChatRecord, SessionDocument, SnapshotClock, TerminalDocument, TerminalRecord,
+    TERMINAL_SCHEME,
 };
 
 /// A session and its chats as read from the store, not yet reduced.
@@ -314,12 +315,14 @@ impl HostCore {
         }
     }
 
-    /// Reduce a session's stored terminals into memory. A terminal whose command was running when the process
-    /// died (its agent died with it, or with its runner's stream) is marked exited, without an exit code.
+    /// Reduce a session's stored terminals into memory. A device's terminal still running is taken over from the
+    /// provider that runs it ([`HostCore::adopt_terminals`]); an agent's command running when the process died
+    /// (its agent died with it, or with its runner's stream) is marked exited, without an exit code.
     fn install_terminals(&mut self, terminals: Vec<(String, ChannelRecord)>) {
         let mut interrupted = Vec::new();
+        let mut adopting = Vec::new();
         for (uri, record) in terminals {
-            let doc: ChatDocument<TerminalState> = match serde_json::from_str(&record.state) {
+            let doc: TerminalDocument = match serde_json::from_str(&record.state) {
                 Ok(doc) => doc,
                 Err(error) => {
                     tracing::error!(terminal = %uri, %error, "unreadable terminal snapshot");
@@ -331,7 +334,10 @@ impl HostCore {
                 apply_action_to_terminal(&mut state, &envelope.action);
             }
             if matches!(state.lifecycle, TerminalLifecycleState::Running(_)) {
-                interrupted.push(uri.clone());
+                match &doc.device {
+                    Some(device) => adopting.push((uri.clone(), doc.session.clone(), device.clone())),
+                    None => interrupted.push(uri.clone()),
+                }
             }
             self.model.terminals.insert(
                 uri,
@@ -339,7 +345,7 @@ impl HostCore {
                     session: doc.session,
                     state,
                     clock: SnapshotClock::fresh(),
-                    device: None,
+                    device: doc.device,
                 },
             );
         }
@@ -350,5 +356,6 @@ impl HostCore {
             );
         }
         self.sync_terminal_list();
+        self.adopt_terminals(adopting);
     }
 }

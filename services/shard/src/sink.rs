@@ -15,13 +15,14 @@ pub(crate) struct HostSink {
 
 impl ChatSink for HostSink {
     fn emit(&self, channel: &str, action: StateAction) -> Emitted {
-        self.host
-            .upgrade()
-            .map_or(Emitted::Gone, |host| host.emit_agent_action(channel, action))
+        self.host.upgrade().map_or(Emitted::Unreachable, |host| {
+            host.emit_agent_action(channel, action)
+        })
     }
 
     fn emit_in(&self, session: &str, channel: &str, action: StateAction) -> Emitted {
-        self.host.upgrade().map_or(Emitted::Gone, |host| {
+        // A host that left this process may be loaded again (or owned elsewhere): nobody hears it, for now.
+        self.host.upgrade().map_or(Emitted::Unreachable, |host| {
             host.with_core(|core| {
                 if core.model.belongs_to(channel, session) {
                     core.apply_agent_action(channel, action)

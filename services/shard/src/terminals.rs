@@ -21,6 +21,17 @@ impl HostCore {
     /// here, the URI is not a free `ahp-terminal:` URI, or the session already holds its maximum of running
     /// terminals.
     pub(crate) fn open_terminal(&mut self, session: &str, uri: &str, state: TerminalState) -> bool {
+        self.open_terminal_of(session, uri, state, None)
+    }
+
+    /// [`HostCore::open_terminal`], for a device's terminal when `device` is set (stored with it).
+    pub(crate) fn open_terminal_of(
+        &mut self,
+        session: &str,
+        uri: &str,
+        state: TerminalState,
+        device: Option<crate::model::DeviceTerminal>,
+    ) -> bool {
         if !uri.starts_with(TERMINAL_SCHEME)
             || self.model.kind(uri) != ChannelKind::Unknown
             || !self.model.sessions.contains_key(session)
@@ -50,7 +61,7 @@ impl HostCore {
                 session: session.to_string(),
                 state,
                 clock: SnapshotClock::fresh(),
-                device: None,
+                device,
             },
         );
         self.store_snapshot(uri);

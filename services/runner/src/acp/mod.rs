@@ -41,6 +41,7 @@ use crate::provider::{
 pub use config::{AgentConfig, AgentConfigError, AgentsFile};
 pub use sandboxes::Sandboxes;
 use session::{Prompt, SessionWorker};
+pub use shell::KeptShells;
 
 /// A session of one host of one tenant: session URIs are unique only within a host.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -65,10 +66,17 @@ pub struct AcpProvider {
 }
 
 impl AcpProvider {
-    pub fn new(config: AgentConfig, sandboxes: Arc<Sandboxes>, timeouts: session::Timeouts) -> Self {
+    /// The agent `config` describes, run in `sandboxes`; its devices' terminals are kept in `shells` (they
+    /// outlive this provider: see [`KeptShells`]).
+    pub fn new(
+        config: AgentConfig,
+        sandboxes: Arc<Sandboxes>,
+        timeouts: session::Timeouts,
+        shells: &KeptShells,
+    ) -> Self {
         let config = Arc::new(config);
         Self {
-            shells: Arc::new(shell::ShellTerminals::new(sandboxes.clone(), config.clone())),
+            shells: shells.of(&sandboxes, &config),
             config,
             sandboxes,
             timeouts,
@@ -78,8 +86,8 @@ impl AcpProvider {
         }
     }
 
-    /// Every agent of an agents file, run in `sandboxes`.
-    pub fn from_file(file: &AgentsFile, sandboxes: &Arc<Sandboxes>) -> Vec<AcpProvider> {
+    /// Every agent of an agents file, run in `sandboxes`, their devices' terminals kept in `shells`.
+    pub fn from_file(file: &AgentsFile, sandboxes: &Arc<Sandboxes>, shells: &KeptShells) -> Vec<AcpProvider> {
         file.agents
             .iter()
             .map(|agent| {
@@ -90,6 +98,7 @@ impl AcpProvider {
                         idle: std::time::Duration::from_secs(file.idle_timeout_seconds),
                         start: std::time::Duration::from_secs(file.start_timeout_seconds),
                     },
+                    shells,
                 )
             })
             .collect()
@@ -323,6 +332,19 @@ impl Provider for AcpProvider {
 
     fn kill_terminal(&self, terminal: &TerminalKey) {
         self.shells.kill(terminal);
+    }
+
+    fn adopt_terminal(
+        &self,
+        terminal: &TerminalKey,
+        session: &str,
+        sink: Arc<dyn ChatSink>,
+    ) -> TerminalStarted {
+        crate::provider::terminal_answer(
+            self.shells
+                .adopt(terminal, session, sink)
+                .map_err(|error| error.to_string()),
+        )
     }
 
     fn dispose_session(&self, tenant: &str, host: &str, session: &str) {

@@ -13,6 +13,13 @@
 //!
 //! A terminal's processes are killed (its whole sandbox) when it is disposed, when its session is disposed,
 //! when nothing was typed or printed for the quotas' `terminal_idle_seconds`, and when this process stops.
+//!
+//! A terminal outlives the owner of its host: when its actions reach nobody ([`Emitted::Unreachable`]: the
+//! stream to its shard ended, the host left the process) it stops reading (its programs wait, as on a slow
+//! link) and holds what it had to say for [`ADOPTION_GRACE`]. The host's next owner takes it over
+//! ([`ShellTerminals::adopt`]) and it goes on there, saying in its output that some may be missing; nobody
+//! taking it over within the grace stops it. The terminals of a runner are its process's, not one shard
+//! registration's ([`KeptShells`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -31,7 +38,7 @@ use tokio::time::Instant;
 use super::config::AgentConfig;
 use super::sandboxes::Sandboxes;
 use super::SessionKey;
-use crate::provider::{ChatSink, TerminalKey, TerminalRequest};
+use crate::provider::{ChatSink, Emitted, TerminalKey, TerminalRequest};
 use crate::pty::{PtyController, TerminalSize};
 use crate::shell_integration::{MarkParser, ShellEvent, BASH_RC};
 
@@ -45,6 +52,11 @@ pub const SCROLLBACK_BYTES: usize = 1024 * 1024;
 pub const SCROLLBACK_TAIL: usize = 64 * 1024;
 /// Typed input waiting to reach a terminal, in messages (a device typing faster than the shell reads waits).
 const INPUT_QUEUE: usize = 256;
+/// How long a terminal whose host's owner went out of reach waits for the next owner to take it over.
+pub const ADOPTION_GRACE: Duration = Duration::from_secs(120);
+/// What a terminal taken over says in its output.
+const ADOPTED_NOTE: &str =
+    "\r\n[ahp-relay: this terminal's host moved; output printed meanwhile may be missing here]\r\n";
 
 /// Why a terminal did not start.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +75,51 @@ pub enum ShellError {
     Pty(std::io::Error),
     #[error("cannot start the terminal's shell: {0}")]
     Spawn(#[from] super::sandboxes::StartError),
+    #[error("no terminal {0} of this session runs here")]
+    NotHere(String),
+}
+
+/// The devices' terminals of each agent of this process, kept for the process's life: a shard registration
+/// that ends (its providers go) leaves them running for the host's next owner to take over.
+#[derive(Default)]
+pub struct KeptShells {
+    by_agent: Mutex<HashMap<String, Arc<ShellTerminals>>>,
+}
+
+impl KeptShells {
+    /// The terminals of the agent `config` describes (made on first use).
+    pub fn of(&self, sandboxes: &Arc<Sandboxes>, config: &Arc<AgentConfig>) -> Arc<ShellTerminals> {
+        self.by_agent
+            .lock()
+            .entry(config.id.clone())
+            .or_insert_with(|| Arc::new(ShellTerminals::new(sandboxes.clone(), config.clone())))
+            .clone()
+    }
+}
+
+/// Where a terminal's actions go: its host's owner now, replaced when a host's next owner takes it over.
+struct Destination {
+    sink: Mutex<Arc<dyn ChatSink>>,
+    /// Woken when the sink is replaced.
+    replaced: tokio::sync::Notify,
+}
+
+impl Destination {
+    fn new(sink: Arc<dyn ChatSink>) -> Arc<Self> {
+        Arc::new(Self {
+            sink: Mutex::new(sink),
+            replaced: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn current(&self) -> Arc<dyn ChatSink> {
+        self.sink.lock().clone()
+    }
+
+    fn replace(&self, sink: Arc<dyn ChatSink>) {
+        *self.sink.lock() = sink;
+        self.replaced.notify_one();
+    }
 }
 
 /// The running terminals of one provider's sessions.
@@ -78,6 +135,7 @@ pub struct ShellTerminals {
 
 struct Shell {
     session: SessionKey,
+    destination: Arc<Destination>,
     controller: Arc<PtyController>,
     input: mpsc::Sender<Vec<u8>>,
     process_group: Option<u32>,
@@ -222,8 +280,10 @@ impl ShellTerminals {
         drop(pair.terminal);
         let controller = Arc::new(pair.controller);
         let (input, typed) = mpsc::channel(INPUT_QUEUE);
+        let destination = Destination::new(sink);
         let shell = Arc::new(Shell {
             session: session.clone(),
+            destination: destination.clone(),
             controller: controller.clone(),
             input,
             process_group: child.id(),
@@ -233,7 +293,7 @@ impl ShellTerminals {
         let started = (request.key.clone(), shell.clone());
         tokio::spawn(write_input(controller, typed, Arc::downgrade(&shell)));
         let publisher = Publisher::new(
-            sink,
+            destination,
             session.session.clone(),
             request.key.uri.clone(),
             request.command.clone(),
@@ -277,6 +337,18 @@ impl ShellTerminals {
         } else if self.starting.lock().contains_key(key) {
             self.aborted.lock().insert(key.clone());
         }
+    }
+
+    /// Take over terminal `key` of `session`, running here: its actions go to `sink` from now on (what it held
+    /// while nobody heard it first).
+    pub fn adopt(&self, key: &TerminalKey, session: &str, sink: Arc<dyn ChatSink>) -> Result<(), ShellError> {
+        let running = self.running.lock();
+        let shell = running
+            .get(key)
+            .filter(|shell| shell.session.session == session)
+            .ok_or_else(|| ShellError::NotHere(key.uri.clone()))?;
+        shell.destination.replace(sink);
+        Ok(())
     }
 
     /// Kill every terminal of `session`.
@@ -333,6 +405,25 @@ async fn run(
     // Once the shell exited, what is still in the terminal is read for at most this long.
     let mut drain_until = None;
     loop {
+        if let Some(since) = publisher.orphaned_since {
+            // Nobody hears it: nothing is read (its programs wait) until the host's next owner takes it over.
+            tokio::select! {
+                exited = child.wait(), if status.is_none() => {
+                    status = Some(exited.ok().and_then(|status| status.code()).map(i64::from));
+                    drain_until = Some(Instant::now() + Duration::from_secs(1));
+                }
+                () = shell.destination.replaced.notified() => {
+                    *shell.touched.lock() = Instant::now();
+                    publisher.resume();
+                }
+                () = tokio::time::sleep_until(since + ADOPTION_GRACE) => {
+                    tracing::info!(terminal = %key.uri, "no owner of its host took this terminal over; it is stopped");
+                    publisher.abandon();
+                    shell.kill();
+                }
+            }
+            continue;
+        }
         let touched = *shell.touched.lock();
         let flush_at = publisher.flush_at();
         tokio::select! {
@@ -403,7 +494,7 @@ async fn pay(bucket: &super::quota::OutputBucket, mut bytes: usize) {
 
 /// Turns a terminal's bytes into its channel's actions.
 struct Publisher {
-    sink: Arc<dyn ChatSink>,
+    destination: Arc<Destination>,
     session: String,
     uri: String,
     /// Filters the output; trusts marks with the shell's nonce (none for a one-shot command: its start and end
@@ -421,18 +512,21 @@ struct Publisher {
     cwd: Option<String>,
     /// The channel is gone: stop.
     closed: bool,
+    /// Since when nobody hears it (its host's owner went out of reach), and what it had to say meanwhile.
+    orphaned_since: Option<Instant>,
+    held: Vec<StateAction>,
 }
 
 impl Publisher {
     fn new(
-        sink: Arc<dyn ChatSink>,
+        destination: Arc<Destination>,
         session: String,
         uri: String,
         command: Option<String>,
         nonce: Option<String>,
     ) -> Self {
         let mut publisher = Self {
-            sink,
+            destination,
             session,
             uri,
             marks: MarkParser::new(nonce),
@@ -447,6 +541,8 @@ impl Publisher {
             open_command: None,
             cwd: None,
             closed: false,
+            orphaned_since: None,
+            held: Vec::new(),
         };
         if let Some(command) = command {
             publisher.emit(StateAction::TerminalCommandExecuted(
@@ -462,10 +558,43 @@ impl Publisher {
     }
 
     fn emit(&mut self, action: StateAction) {
-        // A clear may take the open command: its end then applies to nothing, and the terminal goes on.
-        if !self.closed && self.sink.emit_in(&self.session, &self.uri, action).gone() {
-            self.closed = true;
+        if self.closed {
+            return;
         }
+        if self.orphaned_since.is_some() {
+            // Bounded: nothing more is read while it waits, so this is what one read and the exit produce.
+            self.held.push(action);
+            return;
+        }
+        // A clear may take the open command: its end then applies to nothing, and the terminal goes on.
+        let sink = self.destination.current();
+        match sink.emit_in(&self.session, &self.uri, action) {
+            Emitted::Applied | Emitted::NotApplied => {}
+            Emitted::Gone => self.closed = true,
+            // What was in flight to the owner that went is lost with it (the note on resuming says so).
+            Emitted::Unreachable => self.orphaned_since = Some(Instant::now()),
+        }
+    }
+
+    /// Its host's next owner took it over: say so, and publish what it held.
+    fn resume(&mut self) {
+        if self.orphaned_since.take().is_none() {
+            return;
+        }
+        let held = std::mem::take(&mut self.held);
+        self.emit(StateAction::TerminalData(TerminalDataAction {
+            data: ADOPTED_NOTE.into(),
+        }));
+        for action in held {
+            self.emit(action);
+        }
+    }
+
+    /// Nobody took it over: it is stopped, and what it held goes.
+    fn abandon(&mut self) {
+        self.closed = true;
+        self.orphaned_since = None;
+        self.held.clear();
     }
 
     fn flush_at(&self) -> Option<Instant> {
@@ -641,9 +770,64 @@ mod tests {
         }
     }
 
+    /// A sink nobody hears (the stream to the host's owner ended).
+    struct Unheard;
+
+    impl ChatSink for Unheard {
+        fn emit(&self, _channel: &str, _action: StateAction) -> crate::Emitted {
+            crate::Emitted::Unreachable
+        }
+    }
+
+    #[test]
+    fn a_terminal_nobody_hears_holds_what_it_says_for_the_owner_that_takes_it_over() {
+        let destination = Destination::new(Arc::new(Unheard));
+        let mut publisher = Publisher::new(
+            destination.clone(),
+            "s".into(),
+            "ahp-terminal:/t".into(),
+            None,
+            None,
+        );
+        publisher.push(b"in flight when the shard went");
+        publisher.flush();
+        assert!(publisher.orphaned_since.is_some(), "nobody heard it: it waits");
+        publisher.exited(Some(3));
+        let sink = Arc::new(Recorded::default());
+        destination.replace(sink.clone());
+        publisher.resume();
+        assert!(publisher.orphaned_since.is_none());
+        let actions = sink.0.lock();
+        assert!(
+            matches!(&actions[..], [StateAction::TerminalData(note), StateAction::TerminalExited(exit)]
+                if note.data.contains("moved") && exit.exit_code == Some(3)),
+            "{actions:?}"
+        );
+    }
+
+    #[test]
+    fn a_terminal_nobody_takes_over_says_nothing_more() {
+        let destination = Destination::new(Arc::new(Unheard));
+        let mut publisher = Publisher::new(
+            destination.clone(),
+            "s".into(),
+            "ahp-terminal:/t".into(),
+            None,
+            None,
+        );
+        publisher.push(b"x");
+        publisher.flush();
+        publisher.abandon();
+        let sink = Arc::new(Recorded::default());
+        destination.replace(sink.clone());
+        publisher.resume();
+        publisher.exited(None);
+        assert!(sink.0.lock().is_empty());
+    }
+
     fn publisher(sink: &Arc<Recorded>, command: Option<&str>) -> Publisher {
         Publisher::new(
-            sink.clone(),
+            Destination::new(sink.clone()),
             "s".into(),
             "ahp-terminal:/t".into(),
             command.map(str::to_string),
