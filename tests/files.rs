@@ -1367,3 +1367,107 @@ async fn a_watch_outlives_its_file_server() {
         "the root is said to have changed: {seen:?}"
     );
 }
+
+/// Issue 33 (12): a tenant's file server runs operations side by side and cancels what the runner stops waiting
+/// for. Driven as the runner drives it, over the stdin and stdout of `ahp-relay sandbox-files ROOT MAX`: while a
+/// checkpoint of 200 MB of incompressible files runs (seconds of git), a read is answered; told to cancel the
+/// checkpoint, the server kills its git and answers it "cancelled".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_checkpoint_holds_up_no_read_and_a_cancel_stops_its_git() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let root = tempfile::tempdir().expect("root");
+    let home = tempfile::tempdir().expect("home");
+    let project = root.path().canonicalize().expect("real").join("project");
+    std::fs::create_dir_all(&project).expect("project");
+    for n in 0..4 {
+        let mut random = std::fs::File::open("/dev/urandom").expect("urandom");
+        let mut file = std::fs::File::create(project.join(format!("blob{n}.bin"))).expect("blob");
+        std::io::copy(&mut std::io::Read::take(&mut random, 50_000_000), &mut file).expect("fill");
+    }
+    std::fs::write(project.join("small.txt"), "still answered\n").expect("small");
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+        .arg("sandbox-files")
+        .arg(root.path())
+        .arg((64 * 1024 * 1024).to_string())
+        .env("HOME", home.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("file server");
+    let mut input = server.stdin.take().expect("stdin");
+    let mut output = tokio::io::BufReader::new(server.stdout.take().expect("stdout")).lines();
+    let send = |line: Value| {
+        let mut bytes = serde_json::to_vec(&line).expect("json");
+        bytes.push(b'\n');
+        bytes
+    };
+    let checkpoint = send(json!({"id": 1, "op": "checkpoint", "workspace": project, "label": "big"}));
+    input.write_all(&checkpoint).await.expect("send");
+    // Its git runs (found by the private directory its command line names).
+    let home_path = home.path().display().to_string();
+    let gits = || {
+        std::fs::read_dir("/proc")
+            .expect("proc")
+            .filter_map(Result::ok)
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                    let cmdline = String::from_utf8_lossy(&cmdline);
+                    cmdline.starts_with("git\0")
+                        && cmdline.contains(&home_path)
+                        && cmdline.contains("\0add\0")
+                })
+            })
+            .collect::<Vec<u32>>()
+    };
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let adding = loop {
+        let found = gits();
+        if !found.is_empty() {
+            break found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the checkpoint's git never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let read = send(json!({"id": 2, "op": "read", "path": project.join("small.txt")}));
+    input.write_all(&read).await.expect("send");
+    let first = next_answer(&mut output).await;
+    assert_eq!(first["id"], 2, "the read is answered first: {first}");
+    assert!(first["result"]["Ok"].is_object(), "{first}");
+    assert!(
+        adding
+            .iter()
+            .all(|pid| Path::new(&format!("/proc/{pid}")).exists()),
+        "the read was answered while the checkpoint's git ran"
+    );
+    let cancel = send(json!({"cancel": 1}));
+    input.write_all(&cancel).await.expect("send");
+    let second = next_answer(&mut output).await;
+    assert_eq!(second["id"], 1, "{second}");
+    assert!(
+        second["result"]["Err"].to_string().contains("cancelled"),
+        "the checkpoint was cancelled: {second}"
+    );
+    assert!(
+        adding
+            .iter()
+            .all(|pid| !Path::new(&format!("/proc/{pid}")).exists()),
+        "its git was killed"
+    );
+}
+
+/// The next line a file server wrote, as JSON.
+async fn next_answer(
+    output: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) -> Value {
+    let line = tokio::time::timeout(PATIENCE, output.next_line())
+        .await
+        .expect("an answer in time")
+        .expect("read")
+        .expect("a line");
+    serde_json::from_str(&line).expect("json")
+}

@@ -1217,7 +1217,16 @@ async fn a_terminal_survives_a_shard_failover_and_is_typed_into_and_disposed_aft
     // One runner serves both shards.
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
     command
-        .args(["runner", "--http-listen", "127.0.0.1:0", "--name", "both", "--shard", &urls, "--agents"])
+        .args([
+            "runner",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--name",
+            "both",
+            "--shard",
+            &urls,
+            "--agents",
+        ])
         .arg(&agents.file);
     let (_runner, _) = spawn_until(command, "runner serving").await;
     for shard in &shards {
@@ -1239,7 +1248,14 @@ async fn a_terminal_survives_a_shard_failover_and_is_typed_into_and_disposed_aft
     })
     .await;
     let marker = "31344";
-    start_job(&a, &mut on_a, uri, &format!("sleep {marker} & echo started\n"), marker).await;
+    start_job(
+        &a,
+        &mut on_a,
+        uri,
+        &format!("sleep {marker} & echo started\n"),
+        marker,
+    )
+    .await;
     let pids = processes(&["sleep", marker]);
     // A job that prints until it is told to stop: its output is in flight when the shard dies.
     a.dispatch(
@@ -1264,7 +1280,10 @@ async fn a_terminal_survives_a_shard_failover_and_is_typed_into_and_disposed_aft
         .expect("one of the shards owns the host");
     shards[owner].kill().await;
     // The runner's stream to the dead shard ended; the shell waits, its processes alive.
-    assert!(!processes(&["sleep", marker]).is_empty(), "the job died with the shard");
+    assert!(
+        !processes(&["sleep", marker]).is_empty(),
+        "the job died with the shard"
+    );
 
     // The device comes back through the other gateway, served by the other shard.
     let (a, _) = gateways[1]
@@ -1276,9 +1295,16 @@ async fn a_terminal_survives_a_shard_failover_and_is_typed_into_and_disposed_aft
         .expect("lease")
         .expect("leased")
         .owner;
-    assert!(now_owner.starts_with(&shards[1 - owner].url), "the other shard took the host: {now_owner}");
+    assert!(
+        now_owner.starts_with(&shards[1 - owner].url),
+        "the other shard took the host: {now_owner}"
+    );
     let mut on_a = Watched::open(&a, uri).await;
-    assert!(!is_exited(&on_a.state), "restored as running: {:?}", on_a.state.lifecycle);
+    assert!(
+        !is_exited(&on_a.state),
+        "restored as running: {:?}",
+        on_a.state.lifecycle
+    );
     // Taken over: what it prints from now on arrives here, after the note that some may be missing.
     on_a.until("the note of the move", |state| text(state).contains("host moved"))
         .await;
@@ -1289,8 +1315,10 @@ async fn a_terminal_survives_a_shard_failover_and_is_typed_into_and_disposed_aft
     a.dispatch(uri.to_string(), input("echo back-$((2+3))\n"))
         .await
         .expect("type");
-    on_a.until("the answer to input after the move", |state| text(state).contains("back-5"))
-        .await;
+    on_a.until("the answer to input after the move", |state| {
+        text(state).contains("back-5")
+    })
+    .await;
     assert!(!is_exited(&on_a.state));
     let _: Value = a
         .request("disposeTerminal", json!({"channel": uri}))

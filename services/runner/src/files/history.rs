@@ -518,20 +518,84 @@ fn repository_git(workspace: &Path, forced: &ForcedConfig, args: &[&str]) -> Res
     run_git(command, args)
 }
 
-/// Run a prepared git command (from [`ForcedConfig::command`]) with `args`; its stdout, or why it failed.
+/// How long one git command may run (the runner gives up on an operation sooner, and cancels it).
+const GIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Run a prepared git command (from [`ForcedConfig::command`]) with `args`; its stdout, or why it failed. It is
+/// killed when the operation is cancelled ([`super::cancel`]) or runs past [`GIT_DEADLINE`].
 fn run_git(mut command: Command, args: &[&str]) -> Result<Vec<u8>, FileError> {
-    command.args(args).envs(AUTHOR).stdin(std::process::Stdio::null());
-    let output = command
-        .output()
+    use std::io::Read;
+    use std::process::Stdio;
+    let name = args.first().copied().unwrap_or_default();
+    // A cancelled operation runs no more git (not even the retry of what was killed).
+    if super::cancel::cancelled() {
+        return Err(FileError::Unavailable("cancelled".into()));
+    }
+    command
+        .args(args)
+        .envs(AUTHOR)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command
+        .spawn()
         .map_err(|error| FileError::Unavailable(format!("cannot run git: {error}")))?;
-    if output.status.success() {
-        Ok(output.stdout)
-    } else {
-        Err(FileError::Unavailable(format!(
-            "git {}: {}",
-            args.first().copied().unwrap_or_default(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        )))
+    let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(FileError::Unavailable("cannot run git: no pipes".into()));
+    };
+    let deadline = std::time::Instant::now() + GIT_DEADLINE;
+    let (stdout, stderr, status) = std::thread::scope(|scope| {
+        let stdout = scope.spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = out.read_to_end(&mut bytes);
+            bytes
+        });
+        let stderr = scope.spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = err.read_to_end(&mut bytes);
+            bytes
+        });
+        let mut pause = std::time::Duration::from_millis(1);
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Ok(status),
+                Ok(None) => {
+                    let stop = if super::cancel::cancelled() {
+                        Some("cancelled".to_string())
+                    } else if std::time::Instant::now() >= deadline {
+                        Some(format!(
+                            "git {name} took longer than {} s",
+                            GIT_DEADLINE.as_secs()
+                        ))
+                    } else {
+                        None
+                    };
+                    if let Some(stop) = stop {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break Err(stop);
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(20));
+                }
+                Err(error) => break Err(format!("cannot wait for git: {error}")),
+            }
+        };
+        (
+            stdout.join().unwrap_or_default(),
+            stderr.join().unwrap_or_default(),
+            status,
+        )
+    });
+    match status {
+        Ok(status) if status.success() => Ok(stdout),
+        Ok(_) => Err(FileError::Unavailable(format!(
+            "git {name}: {}",
+            String::from_utf8_lossy(&stderr).trim()
+        ))),
+        Err(stop) => Err(FileError::Unavailable(stop)),
     }
 }
 

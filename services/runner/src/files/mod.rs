@@ -1,8 +1,10 @@
 //! Tenants' files as AHP's `resource*` commands reach them: the operations and their rules ([`ops`]), the file
 //! server that runs them inside a sandbox of the tenant ([`server`]) with its watches ([`watch`]), the runner's
-//! handle on those servers ([`service`]) and what travels between the two ([`protocol`]).
+//! handle on those servers ([`service`]) and what travels between the two ([`protocol`]); an operation the runner
+//! stops waiting for is cancelled ([`cancel`]).
 
 pub mod access;
+pub mod cancel;
 pub mod find;
 pub mod history;
 pub mod ops;

@@ -34,6 +34,10 @@ pub struct Files {
     /// This server's exclusive lock on its checkpoints (`flock`, held while it lives), once taken: only its
     /// holder may take the git locks it finds for stale ([`super::history`]).
     pub(crate) checkpoints_lock: std::sync::Mutex<Option<fs::File>>,
+    /// Taken by every operation that runs git: they go one at a time (they share the checkpoints' repository,
+    /// and a stale lock is cleared only while no git of this server runs), while reads and writes go on beside
+    /// them.
+    git_lane: std::sync::Mutex<()>,
 }
 
 /// Most entries a listing returns (a bigger directory is refused, naming the limit).
@@ -110,6 +114,7 @@ impl Files {
             max_entries: MAX_ENTRIES,
             state_dir: None,
             checkpoints_lock: std::sync::Mutex::new(None),
+            git_lane: std::sync::Mutex::new(()),
         })
     }
 
@@ -208,7 +213,21 @@ impl Files {
         !normal.starts_with(&self.root)
     }
 
+    /// Run `op`; those that run git wait for the git lane (cancelled meanwhile: they do not start).
     pub fn run(&self, op: FileOp) -> Result<FileReply, FileError> {
+        let _lane = match op.runs_git() {
+            true => {
+                let lane = self
+                    .git_lane
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if super::cancel::cancelled() {
+                    return Err(FileError::Unavailable("cancelled".into()));
+                }
+                Some(lane)
+            }
+            false => None,
+        };
         match op {
             FileOp::Read { path } => self.read(&path),
             FileOp::Write {

@@ -150,6 +150,19 @@ pub struct ChangedFile {
 }
 
 impl FileOp {
+    /// Whether the operation runs git (checkpoints, their changes and restores, the working repository).
+    pub fn runs_git(&self) -> bool {
+        matches!(
+            self,
+            FileOp::Checkpoint { .. }
+                | FileOp::Changes { .. }
+                | FileOp::ReadVersion { .. }
+                | FileOp::ForgetCheckpoints { .. }
+                | FileOp::Restore { .. }
+                | FileOp::Repository { .. }
+        )
+    }
+
     /// Whether the operation changes anything (a viewer may only read).
     pub fn writes(&self) -> bool {
         !matches!(
@@ -270,6 +283,17 @@ pub struct Changed {
 pub enum ServerLine {
     Answer(Answer),
     Changed(Changed),
+}
+
+/// What the runner writes to a file server: a request, or that it no longer waits for one.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ClientLine {
+    /// Stop request `cancel`: not started yet, it is answered "cancelled"; running, the git it runs is killed.
+    Cancel {
+        cancel: u64,
+    },
+    Request(Request),
 }
 
 /// A request on the wire.

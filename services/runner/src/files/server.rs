@@ -1,20 +1,34 @@
 //! A tenant's file server: `ahp-relay sandbox-files <root> <max-bytes>`, started by the runner inside a sandbox
 //! of the tenant (its user, its directory the only writable one, Landlock and seccomp as for its agents). It
-//! answers [`super::protocol`] requests, one JSON line each, on stdin and stdout, in order, until stdin closes;
-//! its watches ([`super::watch`]) write their changes on stdout between answers.
+//! answers [`super::protocol`] requests, one JSON line each, on stdin and stdout, until stdin closes; its
+//! watches ([`super::watch`]) write their changes on stdout between answers.
+//!
+//! Operations run on [`WORKERS`] threads, answered as each ends (by id, not in order): a slow one (a checkpoint
+//! of a large tree) holds one worker, not the tenant's files. Those that run git go one at a time
+//! ([`super::ops::Files::run`]). A request the runner cancels is answered "cancelled" if it has not started,
+//! and the git it runs is killed if it has ([`super::cancel`]).
 
+use std::collections::HashMap;
 use std::io::{BufRead, Read, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::ops::Files;
-use super::protocol::{Answer, Changed, FileError, FileOp, FileReply, Request, ServerLine};
+use super::protocol::{Answer, Changed, ClientLine, FileError, FileOp, FileReply, ServerLine};
 use super::watch::Watches;
 
 /// The subcommand that runs a file server.
 pub const SUBCOMMAND: &str = "sandbox-files";
+/// Operations one file server runs at once.
+pub const WORKERS: usize = 4;
+/// Operations waiting for a worker before the server reads no more requests.
+const QUEUED: usize = 64;
+
+/// An operation for a worker: its id, what to do, and whether it was cancelled.
+type Job = (u64, FileOp, Arc<AtomicBool>);
 
 /// Longest request line read (a write's base64 data with room to spare), so a broken peer cannot grow memory.
 pub(crate) fn max_line(max_bytes: u64) -> usize {
@@ -56,6 +70,29 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
     let watches = Watches::new(move |watch, changes| {
         write_line(&reporter, &ServerLine::Changed(Changed { watch, changes }));
     });
+    let files = Arc::new(files);
+    // The operations queued or running, by id: what a cancel sets.
+    let running: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>> = Arc::default();
+    let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(QUEUED);
+    let queue = Arc::new(Mutex::new(queue));
+    for _ in 0..WORKERS {
+        let (files, running, queue, output) = (files.clone(), running.clone(), queue.clone(), output.clone());
+        std::thread::spawn(move || loop {
+            let next = queue.lock().recv();
+            let Ok((id, op, cancelled)) = next else {
+                return;
+            };
+            let result = if cancelled.load(Ordering::Acquire) {
+                Err(FileError::Unavailable("cancelled".into()))
+            } else {
+                super::cancel::run_as(&cancelled, || files.run(op))
+            };
+            running.lock().remove(&id);
+            if !write_line(&output, &ServerLine::Answer(Answer { id, result })) {
+                return;
+            }
+        });
+    }
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     let limit = max_line(max_bytes);
@@ -75,8 +112,14 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
                 return 1;
             }
         }
-        let request = match serde_json::from_slice::<Request>(&line) {
-            Ok(request) => request,
+        let request = match serde_json::from_slice::<ClientLine>(&line) {
+            Ok(ClientLine::Request(request)) => request,
+            Ok(ClientLine::Cancel { cancel }) => {
+                if let Some(flag) = running.lock().get(&cancel) {
+                    flag.store(true, Ordering::Release);
+                }
+                continue;
+            }
             Err(error) => {
                 eprintln!("unreadable request: {error}");
                 return 1;
@@ -94,7 +137,15 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
                 watches.remove(watch);
                 Ok(FileReply::Done)
             }
-            op => files.run(op),
+            op => {
+                let cancelled = Arc::new(AtomicBool::new(false));
+                running.lock().insert(request.id, cancelled.clone());
+                // A full queue waits here: requests stay unread in the pipe (the runner's deadline applies).
+                if jobs.send((request.id, op, cancelled)).is_err() {
+                    return 1;
+                }
+                continue;
+            }
         };
         if !write_line(
             &output,

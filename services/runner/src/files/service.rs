@@ -2,6 +2,11 @@
 //! inside a sandbox of the tenant — its user, its part of the workspace the only writable directory, no
 //! network — and asked over its stdin/stdout. A server that dies is started again on the next request; the
 //! requests it had are answered "unavailable". Servers live as long as this service (killed with it).
+//!
+//! Each operation has a deadline ([`OPERATION_TIMEOUT`], from its call to its answer, its sending included): past
+//! it, or when its caller goes, the server is told to cancel it. Requests reach the server through one writer
+//! task per server, whole lines only, so a caller that gives up never leaves half a line behind. A server is
+//! idle (and may be stopped) only when no operation it was given is still running there, answered or not.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -14,8 +19,8 @@ use relay_sandbox::{Egress, ResourceLimits, SandboxSpec};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
-use super::access::{await_answer, ChangeSink, FileAccess, FileFuture, WatchHandle, WatchSpec};
-use super::protocol::{ChangeKind, FileError, FileOp, FileReply, Request, ServerLine};
+use super::access::{ChangeSink, FileAccess, FileFuture, WatchHandle, WatchSpec, OPERATION_TIMEOUT};
+use super::protocol::{ChangeKind, ClientLine, FileError, FileOp, FileReply, Request, ServerLine};
 use super::server::SUBCOMMAND;
 use crate::acp::sandboxes::Sandboxes;
 
@@ -33,10 +38,17 @@ type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<FileReply, FileErro
 /// Where each watch's changes go.
 type Listeners = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Vec<(String, ChangeKind)>>>>>;
 
+/// Request lines waiting for a server's writer.
+const LINES_QUEUED: usize = 64;
+
 /// A running file server.
 struct Server {
-    input: tokio::sync::Mutex<tokio::process::ChildStdin>,
+    /// Whole request lines, written in order by the server's writer task.
+    lines: mpsc::Sender<Vec<u8>>,
     pending: Pending,
+    /// The operations sent and not answered yet, waited for or not (a cancelled one still runs until its
+    /// answer comes).
+    running: Arc<Mutex<std::collections::HashSet<u64>>>,
     listeners: Listeners,
     /// When it was last asked something.
     last_used: Mutex<std::time::Instant>,
@@ -50,6 +62,7 @@ impl Server {
     /// Nothing under way, no watch open, and not asked anything for `idle`.
     fn idle_for(&self, idle: Duration) -> bool {
         self.pending.lock().is_empty()
+            && self.running.lock().is_empty()
             && self.listeners.lock().is_empty()
             && self.last_used.lock().elapsed() >= idle
     }
@@ -102,13 +115,21 @@ impl FileService {
         self.sandboxes.workspaces().tenant_dir(tenant)
     }
 
-    /// Run `op` on `tenant`'s files (on the directory of host `scope` alone, when given).
+    /// Run `op` on `tenant`'s files (on the directory of host `scope` alone, when given), within
+    /// [`OPERATION_TIMEOUT`]; cancelled on the server past it, or when this future is dropped.
     pub async fn call(&self, tenant: &str, scope: Option<&str>, op: FileOp) -> Result<FileReply, FileError> {
+        let deadline = tokio::time::Instant::now() + OPERATION_TIMEOUT;
+        let late = || {
+            FileError::Unavailable(format!(
+                "the file operation took longer than {} s",
+                OPERATION_TIMEOUT.as_secs()
+            ))
+        };
         let key: ServerKey = (tenant.to_string(), scope.map(str::to_string));
-        let server = self.server(&key).await?;
+        let server = tokio::time::timeout_at(deadline, self.server(&key))
+            .await
+            .map_err(|_| late())??;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (answer_tx, answer_rx) = oneshot::channel();
-        server.pending.lock().insert(id, answer_tx);
         let mut line = serde_json::to_vec(&Request { id, op })
             .map_err(|error| FileError::Unavailable(format!("cannot encode the request: {error}")))?;
         if line.len() > super::server::max_line(self.max_bytes) {
@@ -118,24 +139,34 @@ impl FileService {
             )));
         }
         line.push(b'\n');
-        let sent = {
-            let mut input = server.input.lock().await;
-            match input.write_all(&line).await {
-                Ok(()) => input.flush().await,
-                Err(error) => Err(error),
-            }
+        let (answer_tx, answer_rx) = oneshot::channel();
+        server.pending.lock().insert(id, answer_tx);
+        server.running.lock().insert(id);
+        let mut outstanding = Outstanding {
+            server: server.clone(),
+            id,
+            sent: false,
+            answered: false,
         };
-        if sent.is_err() {
-            server.pending.lock().remove(&id);
-            self.forget(&key, &server).await;
-            return Err(FileError::Unavailable(
-                "the tenant's file server stopped; retry".into(),
-            ));
+        match tokio::time::timeout_at(deadline, server.lines.send(line)).await {
+            Ok(Ok(())) => outstanding.sent = true,
+            Ok(Err(_)) => {
+                self.forget(&key, &server).await;
+                return Err(FileError::Unavailable(
+                    "the tenant's file server stopped; retry".into(),
+                ));
+            }
+            Err(_) => return Err(late()),
         }
-        await_answer(answer_rx, "the tenant's file server stopped; retry", || {
-            server.pending.lock().remove(&id);
-        })
-        .await
+        let answer = tokio::time::timeout_at(deadline, answer_rx).await;
+        outstanding.answered = answer.is_ok();
+        match answer {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(FileError::Unavailable(
+                "the tenant's file server stopped; retry".into(),
+            )),
+            Err(_) => Err(late()),
+        }
     }
 
     /// Watch `path` of `tenant`'s files; its changes go to `changes` (coalesced, at most every 100 ms) until the
@@ -266,6 +297,8 @@ impl FileService {
         };
         let pending: Pending = Arc::default();
         let listeners: Listeners = Arc::default();
+        let running: Arc<Mutex<std::collections::HashSet<u64>>> = Arc::default();
+        let answered = running.clone();
         let answers = pending.clone();
         let watchers = listeners.clone();
         let tenant_name = tenant.to_string();
@@ -289,6 +322,7 @@ impl FileService {
                 }
                 match serde_json::from_slice::<ServerLine>(&line) {
                     Ok(ServerLine::Answer(answer)) => {
+                        answered.lock().remove(&answer.id);
                         if let Some(waiting) = answers.lock().remove(&answer.id) {
                             let _ = waiting.send(answer.result);
                         }
@@ -306,17 +340,67 @@ impl FileService {
             // Stopped: whatever it had is answered by the dropped senders ("stopped; retry"); its watches end.
             living.store(false, Ordering::Relaxed);
             answers.lock().clear();
+            answered.lock().clear();
             watchers.lock().clear();
+        });
+        let (lines, mut to_write) = mpsc::channel::<Vec<u8>>(LINES_QUEUED);
+        let writing = alive.clone();
+        tokio::spawn(async move {
+            let mut input = input;
+            while let Some(line) = to_write.recv().await {
+                let written = match input.write_all(&line).await {
+                    Ok(()) => input.flush().await,
+                    Err(error) => Err(error),
+                };
+                if written.is_err() {
+                    // Its stdin broke: the next request starts another server.
+                    writing.store(false, Ordering::Relaxed);
+                    return;
+                }
+            }
         });
         tracing::info!(tenant, "started the tenant's file server");
         Ok(Server {
-            input: tokio::sync::Mutex::new(input),
+            lines,
             pending,
+            running,
             listeners,
             last_used: Mutex::new(std::time::Instant::now()),
             alive,
             _child: child,
         })
+    }
+}
+
+/// An operation given to a server: when its caller stops waiting (deadline, or dropped) before the answer, the
+/// answer is no longer waited for and the server is told to cancel it.
+struct Outstanding {
+    server: Arc<Server>,
+    id: u64,
+    /// Its line went to the writer (else the server never hears of it).
+    sent: bool,
+    answered: bool,
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        self.server.pending.lock().remove(&self.id);
+        if !self.sent {
+            self.server.running.lock().remove(&self.id);
+            return;
+        }
+        let cancel = serde_json::to_vec(&ClientLine::Cancel { cancel: self.id }).map(|mut line| {
+            line.push(b'\n');
+            line
+        });
+        // A full queue: the server is far behind, and the operation is still running when it is read; its
+        // answer (or the server's end) clears it anyway.
+        if let Ok(cancel) = cancel {
+            let _ = self.server.lines.try_send(cancel);
+        }
     }
 }
 
@@ -359,5 +443,70 @@ impl FileAccess for FileService {
         changes: ChangeSink,
     ) -> FileFuture<'a, WatchHandle> {
         Box::pin(FileService::watch(self, tenant, scope, spec, changes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server whose lines this test reads (its process: a `sleep`, killed with it).
+    fn server() -> (Arc<Server>, mpsc::Receiver<Vec<u8>>) {
+        let (lines, written) = mpsc::channel(8);
+        let child = tokio::process::Command::new("sleep")
+            .arg("60")
+            .kill_on_drop(true)
+            .spawn()
+            .expect("sleep");
+        let server = Arc::new(Server {
+            lines,
+            pending: Arc::default(),
+            running: Arc::default(),
+            listeners: Arc::default(),
+            last_used: Mutex::new(std::time::Instant::now() - Duration::from_secs(3600)),
+            alive: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            _child: child,
+        });
+        (server, written)
+    }
+
+    #[tokio::test]
+    async fn an_operation_given_up_on_is_cancelled_and_keeps_its_server_busy_until_answered() {
+        let (server, mut written) = server();
+        let (answer, _waiting) = oneshot::channel();
+        server.pending.lock().insert(7, answer);
+        server.running.lock().insert(7);
+        drop(Outstanding {
+            server: server.clone(),
+            id: 7,
+            sent: true,
+            answered: false,
+        });
+        let line = tokio::time::timeout(Duration::from_secs(10), written.recv())
+            .await
+            .expect("a cancel was sent")
+            .expect("a line");
+        assert_eq!(line, b"{\"cancel\":7}\n");
+        assert!(server.pending.lock().is_empty(), "nobody waits for its answer");
+        assert!(
+            !server.idle_for(Duration::ZERO),
+            "still running on the server: not idle, so not stopped mid-git"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_operation_never_sent_is_not_cancelled_and_leaves_its_server_idle() {
+        let (server, mut written) = server();
+        let (answer, _waiting) = oneshot::channel();
+        server.pending.lock().insert(8, answer);
+        server.running.lock().insert(8);
+        drop(Outstanding {
+            server: server.clone(),
+            id: 8,
+            sent: false,
+            answered: false,
+        });
+        assert!(written.try_recv().is_err(), "nothing to cancel");
+        assert!(server.idle_for(Duration::ZERO));
     }
 }

@@ -11,6 +11,10 @@
 //!   new is `added`, gone is `deleted`, and a path that came and went within the period is not reported. What
 //!   is known is the watch's listing at its start, kept up to date by what it reports (bounded: past
 //!   [`KNOWN_MAX`] paths a recursive watch falls back to inotify's kinds for paths it never saw).
+//!
+//! A recursive watch registers every directory of its tree with the kernel: one of a tree of more than
+//! [`MAX_WATCHED_DIRECTORIES`] is refused (saying to watch further down), so no watch exhausts the tenant's
+//! inotify watches or holds the server registering them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -31,6 +35,9 @@ pub const MAX_CHANGES_PER_REPORT: usize = 1_000;
 
 /// Most paths a watch knows exist (its listing at the start, then what it reported).
 pub const KNOWN_MAX: usize = 20_000;
+
+/// Most directories a recursive watch registers (the kernel watches each).
+pub const MAX_WATCHED_DIRECTORIES: usize = 4_096;
 
 /// Which paths one watch reports.
 struct Filter {
@@ -190,6 +197,17 @@ fn listing(root: &Path, recursive: bool, filter: &Filter, most: usize) -> (BTree
     (known, true)
 }
 
+/// Whether the tree beneath `root` (links not followed) holds at most `most` directories, `root` included.
+fn fewer_directories_than(root: &Path, most: usize) -> bool {
+    walkdir::WalkDir::new(root)
+        .follow_links(false)
+        .into_iter()
+        .flatten()
+        .filter(|entry| entry.file_type().is_dir())
+        .nth(most)
+        .is_none()
+}
+
 fn globs(patterns: &[String]) -> Result<Option<GlobSet>, FileError> {
     if patterns.is_empty() {
         return Ok(None);
@@ -305,6 +323,13 @@ impl Watches {
             .map_err(|error| FileError::Unavailable(format!("cannot watch: {error}")))?;
         // A file is watched through its directory (saves replace its inode), and filtered by name.
         let is_dir = std::fs::symlink_metadata(&root).is_ok_and(|meta| meta.is_dir());
+        if is_dir && recursive && !fewer_directories_than(&root, MAX_WATCHED_DIRECTORIES) {
+            return Err(FileError::Invalid(format!(
+                "{} holds more than {MAX_WATCHED_DIRECTORIES} directories: watch a directory further down, or \
+                 this one without `recursive`",
+                root.display()
+            )));
+        }
         let (watched, mode) = match (is_dir, root.parent()) {
             (false, Some(parent)) => (parent.to_path_buf(), RecursiveMode::NonRecursive),
             _ if recursive => (root.clone(), RecursiveMode::Recursive),
@@ -338,5 +363,31 @@ impl Watches {
     pub fn remove(&self, id: u64) {
         self.watches.lock().remove(&id);
         self.pending.lock().remove(&id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recursive_watch_of_a_tree_of_too_many_directories_is_refused_and_one_further_down_is_not() {
+        let root = tempfile::tempdir().expect("root");
+        let tree = root.path().canonicalize().expect("real").join("tree");
+        for n in 0..MAX_WATCHED_DIRECTORIES {
+            std::fs::create_dir_all(tree.join(format!("d{}", n / 64)).join(n.to_string())).expect("dir");
+        }
+        let watches = Watches::new(|_, _| {});
+        let refused = watches.add(1, tree.clone(), true, &[], &[]);
+        assert!(
+            matches!(&refused, Err(FileError::Invalid(why)) if why.contains("further down")),
+            "{refused:?}"
+        );
+        watches
+            .add(2, tree.clone(), false, &[], &[])
+            .expect("non-recursive");
+        watches
+            .add(3, tree.join("d0"), true, &[], &[])
+            .expect("a subtree");
     }
 }
