@@ -1749,3 +1749,105 @@ async fn a_fetch_turns_page_stays_within_the_reply_budget() {
     let expected: Vec<String> = (0..12).map(|n| format!("t{n}")).collect();
     assert_eq!(ids, expected);
 }
+
+/// Issue 34 (1): a chat whose agent replies 1 MiB a turn is held by bytes, not by turn count: its live turns
+/// (memory, the stored snapshot, a restore) are the newest that fit `--retained-turn-bytes`, so the relay's
+/// memory stops growing with the chat; a new device's snapshot and a `fetchTurns` page stay within the reply
+/// budget, before and after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_of_large_turns_is_held_by_bytes_in_memory_snapshots_and_pages() {
+    const TURNS: usize = 80;
+    const WARM: usize = 20;
+    const MIB: u64 = 1024 * 1024;
+    let agents = scripted_agents_file();
+    let data = tempfile::tempdir().expect("data");
+    let flags = [
+        "--agents",
+        agents.file.to_str().expect("path"),
+        "--retained-turn-bytes",
+        "4194304",
+        "--replay-buffer-bytes",
+        "8388608",
+    ];
+    let relay = Relay::start_in(data.path(), &flags).await;
+    let (client, _) = relay.client("soak").await;
+    ready_session(&client, "scripted", "large", json!({}))
+        .await
+        .expect("ready");
+    let chat = "ahp-chat:/large".to_string();
+    let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
+    let mut warm = 0;
+    for n in 0..TURNS {
+        client
+            .dispatch(
+                chat.clone(),
+                turn_started(&format!("t{n}"), "sh: head -c 1048576 /dev/zero | tr '\\0' x"),
+            )
+            .await
+            .expect("dispatch");
+        collect_until(&mut sub, is_turn_complete).await;
+        if n + 1 == WARM {
+            warm = relay.memory().0;
+        }
+        if (n + 1) % 10 == 0 {
+            eprintln!("after {} turns: RSS {} MiB", n + 1, relay.memory().0 / MIB);
+        }
+    }
+    let grown = relay.memory().0.saturating_sub(warm);
+    eprintln!(
+        "relay RSS grew {} MiB over {} turns of 1 MiB (after {WARM})",
+        grown / MIB,
+        TURNS - WARM
+    );
+    assert!(
+        grown < 48 * MIB,
+        "the relay's memory grew {} MiB over {} turns of 1 MiB",
+        grown / MIB,
+        TURNS - WARM
+    );
+    client.shutdown().await;
+    within_budgets(&relay, &chat).await;
+    let mut relay = relay;
+    relay.kill().await;
+    let relay = Relay::start_in(data.path(), &flags).await;
+    within_budgets(&relay, &chat).await;
+}
+
+/// A new device's snapshot of `chat` holds a few of its 1 MiB turns (a 4 MiB budget) within the reply budget,
+/// and the page of older turns `fetchTurns` brings stays within it too.
+async fn within_budgets(relay: &Relay, chat: &str) {
+    const MIB: usize = 1024 * 1024;
+    let (device, _) = relay.client("new-device").await;
+    let (result, mut sub) = device.subscribe(chat.to_string()).await.expect("subscribe");
+    let snapshot = result.snapshot.expect("snapshot");
+    let size = serde_json::to_vec(&snapshot).expect("json").len();
+    let SnapshotState::Chat(state) = &snapshot.state else {
+        panic!("a chat");
+    };
+    assert!(size <= 16 * MIB, "a snapshot of {} MiB", size / MIB);
+    assert!(
+        (1..=5).contains(&state.turns.len()),
+        "held {} turns of 1 MiB under a 4 MiB budget",
+        state.turns.len()
+    );
+    let cursor = state
+        .turns_next_cursor
+        .clone()
+        .expect("older turns behind a cursor");
+    let _: serde_json::Value = device
+        .request("fetchTurns", json!({"channel": chat, "cursor": cursor}))
+        .await
+        .expect("fetchTurns");
+    let page = next_envelope(&mut sub).await;
+    let StateAction::ChatTurnsLoaded(loaded) = &page.action else {
+        panic!("a page of turns: {:?}", page.action);
+    };
+    let size = serde_json::to_vec(&page).expect("json").len();
+    assert!(
+        !loaded.turns.is_empty() && size <= 16 * MIB,
+        "a page of {} turns, {} bytes",
+        loaded.turns.len(),
+        size
+    );
+    device.shutdown().await;
+}

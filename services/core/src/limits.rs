@@ -31,6 +31,9 @@ pub struct Limits {
     /// and after a restart alike) and a restore keeps in memory; older ones stay in the store's turn archive
     /// and are paged in with `fetchTurns` (see `docs/protocol.md`).
     pub retained_turns: usize,
+    /// …and at most this many bytes of them (as JSON): a chat's live turns are the newest that fit (at least its
+    /// newest one), so memory, stored snapshots and restores are bounded by bytes whatever one turn holds.
+    pub retained_turn_bytes: usize,
     /// Turns one chat may hold, archived ones included: a turn beyond it is refused (start a new chat, or
     /// truncate this one).
     pub max_turns_per_chat: usize,
@@ -91,6 +94,7 @@ impl Default for Limits {
             active_client_grace: Duration::from_secs(30),
             fetch_turns_page: 50,
             retained_turns: 100,
+            retained_turn_bytes: 8 * 1024 * 1024,
             max_turns_per_chat: 100_000,
             max_sessions_per_host: 100_000,
             max_chats_per_session: 256,

@@ -65,6 +65,10 @@ pub struct HostArgs {
     /// kept in memory when a chat is restored; older ones are paged in from the store with fetchTurns.
     #[arg(long, env = "AHP_RELAY_RETAINED_TURNS", default_value_t = 100)]
     pub retained_turns: usize,
+    /// …and at most this many bytes of them (as JSON; at least the newest turn): a chat of large turns keeps
+    /// fewer in memory, the rest in the turn archive.
+    #[arg(long, env = "AHP_RELAY_RETAINED_TURN_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub retained_turn_bytes: usize,
     /// Turns one chat may hold, archived ones included; a turn beyond it is refused (a rejection saying so).
     #[arg(long, env = "AHP_RELAY_MAX_TURNS_PER_CHAT", default_value_t = 100_000)]
     pub max_turns_per_chat: usize,
@@ -463,6 +467,7 @@ impl HostArgs {
             snapshot_every: self.snapshot_every,
             retention: self.retention,
             retained_turns: self.retained_turns.max(1),
+            retained_turn_bytes: self.retained_turn_bytes.max(1),
             max_turns_per_chat: self.max_turns_per_chat.max(1),
             fetch_turns_page: self.fetch_turns_page.max(1),
             max_hosts_per_tenant: self.max_hosts_per_tenant.max(1),

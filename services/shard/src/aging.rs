@@ -2,6 +2,10 @@
 //! chat that holds more than its retained turns (plus the slack), and when a chat is restored. The moved turns
 //! are written with the batch that moves them, beside the chat's snapshot without them, so memory, every
 //! snapshot and every load hold a chat's retained turns however long it grows.
+//!
+//! Retained is bounded twice: at most `retained_turns` turns, and at most `retained_turn_bytes` of them as
+//! JSON (the newest turn always stays). A chat of large turns (an agent printing a build log) ages by bytes;
+//! a truncation or a fork, which may bring back archived turns, ages its chats at once.
 
 use ahp_types::actions::StateAction;
 use ahp_types::state::{PendingMessageKind, Turn};
@@ -13,18 +17,27 @@ impl HostCore {
     /// After `action` on `chat`: once a turn ended, the oldest turns beyond the retained ones (and the slack)
     /// move to the archive.
     pub(crate) fn age_turns_after(&mut self, chat: &str, action: &StateAction) {
-        if !ends_turn(action) {
-            return;
-        }
         let retain = self.limits.retained_turns;
-        self.age_turns(chat, retain, archive::aging_slack(retain));
+        if ends_turn(action) {
+            self.age_turns(chat, retain, archive::aging_slack(retain));
+        } else if matches!(action, StateAction::ChatTruncated(_)) {
+            // The turns loaded back for it go back to the archive now, not when the next turn ends.
+            self.age_turns(chat, retain, 0);
+        }
     }
 
     /// Keep at most `retain + slack` turns of `chat` in state (down to `retain`), archiving the rest; the
     /// chat's snapshot is stored without them in the same batch.
     pub(crate) fn age_turns(&mut self, chat: &str, retain: usize, slack: usize) {
+        let budget = self.limits.retained_turn_bytes;
         let Some(record) = self.model.chats.get_mut(chat) else {
             return;
+        };
+        let sizes = record.turn_sizes.of(&record.state.turns);
+        // Over its bytes (and their slack): down to what fits, whatever the count.
+        let (retain, slack) = match sizes.iter().sum::<usize>() > budget + budget / 4 {
+            true => (retained_count(&sizes, retain, budget), 0),
+            false => (retain, slack),
         };
         let moved = archive::age(&mut record.state, record.archived, retain, slack);
         if moved.is_empty() {
@@ -70,6 +83,21 @@ impl HostCore {
 }
 
 /// Whether `action` ends a chat's turn (adding it to the chat's turns).
+/// How many of the newest turns (of these `sizes`, oldest first) a chat keeps: at most `retain`, and at most
+/// `budget` bytes of them, but always the newest.
+pub(crate) fn retained_count(sizes: &[usize], retain: usize, budget: usize) -> usize {
+    let mut total = 0;
+    let mut keep = 0;
+    for size in sizes.iter().rev() {
+        if keep >= retain.max(1) || (keep > 0 && total + size > budget) {
+            break;
+        }
+        total += size;
+        keep += 1;
+    }
+    keep
+}
+
 fn ends_turn(action: &StateAction) -> bool {
     matches!(
         action,

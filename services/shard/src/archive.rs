@@ -99,7 +99,8 @@ pub fn age(state: &mut ChatState, archived: usize, retain: usize, slack: usize) 
 /// beyond it (or beyond the reply budget in bytes) the operation is refused, saying so.
 pub const MAX_LOADED_BACK: usize = 2_000;
 
-/// [`range`], unless its turns take more than `max_bytes` as JSON (`None` then).
+/// The archived turns with indexes in `[start, end)`, in order, unless they take more than `max_bytes` as JSON
+/// (`None` then: their size is asked of the store first, so an archive too large is never read).
 pub async fn range_within(
     store: &Store,
     host: &HostKey,
@@ -108,8 +109,15 @@ pub async fn range_within(
     end: usize,
     max_bytes: usize,
 ) -> Result<Option<Vec<Turn>>, ShardError> {
+    let (tenant, host_name, archive) = (&host.tenant, &host.host, key(chat));
+    let length = store
+        .archived_turns_length(tenant, host_name, &archive, start as u64, end as u64)
+        .await?;
+    if length > max_bytes as u64 {
+        return Ok(None);
+    }
     let rows = store
-        .archived_turns(&host.tenant, &host.host, &key(chat), start as u64, end as u64)
+        .archived_turns(tenant, host_name, &archive, start as u64, end as u64)
         .await?;
     if rows.iter().map(|(_, turn)| turn.len()).sum::<usize>() > max_bytes {
         return Ok(None);
@@ -126,17 +134,38 @@ pub async fn range_within(
         .map(Some)
 }
 
-/// The archived turns with absolute indexes in `[start, end)`, in order.
-pub async fn range(
+/// A page of archived turns: the newest of `[start, end)` that fit `max_bytes` as JSON (always the newest
+/// one), in order, and the absolute index of the first. The store reads no more than the budget.
+pub async fn page_within(
     store: &Store,
     host: &HostKey,
     chat: &str,
     start: usize,
     end: usize,
-) -> Result<Vec<Turn>, ShardError> {
-    Ok(range_within(store, host, chat, start, end, usize::MAX)
-        .await?
-        .unwrap_or_default())
+    max_bytes: usize,
+) -> Result<(usize, Vec<Turn>), ShardError> {
+    let rows = store
+        .archived_turns_within(
+            &host.tenant,
+            &host.host,
+            &key(chat),
+            start as u64,
+            end as u64,
+            max_bytes as u64,
+        )
+        .await?;
+    let first = rows.first().map_or(end, |(index, _)| *index as usize);
+    if rows.len() != end - first {
+        return Err(ShardError::corrupt(format!(
+            "the archive of {chat} lacks turns of [{first}, {end}): it has {} of them",
+            rows.len()
+        )));
+    }
+    let turns = rows
+        .into_iter()
+        .map(|(_, turn)| serde_json::from_str(&turn).map_err(ShardError::corrupt))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((first, turns))
 }
 
 /// One page of turns for `fetchTurns`.

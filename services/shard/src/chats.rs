@@ -90,7 +90,17 @@ impl HostCore {
         };
         let state = new_chat_state(&chat, origin, turns, working_directories);
         let created_by = Some(self.connection(connection)?.identity.subject.clone());
+        let forked_from = match &state.origin {
+            Some(ChatOrigin::Fork { chat, .. }) => Some(chat.clone()),
+            _ => None,
+        };
         let summary = self.insert_chat(&session, state, created_by, agent_context);
+        // A fork copies up to the loaded-back limit of turns: both chats hold their retained ones again.
+        if let Some(source) = forked_from {
+            let retain = self.limits.retained_turns;
+            self.age_turns(&chat, retain, 0);
+            self.age_turns(&source, retain, 0);
+        }
         let needs_default = self
             .model
             .sessions
@@ -168,6 +178,7 @@ impl HostCore {
                 archived: 0,
                 created_by,
                 agent_context,
+                turn_sizes: Default::default(),
             },
         );
         self.store_snapshot(&chat);

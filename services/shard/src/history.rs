@@ -78,15 +78,18 @@ impl Host {
         };
         let mut turns = match memory {
             Some(turns) => turns,
-            // One page read: its rows only.
+            // One page read: its rows only, and no more of them than the reply budget.
             None => {
                 self.wait_committed(barrier).await;
-                archive::range(&self.store, &self.key, &chat, page.start, page.end)
-                    .await
-                    .map_err(|error| {
-                        tracing::error!(%chat, %error, "reading the turn archive failed");
-                        RpcError::internal("the store is unavailable; retry")
-                    })?
+                let (first, turns) =
+                    archive::page_within(&self.store, &self.key, &chat, page.start, page.end, max_bytes)
+                        .await
+                        .map_err(|error| {
+                            tracing::error!(%chat, %error, "reading the turn archive failed");
+                            RpcError::internal("the store is unavailable; retry")
+                        })?;
+                page.start = first;
+                turns
             }
         };
         // A page is one envelope: it keeps its newest turns that fit the reply budget (at least one), and its

@@ -62,6 +62,36 @@ pub struct ChatRecord {
     pub created_by: Option<String>,
     /// What the chat's agent has yet to be told of its history before the next turn.
     pub agent_context: crate::agent_context::AgentContext,
+    /// The JSON size of its held turns, measured once each ([`crate::aging`]).
+    pub turn_sizes: TurnSizes,
+}
+
+/// The JSON size of a chat's held turns, by turn id: each measured once (an ended turn stays as it is; the
+/// newest is measured again each time, as it may still change).
+#[derive(Default)]
+pub struct TurnSizes(HashMap<String, usize>);
+
+impl TurnSizes {
+    /// The sizes of `turns`, in their order; sizes of turns no longer held are forgotten.
+    pub fn of(&mut self, turns: &[ahp_types::state::Turn]) -> Vec<usize> {
+        let newest = turns.last().map(|turn| turn.id.as_str());
+        let sizes: Vec<usize> = turns
+            .iter()
+            .map(|turn| match self.0.get(&turn.id) {
+                Some(size) if Some(turn.id.as_str()) != newest => *size,
+                _ => {
+                    let size = json_len(turn);
+                    self.0.insert(turn.id.clone(), size);
+                    size
+                }
+            })
+            .collect();
+        if self.0.len() > turns.len() {
+            let held: std::collections::HashSet<&str> = turns.iter().map(|turn| turn.id.as_str()).collect();
+            self.0.retain(|id, _| held.contains(id.as_str()));
+        }
+        sizes
+    }
 }
 
 /// A terminal an agent runs a command in (`ahp-terminal:/…`), owned by a session: any device of the host may
@@ -736,6 +766,7 @@ mod tests {
                 archived: 0,
                 created_by: None,
                 agent_context: Default::default(),
+                turn_sizes: Default::default(),
             },
         );
         assert!(model.belongs_to("ahp-session:/a", "ahp-session:/a"));

@@ -181,8 +181,15 @@ impl HostCore {
                 self.archive_turns(&uri, moved);
                 rewritten = true;
             }
-            // A restored chat holds exactly its retained turns.
-            let moved = crate::archive::age(&mut state, archived, self.limits.retained_turns, 0);
+            // A restored chat holds exactly its retained turns (in count and in bytes).
+            let mut turn_sizes = crate::model::TurnSizes::default();
+            let sizes = turn_sizes.of(&state.turns);
+            let keep = crate::aging::retained_count(
+                &sizes,
+                self.limits.retained_turns,
+                self.limits.retained_turn_bytes,
+            );
+            let moved = crate::archive::age(&mut state, archived, keep, 0);
             if !moved.is_empty() {
                 archived += moved.len();
                 self.archive_turns(&uri, moved);
@@ -194,6 +201,7 @@ impl HostCore {
                 ChatRecord {
                     session: doc.session,
                     agent_context,
+                    turn_sizes,
                     state,
                     running: None,
                     clock: SnapshotClock::fresh(),

@@ -238,6 +238,31 @@ impl Store {
         turns::range(&self.pool, tenant, host, archive, start, end).await
     }
 
+    /// The newest archived turns of `[start, end)` within `max_bytes` (always the newest), ascending.
+    pub async fn archived_turns_within(
+        &self,
+        tenant: &str,
+        host: &str,
+        archive: &str,
+        start: u64,
+        end: u64,
+        max_bytes: u64,
+    ) -> Result<Vec<(u64, String)>, StoreError> {
+        turns::newest_within(&self.pool, tenant, host, archive, start, end, max_bytes).await
+    }
+
+    /// How long the archived turns of `[start, end)` are together, without reading them.
+    pub async fn archived_turns_length(
+        &self,
+        tenant: &str,
+        host: &str,
+        archive: &str,
+        start: u64,
+        end: u64,
+    ) -> Result<u64, StoreError> {
+        turns::length(&self.pool, tenant, host, archive, start, end).await
+    }
+
     /// The index of the archived turn `turn_id` below `before` in the archive `archive`, if it has one.
     pub async fn archived_turn_position(
         &self,

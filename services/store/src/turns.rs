@@ -95,6 +95,63 @@ pub(crate) async fn range(
         .collect()
 }
 
+/// The newest archived turns with indexes in `[start, end)` whose JSON adds up to at most `max_bytes` (as the
+/// database counts a text's length), and always the newest one, ascending: the store reads and sends no more
+/// than a page's budget, however large its turns.
+pub(crate) async fn newest_within(
+    pool: &AnyPool,
+    tenant: &str,
+    host: &str,
+    archive: &str,
+    start: u64,
+    end: u64,
+    max_bytes: u64,
+) -> Result<Vec<(u64, String)>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT turn_no, turn FROM ( \
+           SELECT turn_no, turn, LENGTH(turn) AS own, \
+                  SUM(LENGTH(turn)) OVER (ORDER BY turn_no DESC ROWS UNBOUNDED PRECEDING) AS upto \
+           FROM turn_archive \
+           WHERE tenant = $1 AND host = $2 AND archive = $3 AND turn_no >= $4 AND turn_no < $5 \
+         ) AS page WHERE upto <= $6 OR upto = own ORDER BY turn_no",
+    )
+    .bind(tenant)
+    .bind(host)
+    .bind(archive)
+    .bind(to_db(start, "start")?)
+    .bind(to_db(end, "end")?)
+    .bind(to_db(max_bytes, "max_bytes")?)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| Ok((from_db(row.try_get("turn_no")?, "turn_no")?, row.try_get("turn")?)))
+        .collect()
+}
+
+/// How long the archived turns with indexes in `[start, end)` are together (as the database counts a text's
+/// length), read without reading them.
+pub(crate) async fn length(
+    pool: &AnyPool,
+    tenant: &str,
+    host: &str,
+    archive: &str,
+    start: u64,
+    end: u64,
+) -> Result<u64, StoreError> {
+    let total: Option<i64> = sqlx::query_scalar(
+        "SELECT CAST(SUM(LENGTH(turn)) AS BIGINT) FROM turn_archive \
+         WHERE tenant = $1 AND host = $2 AND archive = $3 AND turn_no >= $4 AND turn_no < $5",
+    )
+    .bind(tenant)
+    .bind(host)
+    .bind(archive)
+    .bind(to_db(start, "start")?)
+    .bind(to_db(end, "end")?)
+    .fetch_one(pool)
+    .await?;
+    from_db(total.unwrap_or(0), "length")
+}
+
 /// The index of the archived turn `turn_id` below `before` (the newest, should ids repeat), if any.
 pub(crate) async fn position(
     pool: &AnyPool,

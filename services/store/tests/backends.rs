@@ -1881,6 +1881,27 @@ async fn archived_turns_are_read_by_range_and_found_by_id_and_go_with_their_key(
     let numbers: Vec<u64> = page.iter().map(|(n, _)| *n).collect();
     assert_eq!(numbers, [5, 6, 7, 8, 9]);
     assert_eq!(page[2].1, "{\"id\":\"t7-again\"}");
+    // Within a byte budget: the newest rows that fit, always the newest; their length asked without them.
+    let row = "{\"id\":\"t8\"}".len() as u64;
+    let newest = store
+        .archived_turns_within(T, H, key, 5, 10, 2 * row)
+        .await
+        .unwrap();
+    let numbers: Vec<u64> = newest.iter().map(|(n, _)| *n).collect();
+    assert_eq!(numbers, [8, 9]);
+    let one = store.archived_turns_within(T, H, key, 5, 10, 1).await.unwrap();
+    assert_eq!(one.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [9]);
+    assert_eq!(
+        store.archived_turns_length(T, H, key, 8, 10).await.unwrap(),
+        2 * row
+    );
+    assert_eq!(
+        store
+            .archived_turns_length(T, H, key, 5_000, 6_000)
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(
         store.archived_turns(T, H, key, 998, 2_000).await.unwrap().len(),
         2
