@@ -1370,8 +1370,8 @@ async fn a_watch_outlives_its_file_server() {
 
 /// Issue 33 (12): a tenant's file server runs operations side by side and cancels what the runner stops waiting
 /// for. Driven as the runner drives it, over the stdin and stdout of `ahp-relay sandbox-files ROOT MAX`: while a
-/// checkpoint of 200 MB of incompressible files runs (seconds of git), a read is answered; told to cancel the
-/// checkpoint, the server kills its git and answers it "cancelled".
+/// checkpoint of 200 MB of incompressible files runs (seconds of git) and more git waits behind it, a read is
+/// answered; told to cancel the checkpoint, the server kills its git and answers it "cancelled".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_checkpoint_holds_up_no_read_and_a_cancel_stops_its_git() {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
@@ -1433,6 +1433,12 @@ async fn a_slow_checkpoint_holds_up_no_read_and_a_cancel_stops_its_git() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    // More git behind it (a client loading a changeset's diffs) waits for it, on git's own thread ...
+    for id in 10..16 {
+        let changes = send(json!({"id": id, "op": "changes", "from": "0".repeat(40), "to": "1".repeat(40)}));
+        input.write_all(&changes).await.expect("send");
+    }
+    // ... and a read does not.
     let read = send(json!({"id": 2, "op": "read", "path": project.join("small.txt")}));
     input.write_all(&read).await.expect("send");
     let first = next_answer(&mut output).await;

@@ -1257,6 +1257,26 @@ async fn a_terminal_survives_a_shard_failover_and_is_typed_into_and_disposed_aft
     )
     .await;
     let pids = processes(&["sleep", marker]);
+    // A second terminal, quiet at its prompt when the shard dies (a job of its own in the background).
+    let quiet = "ahp-terminal:/quiet";
+    create_terminal(&a, "ana-laptop", &session, quiet)
+        .await
+        .expect("createTerminal");
+    let mut on_quiet = Watched::open(&a, quiet).await;
+    on_quiet
+        .until("the prompt", |state| {
+            state.supports_command_detection == Some(true)
+        })
+        .await;
+    let quiet_marker = "31345";
+    let quiet_pids = start_job(
+        &a,
+        &mut on_quiet,
+        quiet,
+        &format!("sleep {quiet_marker} & echo started\n"),
+        quiet_marker,
+    )
+    .await;
     // A job that prints until it is told to stop: its output is in flight when the shard dies.
     a.dispatch(
         uri.to_string(),
@@ -1325,4 +1345,22 @@ async fn a_terminal_survives_a_shard_failover_and_is_typed_into_and_disposed_aft
         .await
         .expect("disposeTerminal after the move");
     all_gone("the terminal's job killed by its disposal", &pids).await;
+    // The quiet one was taken over too (it learnt its shard went without printing), runs and takes input ...
+    let mut on_quiet = Watched::open(&a, quiet).await;
+    assert!(!is_exited(&on_quiet.state), "{:?}", on_quiet.state.lifecycle);
+    on_quiet
+        .until("the note of the move", |state| text(state).contains("host moved"))
+        .await;
+    a.dispatch(quiet.to_string(), input("echo quiet-$((3+4))\n"))
+        .await
+        .expect("type");
+    on_quiet
+        .until("its answer", |state| text(state).contains("quiet-7"))
+        .await;
+    // ... and disposing its session kills it, though the session's agent runs nowhere since the move.
+    let _: Value = a
+        .request("disposeSession", json!({"channel": session}))
+        .await
+        .expect("disposeSession after the move");
+    all_gone("the quiet terminal's job killed with its session", &quiet_pids).await;
 }

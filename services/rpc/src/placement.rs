@@ -428,27 +428,34 @@ impl RunnerPool {
     }
 
     fn dispose_session(&self, key: &SessionKey) {
-        self.terminals
+        // Every runner holding a terminal of it hears of it too (a terminal taken over after its host moved runs
+        // where its session's agent may not).
+        let mut runners = self
+            .terminals
             .forget_session(&key.tenant, &key.host, &key.session);
         let mut state = self.state.lock();
         state.creating.remove(key);
-        let Some(runner) = state.placements.remove(key) else {
-            return;
-        };
-        if let Some(placed) = state.runners.get_mut(&runner) {
-            placed.sessions = placed.sessions.saturating_sub(1);
+        if let Some(runner) = state.placements.remove(key) {
+            if let Some(placed) = state.runners.get_mut(&runner) {
+                placed.sessions = placed.sessions.saturating_sub(1);
+            }
+            if !runners.contains(&runner) {
+                runners.push(runner);
+            }
         }
-        Self::send(
-            &state,
-            runner,
-            Work::DisposeSession(pb::DisposeAgentSession {
-                host: Some(pb::HostKey {
-                    tenant: key.tenant.clone(),
-                    host: key.host.clone(),
+        for runner in runners {
+            Self::send(
+                &state,
+                runner,
+                Work::DisposeSession(pb::DisposeAgentSession {
+                    host: Some(pb::HostKey {
+                        tenant: key.tenant.clone(),
+                        host: key.host.clone(),
+                    }),
+                    session: key.session.clone(),
                 }),
-                session: key.session.clone(),
-            }),
-        );
+            );
+        }
     }
 
     /// One report of a registered runner.
@@ -470,13 +477,26 @@ impl RunnerPool {
                 let Some(sink) =
                     held.or_else(|| self.session_sink(runner, action.host.as_ref(), &action.session))
                 else {
-                    // A terminal of a session no longer placed here (disposed) is no longer held.
+                    // A terminal of a session no longer placed here (disposed), or one nobody here holds (taken
+                    // over too late): no longer held, and its processes go (its output would go nowhere).
                     if let Some(host) = &action.host {
-                        self.terminals.ended(&TerminalKey {
+                        let key = TerminalKey {
                             tenant: host.tenant.clone(),
                             host: host.host.clone(),
                             uri: action.channel.clone(),
-                        });
+                        };
+                        self.terminals.ended(&key);
+                        if action.channel.starts_with("ahp-terminal:") {
+                            self.send_to(
+                                runner,
+                                Work::Terminal(pb::TerminalWork {
+                                    agent: String::new(),
+                                    host: Some(host.clone()),
+                                    uri: key.uri,
+                                    work: Some(pb::terminal_work::Work::Kill(true)),
+                                }),
+                            );
+                        }
                     }
                     tracing::warn!(runner, "a runner emitted for a session not placed on it; dropped");
                     return;
@@ -759,6 +779,10 @@ impl Provider for RemoteAgent {
     fn kill_terminal(&self, terminal: &TerminalKey) {
         self.pool
             .terminal_work(&self.info.provider, terminal, pb::terminal_work::Work::Kill(true));
+    }
+
+    fn runs_elsewhere(&self) -> bool {
+        true
     }
 
     fn adopt_terminal(

@@ -90,11 +90,17 @@ impl RemoteTerminals {
         self.held.lock().remove(key);
     }
 
-    /// The terminals of a disposed session are no longer anyone's.
-    pub(crate) fn forget_session(&self, tenant: &str, host: &str, session: &str) {
-        self.held
-            .lock()
-            .retain(|key, held| !(key.tenant == tenant && key.host == host && held.session == session));
+    /// The terminals of a disposed session are no longer anyone's: the runners that held them.
+    pub(crate) fn forget_session(&self, tenant: &str, host: &str, session: &str) -> Vec<u64> {
+        let mut runners = Vec::new();
+        self.held.lock().retain(|key, held| {
+            let of_session = key.tenant == tenant && key.host == host && held.session == session;
+            if of_session && !runners.contains(&held.runner) {
+                runners.push(held.runner);
+            }
+            !of_session
+        });
+        runners
     }
 
     /// `runner` is gone: its terminals exited, its starts failed.

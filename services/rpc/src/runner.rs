@@ -444,13 +444,22 @@ impl ShardSession {
                 let (Some(host), Some(what)) = (work.host, work.work) else {
                     return;
                 };
-                let Some(provider) = self.providers.get(&work.agent) else {
-                    return;
-                };
                 let key = TerminalKey {
                     tenant: host.tenant,
                     host: host.host,
                     uri: work.uri,
+                };
+                // No agent named: a kill for whichever agent runs it (the shard no longer knows).
+                if work.agent.is_empty() {
+                    if matches!(what, pb::terminal_work::Work::Kill(_)) {
+                        for provider in self.providers.values() {
+                            provider.kill_terminal(&key);
+                        }
+                    }
+                    return;
+                }
+                let Some(provider) = self.providers.get(&work.agent) else {
+                    return;
                 };
                 match what {
                     pb::terminal_work::Work::Input(data) => provider.terminal_input(&key, &data),
@@ -523,6 +532,10 @@ impl ChatSink for StreamSink {
         } else {
             relay_runner::Emitted::Unreachable
         }
+    }
+
+    fn reachable(&self) -> bool {
+        !self.ended.load(Ordering::Acquire) && !self.reports.is_closed()
     }
 
     fn open_terminal(&self, session: &str, uri: &str, state: ahp_types::state::TerminalState) -> bool {

@@ -33,6 +33,12 @@ pub trait ChatSink: Send + Sync + 'static {
     /// What the host lists for an agent changed (e.g. the models its agent reported): the host updates root
     /// state `agents` with `root/agentsChanged`.
     fn agent_changed(&self, _info: AgentInfo) {}
+    /// Whether what is emitted here can still reach the host's owner (false once the stream to its shard ended,
+    /// or the host left the process): a producer that is quiet asks, one that emits learns it from
+    /// [`Emitted::Unreachable`].
+    fn reachable(&self) -> bool {
+        true
+    }
 }
 
 /// What became of an action a provider emitted ([`ChatSink::emit`]). A reducer's no-op is not the end of
@@ -301,6 +307,11 @@ pub trait Provider: Send + Sync + 'static {
     fn terminal_resized(&self, _terminal: &TerminalKey, _cols: i64, _rows: i64) {}
     /// Kill a terminal's processes (disposed, or its `!command`'s turn cancelled).
     fn kill_terminal(&self, _terminal: &TerminalKey) {}
+    /// Whether its processes run in other processes (runners), which may register again later: a terminal it
+    /// does not hold now may be held once its runner is back.
+    fn runs_elsewhere(&self) -> bool {
+        false
+    }
     /// Take over a terminal of `session` this provider still runs for a host that moved (another shard owns it
     /// now) or was loaded again: its output goes to `sink` from now on. Answers an error when no such terminal
     /// runs here. Must not block.

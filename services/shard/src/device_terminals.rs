@@ -39,6 +39,8 @@ pub const TERMINAL_COMMAND_PREFIX: &str = "!";
 pub const SESSION_META: &str = "ahpRelay/session";
 /// How long a terminal may take to start.
 const START_PATIENCE: Duration = Duration::from_secs(30);
+/// How often a loaded session asks again for a running terminal no provider said it holds.
+const ADOPTION_RETRY: Duration = Duration::from_secs(1);
 /// Output of a `!command` copied into its chat (the terminal keeps the rest).
 const CHAT_PREVIEW_BYTES: usize = 16 * 1024;
 /// Longest title a device may give a terminal.
@@ -121,15 +123,23 @@ impl HostCore {
         for (uri, session, device) in adopting {
             let key = self.terminal_key(&uri);
             let provider = self.providers.get(&device.provider).cloned();
-            let answer = match &provider {
-                Some(provider) => provider.adopt_terminal(&key, &session, self.sink.clone()),
-                None => {
-                    relay_runner::provider::terminal_answer(Err("its agent is not configured here".into()))
-                }
-            };
+            let sink = self.sink.clone();
             let host = host.clone();
             runtime.spawn(async move {
-                let taken = matches!(tokio::time::timeout(START_PATIENCE, answer).await, Ok(Ok(Ok(()))));
+                // Its runner may not be registered here yet (it reconnects with back-off after the shard it had
+                // went): asked again until the start's patience runs out.
+                let deadline = tokio::time::Instant::now() + START_PATIENCE;
+                let mut taken = false;
+                while let Some(provider) = &provider {
+                    let answer = provider.adopt_terminal(&key, &session, sink.clone());
+                    taken = matches!(tokio::time::timeout_at(deadline, answer).await, Ok(Ok(Ok(()))));
+                    let later =
+                        provider.runs_elsewhere() && tokio::time::Instant::now() + ADOPTION_RETRY < deadline;
+                    if taken || !later {
+                        break;
+                    }
+                    tokio::time::sleep(ADOPTION_RETRY).await;
+                }
                 let keep = host.with_core(|core| {
                     let running = core
                         .model

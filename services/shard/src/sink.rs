@@ -33,6 +33,10 @@ impl ChatSink for HostSink {
         })
     }
 
+    fn reachable(&self) -> bool {
+        self.host.strong_count() > 0
+    }
+
     fn open_terminal(&self, session: &str, uri: &str, state: ahp_types::state::TerminalState) -> bool {
         self.host
             .upgrade()

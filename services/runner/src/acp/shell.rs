@@ -52,8 +52,11 @@ pub const SCROLLBACK_BYTES: usize = 1024 * 1024;
 pub const SCROLLBACK_TAIL: usize = 64 * 1024;
 /// Typed input waiting to reach a terminal, in messages (a device typing faster than the shell reads waits).
 const INPUT_QUEUE: usize = 256;
-/// How long a terminal whose host's owner went out of reach waits for the next owner to take it over.
-pub const ADOPTION_GRACE: Duration = Duration::from_secs(120);
+/// How long a terminal whose host's owner went out of reach waits for the next owner to take it over (the host
+/// is loaded again when a client next opens it: a phone that locked its screen comes back later).
+pub const ADOPTION_GRACE: Duration = Duration::from_secs(600);
+/// How often a terminal that prints nothing asks whether its host's owner is still in reach.
+const REACH_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// What a terminal taken over says in its output.
 const ADOPTED_NOTE: &str =
     "\r\n[ahp-relay: this terminal's host moved; output printed meanwhile may be missing here]\r\n";
@@ -102,6 +105,9 @@ struct Destination {
     sink: Mutex<Arc<dyn ChatSink>>,
     /// Woken when the sink is replaced.
     replaced: tokio::sync::Notify,
+    /// Set once the terminal says nothing more (its channel is gone, or nobody took it over): it cannot be
+    /// taken over then.
+    ended: std::sync::atomic::AtomicBool,
 }
 
 impl Destination {
@@ -109,6 +115,7 @@ impl Destination {
         Arc::new(Self {
             sink: Mutex::new(sink),
             replaced: tokio::sync::Notify::new(),
+            ended: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -116,9 +123,18 @@ impl Destination {
         self.sink.lock().clone()
     }
 
-    fn replace(&self, sink: Arc<dyn ChatSink>) {
+    /// Take it over; false when it says nothing more.
+    fn replace(&self, sink: Arc<dyn ChatSink>) -> bool {
+        if self.ended.load(std::sync::atomic::Ordering::Acquire) {
+            return false;
+        }
         *self.sink.lock() = sink;
         self.replaced.notify_one();
+        true
+    }
+
+    fn end(&self) {
+        self.ended.store(true, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -141,10 +157,15 @@ struct Shell {
     process_group: Option<u32>,
     /// When something was last typed or printed.
     touched: Mutex<Instant>,
+    /// Its process was reaped: its group number may be another's now, and is never signalled.
+    reaped: std::sync::atomic::AtomicBool,
 }
 
 impl Shell {
     fn kill(&self) {
+        if self.reaped.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         if let Some(group) = self
             .process_group
             .and_then(|pid| rustix::process::Pid::from_raw(pid as i32))
@@ -288,6 +309,7 @@ impl ShellTerminals {
             input,
             process_group: child.id(),
             touched: Mutex::new(Instant::now()),
+            reaped: std::sync::atomic::AtomicBool::new(false),
         });
         self.running.lock().insert(request.key.clone(), shell.clone());
         let started = (request.key.clone(), shell.clone());
@@ -347,8 +369,11 @@ impl ShellTerminals {
             .get(key)
             .filter(|shell| shell.session.session == session)
             .ok_or_else(|| ShellError::NotHere(key.uri.clone()))?;
-        shell.destination.replace(sink);
-        Ok(())
+        if shell.destination.replace(sink) {
+            Ok(())
+        } else {
+            Err(ShellError::NotHere(key.uri.clone()))
+        }
     }
 
     /// Kill every terminal of `session`.
@@ -404,11 +429,14 @@ async fn run(
     let mut status: Option<Option<i64>> = None;
     // Once the shell exited, what is still in the terminal is read for at most this long.
     let mut drain_until = None;
+    let mut reach_checks = tokio::time::interval(REACH_CHECK_EVERY);
+    reach_checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         if let Some(since) = publisher.orphaned_since {
             // Nobody hears it: nothing is read (its programs wait) until the host's next owner takes it over.
             tokio::select! {
                 exited = child.wait(), if status.is_none() => {
+                    shell.reaped.store(true, std::sync::atomic::Ordering::Release);
                     status = Some(exited.ok().and_then(|status| status.code()).map(i64::from));
                     drain_until = Some(Instant::now() + Duration::from_secs(1));
                 }
@@ -420,6 +448,9 @@ async fn run(
                     tracing::info!(terminal = %key.uri, "no owner of its host took this terminal over; it is stopped");
                     publisher.abandon();
                     shell.kill();
+                    if status.is_some() {
+                        break;
+                    }
                 }
             }
             continue;
@@ -430,6 +461,7 @@ async fn run(
             exited = child.wait(), if status.is_none() => {
                 // Anything it left running went with it: its sandbox's PID namespace ended with it. (Its
                 // process group is not signalled now: reaped, its number may be another's.)
+                shell.reaped.store(true, std::sync::atomic::Ordering::Release);
                 status = Some(exited.ok().and_then(|status| status.code()).map(i64::from));
                 drain_until = Some(Instant::now() + Duration::from_secs(1));
             }
@@ -451,6 +483,12 @@ async fn run(
                 shell.kill();
             }
             () = sleep_until(drain_until), if drain_until.is_some() => break,
+            // A terminal that prints nothing learns its host's owner went too.
+            _ = reach_checks.tick() => {
+                if !publisher.destination.current().reachable() {
+                    publisher.orphaned_since = Some(Instant::now());
+                }
+            }
         }
     }
     if status.is_none() {
@@ -570,7 +608,10 @@ impl Publisher {
         let sink = self.destination.current();
         match sink.emit_in(&self.session, &self.uri, action) {
             Emitted::Applied | Emitted::NotApplied => {}
-            Emitted::Gone => self.closed = true,
+            Emitted::Gone => {
+                self.closed = true;
+                self.destination.end();
+            }
             // What was in flight to the owner that went is lost with it (the note on resuming says so).
             Emitted::Unreachable => self.orphaned_since = Some(Instant::now()),
         }
@@ -593,6 +634,7 @@ impl Publisher {
     /// Nobody took it over: it is stopped, and what it held goes.
     fn abandon(&mut self) {
         self.closed = true;
+        self.destination.end();
         self.orphaned_since = None;
         self.held.clear();
     }

@@ -130,7 +130,7 @@ impl Files {
                 .current_dir(workspace)
                 .env("GIT_INDEX_FILE", shadow.join("indexes").join(key));
         }
-        run_git(command, args)
+        run_git(command, args, true)
     }
 
     fn ensure_shadow(&self) -> Result<PathBuf, FileError> {
@@ -139,7 +139,11 @@ impl Files {
         if !shadow.join("HEAD").exists() {
             std::fs::create_dir_all(&shadow).map_err(unavailable)?;
             let path = shadow.to_string_lossy();
-            run_git(ForcedConfig::base().command(), &["init", "--bare", "-q", &path])?;
+            run_git(
+                ForcedConfig::base().command(),
+                &["init", "--bare", "-q", &path],
+                true,
+            )?;
         }
         for dir in ["indexes", "info", "excludes"] {
             std::fs::create_dir_all(shadow.join(dir)).map_err(unavailable)?;
@@ -515,20 +519,22 @@ fn repository_git(workspace: &Path, forced: &ForcedConfig, args: &[&str]) -> Res
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut command, move || narrowing.enter());
     }
-    run_git(command, args)
+    run_git(command, args, false)
 }
 
 /// How long one git command may run (the runner gives up on an operation sooner, and cancels it).
 const GIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// Run a prepared git command (from [`ForcedConfig::command`]) with `args`; its stdout, or why it failed. It is
-/// killed when the operation is cancelled ([`super::cancel`]) or runs past [`GIT_DEADLINE`].
-fn run_git(mut command: Command, args: &[&str]) -> Result<Vec<u8>, FileError> {
+/// Run a prepared git command (from [`ForcedConfig::command`]) with `args`; its stdout, or why it failed. On the
+/// checkpoints' repository (`killable`) it is killed when the operation is cancelled ([`super::cancel`]) or runs
+/// past [`GIT_DEADLINE`] (their stale locks are cleared before the next checkpoint); on the user's repository it
+/// is never killed (its locks would stay there for the user's own git to trip over).
+fn run_git(mut command: Command, args: &[&str], killable: bool) -> Result<Vec<u8>, FileError> {
     use std::io::Read;
     use std::process::Stdio;
     let name = args.first().copied().unwrap_or_default();
     // A cancelled operation runs no more git (not even the retry of what was killed).
-    if super::cancel::cancelled() {
+    if killable && super::cancel::cancelled() {
         return Err(FileError::Unavailable("cancelled".into()));
     }
     command
@@ -562,7 +568,9 @@ fn run_git(mut command: Command, args: &[&str]) -> Result<Vec<u8>, FileError> {
             match child.try_wait() {
                 Ok(Some(status)) => break Ok(status),
                 Ok(None) => {
-                    let stop = if super::cancel::cancelled() {
+                    let stop = if !killable {
+                        None
+                    } else if super::cancel::cancelled() {
                         Some("cancelled".to_string())
                     } else if std::time::Instant::now() >= deadline {
                         Some(format!(
@@ -824,7 +832,7 @@ mod tests {
         let base = ForcedConfig::base();
         let mut init = base.command();
         init.arg("-C").arg(&workspace);
-        run_git(init, &["init", "-q"]).expect("git init");
+        run_git(init, &["init", "-q"], false).expect("git init");
         assert!(matches!(
             files.repository(&dir, RepositoryOp::Inspect),
             Ok(FileReply::Repository { is_repository: true })
@@ -838,7 +846,7 @@ mod tests {
         ));
         let mut log = base.command();
         log.arg("-C").arg(&workspace);
-        let subject = text(run_git(log, &["log", "-1", "--format=%H %s"]).expect("log"));
+        let subject = text(run_git(log, &["log", "-1", "--format=%H %s"], false).expect("log"));
         assert_eq!(subject, format!("{head} From the relay"));
         // A filter in a section header on the line of another, after a byte that is not UTF-8, a filesystem
         // monitor and hooks: staged, committed and listed, none of them run.

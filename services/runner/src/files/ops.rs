@@ -35,9 +35,11 @@ pub struct Files {
     /// holder may take the git locks it finds for stale ([`super::history`]).
     pub(crate) checkpoints_lock: std::sync::Mutex<Option<fs::File>>,
     /// Taken by every operation that runs git: they go one at a time (they share the checkpoints' repository,
-    /// and a stale lock is cleared only while no git of this server runs), while reads and writes go on beside
-    /// them.
+    /// and a stale lock is cleared only while no git of this server runs), while reads go on beside them.
     git_lane: std::sync::Mutex<()>,
+    /// Taken by every operation that changes files (after the git lane, for git's): changes go one at a time,
+    /// so an `ifMatch` check and its rename, or an insert's read and rewrite, are not interleaved.
+    change_lane: std::sync::Mutex<()>,
 }
 
 /// Most entries a listing returns (a bigger directory is refused, naming the limit).
@@ -115,6 +117,7 @@ impl Files {
             state_dir: None,
             checkpoints_lock: std::sync::Mutex::new(None),
             git_lane: std::sync::Mutex::new(()),
+            change_lane: std::sync::Mutex::new(()),
         })
     }
 
@@ -213,21 +216,14 @@ impl Files {
         !normal.starts_with(&self.root)
     }
 
-    /// Run `op`; those that run git wait for the git lane (cancelled meanwhile: they do not start).
+    /// Run `op`; those that run git wait for the git lane, those that change files for the change lane
+    /// (cancelled meanwhile: they do not start).
     pub fn run(&self, op: FileOp) -> Result<FileReply, FileError> {
-        let _lane = match op.runs_git() {
-            true => {
-                let lane = self
-                    .git_lane
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if super::cancel::cancelled() {
-                    return Err(FileError::Unavailable("cancelled".into()));
-                }
-                Some(lane)
-            }
-            false => None,
-        };
+        let _git = op.runs_git().then(|| lane(&self.git_lane));
+        let _changes = op.changes_files().then(|| lane(&self.change_lane));
+        if super::cancel::cancelled() {
+            return Err(FileError::Unavailable("cancelled".into()));
+        }
         match op {
             FileOp::Read { path } => self.read(&path),
             FileOp::Write {
@@ -727,6 +723,11 @@ fn copy_tree(from: &Path, to: &Path, budget: &mut CopyBudget) -> Result<(), Copy
         }
     }
     Ok(())
+}
+
+/// A lane of operations that go one at a time (a panic of one does not close it).
+fn lane(lane: &std::sync::Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
+    lane.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

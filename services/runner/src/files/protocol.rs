@@ -150,6 +150,26 @@ pub struct ChangedFile {
 }
 
 impl FileOp {
+    /// Whether the operation changes the tenant's files themselves (a checkpoint records them and changes none).
+    pub fn changes_files(&self) -> bool {
+        matches!(
+            self,
+            FileOp::Write { .. }
+                | FileOp::Copy { .. }
+                | FileOp::Move { .. }
+                | FileOp::Delete { .. }
+                | FileOp::Mkdir { .. }
+                | FileOp::Restore { .. }
+        )
+    }
+
+    /// Whether a caller that stops waiting may have the operation cancelled: reads of the checkpoints only. A
+    /// checkpoint runs to its end (a later one reuses its work), and what changes files or a repository is
+    /// never cut short (a killed git leaves its locks in the user's repository).
+    pub fn cancellable(&self) -> bool {
+        matches!(self, FileOp::Changes { .. } | FileOp::ReadVersion { .. })
+    }
+
     /// Whether the operation runs git (checkpoints, their changes and restores, the working repository).
     pub fn runs_git(&self) -> bool {
         matches!(

@@ -3,10 +3,12 @@
 //! answers [`super::protocol`] requests, one JSON line each, on stdin and stdout, until stdin closes; its
 //! watches ([`super::watch`]) write their changes on stdout between answers.
 //!
-//! Operations run on [`WORKERS`] threads, answered as each ends (by id, not in order): a slow one (a checkpoint
-//! of a large tree) holds one worker, not the tenant's files. Those that run git go one at a time
-//! ([`super::ops::Files::run`]). A request the runner cancels is answered "cancelled" if it has not started,
-//! and the git it runs is killed if it has ([`super::cancel`]).
+//! Operations are answered as each ends (by id, not in order). Those that run git go one at a time on a thread
+//! of their own, so a slow one (a checkpoint of a large tree) holds up only other git; the rest run on
+//! [`WORKERS`] threads, changes one at a time ([`super::ops::Files::run`]: an `ifMatch`, an insert, stay
+//! atomic). A queue that is full answers "busy" at once (the reader never blocks, so cancels always get
+//! through). A request the runner cancels is answered "cancelled" if it has not started, and the git it runs
+//! is killed if it has ([`super::cancel`]). A worker that panics answers its request with an error.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Read, Write};
@@ -74,8 +76,10 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
     // The operations queued or running, by id: what a cancel sets.
     let running: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>> = Arc::default();
     let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(QUEUED);
+    let (git_jobs, git_queue) = std::sync::mpsc::sync_channel::<Job>(QUEUED);
     let queue = Arc::new(Mutex::new(queue));
-    for _ in 0..WORKERS {
+    let git_queue = Arc::new(Mutex::new(git_queue));
+    for queue in std::iter::repeat_n(&queue, WORKERS).chain([&git_queue]) {
         let (files, running, queue, output) = (files.clone(), running.clone(), queue.clone(), output.clone());
         std::thread::spawn(move || loop {
             let next = queue.lock().recv();
@@ -85,7 +89,13 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
             let result = if cancelled.load(Ordering::Acquire) {
                 Err(FileError::Unavailable("cancelled".into()))
             } else {
-                super::cancel::run_as(&cancelled, || files.run(op))
+                let run =
+                    std::panic::AssertUnwindSafe(|| super::cancel::run_as(&cancelled, || files.run(op)));
+                std::panic::catch_unwind(run).unwrap_or_else(|_| {
+                    Err(FileError::Unavailable(
+                        "the file operation failed unexpectedly".into(),
+                    ))
+                })
             };
             running.lock().remove(&id);
             if !write_line(&output, &ServerLine::Answer(Answer { id, result })) {
@@ -140,11 +150,17 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
             op => {
                 let cancelled = Arc::new(AtomicBool::new(false));
                 running.lock().insert(request.id, cancelled.clone());
-                // A full queue waits here: requests stay unread in the pipe (the runner's deadline applies).
-                if jobs.send((request.id, op, cancelled)).is_err() {
-                    return 1;
+                let lane = if op.runs_git() { &git_jobs } else { &jobs };
+                match lane.try_send((request.id, op, cancelled)) {
+                    Ok(()) => continue,
+                    Err(std::sync::mpsc::TrySendError::Full(_)) => {
+                        running.lock().remove(&request.id);
+                        Err(FileError::Unavailable(
+                            "the tenant's file server is busy with other operations; retry".into(),
+                        ))
+                    }
+                    Err(std::sync::mpsc::TrySendError::Disconnected(_)) => return 1,
                 }
-                continue;
             }
         };
         if !write_line(

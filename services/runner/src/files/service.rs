@@ -130,6 +130,7 @@ impl FileService {
             .await
             .map_err(|_| late())??;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let cancellable = op.cancellable();
         let mut line = serde_json::to_vec(&Request { id, op })
             .map_err(|error| FileError::Unavailable(format!("cannot encode the request: {error}")))?;
         if line.len() > super::server::max_line(self.max_bytes) {
@@ -147,6 +148,7 @@ impl FileService {
             id,
             sent: false,
             answered: false,
+            cancellable,
         };
         match tokio::time::timeout_at(deadline, server.lines.send(line)).await {
             Ok(Ok(())) => outstanding.sent = true,
@@ -380,6 +382,8 @@ struct Outstanding {
     /// Its line went to the writer (else the server never hears of it).
     sent: bool,
     answered: bool,
+    /// Whether to have it cancelled ([`FileOp::cancellable`]); else it runs to its end, unwaited for.
+    cancellable: bool,
 }
 
 impl Drop for Outstanding {
@@ -390,6 +394,9 @@ impl Drop for Outstanding {
         self.server.pending.lock().remove(&self.id);
         if !self.sent {
             self.server.running.lock().remove(&self.id);
+            return;
+        }
+        if !self.cancellable {
             return;
         }
         let cancel = serde_json::to_vec(&ClientLine::Cancel { cancel: self.id }).map(|mut line| {
@@ -481,6 +488,7 @@ mod tests {
             id: 7,
             sent: true,
             answered: false,
+            cancellable: true,
         });
         let line = tokio::time::timeout(Duration::from_secs(10), written.recv())
             .await
@@ -495,6 +503,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_checkpoint_given_up_on_runs_to_its_end_and_keeps_its_server_busy() {
+        let (server, mut written) = server();
+        let (answer, _waiting) = oneshot::channel();
+        server.pending.lock().insert(9, answer);
+        server.running.lock().insert(9);
+        drop(Outstanding {
+            server: server.clone(),
+            id: 9,
+            sent: true,
+            answered: false,
+            cancellable: FileOp::Checkpoint {
+                workspace: "/w".into(),
+                label: "l".into(),
+                session: None,
+            }
+            .cancellable(),
+        });
+        assert!(written.try_recv().is_err(), "not cancelled");
+        assert!(server.pending.lock().is_empty());
+        assert!(!server.idle_for(Duration::ZERO), "still running: not idle");
+    }
+
+    #[tokio::test]
     async fn an_operation_never_sent_is_not_cancelled_and_leaves_its_server_idle() {
         let (server, mut written) = server();
         let (answer, _waiting) = oneshot::channel();
@@ -505,6 +536,7 @@ mod tests {
             id: 8,
             sent: false,
             answered: false,
+            cancellable: true,
         });
         assert!(written.try_recv().is_err(), "nothing to cancel");
         assert!(server.idle_for(Duration::ZERO));
