@@ -336,6 +336,24 @@ fn compose_wiring() {
         .iter()
         .filter(|process| process.sub() == "gateway")
         .collect();
+    // The internal link runs with identity assertions: every shard has the gateways' public key, every gateway
+    // the private one (made by the `identity-keys` init service).
+    let sets = |process: &Process, name: &str| process.env.iter().any(|(key, _)| key == name);
+    for shard in &shards {
+        if !sets(shard, "AHP_RELAY_IDENTITY_VERIFYING_KEY") {
+            problems.push(format!("{}: no AHP_RELAY_IDENTITY_VERIFYING_KEY", shard.origin));
+        }
+    }
+    for gateway in &gateways {
+        if !sets(gateway, "AHP_RELAY_IDENTITY_SIGNING_KEY") {
+            problems.push(format!("{}: no AHP_RELAY_IDENTITY_SIGNING_KEY", gateway.origin));
+        }
+    }
+    if !processes.iter().any(|process| process.sub() == "identity-keys") {
+        problems.push(format!(
+            "{COMPOSE}: no identity-keys service makes the link's keys"
+        ));
+    }
     if shards.len() < 2 || gateways.len() < 2 {
         problems.push(format!(
             "{COMPOSE}: {} shard and {} gateway services built from {DOCKERFILE}; two of each are expected",

@@ -1601,6 +1601,7 @@ async fn runners_and_gateways_hold_different_credentials() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
         .args([
             "shard",
+            "--insecure-internal-link",
             "--grpc-listen",
             "127.0.0.1:0",
             "--http-listen",

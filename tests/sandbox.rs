@@ -1148,6 +1148,7 @@ async fn runner_shape(runner_user: Option<u32>) {
     let (shard, found) = contained(
         &s(&[
             "shard",
+            "--insecure-internal-link",
             "--grpc-listen",
             "127.0.0.1:0",
             "--http-listen",

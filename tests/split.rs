@@ -280,26 +280,55 @@ async fn the_shard_acts_only_on_identities_the_gateways_signed() {
             String::from_utf8_lossy(&out.stderr)
         );
     };
-    for name in ["gateways", "rogue"] {
-        let private = format!("{name}.pem");
-        openssl(&["genpkey", "-algorithm", "ed25519", "-out", &private]);
-        openssl(&[
-            "pkey",
-            "-in",
-            &private,
-            "-pubout",
-            "-out",
-            &format!("{name}.pub.pem"),
-        ]);
-        std::fs::set_permissions(
-            dir.path().join(&private),
-            std::os::unix::fs::PermissionsExt::from_mode(0o600),
-        )
-        .expect("chmod");
-    }
+    // The gateways' pair as a deployment makes it (compose's init step); a rogue pair with openssl.
+    let made = std::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+        .args(["identity-keys", "--dir"])
+        .arg(dir.path().join("made"))
+        .output()
+        .expect("identity-keys");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let private_mode = std::fs::metadata(dir.path().join("made/identity.pem"))
+        .expect("private key")
+        .permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&private_mode) & 0o777,
+        0o400
+    );
+    openssl(&["genpkey", "-algorithm", "ed25519", "-out", "rogue.pem"]);
     let path = |name: &str| dir.path().join(name).display().to_string();
-    let shard = Shard::start(&["--identity-verifying-key", &path("gateways.pub.pem")]).await;
-    let gateway = Relay::gateway_with(&shard.url, &["--identity-signing-key", &path("gateways.pem")]).await;
+    // Without a key, and not told the link is trusted, a shard does not start.
+    let starting = tokio::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+        .args([
+            "shard",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .env("AHP_RELAY_INTERNAL_SECRET", INTERNAL_SECRET)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("shard");
+    let refused = tokio::time::timeout(PATIENCE, starting.wait_with_output())
+        .await
+        .expect("a shard with no key exits instead of serving")
+        .expect("shard");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--identity-verifying-key"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let shard = Shard::start(&["--identity-verifying-key", &path("made/identity.pub.pem")]).await;
+    let gateway = Relay::gateway_with(
+        &shard.url,
+        &["--identity-signing-key", &path("made/identity.pem")],
+    )
+    .await;
     let (client, _) = gateway.client("signed").await;
     let (_, chat) = create_session_and_chat(&client, "signed").await;
     let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
@@ -321,7 +350,7 @@ async fn the_shard_acts_only_on_identities_the_gateways_signed() {
         relay_rpc::AssertionSigner::from_pem(&std::fs::read(dir.path().join(name)).expect("key"))
             .expect("signer")
     };
-    let (gateways, rogue) = (signer("gateways.pem"), signer("rogue.pem"));
+    let (gateways, rogue) = (signer("made/identity.pem"), signer("rogue.pem"));
     let host = relay_core::HostKey::new("dev", "default");
     let connection = relay_core::ConnectionId((0x51a7 << 32) | 1);
     let viewer = relay_core::Identity {

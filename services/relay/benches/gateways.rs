@@ -67,7 +67,14 @@ async fn run() {
 
     let mut shard = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
     shard
-        .args(["shard", "--grpc-listen", "127.0.0.1:0", "--redis-url", &redis_url])
+        .args([
+            "shard",
+            "--insecure-internal-link",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--redis-url",
+            &redis_url,
+        ])
         .arg("--data-dir")
         .arg(dirs[0].path());
     let (shard, shard_url) = spawn_until(shard, "listening on grpc ").await;

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod agents;
 mod chat;
+mod identity_keys;
 mod observe;
 mod ops;
 mod runner;
@@ -38,6 +39,9 @@ enum Command {
     Migrate(serve::StoreArgs),
     /// Run the retention job once: compact action log rows older than --retention into snapshots.
     Compact(CompactArgs),
+    /// Make the identity-assertion key pair (Ed25519) in a directory, unless it is there already: `identity.pem`
+    /// for the gateways (--identity-signing-key), `identity.pub.pem` for the shards (--identity-verifying-key).
+    IdentityKeys(identity_keys::IdentityKeysArgs),
 }
 
 #[derive(clap::Args)]
@@ -146,6 +150,7 @@ fn main() -> anyhow::Result<()> {
             runtime()?.block_on(serve::run_shard(args))
         }
         Command::Gateway(args) => runtime()?.block_on(serve::run_gateway(args)),
+        Command::IdentityKeys(args) => identity_keys::run(&args),
         Command::Runner(args) => runtime()?.block_on(runner::run(args)),
         Command::Chat(args) => runtime()?.block_on(chat::run(args)),
         Command::Compact(args) => runtime()?.block_on(async move {

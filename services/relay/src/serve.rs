@@ -392,6 +392,10 @@ pub struct ShardArgs {
     /// private key, and an `Attach` acts as the identity asserted — the internal secret alone no longer does.
     #[arg(long, env = "AHP_RELAY_IDENTITY_VERIFYING_KEY")]
     pub identity_verifying_key: Option<PathBuf>,
+    /// Run without --identity-verifying-key: any holder of the internal secret may then act as any tenant's
+    /// user. For a trusted network and tests only; without it a shard with no key refuses to start.
+    #[arg(long, env = "AHP_RELAY_INSECURE_INTERNAL_LINK")]
+    pub insecure_internal_link: bool,
     #[command(flatten)]
     pub runner: RunnerSecretArgs,
 }
@@ -791,12 +795,18 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
                     .with_context(|| format!("loading {}", path.display()))?,
             ))
         }
-        None => {
+        None if args.insecure_internal_link => {
             tracing::warn!(
-                "no --identity-verifying-key: this shard takes the identity a holder of the internal secret names"
+                "--insecure-internal-link: this shard takes the identity a holder of the internal secret names"
             );
             None
         }
+        None => anyhow::bail!(
+            "no --identity-verifying-key: a shard acts for a tenant's user only on what the gateways signed. Give \
+             it the gateways' public key (AHP_RELAY_IDENTITY_VERIFYING_KEY; the gateways take the private key as \
+             --identity-signing-key), or pass --insecure-internal-link to let any holder of the internal secret \
+             name the tenant (a trusted network, or tests)"
+        ),
     };
     let scheme = if tls.identity.is_some() { "https" } else { "http" };
     let advertise = args
