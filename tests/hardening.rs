@@ -1852,3 +1852,41 @@ async fn within_budgets(relay: &Relay, chat: &str) {
     );
     device.shutdown().await;
 }
+
+/// Issue 34 (4): a rate that would hold every sender for ever (0, negative, not a number) is refused at start,
+/// naming the flag, instead of panicking a connection's task later.
+#[test]
+fn a_rate_of_zero_is_refused_at_start() {
+    for (flag, value) in [
+        ("--messages-per-second-per-tenant", "0"),
+        ("--messages-per-second-per-connection", "nan"),
+        ("--bytes-per-second-per-tenant", "-1"),
+    ] {
+        let data = tempfile::tempdir().expect("data");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                &format!("{flag}={value}"),
+                "--data-dir",
+            ])
+            .arg(data.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run");
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while child.try_wait().expect("wait").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{flag} {value} accepted: the relay started");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let output = child.wait_with_output().expect("output");
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{flag} {value} accepted");
+        assert!(said.contains(flag) && said.contains("above 0"), "{said}");
+    }
+}

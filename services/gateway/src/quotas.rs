@@ -84,7 +84,9 @@ impl TokenBucket {
         if self.tokens >= 0.0 {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64(-self.tokens / self.rate)
+            // (A debt too long to say waits an hour, then is asked again.)
+            let hour = Duration::from_secs(3600);
+            Duration::try_from_secs_f64(-self.tokens / self.rate).map_or(hour, |wait| wait.min(hour))
         }
     }
 }

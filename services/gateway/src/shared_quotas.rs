@@ -32,6 +32,9 @@ pub const SLOT_LEASE: Duration = Duration::from_secs(30);
 pub const EXCHANGE_EVERY: Duration = Duration::from_millis(100);
 /// How long a tenant's usage counters outlive its last exchange.
 const USAGE_TTL_MS: u64 = 3_600_000;
+/// A gateway that has not reported a tenant for this long is gone (an autoscaler took it away): its fields
+/// are removed from the tenant's hash, which would otherwise grow with every gateway ever seen.
+pub const GATEWAY_GONE_MS: u64 = 60_000;
 
 /// Why Redis could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -289,6 +292,14 @@ impl SharedQuotas {
             }
         }
         let counters: Vec<HashMap<String, u64>> = pipe.query_async(&mut self.connection.clone()).await?;
+        let gone = gone_gateways_fields(&reporting, &counters, now_ms);
+        if !gone.is_empty() {
+            let mut prune = redis::pipe();
+            for (tenant, fields) in &gone {
+                prune.cmd("HDEL").arg(usage_key(tenant)).arg(fields).ignore();
+            }
+            prune.query_async::<()>(&mut self.connection.clone()).await?;
+        }
         let mut reported = self.reported.lock();
         let mut others = Vec::with_capacity(counters.len());
         for ((tenant, now), fields) in reporting.into_iter().zip(counters) {
@@ -317,4 +328,45 @@ impl SharedQuotas {
         reported.retain(|tenant, _| own.iter().any(|(reporting, _)| reporting == tenant));
         Ok(others)
     }
+}
+
+/// Per tenant, the fields of gateways that last reported it more than [`GATEWAY_GONE_MS`] ago (or never said
+/// when: a hash written before the time was kept).
+fn gone_gateways_fields(
+    reporting: &[(String, Forwarded)],
+    counters: &[HashMap<String, u64>],
+    now_ms: u64,
+) -> Vec<(String, Vec<String>)> {
+    let mut gone = Vec::new();
+    for ((tenant, _), fields) in reporting.iter().zip(counters) {
+        let mut last_seen: HashMap<&str, Option<u64>> = HashMap::new();
+        for (field, value) in fields {
+            let Some((gateway, what)) = field.rsplit_once(':') else {
+                continue;
+            };
+            let seen = last_seen.entry(gateway).or_default();
+            if what == "ot" {
+                *seen = Some(*value);
+            }
+        }
+        let stale: Vec<&str> = last_seen
+            .into_iter()
+            .filter(|(_, seen)| seen.is_none_or(|at| now_ms.saturating_sub(at) > GATEWAY_GONE_MS))
+            .map(|(gateway, _)| gateway)
+            .collect();
+        if stale.is_empty() {
+            continue;
+        }
+        let fields: Vec<String> = fields
+            .keys()
+            .filter(|field| {
+                field
+                    .rsplit_once(':')
+                    .is_some_and(|(gateway, _)| stale.contains(&gateway))
+            })
+            .cloned()
+            .collect();
+        gone.push((tenant.clone(), fields));
+    }
+    gone
 }

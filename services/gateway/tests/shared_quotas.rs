@@ -118,3 +118,53 @@ async fn a_tenant_moving_to_another_gateway_brings_its_debt() {
     let wait = b.message_delay(&tenant, &mut b.connection_bucket(), 1);
     assert!(wait >= Duration::from_millis(300), "{wait:?}");
 }
+
+/// Issue 34 (4): a tenant's usage hash keeps the fields of gateways that still report it, not of every
+/// gateway ever seen (an autoscaler's churn): one that has not reported for a minute is removed at the next
+/// exchange, while one that just reported stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_gateways_fields_leave_the_tenants_usage() {
+    use relay_gateway::shared_quotas::{Report, GATEWAY_GONE_MS};
+    let Ok(url) = std::env::var("REDIS_URL") else {
+        eprintln!("skipped: REDIS_URL not set");
+        return;
+    };
+    let tenant = unique_tenant();
+    let key = format!("ahp-relay:quota:{{{tenant}}}:usage");
+    let client = redis::Client::open(url.as_str()).expect("client");
+    let mut redis = client.get_multiplexed_async_connection().await.expect("redis");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg(&["ghost:m", "7", "ghost:b", "70", "ghost:om", "0", "ghost:ob", "0"])
+        .arg("ghost:ot")
+        .arg(now - GATEWAY_GONE_MS - 1_000)
+        .arg(&["alive:m", "3", "alive:b", "30", "alive:om", "0", "alive:ob", "0"])
+        .arg("alive:ot")
+        .arg(now)
+        .query_async(&mut redis)
+        .await
+        .expect("hset");
+    let gateway = SharedQuotas::connect(&url).await.expect("redis");
+    let theirs = gateway
+        .exchange(&[(tenant.clone(), Report::default())])
+        .await
+        .expect("exchange");
+    assert_eq!(theirs.len(), 1);
+    let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(&key)
+        .query_async(&mut redis)
+        .await
+        .expect("hgetall");
+    assert!(
+        !fields.keys().any(|field| field.starts_with("ghost:")),
+        "{fields:?}"
+    );
+    assert!(
+        fields.contains_key("alive:m") && fields.contains_key("alive:ot"),
+        "{fields:?}"
+    );
+}

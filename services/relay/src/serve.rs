@@ -222,7 +222,8 @@ pub struct EdgeArgs {
     #[arg(
         long,
         env = "AHP_RELAY_MESSAGES_PER_SECOND_PER_TENANT",
-        default_value_t = 50_000.0
+        default_value_t = 50_000.0,
+        value_parser = positive_rate
     )]
     pub messages_per_second_per_tenant: f64,
     /// Inbound messages per second per connection (bursts of twice that), so one connection cannot use up
@@ -230,7 +231,8 @@ pub struct EdgeArgs {
     #[arg(
         long,
         env = "AHP_RELAY_MESSAGES_PER_SECOND_PER_CONNECTION",
-        default_value_t = 10_000.0
+        default_value_t = 10_000.0,
+        value_parser = positive_rate
     )]
     pub messages_per_second_per_connection: f64,
     /// Inbound bytes per second per tenant (bursts of twice that, and at least one largest frame); faster
@@ -238,7 +240,8 @@ pub struct EdgeArgs {
     #[arg(
         long,
         env = "AHP_RELAY_BYTES_PER_SECOND_PER_TENANT",
-        default_value_t = 64.0 * 1024.0 * 1024.0
+        default_value_t = 64.0 * 1024.0 * 1024.0,
+        value_parser = positive_rate
     )]
     pub bytes_per_second_per_tenant: f64,
     /// How often the relay pings an idle client (WebSocket ping), e.g. 20s.
@@ -398,6 +401,15 @@ pub struct ShardArgs {
     pub insecure_internal_link: bool,
     #[command(flatten)]
     pub runner: RunnerSecretArgs,
+}
+
+/// A rate: a finite number above zero (a rate of 0 would hold every sender for ever).
+fn positive_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        Ok(_) => Err(format!("{text} is not a rate: give a number above 0")),
+        Err(error) => Err(format!("{text}: {error}")),
+    }
 }
 
 /// Arguments of `ahp-relay gateway`: WebSockets and auth, forwarding to a shard over gRPC.

@@ -245,7 +245,9 @@ impl OutputBucket {
         // Wait for a useful amount rather than trickle a byte at a time.
         let useful = (want as f64).min(4096.0).min(self.burst);
         if refilled < useful {
-            return Err(Duration::from_secs_f64((useful - refilled) / self.rate));
+            let hour = Duration::from_secs(3600);
+            let wait = Duration::try_from_secs_f64((useful - refilled) / self.rate);
+            return Err(wait.map_or(hour, |wait| wait.min(hour)));
         }
         let granted = (want as f64).min(refilled).floor();
         state.0 -= granted;
