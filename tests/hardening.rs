@@ -1890,3 +1890,95 @@ fn a_rate_of_zero_is_refused_at_start() {
         assert!(said.contains(flag) && said.contains("above 0"), "{said}");
     }
 }
+
+/// Issue 34 (2): a full disk is not a transient error. The relay's SQLite store sits on a tmpfs with little
+/// room left (in a mount namespace of the relay's own); drafts fill it. The change the store has no room for is
+/// rejected saying so (its sender goes on, the metric counts it), and once space is freed the next change
+/// commits and a new device sees it, with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_changes_clearly_and_recovers_when_space_returns() {
+    use ahp_types::actions::ChatDraftChangedAction;
+    if !nix_is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let data = tempfile::tempdir().expect("data");
+    // An 8 MiB tmpfs, 6 MiB of it taken by a ballast file.
+    let mount = "dir=$1; shift; mount -t tmpfs -o size=8m tmpfs \"$dir\" && \
+                 head -c 6291456 /dev/zero > \"$dir/ballast\" && exec \"$@\"";
+    let dir = data.path().display().to_string();
+    let relay = Relay::start_wrapped(
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            mount,
+            "sh",
+            &dir,
+        ],
+        data.path(),
+        &[],
+    )
+    .await;
+    let (client, _) = relay.client("filler").await;
+    let (_, chat) = create_session_and_chat(&client, "full").await;
+    let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
+    let draft = |n: usize| {
+        StateAction::ChatDraftChanged(ChatDraftChangedAction {
+            draft: Some(message(&format!("{n}{}", "z".repeat(256 * 1024)))),
+        })
+    };
+    let mut refused = None;
+    for n in 0..64 {
+        let seq = client
+            .dispatch(chat.clone(), draft(n))
+            .await
+            .expect("dispatch")
+            .client_seq;
+        if let Some(reason) = outcome(&mut sub, seq).await.rejection_reason {
+            refused = Some(reason);
+            break;
+        }
+    }
+    let reason = refused.expect("64 drafts of 256 KiB never filled 2 MiB");
+    assert!(reason.contains("full"), "the rejection says why: {reason}");
+    assert!(relay.metric("ahp_relay_store_full_total").await >= 1.0);
+    client.ping().await.expect("still connected");
+
+    // Space returns (the ballast goes, in the relay's mount namespace): the next change commits.
+    let freed = std::process::Command::new("nsenter")
+        .args([
+            "-t",
+            &relay.pid().to_string(),
+            "-m",
+            "rm",
+            &format!("{dir}/ballast"),
+        ])
+        .status()
+        .expect("nsenter");
+    assert!(freed.success());
+    let seq = client
+        .dispatch(chat.clone(), draft(1000))
+        .await
+        .expect("dispatch")
+        .client_seq;
+    let accepted = outcome(&mut sub, seq).await;
+    assert!(
+        accepted.rejection_reason.is_none(),
+        "{:?}",
+        accepted.rejection_reason
+    );
+    let seen = fresh_chat_snapshot(&relay, &chat).await;
+    assert!(seen.draft.is_some_and(|draft| draft.text.starts_with("1000")));
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status
+            .lines()
+            .any(|line| line.starts_with("Uid:") && line.split_whitespace().nth(1) == Some("0"))
+    })
+}

@@ -111,6 +111,32 @@ impl Relay {
         Self::spawn_env(args, &[]).await
     }
 
+    /// `serve` with `extra` flags on the store in `data_dir`, run through `wrapper` (a program and its arguments,
+    /// given the relay's path and arguments after them: e.g. one that mounts a filesystem first, then execs).
+    pub async fn start_wrapped(wrapper: &[&str], data_dir: &std::path::Path, extra: &[&str]) -> Relay {
+        let mut command = Command::new(wrapper[0]);
+        command
+            .args(&wrapper[1..])
+            .arg(env!("CARGO_BIN_EXE_ahp-relay"))
+            .args([
+                "serve",
+                "--demo-step-ms",
+                "5",
+                "--demo-workspace",
+                "false",
+                "--data-dir",
+            ])
+            .arg(data_dir)
+            .args(extra)
+            .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET]);
+        let (child, addr) = spawn_until(command, "listening on ws://").await;
+        Relay {
+            child,
+            addr: addr.trim_end_matches("/v1/ws").to_string(),
+            _data: None,
+        }
+    }
+
     async fn spawn_env(args: &[String], env: &[(&str, &str)]) -> Relay {
         let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
         command

@@ -51,6 +51,7 @@ pub const FANOUT_LATENCY_SECONDS: &str = "ahp_relay_fanout_latency_seconds";
 pub const GAP_REPAIRS_TOTAL: &str = "ahp_relay_gap_repairs_total";
 /// Connections closed as slow consumers, close code 1013 (counter, gateway).
 pub const SLOW_CONSUMER_CLOSES_TOTAL: &str = "ahp_relay_slow_consumer_closes_total";
+pub const STORE_FULL_TOTAL: &str = "ahp_relay_store_full_total";
 pub const CALL_TIMEOUTS_TOTAL: &str = "ahp_relay_call_timeouts_total";
 /// Envelopes sequenced and committed (counter, shard).
 pub const ACTIONS_TOTAL: &str = "ahp_relay_actions_total";
@@ -186,6 +187,12 @@ fn register(side: Side) {
         }
         Side::Shard => {
             describe_counter!(ACTIONS_TOTAL, Unit::Count, "Envelopes sequenced and committed.");
+            describe_counter!(
+                STORE_FULL_TOTAL,
+                Unit::Count,
+                "Batches refused because the store had no room (disk full): their senders are told."
+            );
+            counter!(STORE_FULL_TOTAL).increment(0);
             describe_histogram!(COMMIT_BATCH_SIZE, Unit::Count, "Envelopes per store commit.");
             describe_histogram!(
                 COMMIT_SECONDS,
@@ -314,6 +321,11 @@ pub fn gap_repaired() {
 /// The gateway followed a redirect to the shard that owns a host.
 pub fn redirect_followed() {
     counter!(REDIRECTS_TOTAL).increment(1);
+}
+
+/// A batch was refused because the store had no room for it.
+pub fn store_full() {
+    counter!(STORE_FULL_TOTAL).increment(1);
 }
 
 /// A connection was closed with 1013 because it fell behind.

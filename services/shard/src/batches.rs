@@ -52,6 +52,10 @@ impl Host {
                 Err(error)
                     if error.is_permanent() && !committed_anyway(&self.store, &self.key, commit).await =>
                 {
+                    if error.is_storage_full() {
+                        tracing::error!(host = %self.key, %error, "the store is full: this batch is refused");
+                        relay_core::telemetry::store_full();
+                    }
                     return Written::Refused(error);
                 }
                 Err(error) => {

@@ -74,7 +74,12 @@ pub(crate) async fn commit_units(host: &Arc<Host>, units: Vec<Unit>, span: &trac
             Written::Refused(error) => {
                 tracing::warn!(host = %host.key, unit = unit.id, %error, "the store refused one unit of a batch; it fails alone");
                 touched_by_failures.extend(channels);
-                failed.push((unit, "the store refused it".into()));
+                let why = if error.is_storage_full() {
+                    "the store is full (no space left): retry once an operator has freed space"
+                } else {
+                    "the store refused it"
+                };
+                failed.push((unit, why.into()));
             }
         }
     }

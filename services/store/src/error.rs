@@ -56,10 +56,30 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the store had no room to write (SQLite `SQLITE_FULL`, Postgres `53100 disk_full`, or the OS's
+    /// `ENOSPC`): not transient — a retry fails the same way until an operator frees space.
+    pub fn is_storage_full(&self) -> bool {
+        match self {
+            StoreError::Database(sqlx::Error::Database(error)) => {
+                let code = error.code().unwrap_or_default();
+                code == "53100"
+                    || code == "13"
+                    || (code.len() > 2 && code.parse::<u32>().is_ok_and(|c| c & 0xff == 13))
+            }
+            StoreError::Database(sqlx::Error::Io(error)) => error.raw_os_error() == Some(28),
+            _ => false,
+        }
+    }
+
     /// Whether writing the same thing again can never succeed: the database refused what it was given (a
-    /// value too big for a field, a broken constraint, bad data), as opposed to failing to take it (the
-    /// database unreachable, restarting, timed out, a lost connection) — those are worth retrying.
+    /// value too big for a field, a broken constraint, bad data) or has no room for it ([`Self::is_storage_full`]:
+    /// the batch is refused, its senders told, and later batches succeed once space returns), as opposed to
+    /// failing to take it (the database unreachable, restarting, timed out, a lost connection) — those are worth
+    /// retrying.
     pub fn is_permanent(&self) -> bool {
+        if self.is_storage_full() {
+            return true;
+        }
         match self {
             StoreError::Bind(_) | StoreError::OutOfRange { .. } => true,
             StoreError::Database(sqlx::Error::Database(error)) => {
