@@ -66,6 +66,11 @@ const POSTGRES: &[EmbeddedMigration] = &[
         description: "contents",
         sql: include_str!("../../../migrations/postgres/0008_contents.sql"),
     },
+    EmbeddedMigration {
+        version: 9,
+        description: "binding use default",
+        sql: include_str!("../../../migrations/postgres/0009_binding_use_default.sql"),
+    },
 ];
 
 const SQLITE: &[EmbeddedMigration] = &[
@@ -108,6 +113,11 @@ const SQLITE: &[EmbeddedMigration] = &[
         version: 8,
         description: "contents",
         sql: include_str!("../../../migrations/sqlite/0008_contents.sql"),
+    },
+    EmbeddedMigration {
+        version: 9,
+        description: "binding use default",
+        sql: include_str!("../../../migrations/sqlite/0009_binding_use_default.sql"),
     },
 ];
 

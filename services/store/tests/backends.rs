@@ -1846,6 +1846,31 @@ async fn bindings_unused_past_the_retention_are_pruned_and_used_ones_kept(db: &T
         store.client_binding(T, H, "stale").await.unwrap().as_deref(),
         Some("bob")
     );
+    // A binding whose use was never noted (a shard of the release before it was kept, still running during a
+    // rolling upgrade, wrote it without the column) is not stale: the prune stamps it used now and keeps it.
+    let mut raw = sqlx::AnyConnection::connect(&db.url).await.unwrap();
+    raw.execute(
+        "INSERT INTO client_bindings (tenant, host, client_id, subject, last_used_ms) \
+         VALUES ('acme', 'default', 'old-writer', 'olga', 0)",
+    )
+    .await
+    .unwrap();
+    // Many stale ones go in several short statements, all of them.
+    raw.execute(
+        "INSERT INTO client_bindings (tenant, host, client_id, subject, last_used_ms) \
+         SELECT 'acme', 'default', 'stale-' || n, 'ana', 1 FROM ( \
+           WITH RECURSIVE numbers(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM numbers WHERE n < 12000) \
+           SELECT n FROM numbers) AS many",
+    )
+    .await
+    .unwrap();
+    assert_eq!(store.compact(5_000).await.unwrap(), 12_000);
+    assert_eq!(
+        store.client_binding(T, H, "old-writer").await.unwrap().as_deref(),
+        Some("olga")
+    );
+    assert_eq!(store.client_binding(T, H, "stale-11999").await.unwrap(), None);
+    assert_eq!(store.compact(5_000).await.unwrap(), 0, "stamped as used now");
 }
 
 fn archived(archive: &str, turn_no: u64, turn_id: &str) -> ArchivedTurn {
