@@ -72,13 +72,21 @@ pub struct Workspaces {
     opened: WorkspaceRoot,
     /// Per-tenant users, when sandboxes switch users.
     users: Option<TenantUsers>,
+    /// The users claimed so far: a tenant's user is claimed once per process (the claim takes a file lock
+    /// shared with other processes, and may change ownership), then known.
+    claimed: parking_lot::Mutex<std::collections::HashMap<String, UserSwitch>>,
 }
 
 impl Workspaces {
     /// The workspace root `root` (created if missing), opened.
     pub fn new(root: PathBuf, users: Option<TenantUsers>) -> Result<Self, WorkspaceError> {
         let opened = WorkspaceRoot::open(&root)?;
-        Ok(Self { root, opened, users })
+        Ok(Self {
+            root,
+            opened,
+            users,
+            claimed: parking_lot::Mutex::default(),
+        })
     }
 
     pub fn root(&self) -> &Path {
@@ -110,7 +118,14 @@ impl Workspaces {
         let Some(users) = &self.users else {
             return Ok(None);
         };
-        Ok(Some(users.claim(&self.opened, &encode(tenant), tenant)?))
+        if let Some(user) = self.claimed.lock().get(tenant) {
+            return Ok(Some(*user));
+        }
+        // The first claim blocks (a file lock, maybe a chown of the tenant's directory): off the runtime's
+        // worker, which hands its other tasks over meanwhile.
+        let user = blocking(|| users.claim(&self.opened, &encode(tenant), tenant))?;
+        self.claimed.lock().insert(tenant.to_string(), user);
+        Ok(Some(user))
     }
 
     /// The directories of `session` (of `host` of `tenant`), created if missing: its working directory is
@@ -380,6 +395,17 @@ fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// Run blocking work from code that may run on a Tokio worker without holding up the worker's other tasks (on a
+/// multi-thread runtime the worker hands them over while this blocks; elsewhere it just runs).
+fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
 }
 
 #[cfg(test)]
