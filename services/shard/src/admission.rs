@@ -79,17 +79,22 @@ impl Host {
         {
             Some(owner) if owner != subject => Ok(Admission::Refuse(another_users())),
             Some(owner) => {
-                // The caller's own binding (it survives restarts; dropped from memory after its grace).
-                self.core
-                    .lock()
-                    .clients
-                    .entry(client_id)
-                    .or_insert(ClientBinding {
-                        subject: owner,
-                        live_connections: 0,
-                        grace_epoch: 0,
-                        turn_windows: Default::default(),
-                    });
+                // The caller's own binding (it survives restarts; dropped from memory after its grace). Its
+                // grace starts now: an opening that then fails never binds it, and it leaves memory then.
+                self.with_core(|core| {
+                    if !core.clients.contains_key(&client_id) {
+                        core.clients.insert(
+                            client_id.clone(),
+                            ClientBinding {
+                                subject: owner,
+                                live_connections: 0,
+                                grace_epoch: 0,
+                                turn_windows: Default::default(),
+                            },
+                        );
+                        core.pending_grace.push((client_id, 0));
+                    }
+                });
                 Ok(Admission::Load)
             }
             None => Ok(Admission::Load),
