@@ -1364,3 +1364,69 @@ async fn a_terminal_survives_a_shard_failover_and_is_typed_into_and_disposed_aft
         .expect("disposeSession after the move");
     all_gone("the quiet terminal's job killed with its session", &quiet_pids).await;
 }
+
+/// Issue 34 (2): a store that blocks commits while a terminal floods output. The host's pending batch stops at
+/// its byte budget — the shell is no longer read, its pty fills and its program waits — so the relay's memory
+/// stays bounded however long the store is stuck; once the store returns, the rest of the output arrives and
+/// the terminal goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_store_holds_a_flooding_terminal_at_the_pending_budget() {
+    use sqlx::{Connection, Executor};
+    const MIB: u64 = 1024 * 1024;
+    // No output rate to slow the flood: only the store's budget may.
+    let setup = relay_with_workspace("[quotas]\noutput_bytes_per_second = 1073741824\n", &[]).await;
+    let relay = &setup.relay;
+    let (a, _) = relay.client("device-a").await;
+    let (session, _) = session(&a, "flood").await;
+    let uri = "ahp-terminal:/flood";
+    create_terminal(&a, "device-a", &session, uri)
+        .await
+        .expect("createTerminal");
+    let mut watched = Watched::open(&a, uri).await;
+    watched
+        .until("the prompt", |state| {
+            state.supports_command_detection == Some(true)
+        })
+        .await;
+    let mut blocker = sqlx::SqliteConnection::connect(&format!(
+        "sqlite://{}",
+        relay.data_dir().expect("data dir").join("relay.sqlite").display()
+    ))
+    .await
+    .expect("open the relay's store");
+    blocker
+        .execute("BEGIN IMMEDIATE")
+        .await
+        .expect("take the write lock");
+    let (before, _) = relay.memory();
+    a.dispatch(
+        uri.to_string(),
+        input("yes flood-line | head -c 64000000; echo flood-$((40+2))-done\n"),
+    )
+    .await
+    .expect("type");
+    // The scenario's length, not a synchronisation: the store stays stuck this long while the flood runs.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (_, peak) = relay.memory();
+    let grown = peak.saturating_sub(before);
+    eprintln!("relay peak grew {} MiB during 8 s of a stuck store", grown / MIB);
+    assert!(
+        grown < 96 * MIB,
+        "the relay's memory grew {} MiB while the store was stuck",
+        grown / MIB
+    );
+    blocker.execute("ROLLBACK").await.expect("release the store");
+    watched
+        .until("the end of the flood", |state| {
+            text(state).contains("flood-42-done")
+        })
+        .await;
+    a.dispatch(uri.to_string(), input("echo after-$((6*7))\n"))
+        .await
+        .expect("type");
+    watched
+        .until("input after the store returned", |state| {
+            text(state).contains("after-42")
+        })
+        .await;
+}

@@ -15,6 +15,7 @@ pub mod shell_integration;
 
 pub use demo::{DemoPace, DemoProvider, DemoWorkspace};
 pub use provider::{
-    ChatSink, ClientTool, Emitted, Provider, ProviderRegistry, SessionRequest, SessionStart, TerminalKey,
-    TerminalRequest, TerminalStarted, TurnAttachment, TurnControl, TurnHandle, TurnRequest, AGENT_STATE_META,
+    ChatSink, ClientTool, Emitted, Provider, ProviderRegistry, Room, SessionRequest, SessionStart,
+    TerminalKey, TerminalRequest, TerminalStarted, TurnAttachment, TurnControl, TurnHandle, TurnRequest,
+    AGENT_STATE_META,
 };

@@ -39,7 +39,16 @@ pub trait ChatSink: Send + Sync + 'static {
     fn reachable(&self) -> bool {
         true
     }
+    /// Resolves once this sink has room for more (its host's pending batch is under its budget while the store
+    /// is slow): a producer awaits it before it reads more of an agent's or a terminal's output, so a stuck
+    /// store fills their pipes, not memory. `None`: always room.
+    fn room(&self) -> Option<Room> {
+        None
+    }
 }
+
+/// A wait for a sink's room ([`ChatSink::room`]).
+pub type Room = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
 
 /// What became of an action a provider emitted ([`ChatSink::emit`]). A reducer's no-op is not the end of
 /// a channel: a terminal whose open command a clear took goes on (review lesson 3).

@@ -39,6 +39,10 @@ pub const MAX_CLIENT_ID_BYTES: usize = 256;
 
 /// Publications a host may hold uncommitted before dispatching connections wait for the store.
 const MAX_PENDING_PUBLICATIONS: usize = 1024;
+/// Bytes a host's pending batch may hold before everything that adds to it waits for the store: connections'
+/// messages, agents' output, terminals' output (their producers stop reading, so the agent's pipe and the
+/// terminal's pty fill, not this process's memory).
+pub const MAX_PENDING_BYTES: usize = 16 * 1024 * 1024;
 
 /// How long the committer waits for Redis to take one batch's events before skipping the rest of them.
 pub(crate) const REDIS_PUBLISH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -410,15 +414,22 @@ impl Host {
             _ => {}
         }
         let id = message.id;
-        let ((mut reply, barrier, backlog), unit) = relay_core::heavy::for_message(size, || {
-            self.with_core_as(Some(connection), |core| {
-                let reply = core.handle(connection, message);
-                (reply, core.seq.barrier(), core.seq.pending_len())
-            })
-        });
+        let ((mut reply, barrier, backlog, backlog_bytes), unit) =
+            relay_core::heavy::for_message(size, || {
+                self.with_core_as(Some(connection), |core| {
+                    let reply = core.handle(connection, message);
+                    (
+                        reply,
+                        core.seq.barrier(),
+                        core.seq.pending_len(),
+                        core.seq.pending_bytes(),
+                    )
+                })
+            });
         // Replies show state: they wait for it to be durable. A connection that outruns the store waits too
         // (backpressure), which keeps every batch, and so every burst on the bus, bounded.
-        if reply.frame.is_some() || backlog >= MAX_PENDING_PUBLICATIONS {
+        if reply.frame.is_some() || backlog >= MAX_PENDING_PUBLICATIONS || backlog_bytes >= MAX_PENDING_BYTES
+        {
             self.wait_committed(barrier).await;
             // The store refused what this request changed: it did not happen.
             if let Some(why) = self.core.lock().failed_units.take(unit) {
@@ -585,6 +596,21 @@ impl Host {
         tokio::select! {
             _ = durable.wait_for(|committed| *committed >= barrier) => {}
             _ = deposed.wait_for(|deposed| *deposed) => {}
+        }
+    }
+
+    /// Resolves once the pending batch holds less than [`MAX_PENDING_BYTES`] (at once when it does; when the
+    /// host stops being served here, too): what agents and terminals wait for before they read more output.
+    pub(crate) async fn room(&self) {
+        loop {
+            let (bytes, barrier) = {
+                let core = self.core.lock();
+                (core.seq.pending_bytes(), core.seq.barrier())
+            };
+            if bytes < MAX_PENDING_BYTES || self.is_deposed() {
+                return;
+            }
+            self.wait_committed(barrier).await;
         }
     }
 

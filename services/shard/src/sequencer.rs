@@ -54,6 +54,8 @@ pub struct PendingBatch {
     pub publications: Vec<(UnitId, Publication)>,
     /// The connection whose message each unit handled (units of the host's own work have none).
     pub owners: HashMap<UnitId, ConnectionId>,
+    /// About how many bytes it holds (envelopes and their frames, snapshots, archived turns, contents).
+    pub bytes: usize,
 }
 
 /// Which unit queued each part of a batch split by [`PendingBatch::into_parts`], to split it again.
@@ -347,6 +349,11 @@ impl Sequencer {
         self.pending.publications.len()
     }
 
+    /// About how many bytes the pending batch holds.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending.bytes
+    }
+
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
     }
@@ -393,6 +400,7 @@ impl Sequencer {
     ) -> Option<Arc<StoredEnvelope>> {
         let seq = self.next();
         let (envelope, frame) = encode(channel, action, seq, origin, None)?;
+        self.pending.bytes += envelope.get().len() + frame.len();
         self.pending.log.push((
             self.unit,
             LogEntry {
@@ -488,6 +496,7 @@ impl Sequencer {
     /// Store a snapshot of a channel at the current `serverSeq` (after any deletion of it queued earlier in
     /// this batch: a channel disposed and created again keeps its new snapshot).
     pub fn snapshot(&mut self, channel: &str, parent: Option<&str>, state: String) {
+        self.pending.bytes += state.len();
         self.pending.snapshots.push((
             self.unit,
             SnapshotEntry {
@@ -502,12 +511,14 @@ impl Sequencer {
     /// Store a content an action of this batch names by reference (`ahp-content:/<id>`), owned by `owner` (a
     /// session).
     pub fn content(&mut self, content: StoredContent) {
+        self.pending.bytes += content.data.len();
         self.pending.contents.push((self.unit, content));
     }
 
     /// Move a turn into the archive `archive` (a chat's archive key) at absolute index `turn_no` (after any
     /// deletion of that archive queued earlier in this batch).
     pub fn archive_turn(&mut self, archive: String, turn_no: u64, turn_id: String, turn: String) {
+        self.pending.bytes += turn.len();
         self.pending.turns.push((
             self.unit,
             ArchivedTurn {

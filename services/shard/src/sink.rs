@@ -37,6 +37,11 @@ impl ChatSink for HostSink {
         self.host.strong_count() > 0
     }
 
+    fn room(&self) -> Option<relay_runner::Room> {
+        let host = self.host.upgrade()?;
+        Some(Box::pin(async move { host.room().await }))
+    }
+
     fn open_terminal(&self, session: &str, uri: &str, state: ahp_types::state::TerminalState) -> bool {
         self.host
             .upgrade()

@@ -411,6 +411,7 @@ async fn run(
         announcer.sink.clone(),
         announcer.session.clone(),
     );
+    let room_sink = announcer.sink.clone();
     let (terminals_create, terminals_output, terminals_wait, terminals_kill, terminals_release) = (
         terminals.clone(),
         terminals.clone(),
@@ -435,6 +436,10 @@ async fn run(
         .name("ahp-relay")
         .on_receive_notification(
             async move |notification: SessionNotification, _cx| {
+                // While the host's store is behind, the agent's next message waits in its pipe, not here.
+                if let Some(room) = room_sink.room() {
+                    room.await;
+                }
                 // Counted before it is kept: past the turn's budget (or between turns) it is dropped.
                 if !handler_meter.admit(super::meter::update_bytes(&notification.update)) {
                     return Ok(());

@@ -455,6 +455,10 @@ async fn run(
             }
             continue;
         }
+        // While its host's store is behind, nothing more is read: the pty fills and its programs wait.
+        if let Some(room) = publisher.destination.current().room() {
+            room.await;
+        }
         let touched = *shell.touched.lock();
         let flush_at = publisher.flush_at();
         tokio::select! {
