@@ -865,7 +865,18 @@ impl Runners for RunnersService {
         tokio::spawn(async move {
             loop {
                 match reports.message().await {
-                    Ok(Some(pb::RunnerReport { report: Some(report) })) => pool.report(runner, report),
+                    Ok(Some(pb::RunnerReport { report: Some(report) })) => {
+                        // An agent's action waits for its host's room before the next report is read: a host
+                        // whose store is behind slows this runner's stream, and so its agents and terminals.
+                        let host = match &report {
+                            Report::Action(action) => action.host.clone(),
+                            _ => None,
+                        };
+                        pool.report(runner, report);
+                        if let Some(room) = pool.sink(runner, host.as_ref()).and_then(|sink| sink.room()) {
+                            room.await;
+                        }
+                    }
                     Ok(Some(_)) => {}
                     Ok(None) => break,
                     Err(error) => {

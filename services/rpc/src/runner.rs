@@ -122,6 +122,7 @@ async fn serve_once(shard: &str, config: &RunnerConfig) -> Result<(), RunnerErro
         .map(|provider| (provider.info().provider, provider))
         .collect();
     let (reports, outgoing) = mpsc::unbounded_channel();
+    let outbox = Arc::new(Outbox::default());
     let hello = pb::RunnerHello {
         name: config.name.clone(),
         agents: providers.keys().cloned().collect(),
@@ -136,7 +137,7 @@ async fn serve_once(shard: &str, config: &RunnerConfig) -> Result<(), RunnerErro
         report: Some(Report::Hello(hello)),
     });
     let mut work = client
-        .register(UnboundedReceiverStream::new(outgoing))
+        .register(Outbox::drain(outbox.clone(), outgoing))
         .await?
         .into_inner();
     tracing::info!(%shard, agents = providers.len(), "registered with the shard");
@@ -149,6 +150,7 @@ async fn serve_once(shard: &str, config: &RunnerConfig) -> Result<(), RunnerErro
         files: config.files.clone(),
         watches: Arc::default(),
         ended: Arc::default(),
+        outbox,
     };
     while let Some(item) = work.message().await? {
         if let Some(item) = item.work {
@@ -173,6 +175,48 @@ struct ShardSession {
     watches: Arc<parking_lot::Mutex<HashMap<u64, Option<WatchHandle>>>>,
     /// Set when the registration ended: its sinks reach nobody from then on, whatever the stream's buffers do.
     ended: Arc<AtomicBool>,
+    /// What agents' actions wait to go to the shard.
+    outbox: Arc<Outbox>,
+}
+
+/// Bytes of agents' actions a registration's stream may hold unsent: past it, agents and terminals wait
+/// ([`ChatSink::room`]) — the shard reads no faster than its hosts' stores take them.
+const OUTBOX_BYTES: usize = 8 * 1024 * 1024;
+
+/// The agents' actions queued for one shard, counted in bytes as they are queued and as the stream takes them.
+#[derive(Default)]
+struct Outbox {
+    bytes: std::sync::atomic::AtomicUsize,
+    drained: tokio::sync::Notify,
+}
+
+impl Outbox {
+    /// The stream of `outgoing` reports, counting out the actions it takes.
+    fn drain(
+        outbox: Arc<Outbox>,
+        outgoing: mpsc::UnboundedReceiver<pb::RunnerReport>,
+    ) -> impl tokio_stream::Stream<Item = pb::RunnerReport> {
+        use tokio_stream::StreamExt;
+        UnboundedReceiverStream::new(outgoing).map(move |report| {
+            if let Some(Report::Action(action)) = &report.report {
+                outbox.bytes.fetch_sub(action.action.len(), Ordering::AcqRel);
+                outbox.drained.notify_waiters();
+            }
+            report
+        })
+    }
+
+    /// Resolves once fewer than [`OUTBOX_BYTES`] wait (or the registration ended).
+    async fn room(self: Arc<Self>, ended: Arc<AtomicBool>) {
+        loop {
+            let drained = self.drained.notified();
+            if self.bytes.load(Ordering::Acquire) < OUTBOX_BYTES || ended.load(Ordering::Acquire) {
+                return;
+            }
+            // (Checked again every second: a registration that ends wakes nobody.)
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drained).await;
+        }
+    }
 }
 
 impl Drop for ShardSession {
@@ -327,6 +371,7 @@ impl ShardSession {
             session: session.to_string(),
             reports: self.reports.clone(),
             ended: self.ended.clone(),
+            outbox: self.outbox.clone(),
         })
     }
 
@@ -500,9 +545,14 @@ struct StreamSink {
     session: String,
     reports: mpsc::UnboundedSender<pb::RunnerReport>,
     ended: Arc<AtomicBool>,
+    outbox: Arc<Outbox>,
 }
 
 impl ChatSink for StreamSink {
+    fn room(&self) -> Option<relay_runner::Room> {
+        Some(Box::pin(self.outbox.clone().room(self.ended.clone())))
+    }
+
     fn emit(&self, channel: &str, action: StateAction) -> relay_runner::Emitted {
         if self.ended.load(Ordering::Acquire) {
             return relay_runner::Emitted::Unreachable;
@@ -514,6 +564,8 @@ impl ChatSink for StreamSink {
                 return relay_runner::Emitted::NotApplied;
             }
         };
+        let size = action.len();
+        self.outbox.bytes.fetch_add(size, Ordering::AcqRel);
         let sent = self
             .reports
             .send(pb::RunnerReport {
@@ -525,6 +577,9 @@ impl ChatSink for StreamSink {
                 })),
             })
             .is_ok();
+        if !sent {
+            self.outbox.bytes.fetch_sub(size, Ordering::AcqRel);
+        }
         // The shard applies it in order, or finds it does not apply: only a closed stream is known here, and a
         // closed stream means the shard went, not the channel (another shard may own its host next).
         if sent {
