@@ -82,7 +82,6 @@ impl HostCore {
     }
 }
 
-/// Whether `action` ends a chat's turn (adding it to the chat's turns).
 /// How many of the newest turns (of these `sizes`, oldest first) a chat keeps: at most `retain`, and at most
 /// `budget` bytes of them, but always the newest.
 pub(crate) fn retained_count(sizes: &[usize], retain: usize, budget: usize) -> usize {
@@ -98,6 +97,7 @@ pub(crate) fn retained_count(sizes: &[usize], retain: usize, budget: usize) -> u
     keep
 }
 
+/// Whether `action` ends a chat's turn (adding it to the chat's turns).
 fn ends_turn(action: &StateAction) -> bool {
     matches!(
         action,

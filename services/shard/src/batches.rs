@@ -26,6 +26,11 @@ impl Host {
     /// written again.
     pub(crate) async fn write(&self, commit: &CommitBatch, span: &tracing::Span) -> Written {
         let mut backoff = Duration::from_millis(10);
+        // After a full store: a pause first, growing while it stays full (up to 10 s).
+        let full = *self.full_backoff.lock();
+        if !full.is_zero() {
+            tokio::time::sleep(full).await;
+        }
         loop {
             let committed = match &self.lease {
                 Some(lease) => {
@@ -42,7 +47,10 @@ impl Host {
                 }
             };
             match committed {
-                Ok(()) => return Written::Committed,
+                Ok(()) => {
+                    *self.full_backoff.lock() = Duration::ZERO;
+                    return Written::Committed;
+                }
                 Err(error @ StoreError::Fenced { .. }) => {
                     self.depose(&error.to_string());
                     return Written::Deposed;
@@ -55,6 +63,8 @@ impl Host {
                     if error.is_storage_full() {
                         tracing::error!(host = %self.key, %error, "the store is full: this batch is refused");
                         relay_core::telemetry::store_full();
+                        let mut full = self.full_backoff.lock();
+                        *full = (*full * 2).clamp(Duration::from_millis(100), Duration::from_secs(10));
                     }
                     return Written::Refused(error);
                 }

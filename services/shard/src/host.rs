@@ -133,6 +133,9 @@ pub struct Host {
     pub(crate) deposed: watch::Sender<bool>,
     pub(crate) wakeup: Arc<Notify>,
     pub(crate) me: Weak<Host>,
+    /// How long the next write waits after the store was full (0: it was not): the refusals of a full store
+    /// come at a falling pace, not as fast as salvage and reloads can go.
+    pub(crate) full_backoff: parking_lot::Mutex<Duration>,
 }
 
 impl Drop for Host {
@@ -194,6 +197,7 @@ impl Host {
             store,
             key,
             me: me.clone(),
+            full_backoff: parking_lot::Mutex::new(Duration::ZERO),
         });
         crate::commit_thread::spawn(commit_loop(Arc::downgrade(&host)));
         Ok(host)

@@ -70,7 +70,7 @@ pub(crate) async fn prune(pool: &AnyPool, older_than_ms: i64) -> Result<u64, Sto
     .unwrap_or(i64::MAX);
     loop {
         let stamped = sqlx::query(
-            "UPDATE client_bindings SET last_used_ms = $1 WHERE (tenant, host, client_id) IN \
+            "UPDATE client_bindings SET last_used_ms = $1 WHERE last_used_ms = 0 AND (tenant, host, client_id) IN \
              (SELECT tenant, host, client_id FROM client_bindings WHERE last_used_ms = 0 LIMIT $2)",
         )
         .bind(now_ms)
@@ -84,8 +84,8 @@ pub(crate) async fn prune(pool: &AnyPool, older_than_ms: i64) -> Result<u64, Sto
     let mut removed = 0;
     loop {
         let batch = sqlx::query(
-            "DELETE FROM client_bindings WHERE (tenant, host, client_id) IN \
-             (SELECT tenant, host, client_id FROM client_bindings \
+            "DELETE FROM client_bindings WHERE last_used_ms > 0 AND last_used_ms < $1 \
+             AND (tenant, host, client_id) IN (SELECT tenant, host, client_id FROM client_bindings \
               WHERE last_used_ms > 0 AND last_used_ms < $1 LIMIT $2)",
         )
         .bind(older_than_ms)

@@ -144,13 +144,16 @@ impl<'s> MigrationSource<'s> for EmbeddedMigrations {
     }
 }
 
-/// Brings the schema of `pool` (a `backend` database) up to date.
+/// Brings the schema of `pool` (a `backend` database) up to date. A database a newer release migrated further
+/// is left as it is: during a rolling upgrade (or a rollback) the previous release starts on it, since every
+/// migration only expands the schema (docs/operations.md).
 pub(crate) async fn migrate(pool: &AnyPool, backend: Backend) -> Result<(), StoreError> {
     let embedded = match backend {
         Backend::Postgres => POSTGRES,
         Backend::Sqlite => SQLITE,
     };
-    let migrator = Migrator::new(EmbeddedMigrations(embedded)).await?;
+    let mut migrator = Migrator::new(EmbeddedMigrations(embedded)).await?;
+    migrator.set_ignore_missing(true);
     migrator.run(pool).await?;
     Ok(())
 }

@@ -154,6 +154,7 @@ on_both_backends!(
     stored_bytes_count_a_tenants_log_snapshots_and_client_bindings,
     bindings_unused_past_the_retention_are_pruned_and_used_ones_kept,
     archived_turns_are_read_by_range_and_found_by_id_and_go_with_their_key,
+    a_store_a_newer_release_migrated_further_still_opens,
 );
 
 const T: &str = "acme";
@@ -1982,4 +1983,23 @@ async fn archived_turns_are_read_by_range_and_found_by_id_and_go_with_their_key(
     assert_eq!(store.archived_turns(T, H, other, 0, 10).await.unwrap().len(), 1);
     // Archived turns count toward the tenant's stored bytes (they are all it stores here).
     assert_eq!(store.stored_bytes(T).await.unwrap(), 25);
+}
+
+/// During a rolling upgrade (or a rollback) the previous release starts on a schema the next one migrated
+/// further: a migration it does not know is left alone, and the store opens.
+async fn a_store_a_newer_release_migrated_further_still_opens(db: &TestDb) {
+    let mut raw = sqlx::AnyConnection::connect(&db.url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(9_999_i64)
+    .bind("from a newer release")
+    .bind(true)
+    .bind(vec![0_u8; 48])
+    .bind(0_i64)
+    .execute(&mut raw)
+    .await
+    .unwrap();
+    db.store.migrate().await.expect("the store opens");
 }

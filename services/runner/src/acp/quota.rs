@@ -266,6 +266,9 @@ pub struct ThrottledReader<R> {
     scratch: Vec<u8>,
     max_line: Option<usize>,
     line: usize,
+    /// Where what is read goes: nothing more is read while it has no room (its host's store is behind).
+    sink: Option<Arc<dyn crate::provider::ChatSink>>,
+    room: Option<crate::provider::Room>,
 }
 
 impl<R> ThrottledReader<R> {
@@ -278,7 +281,16 @@ impl<R> ThrottledReader<R> {
             scratch: vec![0; 64 * 1024],
             max_line,
             line: 0,
+            sink: None,
+            room: None,
         }
+    }
+
+    /// Read nothing more while `sink` has no room ([`crate::provider::ChatSink::room`]): the agent's pipe
+    /// fills, not this process's memory (its messages are queued by the ACP connection as they are read).
+    pub fn waiting_for(mut self, sink: Arc<dyn crate::provider::ChatSink>) -> Self {
+        self.sink = Some(sink);
+        self
     }
 }
 
@@ -289,6 +301,15 @@ impl<R: AsyncRead + Unpin> AsyncRead for ThrottledReader<R> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
+        if this.grant == 0 && this.room.is_none() {
+            this.room = this.sink.as_ref().and_then(|sink| sink.room());
+        }
+        if let Some(room) = &mut this.room {
+            if room.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            this.room = None;
+        }
         while this.grant == 0 {
             if let Some(wait) = &mut this.wait {
                 if wait.as_mut().poll(cx).is_pending() {

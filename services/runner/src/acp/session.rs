@@ -387,7 +387,8 @@ async fn run(
     ));
     let transport = {
         use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
-        let stdout = super::quota::ThrottledReader::new(stdout, slot.output(), Some(MAX_LINE_BYTES));
+        let stdout = super::quota::ThrottledReader::new(stdout, slot.output(), Some(MAX_LINE_BYTES))
+            .waiting_for(announcer.sink.clone());
         ByteStreams::new(stdin.compat_write(), stdout.compat())
     };
     let meter = Arc::new(super::meter::OutputMeter::new(
