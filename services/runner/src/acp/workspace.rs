@@ -118,8 +118,18 @@ impl Workspaces {
         let Some(users) = &self.users else {
             return Ok(None);
         };
-        if let Some(user) = self.claimed.lock().get(tenant) {
-            return Ok(Some(*user));
+        // Known, and its directory still the tenant's: it is that user's (a directory removed and made again
+        // may have gone to another user meanwhile: claimed again).
+        let known = self.claimed.lock().get(tenant).copied();
+        if let Some(user) = known {
+            let dir = self.opened.path().join(encode(tenant));
+            let owner = std::fs::symlink_metadata(&dir)
+                .ok()
+                .filter(|meta| meta.is_dir())
+                .map(|meta| std::os::unix::fs::MetadataExt::uid(&meta));
+            if owner == Some(user.uid) {
+                return Ok(Some(user));
+            }
         }
         // The first claim blocks (a file lock, maybe a chown of the tenant's directory): off the runtime's
         // worker, which hands its other tasks over meanwhile.
