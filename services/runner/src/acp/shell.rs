@@ -825,16 +825,22 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_terminal_nobody_hears_holds_what_it_says_for_the_owner_that_takes_it_over() {
+    /// A publisher whose destination nobody hears, and that destination (to replace it).
+    fn unheard() -> (Arc<Destination>, Publisher) {
         let destination = Destination::new(Arc::new(Unheard));
-        let mut publisher = Publisher::new(
+        let publisher = Publisher::new(
             destination.clone(),
             "s".into(),
             "ahp-terminal:/t".into(),
             None,
             None,
         );
+        (destination, publisher)
+    }
+
+    #[test]
+    fn a_terminal_nobody_hears_holds_what_it_says_for_the_owner_that_takes_it_over() {
+        let (destination, mut publisher) = unheard();
         publisher.push(b"in flight when the shard went");
         publisher.flush();
         assert!(publisher.orphaned_since.is_some(), "nobody heard it: it waits");
@@ -853,14 +859,7 @@ mod tests {
 
     #[test]
     fn a_terminal_nobody_takes_over_says_nothing_more() {
-        let destination = Destination::new(Arc::new(Unheard));
-        let mut publisher = Publisher::new(
-            destination.clone(),
-            "s".into(),
-            "ahp-terminal:/t".into(),
-            None,
-            None,
-        );
+        let (destination, mut publisher) = unheard();
         publisher.push(b"x");
         publisher.flush();
         publisher.abandon();
