@@ -1365,19 +1365,23 @@ async fn a_terminal_survives_a_shard_failover_and_is_typed_into_and_disposed_aft
     all_gone("the quiet terminal's job killed with its session", &quiet_pids).await;
 }
 
-/// Issue 34 (2): a store that blocks commits while a terminal floods output. The host's pending batch stops at
-/// its byte budget — the shell is no longer read, its pty fills and its program waits — so the relay's memory
-/// stays bounded however long the store is stuck; once the store returns, the rest of the output arrives and
-/// the terminal goes on.
+/// Issue 34 (2), acceptance 2: a store that blocks every commit for 60 s while a terminal floods output and an
+/// agent streams its reply. The host's pending batch climbs to its byte budget (16 MiB) and stays there — the
+/// shell is no longer read, its pty fills and its program waits; the agent's pipe fills the same way — so the
+/// relay's memory stays bounded however long the store is stuck. Once the store returns, every line of both
+/// arrives, once and in order, and the terminal takes input again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stuck_store_holds_a_flooding_terminal_at_the_pending_budget() {
+async fn a_store_stuck_for_60_s_holds_a_flooding_terminal_and_a_streaming_agent_at_the_pending_budget() {
     use sqlx::{Connection, Executor};
     const MIB: u64 = 1024 * 1024;
-    // No output rate to slow the flood: only the store's budget may.
+    const BUDGET: f64 = 16.0 * 1024.0 * 1024.0;
+    const FLOOD_LINES: u64 = 2_500_000; // 18.9 MB
+    const REPLY_LINES: u64 = 600_000; // 4.1 MB
+                                      // No output rate to slow either: only the store's budget may.
     let setup = relay_with_workspace("[quotas]\noutput_bytes_per_second = 1073741824\n", &[]).await;
     let relay = &setup.relay;
     let (a, _) = relay.client("device-a").await;
-    let (session, _) = session(&a, "flood").await;
+    let (session, chat) = session(&a, "flood").await;
     let uri = "ahp-terminal:/flood";
     create_terminal(&a, "device-a", &session, uri)
         .await
@@ -1388,6 +1392,36 @@ async fn a_stuck_store_holds_a_flooding_terminal_at_the_pending_budget() {
             state.supports_command_detection == Some(true)
         })
         .await;
+    // Every envelope of the terminal and of the chat from here on, as another device sees them.
+    let (reader, _) = relay.client("device-b").await;
+    let (_, mut terminal_sub) = reader.subscribe(uri.to_string()).await.expect("subscribe");
+    let (_, _, mut chat_sub) = subscribe_chat(&reader, &chat).await;
+    let terminal_seen = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        let mut tail = String::new();
+        while !tail.contains("flood-42-done") {
+            let envelope = envelope_within(&mut terminal_sub).await;
+            if let StateAction::TerminalData(data) = &envelope.action {
+                tail.push_str(&data.data);
+                let keep = tail.len().saturating_sub(64);
+                tail = tail.split_off(tail.floor_char_boundary(keep));
+            }
+            seen.push(envelope);
+        }
+        seen
+    });
+    let chat_seen = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        loop {
+            let envelope = envelope_within(&mut chat_sub).await;
+            let done = is_turn_complete(&envelope);
+            seen.push(envelope);
+            if done {
+                return seen;
+            }
+        }
+    });
+
     let mut blocker = sqlx::SqliteConnection::connect(&format!(
         "sqlite://{}",
         relay.data_dir().expect("data dir").join("relay.sqlite").display()
@@ -1401,21 +1435,88 @@ async fn a_stuck_store_holds_a_flooding_terminal_at_the_pending_budget() {
     let (before, _) = relay.memory();
     a.dispatch(
         uri.to_string(),
-        input("yes flood-line | head -c 64000000; echo flood-$((40+2))-done\n"),
+        input(&format!("seq 1 {FLOOD_LINES}; echo flood-$((40+2))-done\n")),
     )
     .await
     .expect("type");
-    // The scenario's length, not a synchronisation: the store stays stuck this long while the flood runs.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    a.dispatch(
+        chat.clone(),
+        turn_started("t1", &format!("sh: seq 1 {REPLY_LINES}")),
+    )
+    .await
+    .expect("prompt");
+    // The scenario's length, not a synchronisation: the store stays stuck for 60 s while both run, and the
+    // pending batch is read once a second.
+    let mut pending = Vec::new();
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        pending.push(relay.metric("ahp_relay_pending_batch_bytes").await);
+    }
     let (_, peak) = relay.memory();
     let grown = peak.saturating_sub(before);
-    eprintln!("relay peak grew {} MiB during 8 s of a stuck store", grown / MIB);
+    let mib: Vec<String> = pending
+        .iter()
+        .map(|bytes| format!("{:.1}", bytes / MIB as f64))
+        .collect();
+    eprintln!(
+        "60 s of a stuck store: pending batch (MiB, each second) {}; relay peak RSS +{} MiB",
+        mib.join(" "),
+        grown / MIB
+    );
+    // At the budget, give or take the one action that crossed it, and held there: not drained (nothing
+    // commits) and not growing (nothing is read past it).
+    let most = pending.iter().cloned().fold(0.0, f64::max);
+    assert!(
+        most <= BUDGET + MIB as f64,
+        "the pending batch reached {most} bytes"
+    );
+    assert!(
+        pending[10..].iter().all(|&bytes| bytes >= BUDGET * 0.9),
+        "the pending batch did not hold at its budget: {mib:?}"
+    );
     assert!(
         grown < 96 * MIB,
         "the relay's memory grew {} MiB while the store was stuck",
         grown / MIB
     );
     blocker.execute("ROLLBACK").await.expect("release the store");
+
+    // Nothing lost, repeated or reordered: every number of both, once, in order.
+    let terminal = terminal_seen.await.expect("the terminal's reader");
+    let chat_envelopes = chat_seen.await.expect("the chat's reader");
+    assert_increasing(&terminal);
+    assert_increasing(&chat_envelopes);
+    // What the shell printed, once: past its scrollback the terminal is cleared and its tail shown again,
+    // which must be the end of what came before.
+    let mut printed = String::new();
+    let mut cleared = false;
+    for envelope in &terminal {
+        match &envelope.action {
+            StateAction::TerminalCleared(_) => cleared = true,
+            StateAction::TerminalData(data) if cleared => {
+                assert!(
+                    printed.ends_with(&data.data),
+                    "the tail shown after a clear is not what was printed last"
+                );
+                cleared = false;
+            }
+            StateAction::TerminalData(data) => printed.push_str(&data.data),
+            _ => {}
+        }
+    }
+    assert_counts_up_to(&printed, FLOOD_LINES, "the terminal");
+    let replied: String = chat_envelopes
+        .iter()
+        .filter_map(|envelope| match &envelope.action {
+            StateAction::ChatResponsePart(part) => match &part.part {
+                ahp_types::state::ResponsePart::Markdown(markdown) => Some(markdown.content.clone()),
+                _ => None,
+            },
+            StateAction::ChatDelta(delta) => Some(delta.content.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_counts_up_to(&replied, REPLY_LINES, "the agent's reply");
     watched
         .until("the end of the flood", |state| {
             text(state).contains("flood-42-done")
@@ -1429,4 +1530,39 @@ async fn a_stuck_store_holds_a_flooding_terminal_at_the_pending_budget() {
             text(state).contains("after-42")
         })
         .await;
+}
+
+/// The lines of `output` that are numbers are exactly 1, 2, …, `last`. A line is what a terminal shows of it:
+/// what follows its last carriage return, or the BEL ending an escape sequence (the shell's marks and modes
+/// before a command's output).
+fn assert_counts_up_to(output: &str, last: u64, what: &str) {
+    let mut expected = 1;
+    for line in output.lines() {
+        let line = line.trim_end_matches('\r');
+        let shown = line.rsplit(['\r', '\x07']).next().unwrap_or(line);
+        if let Ok(n) = shown.parse::<u64>() {
+            assert_eq!(
+                n,
+                expected,
+                "{what}: {n} where {expected} was due; it began {:?}",
+                output.chars().take(600).collect::<String>()
+            );
+            expected += 1;
+        }
+    }
+    assert_eq!(expected, last + 1, "{what} stopped at {}", expected - 1);
+}
+
+/// The next envelope on `sub`, allowing for the 60 s the store is stuck.
+async fn envelope_within(sub: &mut ahp::SessionSubscription) -> ahp_types::ActionEnvelope {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60) + PATIENCE, sub.recv())
+            .await
+            .expect("no envelope within the stall and a patience after it")
+        {
+            Some(ahp::client::SubscriptionEvent::Action(envelope)) => return envelope,
+            Some(_) => continue,
+            None => panic!("the subscription closed"),
+        }
+    }
 }

@@ -16,6 +16,7 @@ use relay_gateway::auth::{mint_hs256, Claims};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+pub mod devices;
 pub mod raw;
 pub mod redis_bus;
 
@@ -138,7 +139,28 @@ impl Relay {
     }
 
     async fn spawn_env(args: &[String], env: &[(&str, &str)]) -> Relay {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+        Self::spawn_program(std::path::Path::new(env!("CARGO_BIN_EXE_ahp-relay")), args, env).await
+    }
+
+    /// A gateway process of the `ahp-relay` binary at `program` (e.g. the previous release's), in front of the
+    /// shards at `shard_urls`, with extra `gateway` flags.
+    pub async fn gateway_of(program: &std::path::Path, shard_urls: &str, extra: &[&str]) -> Relay {
+        let data = tempfile::tempdir().expect("tempdir");
+        let mut args: Vec<String> = vec![
+            "gateway".into(),
+            "--shard".into(),
+            shard_urls.into(),
+            "--data-dir".into(),
+            data.path().display().to_string(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let mut relay = Self::spawn_program(program, &args, &[]).await;
+        relay._data = Some(data);
+        relay
+    }
+
+    async fn spawn_program(program: &std::path::Path, args: &[String], env: &[(&str, &str)]) -> Relay {
+        let mut command = Command::new(program);
         command
             .args(args)
             .args(["--listen", "127.0.0.1:0", "--jwt-secret", SECRET])
@@ -337,17 +359,22 @@ impl Shard {
 
     /// [`Shard::start`], with extra environment variables.
     pub async fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Shard {
+        Self::start_program(std::path::Path::new(env!("CARGO_BIN_EXE_ahp-relay")), extra, env).await
+    }
+
+    /// [`Shard::start_env`] of the `ahp-relay` binary at `program` (e.g. the previous release's).
+    pub async fn start_program(program: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Shard {
         let data = tempfile::tempdir().expect("tempdir");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
+        let mut command = Command::new(program);
         command
-            .args([
-                "shard",
-                "--grpc-listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-                "--data-dir",
-            ])
+            .arg("shard")
+            // A test may name the gRPC address (a replacement on its predecessor's address).
+            .args(if extra.contains(&"--grpc-listen") {
+                &[][..]
+            } else {
+                &["--grpc-listen", "127.0.0.1:0"][..]
+            })
+            .args(["--http-listen", "127.0.0.1:0", "--data-dir"])
             .arg(data.path())
             .args(if extra.contains(&"--demo-step-ms") {
                 &[][..]

@@ -23,6 +23,7 @@
 //! | `ahp_relay_hosts_open` | gauge | shard | hosts opened by this shard |
 //! | `ahp_relay_sessions_loaded` | gauge | shard | sessions held in memory |
 //! | `ahp_relay_chats_loaded` | gauge | shard | chats held in memory |
+//! | `ahp_relay_pending_batch_bytes` | gauge | shard | bytes of sequenced actions waiting for their commit, over all hosts (each host's is bounded: 16 MiB) |
 //! | `ahp_relay_agent_runners` | gauge | shard | `ahp-relay runner` processes registered with this shard |
 //! | `ahp_relay_resource_watches` | gauge | shard | resource watches open (`createResourceWatch`, released on unsubscribe or disconnect) |
 //!
@@ -71,6 +72,8 @@ pub const HOSTS_OPEN: &str = "ahp_relay_hosts_open";
 pub const SESSIONS_LOADED: &str = "ahp_relay_sessions_loaded";
 /// Chats held in memory (gauge, shard).
 pub const CHATS_LOADED: &str = "ahp_relay_chats_loaded";
+/// Bytes of sequenced actions waiting for their store commit, over all hosts (gauge, shard).
+pub const PENDING_BATCH_BYTES: &str = "ahp_relay_pending_batch_bytes";
 /// `ahp-relay runner` processes registered with this shard (gauge, shard).
 pub const AGENT_RUNNERS: &str = "ahp_relay_agent_runners";
 /// Resource watches open (gauge, shard).
@@ -212,6 +215,11 @@ fn register(side: Side) {
             describe_gauge!(HOSTS_OPEN, Unit::Count, "Hosts opened by this shard.");
             describe_gauge!(SESSIONS_LOADED, Unit::Count, "Sessions held in memory.");
             describe_gauge!(CHATS_LOADED, Unit::Count, "Chats held in memory.");
+            describe_gauge!(
+                PENDING_BATCH_BYTES,
+                Unit::Bytes,
+                "Bytes of sequenced actions waiting for their store commit, over all hosts."
+            );
             describe_gauge!(
                 AGENT_RUNNERS,
                 Unit::Count,
@@ -415,13 +423,16 @@ pub struct Loaded {
     pub hosts: usize,
     pub sessions: usize,
     pub chats: usize,
+    /// Bytes of the hosts' pending batches (sequenced, not yet committed).
+    pub pending_batch_bytes: usize,
 }
 
-/// Set the shard's memory gauges (`hosts_open`, `sessions_loaded`, `chats_loaded`).
+/// Set the shard's memory gauges (`hosts_open`, `sessions_loaded`, `chats_loaded`, `pending_batch_bytes`).
 pub fn set_loaded(loaded: Loaded) {
     gauge!(HOSTS_OPEN).set(loaded.hosts as f64);
     gauge!(SESSIONS_LOADED).set(loaded.sessions as f64);
     gauge!(CHATS_LOADED).set(loaded.chats as f64);
+    gauge!(PENDING_BATCH_BYTES).set(loaded.pending_batch_bytes as f64);
 }
 
 #[cfg(test)]
@@ -455,6 +466,7 @@ mod tests {
                 hosts: 1,
                 sessions: 2,
                 chats: 3,
+                pending_batch_bytes: 4096,
             });
             let now = Instant::now();
             fanout_latency().delivered(now, now);
@@ -476,6 +488,7 @@ mod tests {
         );
         assert_eq!(value(&text, LEASE_MOVES_TOTAL), Some(1.0));
         assert_eq!(value(&text, SESSIONS_LOADED), Some(2.0));
+        assert_eq!(value(&text, PENDING_BATCH_BYTES), Some(4096.0));
         // Histograms are real Prometheus histograms (buckets), not summaries.
         assert_eq!(
             value(&text, "ahp_relay_commit_batch_size_count"),

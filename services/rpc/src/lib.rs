@@ -35,6 +35,7 @@ pub mod runner;
 pub mod server;
 pub mod tls;
 pub mod trace;
+pub mod work_queue;
 
 /// The code generated from `proto/relay.proto`.
 #[allow(clippy::all, missing_docs)]

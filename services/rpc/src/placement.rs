@@ -25,7 +25,6 @@ use relay_runner::{
     TurnControl, TurnHandle, TurnRequest,
 };
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::codegen::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
@@ -35,6 +34,7 @@ use crate::pb;
 use crate::pb::runner_report::Report;
 use crate::pb::runner_work::Work;
 use crate::pb::runners_server::{Runners, RunnersServer};
+use crate::work_queue::WorkQueue;
 
 /// A host of a tenant, as the runner protocol names it.
 type HostId = (String, String);
@@ -77,7 +77,7 @@ struct Runner {
     tenants: HashSet<String>,
     /// The root of its agents' workspaces, if it has one.
     workspace_root: Option<std::path::PathBuf>,
-    work: mpsc::UnboundedSender<pb::RunnerWork>,
+    work: WorkQueue,
     /// How many sessions are placed here.
     sessions: usize,
     /// The hosts this runner may emit to (those of the sessions placed on it), with where their actions go.
@@ -123,7 +123,7 @@ impl RunnerPool {
         relay_core::telemetry::agent_runners(0);
     }
 
-    fn add(&self, hello: pb::RunnerHello, work: mpsc::UnboundedSender<pb::RunnerWork>) -> u64 {
+    fn add(&self, hello: pb::RunnerHello, work: WorkQueue) -> u64 {
         let id = self.next_runner.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::info!(runner = %hello.name, agents = ?hello.agents, tenants = ?hello.tenants, "agent runner registered");
         let mut state = self.state.lock();
@@ -231,7 +231,7 @@ impl RunnerPool {
         state
             .runners
             .get(&runner)
-            .is_some_and(|runner| runner.work.send(pb::RunnerWork { work: Some(work) }).is_ok())
+            .is_some_and(|runner| runner.work.send(pb::RunnerWork { work: Some(work) }))
     }
 
     fn create_session(
@@ -859,7 +859,7 @@ impl Runners for RunnersService {
                 ))
             }
         };
-        let (work_tx, work_rx) = mpsc::unbounded_channel();
+        let (work_tx, work_rx) = WorkQueue::new();
         let runner = self.pool.add(hello, work_tx);
         let pool = self.pool.clone();
         tokio::spawn(async move {
@@ -887,9 +887,7 @@ impl Runners for RunnersService {
             }
             pool.runner_lost(runner);
         });
-        Ok(Response::new(Box::pin(
-            UnboundedReceiverStream::new(work_rx).map(Ok),
-        )))
+        Ok(Response::new(Box::pin(work_rx.map(Ok))))
     }
 }
 
@@ -931,7 +929,7 @@ mod tests {
     #[test]
     fn a_runner_reaches_only_the_sessions_placed_on_it() {
         let pool = RunnerPool::new();
-        let (work, _received) = mpsc::unbounded_channel();
+        let (work, _received) = WorkQueue::new();
         let mine = pool.add(
             pb::RunnerHello {
                 name: "mine".into(),
@@ -1009,7 +1007,7 @@ mod tests {
             tenants: tenants.iter().map(|t| t.to_string()).collect(),
             workspace_root: String::new(),
         };
-        let (work, _received) = mpsc::unbounded_channel();
+        let (work, _received) = WorkQueue::new();
         let acme_runner = pool.add(hello("acme-only", &["acme"]), work);
         let sink: Arc<dyn ChatSink> = Arc::new(Recorded::default());
         // Only acme's runner: another tenant's session finds no runner.
@@ -1018,7 +1016,7 @@ mod tests {
             pool.create_session("scripted", &globex, &sink),
             Err(PlacementError::NoRunner(_))
         ));
-        let (work, _received_shared) = mpsc::unbounded_channel();
+        let (work, _received_shared) = WorkQueue::new();
         let shared = pool.add(hello("shared", &[]), work);
         pool.create_session("scripted", &globex, &sink)
             .expect("the shared runner");

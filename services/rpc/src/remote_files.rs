@@ -73,9 +73,11 @@ impl FileRequests {
         let Ok(changes) = serde_json::from_slice::<Vec<(String, ChangeKind)>>(&changed.changes) else {
             return;
         };
-        if let Some((placed, sink)) = self.watches.lock().get(&changed.watch) {
-            if *placed == runner {
-                let _ = sink.send(changes);
+        let mut watches = self.watches.lock();
+        if let Some((placed, sink)) = watches.get(&changed.watch) {
+            // Its reader fell behind: the watch ends here, and whoever watched makes it again.
+            if *placed == runner && !relay_runner::files::offer_changes(sink, changes) {
+                watches.remove(&changed.watch);
             }
         }
     }
@@ -206,5 +208,51 @@ impl FileAccess for RemoteFiles {
             self.run(tenant, scope, op, Some((watch, changes))).await?;
             Ok(handle)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changed(watch: u64, path: &str) -> pb::FileChanged {
+        pb::FileChanged {
+            watch,
+            changes: serde_json::to_vec(&vec![(path.to_string(), ChangeKind::Updated)]).expect("json"),
+        }
+    }
+
+    /// A watch whose reader does not keep up is bounded: past its backlog the watch ends (its reader gets what
+    /// was queued, then the end, and makes the watch again) instead of queueing a runner's changes for ever.
+    #[tokio::test]
+    async fn a_watch_whose_reader_falls_behind_ends_after_its_backlog() {
+        let requests = FileRequests::default();
+        let (sink, mut stream) = relay_runner::files::change_channel();
+        requests.watches.lock().insert(7, (1, sink));
+        let backlog = relay_runner::files::WATCH_BACKLOG;
+        for n in 0..backlog * 3 {
+            requests.changed(1, changed(7, &format!("file-{n}")));
+        }
+        assert!(
+            !requests.watches.lock().contains_key(&7),
+            "the watch still queues"
+        );
+        let mut read = 0;
+        while let Some(batch) = stream.recv().await {
+            assert_eq!(batch[0].0, format!("file-{read}"), "in order");
+            read += 1;
+        }
+        assert_eq!(read, backlog, "what was queued arrives, then the end");
+    }
+
+    /// Changes of another runner's watch with the same number are not taken.
+    #[tokio::test]
+    async fn only_the_runner_that_holds_a_watch_reports_its_changes() {
+        let requests = FileRequests::default();
+        let (sink, mut stream) = relay_runner::files::change_channel();
+        requests.watches.lock().insert(7, (1, sink));
+        requests.changed(2, changed(7, "forged"));
+        requests.changed(1, changed(7, "real"));
+        assert_eq!(stream.recv().await.expect("a batch")[0].0, "real");
     }
 }

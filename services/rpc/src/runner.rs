@@ -183,7 +183,8 @@ struct ShardSession {
 /// ([`ChatSink::room`]) — the shard reads no faster than its hosts' stores take them.
 const OUTBOX_BYTES: usize = 8 * 1024 * 1024;
 
-/// The agents' actions queued for one shard, counted in bytes as they are queued and as the stream takes them.
+/// The agents' actions and the watches' changes queued for one shard, counted in bytes as they are queued and as
+/// the stream takes them.
 #[derive(Default)]
 struct Outbox {
     bytes: std::sync::atomic::AtomicUsize,
@@ -198,8 +199,13 @@ impl Outbox {
     ) -> impl tokio_stream::Stream<Item = pb::RunnerReport> {
         use tokio_stream::StreamExt;
         UnboundedReceiverStream::new(outgoing).map(move |report| {
-            if let Some(Report::Action(action)) = &report.report {
-                outbox.bytes.fetch_sub(action.action.len(), Ordering::AcqRel);
+            let counted = match &report.report {
+                Some(Report::Action(action)) => action.action.len(),
+                Some(Report::FileChanged(changed)) => changed.changes.len(),
+                _ => 0,
+            };
+            if counted > 0 {
+                outbox.bytes.fetch_sub(counted, Ordering::AcqRel);
                 outbox.drained.notify_waiters();
             }
             report
@@ -262,9 +268,10 @@ impl ShardSession {
                 includes,
                 excludes,
             } => {
-                let (changes_tx, mut changes) = mpsc::unbounded_channel();
+                let (changes_tx, mut changes) = relay_runner::files::change_channel();
                 let reports = self.reports.clone();
                 let watches = self.watches.clone();
+                let (outbox, ended) = (self.outbox.clone(), self.ended.clone());
                 watches.lock().insert(watch, None);
                 tokio::spawn(async move {
                     let spec = WatchSpec {
@@ -296,11 +303,19 @@ impl ShardSession {
                             return answer(Err(error));
                         }
                     }
+                    // A batch waits for room in the outbox, as agents' actions do; a watch whose changes keep
+                    // coming meanwhile overflows (its sink's backlog) and ends, and the shard makes it again.
                     while let Some(batch) = changes.recv().await {
+                        outbox.clone().room(ended.clone()).await;
                         let changes = serde_json::to_vec(&batch).unwrap_or_default();
-                        let _ = reports.send(pb::RunnerReport {
+                        outbox.bytes.fetch_add(changes.len(), Ordering::AcqRel);
+                        let size = changes.len();
+                        let sent = reports.send(pb::RunnerReport {
                             report: Some(Report::FileChanged(pb::FileChanged { watch, changes })),
                         });
+                        if sent.is_err() {
+                            outbox.bytes.fetch_sub(size, Ordering::AcqRel);
+                        }
                     }
                     // The file server went (restarted) while the shard still watches: it is told the watch
                     // ended (a report with no changes), and makes it again.

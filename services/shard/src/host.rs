@@ -490,10 +490,15 @@ impl Host {
                 .all(|session| session.state.lifecycle != ahp_types::state::SessionLifecycle::Creating)
     }
 
-    /// Sessions and chats held in memory.
-    pub fn loaded_counts(&self) -> (usize, usize) {
+    /// What this host holds in memory: its sessions and chats, and its pending batch's bytes (`hosts` is 1).
+    pub fn loaded_counts(&self) -> relay_core::telemetry::Loaded {
         let core = self.core.lock();
-        (core.model.sessions.len(), core.model.chats.len())
+        relay_core::telemetry::Loaded {
+            hosts: 1,
+            sessions: core.model.sessions.len(),
+            chats: core.model.chats.len(),
+            pending_batch_bytes: core.seq.pending_bytes(),
+        }
     }
 
     /// The host's current `serverSeq` (committed or not).

@@ -432,16 +432,18 @@ impl HostLink for ShardLink {
 
     async fn metrics(&self) -> String {
         let hosts: Vec<Arc<Host>> = self.hosts.lock().values().cloned().collect();
-        let (mut sessions, mut chats) = (0usize, 0usize);
+        let (mut sessions, mut chats, mut pending_batch_bytes) = (0usize, 0usize, 0usize);
         for host in &hosts {
-            let (s, c) = host.loaded_counts();
-            sessions += s;
-            chats += c;
+            let loaded = host.loaded_counts();
+            sessions += loaded.sessions;
+            chats += loaded.chats;
+            pending_batch_bytes += loaded.pending_batch_bytes;
         }
         relay_core::telemetry::set_loaded(relay_core::telemetry::Loaded {
             hosts: hosts.len(),
             sessions,
             chats,
+            pending_batch_bytes,
         });
         relay_core::telemetry::render()
     }

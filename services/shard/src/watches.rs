@@ -141,7 +141,7 @@ impl Host {
             crate::host_scope::scope_for(&identity, files.tenant_root(&self.key.tenant).as_deref(), &path)?;
         let channel = format!("{WATCH_SCHEME}/{}", uuid::Uuid::new_v4());
         let recursive = params.recursive.unwrap_or(false);
-        let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+        let (events_tx, mut events) = relay_runner::files::change_channel();
         let spec = relay_runner::files::WatchSpec {
             path,
             recursive,
@@ -206,7 +206,7 @@ async fn rewatch(
     tenant: &str,
     scope: Option<&str>,
     spec: &relay_runner::files::WatchSpec,
-) -> Option<tokio::sync::mpsc::UnboundedReceiver<Vec<(String, ChangeKind)>>> {
+) -> Option<relay_runner::files::ChangeStream> {
     // The dead watch's handle goes first: it must not count against the tenant's watches meanwhile.
     if let Some(host) = host.upgrade() {
         host.with_core(|core| {
@@ -225,7 +225,7 @@ async fn rewatch(
         if !live(host) {
             return None;
         }
-        let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
+        let (events_tx, events) = relay_runner::files::change_channel();
         match files.watch_within(tenant, scope, spec.clone(), events_tx).await {
             Ok(handle) => {
                 let host = host.upgrade()?;

@@ -94,7 +94,7 @@ async fn a_session_named_while_its_dispose_commits_is_not_loaded_back() {
             .await
         })
     };
-    while host.loaded_counts().0 != 0 {
+    while host.loaded_counts().sessions != 0 {
         tokio::task::yield_now().await;
     }
     let subscribing = {
@@ -126,5 +126,5 @@ async fn a_session_named_while_its_dispose_commits_is_not_loaded_back() {
         subscribed.get("error").is_some(),
         "a disposed session came back from the store: {subscribed}"
     );
-    assert_eq!(host.loaded_counts().0, 0, "nothing was loaded back");
+    assert_eq!(host.loaded_counts().sessions, 0, "nothing was loaded back");
 }

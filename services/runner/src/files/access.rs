@@ -39,8 +39,37 @@ pub async fn await_answer(
 /// A file operation under way.
 pub type FileFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, FileError>> + Send + 'a>>;
 
-/// Where a watch's changes go (coalesced batches of (path, change)).
-pub type ChangeSink = mpsc::UnboundedSender<Vec<(String, ChangeKind)>>;
+/// Where a watch's changes go (coalesced batches of (path, change), at most [`WATCH_BACKLOG`] of them untaken).
+pub type ChangeSink = mpsc::Sender<Vec<(String, ChangeKind)>>;
+
+/// What a watch's changes are read from.
+pub type ChangeStream = mpsc::Receiver<Vec<(String, ChangeKind)>>;
+
+/// Batches of a watch's changes (each at most [`super::watch::MAX_CHANGES_PER_REPORT`] paths, one every 100 ms at
+/// most) that may wait for their reader. A reader further behind overflows the watch, as inotify's queue does:
+/// the watch ends there ([`offer_changes`]), and whoever watched makes it again and says the root changed.
+pub const WATCH_BACKLOG: usize = 64;
+
+/// A watch's sink and the stream its changes are read from.
+pub fn change_channel() -> (ChangeSink, ChangeStream) {
+    mpsc::channel(WATCH_BACKLOG)
+}
+
+/// Hand `changes` to `sink` without waiting; false when the watch must end: its reader is
+/// [`WATCH_BACKLOG`] batches behind, or gone. The caller then drops the sink, which ends the reader's stream.
+pub fn offer_changes(sink: &ChangeSink, changes: Vec<(String, ChangeKind)>) -> bool {
+    match sink.try_send(changes) {
+        Ok(()) => true,
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            tracing::warn!(
+                backlog = WATCH_BACKLOG,
+                "a resource watch's reader fell behind; the watch ends and is made again"
+            );
+            false
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => false,
+    }
+}
 
 /// What to watch.
 #[derive(Debug, Clone)]

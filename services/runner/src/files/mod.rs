@@ -13,7 +13,10 @@ pub mod server;
 pub mod service;
 pub mod watch;
 
-pub use access::{ChangeSink, FileAccess, FileFuture, WatchHandle, WatchSpec};
+pub use access::{
+    change_channel, offer_changes, ChangeSink, ChangeStream, FileAccess, FileFuture, WatchHandle, WatchSpec,
+    WATCH_BACKLOG,
+};
 pub use protocol::{
     ChangeKind, ChangeStatus, ChangedFile, EntryKind, FileError, FileOp, FileReply, RepositoryOp, Resolved,
     WriteMode,

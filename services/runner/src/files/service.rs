@@ -20,7 +20,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
 use super::access::{ChangeSink, FileAccess, FileFuture, WatchHandle, WatchSpec, OPERATION_TIMEOUT};
-use super::protocol::{ChangeKind, ClientLine, FileError, FileOp, FileReply, Request, ServerLine};
+use super::protocol::{ClientLine, FileError, FileOp, FileReply, Request, ServerLine};
 use super::server::SUBCOMMAND;
 use crate::acp::sandboxes::Sandboxes;
 
@@ -36,7 +36,7 @@ type ServerKey = (String, Option<String>);
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<FileReply, FileError>>>>>;
 
 /// Where each watch's changes go.
-type Listeners = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Vec<(String, ChangeKind)>>>>>;
+type Listeners = Arc<Mutex<HashMap<u64, ChangeSink>>>;
 
 /// Request lines waiting for a server's writer.
 const LINES_QUEUED: usize = 64;
@@ -330,8 +330,12 @@ impl FileService {
                         }
                     }
                     Ok(ServerLine::Changed(changed)) => {
-                        if let Some(listener) = watchers.lock().get(&changed.watch) {
-                            let _ = listener.send(changed.changes);
+                        let mut listeners = watchers.lock();
+                        if let Some(listener) = listeners.get(&changed.watch) {
+                            if !super::access::offer_changes(listener, changed.changes) {
+                                // Its reader fell behind: the watch ends here (its handle still stops it).
+                                listeners.remove(&changed.watch);
+                            }
                         }
                     }
                     Err(error) => {
