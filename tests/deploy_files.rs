@@ -354,6 +354,84 @@ fn compose_wiring() {
             "{COMPOSE}: no identity-keys service makes the link's keys"
         ));
     }
+    // And over TLS (issue 34): every shard serves a certificate (made by the `internal-tls` init service, which
+    // it waits for), and every process that calls the shards trusts its CA and reaches them over https://.
+    let setting = |process: &Process, name: &str| {
+        process
+            .env
+            .iter()
+            .find(|(key, _)| key == name)
+            .and_then(|(_, value)| value.clone())
+    };
+    // A named volume mounted where the image has no directory is made owned by root, and the image's user
+    // cannot write there: every such mount point of the relay's image is made (for its user) in the image.
+    let made_in_image: String = final_stage(&dockerfile())
+        .iter()
+        .filter(|instruction| instruction.keyword == "RUN")
+        .map(|instruction| instruction.args.clone())
+        .collect();
+    for (name, service) in &services {
+        if str_at(service, &["build", "target"]).is_some() || str_at(service, &["build", "context"]).is_none()
+        {
+            continue;
+        }
+        for mount in seq(&service["volumes"]).iter().filter_map(scalar) {
+            let mut parts = mount.split(':');
+            let (Some(source), Some(target)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let named = !source.starts_with('.') && !source.starts_with('/');
+            if named
+                && !mount.ends_with(":ro")
+                && !made_in_image.split_whitespace().any(|word| word == target)
+            {
+                problems.push(format!(
+                    "{COMPOSE}: {name} writes to volume {source} at {target}, which {DOCKERFILE} does not make for its user"
+                ));
+            }
+        }
+    }
+    if !processes.iter().any(|process| process.sub() == "internal-tls") {
+        problems.push(format!(
+            "{COMPOSE}: no internal-tls service makes the link's certificates"
+        ));
+    }
+    for shard in &shards {
+        for variable in ["AHP_RELAY_INTERNAL_TLS_CERT", "AHP_RELAY_INTERNAL_TLS_KEY"] {
+            if !sets(shard, variable) {
+                problems.push(format!(
+                    "{}: no {variable}: the shard serves plaintext",
+                    shard.origin
+                ));
+            }
+        }
+        if depends_on(services[&service_name(shard)], "internal-tls").as_deref()
+            != Some("service_completed_successfully")
+        {
+            problems.push(format!("{}: does not wait for internal-tls", shard.origin));
+        }
+    }
+    for caller in processes
+        .iter()
+        .filter(|process| matches!(process.sub(), "gateway" | "runner"))
+    {
+        let urls = setting(caller, "AHP_RELAY_SHARD_URL").unwrap_or_default();
+        if urls.is_empty() || urls.split(',').any(|url| !url.starts_with("https://")) {
+            problems.push(format!(
+                "{}: reaches the shards at {urls:?}, not over https://",
+                caller.origin
+            ));
+        }
+        if !sets(caller, "AHP_RELAY_INTERNAL_TLS_CA") {
+            problems.push(format!(
+                "{}: no AHP_RELAY_INTERNAL_TLS_CA to check the shards with",
+                caller.origin
+            ));
+        }
+        if sets(caller, "AHP_RELAY_INTERNAL_TLS_KEY") {
+            problems.push(format!("{}: holds a TLS key it has no use for", caller.origin));
+        }
+    }
     if shards.len() < 2 || gateways.len() < 2 {
         problems.push(format!(
             "{COMPOSE}: {} shard and {} gateway services built from {DOCKERFILE}; two of each are expected",
@@ -432,7 +510,13 @@ fn compose_wiring() {
     }
     for shard in &shards {
         let name = service_name(shard);
-        let expected = grpc_port(shard).map(|port| format!("http://{name}:{port}"));
+        // https:// when the shard serves TLS (a certificate of its own).
+        let scheme = if sets(shard, "AHP_RELAY_INTERNAL_TLS_CERT") {
+            "https"
+        } else {
+            "http"
+        };
+        let expected = grpc_port(shard).map(|port| format!("{scheme}://{name}:{port}"));
         let advertised = shard.env_value("AHP_RELAY_ADVERTISE_URL").map(str::to_string);
         if advertised.is_none() || advertised != expected {
             problems.push(format!(

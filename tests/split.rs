@@ -252,6 +252,98 @@ async fn the_internal_link_runs_over_mutual_tls() {
     );
 }
 
+/// `ahp-relay internal-tls` makes TLS for the internal link where there is no CA of one's own (what
+/// docker-compose runs at start): the shard serves TLS with the certificate it made, a gateway that trusts only
+/// its CA works end to end, and a caller in plaintext or trusting another CA is refused before any call. A
+/// second run keeps what is there; the key is readable by its owner only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_tls_made_by_the_relay_secures_the_link() {
+    use relay_core::link::HostLink;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let make = |set: &str| {
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_ahp-relay"))
+            .arg("internal-tls")
+            .arg("--dir")
+            .arg(dir.path().join(set).join("shard"))
+            .arg("--ca-dir")
+            .arg(dir.path().join(set).join("ca"))
+            .args(["--name", "localhost,127.0.0.1"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("internal-tls");
+        assert!(status.success());
+    };
+    let path = |file: &str| dir.path().join(file).display().to_string();
+    let read = |file: &str| std::fs::read(dir.path().join(file)).expect("read");
+    make("ours");
+    let made = read("ours/shard/tls.crt");
+    make("ours");
+    assert_eq!(
+        read("ours/shard/tls.crt"),
+        made,
+        "a second run replaced the certificate"
+    );
+    let mode = std::fs::metadata(dir.path().join("ours/shard/tls.key"))
+        .expect("key")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "the key is readable by others: {mode:o}");
+    make("theirs");
+
+    let shard = Shard::start(&[
+        "--internal-tls-cert",
+        &path("ours/shard/tls.crt"),
+        "--internal-tls-key",
+        &path("ours/shard/tls.key"),
+    ])
+    .await;
+    assert!(shard.url.starts_with("https://"), "{}", shard.url);
+    let gateway = Relay::gateway_with(&shard.url, &["--internal-tls-ca", &path("ours/ca/ca.crt")]).await;
+    let (client, _) = gateway.client("over-tls").await;
+    let (_, chat) = create_session_and_chat(&client, "made-tls").await;
+    let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
+    client
+        .dispatch(chat.clone(), turn_started("t1", "hello over the relay's own TLS"))
+        .await
+        .expect("dispatch");
+    collect_until(&mut sub, is_turn_complete).await;
+
+    let credential = relay_rpc::InternalCredential::new(INTERNAL_SECRET.as_bytes()).expect("credential");
+    let plaintext = shard.url.replacen("https://", "http://", 1);
+    let callers = [
+        ("plaintext", plaintext.as_str(), None),
+        ("another CA", shard.url.as_str(), Some(read("theirs/ca/ca.crt"))),
+    ];
+    for (what, url, ca) in callers {
+        let caller = relay_rpc::RemoteShard::connect_lazy_with(
+            url,
+            16,
+            credential.clone(),
+            &relay_rpc::LinkTls { identity: None, ca },
+        )
+        .expect("url");
+        assert!(
+            caller.ready().await.is_err(),
+            "a caller trusting {what} was served"
+        );
+    }
+    let trusted = relay_rpc::RemoteShard::connect_lazy_with(
+        &shard.url,
+        16,
+        credential,
+        &relay_rpc::LinkTls {
+            identity: None,
+            ca: Some(read("ours/ca/ca.crt")),
+        },
+    )
+    .expect("url");
+    assert!(
+        trusted.ready().await.is_ok(),
+        "a caller trusting the CA made was refused"
+    );
+}
+
 /// With the gateways' identity-assertion key, a shard acts only on what a gateway signed: a gateway holding
 /// the private key works end to end, while a caller holding just the internal secret cannot attach (without an
 /// assertion, with one of another key, or for another host), cannot follow a host's events, and an attach

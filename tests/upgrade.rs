@@ -154,13 +154,18 @@ impl LockSampler {
         let task = tokio::spawn(async move {
             let mut holds = Holds::default();
             while !stopped.load(Ordering::Relaxed) {
+                // A lock held counts from its transaction's start; one waited for (queued: it holds up every
+                // writer queued after it) from the start of its wait.
                 let rows: Vec<(f64, String, String)> = sqlx::query_as(
-                    "SELECT EXTRACT(EPOCH FROM clock_timestamp() - a.xact_start)::float8, l.mode, \
+                    "SELECT EXTRACT(EPOCH FROM clock_timestamp() - \
+                              CASE WHEN l.granted THEN a.xact_start ELSE l.waitstart END)::float8, \
+                            l.mode || CASE WHEN l.granted THEN '' ELSE ' (waiting)' END, \
                             COALESCE(a.application_name, '') \
                      FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
                      WHERE l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                       AND l.locktype = 'relation' AND l.relation = 'client_bindings'::regclass AND l.granted \
-                       AND l.pid <> pg_backend_pid() AND a.xact_start IS NOT NULL",
+                       AND l.locktype = 'relation' AND l.relation = 'client_bindings'::regclass \
+                       AND l.pid <> pg_backend_pid() \
+                       AND (CASE WHEN l.granted THEN a.xact_start ELSE l.waitstart END) IS NOT NULL",
                 )
                 .fetch_all(&mut conn)
                 .await
@@ -168,10 +173,15 @@ impl LockSampler {
                 for (held, mode, application) in rows {
                     let whose = format!("{mode} by {application:?}");
                     longest(&mut holds.any, held, &whose);
-                    if matches!(
-                        mode.as_str(),
-                        "ShareLock" | "ShareRowExclusiveLock" | "ExclusiveLock" | "AccessExclusiveLock"
-                    ) {
+                    let blocks_writers = [
+                        "ShareLock",
+                        "ShareRowExclusiveLock",
+                        "ExclusiveLock",
+                        "AccessExclusiveLock",
+                    ]
+                    .iter()
+                    .any(|strong| mode.split(' ').next() == Some(strong));
+                    if blocks_writers {
                         longest(&mut holds.blocking_writers, held, &whose);
                     }
                     if application.starts_with("ahp-relay-upgrade") {
@@ -359,6 +369,21 @@ async fn a_fleet_rolls_to_the_new_release_under_load_losing_nothing_and_locking_
         gateways[0].token(&tenant, "binder", Role::Member),
     );
 
+    // The sampler tells the upgrade's own connections by their application_name: it reaches Postgres through
+    // the driver the relay uses.
+    {
+        use sqlx::Connection as _;
+        sqlx::any::install_default_drivers();
+        let mut probe = sqlx::AnyConnection::connect(&named(&db, "ahp-relay-upgrade-probe"))
+            .await
+            .expect("connect");
+        let name: String = sqlx::query_scalar("SELECT current_setting('application_name')")
+            .fetch_one(&mut probe)
+            .await
+            .expect("application_name");
+        assert_eq!(name, "ahp-relay-upgrade-probe");
+    }
+
     // 1. The new release migrates the store while a turn runs.
     let before = start_turn(&mut a, &chat, "t-migrate").await;
     let migrating = Instant::now();
@@ -374,6 +399,27 @@ async fn a_fleet_rolls_to_the_new_release_under_load_losing_nothing_and_locking_
     eprintln!("migrated to {newest} in {:?} under load", migrating.elapsed());
     assert_eq!(schema_version(&db).await, newest);
     both_see_the_turn_end(&mut a, &mut b, before).await;
+    // A writer that does not know last_used_ms (a release before 0006, still running) binds a clientId: the
+    // binding counts as used now, not at 0 (0009), so no prune may take it for stale.
+    let mut old_writer = PgConnection::connect(&db).await.expect("connect");
+    old_writer
+        .execute(
+            format!(
+                "INSERT INTO client_bindings (tenant, host, client_id, subject) \
+                 VALUES ('{tenant}', 'default', 'written-before-0006', 'someone')"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("an old writer's binding");
+    let noted: i64 = sqlx::query_scalar(
+        "SELECT last_used_ms FROM client_bindings WHERE tenant = $1 AND client_id = 'written-before-0006'",
+    )
+    .bind(&tenant)
+    .fetch_one(&mut old_writer)
+    .await
+    .expect("its use");
+    assert!(noted > 0, "an old writer's binding is noted as used at {noted}");
 
     // 2. The shards, one at a time, each stopped mid-turn and replaced on its address by the new release.
     // Which gateway each device is on: a on the first, b on the second.
@@ -489,7 +535,11 @@ async fn a_fleet_rolls_to_the_new_release_under_load_losing_nothing_and_locking_
     );
     assert!(!bound.is_empty(), "no clientId was bound during the roll");
     let mut kept = PgConnection::connect(&db).await.expect("connect");
-    for client_id in bound.iter().map(String::as_str).chain(["device-a", "device-b"]) {
+    for client_id in bound
+        .iter()
+        .map(String::as_str)
+        .chain(["device-a", "device-b", "written-before-0006"])
+    {
         let found: i64 =
             sqlx::query_scalar("SELECT COUNT(*) FROM client_bindings WHERE tenant = $1 AND client_id = $2")
                 .bind(&tenant)
@@ -505,4 +555,50 @@ async fn a_fleet_rolls_to_the_new_release_under_load_losing_nothing_and_locking_
         holds.by_the_upgrade.0 <= LONGEST_HOLD && holds.blocking_writers.0 <= LONGEST_HOLD,
         "a lock on client_bindings was held too long: {holds:?}"
     );
+}
+
+/// A migration that cannot get its lock at once (a long transaction holds `client_bindings`) gives up within
+/// `MIGRATION_LOCK_TIMEOUT` (1 s), changing nothing, instead of waiting in the lock queue where it would hold up
+/// every writer after it; run again once the table is free, it completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_that_cannot_get_its_lock_gives_up_instead_of_stalling_writers() {
+    let Some((server, _, previous)) = needs() else {
+        return;
+    };
+    let current = PathBuf::from(env!("CARGO_BIN_EXE_ahp-relay"));
+    let db = fresh_database(&server).await;
+    run(&previous, &["migrate", "--database-url", &db]).await;
+    let newest = newest_migration();
+    assert_eq!(schema_version(&db).await, newest - 1);
+    let mut long = PgConnection::connect(&db).await.expect("connect");
+    long.execute("BEGIN").await.expect("begin");
+    long.execute("LOCK TABLE client_bindings IN ACCESS SHARE MODE")
+        .await
+        .expect("hold the table");
+    let started = Instant::now();
+    let mut migrate = tokio::process::Command::new(&current)
+        .args(["migrate", "--database-url", &db])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("migrate");
+    let Ok(status) = tokio::time::timeout(Duration::from_secs(30), migrate.wait()).await else {
+        panic!("the migration waited for the lock for 30 s, holding up every writer behind it");
+    };
+    let waited = started.elapsed();
+    assert!(
+        !status.expect("wait").success(),
+        "the migration ran through a held lock"
+    );
+    eprintln!("the migration gave up after {waited:?}");
+    assert_eq!(
+        schema_version(&db).await,
+        newest - 1,
+        "a migration that gave up changed nothing"
+    );
+    long.execute("COMMIT").await.expect("release the table");
+    run(&current, &["migrate", "--database-url", &db]).await;
+    assert_eq!(schema_version(&db).await, newest);
 }

@@ -23,7 +23,7 @@
 //! | `ahp_relay_hosts_open` | gauge | shard | hosts opened by this shard |
 //! | `ahp_relay_sessions_loaded` | gauge | shard | sessions held in memory |
 //! | `ahp_relay_chats_loaded` | gauge | shard | chats held in memory |
-//! | `ahp_relay_pending_batch_bytes` | gauge | shard | bytes of sequenced actions waiting for their commit, over all hosts (each host's is bounded: 16 MiB) |
+//! | `ahp_relay_pending_batch_bytes` | gauge | shard | bytes of sequenced actions queued for the next commit, over all hosts (the batch being committed is not counted; past 16 MiB a host's senders wait) |
 //! | `ahp_relay_agent_runners` | gauge | shard | `ahp-relay runner` processes registered with this shard |
 //! | `ahp_relay_resource_watches` | gauge | shard | resource watches open (`createResourceWatch`, released on unsubscribe or disconnect) |
 //!
@@ -72,7 +72,7 @@ pub const HOSTS_OPEN: &str = "ahp_relay_hosts_open";
 pub const SESSIONS_LOADED: &str = "ahp_relay_sessions_loaded";
 /// Chats held in memory (gauge, shard).
 pub const CHATS_LOADED: &str = "ahp_relay_chats_loaded";
-/// Bytes of sequenced actions waiting for their store commit, over all hosts (gauge, shard).
+/// Bytes of sequenced actions queued for the next store commit, over all hosts (gauge, shard).
 pub const PENDING_BATCH_BYTES: &str = "ahp_relay_pending_batch_bytes";
 /// `ahp-relay runner` processes registered with this shard (gauge, shard).
 pub const AGENT_RUNNERS: &str = "ahp_relay_agent_runners";
@@ -218,7 +218,7 @@ fn register(side: Side) {
             describe_gauge!(
                 PENDING_BATCH_BYTES,
                 Unit::Bytes,
-                "Bytes of sequenced actions waiting for their store commit, over all hosts."
+                "Bytes of sequenced actions queued for the next store commit, over all hosts (not the batch being committed)."
             );
             describe_gauge!(
                 AGENT_RUNNERS,

@@ -57,7 +57,8 @@ pub fn run(args: &IdentityKeysArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn write(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
+/// Write a new file `path` (never over one) with `mode`.
+pub(crate) fn write(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

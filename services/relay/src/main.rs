@@ -6,8 +6,10 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 mod agents;
+mod allocator;
 mod chat;
 mod identity_keys;
+mod internal_tls;
 mod observe;
 mod ops;
 mod runner;
@@ -42,6 +44,9 @@ enum Command {
     /// Make the identity-assertion key pair (Ed25519) in a directory, unless it is there already: `identity.pem`
     /// for the gateways (--identity-signing-key), `identity.pub.pem` for the shards (--identity-verifying-key).
     IdentityKeys(identity_keys::IdentityKeysArgs),
+    /// Make a private CA and the shards' server certificate for TLS on the internal link (`tls.crt`, `tls.key`
+    /// for the shards; `ca.crt` for gateways and runners), unless they are there already.
+    InternalTls(internal_tls::InternalTlsArgs),
 }
 
 #[derive(clap::Args)]
@@ -123,6 +128,7 @@ fn main() -> anyhow::Result<()> {
             std::env::args_os().skip(2).collect(),
         ));
     }
+    allocator::configure();
     let cli = Cli::parse();
     if matches!(cli.command, Command::Serve(_) | Command::Runner(_)) {
         protect_from_the_oom_killer();
@@ -151,6 +157,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Gateway(args) => runtime()?.block_on(serve::run_gateway(args)),
         Command::IdentityKeys(args) => identity_keys::run(&args),
+        Command::InternalTls(args) => internal_tls::run(&args),
         Command::Runner(args) => runtime()?.block_on(runner::run(args)),
         Command::Chat(args) => runtime()?.block_on(chat::run(args)),
         Command::Compact(args) => runtime()?.block_on(async move {

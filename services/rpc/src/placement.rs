@@ -34,7 +34,7 @@ use crate::pb;
 use crate::pb::runner_report::Report;
 use crate::pb::runner_work::Work;
 use crate::pb::runners_server::{Runners, RunnersServer};
-use crate::work_queue::WorkQueue;
+use crate::work_queue::{Refused, WorkQueue};
 
 /// A host of a tenant, as the runner protocol names it.
 type HostId = (String, String);
@@ -99,8 +99,19 @@ struct PlacedTurn {
 pub enum PlacementError {
     #[error("no runner is available for agent {0} (start `ahp-relay runner` with this agent configured)")]
     NoRunner(String),
+    #[error("the runner of agent {0} is not taking work (its queue is full); retry")]
+    Busy(String),
     #[error("cannot encode the request for the runner: {0}")]
     Encode(#[from] serde_json::Error),
+}
+
+impl Refused {
+    fn for_agent(self, agent: &str) -> PlacementError {
+        match self {
+            Refused::Gone => PlacementError::NoRunner(agent.to_string()),
+            Refused::Busy => PlacementError::Busy(agent.to_string()),
+        }
+    }
 }
 
 impl RunnerPool {
@@ -223,15 +234,15 @@ impl RunnerPool {
     }
 
     /// Send `work` to `runner`; whether it is still there.
-    pub(crate) fn send_to(&self, runner: u64, work: Work) -> bool {
+    pub(crate) fn send_to(&self, runner: u64, work: Work) -> Result<(), Refused> {
         Self::send(&self.state.lock(), runner, work)
     }
 
-    fn send(state: &PoolState, runner: u64, work: Work) -> bool {
-        state
-            .runners
-            .get(&runner)
-            .is_some_and(|runner| runner.work.send(pb::RunnerWork { work: Some(work) }))
+    fn send(state: &PoolState, runner: u64, work: Work) -> Result<(), Refused> {
+        match state.runners.get(&runner) {
+            Some(runner) => runner.work.send(pb::RunnerWork { work: Some(work) }),
+            None => Err(Refused::Gone),
+        }
     }
 
     fn create_session(
@@ -252,9 +263,7 @@ impl RunnerPool {
             agent: agent.to_string(),
             request: body,
         });
-        if !Self::send(&state, runner, work) {
-            return Err(PlacementError::NoRunner(agent.to_string()));
-        }
+        Self::send(&state, runner, work).map_err(|refused| refused.for_agent(agent))?;
         state.creating.insert(key, (runner, sink.clone()));
         Ok(())
     }
@@ -279,9 +288,7 @@ impl RunnerPool {
             turn,
             request: body,
         });
-        if !Self::send(&state, runner, work) {
-            return Err(PlacementError::NoRunner(agent.to_string()));
-        }
+        Self::send(&state, runner, work).map_err(|refused| refused.for_agent(agent))?;
         state.turns.insert(
             turn,
             PlacedTurn {
@@ -320,9 +327,9 @@ impl RunnerPool {
             agent: agent.to_string(),
             request: body,
         });
-        if !Self::send(state, runner, work) {
+        if let Err(refused) = Self::send(state, runner, work) {
             self.terminals.ended(&request.key);
-            return Err(PlacementError::NoRunner(agent.to_string()));
+            return Err(refused.for_agent(agent));
         }
         Ok(answered)
     }
@@ -365,7 +372,7 @@ impl RunnerPool {
                 session: session.clone(),
                 uri: key.uri.clone(),
             });
-            if !self.send_to(runner, work) {
+            if self.send_to(runner, work).is_err() {
                 self.terminals.abandoned(id);
                 self.terminals.ended(&key);
                 continue;
@@ -390,7 +397,9 @@ impl RunnerPool {
         if matches!(work, pb::terminal_work::Work::Kill(_)) {
             self.terminals.ended(key);
         }
-        self.send_to(
+        // Typed input a runner too far behind cannot take is dropped (like keys typed into a stalled link);
+        // a kill or a resize always goes.
+        let _ = self.send_to(
             runner,
             Work::Terminal(pb::TerminalWork {
                 agent: agent.to_string(),
@@ -420,7 +429,7 @@ impl RunnerPool {
         if matches!(control, TurnControl::Cancelled) {
             state.turns.remove(&turn);
         }
-        Self::send(
+        let _ = Self::send(
             &state,
             runner,
             Work::Control(pb::AgentTurnControl { turn, control: body }),
@@ -444,7 +453,7 @@ impl RunnerPool {
             }
         }
         for runner in runners {
-            Self::send(
+            let _ = Self::send(
                 &state,
                 runner,
                 Work::DisposeSession(pb::DisposeAgentSession {
@@ -487,7 +496,7 @@ impl RunnerPool {
                         };
                         self.terminals.ended(&key);
                         if action.channel.starts_with("ahp-terminal:") {
-                            self.send_to(
+                            let _ = self.send_to(
                                 runner,
                                 Work::Terminal(pb::TerminalWork {
                                     agent: String::new(),

@@ -131,11 +131,14 @@ impl RemoteFiles {
             op: body,
             host_scope: scope.map(str::to_string),
         });
-        if !self.pool.send_to(runner, work) {
+        if let Err(refused) = self.pool.send_to(runner, work) {
             self.requests().pending.lock().remove(&id);
-            return Err(FileError::Unavailable(
-                "the runner holding the workspace is gone; retry".into(),
-            ));
+            return Err(FileError::Unavailable(match refused {
+                crate::work_queue::Refused::Gone => "the runner holding the workspace is gone; retry".into(),
+                crate::work_queue::Refused::Busy => {
+                    "the runner holding the workspace is not taking work (its queue is full); retry".into()
+                }
+            }));
         }
         await_answer(
             answer_rx,

@@ -175,16 +175,17 @@ struct ShardSession {
     watches: Arc<parking_lot::Mutex<HashMap<u64, Option<WatchHandle>>>>,
     /// Set when the registration ended: its sinks reach nobody from then on, whatever the stream's buffers do.
     ended: Arc<AtomicBool>,
-    /// What agents' actions wait to go to the shard.
+    /// What agents' actions, watch changes and file answers wait to go to the shard.
     outbox: Arc<Outbox>,
 }
 
-/// Bytes of agents' actions a registration's stream may hold unsent: past it, agents and terminals wait
+/// Bytes of agents' actions, watch changes and file answers a registration's stream may hold unsent: past it,
+/// agents, terminals and watches wait
 /// ([`ChatSink::room`]) — the shard reads no faster than its hosts' stores take them.
 const OUTBOX_BYTES: usize = 8 * 1024 * 1024;
 
-/// The agents' actions and the watches' changes queued for one shard, counted in bytes as they are queued and as
-/// the stream takes them.
+/// The agents' actions, the watches' changes and the file answers queued for one shard, counted in bytes as
+/// they are queued and as the stream takes them.
 #[derive(Default)]
 struct Outbox {
     bytes: std::sync::atomic::AtomicUsize,
@@ -202,6 +203,7 @@ impl Outbox {
             let counted = match &report.report {
                 Some(Report::Action(action)) => action.action.len(),
                 Some(Report::FileChanged(changed)) => changed.changes.len(),
+                Some(Report::FileAnswer(answer)) => answer.result.len(),
                 _ => 0,
             };
             if counted > 0 {
@@ -236,14 +238,22 @@ impl ShardSession {
     /// follow as FileChanged reports under the shard's number for it.
     fn file(&mut self, request: pb::FileRequest) {
         let reports = self.reports.clone();
+        let counted = self.outbox.clone();
+        // An answer (a file read may be 16 MiB) is counted in the outbox too, so agents wait while answers fill
+        // it; answers themselves are few (one per request the shard made) and do not wait.
         let answer = move |result: Result<FileReply, FileError>| {
             let result = serde_json::to_vec(&result).unwrap_or_default();
-            let _ = reports.send(pb::RunnerReport {
+            let size = result.len();
+            counted.bytes.fetch_add(size, Ordering::AcqRel);
+            let sent = reports.send(pb::RunnerReport {
                 report: Some(Report::FileAnswer(pb::FileAnswer {
                     id: request.id,
                     result,
                 })),
             });
+            if sent.is_err() {
+                counted.bytes.fetch_sub(size, Ordering::AcqRel);
+            }
         };
         let op: FileOp = match serde_json::from_slice(&request.op) {
             Ok(op) => op,

@@ -58,6 +58,9 @@ impl TenantNamespaces {
             let mut holders = self.holders.lock();
             if let Some(holder) = holders.get_mut(tenant) {
                 if matches!(holder.process.try_wait(), Ok(None)) {
+                    // Handed out: a sandbox joins it in a moment (after the handle is dropped, maybe), so the
+                    // idle time starts again.
+                    holder.idle_since = None;
                     return Ok(holder.namespace.clone());
                 }
                 holders.remove(tenant);
@@ -126,7 +129,10 @@ fn reap(holders: &Holders, idle_for: Duration) -> Vec<String> {
     if holders.is_empty() {
         return Vec::new();
     }
-    let occupants = processes_by_user_namespace();
+    // Without a view of /proc nothing is known to be idle.
+    let Some(occupants) = processes_by_user_namespace() else {
+        return Vec::new();
+    };
     let now = Instant::now();
     let mut reaped = Vec::new();
     holders.retain(|tenant, holder| {
@@ -154,12 +160,10 @@ fn reap(holders: &Holders, idle_for: Duration) -> Vec<String> {
     reaped
 }
 
-/// How many processes are in each user namespace (by inode), from `/proc`.
-fn processes_by_user_namespace() -> HashMap<u64, usize> {
+/// How many processes are in each user namespace (by inode), from `/proc`; `None` when it cannot be read.
+fn processes_by_user_namespace() -> Option<HashMap<u64, usize>> {
     let mut counts = HashMap::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return counts;
-    };
+    let entries = std::fs::read_dir("/proc").ok()?;
     for entry in entries.flatten() {
         let name = entry.file_name();
         if !name
@@ -172,7 +176,7 @@ fn processes_by_user_namespace() -> HashMap<u64, usize> {
             *counts.entry(namespace.ino()).or_insert(0) += 1;
         }
     }
-    counts
+    Some(counts)
 }
 
 /// `sleep infinity` in a new user namespace that maps this process's user and group to themselves.
@@ -285,9 +289,21 @@ mod tests {
             "globex's holder went while its process runs"
         );
         assert!(namespaces.holder_pid("globex").is_some());
-        // acme's next sandbox gets a namespace again (a new one).
+        // acme's next sandbox gets a namespace again (a new one). Handed out, a namespace's idle time starts
+        // again: a look before and one after the hand-out do not make it idle.
         let again = namespaces.of("acme").await.expect("acme's namespace again");
         drop(again);
+        assert!(namespaces.reap_idle(Duration::ZERO).is_empty());
+        drop(
+            namespaces
+                .of("acme")
+                .await
+                .expect("acme's namespace, handed out again"),
+        );
+        assert!(
+            namespaces.reap_idle(Duration::ZERO).is_empty(),
+            "reaped just as it was handed out"
+        );
         let second = inode(namespaces.holder_pid("acme").expect("a new holder")).expect("namespace");
         assert_ne!(first, second);
         // Once its process ends, globex's goes too; with an idle time not yet passed, nothing goes.

@@ -154,9 +154,28 @@ pub(crate) async fn migrate(pool: &AnyPool, backend: Backend) -> Result<(), Stor
     };
     let mut migrator = Migrator::new(EmbeddedMigrations(embedded)).await?;
     migrator.set_ignore_missing(true);
-    migrator.run(pool).await?;
+    if backend == Backend::Postgres {
+        // On a connection of its own: waiting for a table's lock longer than MIGRATION_LOCK_TIMEOUT, a
+        // migration gives up (changing nothing) rather than hold up, queued behind a long transaction, every
+        // writer that comes after it. Run it again.
+        let mut connection = pool.acquire().await?.detach();
+        sqlx::query(&format!(
+            "SET lock_timeout = '{}ms'",
+            MIGRATION_LOCK_TIMEOUT.as_millis()
+        ))
+        .execute(&mut connection)
+        .await?;
+        let ran = migrator.run(&mut connection).await;
+        let _ = sqlx::Connection::close(connection).await;
+        ran?;
+    } else {
+        migrator.run(pool).await?;
+    }
     Ok(())
 }
+
+/// How long a Postgres migration may wait for a lock before it gives up.
+pub const MIGRATION_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {
