@@ -1807,50 +1807,11 @@ async fn a_chat_of_large_turns_is_held_by_bytes_in_memory_snapshots_and_pages() 
         TURNS - WARM
     );
     client.shutdown().await;
-    within_budgets(&relay, &chat).await;
+    new_device_within_budgets(&relay, &chat).await;
     let mut relay = relay;
     relay.kill().await;
     let relay = Relay::start_in(data.path(), &flags).await;
-    within_budgets(&relay, &chat).await;
-}
-
-/// A new device's snapshot of `chat` holds a few of its 1 MiB turns (a 4 MiB budget) within the reply budget,
-/// and the page of older turns `fetchTurns` brings stays within it too.
-async fn within_budgets(relay: &Relay, chat: &str) {
-    const MIB: usize = 1024 * 1024;
-    let (device, _) = relay.client("new-device").await;
-    let (result, mut sub) = device.subscribe(chat.to_string()).await.expect("subscribe");
-    let snapshot = result.snapshot.expect("snapshot");
-    let size = serde_json::to_vec(&snapshot).expect("json").len();
-    let SnapshotState::Chat(state) = &snapshot.state else {
-        panic!("a chat");
-    };
-    assert!(size <= 16 * MIB, "a snapshot of {} MiB", size / MIB);
-    assert!(
-        (1..=5).contains(&state.turns.len()),
-        "held {} turns of 1 MiB under a 4 MiB budget",
-        state.turns.len()
-    );
-    let cursor = state
-        .turns_next_cursor
-        .clone()
-        .expect("older turns behind a cursor");
-    let _: serde_json::Value = device
-        .request("fetchTurns", json!({"channel": chat, "cursor": cursor}))
-        .await
-        .expect("fetchTurns");
-    let page = next_envelope(&mut sub).await;
-    let StateAction::ChatTurnsLoaded(loaded) = &page.action else {
-        panic!("a page of turns: {:?}", page.action);
-    };
-    let size = serde_json::to_vec(&page).expect("json").len();
-    assert!(
-        !loaded.turns.is_empty() && size <= 16 * MIB,
-        "a page of {} turns, {} bytes",
-        loaded.turns.len(),
-        size
-    );
-    device.shutdown().await;
+    new_device_within_budgets(&relay, &chat).await;
 }
 
 /// Issue 34 (4): a rate that would hold every sender for ever (0, negative, not a number) is refused at start,

@@ -1,24 +1,24 @@
 //! The soak of issue 34 (acceptance 1): a long chat of large agent replies, a fork and a restart, with the
 //! relay's memory held to a stated bound and every snapshot and page within its byte budget. It has a test
-//! binary of its own so it runs alone (it keeps both cores busy for about 15 minutes).
+//! binary of its own so it runs alone (it keeps both cores busy for about 12 minutes).
 
 mod support;
 
-use ahp_types::actions::StateAction;
-use ahp_types::state::SnapshotState;
 use serde_json::json;
 use support::*;
 
 /// Issue 34, acceptance 1: the soak. 2,000 turns whose agent replies 2 MiB each (4 GiB through the relay, on
 /// default budgets) in one chat and a fork of its first turns (every 20th turn goes to the fork; a fork of
 /// the whole long chat is refused, saying so), then a restart that loads both back.
-/// The relay's peak RSS stays within 256 MiB above its idle size throughout, and a new device's `subscribe`
+/// The relay's peak RSS stays within 192 MiB above its idle size throughout — the host's budgets (a 64 MiB replay
+/// buffer, a 16 MiB pending batch, a 16 MiB reply, 8 MiB of live turns per chat) come to 112 MiB, the rest is
+/// the allocator's — and a new device's `subscribe`
 /// and `fetchTurns` pages stay within the reply budget (16 MiB) and the live chat's budget
 /// (`--retained-turn-bytes`, 8 MiB) before and after the restart. `AHP_SOAK_TURNS` shortens it for a local try.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_soak_of_2000_turns_of_2_mib_with_a_fork_and_a_restart_stays_within_its_memory_bound() {
     const MIB: u64 = 1024 * 1024;
-    const BOUND: u64 = 256 * MIB;
+    const BOUND: u64 = 192 * MIB;
     let turns: usize = std::env::var("AHP_SOAK_TURNS")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -117,15 +117,15 @@ async fn a_soak_of_2000_turns_of_2_mib_with_a_fork_and_a_restart_stays_within_it
         peak.saturating_sub(idle) / MIB
     );
     client.shutdown().await;
-    within_live_budgets(&relay, &chat).await;
-    within_live_budgets(&relay, &fork).await;
+    new_device_within_budgets(&relay, &chat).await;
+    new_device_within_budgets(&relay, &fork).await;
     // Loaded back: the restarted relay restores both chats within the same bound.
     let mut relay = relay;
     relay.kill().await;
     let relay = Relay::start_in(data.path(), &flags).await;
     let idle = relay.memory().0;
-    within_live_budgets(&relay, &chat).await;
-    within_live_budgets(&relay, &fork).await;
+    new_device_within_budgets(&relay, &chat).await;
+    new_device_within_budgets(&relay, &fork).await;
     let (client, _) = relay.client("after-restart").await;
     let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
     client
@@ -143,43 +143,4 @@ async fn a_soak_of_2000_turns_of_2_mib_with_a_fork_and_a_restart_stays_within_it
         "the restored relay's peak RSS rose {} MiB above idle",
         peak.saturating_sub(idle) / MIB
     );
-}
-
-/// A new device's snapshot of `chat` holds at most the live chat's budget of turns (8 MiB by default: a few of
-/// 2 MiB) within the reply budget, and a `fetchTurns` page of older turns stays within the reply budget.
-async fn within_live_budgets(relay: &Relay, chat: &str) {
-    const MIB: usize = 1024 * 1024;
-    let (device, _) = relay.client("new-device").await;
-    let (result, mut sub) = device.subscribe(chat.to_string()).await.expect("subscribe");
-    let snapshot = result.snapshot.expect("snapshot");
-    let size = serde_json::to_vec(&snapshot).expect("json").len();
-    let SnapshotState::Chat(state) = &snapshot.state else {
-        panic!("a chat");
-    };
-    assert!(
-        size <= 16 * MIB && !state.turns.is_empty() && state.turns.len() <= 5,
-        "a snapshot of {} bytes holding {} turns of 2 MiB (budget 8 MiB)",
-        size,
-        state.turns.len()
-    );
-    let cursor = state
-        .turns_next_cursor
-        .clone()
-        .expect("older turns behind a cursor");
-    let _: serde_json::Value = device
-        .request("fetchTurns", json!({"channel": chat, "cursor": cursor}))
-        .await
-        .expect("fetchTurns");
-    let page = next_envelope(&mut sub).await;
-    let StateAction::ChatTurnsLoaded(loaded) = &page.action else {
-        panic!("a page of turns: {:?}", page.action);
-    };
-    let size = serde_json::to_vec(&page).expect("json").len();
-    assert!(
-        !loaded.turns.is_empty() && size <= 16 * MIB,
-        "a page of {} turns, {} bytes",
-        loaded.turns.len(),
-        size
-    );
-    device.shutdown().await;
 }

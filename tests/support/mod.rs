@@ -1025,3 +1025,45 @@ pub async fn ready_session(
     client.unsubscribe(session.clone()).await.expect("unsubscribe");
     Ok((session, state))
 }
+
+/// A new device's view of `chat`, a chat of large turns (1–2 MiB each) kept by bytes: its snapshot holds 1–5
+/// of them within the reply budget (16 MiB), and the page of older turns `fetchTurns` brings is within it too.
+pub async fn new_device_within_budgets(relay: &Relay, chat: &str) {
+    const MIB: usize = 1024 * 1024;
+    let (device, _) = relay.client("new-device").await;
+    let (result, mut sub) = device.subscribe(chat.to_string()).await.expect("subscribe");
+    let snapshot = result.snapshot.expect("snapshot");
+    let size = serde_json::to_vec(&snapshot).expect("json").len();
+    let SnapshotState::Chat(state) = &snapshot.state else {
+        panic!("a chat");
+    };
+    assert!(size <= 16 * MIB, "a snapshot of {} MiB", size / MIB);
+    assert!(
+        (1..=5).contains(&state.turns.len()),
+        "held {} large turns under the live chat's byte budget",
+        state.turns.len()
+    );
+    let cursor = state
+        .turns_next_cursor
+        .clone()
+        .expect("older turns behind a cursor");
+    let _: serde_json::Value = device
+        .request(
+            "fetchTurns",
+            serde_json::json!({"channel": chat, "cursor": cursor}),
+        )
+        .await
+        .expect("fetchTurns");
+    let page = next_envelope(&mut sub).await;
+    let StateAction::ChatTurnsLoaded(loaded) = &page.action else {
+        panic!("a page of turns: {:?}", page.action);
+    };
+    let size = serde_json::to_vec(&page).expect("json").len();
+    assert!(
+        !loaded.turns.is_empty() && size <= 16 * MIB,
+        "a page of {} turns, {} bytes",
+        loaded.turns.len(),
+        size
+    );
+    device.shutdown().await;
+}
