@@ -6,6 +6,7 @@
 
 pub mod auth;
 pub mod auth_throttle;
+pub mod claims;
 pub mod connection;
 pub mod filter;
 pub mod jwks;
@@ -15,6 +16,7 @@ pub mod quotas;
 pub mod server;
 pub mod shared_quotas;
 pub mod sign_in;
+pub mod state;
 mod tls;
 pub mod web;
 

@@ -13,7 +13,7 @@ use jsonwebtoken::{DecodingKey, Validation};
 use relay_core::Role;
 use serde_json::Value;
 
-use crate::auth::{AuthError, Claims};
+use crate::claims::{AuthError, Claims};
 use crate::jwks::{JwksKeys, SigningKey};
 
 /// Longest clock skew accepted for `exp` and `nbf`.

@@ -18,30 +18,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use relay_core::link::HostLink;
-use relay_core::{HostKey, Limits};
+use relay_core::HostKey;
 use serde::Deserialize;
 
-use crate::auth::{AuthError, TokenVerifier};
+use crate::auth::AuthError;
 use crate::connection::Connection;
-use crate::origin::AllowedOrigins;
-use crate::quotas::TenantQuotas;
 use crate::sign_in::{bearer, refuse, token_from_subprotocols, WEB_SUBPROTOCOL};
-
-/// What the gateway is configured with.
-pub struct GatewayState<L> {
-    pub link: Arc<L>,
-    pub verifier: TokenVerifier,
-    pub limits: Limits,
-    pub shutdown: tokio::sync::watch::Receiver<bool>,
-    /// Per-tenant connection and message quotas.
-    pub quotas: Arc<TenantQuotas>,
-    /// Web pages (besides the relay's own) that may open WebSockets.
-    pub allowed_origins: AllowedOrigins,
-    /// Where the web page sends a user to sign in.
-    pub web_sign_in: crate::sign_in::WebSignIn,
-    /// Proxies whose `X-Forwarded-For` names the client (for the per-address throttle).
-    pub trusted_proxies: crate::auth_throttle::TrustedProxies,
-}
+pub use crate::state::{valid_host_name, GatewayState};
 
 /// A connection's WebSocket read buffer, and the most one read takes from the socket. Client frames are small
 /// commands; a large one still arrives whole (the buffer grows to the frame's length, read in steps of this).
@@ -155,16 +138,6 @@ async fn root<L: HostLink>(
         Err(rejection) => return rejection.into_response(),
     };
     open(state, "default".into(), &parts.headers, query, upgrade).await
-}
-
-/// Host names: 1–63 lowercase letters, digits and dashes, starting with a letter or digit.
-pub fn valid_host_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
 }
 
 async fn open<L: HostLink>(

@@ -18,7 +18,7 @@ use axum::Json;
 use relay_core::link::HostLink;
 use serde::Deserialize;
 
-use crate::server::GatewayState;
+use crate::state::GatewayState;
 
 /// The subprotocol the relay selects when a page offers its token in `Sec-WebSocket-Protocol`.
 pub const WEB_SUBPROTOCOL: &str = "ahp.v1";
@@ -47,13 +47,7 @@ pub fn bearer(headers: &HeaderMap) -> Option<String> {
     Some(token.trim().to_string())
 }
 
-/// What the page is told about signing in.
-#[derive(Clone, Debug, Default)]
-pub struct WebSignIn {
-    /// Where a user signs in (an identity provider's login that returns to the page with `#access_token=…`);
-    /// the page replaces `{return}` in it by its address and `{state}` by a one-time value it then requires back.
-    pub sign_in_url: Option<String>,
-}
+pub use crate::state::WebSignIn;
 
 /// `GET /v1/web-config`.
 pub async fn web_config<L: HostLink>(State(state): State<Arc<GatewayState<L>>>) -> Response {
@@ -101,7 +95,7 @@ async fn admit<L: HostLink>(
         .verify(&token)
         .await
         .map_err(|error| refuse(StatusCode::UNAUTHORIZED, &error.to_string()))?;
-    if !crate::server::valid_host_name(host) {
+    if !crate::state::valid_host_name(host) {
         return Err(refuse(StatusCode::NOT_FOUND, "invalid host name"));
     }
     if !claims.allows_host(host) {

@@ -27,6 +27,7 @@ pub mod assertion;
 pub mod client;
 mod convert;
 pub mod credential;
+mod file_requests;
 pub mod placement;
 pub mod remote_files;
 pub mod remote_terminals;

@@ -53,7 +53,7 @@ pub struct RunnerPool {
     /// The session settings runners last reported for each agent, by agent id.
     settings: Mutex<HashMap<String, ahp_types::state::SessionConfigSchema>>,
     /// File operations and watches waiting on runners ([`crate::remote_files`]).
-    files: crate::remote_files::FileRequests,
+    files: crate::file_requests::FileRequests,
     /// Terminals on runners ([`crate::remote_terminals`]).
     terminals: crate::remote_terminals::RemoteTerminals,
 }
@@ -207,7 +207,7 @@ impl RunnerPool {
         Ok(id)
     }
 
-    pub(crate) fn file_requests(&self) -> &crate::remote_files::FileRequests {
+    pub(crate) fn file_requests(&self) -> &crate::file_requests::FileRequests {
         &self.files
     }
 
