@@ -10,11 +10,11 @@ use support::*;
 /// Issue 34, acceptance 1: the soak. 2,000 turns whose agent replies 2 MiB each (4 GiB through the relay, on
 /// default budgets) in one chat and a fork of its first turns (every 20th turn goes to the fork; a fork of
 /// the whole long chat is refused, saying so), then a restart that loads both back.
-/// The relay's peak RSS stays within 192 MiB above its idle size throughout — the host's budgets (a 64 MiB replay
-/// buffer, a 16 MiB pending batch, a 16 MiB reply, 8 MiB of live turns per chat) come to 112 MiB, the rest is
-/// the allocator's — and a new device's `subscribe`
-/// and `fetchTurns` pages stay within the reply budget (16 MiB) and the live chat's budget
-/// (`--retained-turn-bytes`, 8 MiB) before and after the restart. `AHP_SOAK_TURNS` shortens it for a local try.
+/// The relay's peak RSS stays within 192 MiB above its idle size throughout — the host's budgets (a 64 MiB
+/// replay buffer, a 16 MiB pending batch, a 16 MiB reply, 8 MiB of live turns for each of the two chats) come
+/// to 112 MiB, the rest is the allocator's — and a new device's `subscribe` and `fetchTurns` pages stay within
+/// the reply budget (16 MiB) and the live chat's budget (`--retained-turn-bytes`, 8 MiB) before and after the
+/// restart. `AHP_SOAK_TURNS` shortens it for a local try.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_soak_of_2000_turns_of_2_mib_with_a_fork_and_a_restart_stays_within_its_memory_bound() {
     const MIB: u64 = 1024 * 1024;

@@ -8,8 +8,11 @@
 //! crates).
 //!
 //! While the house is being reorganized, the violations found when this check was written are listed in
-//! `tests/structure-baseline.txt`. The list may only shrink: a file in a circle or over the limit that is not
-//! listed fails the check, and so does a listed file that no longer is.
+//! `tests/structure-baseline.txt` (a long file with its length then). The list may only shrink: a file in a
+//! circle or over the limit that is not listed fails the check, so does a listed long file that grew, and so
+//! does a listed file that no longer violates. Known blind spots: a path through a name the crate's root
+//! re-exports (`crate::Name`) counts as naming the root, which is left out; and a path through a name brought in
+//! by `use` (`alias::item`) names only the alias's module.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -88,9 +91,11 @@ fn code_only(text: &str) -> String {
             out.push(' ');
         } else if c == 'r'
             && (next == Some('#') || next == Some('"'))
-            && !is_ident(chars.get(i.wrapping_sub(1)))
+            && (!is_ident(chars.get(i.wrapping_sub(1)))
+                || (matches!(chars.get(i.wrapping_sub(1)), Some('b' | 'c'))
+                    && !is_ident(chars.get(i.wrapping_sub(2)))))
         {
-            // A raw string: r"…", r#"…"#.
+            // A raw string: r"…", r#"…"#, br"…", cr#"…"#.
             let mut j = i + 1;
             let mut hashes = 0;
             while chars.get(j) == Some(&'#') {
@@ -273,6 +278,14 @@ fn named_paths(code: &str) -> Vec<Vec<String>> {
     while i < tokens.len() {
         if tokens[i] == "use" {
             i = use_paths(&tokens, i + 1, Vec::new(), &mut out);
+            continue;
+        }
+        // `pub(crate)`, `pub(super)`, `pub(in …)` name who may see an item, not a module it uses.
+        if tokens[i] == "pub" && tokens.get(i + 1).map(String::as_str) == Some("#") {
+            i += 2;
+            while tokens.get(i).is_some_and(|t| t != "#") {
+                i += 1;
+            }
             continue;
         }
         let starts_path = matches!(tokens[i].as_str(), "crate" | "super" | "self")
@@ -476,22 +489,26 @@ fn strongly_connected(
     state.found
 }
 
-/// The baseline: `circle FILE` and `long FILE` lines (and comments).
-fn baseline() -> (BTreeSet<String>, BTreeSet<String>) {
+/// The baseline: `circle FILE` and `long FILE LINES` lines (and comments).
+fn baseline() -> (BTreeSet<String>, BTreeMap<String, usize>) {
     let text = std::fs::read_to_string(root().join("tests/structure-baseline.txt")).unwrap_or_default();
     let mut circles = BTreeSet::new();
-    let mut long = BTreeSet::new();
+    let mut long = BTreeMap::new();
     for line in text
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
     {
-        match line.split_once(' ') {
-            Some(("circle", file)) => {
-                circles.insert(file.trim().to_string());
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words[..] {
+            ["circle", file] => {
+                circles.insert(file.to_string());
             }
-            Some(("long", file)) => {
-                long.insert(file.trim().to_string());
+            ["long", file, lines] => {
+                let lines = lines
+                    .parse()
+                    .unwrap_or_else(|_| panic!("tests/structure-baseline.txt: {line:?}: not a line count"));
+                long.insert(file.to_string(), lines);
             }
             _ => panic!("tests/structure-baseline.txt: unreadable line {line:?}"),
         }
@@ -515,13 +532,17 @@ fn no_new_circle_of_imports_and_no_new_long_file() {
         ));
     }
     for (file, lines) in &too_long {
-        if !listed_long.contains(file) {
-            problems.push(format!(
+        match listed_long.get(file) {
+            None => problems.push(format!(
                 "{file} has {lines} lines outside its tests (at most {MAX_LINES})"
-            ));
+            )),
+            Some(listed) if lines > listed => problems.push(format!(
+                "{file} grew from {listed} to {lines} lines outside its tests: a long file may only shrink"
+            )),
+            Some(_) => {}
         }
     }
-    for file in &listed_long {
+    for file in listed_long.keys() {
         if !too_long.contains_key(file) {
             problems.push(format!(
                 "{file} is within {MAX_LINES} lines now: take its `long` line out of the baseline"

@@ -1,6 +1,7 @@
 //! What every route of the gateway shares ([`GatewayState`]: its host link, token checker, limits and quotas,
 //! what the web page is told about signing in) and the rule for host names: the floor the routes
-//! ([`crate::server`], [`crate::sign_in`]) stand on.
+//! ([`crate::server`], [`crate::sign_in`]) stand on. It holds configuration only: nothing here handles a
+//! request or names a route.
 
 use std::sync::Arc;
 

@@ -102,6 +102,17 @@ pub fn parse_ttl(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
+/// A one-shot command's log (`migrate`, `compact`: e.g. a migration giving way to writers) on stderr, at
+/// `RUST_LOG`'s level (default: info, and warnings of the database driver).
+fn log_to_stderr() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 /// The relay's processes that run agents are the last the OOM killer picks (agents raise theirs to
 /// [`relay_sandbox::confine::AGENT_OOM_SCORE_ADJ`]); lowering needs `CAP_SYS_RESOURCE`, so elsewhere nothing
 /// changes.
@@ -161,6 +172,7 @@ fn main() -> anyhow::Result<()> {
         Command::Runner(args) => runtime()?.block_on(runner::run(args)),
         Command::Chat(args) => runtime()?.block_on(chat::run(args)),
         Command::Compact(args) => runtime()?.block_on(async move {
+            log_to_stderr();
             let store = serve::open_store(args.store.database_url.as_deref(), &args.store.data_dir).await?;
             let cutoff = jiff::Timestamp::now().as_millisecond()
                 - i64::try_from(args.retention.as_millis()).unwrap_or(i64::MAX);
@@ -168,6 +180,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }),
         Command::Migrate(args) => runtime()?.block_on(async move {
+            log_to_stderr();
             serve::open_store(args.database_url.as_deref(), &args.data_dir).await?;
             println!("migrations applied");
             Ok(())

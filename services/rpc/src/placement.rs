@@ -52,7 +52,7 @@ pub struct RunnerPool {
     listings: Mutex<HashMap<String, AgentInfo>>,
     /// The session settings runners last reported for each agent, by agent id.
     settings: Mutex<HashMap<String, ahp_types::state::SessionConfigSchema>>,
-    /// File operations and watches waiting on runners ([`crate::remote_files`]).
+    /// File operations and watches waiting on runners ([`crate::file_requests`]; sent by [`crate::remote_files`]).
     files: crate::file_requests::FileRequests,
     /// Terminals on runners ([`crate::remote_terminals`]).
     terminals: crate::remote_terminals::RemoteTerminals,

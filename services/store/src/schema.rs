@@ -155,27 +155,60 @@ pub(crate) async fn migrate(pool: &AnyPool, backend: Backend) -> Result<(), Stor
     let mut migrator = Migrator::new(EmbeddedMigrations(embedded)).await?;
     migrator.set_ignore_missing(true);
     if backend == Backend::Postgres {
-        // On a connection of its own: waiting for a table's lock longer than MIGRATION_LOCK_TIMEOUT, a
-        // migration gives up (changing nothing) rather than hold up, queued behind a long transaction, every
-        // writer that comes after it. Run it again.
-        let mut connection = pool.acquire().await?.detach();
-        sqlx::query(&format!(
-            "SET lock_timeout = '{}ms'",
-            MIGRATION_LOCK_TIMEOUT.as_millis()
-        ))
-        .execute(&mut connection)
-        .await?;
-        let ran = migrator.run(&mut connection).await;
-        let _ = sqlx::Connection::close(connection).await;
-        ran?;
-    } else {
-        migrator.run(pool).await?;
+        let deadline = std::time::Instant::now() + MIGRATION_PATIENCE;
+        loop {
+            match migrate_postgres(pool, &migrator).await {
+                Err(error) if waited_too_long(&error) && std::time::Instant::now() < deadline => {
+                    tracing::warn!(
+                        "a migration waited {MIGRATION_LOCK_TIMEOUT:?} for a lock and gave way; trying again"
+                    );
+                    tokio::time::sleep(MIGRATION_PAUSE).await;
+                }
+                ran => return ran.map_err(StoreError::from),
+            }
+        }
     }
+    migrator.run(pool).await?;
     Ok(())
 }
 
-/// How long a Postgres migration may wait for a lock before it gives up.
+/// One run of the Postgres migrations, on a connection of its own whose lock waits end after
+/// [`MIGRATION_LOCK_TIMEOUT`]: queued behind a long transaction, a migration's table lock would hold up every
+/// writer that comes after it, so it gives way instead (its transaction rolls back) and is tried again after a
+/// pause in which the writers go on. The same limit holds for the lock migrators take against each other.
+async fn migrate_postgres(pool: &AnyPool, migrator: &Migrator) -> Result<(), sqlx::migrate::MigrateError> {
+    let mut connection = pool.acquire().await?.detach();
+    sqlx::query(&format!(
+        "SET lock_timeout = '{}ms'",
+        MIGRATION_LOCK_TIMEOUT.as_millis()
+    ))
+    .execute(&mut connection)
+    .await?;
+    let ran = migrator.run(&mut connection).await;
+    let _ = sqlx::Connection::close(connection).await;
+    ran
+}
+
+/// Whether `error` is Postgres giving up a lock wait (`lock_timeout`, SQLSTATE 55P03).
+fn waited_too_long(error: &sqlx::migrate::MigrateError) -> bool {
+    use sqlx::migrate::MigrateError;
+    match error {
+        MigrateError::Execute(error) | MigrateError::ExecuteMigration(error, _) => error
+            .as_database_error()
+            .and_then(|database| database.code())
+            .is_some_and(|code| code == "55P03"),
+        _ => false,
+    }
+}
+
+/// How long a Postgres migration waits for a lock at a time before it gives way.
 pub const MIGRATION_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long migrating keeps trying before it fails.
+const MIGRATION_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The pause between two tries, in which the writers it held up go on.
+const MIGRATION_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {
