@@ -1,8 +1,8 @@
 //! Issue 34 (3): a rolling upgrade, as `docs/operations.md` tells an operator to do it, with the previous
 //! release's real binary. Two shards and two gateways of the previous release run on Postgres and Redis, two
 //! devices share a chat whose turns keep running, and a client keeps binding new clientIds. Then the new
-//! release's `migrate` runs, the shards are replaced one at a time (SIGTERM, then the new binary on the same
-//! address), then the gateways. Nothing may be lost or repeated, every device resumes, no clientId binding is
+//! release's `migrate` runs, then one shard and one gateway are replaced (SIGTERM, then the new binary, a shard
+//! on its own address), then the other pair. Nothing may be lost or repeated, every device resumes, no clientId binding is
 //! pruned, and the migration (and the prune that replaced 0006's full-table update) holds no lock on
 //! `client_bindings` longer than 1 s while that table has 1,000,000 rows, sampled from `pg_locks`.
 //!
@@ -421,7 +421,8 @@ async fn a_fleet_rolls_to_the_new_release_under_load_losing_nothing_and_locking_
     .expect("its use");
     assert!(noted > 0, "an old writer's binding is noted as used at {noted}");
 
-    // 2. The shards, one at a time, each stopped mid-turn and replaced on its address by the new release.
+    // 2. One shard and one gateway, then the other pair: each stopped with SIGTERM mid-turn and replaced (a
+    // shard on its own address) by the new release, so new gateways meet old shards and old gateways new ones.
     // Which gateway each device is on: a on the first, b on the second.
     let (mut a_on, mut b_on) = (0, 1);
     let mut followed = 0;
@@ -444,14 +445,8 @@ async fn a_fleet_rolls_to_the_new_release_under_load_losing_nothing_and_locking_
         }
         shards[index] = start_shard(&current, &db, &redis, Some(&address)).await;
         both_see_the_turn_end(&mut a, &mut b, before).await;
-    }
-    assert!(
-        followed >= 1,
-        "the host's owner was replaced and the devices followed it"
-    );
 
-    // 3. The gateways, one at a time: the devices on the one stopped resume through the other.
-    for index in 0..2 {
+        // Its gateway: the devices on it resume through the other.
         let before = start_turn(&mut a, &chat, &format!("t-gateway-{index}")).await;
         assert!(
             gateways[index].terminate().await,
@@ -471,6 +466,10 @@ async fn a_fleet_rolls_to_the_new_release_under_load_losing_nothing_and_locking_
         binder.replace(index, &gateways[index].addr);
         both_see_the_turn_end(&mut a, &mut b, before).await;
     }
+    assert!(
+        followed >= 1,
+        "the host's owner was replaced and the devices followed it"
+    );
 
     // The whole fleet is new: one more turn, then the prune a shard's retention job runs.
     let before = start_turn(&mut a, &chat, "t-new").await;
@@ -516,8 +515,8 @@ async fn a_fleet_rolls_to_the_new_release_under_load_losing_nothing_and_locking_
         [
             "t-migrate",
             "t-shard-0",
-            "t-shard-1",
             "t-gateway-0",
+            "t-shard-1",
             "t-gateway-1",
             "t-new"
         ],
