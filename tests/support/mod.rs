@@ -93,18 +93,8 @@ impl Relay {
 
     /// [`Relay::gateway_with`], with extra environment variables.
     pub async fn gateway_env(shard_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Relay {
-        let data = tempfile::tempdir().expect("tempdir");
-        let mut args: Vec<String> = vec![
-            "gateway".into(),
-            "--shard".into(),
-            shard_url.into(),
-            "--data-dir".into(),
-            data.path().display().to_string(),
-        ];
-        args.extend(extra.iter().map(|a| a.to_string()));
-        let mut relay = Self::spawn_env(&args, env).await;
-        relay._data = Some(data);
-        relay
+        let program = std::path::Path::new(env!("CARGO_BIN_EXE_ahp-relay"));
+        Self::gateway_program(program, shard_url, extra, env).await
     }
 
     /// Run `ahp-relay ARGS --listen 127.0.0.1:0 --jwt-secret SECRET` and wait for its WebSocket URL.
@@ -145,6 +135,15 @@ impl Relay {
     /// A gateway process of the `ahp-relay` binary at `program` (e.g. the previous release's), in front of the
     /// shards at `shard_urls`, with extra `gateway` flags.
     pub async fn gateway_of(program: &std::path::Path, shard_urls: &str, extra: &[&str]) -> Relay {
+        Self::gateway_program(program, shard_urls, extra, &[]).await
+    }
+
+    async fn gateway_program(
+        program: &std::path::Path,
+        shard_urls: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Relay {
         let data = tempfile::tempdir().expect("tempdir");
         let mut args: Vec<String> = vec![
             "gateway".into(),
@@ -154,7 +153,7 @@ impl Relay {
             data.path().display().to_string(),
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
-        let mut relay = Self::spawn_program(program, &args, &[]).await;
+        let mut relay = Self::spawn_program(program, &args, env).await;
         relay._data = Some(data);
         relay
     }
