@@ -381,6 +381,16 @@ fn violations() -> (BTreeSet<String>, BTreeMap<String, usize>) {
                 }
             }
         }
+        // `AHP_STRUCTURE_EDGES=<crate folder>` prints that crate's imports between files, for planning a move.
+        if std::env::var("AHP_STRUCTURE_EDGES").ok().as_deref()
+            == src.parent().and_then(|p| p.file_name()).and_then(|n| n.to_str())
+        {
+            for (from, tos) in &edges {
+                for to in tos {
+                    eprintln!("edge {} -> {}", from.join("::"), to.join("::"));
+                }
+            }
+        }
         for circle in strongly_connected(&modules, &edges) {
             for module in circle {
                 in_circles.insert(

@@ -50,7 +50,7 @@ impl Host {
             && !opening
                 .protocol_versions
                 .as_deref()
-                .is_some_and(|offered| matches!(crate::commands::negotiate(offered), Ok(Some(_))))
+                .is_some_and(|offered| matches!(crate::versions::negotiate(offered), Ok(Some(_))))
         {
             return Ok(Admission::LoadNothing);
         }

@@ -17,8 +17,8 @@ use relay_core::rpc::InboundMessage;
 use relay_core::ConnectionId;
 use relay_runner::files::{FileAccess, FileOp, FileReply, RepositoryOp};
 
-use crate::commands::{answer, reply};
 use crate::host::Host;
+use crate::reply::{answer, reply};
 
 /// The property naming the session's branch.
 pub const BRANCH_PROPERTY: &str = "branch";

@@ -16,8 +16,8 @@ use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
 use relay_store::CatalogCursor;
 
-use crate::commands::{answer, reply};
 use crate::host::Host;
+use crate::reply::{answer, reply};
 
 /// The `listSessions` `_meta` key that filters by title.
 pub const TITLE_CONTAINS: &str = "ahpRelay/titleContains";

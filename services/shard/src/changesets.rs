@@ -38,9 +38,9 @@ use relay_core::ConnectionId;
 use relay_runner::files::{ChangedFile, FileAccess, FileOp, FileReply, RepositoryOp};
 use serde::{Deserialize, Serialize};
 
-use crate::commands::{answer, reply, CommandResult};
 use crate::host::{Host, HostCore};
 use crate::model::{ChannelKind, SnapshotClock};
+use crate::reply::{answer, reply, CommandResult};
 
 /// The URI scheme of changeset channels.
 pub const CHANGESET_SCHEME: &str = "ahp-changeset:";

@@ -11,9 +11,9 @@ use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::{ConnectionId, Role};
 
 use crate::agent_context::{self, AgentContext};
-use crate::commands::{not_found, now, reply, CommandResult};
 use crate::host::HostCore;
 use crate::model::{chat_summary_of, ChannelKind, ChatRecord, SnapshotClock};
+use crate::reply::{not_found, now, reply, CommandResult};
 
 impl HostCore {
     pub(crate) fn create_chat(

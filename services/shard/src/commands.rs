@@ -10,16 +10,15 @@ use ahp_types::commands::{
 };
 use ahp_types::errors::{ahp_error_codes, UnsupportedProtocolVersionErrorData};
 use ahp_types::state::SessionConfigSchema;
-use ahp_types::{negotiate_protocol_version, PROTOCOL_VERSION};
+use ahp_types::PROTOCOL_VERSION;
 use relay_core::link::{CloseRequest, CommandReply, SubscriptionChange};
 use relay_core::rpc::{self, InboundMessage, RpcError};
 use relay_core::ConnectionId;
-use serde::Serialize;
 
 use crate::host::HostCore;
 use crate::model::ChannelKind;
-
-pub(crate) type CommandResult = Result<CommandReply, RpcError>;
+use crate::reply::{not_found, reply, CommandResult};
+use crate::versions::negotiate;
 
 /// WebSocket close code sent after `-32005`: the client must not retry unchanged.
 const CLOSE_POLICY: u16 = 1008;
@@ -53,39 +52,6 @@ const KNOWN_METHODS: &[&str] = &[
 
 /// The `InitializeResult._meta` key listing `initialSubscriptions` that name no channel of this host.
 pub const UNAVAILABLE_SUBSCRIPTIONS: &str = "ahpRelay/unavailableSubscriptions";
-
-/// The protocol version to speak, from the versions a client offers: this relay speaks AHP 1.0.0 (and so any
-/// 1.x a client offers, which SemVer makes compatible with it). 0.x versions differ on the wire and are never
-/// chosen, though the `ahp-types` crate would negotiate 0.9.0.
-pub(crate) fn negotiate(offered: &[String]) -> Result<Option<String>, String> {
-    let ours = PROTOCOL_VERSION.split('.').next().unwrap_or("1");
-    let same_major: Vec<String> = offered
-        .iter()
-        .filter(|version| version.split('.').next() == Some(ours))
-        .cloned()
-        .collect();
-    // Invalid offers are still reported as such.
-    negotiate_protocol_version(offered)?;
-    Ok(negotiate_protocol_version(&same_major)?.map(str::to_string))
-}
-
-pub(crate) fn reply<T: Serialize + ?Sized>(id: Option<u64>, result: &T) -> CommandResult {
-    match id {
-        Some(id) => rpc::result_frame(id, result)
-            .map(CommandReply::frame)
-            .map_err(|e| RpcError::internal(format!("could not serialize result: {e}"))),
-        None => Ok(CommandReply::none()),
-    }
-}
-
-/// The reply to send for a command's result: its frame, or the error as a JSON-RPC error frame.
-pub(crate) fn answer(id: Option<u64>, result: CommandResult) -> CommandReply {
-    result.unwrap_or_else(|error| CommandReply::frame(rpc::error_frame(id, &error)))
-}
-
-pub fn now() -> String {
-    format!("{:.3}", jiff::Timestamp::now())
-}
 
 impl HostCore {
     pub(crate) fn route(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
@@ -491,21 +457,4 @@ impl HostCore {
         let values = relay_runner::acp::options::resolve(&schema, params.config.as_ref());
         Ok(ResolveSessionConfigResult { schema, values })
     }
-}
-
-/// The error for a channel that does not exist (or that this identity may not see: the same answer).
-pub fn not_found(channel: &str) -> RpcError {
-    // -32001 names a missing session; a session's sub-resources (e.g. `<session>/annotations`) and other
-    // URIs are -32008.
-    if channel.starts_with("ahp-session:") && !is_session_subresource(channel) {
-        RpcError::session_not_found(channel)
-    } else {
-        RpcError::not_found(channel)
-    }
-}
-
-/// Whether a URI under `ahp-session:` names something of a session other than the session itself.
-fn is_session_subresource(uri: &str) -> bool {
-    const SUBRESOURCES: &[&str] = &["/annotations", "/changesets", "/terminals"];
-    SUBRESOURCES.iter().any(|suffix| uri.ends_with(suffix))
 }

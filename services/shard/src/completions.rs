@@ -131,9 +131,9 @@ impl crate::host::Host {
                 Vec::new()
             }
         };
-        Some(crate::commands::answer(
+        Some(crate::reply::answer(
             message.id,
-            crate::commands::reply(message.id, &ahp_types::commands::CompletionsResult { items }),
+            crate::reply::reply(message.id, &ahp_types::commands::CompletionsResult { items }),
         ))
     }
 }

@@ -8,8 +8,8 @@ use ahp_types::commands::{MoveChatParams, SessionConfigCompletionsParams, Sessio
 use ahp_types::state::SessionConfigSchema;
 use relay_core::rpc::{InboundMessage, RpcError};
 
-use crate::commands::{reply, CommandResult};
 use crate::host::HostCore;
+use crate::reply::{reply, CommandResult};
 
 /// Values one answer lists at most.
 pub const MAX_ITEMS: usize = 100;

@@ -28,9 +28,9 @@ use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
 use relay_runner::{Provider, TerminalKey, TerminalRequest, TurnControl, TurnHandle};
 
-use crate::commands::{answer, reply, CommandResult};
 use crate::host::{Host, HostCore};
 use crate::model::{ChannelKind, CommandTurn, DeviceTerminal, TERMINAL_SCHEME};
+use crate::reply::{answer, reply, CommandResult};
 use crate::validate::{action_type, Dispatcher};
 
 /// What a user message starts with to run a command in a terminal (initialize's `terminalCommandPrefix`).

@@ -31,7 +31,7 @@ impl HostCore {
         let kind = self.model.kind(&params.channel);
         if kind == ChannelKind::Unknown {
             // Actions on channels the host does not have are ignored without an echo (digest §4).
-            return crate::commands::reply(message.id, &());
+            return crate::reply::reply(message.id, &());
         }
         let origin = ActionOrigin {
             client_id: client_id.clone(),
@@ -92,7 +92,7 @@ impl HostCore {
             if let (Some(reason), Some(_)) = (forbidden, &message.id) {
                 return Err(RpcError::permission_denied(reason));
             }
-            return crate::commands::reply(message.id, &());
+            return crate::reply::reply(message.id, &());
         }
         // What a device types into a terminal (passwords too) is echoed to it alone and never logged: the
         // terminal's output is what every device sees.
@@ -104,7 +104,7 @@ impl HostCore {
                 self.owed.owe(&client_id, echo);
             }
             self.after_action(&params.channel, kind, &params.action);
-            return crate::commands::reply(message.id, &());
+            return crate::reply::reply(message.id, &());
         }
         // The dispatcher always gets its echo, subscribed to the channel or not (it may answer an input
         // request on a chat it never subscribed to).
@@ -125,7 +125,7 @@ impl HostCore {
         }
         self.after_action(&params.channel, kind, &params.action);
         // A notification gets nothing; the same call sent as a request (with an id) gets an empty result.
-        crate::commands::reply(message.id, &())
+        crate::reply::reply(message.id, &())
     }
 
     /// An agent's action: [`Emitted::Gone`] when its channel is gone, [`Emitted::NotApplied`] when it does not

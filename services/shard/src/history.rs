@@ -14,9 +14,9 @@ use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
 
 use crate::archive::{self, Page};
-use crate::commands::{answer, not_found, reply};
 use crate::error::ShardError;
 use crate::host::{Host, HostCore};
+use crate::reply::{answer, not_found, reply};
 
 /// An operation that names a turn which may be archived.
 enum NamedTurn {

@@ -37,6 +37,7 @@ pub mod owed;
 pub mod ownership;
 pub mod preload;
 pub mod replay;
+pub mod reply;
 pub mod resources;
 pub mod restore;
 pub mod resume;
@@ -49,6 +50,7 @@ pub mod summaries;
 pub mod terminals;
 pub mod turns;
 pub mod validate;
+pub mod versions;
 pub mod watches;
 
 pub use host::Host;

@@ -17,8 +17,8 @@ use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
 use relay_runner::files::{EntryKind, FileError, FileOp, FileReply, WriteMode};
 
-use crate::commands::{answer, reply, CommandResult};
 use crate::host::Host;
+use crate::reply::{answer, reply, CommandResult};
 
 /// The commands served here.
 pub const RESOURCE_METHODS: &[&str] = &[

@@ -17,10 +17,10 @@ use relay_core::ConnectionId;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::commands::{reply, CommandResult};
 use crate::host::{Host, HostCore};
 use crate::model::ChannelKind;
 use crate::replay::StoredEnvelope;
+use crate::reply::{reply, CommandResult};
 use crate::sequencer::CommitBarrier;
 use std::sync::Arc;
 

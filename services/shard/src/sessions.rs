@@ -12,9 +12,9 @@ use relay_core::{ConnectionId, Role};
 
 use crate::agent_context::AgentContext;
 use crate::chats::new_chat_state;
-use crate::commands::{now, reply, CommandResult};
 use crate::host::HostCore;
 use crate::model::{chat_summary_of, summary_of};
+use crate::reply::{now, reply, CommandResult};
 use relay_store::CatalogChange;
 
 impl HostCore {

@@ -9,8 +9,8 @@ use relay_runner::{TurnControl, TurnRequest};
 
 use crate::agent_context::{self, AgentContext};
 use crate::changesets::TurnEnd;
-use crate::commands::now;
 use crate::host::HostCore;
+use crate::reply::now;
 
 impl HostCore {
     pub(crate) fn chat_side_effects(&mut self, chat: &str, action: &StateAction) {

@@ -12,8 +12,8 @@ use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
 use relay_runner::files::{ChangeKind, WatchHandle};
 
-use crate::commands::{reply, CommandResult};
 use crate::host::{Host, HostCore};
+use crate::reply::{reply, CommandResult};
 
 /// Most watches one connection may hold.
 pub const MAX_WATCHES_PER_CONNECTION: usize = 16;
