@@ -19,26 +19,20 @@ use std::time::Duration;
 use ahp_types::actions::StateAction;
 use parking_lot::Mutex;
 use relay_bus::RedisPublisher;
-use relay_core::bus::{Audience, BusEvent, BusEventKind, BusReceiver};
-use relay_core::link::CommandReply;
-use relay_core::rpc::{self, InboundMessage, RpcError};
-use relay_core::telemetry::CommitTimer;
+use relay_core::bus::BusReceiver;
 use relay_core::{ConnectionId, HostKey, Identity, Limits};
 use relay_runner::{ChatSink, ProviderRegistry};
-use relay_store::{Lease, Store, StoreError};
+use relay_store::{Lease, Store};
 use tokio::sync::{watch, Notify};
 
-use crate::batches::Written;
-use crate::error::ShardError;
 use crate::model::HostModel;
-use crate::sequencer::{frame_around, CommitBarrier, Publisher, Sequencer};
-use crate::sink::HostSink;
+use crate::sequencer::{CommitBarrier, Publisher, Sequencer};
 
 /// Longest accepted AHP clientId.
 pub const MAX_CLIENT_ID_BYTES: usize = 256;
 
 /// Publications a host may hold uncommitted before dispatching connections wait for the store.
-const MAX_PENDING_PUBLICATIONS: usize = 1024;
+pub(crate) const MAX_PENDING_PUBLICATIONS: usize = 1024;
 /// Bytes a host's pending batch may hold before everything that adds to it waits for the store: connections'
 /// messages, agents' output, terminals' output (their producers stop reading, so the agent's pipe and the
 /// terminal's pty fill, not this process's memory).
@@ -98,7 +92,7 @@ pub struct HostCore {
     pub storage: Option<Arc<crate::storage::StorageQuota>>,
     /// Units the store refused (see [`crate::salvage`]), with why: a request waiting on one answers with an
     /// error instead of its reply.
-    pub failed_units: crate::salvage::FailedUnits,
+    pub failed_units: crate::failed_units::FailedUnits,
     /// The host's sessions, loaded or not (its catalogue's size at open, then counted): what
     /// `max_sessions_per_host` holds to.
     pub session_count: u64,
@@ -146,63 +140,6 @@ impl Drop for Host {
 }
 
 impl Host {
-    /// Open a host from the store: its `serverSeq` continues above anything ever committed for it. With a
-    /// `lease` (taken before this call, so the counters read here include every commit of any previous
-    /// owner), every commit is fenced by it.
-    pub async fn open(
-        key: HostKey,
-        limits: Limits,
-        providers: ProviderRegistry,
-        store: Store,
-        redis: Option<RedisPublisher>,
-        lease: Option<Lease>,
-    ) -> Result<Arc<Self>, StoreError> {
-        let record = store.load_host(&key.tenant, &key.host).await?;
-        let session_count = store.session_count(&key.tenant, &key.host).await?;
-        let root = crate::preload::restore_root(&store, &key, providers.agents()).await?;
-        let host = Arc::new_cyclic(|me: &Weak<Host>| Host {
-            core: Mutex::new(HostCore {
-                seq: Sequencer::new(
-                    record.last_seq,
-                    limits.replay_buffer_envelopes,
-                    limits.replay_buffer_bytes,
-                ),
-                model: HostModel::new(root, record.next_catalog_no),
-                key: key.clone(),
-                limits: limits.clone(),
-                providers,
-                connections: HashMap::new(),
-                clients: HashMap::new(),
-                sink: Arc::new(HostSink { host: me.clone() }),
-                host: me.clone(),
-                pending_grace: Vec::new(),
-                disposing: HashMap::new(),
-                owed: Default::default(),
-                last_activity: std::time::Instant::now(),
-                storage: None,
-                failed_units: Default::default(),
-                session_count,
-                unused_sessions: HashSet::new(),
-            }),
-            publisher: Mutex::new(Publisher::new(
-                record.last_seq,
-                limits.bus_capacity,
-                limits.bus_bytes,
-            )),
-            durable: watch::Sender::new(0),
-            redis,
-            lease,
-            deposed: watch::Sender::new(false),
-            wakeup: Arc::new(Notify::new()),
-            store,
-            key,
-            me: me.clone(),
-            full_backoff: parking_lot::Mutex::new(Duration::ZERO),
-        });
-        crate::commit_thread::spawn(commit_loop(Arc::downgrade(&host)));
-        Ok(host)
-    }
-
     /// Hold the host's tenant to `quota` (measured now, so it holds from the first message).
     pub async fn set_storage_quota(&self, quota: Arc<crate::storage::StorageQuota>) {
         quota.host_opened(&self.key.tenant).await;
@@ -269,185 +206,6 @@ impl Host {
         bus
     }
 
-    /// Handle one inbound request or notification of a connection. Once the host is deposed, the answer is
-    /// [`CommandReply::moved`] whatever the message: what it did may not be committed, and the client must reconnect
-    /// to the host's new owner.
-    pub async fn call(&self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
-        let id = message.id;
-        if self.is_deposed() {
-            return CommandReply::moved(id);
-        }
-        let mut reply = self.serve_call(connection, message).await;
-        if self.is_deposed() {
-            return CommandReply::moved(id);
-        }
-        if id.is_none() {
-            // JSON-RPC 2.0: a notification is never answered, not even with an error (a refused
-            // `dispatchAction` is answered by its rejected echo instead). It is logged and counted.
-            if let Some(frame) = reply.frame.take() {
-                tracing::debug!(host = %self.key, error = %String::from_utf8_lossy(&frame), "notification refused");
-                relay_core::telemetry::notification_refused();
-            }
-        }
-        reply
-    }
-
-    async fn serve_call(&self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
-        // Files: nothing of the host's state is read or changed.
-        if crate::resources::RESOURCE_METHODS.contains(&message.method.as_str()) {
-            return self.resource_command(connection, &message).await;
-        }
-        let size = message.params.as_ref().map_or(0, |params| params.get().len());
-        let opens_session = matches!(message.method.as_str(), "initialize" | "reconnect");
-        let mut admitted = !opens_session;
-        if opens_session {
-            match self.admit_opening(connection, &message).await {
-                Ok(crate::admission::Admission::Load) => admitted = true,
-                Ok(crate::admission::Admission::LoadNothing) => {}
-                Ok(crate::admission::Admission::Refuse(error)) => {
-                    return CommandReply::frame(rpc::error_frame(message.id, &error));
-                }
-                Err(error) => {
-                    tracing::error!(host = %self.key, %error, "could not read a client binding from the store");
-                    return CommandReply::frame(rpc::error_frame(
-                        message.id,
-                        &RpcError::internal("the store is unavailable; retry"),
-                    ));
-                }
-            }
-        }
-        // Nothing is read from the store for a connection that has not initialized (it will be refused), for an
-        // opening that cannot succeed, and never more channels than one message may name.
-        let named = if (opens_session && admitted)
-            || (!opens_session && self.core.lock().client_id(connection).is_ok())
-        {
-            relay_core::heavy::for_message(size, || crate::preload::channels_named_by(&message))
-        } else {
-            Vec::new()
-        };
-        let limit = self.core.lock().limits.max_channels_per_message;
-        if named.len() > limit {
-            return CommandReply::frame(rpc::error_frame(
-                message.id,
-                &RpcError::invalid_params(format!("a message may name at most {limit} distinct channels")),
-            ));
-        }
-        let loaded = match self.ensure_loaded(&named).await {
-            Ok(loaded) => loaded,
-            Err(error) => {
-                tracing::error!(host = %self.key, %error, "could not load channels from the store");
-                return CommandReply::frame(rpc::error_frame(
-                    message.id,
-                    &RpcError::internal("the store is unavailable; retry"),
-                ));
-            }
-        };
-        let reply = self.serve_loaded(connection, message, size).await;
-        // A refused opening leaves nothing it loaded behind.
-        if opens_session && !loaded.is_empty() && reply.frame.as_deref().is_some_and(rpc::is_error) {
-            self.with_core(|core| core.unload_unused(&loaded));
-        }
-        reply
-    }
-
-    /// [`Host::serve_call`] once what the message names is loaded.
-    async fn serve_loaded(
-        &self,
-        connection: ConnectionId,
-        message: InboundMessage,
-        size: usize,
-    ) -> CommandReply {
-        let writer = {
-            let core = self.core.lock();
-            core.client_id(connection).is_ok()
-                && core
-                    .connection(connection)
-                    .is_ok_and(|state| state.identity.role.can_write())
-        };
-        // A `createChat` that will be refused whatever the turns hold (a fork to a taken URI, say) is refused
-        // now, before its source's archived turns are loaded for everyone.
-        if writer && message.method == "createChat" {
-            let refused = message
-                .parse_params::<ahp_types::commands::CreateChatParams>()
-                .and_then(|params| self.core.lock().check_create_chat(connection, &params));
-            if let Err(error) = refused {
-                return CommandReply::frame(rpc::error_frame(message.id, &error));
-            }
-        }
-        // An operation on an archived turn reduces against state that holds it (AHP: eager loading) — only
-        // for a connection that may make it: a viewer's (refused) operation loads nothing for everyone.
-        if writer {
-            if let Err(error) = self.load_named_turns(&message).await {
-                tracing::error!(host = %self.key, %error, "could not load archived turns from the store");
-                return CommandReply::frame(rpc::error_frame(
-                    message.id,
-                    &RpcError::internal("the store is unavailable; retry"),
-                ));
-            }
-        }
-        match message.method.as_str() {
-            "listSessions" => return self.list_sessions(connection, &message).await,
-            "reconnect" => return self.reconnect(connection, &message).await,
-            "fetchTurns" => return self.fetch_turns(connection, &message).await,
-            "createTerminal" => return self.create_terminal(connection, &message).await,
-            // A repository's branch, where the client names a working directory ([`crate::branches`]).
-            "resolveSessionConfig" => {
-                if let Some(reply) = self.resolve_with_branch(connection, &message).await {
-                    return reply;
-                }
-            }
-            "sessionConfigCompletions" => {
-                if let Some(reply) = self.branch_completions(connection, &message).await {
-                    return reply;
-                }
-            }
-            "completions" => {
-                if let Some(reply) = self.file_completions(connection, &message).await {
-                    return reply;
-                }
-            }
-            "invokeChangesetOperation" => return self.invoke_changeset_operation(connection, &message).await,
-            // A changeset is opened (and computed again) when a client subscribes to it.
-            "subscribe" => {
-                if let Some(channel) = message.channel() {
-                    if channel.starts_with(crate::changesets::CHANGESET_SCHEME) {
-                        self.with_core(|core| core.changeset_subscribed(&channel));
-                    }
-                }
-            }
-            _ => {}
-        }
-        let id = message.id;
-        let ((mut reply, barrier, backlog, backlog_bytes), unit) =
-            relay_core::heavy::for_message(size, || {
-                self.with_core_as(Some(connection), |core| {
-                    let reply = core.handle(connection, message);
-                    (
-                        reply,
-                        core.seq.barrier(),
-                        core.seq.pending_len(),
-                        core.seq.pending_bytes(),
-                    )
-                })
-            });
-        // Replies show state: they wait for it to be durable. A connection that outruns the store waits too
-        // (backpressure), which keeps every batch, and so every burst on the bus, bounded.
-        if reply.frame.is_some() || backlog >= MAX_PENDING_PUBLICATIONS || backlog_bytes >= MAX_PENDING_BYTES
-        {
-            self.wait_committed(barrier).await;
-            // The store refused what this request changed: it did not happen.
-            if let Some(why) = self.core.lock().failed_units.take(unit) {
-                if reply.frame.is_some() {
-                    reply.frame = Some(rpc::error_frame(
-                        id,
-                        &RpcError::internal(format!("the store could not record this change: {why}")),
-                    ));
-                }
-            }
-        }
-        reply
-    }
-
     /// The connection is gone.
     pub fn detach(&self, connection: ConnectionId) {
         self.with_core(|core| core.disconnect(connection));
@@ -509,86 +267,6 @@ impl Host {
     /// The `serverSeq` of the last action this host published on its bus.
     pub fn published_seq(&self) -> u64 {
         self.publisher.lock().last_published()
-    }
-
-    /// The published action events with `after < seq <= through`, oldest first, for a gateway repairing a
-    /// gap in its bus: from the replay buffer when it still holds everything after `after`, else from the
-    /// store's log. Only logged envelopes are returned (rejections and other per-connection envelopes are
-    /// never logged); each event's `prev_seq` is the previous returned event's seq (`after` for the first).
-    pub async fn fetch_range(&self, after: u64, through: u64) -> Result<Vec<BusEvent>, ShardError> {
-        // Never hand out what is numbered but not yet committed and published.
-        let through = through.min(self.published_seq());
-        if through <= after {
-            return Ok(Vec::new());
-        }
-        let buffered: Option<Vec<(u64, Arc<str>, bytes::Bytes)>> = {
-            let core = self.core.lock();
-            let replay = core.seq.replay();
-            replay.covers(after).then(|| {
-                replay
-                    .after(after, |_| true)
-                    .take_while(|e| e.seq <= through)
-                    .map(|e| (e.seq, e.channel.clone(), e.frame.clone()))
-                    .collect()
-            })
-        };
-        let rows = match buffered {
-            Some(rows) => rows,
-            None => self.read_range(after, through).await?,
-        };
-        let mut prev_seq = after;
-        Ok(rows
-            .into_iter()
-            .map(|(seq, channel, frame)| {
-                let event = BusEvent {
-                    kind: BusEventKind::Action,
-                    channel,
-                    seq,
-                    prev_seq,
-                    audience: Audience::Subscribers,
-                    frame,
-                    published_at: None,
-                };
-                prev_seq = seq;
-                event
-            })
-            .collect())
-    }
-
-    /// Logged envelopes with `after < seq <= through` from the store, in bounded pages, as (seq, channel,
-    /// frame); an error when part of the range was compacted away.
-    async fn read_range(
-        &self,
-        after: u64,
-        through: u64,
-    ) -> Result<Vec<(u64, Arc<str>, bytes::Bytes)>, ShardError> {
-        let (tenant, host) = (&self.key.tenant, &self.key.host);
-        let page = self.core.lock().limits.replay_page.max(1);
-        let complete = |floor: u64| {
-            if floor > after {
-                Err(ShardError::Compacted(after))
-            } else {
-                Ok(())
-            }
-        };
-        complete(self.store.load_host(tenant, host).await?.log_floor)?;
-        let mut out = Vec::new();
-        let mut from = after;
-        loop {
-            let rows = self.store.log_range(tenant, host, from, through, page).await?;
-            let full = rows.len() == page;
-            for row in rows {
-                from = row.seq;
-                let (_, frame) = frame_around(row.envelope);
-                out.push((row.seq, Arc::from(row.channel), frame));
-            }
-            if !full {
-                break;
-            }
-        }
-        // Compaction may have run while paging: only a range that is still complete is exact.
-        complete(self.store.load_host(tenant, host).await?.log_floor)?;
-        Ok(out)
     }
 
     /// Wait until everything queued so far is committed and published.
@@ -670,77 +348,5 @@ impl Host {
                 }
             });
         }
-    }
-}
-
-/// The host's committer: writes each pending batch in one transaction, then publishes it.
-///
-/// A batch that fails to commit is retried with backoff and is never published before it commits; replies
-/// waiting on it wait too (design §6, invariant 2). A failed attempt that went through all the same (its
-/// answer was lost) is not written again.
-async fn commit_loop(host: Weak<Host>) {
-    loop {
-        let Some(strong) = host.upgrade() else {
-            return;
-        };
-        let batch = strong.core.lock().seq.take_pending();
-        if batch.is_empty() {
-            if strong.is_deposed() {
-                return;
-            }
-            // Wait for more work without keeping the host alive: dropping the host wakes this loop too, and
-            // it then ends (an idle host's memory is freed once it is evicted).
-            let wakeup = strong.wakeup.clone();
-            drop(strong);
-            wakeup.notified().await;
-            continue;
-        }
-        if strong.is_deposed() {
-            return;
-        }
-        let number = batch.number;
-        let timer = CommitTimer::start(batch.envelope_count());
-        let span = tracing::info_span!(
-            "ahp.commit",
-            host = %strong.key,
-            batch = number,
-            envelopes = timer.envelopes()
-        );
-        let (commit, publications, units) = batch.into_parts();
-        match strong.write(&commit, &span).await {
-            Written::Committed => {}
-            Written::Deposed => return,
-            Written::Refused(error) => {
-                // Writing this batch can never succeed (e.g. a value over the database's limits, or a trigger
-                // that refuses it). It was never published, so no client saw it: its units are written one by
-                // one, and only the ones at fault (and those reduced on top of them) fail, each with a
-                // rejection to its sender; the host keeps serving everyone.
-                tracing::error!(host = %strong.key, %error, "a commit failed permanently; writing its units one by one");
-                if !crate::salvage::commit_units(&strong, units.split(commit, publications), &span).await {
-                    return;
-                }
-                timer.finish();
-                finish_batch(&strong, number);
-                continue;
-            }
-        }
-        if strong.is_deposed() {
-            // Deposed while committing (e.g. the lease was released or lost): committed, but the bus is
-            // closed; the next owner publishes nothing of it either — clients get it by resuming.
-            return;
-        }
-        timer.finish();
-        strong.publish(publications).await;
-        finish_batch(&strong, number);
-    }
-}
-
-/// Batch `number` is done (committed, or what could be of it): replies waiting on it go, and channels whose
-/// disposal it carried may be read from the store again.
-fn finish_batch(host: &Host, number: u64) {
-    host.durable.send_replace(number);
-    let mut core = host.core.lock();
-    if !core.disposing.is_empty() {
-        core.disposing.retain(|_, batch| *batch > number);
     }
 }

@@ -9,11 +9,11 @@
 //!   back from the store, which holds exactly what committed; units still queued that touched them fail too;
 //! - what the failed units numbered leaves the replay buffer and the owed envelopes (no client ever saw it);
 //! - each client action of a failed unit is rejected to its sender (the client rolls it back), and a request
-//!   waiting on a failed unit answers with an error ([`FailedUnits`]).
+//!   waiting on a failed unit answers with an error ([`crate::failed_units::FailedUnits`]).
 //!
 //! The root channel, if a failed unit touched it, is read back from the store as well.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use ahp_types::actions::ActionEnvelope;
@@ -21,37 +21,7 @@ use ahp_types::ROOT_RESOURCE_URI;
 
 use crate::batches::Written;
 use crate::host::{Host, HostCore};
-use crate::sequencer::{Unit, UnitId};
-
-/// Failed units a request may still be waiting on, with why (the newest few hundred).
-#[derive(Default)]
-pub struct FailedUnits {
-    reasons: HashMap<UnitId, String>,
-    order: VecDeque<UnitId>,
-}
-
-/// Failed units remembered for their waiting requests.
-const REMEMBERED: usize = 1024;
-
-impl FailedUnits {
-    fn insert(&mut self, unit: UnitId, why: String) {
-        if self.reasons.insert(unit, why).is_none() {
-            self.order.push_back(unit);
-        }
-        while self.order.len() > REMEMBERED {
-            if let Some(oldest) = self.order.pop_front() {
-                self.reasons.remove(&oldest);
-            }
-        }
-    }
-
-    /// Why `unit` failed, if it did (asked once, by the request that waits on it).
-    pub fn take(&mut self, unit: UnitId) -> Option<String> {
-        let why = self.reasons.remove(&unit)?;
-        self.order.retain(|u| *u != unit);
-        Some(why)
-    }
-}
+use crate::sequencer::Unit;
 
 /// Write `units` (a refused batch, in order) one by one; publish those that commit; fail the rest as the
 /// module says. `false` when the host was deposed meanwhile.
