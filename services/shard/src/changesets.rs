@@ -39,7 +39,7 @@ use relay_runner::files::{ChangedFile, FileAccess, FileOp, FileReply, Repository
 use serde::{Deserialize, Serialize};
 
 use crate::host::{Host, HostCore};
-use crate::model::{ChannelKind, SnapshotClock};
+use crate::model::{ChangesetRecord, ChangesetScope, ChannelKind, SnapshotClock};
 use crate::reply::{answer, reply, CommandResult};
 
 /// The URI scheme of changeset channels.
@@ -52,34 +52,6 @@ pub const CHECKPOINTS_META: &str = "ahpRelay/checkpoints";
 pub const MAX_TURNS_KEPT: usize = 200;
 /// The `_meta` key of a commit operation's message.
 pub const COMMIT_MESSAGE_META: &str = "ahpRelay/commitMessage";
-
-/// What a changeset channel compares.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "scope", rename_all = "camelCase")]
-pub enum ChangesetScope {
-    /// One turn: its start checkpoint against its end.
-    Turn { turn_id: String },
-    /// The session's base checkpoint against the directory now.
-    All,
-}
-
-/// A changeset channel a host holds.
-#[derive(Debug, Clone)]
-pub struct ChangesetRecord {
-    pub session: String,
-    pub scope: ChangesetScope,
-    pub state: ChangesetState,
-    pub clock: SnapshotClock,
-}
-
-/// How the store keeps a changeset channel (its session is its parent).
-#[derive(Serialize, Deserialize)]
-pub struct ChangesetDocument {
-    pub state: ChangesetState,
-    pub session: String,
-    #[serde(flatten)]
-    pub scope: ChangesetScope,
-}
 
 /// The checkpoints of a session (its `_meta["ahpRelay/checkpoints"]`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -276,7 +276,7 @@ impl HostCore {
     fn install_changesets(&mut self, changesets: Vec<(String, ChannelRecord)>) {
         let mut interrupted = Vec::new();
         for (uri, record) in changesets {
-            let doc: crate::changesets::ChangesetDocument = match serde_json::from_str(&record.state) {
+            let doc: crate::model::ChangesetDocument = match serde_json::from_str(&record.state) {
                 Ok(doc) => doc,
                 Err(error) => {
                     tracing::error!(changeset = %uri, %error, "unreadable changeset snapshot");
@@ -295,7 +295,7 @@ impl HostCore {
             }
             self.model.changesets.insert(
                 uri,
-                crate::changesets::ChangesetRecord {
+                crate::model::ChangesetRecord {
                     session: doc.session,
                     scope: doc.scope,
                     state,

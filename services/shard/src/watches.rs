@@ -13,6 +13,7 @@ use relay_core::ConnectionId;
 use relay_runner::files::{ChangeKind, WatchHandle};
 
 use crate::host::{Host, HostCore};
+use crate::model::WatchRecord;
 use crate::reply::{reply, CommandResult};
 
 /// Most watches one connection may hold.
@@ -20,15 +21,6 @@ pub const MAX_WATCHES_PER_CONNECTION: usize = 16;
 
 /// The URI scheme of watch channels.
 pub const WATCH_SCHEME: &str = "ahp-resource-watch:";
-
-/// One watch: what it watches (its channel's state), whose it is, and the file server's watch.
-pub struct WatchRecord {
-    pub state: ResourceWatchState,
-    pub owner: ConnectionId,
-    pub _handle: WatchHandle,
-    /// Counted in `ahp_relay_resource_watches` while it lives.
-    pub _counted: relay_core::telemetry::OpenWatch,
-}
 
 /// Patterns from `{ items: [...] }` (or a plain list).
 fn patterns(value: Option<&serde_json::Value>) -> Result<Vec<String>, RpcError> {
