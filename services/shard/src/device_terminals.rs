@@ -31,7 +31,7 @@ use relay_runner::{Provider, TerminalKey, TerminalRequest, TurnControl, TurnHand
 use crate::host::{Host, HostCore};
 use crate::model::{ChannelKind, CommandTurn, DeviceTerminal, TERMINAL_SCHEME};
 use crate::reply::{answer, reply, CommandResult};
-use crate::validate::{action_type, Dispatcher};
+use crate::validate::MAX_TERMINAL_TITLE;
 
 /// What a user message starts with to run a command in a terminal (initialize's `terminalCommandPrefix`).
 pub const TERMINAL_COMMAND_PREFIX: &str = "!";
@@ -43,8 +43,6 @@ const START_PATIENCE: Duration = Duration::from_secs(30);
 const ADOPTION_RETRY: Duration = Duration::from_secs(1);
 /// Output of a `!command` copied into its chat (the terminal keeps the rest).
 const CHAT_PREVIEW_BYTES: usize = 16 * 1024;
-/// Longest title a device may give a terminal.
-const MAX_TITLE: usize = 200;
 
 impl Host {
     /// `createTerminal`: open the channel, start the process, answer once it runs (or refuse and close it).
@@ -264,7 +262,7 @@ impl HostCore {
         // The size it runs at (80×24 unless asked), said in its state too.
         let (cols, rows) = (params.cols.unwrap_or(80), params.rows.unwrap_or(24));
         let state = TerminalState {
-            title: cut(&title, MAX_TITLE),
+            title: cut(&title, MAX_TERMINAL_TITLE),
             cwd: params.cwd.clone(),
             cols: Some(cols),
             rows: Some(rows),
@@ -711,88 +709,6 @@ impl HostCore {
             }),
         );
     }
-}
-
-/// Check a device's action on a terminal.
-pub(crate) fn check_terminal_action(
-    model: &crate::model::HostModel,
-    channel: &str,
-    action: &StateAction,
-    who: &Dispatcher<'_>,
-) -> Result<(), String> {
-    let Some(record) = model.terminals.get(channel) else {
-        return Err(format!("unknown terminal {channel}"));
-    };
-    if record.device.is_none() {
-        return Err(
-            "this terminal shows an agent's command and is read-only: input, resizing, renaming, clearing and \
-             claims are not accepted"
-                .into(),
-        );
-    }
-    let running = matches!(record.state.lifecycle, TerminalLifecycleState::Running(_));
-    match action {
-        StateAction::TerminalInput(_) | StateAction::TerminalResized(_) if !running => {
-            Err("the terminal's process has exited".into())
-        }
-        StateAction::TerminalInput(_) | StateAction::TerminalResized(_) => {
-            if let Some(why) = claim_refusal(&record.state.claim, who) {
-                return Err(why);
-            }
-            match action {
-                StateAction::TerminalResized(size)
-                    if !((1..=1000).contains(&size.cols) && (1..=1000).contains(&size.rows)) =>
-                {
-                    Err("cols and rows are 1 to 1000".into())
-                }
-                _ => Ok(()),
-            }
-        }
-        StateAction::TerminalClaimed(_) => match &record.state.claim {
-            TerminalClaim::Client(holder) if holder.client_id == who.client_id => Ok(()),
-            _ => Err("only the terminal's holder may pass its claim on".into()),
-        },
-        StateAction::TerminalTitleChanged(title) => {
-            if title.title.chars().count() <= MAX_TITLE {
-                Ok(())
-            } else {
-                Err(format!("a terminal's title is at most {MAX_TITLE} characters"))
-            }
-        }
-        StateAction::TerminalCleared(_) => Ok(()),
-        other => Err(format!(
-            "{} is a server action and cannot be dispatched by clients",
-            action_type(other)
-        )),
-    }
-}
-
-/// Why `who` may not type into (or resize) a terminal under `claim`: a client's claim is its holder's alone; a
-/// session's claim lets any member of the session (every member may dispatch) type.
-pub(crate) fn claim_refusal(claim: &TerminalClaim, who: &Dispatcher<'_>) -> Option<String> {
-    match claim {
-        TerminalClaim::Client(holder) if holder.client_id != who.client_id => Some(format!(
-            "the terminal is claimed by client {}: only its holder types into it or resizes it",
-            holder.client_id
-        )),
-        _ => None,
-    }
-}
-
-/// Whether a refused terminal action was refused for its claim (a permission, not a malformed action).
-pub(crate) fn refused_for_claim(
-    model: &crate::model::HostModel,
-    channel: &str,
-    action: &StateAction,
-    who: &Dispatcher<'_>,
-) -> bool {
-    matches!(
-        action,
-        StateAction::TerminalInput(_) | StateAction::TerminalResized(_)
-    ) && model
-        .terminals
-        .get(channel)
-        .is_some_and(|record| record.device.is_some() && claim_refusal(&record.state.claim, who).is_some())
 }
 
 fn provider_id(provider: &Arc<dyn Provider>) -> String {

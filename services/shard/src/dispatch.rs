@@ -71,13 +71,9 @@ impl HostCore {
             ReduceOutcome::Applied | ReduceOutcome::NoOp => Ok(()),
         });
         if let Err(reason) = verdict {
-            let forbidden = crate::device_terminals::refused_for_claim(
-                &self.model,
-                &params.channel,
-                &params.action,
-                &who,
-            )
-            .then(|| reason.clone());
+            let forbidden =
+                crate::validate::refused_for_claim(&self.model, &params.channel, &params.action, &who)
+                    .then(|| reason.clone());
             // The rejection goes to its dispatcher alone, and is owed to its clientId until a reconnect.
             if let Some(rejected) = self.seq.private(
                 connection,
