@@ -769,7 +769,7 @@ impl Host {
                 },
             ),
             Ok(_) => reply(message.id, &InvokeChangesetOperationResult::default()),
-            Err(error) => Err(crate::resources::to_rpc(error)),
+            Err(error) => Err(crate::reply::file_error(error)),
         }
     }
 }

@@ -1,9 +1,12 @@
 //! What every command answers with: [`CommandResult`], its JSON-RPC frame ([`reply`], [`answer`]), the error
-//! for a channel that is not there ([`not_found`]) and the host's clock ([`now`]). This is the floor below every
+//! for a channel that is not there ([`not_found`]), a file server's error as AHP's ([`file_error`]) and the host's
+//! clock ([`now`]). This is the floor below every
 //! handler: it imports nothing of the shard, so a handler never imports the router that calls it.
 
+use ahp_types::errors::ahp_error_codes;
 use relay_core::link::CommandReply;
 use relay_core::rpc::{self, RpcError};
+use relay_runner::files::FileError;
 use serde::Serialize;
 
 /// What a command handler returns: its reply, or the error to answer with.
@@ -44,4 +47,16 @@ pub fn not_found(channel: &str) -> RpcError {
 fn is_session_subresource(uri: &str) -> bool {
     const SUBRESOURCES: &[&str] = &["/annotations", "/changesets", "/terminals"];
     SUBRESOURCES.iter().any(|suffix| uri.ends_with(suffix))
+}
+
+/// A file server's error as the AHP error a client is answered with.
+pub fn file_error(error: FileError) -> RpcError {
+    match error {
+        FileError::NotFound(message) => RpcError::new(ahp_error_codes::NOT_FOUND, message),
+        FileError::PermissionDenied(message) => RpcError::permission_denied(message),
+        FileError::AlreadyExists(message) => RpcError::new(ahp_error_codes::ALREADY_EXISTS, message),
+        FileError::Conflict(message) => RpcError::new(ahp_error_codes::CONFLICT, message),
+        FileError::Invalid(message) => RpcError::invalid_params(message),
+        FileError::Unavailable(message) => RpcError::internal(message),
+    }
 }

@@ -15,10 +15,10 @@ use base64::Engine;
 use relay_core::link::CommandReply;
 use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
-use relay_runner::files::{EntryKind, FileError, FileOp, FileReply, WriteMode};
+use relay_runner::files::{EntryKind, FileOp, FileReply, WriteMode};
 
 use crate::host::Host;
-use crate::reply::{answer, reply, CommandResult};
+use crate::reply::{answer, file_error, reply, CommandResult};
 
 /// The commands served here.
 pub const RESOURCE_METHODS: &[&str] = &[
@@ -62,17 +62,6 @@ pub(crate) fn path_of(uri: &str) -> Result<String, RpcError> {
             ahp_error_codes::NOT_FOUND,
             format!("{uri}: this host serves file:///… URIs of its workspace only"),
         )),
-    }
-}
-
-pub(crate) fn to_rpc(error: FileError) -> RpcError {
-    match error {
-        FileError::NotFound(message) => RpcError::new(ahp_error_codes::NOT_FOUND, message),
-        FileError::PermissionDenied(message) => RpcError::permission_denied(message),
-        FileError::AlreadyExists(message) => RpcError::new(ahp_error_codes::ALREADY_EXISTS, message),
-        FileError::Conflict(message) => RpcError::new(ahp_error_codes::CONFLICT, message),
-        FileError::Invalid(message) => RpcError::invalid_params(message),
-        FileError::Unavailable(message) => RpcError::internal(message),
     }
 }
 
@@ -320,7 +309,7 @@ impl Host {
         match files
             .call_within(tenant, scope.as_deref(), op)
             .await
-            .map_err(to_rpc)?
+            .map_err(file_error)?
         {
             FileReply::Read {
                 data,

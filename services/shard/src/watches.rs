@@ -143,7 +143,7 @@ impl Host {
         let handle = files
             .watch_within(&self.key.tenant, scope.as_deref(), spec.clone(), events_tx)
             .await
-            .map_err(crate::resources::to_rpc)?;
+            .map_err(crate::reply::file_error)?;
         {
             let mut core = self.core.lock();
             // The connection may have gone meanwhile: then the watch goes with the handle.
