@@ -21,8 +21,8 @@ use relay_runner::ProviderRegistry;
 use relay_store::Store;
 
 use crate::error::ShardError;
+use crate::host::ownership::{now_ms, owner_url, Ownership};
 use crate::host::Host;
-use crate::ownership::{now_ms, owner_url, Ownership};
 
 /// The hosts of this process, opened from the store on first use.
 pub struct ShardLink {
@@ -40,7 +40,7 @@ pub struct ShardLink {
     /// Set by [`ShardLink::drain`]: no host is opened any more.
     draining: AtomicBool,
     /// When set, each tenant is held to a storage quota.
-    storage: Option<Arc<crate::storage::StorageQuota>>,
+    storage: Option<Arc<crate::host::storage::StorageQuota>>,
 }
 
 impl ShardLink {
@@ -70,8 +70,8 @@ impl ShardLink {
         self
     }
 
-    /// Hold every tenant to `quota` (see [`crate::storage`]).
-    pub fn with_storage_quota(mut self, quota: Arc<crate::storage::StorageQuota>) -> Self {
+    /// Hold every tenant to `quota` (see [`crate::host::storage`]).
+    pub fn with_storage_quota(mut self, quota: Arc<crate::host::storage::StorageQuota>) -> Self {
         self.storage = Some(quota);
         self
     }
@@ -449,7 +449,7 @@ impl HostLink for ShardLink {
     }
 
     async fn ready(&self) -> Result<(), NotReady> {
-        crate::health::store_ready(&self.store).await
+        crate::host::health::store_ready(&self.store).await
     }
 }
 

@@ -24,9 +24,9 @@ pub enum ChannelKind {
     Session,
     Chat,
     Terminal,
-    /// A connection's resource watch ([`crate::watches`]).
+    /// A connection's resource watch ([`crate::workspace::watches`]).
     ResourceWatch,
-    /// A session's changeset ([`crate::changesets`]).
+    /// A session's changeset ([`crate::workspace::changesets`]).
     Changeset,
     /// A URI this host has no state for (unknown, disposed, or a kind the relay does not host).
     Unknown,
@@ -280,7 +280,7 @@ pub fn limit_turns(chat: &ChatState, turns: usize, archived: usize) -> ChatState
     if chat.turns.len() > turns {
         let cut = chat.turns.len() - turns;
         limited.turns = chat.turns[cut..].to_vec();
-        limited.turns_next_cursor = crate::archive::cursor_before(archived + cut);
+        limited.turns_next_cursor = crate::replay::archive::cursor_before(archived + cut);
     }
     limited
 }

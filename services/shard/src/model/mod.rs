@@ -6,6 +6,7 @@
 //! State changes only through the `ahp` reducers ([`HostModel::reduce`]); this module owns lookups by URI,
 //! the newest-first catalogue behind `listSessions`, and the projections (summaries, snapshots) clients read.
 
+pub mod agent_context;
 mod budget;
 mod documents;
 mod host_model;

@@ -52,8 +52,8 @@ pub struct ChatRecord {
     /// The subject that created the chat (see [`SessionRecord::created_by`]).
     pub created_by: Option<String>,
     /// What the chat's agent has yet to be told of its history before the next turn.
-    pub agent_context: crate::agent_context::AgentContext,
-    /// The JSON size of its held turns, measured once each ([`crate::aging`]).
+    pub agent_context: crate::model::agent_context::AgentContext,
+    /// The JSON size of its held turns, measured once each ([`crate::replay::aging`]).
     pub turn_sizes: TurnSizes,
 }
 

@@ -52,7 +52,7 @@ pub fn check_turn_duration(started_at: &str, duration_ms: i64) -> Result<(), Str
 }
 
 /// A truncation to a turn the chat's state does not hold while some are archived: the turn is further back
-/// than one operation loads (see `crate::history`), or does not exist.
+/// than one operation loads (see `crate::replay::history`), or does not exist.
 pub(super) fn check_truncation_reach(
     chat: &crate::model::ChatRecord,
     action: &StateAction,
@@ -65,7 +65,7 @@ pub(super) fn check_truncation_reach(
             Err(format!(
                 "turn {turn_id} is not among the chat's loaded turns: one truncation reaches back at most {} \
                  archived turns (and the reply budget in bytes)",
-                crate::archive::MAX_LOADED_BACK
+                crate::replay::archive::MAX_LOADED_BACK
             ))
         }
         _ => Ok(()),

@@ -10,9 +10,9 @@ use ahp_types::ROOT_RESOURCE_URI;
 use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::{ConnectionId, Role};
 
-use crate::agent_context::AgentContext;
-use crate::chats::new_chat_state;
+use crate::commands::chats::new_chat_state;
 use crate::host::HostCore;
+use crate::model::agent_context::AgentContext;
 use crate::model::{chat_summary_of, summary_of};
 use crate::reply::{now, reply, CommandResult};
 use relay_store::CatalogChange;
@@ -84,7 +84,7 @@ impl HostCore {
             .files()
             .and_then(|files| files.tenant_root(&self.key.tenant));
         for directory in directories {
-            crate::host_scope::check_directory(
+            crate::workspace::host_scope::check_directory(
                 &self.connection(connection)?.identity,
                 tenant_root.as_deref(),
                 directory,
@@ -109,11 +109,11 @@ impl HostCore {
                     .working_directories
                     .as_ref()
                     .and_then(|d| d.first().cloned()),
-                // The repository's branch the client chose ([`crate::branches`]).
+                // The repository's branch the client chose ([`crate::commands::branches`]).
                 branch: params
                     .config
                     .as_ref()
-                    .and_then(|config| config.get(crate::branches::BRANCH_PROPERTY))
+                    .and_then(|config| config.get(crate::commands::branches::BRANCH_PROPERTY))
                     .and_then(|branch| branch.as_str())
                     .map(str::to_string),
             },
@@ -151,9 +151,9 @@ impl HostCore {
             default_chat: Some(default_chat.clone()),
             config,
             customizations: None,
-            // What its turns change, where this host reaches its files ([`crate::changesets`]).
+            // What its turns change, where this host reaches its files ([`crate::workspace::changesets`]).
             changesets: (self.providers.files().is_some() && agent.workspace_root().is_some())
-                .then(|| crate::changesets::catalogue(&uri)),
+                .then(|| crate::workspace::changesets::catalogue(&uri)),
             input_needed: None,
             meta: None,
         };
@@ -222,8 +222,8 @@ impl HostCore {
         self.session_count = self.session_count.saturating_sub(1);
         for chat in &chats {
             self.seq.dispose(chat);
-            self.seq.forget(&crate::archive::key(chat));
-            self.seq.forget(&crate::archive::legacy_key(chat));
+            self.seq.forget(&crate::replay::archive::key(chat));
+            self.seq.forget(&crate::replay::archive::legacy_key(chat));
         }
         self.seq.catalog(CatalogChange::Remove { uri: uri.clone() });
         self.seq.dispose(&uri);

@@ -1,9 +1,9 @@
-//! The units of work the store refused for good (see [`crate::salvage`]), remembered with why until the
+//! The units of work the store refused for good (see [`crate::host::salvage`]), remembered with why until the
 //! request waiting on each asks.
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::sequencer::UnitId;
+use crate::host::sequencer::UnitId;
 
 /// Failed units a request may still be waiting on, with why (the newest few hundred).
 #[derive(Default)]

@@ -25,8 +25,8 @@ use relay_runner::{ChatSink, ProviderRegistry};
 use relay_store::{Lease, Store};
 use tokio::sync::{watch, Notify};
 
+use crate::host::sequencer::{CommitBarrier, Publisher, Sequencer};
 use crate::model::HostModel;
-use crate::sequencer::{CommitBarrier, Publisher, Sequencer};
 
 /// Longest accepted AHP clientId.
 pub const MAX_CLIENT_ID_BYTES: usize = 256;
@@ -87,12 +87,12 @@ pub struct HostCore {
     /// until then the store still holds them, and loading them from it would bring them back.
     pub disposing: HashMap<String, CommitBarrier>,
     /// Rejections and unsubscribed echoes each client is owed on `reconnect`.
-    pub owed: crate::owed::OwedEnvelopes,
+    pub owed: crate::replay::owed::OwedEnvelopes,
     /// The tenant's storage quota, when one is configured.
-    pub storage: Option<Arc<crate::storage::StorageQuota>>,
-    /// Units the store refused (see [`crate::salvage`]), with why: a request waiting on one answers with an
+    pub storage: Option<Arc<crate::host::storage::StorageQuota>>,
+    /// Units the store refused (see [`crate::host::salvage`]), with why: a request waiting on one answers with an
     /// error instead of its reply.
-    pub failed_units: crate::failed_units::FailedUnits,
+    pub failed_units: crate::host::failed_units::FailedUnits,
     /// The host's sessions, loaded or not (its catalogue's size at open, then counted): what
     /// `max_sessions_per_host` holds to.
     pub session_count: u64,
@@ -141,7 +141,7 @@ impl Drop for Host {
 
 impl Host {
     /// Hold the host's tenant to `quota` (measured now, so it holds from the first message).
-    pub async fn set_storage_quota(&self, quota: Arc<crate::storage::StorageQuota>) {
+    pub async fn set_storage_quota(&self, quota: Arc<crate::host::storage::StorageQuota>) {
         quota.host_opened(&self.key.tenant).await;
         self.core.lock().storage = Some(quota);
     }
@@ -164,7 +164,7 @@ impl Host {
         &self,
         owner: Option<ConnectionId>,
         work: impl FnOnce(&mut HostCore) -> R,
-    ) -> (R, crate::sequencer::UnitId) {
+    ) -> (R, crate::host::sequencer::UnitId) {
         let (result, unit, pending, grace) = {
             let mut core = self.core.lock();
             core.last_activity = std::time::Instant::now();

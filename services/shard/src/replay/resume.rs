@@ -17,11 +17,11 @@ use relay_core::ConnectionId;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use crate::host::sequencer::CommitBarrier;
 use crate::host::{Host, HostCore};
 use crate::model::ChannelKind;
-use crate::replay::StoredEnvelope;
+use crate::replay::buffer::StoredEnvelope;
 use crate::reply::{reply, CommandResult};
-use crate::sequencer::CommitBarrier;
 use std::sync::Arc;
 
 /// The wire shape of `ReconnectResult::Replay`, with envelopes spliced in as the JSON already serialized.
@@ -42,7 +42,7 @@ enum Resume {
 
 struct StorePlan {
     id: Option<u64>,
-    /// What the client is owed outside the replayed channels ([`crate::owed`]).
+    /// What the client is owed outside the replayed channels ([`crate::replay::owed`]).
     owed: Vec<Arc<StoredEnvelope>>,
     last_seen: u64,
     current: u64,

@@ -10,7 +10,7 @@ use ahp_types::state::{ErrorInfo, ErrorResponsePart, TerminalLifecycleState, Tur
 use relay_store::ChannelRecord;
 
 use crate::error::ShardError;
-use crate::preload::tail;
+use crate::host::preload::tail;
 use serde::Deserialize;
 
 use crate::host::{Host, HostCore};
@@ -68,7 +68,7 @@ impl Host {
         };
         let (uri, session) = if channel.starts_with("ahp-chat:")
             || channel.starts_with(TERMINAL_SCHEME)
-            || channel.starts_with(crate::changesets::CHANGESET_SCHEME)
+            || channel.starts_with(crate::workspace::changesets::CHANGESET_SCHEME)
         {
             #[derive(Deserialize)]
             struct Parent {
@@ -86,7 +86,7 @@ impl Host {
         let mut terminals = Vec::new();
         let mut changesets = Vec::new();
         for chat in self.store.chats_of(tenant, host, &uri).await? {
-            if chat.starts_with(crate::changesets::CHANGESET_SCHEME) {
+            if chat.starts_with(crate::workspace::changesets::CHANGESET_SCHEME) {
                 if let Some(record) = self.store.load_channel(tenant, host, &chat).await? {
                     changesets.push((chat, record));
                 }
@@ -99,7 +99,7 @@ impl Host {
                 continue;
             }
             if let Some(record) = self.store.load_channel(tenant, host, &chat).await? {
-                let legacy = match crate::archive::read_legacy(&self.store, &self.key, &chat).await {
+                let legacy = match crate::replay::archive::read_legacy(&self.store, &self.key, &chat).await {
                     Ok(legacy) => legacy,
                     // An unreadable archive costs the chat its old turns' paging, never the whole session.
                     Err(error @ ShardError::Corrupt(_)) => {
@@ -168,15 +168,15 @@ impl HostCore {
                 }
                 interrupted.push((uri.clone(), turn.id.clone(), turn.started_at.clone()));
             }
-            let mut archived = crate::archive::first_held(&state);
+            let mut archived = crate::replay::archive::first_held(&state);
             let mut rewritten = false;
             if let Some(legacy) = legacy {
                 // An earlier release's single-row archive becomes rows (the row goes in the same batch). Only
                 // its first `archived` turns count: the rest were loaded back into state.
                 archived = archived.min(legacy.len());
-                state.turns_next_cursor = crate::archive::cursor_before(archived);
-                self.seq.forget(&crate::archive::key(&uri));
-                self.seq.forget(&crate::archive::legacy_key(&uri));
+                state.turns_next_cursor = crate::replay::archive::cursor_before(archived);
+                self.seq.forget(&crate::replay::archive::key(&uri));
+                self.seq.forget(&crate::replay::archive::legacy_key(&uri));
                 let moved = legacy.into_iter().take(archived).enumerate().collect();
                 self.archive_turns(&uri, moved);
                 rewritten = true;
@@ -184,18 +184,18 @@ impl HostCore {
             // A restored chat holds exactly its retained turns (in count and in bytes).
             let mut turn_sizes = crate::model::TurnSizes::default();
             let sizes = turn_sizes.of(&state.turns);
-            let keep = crate::aging::retained_count(
+            let keep = crate::replay::aging::retained_count(
                 &sizes,
                 self.limits.retained_turns,
                 self.limits.retained_turn_bytes,
             );
-            let moved = crate::archive::age(&mut state, archived, keep, 0);
+            let moved = crate::replay::archive::age(&mut state, archived, keep, 0);
             if !moved.is_empty() {
                 archived += moved.len();
                 self.archive_turns(&uri, moved);
                 rewritten = true;
             }
-            let agent_context = crate::agent_context::AgentContext::at_restore(&state);
+            let agent_context = crate::model::agent_context::AgentContext::at_restore(&state);
             self.model.chats.insert(
                 uri.clone(),
                 ChatRecord {

@@ -120,7 +120,7 @@ impl Host {
         let params: CreateResourceWatchParams = message.parse_params()?;
         let includes = patterns(params.includes.as_ref())?;
         let excludes = patterns(params.excludes.as_ref())?;
-        let path = crate::resources::path_of(&params.uri)?;
+        let path = crate::workspace::resources::path_of(&params.uri)?;
         let (files, identity) = {
             let core = self.core.lock();
             core.client_id(connection)?;
@@ -128,9 +128,12 @@ impl Host {
             core.room_for_a_watch(connection)?;
             (core.providers.files().cloned(), identity)
         };
-        let files = files.ok_or_else(|| crate::resources::no_files("createResourceWatch"))?;
-        let scope =
-            crate::host_scope::scope_for(&identity, files.tenant_root(&self.key.tenant).as_deref(), &path)?;
+        let files = files.ok_or_else(|| crate::workspace::resources::no_files("createResourceWatch"))?;
+        let scope = crate::workspace::host_scope::scope_for(
+            &identity,
+            files.tenant_root(&self.key.tenant).as_deref(),
+            &path,
+        )?;
         let channel = format!("{WATCH_SCHEME}/{}", uuid::Uuid::new_v4());
         let recursive = params.recursive.unwrap_or(false);
         let (events_tx, mut events) = relay_runner::files::change_channel();

@@ -23,7 +23,7 @@ use relay_store::{
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::replay::{ReplayBuffer, StoredEnvelope};
+use crate::replay::buffer::{ReplayBuffer, StoredEnvelope};
 
 /// Something numbered or announced, waiting for its batch to commit before it is published.
 pub struct Publication {
@@ -249,7 +249,7 @@ impl PendingBatch {
                 .map(|(u, _)| *u),
         );
         // A chat's archive is its chat's: a unit that moved turns out of a reloaded chat goes with it.
-        let archives: HashSet<String> = channels.iter().map(|c| crate::archive::key(c)).collect();
+        let archives: HashSet<String> = channels.iter().map(|c| crate::replay::archive::key(c)).collect();
         touching.extend(
             self.turns
                 .iter()

@@ -104,7 +104,9 @@ pub fn resolve(model: &HostModel, message: &Message) -> Vec<TurnAttachment> {
                     .chats
                     .get(&a.resource)
                     .zip(a.end_turn.as_deref())
-                    .and_then(|(record, end)| crate::agent_context::transcript_through(&record.state, end))
+                    .and_then(|(record, end)| {
+                        crate::model::agent_context::transcript_through(&record.state, end)
+                    })
                     .unwrap_or_default();
                 Some(TurnAttachment::Text {
                     label: a.label.clone(),

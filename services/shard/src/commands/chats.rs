@@ -10,8 +10,8 @@ use ahp_types::state::{ChatOrigin, ChatState, SessionState, SessionStatus};
 use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::{ConnectionId, Role};
 
-use crate::agent_context::{self, AgentContext};
 use crate::host::HostCore;
+use crate::model::agent_context::{self, AgentContext};
 use crate::model::{chat_summary_of, ChannelKind, ChatRecord, SnapshotClock};
 use crate::reply::{not_found, now, reply, CommandResult};
 
@@ -27,7 +27,7 @@ impl HostCore {
         let chat = params.chat;
         let mut initial_message = params.initial_message;
         if let Some(message) = initial_message.as_mut() {
-            crate::attachments::pin(&self.model, message).map_err(RpcError::invalid_params)?;
+            crate::commands::attachments::pin(&self.model, message).map_err(RpcError::invalid_params)?;
         }
         // A fork continues its source: it inherits the source chat's working directories (naming others is
         // refused).
@@ -187,7 +187,7 @@ impl HostCore {
 
     /// The URI of a new session's default chat: the session's own name as a chat (`ahp-session:/x` →
     /// `ahp-chat:/x`; loaded before `createSession` runs if a stored chat has it, see
-    /// [`crate::preload::channels_named_by`]), or, when a chat of the host has that URI, suffixed with the
+    /// [`crate::host::preload::channels_named_by`]), or, when a chat of the host has that URI, suffixed with the
     /// host's next sequence number (never issued before, so no stored chat has that name unless a client chose
     /// it, which `createChat` checks against the loaded chats the same way).
     pub(crate) fn default_chat_uri(&self, session: &str) -> String {
@@ -237,7 +237,7 @@ impl HostCore {
     }
 
     /// The turns of `source` up to and including `turn_id`, for a fork inside `session` (archived turns were
-    /// loaded into the source's state before: [`crate::history`]).
+    /// loaded into the source's state before: [`crate::replay::history`]).
     fn fork_turns(
         &self,
         session: &str,
@@ -245,7 +245,7 @@ impl HostCore {
         target: &str,
         turn_id: &str,
     ) -> Result<Vec<ahp_types::state::Turn>, RpcError> {
-        // Its archived turns were not loaded back: more than one operation brings (see `crate::history`).
+        // Its archived turns were not loaded back: more than one operation brings (see `crate::replay::history`).
         if let Some(archived) = self
             .model
             .chats
@@ -255,7 +255,7 @@ impl HostCore {
         {
             return Err(RpcError::invalid_params(format!(
                 "{source} has {archived} archived turns: a fork copies at most {} turns and {} bytes of them",
-                crate::archive::MAX_LOADED_BACK,
+                crate::replay::archive::MAX_LOADED_BACK,
                 self.limits.max_reply_bytes
             )));
         }
@@ -335,8 +335,8 @@ impl HostCore {
             StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }),
         );
         self.seq.dispose(&chat);
-        self.seq.forget(&crate::archive::key(&chat));
-        self.seq.forget(&crate::archive::legacy_key(&chat));
+        self.seq.forget(&crate::replay::archive::key(&chat));
+        self.seq.forget(&crate::replay::archive::legacy_key(&chat));
         self.note_disposing(std::iter::once(chat.clone()));
         for state in self.connections.values_mut() {
             state.subscriptions.remove(&chat);

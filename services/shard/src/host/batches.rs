@@ -85,7 +85,7 @@ impl Host {
     }
 
     /// Publish committed publications on the local bus, then Redis.
-    pub(crate) async fn publish(&self, publications: Vec<crate::sequencer::Publication>) {
+    pub(crate) async fn publish(&self, publications: Vec<crate::host::sequencer::Publication>) {
         let batch = self.publisher.lock().publish(publications);
         if let (Some(redis), Some(batch)) = (&self.redis, batch) {
             publish_to_redis(redis, &self.key, &batch).await;

@@ -1,6 +1,6 @@
 //! AHP commands: routing every command to its handler, and the connection-level ones (`initialize`,
 //! `subscribe`/`unsubscribe` with each connection's turn windows, `completions`, `resolveSessionConfig`).
-//! Sessions' and chats' own commands live in [`crate::sessions`] and [`crate::chats`]. Each handler validates
+//! Sessions' and chats' own commands live in [`crate::commands::sessions`] and [`crate::commands::chats`]. Each handler validates
 //! its params, changes state only through the sequencer and reducers, and answers with one JSON-RPC frame.
 
 use ahp_types::commands::{
@@ -189,15 +189,19 @@ impl HostCore {
             snapshots,
             default_directory: self.providers.default_directory(&self.key.tenant),
             completion_trigger_characters: Some(
-                std::iter::once(crate::completions::TRIGGER)
-                    .chain(self.providers.files().map(|_| crate::completions::FILE_TRIGGER))
+                std::iter::once(crate::commands::completions::TRIGGER)
+                    .chain(
+                        self.providers
+                            .files()
+                            .map(|_| crate::commands::completions::FILE_TRIGGER),
+                    )
                     .map(str::to_string)
                     .collect(),
             ),
             terminal_command_prefix: self
                 .limits
                 .device_terminals
-                .then(|| crate::device_terminals::TERMINAL_COMMAND_PREFIX.to_string()),
+                .then(|| crate::workspace::device_terminals::TERMINAL_COMMAND_PREFIX.to_string()),
             telemetry: None,
             automations: None,
         };
@@ -284,7 +288,7 @@ impl HostCore {
         let turns = match params.view.and_then(|v| v.turns) {
             Some(n) if n < 0 => return Err(RpcError::invalid_params("view.turns must not be negative")),
             Some(n) => n as usize,
-            // "All retained turns" (see crate::archive).
+            // "All retained turns" (see crate::replay::archive).
             None => self.limits.retained_turns,
         };
         // A resource watch is its connection's alone: to any other it does not exist.
@@ -419,7 +423,7 @@ impl HostCore {
             .and_then(serde_json::Value::as_array)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let items = crate::completions::slash_commands(&params.text, params.offset, commands);
+        let items = crate::commands::completions::slash_commands(&params.text, params.offset, commands);
         reply(message.id, &CompletionsResult { items })
     }
 
@@ -429,7 +433,7 @@ impl HostCore {
     }
 
     /// The agent's settings (schema and values with defaults) for `params` (the branch of a repository is added
-    /// by [`crate::branches`]).
+    /// by [`crate::commands::branches`]).
     pub(crate) fn resolved_config(
         &self,
         params: &ResolveSessionConfigParams,

@@ -1,12 +1,12 @@
 //! A host's committer: the one task that writes each pending batch to the store in one transaction and only
 //! then publishes it (durable before visible), in order; a batch the store refuses for good goes to
-//! [`crate::salvage`].
+//! [`crate::host::salvage`].
 
 use std::sync::Weak;
 
 use relay_core::telemetry::CommitTimer;
 
-use crate::batches::Written;
+use crate::host::batches::Written;
 use crate::host::Host;
 
 /// The host's committer: writes each pending batch in one transaction, then publishes it.
@@ -52,7 +52,9 @@ pub(crate) async fn commit_loop(host: Weak<Host>) {
                 // one, and only the ones at fault (and those reduced on top of them) fail, each with a
                 // rejection to its sender; the host keeps serving everyone.
                 tracing::error!(host = %strong.key, %error, "a commit failed permanently; writing its units one by one");
-                if !crate::salvage::commit_units(&strong, units.split(commit, publications), &span).await {
+                if !crate::host::salvage::commit_units(&strong, units.split(commit, publications), &span)
+                    .await
+                {
                     return;
                 }
                 timer.finish();

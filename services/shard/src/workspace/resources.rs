@@ -87,8 +87,8 @@ fn operation(message: &InboundMessage) -> Result<FileOp, RpcError> {
     Ok(match message.method.as_str() {
         "resourceRead" => {
             let params: ResourceReadParams = message.parse_params()?;
-            // A changeset's file as a checkpoint holds it ([`crate::changesets`]).
-            match crate::changesets::parse_checkpoint_uri(&params.uri) {
+            // A changeset's file as a checkpoint holds it ([`crate::workspace::changesets`]).
+            match crate::workspace::changesets::parse_checkpoint_uri(&params.uri) {
                 Some((object, path)) => FileOp::ReadVersion { object, path },
                 None => FileOp::Read {
                     path: path_of(&params.uri)?,
@@ -196,7 +196,7 @@ impl Host {
                 format!("{} does not exist", params.uri),
             )
         };
-        let content = crate::content_refs::id_of(&params.uri).ok_or_else(missing)?;
+        let content = crate::workspace::content_refs::id_of(&params.uri).ok_or_else(missing)?;
         let stored = self
             .store
             .load_content(&self.key.tenant, &self.key.host, content)
@@ -247,13 +247,16 @@ impl Host {
         };
         if message.method == "resourceRead" {
             let params: ResourceReadParams = message.parse_params()?;
-            if params.uri.starts_with(crate::content_refs::CONTENT_SCHEME) {
+            if params
+                .uri
+                .starts_with(crate::workspace::content_refs::CONTENT_SCHEME)
+            {
                 return self.read_content(message.id, &params).await;
             }
             // Content small enough to travel inline (a file edit's side up to a few KiB) is a `data:` URI: a
             // client that fetches every `ContentRef` reads it here like any other.
             if params.uri.starts_with("data:") {
-                let (content_type, bytes) = crate::content_refs::decode_data_uri(&params.uri)
+                let (content_type, bytes) = crate::workspace::content_refs::decode_data_uri(&params.uri)
                     .ok_or_else(|| RpcError::invalid_params("a data: URI that cannot be decoded"))?;
                 return reply(message.id, &read_result(content_type, bytes, params.encoding));
             }
@@ -278,7 +281,7 @@ impl Host {
                     "{path} is outside this tenant's workspace"
                 )));
             }
-            crate::host_scope::scope_for(&identity, files.tenant_root(tenant).as_deref(), &path)?;
+            crate::workspace::host_scope::scope_for(&identity, files.tenant_root(tenant).as_deref(), &path)?;
             if params.write == Some(true) && !writer {
                 return Err(RpcError::permission_denied(
                     "viewers may read files, not change them",
@@ -294,9 +297,11 @@ impl Host {
         }
         // A token scoped to hosts reaches their directories alone, served where nothing else is seen.
         let scope = match client_path(&op) {
-            Some(path) => {
-                crate::host_scope::scope_for(&identity, files.tenant_root(tenant).as_deref(), path)?
-            }
+            Some(path) => crate::workspace::host_scope::scope_for(
+                &identity,
+                files.tenant_root(tenant).as_deref(),
+                path,
+            )?,
             None => None,
         };
         let wanted = match message.method.as_str() {

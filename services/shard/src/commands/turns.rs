@@ -7,10 +7,10 @@ use ahp_types::actions::{
 use ahp_types::state::{Message, PendingMessageKind};
 use relay_runner::{TurnControl, TurnRequest};
 
-use crate::agent_context::{self, AgentContext};
-use crate::changesets::TurnEnd;
 use crate::host::HostCore;
+use crate::model::agent_context::{self, AgentContext};
 use crate::reply::now;
+use crate::workspace::changesets::TurnEnd;
 
 impl HostCore {
     pub(crate) fn chat_side_effects(&mut self, chat: &str, action: &StateAction) {
@@ -125,7 +125,7 @@ impl HostCore {
         }
     }
 
-    /// Start a turn's work: once its session's working directory is checkpointed ([`crate::changesets`]), where
+    /// Start a turn's work: once its session's working directory is checkpointed ([`crate::workspace::changesets`]), where
     /// this host reaches it, so the turn's changes are what happened after.
     pub(crate) fn start_provider_turn(&mut self, chat: &str, turn_id: &str, message: &Message) {
         let (later_chat, later_turn, later_message) =
@@ -147,7 +147,7 @@ impl HostCore {
     }
 
     fn begin_turn(&mut self, chat: &str, turn_id: &str, message: &Message) {
-        // `!command`: the host runs it in a terminal itself ([`crate::device_terminals`]).
+        // `!command`: the host runs it in a terminal itself ([`crate::workspace::device_terminals`]).
         if self.start_command_turn(chat, turn_id, &message.text) {
             return;
         }
@@ -200,7 +200,7 @@ impl HostCore {
             prompt: message.text.clone(),
             context,
             fresh,
-            attachments: crate::attachments::resolve(&self.model, message),
+            attachments: crate::commands::attachments::resolve(&self.model, message),
             model: message.model.as_ref().map(|model| model.id.clone()),
             config: session.state.config.as_ref().map(|config| config.values.clone()),
             first_turn,

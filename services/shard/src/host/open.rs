@@ -12,11 +12,11 @@ use relay_runner::ProviderRegistry;
 use relay_store::{Lease, Store, StoreError};
 use tokio::sync::{watch, Notify};
 
-use crate::committer::commit_loop;
+use crate::host::committer::commit_loop;
+use crate::host::sequencer::{Publisher, Sequencer};
+use crate::host::sink::HostSink;
 use crate::host::{Host, HostCore};
 use crate::model::HostModel;
-use crate::sequencer::{Publisher, Sequencer};
-use crate::sink::HostSink;
 
 impl Host {
     /// Open a host from the store: its `serverSeq` continues above anything ever committed for it. With a
@@ -32,7 +32,7 @@ impl Host {
     ) -> Result<Arc<Self>, StoreError> {
         let record = store.load_host(&key.tenant, &key.host).await?;
         let session_count = store.session_count(&key.tenant, &key.host).await?;
-        let root = crate::preload::restore_root(&store, &key, providers.agents()).await?;
+        let root = crate::host::preload::restore_root(&store, &key, providers.agents()).await?;
         let host = Arc::new_cyclic(|me: &Weak<Host>| Host {
             core: Mutex::new(HostCore {
                 seq: Sequencer::new(
@@ -72,7 +72,7 @@ impl Host {
             me: me.clone(),
             full_backoff: parking_lot::Mutex::new(Duration::ZERO),
         });
-        crate::commit_thread::spawn(commit_loop(Arc::downgrade(&host)));
+        crate::host::commit_thread::spawn(commit_loop(Arc::downgrade(&host)));
         Ok(host)
     }
 }

@@ -2,14 +2,14 @@
 //! trigger that says no): one bad action must not cost the host or anyone else's work.
 //!
 //! The batch is written again unit by unit (a unit is one connection's message, or one piece of the host's
-//! own work: see [`crate::sequencer`]). A unit the store refuses fails; so does every later unit that touched
+//! own work: see [`crate::host::sequencer`]). A unit the store refuses fails; so does every later unit that touched
 //! a channel it touched (those were reduced against state that included it). Units that commit are published
 //! as usual. Then, under the host's lock:
 //! - the sessions (with their chats and terminals) the failed units touched are dropped from memory and read
 //!   back from the store, which holds exactly what committed; units still queued that touched them fail too;
 //! - what the failed units numbered leaves the replay buffer and the owed envelopes (no client ever saw it);
 //! - each client action of a failed unit is rejected to its sender (the client rolls it back), and a request
-//!   waiting on a failed unit answers with an error ([`crate::failed_units::FailedUnits`]).
+//!   waiting on a failed unit answers with an error ([`crate::host::failed_units::FailedUnits`]).
 //!
 //! The root channel, if a failed unit touched it, is read back from the store as well.
 
@@ -19,9 +19,9 @@ use std::sync::Arc;
 use ahp_types::actions::ActionEnvelope;
 use ahp_types::ROOT_RESOURCE_URI;
 
-use crate::batches::Written;
+use crate::host::batches::Written;
+use crate::host::sequencer::Unit;
 use crate::host::{Host, HostCore};
-use crate::sequencer::Unit;
 
 /// Write `units` (a refused batch, in order) one by one; publish those that commit; fail the rest as the
 /// module says. `false` when the host was deposed meanwhile.
@@ -65,7 +65,7 @@ pub(crate) async fn commit_units(host: &Arc<Host>, units: Vec<Unit>, span: &trac
         }
         if root {
             let agents = reload.core.lock().model.root.agents.clone();
-            match crate::preload::restore_root(&reload.store, &reload.key, agents).await {
+            match crate::host::preload::restore_root(&reload.store, &reload.key, agents).await {
                 Ok(state) => reload.with_core(|core| core.model.root = state),
                 Err(error) => {
                     tracing::error!(host = %reload.key, %error, "could not read the root back after a refused commit")

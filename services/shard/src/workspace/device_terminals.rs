@@ -241,7 +241,7 @@ impl HostCore {
             .files()
             .and_then(|files| files.tenant_root(&self.key.tenant));
         for directory in [&request.cwd, &request.working_directory].into_iter().flatten() {
-            crate::host_scope::check_directory(
+            crate::workspace::host_scope::check_directory(
                 &self.connection(connection)?.identity,
                 tenant_root.as_deref(),
                 directory,

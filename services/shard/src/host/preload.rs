@@ -1,5 +1,5 @@
 //! What a host reads before anything is loaded: its root state when it opens, the channels a message names
-//! (loaded before the message is handled, [`crate::restore`]), and the log rows after a stored snapshot.
+//! (loaded before the message is handled, [`crate::host::restore`]), and the log rows after a stored snapshot.
 
 use std::collections::BTreeSet;
 
@@ -54,7 +54,7 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
         let meta = named
             .meta
             .as_ref()
-            .and_then(|meta| meta.get(crate::device_terminals::SESSION_META));
+            .and_then(|meta| meta.get(crate::workspace::device_terminals::SESSION_META));
         out.extend(
             [claimed, meta]
                 .into_iter()
@@ -82,7 +82,7 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
     // A changeset is opened in its session, which must be loaded for it.
     let sessions: Vec<String> = out
         .iter()
-        .filter_map(|channel| crate::changesets::parse_uri(channel).map(|(session, _)| session))
+        .filter_map(|channel| crate::workspace::changesets::parse_uri(channel).map(|(session, _)| session))
         .collect();
     out.extend(sessions);
     out.into_iter()
@@ -90,7 +90,7 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
             c.starts_with("ahp-session:")
                 || c.starts_with("ahp-chat:")
                 || c.starts_with(crate::model::TERMINAL_SCHEME)
-                || c.starts_with(crate::changesets::CHANGESET_SCHEME)
+                || c.starts_with(crate::workspace::changesets::CHANGESET_SCHEME)
         })
         .collect()
 }

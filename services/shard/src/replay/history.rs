@@ -4,7 +4,7 @@
 //! chat's history: its snapshot's `view.turns` and the pages it fetched), numbered and written to the client
 //! before the `fetchTurns` response (the reply names it in `deliver_first`). Without a cursor the page is the
 //! one before the oldest turn the connection holds. Where the archived turns live and how they page is
-//! [`crate::archive`]'s.
+//! [`crate::replay::archive`]'s.
 
 use ahp_types::actions::{ChatTurnsLoadedAction, StateAction};
 use ahp_types::commands::{ChatSource, CreateChatParams, DispatchActionParams, FetchTurnsParams};
@@ -13,9 +13,9 @@ use relay_core::link::CommandReply;
 use relay_core::rpc::{InboundMessage, RpcError};
 use relay_core::ConnectionId;
 
-use crate::archive::{self, Page};
 use crate::error::ShardError;
 use crate::host::{Host, HostCore};
+use crate::replay::archive::{self, Page};
 use crate::reply::{answer, not_found, reply};
 
 /// An operation that names a turn which may be archived.

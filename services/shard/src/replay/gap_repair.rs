@@ -6,8 +6,8 @@ use std::sync::Arc;
 use relay_core::bus::{Audience, BusEvent, BusEventKind};
 
 use crate::error::ShardError;
+use crate::host::sequencer::frame_around;
 use crate::host::Host;
-use crate::sequencer::frame_around;
 
 impl Host {
     /// The published action events with `after < seq <= through`, oldest first, for a gateway repairing a

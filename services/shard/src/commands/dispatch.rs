@@ -1,10 +1,10 @@
 //! Actions entering the host: client `dispatchAction`s and agent output, and what follows an accepted one.
 //!
-//! A client action is validated ([`crate::validate`]), its attachments pinned ([`crate::attachments`]),
+//! A client action is validated ([`crate::validate`]), its attachments pinned ([`crate::commands::attachments`]),
 //! reduced, sequenced and echoed with its origin; a refused one is echoed to its dispatcher alone with
 //! `rejectionReason`. Accepted actions then drive the host's side effects, each in its module: the agent's
-//! turns and queued messages ([`crate::turns`]), the session's `inputNeeded` ([`crate::input_needed`]), chat
-//! and session summaries ([`crate::summaries`]), and active clients ([`crate::active_clients`]).
+//! turns and queued messages ([`crate::commands::turns`]), the session's `inputNeeded` ([`crate::commands::input_needed`]), chat
+//! and session summaries ([`crate::commands::summaries`]), and active clients ([`crate::host::active_clients`]).
 
 use ahp::reducers::ReduceOutcome;
 use ahp_types::actions::{ActionOrigin, StateAction};
@@ -41,12 +41,12 @@ impl HostCore {
             client_id: &client_id,
             role,
         };
-        let over_quota = crate::storage::grows_storage(&params.action)
+        let over_quota = crate::host::storage::grows_storage(&params.action)
             .then(|| self.storage_refusal())
             .flatten();
         let over_turn_limit = self.turn_limit_refusal(&params.channel, &params.action);
         // A message's chat attachments are pinned now (the accepted action carries the pinned turn).
-        let pinned = crate::attachments::pin_action(&self.model, &mut params.action);
+        let pinned = crate::commands::attachments::pin_action(&self.model, &mut params.action);
         let checked = pinned
             .and_then(|()| {
                 validate::check_client_action(&self.model, kind, &params.channel, &params.action, &who)
@@ -132,23 +132,23 @@ impl HostCore {
         let kind = self.model.kind(channel);
         // An agent replaces the `_meta` it keeps; what the host keeps there stays.
         if let StateAction::SessionMetaChanged(changed) = &mut action {
-            crate::changesets::keep_host_meta(&self.model, channel, changed);
+            crate::workspace::changesets::keep_host_meta(&self.model, channel, changed);
         }
-        // Large inline content goes to the store, named by reference ([`crate::content_refs`]) — stored only
+        // Large inline content goes to the store, named by reference ([`crate::workspace::content_refs`]) — stored only
         // with an action that is applied.
-        let session = crate::content_refs::may_carry(&action)
+        let session = crate::workspace::content_refs::may_carry(&action)
             .then(|| self.model.chats.get(channel).map(|chat| chat.session.clone()))
             .flatten();
         let contents = match session {
             Some(session) => {
-                crate::content_refs::extract(&mut action, &session, self.limits.content_ref_bytes)
+                crate::workspace::content_refs::extract(&mut action, &session, self.limits.content_ref_bytes)
             }
             None => Vec::new(),
         };
         if kind == ChannelKind::Unknown {
             return Emitted::Gone;
         }
-        if crate::storage::agent_grows_storage(&action) {
+        if crate::host::storage::agent_grows_storage(&action) {
             if let Some(refusal) = self.storage_refusal() {
                 if kind == ChannelKind::Chat {
                     self.end_turn_over_quota(channel, &refusal);
@@ -238,7 +238,7 @@ impl HostCore {
         match kind {
             ChannelKind::Chat => {
                 self.chat_side_effects(channel, action);
-                if crate::input_needed::affects_input_needed(action) {
+                if crate::commands::input_needed::affects_input_needed(action) {
                     self.sync_input_needed(channel);
                 }
                 self.sync_chat_summary(channel);
@@ -276,7 +276,7 @@ impl HostCore {
                 self.terminal_side_effects(channel, action);
                 self.sync_terminal_list();
             }
-            // Changes are sent to the watch's connection alone ([`crate::watches`]), never sequenced here.
+            // Changes are sent to the watch's connection alone ([`crate::workspace::watches`]), never sequenced here.
             ChannelKind::ResourceWatch | ChannelKind::Unknown => {}
             // Review marks are stored with the changeset at once (its channel may be closed any time).
             ChannelKind::Changeset => {
@@ -323,14 +323,14 @@ impl HostCore {
         let Some(record) = self.model.chats.get_mut(chat) else {
             return;
         };
-        let first = crate::archive::first_held(&record.state);
+        let first = crate::replay::archive::first_held(&record.state);
         if first == record.archived {
             return;
         }
         record.archived = first;
         if first == 0 {
-            self.seq.forget(&crate::archive::key(chat));
-            self.seq.forget(&crate::archive::legacy_key(chat));
+            self.seq.forget(&crate::replay::archive::key(chat));
+            self.seq.forget(&crate::replay::archive::legacy_key(chat));
             self.store_snapshot(chat);
         }
     }

@@ -1,6 +1,6 @@
 //! One message of a connection to its host, up to the host's lock: resource commands (no host state), the
 //! admission of an opening, the channels it names loaded from the store, the commands that await (listings,
-//! resumes, history, terminals, branches, changesets), then the locked command ([`crate::commands`]) and the
+//! resumes, history, terminals, branches, changesets), then the locked command ([`crate::commands::router`]) and the
 //! wait for what it changed to be committed before its reply goes.
 
 use relay_core::link::CommandReply;
@@ -35,7 +35,7 @@ impl Host {
 
     async fn serve_call(&self, connection: ConnectionId, message: InboundMessage) -> CommandReply {
         // Files: nothing of the host's state is read or changed.
-        if crate::resources::RESOURCE_METHODS.contains(&message.method.as_str()) {
+        if crate::workspace::resources::RESOURCE_METHODS.contains(&message.method.as_str()) {
             return self.resource_command(connection, &message).await;
         }
         let size = message.params.as_ref().map_or(0, |params| params.get().len());
@@ -43,9 +43,9 @@ impl Host {
         let mut admitted = !opens_session;
         if opens_session {
             match self.admit_opening(connection, &message).await {
-                Ok(crate::admission::Admission::Load) => admitted = true,
-                Ok(crate::admission::Admission::LoadNothing) => {}
-                Ok(crate::admission::Admission::Refuse(error)) => {
+                Ok(crate::host::admission::Admission::Load) => admitted = true,
+                Ok(crate::host::admission::Admission::LoadNothing) => {}
+                Ok(crate::host::admission::Admission::Refuse(error)) => {
                     return CommandReply::frame(rpc::error_frame(message.id, &error));
                 }
                 Err(error) => {
@@ -62,7 +62,7 @@ impl Host {
         let named = if (opens_session && admitted)
             || (!opens_session && self.core.lock().client_id(connection).is_ok())
         {
-            relay_core::heavy::for_message(size, || crate::preload::channels_named_by(&message))
+            relay_core::heavy::for_message(size, || crate::host::preload::channels_named_by(&message))
         } else {
             Vec::new()
         };
@@ -131,7 +131,7 @@ impl Host {
             "reconnect" => return self.reconnect(connection, &message).await,
             "fetchTurns" => return self.fetch_turns(connection, &message).await,
             "createTerminal" => return self.create_terminal(connection, &message).await,
-            // A repository's branch, where the client names a working directory ([`crate::branches`]).
+            // A repository's branch, where the client names a working directory ([`crate::commands::branches`]).
             "resolveSessionConfig" => {
                 if let Some(reply) = self.resolve_with_branch(connection, &message).await {
                     return reply;
@@ -151,7 +151,7 @@ impl Host {
             // A changeset is opened (and computed again) when a client subscribes to it.
             "subscribe" => {
                 if let Some(channel) = message.channel() {
-                    if channel.starts_with(crate::changesets::CHANGESET_SCHEME) {
+                    if channel.starts_with(crate::workspace::changesets::CHANGESET_SCHEME) {
                         self.with_core(|core| core.changeset_subscribed(&channel));
                     }
                 }

@@ -1,0 +1,30 @@
+//! The host's core: its one lock and what it guards ([`state`]), how a host opens ([`open`]) and restores
+//! sessions from the store ([`restore`], [`preload`]), the sequencer that numbers everything it changes
+//! ([`sequencer`]), the committer that writes each batch before anything of it is published ([`committer`],
+//! [`batches`], [`commit_thread`], [`salvage`]), who may serve it ([`ownership`]), who may open a connection on
+//! it ([`admission`], [`connections`], [`active_clients`]), its tenant's quota ([`storage`]) and readiness
+//! ([`health`]), and its agents' way back in ([`sink`]).
+//!
+//! Rules of this floor: nothing here awaits while holding the host's lock (`HostCore` is only reached through
+//! `Host::with_core`, which is synchronous); nothing is published before its batch commits; nothing here
+//! handles a protocol command (that is [`crate::commands`]) or imports it.
+
+pub mod active_clients;
+pub mod admission;
+pub mod batches;
+pub mod commit_thread;
+pub mod committer;
+pub mod connections;
+pub mod failed_units;
+pub mod health;
+pub mod open;
+pub mod ownership;
+pub mod preload;
+pub mod restore;
+pub mod salvage;
+pub mod sequencer;
+pub mod sink;
+pub mod state;
+pub mod storage;
+
+pub use state::*;
