@@ -339,7 +339,7 @@ pub trait Provider: Send + Sync + 'static {
 pub struct ProviderRegistry {
     providers: BTreeMap<String, Arc<dyn Provider>>,
     /// Tenants' files (AHP `resource*`), where this process holds the agents' workspace.
-    files: Option<Arc<dyn crate::files::FileAccess>>,
+    files: Option<Arc<dyn crate::files::access::FileAccess>>,
     /// The first provider added: the default.
     first: Option<String>,
 }
@@ -357,13 +357,13 @@ impl ProviderRegistry {
     }
 
     /// Serve tenants' files from `files`.
-    pub fn with_files(mut self, files: Arc<dyn crate::files::FileAccess>) -> Self {
+    pub fn with_files(mut self, files: Arc<dyn crate::files::access::FileAccess>) -> Self {
         self.files = Some(files);
         self
     }
 
     /// Tenants' files, where this process serves them.
-    pub fn files(&self) -> Option<&Arc<dyn crate::files::FileAccess>> {
+    pub fn files(&self) -> Option<&Arc<dyn crate::files::access::FileAccess>> {
         self.files.as_ref()
     }
 

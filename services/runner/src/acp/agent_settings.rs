@@ -12,8 +12,8 @@ use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::Agent;
 use ahp_types::state::SessionModelInfo;
 
+use super::agent_link::{Prompt, Reported};
 use super::options::{AgentSettings, Setter};
-use super::session::{Prompt, Reported};
 use crate::provider::ChatSink;
 
 /// The models an agent offers, from its `session/new` model selector (config option of category `model`).
@@ -38,7 +38,7 @@ pub(crate) fn reported_models(
     };
     choices
         .into_iter()
-        .map(|choice| super::model_info(provider, &choice.value.to_string(), &choice.name))
+        .map(|choice| super::listing::model_info(provider, &choice.value.to_string(), &choice.name))
         .collect()
 }
 
@@ -89,7 +89,7 @@ pub(crate) async fn apply_settings(
 pub(crate) fn observe_options(
     reported: &Reported,
     agent: &str,
-    listing: &super::Listing,
+    listing: &super::listing::Listing,
     sink: &dyn ChatSink,
     model_option: &mut Option<SessionConfigId>,
     settings: &mut AgentSettings,

@@ -12,9 +12,9 @@ use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::Agent;
 use parking_lot::Mutex;
 
+use super::agent_link::{load, open, AgentAsks, Announcer, Prompt, Reported, CONTEXT_RESET};
 use super::agent_settings::{apply_settings, observe_options};
 use super::options::AgentSettings;
-use super::session::{load, open, AgentAsks, Announcer, Prompt, Reported, CONTEXT_RESET};
 use crate::provider::ChatSink;
 use agent_client_protocol::v1::schema::AvailableCommand;
 use ahp_types::actions::{SessionMetaChangedAction, StateAction};
@@ -27,7 +27,7 @@ pub(crate) struct Opening<'a> {
     pub(crate) cwd: &'a std::path::Path,
     pub(crate) can_load: bool,
     pub(crate) agent: &'a str,
-    pub(crate) listing: &'a super::Listing,
+    pub(crate) listing: &'a super::listing::Listing,
     pub(crate) announcer: &'a Announcer,
     pub(crate) agent_meta: &'a Mutex<AgentMeta>,
     pub(crate) terminals: &'a super::terminal::Terminals,
@@ -65,7 +65,7 @@ impl ChatSessions {
         &mut self,
         reported: &Reported,
         agent: &str,
-        listing: &super::Listing,
+        listing: &super::listing::Listing,
         sink: &dyn ChatSink,
     ) {
         observe_options(

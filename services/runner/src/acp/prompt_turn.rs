@@ -12,7 +12,7 @@ use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::Agent;
 use ahp_types::state::ChatInputResponseKind;
 
-use super::session::{AgentAsks, Prompt};
+use super::agent_link::{AgentAsks, Prompt};
 use super::turn::TurnMapper;
 use crate::provider::TurnControl;
 

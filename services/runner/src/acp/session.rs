@@ -7,96 +7,36 @@
 //! its output budget ([`super::meter`]; past it the turn is cut with a note). The worker task owns the process;
 //! stopping it (dispose, relay shutdown) kills the agent's whole sandbox.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    ClientCapabilities, ContentBlock, CreateElicitationRequest, CreateElicitationResponse,
-    CreateTerminalRequest, CreateTerminalResponse, ElicitationCapabilities, FileSystemCapabilities,
-    InitializeRequest, KillTerminalRequest, KillTerminalResponse, LoadSessionRequest, NewSessionRequest,
-    ReadTextFileRequest, ReadTextFileResponse, ReleaseTerminalRequest, ReleaseTerminalResponse,
-    RequestPermissionRequest, RequestPermissionResponse, SessionConfigOption, SessionId, SessionModeState,
+    ClientCapabilities, CreateElicitationRequest, CreateElicitationResponse, CreateTerminalRequest,
+    CreateTerminalResponse, ElicitationCapabilities, FileSystemCapabilities, InitializeRequest,
+    KillTerminalRequest, KillTerminalResponse, ReadTextFileRequest, ReadTextFileResponse,
+    ReleaseTerminalRequest, ReleaseTerminalResponse, RequestPermissionRequest, RequestPermissionResponse,
     SessionNotification, SessionUpdate, TerminalId, TerminalOutputRequest, TerminalOutputResponse,
     WaitForTerminalExitRequest, WaitForTerminalExitResponse, WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, ByteStreams, Client};
-use ahp_types::actions::{SessionCreationFailedAction, SessionReadyAction, StateAction};
-use ahp_types::state::ErrorInfo;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
+use super::agent_link::{
+    fail_turn, open, AgentAsks, Announcer, Elicitation, Permission, Place, Prompt, Start, Timeouts,
+};
 use super::chat_sessions::{AgentMeta, ChatSessions, Opening};
 use super::config::AgentConfig;
 use super::prompt_turn::{run_turn, Bounds};
-use super::turn::TurnMapper;
-use crate::provider::{ChatSink, TurnControl};
+use super::session_git::switch_branch;
+use super::start_failure::{describe_auth_methods, keep_tail, start_failure, unseen_hints};
+use crate::provider::ChatSink;
 
 /// The longest line (one ACP message) an agent may write.
 pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
-/// What is kept of an agent's stderr, for the message when it fails.
-const STDERR_TAIL_BYTES: usize = 4096;
-
-/// How a session's agent starts.
-#[derive(Debug, Clone)]
-pub enum Start {
-    /// For a new AHP session: `session/ready` or `session/creationFailed` tell how it went. Its working directory
-    /// is switched to `branch` (a git repository's) before the agent starts.
-    New { branch: Option<String> },
-    /// For an existing session whose agent is gone (a restart, an idle stop): continue each chat's ACP session
-    /// (chat → ACP session id) when the agent can load it (`session/load`, its replay suppressed: the relay
-    /// has the history); otherwise start afresh and say so in the chat.
-    Continue(HashMap<String, String>),
-}
-
-/// One turn to run.
-pub struct Prompt {
-    pub chat: String,
-    pub turn_id: String,
-    pub text: String,
-    /// History to give the agent before the prompt ([`crate::TurnRequest::context`]).
-    pub context: Option<String>,
-    /// The chat's ACP session is not to be continued ([`crate::TurnRequest::fresh`]).
-    pub fresh: bool,
-    /// The message's attachments ([`crate::TurnRequest::attachments`])…
-    pub attachments: Vec<crate::TurnAttachment>,
-    /// …as the content blocks the agent takes (made by the worker, which knows what it accepts).
-    pub attached: Vec<ContentBlock>,
-    /// The model the user picked (`Message.model`): selected through the agent's model config option first.
-    pub model: Option<String>,
-    /// The session config's values (the agent's settings to apply first).
-    pub config: Option<ahp_types::common::JsonObject>,
-    pub control: mpsc::UnboundedReceiver<TurnControl>,
-    pub sink: Arc<dyn ChatSink>,
-}
-
-/// End a turn that could not reach its agent (emitted from a task: the host may hold its lock now).
-pub fn fail_turn(prompt: &Prompt, error_type: &str, message: &str) {
-    let mut mapper = TurnMapper::new(prompt.chat.clone(), prompt.turn_id.clone(), prompt.sink.clone());
-    let (error_type, message) = (error_type.to_string(), message.to_string());
-    tokio::spawn(async move { mapper.fail(&error_type, &message, true) });
-}
-
-/// How long a session's agent may take.
-#[derive(Debug, Clone, Copy)]
-pub struct Timeouts {
-    /// Without a prompt for this long, the agent is stopped.
-    pub idle: Duration,
-    /// To answer `initialize`, then `session/new`.
-    pub start: Duration,
-}
-
-impl Timeouts {
-    fn start_message(&self, request: &str) -> String {
-        format!(
-            "the agent did not answer {request} within {}s (start_timeout_seconds)",
-            self.start.as_secs()
-        )
-    }
-}
 
 /// The worker of one session's agent.
 pub struct SessionWorker {
@@ -112,11 +52,11 @@ impl SessionWorker {
     pub fn spawn(
         config: Arc<AgentConfig>,
         sandboxes: Arc<super::sandboxes::Sandboxes>,
-        key: super::SessionKey,
+        key: super::session_key::SessionKey,
         dirs: super::workspace::SessionDirs,
         sink: Arc<dyn ChatSink>,
         start: Start,
-        listing: super::Listing,
+        listing: super::listing::Listing,
         timeouts: Timeouts,
     ) -> SessionWorker {
         let (prompts, queue) = mpsc::unbounded_channel();
@@ -158,167 +98,11 @@ impl SessionWorker {
     }
 }
 
-/// Says once whether the session could be created.
-pub(crate) struct Announcer {
-    pub(crate) session: String,
-    pub(crate) sink: Arc<dyn ChatSink>,
-    pending: bool,
-}
-
-impl Announcer {
-    fn ready(&mut self) {
-        if std::mem::take(&mut self.pending) {
-            self.sink
-                .emit(&self.session, StateAction::SessionReady(SessionReadyAction {}));
-        }
-    }
-
-    fn failed(&mut self, error_type: &str, message: String) {
-        tracing::warn!(session = %self.session, error_type, %message, "the agent could not start the session");
-        if std::mem::take(&mut self.pending) {
-            self.sink.emit(
-                &self.session,
-                StateAction::SessionCreationFailed(SessionCreationFailedAction {
-                    error: ErrorInfo {
-                        error_type: error_type.into(),
-                        message,
-                        stack: None,
-                        meta: None,
-                    },
-                }),
-            );
-        }
-    }
-}
-
-type Permission = (RequestPermissionRequest, Responder<RequestPermissionResponse>);
-type Elicitation = (CreateElicitationRequest, Responder<CreateElicitationResponse>);
-
-/// What a turn receives from the agent besides its answer.
-pub(crate) struct AgentAsks {
-    pub(crate) updates: mpsc::UnboundedReceiver<SessionNotification>,
-    pub(crate) permissions: mpsc::UnboundedReceiver<Permission>,
-    pub(crate) elicitations: mpsc::UnboundedReceiver<Elicitation>,
-}
-
-/// Where a session's agent runs: its sandboxes, its tenant and its directories.
-pub struct Place {
-    pub sandboxes: Arc<super::sandboxes::Sandboxes>,
-    pub tenant: String,
-    pub dirs: super::workspace::SessionDirs,
-    /// Upgraded and held by each task that owns one of the session's sandboxes until it reaped it (see
-    /// [`SessionWorker::stop_and_wait`]); `None` once the session is being stopped.
-    pub alive: mpsc::WeakSender<()>,
-}
-
-/// Switch the session's working directory (a git repository) to `branch`, in the session's own sandbox (the
-/// agent's confinement), before its agent starts, with the configuration [`crate::git`] forces: nothing the
-/// repository names runs.
-async fn switch_branch(place: &Place, spec: &relay_sandbox::SandboxSpec, branch: &str) -> Result<(), String> {
-    let valid = !branch.is_empty()
-        && branch.len() <= 255
-        && !branch.starts_with('-')
-        && !branch.contains("..")
-        && !branch
-            .chars()
-            .any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\".contains(c));
-    if !valid {
-        return Err(format!("{branch:?} is not a branch name"));
-    }
-    let failed = |why: String| format!("cannot switch to branch {branch}: {why}");
-    // The drivers the repository defines, as git reads them (in the sandbox), each forced empty for the switch.
-    let (listed, listing) = git_in_sandbox(
-        place,
-        spec,
-        &crate::git::ForcedConfig::base(),
-        crate::git::LIST_NAMES,
-    )
-    .await
-    .map_err(failed)?;
-    // A listing that failed or was cut could leave a driver unforced.
-    listing.map_err(failed)?;
-    if listed.len() >= LISTING_MAX {
-        return Err(failed(
-            "the repository's configuration is too large to check".into(),
-        ));
-    }
-    if crate::git::ForcedConfig::names_unforceable(&listed) {
-        return Err(failed(
-            "the repository's configuration has names that are not UTF-8".into(),
-        ));
-    }
-    let forced = crate::git::ForcedConfig::for_listed(&listed);
-    let (_, status) = git_in_sandbox(place, spec, &forced, &["switch", branch])
-        .await
-        .map_err(failed)?;
-    status.map_err(failed)
-}
-
-/// The most of a git's output read (a configuration's names); reaching it is an error for the listing.
-const LISTING_MAX: usize = 1024 * 1024;
-/// How long a git the session's start runs (listing the configuration, switching branch) may take.
-const GIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Run git with `args` and the `forced` configuration in the session's sandbox: its output (at most 1 MiB), and
-/// whether it succeeded (else what it said).
-async fn git_in_sandbox(
-    place: &Place,
-    spec: &relay_sandbox::SandboxSpec,
-    forced: &crate::git::ForcedConfig,
-    args: &[&str],
-) -> Result<(Vec<u8>, Result<(), String>), String> {
-    use tokio::io::AsyncReadExt;
-    let mut env = forced.environment();
-    env.insert("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into());
-    let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
-    let (mut child, _slot) = place
-        .sandboxes
-        .start(&place.tenant, spec, "git", &args, &env)
-        .await
-        .map_err(|error| error.to_string())?;
-    drop(child.stdin.take());
-    let (mut out, mut said) = (Vec::new(), Vec::new());
-    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-    // What is kept is bounded; the rest is read and dropped, so git never waits on a full pipe (a refused
-    // switch lists every dirty file).
-    let read_out = async {
-        if let Some(mut stdout) = stdout {
-            let _ = (&mut stdout).take(LISTING_MAX as u64).read_to_end(&mut out).await;
-            let _ = tokio::io::copy(&mut stdout, &mut tokio::io::sink()).await;
-        }
-    };
-    let read_err = async {
-        if let Some(mut stderr) = stderr {
-            let _ = (&mut stderr).take(8 * 1024).read_to_end(&mut said).await;
-            let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
-        }
-    };
-    let finished = tokio::time::timeout(GIT_PATIENCE, async {
-        tokio::join!(read_out, read_err);
-        child.wait().await
-    })
-    .await;
-    let status = match finished {
-        Ok(status) => status.map_err(|error| error.to_string())?,
-        Err(_) => {
-            let _ = child.start_kill();
-            return Err(format!("git did not finish within {}s", GIT_PATIENCE.as_secs()));
-        }
-    };
-    let said = String::from_utf8_lossy(&said);
-    let outcome = if status.success() {
-        Ok(())
-    } else {
-        Err(said.trim().to_string())
-    };
-    Ok((out, outcome))
-}
-
 async fn run(
     config: Arc<AgentConfig>,
     place: Place,
     mut announcer: Announcer,
-    listing: super::Listing,
+    listing: super::listing::Listing,
     start: Start,
     timeouts: Timeouts,
     mut queue: mpsc::UnboundedReceiver<Prompt>,
@@ -741,159 +525,12 @@ async fn run(
     fail_queued(queue, "agentExited", "the agent process exited").await;
 }
 
-/// Why an agent did not start, in its own words: what the connection said, how the process ended, the tail of
-/// its stderr, and any path it names that its sandbox does not show (with how to show it).
-async fn start_failure(
-    error: &str,
-    mut exited: tokio::sync::watch::Receiver<Option<String>>,
-    tail: &Mutex<std::collections::VecDeque<u8>>,
-    unseen: &[PathBuf],
-) -> String {
-    // The process usually ended already; what it said is read by then.
-    let _ = tokio::time::timeout(
-        std::time::Duration::from_secs(2),
-        exited.wait_for(Option::is_some),
-    )
-    .await;
-    let status = exited
-        .borrow()
-        .clone()
-        .unwrap_or_else(|| "still running".to_string());
-    let said = {
-        let tail = tail.lock();
-        String::from_utf8_lossy(&tail.iter().copied().collect::<Vec<u8>>())
-            .trim()
-            .to_string()
-    };
-    let mut message = format!("the agent did not start: {error} (the agent: {status}");
-    if !said.is_empty() {
-        message.push_str(&format!("; it said: {said}"));
-    }
-    message.push(')');
-    message.push_str(&unseen_hints(unseen));
-    message
-}
-
-/// What to say of paths an agent's start names that its sandbox does not show, and how to show them.
-fn unseen_hints(unseen: &[PathBuf]) -> String {
-    unseen
-        .iter()
-        .map(|path| {
-            let dir = path.parent().unwrap_or(path);
-            format!(
-                ". {} is not visible in the agent's sandbox: add {} to the agent's read_only_paths in the \
-                 agents file",
-                path.display(),
-                dir.display()
-            )
-        })
-        .collect()
-}
-
 /// End every turn still queued for an agent that is not running.
 async fn fail_queued(mut queue: mpsc::UnboundedReceiver<Prompt>, error_type: &str, message: &str) {
     queue.close();
     while let Some(prompt) = queue.recv().await {
         fail_turn(&prompt, error_type, message);
     }
-}
-
-/// Keep the last [`STDERR_TAIL_BYTES`] of what the agent writes to stderr (and log it, at debug).
-async fn keep_tail(
-    mut stderr: super::quota::ThrottledReader<tokio::process::ChildStderr>,
-    tail: Arc<Mutex<std::collections::VecDeque<u8>>>,
-    session: String,
-) {
-    use tokio::io::AsyncReadExt;
-    let mut buffer = vec![0_u8; 8192];
-    while let Ok(read) = stderr.read(&mut buffer).await {
-        if read == 0 {
-            return;
-        }
-        tracing::debug!(%session, stderr = %String::from_utf8_lossy(&buffer[..read]), "agent stderr");
-        let mut tail = tail.lock();
-        tail.extend(&buffer[..read]);
-        let excess = tail.len().saturating_sub(STDERR_TAIL_BYTES);
-        tail.drain(..excess);
-    }
-}
-
-/// Said in the chat when an agent restarted without its earlier context.
-pub(crate) const CONTEXT_RESET: &str =
-    "The agent restarted and could not restore this chat's earlier context: it continues without it.";
-
-/// Open a new ACP session in `cwd`: its id and config options.
-pub(crate) async fn open(
-    cx: &ConnectionTo<Agent>,
-    cwd: &std::path::Path,
-) -> Result<(SessionId, Reported), agent_client_protocol::Error> {
-    let created = cx
-        .send_request(NewSessionRequest::new(cwd.to_path_buf()))
-        .block_task()
-        .await?;
-    let reported = Reported {
-        options: created.config_options,
-        modes: created.modes,
-    };
-    Ok((created.session_id, reported))
-}
-
-/// What an agent says about a session's settings when it opens or loads it.
-pub struct Reported {
-    pub(crate) options: Option<Vec<SessionConfigOption>>,
-    pub(crate) modes: Option<SessionModeState>,
-}
-
-/// Load an earlier ACP session; the history the agent replays first is dropped (the relay has it).
-pub(crate) async fn load(
-    cx: &ConnectionTo<Agent>,
-    id: &str,
-    cwd: &std::path::Path,
-    asks: &mut AgentAsks,
-) -> Option<(SessionId, Reported)> {
-    let loaded = cx
-        .send_request(LoadSessionRequest::new(
-            SessionId::new(id.to_string()),
-            cwd.to_path_buf(),
-        ))
-        .block_task()
-        .await;
-    while asks.updates.try_recv().is_ok() {}
-    match loaded {
-        Ok(loaded) => Some((
-            SessionId::new(id.to_string()),
-            Reported {
-                options: loaded.config_options,
-                modes: loaded.modes,
-            },
-        )),
-        Err(error) => {
-            tracing::info!(%error, "the agent could not load its session; opening a new one");
-            None
-        }
-    }
-}
-
-/// A refused file operation, as the agent sees it.
-/// An agent's ACP `authMethods`, for its operators: `name (id): description`, `; `-separated.
-fn describe_auth_methods(methods: &[agent_client_protocol::v1::schema::AuthMethod]) -> String {
-    use agent_client_protocol::v1::schema::AuthMethod;
-    methods
-        .iter()
-        .map(|method| {
-            let (id, name, description) = match method {
-                AuthMethod::Terminal(m) => (m.id.to_string(), &m.name, m.description.as_deref()),
-                AuthMethod::Agent(m) => (m.id.to_string(), &m.name, m.description.as_deref()),
-                #[allow(unreachable_patterns)]
-                _ => return String::from("(an unknown kind of method)"),
-            };
-            match description {
-                Some(description) => format!("{name} ({id}): {description}"),
-                None => format!("{name} ({id})"),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 /// The answer to a request past the turn's output budget.

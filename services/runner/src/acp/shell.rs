@@ -37,7 +37,7 @@ use tokio::time::Instant;
 
 use super::config::AgentConfig;
 use super::sandboxes::Sandboxes;
-use super::SessionKey;
+use super::session_key::SessionKey;
 use crate::provider::{ChatSink, Emitted, TerminalKey, TerminalRequest};
 use crate::pty::{PtyController, TerminalSize};
 use crate::shell_integration::{MarkParser, ShellEvent, BASH_RC};

@@ -72,7 +72,7 @@ pub enum TerminalError {
 pub struct Terminals {
     cwd: PathBuf,
     /// Where the session's processes run (sandboxes, tenant, directories).
-    place: super::session::Place,
+    place: super::agent_link::Place,
     /// The AHP session the terminals belong to.
     session: String,
     sink: Arc<dyn ChatSink>,
@@ -170,7 +170,7 @@ impl Drop for Terminal {
 
 impl Terminals {
     pub fn new(
-        place: super::session::Place,
+        place: super::agent_link::Place,
         session: String,
         sink: Arc<dyn ChatSink>,
         config: Arc<AgentConfig>,
