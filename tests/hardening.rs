@@ -146,7 +146,7 @@ async fn an_unreadable_turn_archive_does_not_make_its_session_unloadable() {
             &relay_store::CommitBatch {
                 last_seq: last,
                 snapshots: vec![relay_store::SnapshotEntry {
-                    channel: relay_shard::replay::archive::key(&chat),
+                    channel: relay_shard::model::archive::key(&chat),
                     parent: None,
                     seq: last,
                     state: "{not turns".into(),

@@ -151,7 +151,7 @@ impl Host {
             // A changeset is opened (and computed again) when a client subscribes to it.
             "subscribe" => {
                 if let Some(channel) = message.channel() {
-                    if channel.starts_with(crate::workspace::changesets::CHANGESET_SCHEME) {
+                    if channel.starts_with(crate::model::changeset_uris::CHANGESET_SCHEME) {
                         self.with_core(|core| core.changeset_subscribed(&channel));
                     }
                 }

@@ -255,7 +255,7 @@ impl HostCore {
         {
             return Err(RpcError::invalid_params(format!(
                 "{source} has {archived} archived turns: a fork copies at most {} turns and {} bytes of them",
-                crate::replay::archive::MAX_LOADED_BACK,
+                crate::model::archive::MAX_LOADED_BACK,
                 self.limits.max_reply_bytes
             )));
         }
@@ -335,8 +335,8 @@ impl HostCore {
             StateAction::SessionChatRemoved(SessionChatRemovedAction { chat: chat.clone() }),
         );
         self.seq.dispose(&chat);
-        self.seq.forget(&crate::replay::archive::key(&chat));
-        self.seq.forget(&crate::replay::archive::legacy_key(&chat));
+        self.seq.forget(&crate::model::archive::key(&chat));
+        self.seq.forget(&crate::model::archive::legacy_key(&chat));
         self.note_disposing(std::iter::once(chat.clone()));
         for state in self.connections.values_mut() {
             state.subscriptions.remove(&chat);

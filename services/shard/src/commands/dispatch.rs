@@ -323,14 +323,14 @@ impl HostCore {
         let Some(record) = self.model.chats.get_mut(chat) else {
             return;
         };
-        let first = crate::replay::archive::first_held(&record.state);
+        let first = crate::model::archive::first_held(&record.state);
         if first == record.archived {
             return;
         }
         record.archived = first;
         if first == 0 {
-            self.seq.forget(&crate::replay::archive::key(chat));
-            self.seq.forget(&crate::replay::archive::legacy_key(chat));
+            self.seq.forget(&crate::model::archive::key(chat));
+            self.seq.forget(&crate::model::archive::legacy_key(chat));
             self.store_snapshot(chat);
         }
     }

@@ -288,7 +288,7 @@ impl HostCore {
         let turns = match params.view.and_then(|v| v.turns) {
             Some(n) if n < 0 => return Err(RpcError::invalid_params("view.turns must not be negative")),
             Some(n) => n as usize,
-            // "All retained turns" (see crate::replay::archive).
+            // "All retained turns" (see crate::model::archive).
             None => self.limits.retained_turns,
         };
         // A resource watch is its connection's alone: to any other it does not exist.

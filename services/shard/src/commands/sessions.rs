@@ -222,8 +222,8 @@ impl HostCore {
         self.session_count = self.session_count.saturating_sub(1);
         for chat in &chats {
             self.seq.dispose(chat);
-            self.seq.forget(&crate::replay::archive::key(chat));
-            self.seq.forget(&crate::replay::archive::legacy_key(chat));
+            self.seq.forget(&crate::model::archive::key(chat));
+            self.seq.forget(&crate::model::archive::legacy_key(chat));
         }
         self.seq.catalog(CatalogChange::Remove { uri: uri.clone() });
         self.seq.dispose(&uri);

@@ -82,7 +82,7 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
     // A changeset is opened in its session, which must be loaded for it.
     let sessions: Vec<String> = out
         .iter()
-        .filter_map(|channel| crate::workspace::changesets::parse_uri(channel).map(|(session, _)| session))
+        .filter_map(|channel| crate::model::changeset_uris::parse_uri(channel).map(|(session, _)| session))
         .collect();
     out.extend(sessions);
     out.into_iter()
@@ -90,7 +90,7 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
             c.starts_with("ahp-session:")
                 || c.starts_with("ahp-chat:")
                 || c.starts_with(crate::model::TERMINAL_SCHEME)
-                || c.starts_with(crate::workspace::changesets::CHANGESET_SCHEME)
+                || c.starts_with(crate::model::changeset_uris::CHANGESET_SCHEME)
         })
         .collect()
 }

@@ -68,7 +68,7 @@ impl Host {
         };
         let (uri, session) = if channel.starts_with("ahp-chat:")
             || channel.starts_with(TERMINAL_SCHEME)
-            || channel.starts_with(crate::workspace::changesets::CHANGESET_SCHEME)
+            || channel.starts_with(crate::model::changeset_uris::CHANGESET_SCHEME)
         {
             #[derive(Deserialize)]
             struct Parent {
@@ -86,7 +86,7 @@ impl Host {
         let mut terminals = Vec::new();
         let mut changesets = Vec::new();
         for chat in self.store.chats_of(tenant, host, &uri).await? {
-            if chat.starts_with(crate::workspace::changesets::CHANGESET_SCHEME) {
+            if chat.starts_with(crate::model::changeset_uris::CHANGESET_SCHEME) {
                 if let Some(record) = self.store.load_channel(tenant, host, &chat).await? {
                     changesets.push((chat, record));
                 }
@@ -99,7 +99,7 @@ impl Host {
                 continue;
             }
             if let Some(record) = self.store.load_channel(tenant, host, &chat).await? {
-                let legacy = match crate::replay::archive::read_legacy(&self.store, &self.key, &chat).await {
+                let legacy = match crate::model::archive::read_legacy(&self.store, &self.key, &chat).await {
                     Ok(legacy) => legacy,
                     // An unreadable archive costs the chat its old turns' paging, never the whole session.
                     Err(error @ ShardError::Corrupt(_)) => {
@@ -168,15 +168,15 @@ impl HostCore {
                 }
                 interrupted.push((uri.clone(), turn.id.clone(), turn.started_at.clone()));
             }
-            let mut archived = crate::replay::archive::first_held(&state);
+            let mut archived = crate::model::archive::first_held(&state);
             let mut rewritten = false;
             if let Some(legacy) = legacy {
                 // An earlier release's single-row archive becomes rows (the row goes in the same batch). Only
                 // its first `archived` turns count: the rest were loaded back into state.
                 archived = archived.min(legacy.len());
-                state.turns_next_cursor = crate::replay::archive::cursor_before(archived);
-                self.seq.forget(&crate::replay::archive::key(&uri));
-                self.seq.forget(&crate::replay::archive::legacy_key(&uri));
+                state.turns_next_cursor = crate::model::archive::cursor_before(archived);
+                self.seq.forget(&crate::model::archive::key(&uri));
+                self.seq.forget(&crate::model::archive::legacy_key(&uri));
                 let moved = legacy.into_iter().take(archived).enumerate().collect();
                 self.archive_turns(&uri, moved);
                 rewritten = true;
@@ -189,7 +189,7 @@ impl HostCore {
                 self.limits.retained_turns,
                 self.limits.retained_turn_bytes,
             );
-            let moved = crate::replay::archive::age(&mut state, archived, keep, 0);
+            let moved = crate::model::archive::age(&mut state, archived, keep, 0);
             if !moved.is_empty() {
                 archived += moved.len();
                 self.archive_turns(&uri, moved);

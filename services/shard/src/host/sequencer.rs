@@ -249,7 +249,7 @@ impl PendingBatch {
                 .map(|(u, _)| *u),
         );
         // A chat's archive is its chat's: a unit that moved turns out of a reloaded chat goes with it.
-        let archives: HashSet<String> = channels.iter().map(|c| crate::replay::archive::key(c)).collect();
+        let archives: HashSet<String> = channels.iter().map(|c| crate::model::archive::key(c)).collect();
         touching.extend(
             self.turns
                 .iter()

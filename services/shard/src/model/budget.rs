@@ -75,7 +75,7 @@ impl HostModel {
 /// The absolute index of the first turn a chat snapshot carries (0 for other snapshots).
 pub fn first_turn_of(snapshot: &Snapshot) -> usize {
     match &snapshot.state {
-        SnapshotState::Chat(chat) => crate::replay::archive::first_held(chat),
+        SnapshotState::Chat(chat) => crate::model::archive::first_held(chat),
         _ => 0,
     }
 }

@@ -280,7 +280,7 @@ pub fn limit_turns(chat: &ChatState, turns: usize, archived: usize) -> ChatState
     if chat.turns.len() > turns {
         let cut = chat.turns.len() - turns;
         limited.turns = chat.turns[cut..].to_vec();
-        limited.turns_next_cursor = crate::replay::archive::cursor_before(archived + cut);
+        limited.turns_next_cursor = crate::model::archive::cursor_before(archived + cut);
     }
     limited
 }

@@ -7,7 +7,9 @@
 //! the newest-first catalogue behind `listSessions`, and the projections (summaries, snapshots) clients read.
 
 pub mod agent_context;
+pub mod archive;
 mod budget;
+pub mod changeset_uris;
 mod documents;
 mod host_model;
 mod projections;

@@ -1,4 +1,4 @@
-//! Turns leaving a chat's live state for its archive ([`crate::replay::archive`] says how): when a turn ends in a
+//! Turns leaving a chat's live state for its archive ([`crate::model::archive`] says how): when a turn ends in a
 //! chat that holds more than its retained turns (plus the slack), and when a chat is restored. The moved turns
 //! are written with the batch that moves them, beside the chat's snapshot without them, so memory, every
 //! snapshot and every load hold a chat's retained turns however long it grows.
@@ -11,7 +11,7 @@ use ahp_types::actions::StateAction;
 use ahp_types::state::{PendingMessageKind, Turn};
 
 use crate::host::HostCore;
-use crate::replay::archive;
+use crate::model::archive;
 
 impl HostCore {
     /// After `action` on `chat`: once a turn ended, the oldest turns beyond the retained ones (and the slack)

@@ -4,7 +4,7 @@
 //! chat's history: its snapshot's `view.turns` and the pages it fetched), numbered and written to the client
 //! before the `fetchTurns` response (the reply names it in `deliver_first`). Without a cursor the page is the
 //! one before the oldest turn the connection holds. Where the archived turns live and how they page is
-//! [`crate::replay::archive`]'s.
+//! [`crate::model::archive`]'s.
 
 use ahp_types::actions::{ChatTurnsLoadedAction, StateAction};
 use ahp_types::commands::{ChatSource, CreateChatParams, DispatchActionParams, FetchTurnsParams};
@@ -15,7 +15,7 @@ use relay_core::ConnectionId;
 
 use crate::error::ShardError;
 use crate::host::{Host, HostCore};
-use crate::replay::archive::{self, Page};
+use crate::model::archive::{self, Page};
 use crate::reply::{answer, not_found, reply};
 
 /// An operation that names a turn which may be archived.

@@ -65,7 +65,7 @@ pub(super) fn check_truncation_reach(
             Err(format!(
                 "turn {turn_id} is not among the chat's loaded turns: one truncation reaches back at most {} \
                  archived turns (and the reply budget in bytes)",
-                crate::replay::archive::MAX_LOADED_BACK
+                crate::model::archive::MAX_LOADED_BACK
             ))
         }
         _ => Ok(()),

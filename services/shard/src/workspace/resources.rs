@@ -88,7 +88,7 @@ fn operation(message: &InboundMessage) -> Result<FileOp, RpcError> {
         "resourceRead" => {
             let params: ResourceReadParams = message.parse_params()?;
             // A changeset's file as a checkpoint holds it ([`crate::workspace::changesets`]).
-            match crate::workspace::changesets::parse_checkpoint_uri(&params.uri) {
+            match crate::model::changeset_uris::parse_checkpoint_uri(&params.uri) {
                 Some((object, path)) => FileOp::ReadVersion { object, path },
                 None => FileOp::Read {
                     path: path_of(&params.uri)?,
