@@ -201,7 +201,7 @@ impl HostCore {
             terminal_command_prefix: self
                 .limits
                 .device_terminals
-                .then(|| crate::workspace::device_terminals::TERMINAL_COMMAND_PREFIX.to_string()),
+                .then(|| crate::workspace::command_turns::TERMINAL_COMMAND_PREFIX.to_string()),
             telemetry: None,
             automations: None,
         };
