@@ -54,7 +54,7 @@ pub fn channels_named_by(message: &InboundMessage) -> Vec<String> {
         let meta = named
             .meta
             .as_ref()
-            .and_then(|meta| meta.get(crate::workspace::device_terminals::SESSION_META));
+            .and_then(|meta| meta.get(crate::model::TERMINAL_SESSION_META));
         out.extend(
             [claimed, meta]
                 .into_iter()

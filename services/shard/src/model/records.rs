@@ -133,6 +133,8 @@ pub struct CommandTurn {
 
 /// The URI scheme of terminal channels.
 pub const TERMINAL_SCHEME: &str = "ahp-terminal:";
+/// The `_meta` key naming the session of a terminal a client claims for itself.
+pub const TERMINAL_SESSION_META: &str = "ahpRelay/session";
 
 /// What a changeset channel compares.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

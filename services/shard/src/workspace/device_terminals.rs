@@ -25,8 +25,6 @@ use crate::model::{ChannelKind, CommandTurn, DeviceTerminal, TERMINAL_SCHEME};
 use crate::reply::{answer, reply, CommandResult};
 use crate::validate::MAX_TERMINAL_TITLE;
 
-/// The `_meta` key naming the session of a terminal a client claims for itself.
-pub const SESSION_META: &str = "ahpRelay/session";
 /// How long a terminal may take to start.
 pub(crate) const START_PATIENCE: Duration = Duration::from_secs(30);
 /// How often a loaded session asks again for a running terminal no provider said it holds.
@@ -202,7 +200,7 @@ impl HostCore {
                     let named = params
                         .meta
                         .as_ref()
-                        .and_then(|meta| meta.get(SESSION_META))
+                        .and_then(|meta| meta.get(crate::model::TERMINAL_SESSION_META))
                         .and_then(|session| session.as_str())
                         .map(str::to_string);
                     // A client that follows the spec alone names a `cwd`: the session whose directory holds it.
