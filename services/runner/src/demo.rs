@@ -441,7 +441,7 @@ impl DemoTurn {
                         ToolResultContent::Text(ToolResultTextContent {
                             text: prompt.to_string(),
                         }),
-                        ToolResultContent::FileEdit(crate::acp::turn::file_edit(
+                        ToolResultContent::FileEdit(crate::acp::turn_content::file_edit(
                             std::path::Path::new(DEMO_EDITED_FILE),
                             Some(DEMO_EDITED_BEFORE),
                             &format!("{DEMO_EDITED_BEFORE}{prompt}\n"),

@@ -26,9 +26,12 @@ pub mod session;
 pub mod session_git;
 pub mod session_key;
 pub mod shell;
+pub mod shell_output;
 pub mod start_failure;
 pub mod terminal;
 pub mod turn;
+pub mod turn_content;
+pub mod turn_tools;
 pub mod workspace;
 
 pub use config::{AgentConfig, AgentConfigError, AgentsFile};

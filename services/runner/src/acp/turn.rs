@@ -12,40 +12,34 @@ use std::time::Instant;
 
 use agent_client_protocol::schema::MaybeUndefined;
 use agent_client_protocol::v1::schema::{
-    ContentBlock, CreateElicitationRequest, CreateElicitationResponse, PermissionOption,
-    PermissionOptionKind, PlanEntry, PlanEntryStatus, RequestPermissionOutcome, RequestPermissionRequest,
-    RequestPermissionResponse, SelectedPermissionOutcome, SessionUpdate, StopReason, ToolCallContent,
-    ToolCallStatus, ToolCallUpdateFields,
+    CreateElicitationRequest, CreateElicitationResponse, PermissionOption, RequestPermissionResponse,
+    SessionUpdate, StopReason, ToolCallUpdateFields,
 };
 use agent_client_protocol::v1::Responder;
 use ahp_types::actions::{
     ChatActivityChangedAction, ChatDeltaAction, ChatErrorAction, ChatInputRequestedAction,
-    ChatReasoningAction, ChatResponsePartAction, ChatToolCallCompleteAction,
-    ChatToolCallContentChangedAction, ChatToolCallReadyAction, ChatToolCallStartAction,
-    ChatTurnCancelledAction, ChatTurnCompleteAction, ChatUsageAction, SessionConfigChangedAction,
-    SessionTitleChangedAction, StateAction,
+    ChatReasoningAction, ChatResponsePartAction, ChatTurnCancelledAction, ChatTurnCompleteAction,
+    ChatUsageAction, SessionConfigChangedAction, SessionTitleChangedAction, StateAction,
 };
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
-    ChatInputResponseKind, ConfirmationOption, ConfirmationOptionKind, ContentRef, ErrorInfo,
-    ErrorResponsePart, FileEditDiffStats, FileEditSide, MarkdownResponsePart, ReasoningResponsePart,
-    ResponsePart, SystemNotificationResponsePart, ToolCallConfirmationReason, ToolCallResult, ToolInput,
-    ToolResultContent, ToolResultFileEditContent, ToolResultTerminalContent, ToolResultTextContent,
-    UsageInfo,
+    ChatInputResponseKind, ErrorInfo, ErrorResponsePart, MarkdownResponsePart, ReasoningResponsePart,
+    ResponsePart, SystemNotificationResponsePart, UsageInfo,
 };
 
+use super::turn_content::*;
 use crate::provider::ChatSink;
 
 /// The kind of text part being streamed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TextKind {
+pub(crate) enum TextKind {
     Markdown,
     Reasoning,
 }
 
 /// Where a tool call stands, as AHP sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ToolPhase {
+pub(crate) enum ToolPhase {
     Streaming,
     PendingConfirmation,
     Running,
@@ -54,12 +48,12 @@ enum ToolPhase {
 
 /// A permission request waiting for a device's answer.
 pub struct ParkedPermission {
-    options: Vec<PermissionOption>,
-    responder: Responder<RequestPermissionResponse>,
+    pub(crate) options: Vec<PermissionOption>,
+    pub(crate) responder: Responder<RequestPermissionResponse>,
 }
 
 /// An elicitation waiting for a device's answer.
-type ParkedInput = Responder<CreateElicitationResponse>;
+pub(crate) type ParkedInput = Responder<CreateElicitationResponse>;
 
 /// Numbers every question asked in this process (see [`TurnMapper::elicitation`]).
 static NEXT_INPUT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -67,23 +61,23 @@ static NEXT_INPUT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::
 /// The mapping state of one turn.
 pub struct TurnMapper {
     /// The chat's session (titles go there).
-    session: Option<String>,
-    chat: String,
-    turn_id: String,
-    sink: Arc<dyn ChatSink>,
-    started: Instant,
-    parts: usize,
+    pub(crate) session: Option<String>,
+    pub(crate) chat: String,
+    pub(crate) turn_id: String,
+    pub(crate) sink: Arc<dyn ChatSink>,
+    pub(crate) started: Instant,
+    pub(crate) parts: usize,
     /// The text part being streamed and its not yet emitted text.
-    current: Option<(TextKind, String)>,
-    pending_text: String,
-    tools: HashMap<String, (ToolPhase, String)>,
-    parked: HashMap<String, ParkedPermission>,
-    inputs: HashMap<String, ParkedInput>,
+    pub(crate) current: Option<(TextKind, String)>,
+    pub(crate) pending_text: String,
+    pub(crate) tools: HashMap<String, (ToolPhase, String)>,
+    pub(crate) parked: HashMap<String, ParkedPermission>,
+    pub(crate) inputs: HashMap<String, ParkedInput>,
     /// Elicitations asked in this turn: each gets the next number in its id (never reused, also while
     /// earlier ones were answered and others wait).
-    inputs_asked: usize,
+    pub(crate) inputs_asked: usize,
     /// Whether the chat's activity shows the agent's plan (cleared when the turn ends).
-    plan_shown: bool,
+    pub(crate) plan_shown: bool,
     /// Actions emitted (for the coalescing measurement).
     pub emitted: usize,
 }
@@ -108,17 +102,17 @@ impl TurnMapper {
         }
     }
 
-    fn emit(&mut self, action: StateAction) -> bool {
+    pub(crate) fn emit(&mut self, action: StateAction) -> bool {
         self.emitted += 1;
         self.sink.emit(&self.chat, action).applied()
     }
 
-    fn emit_on(&mut self, channel: &str, action: StateAction) -> bool {
+    pub(crate) fn emit_on(&mut self, channel: &str, action: StateAction) -> bool {
         self.emitted += 1;
         self.sink.emit(channel, action).applied()
     }
 
-    fn duration(&self) -> i64 {
+    pub(crate) fn duration(&self) -> i64 {
         i64::try_from(self.started.elapsed().as_millis()).unwrap_or(i64::MAX)
     }
 
@@ -153,7 +147,7 @@ impl TurnMapper {
         !self.pending_text.is_empty()
     }
 
-    fn text(&mut self, kind: TextKind, text: &str) {
+    pub(crate) fn text(&mut self, kind: TextKind, text: &str) {
         if text.is_empty() {
             return;
         }
@@ -290,224 +284,6 @@ impl TurnMapper {
         }
     }
 
-    fn start_tool(
-        &mut self,
-        id: &str,
-        title: &str,
-        name: Option<&str>,
-        raw_input: Option<&serde_json::Value>,
-    ) {
-        if self.tools.contains_key(id) {
-            return;
-        }
-        self.flush();
-        self.current = None;
-        self.tools
-            .insert(id.to_string(), (ToolPhase::Streaming, title.to_string()));
-        let turn_id = self.turn_id.clone();
-        self.emit(StateAction::ChatToolCallStart(ChatToolCallStartAction {
-            turn_id,
-            tool_call_id: id.to_string(),
-            meta: None,
-            tool_name: name.unwrap_or(title).to_string(),
-            display_name: title.to_string(),
-            intention: raw_input.map(|input| input.to_string()),
-            contributor: None,
-        }));
-    }
-
-    fn ready(&mut self, id: &str, options: Option<Vec<ConfirmationOption>>) {
-        let Some((phase, title)) = self.tools.get(id).cloned() else {
-            return;
-        };
-        let pending = options.is_some();
-        if phase == ToolPhase::Done || (!pending && phase != ToolPhase::Streaming) {
-            return;
-        }
-        let turn_id = self.turn_id.clone();
-        self.emit(StateAction::ChatToolCallReady(ChatToolCallReadyAction {
-            turn_id,
-            tool_call_id: id.to_string(),
-            meta: None,
-            contributor: None,
-            intention: None,
-            invocation_message: StringOrMarkdown::Plain(title.clone()),
-            tool_input: None::<ToolInput>,
-            confirmation_title: pending.then(|| StringOrMarkdown::Plain(title.clone())),
-            risk_assessment: None,
-            edits: None,
-            editable: Some(false),
-            confirmed: (!pending).then_some(ToolCallConfirmationReason::NotNeeded),
-            options,
-        }));
-        let phase = if pending {
-            ToolPhase::PendingConfirmation
-        } else {
-            ToolPhase::Running
-        };
-        self.tools.insert(id.to_string(), (phase, title));
-    }
-
-    fn tool_update(&mut self, id: &str, fields: ToolCallUpdateFields) {
-        self.flush();
-        self.current = None;
-        if let Some(title) = &fields.title {
-            if let Some(entry) = self.tools.get_mut(id) {
-                entry.1 = title.clone();
-            }
-        }
-        let status = fields.status.unwrap_or(ToolCallStatus::Pending);
-        match status {
-            ToolCallStatus::InProgress => {
-                self.ready(id, None);
-                let content = result_contents(fields.content.as_deref());
-                let running = self
-                    .tools
-                    .get(id)
-                    .is_some_and(|(phase, _)| *phase == ToolPhase::Running);
-                if running && !content.is_empty() {
-                    let turn_id = self.turn_id.clone();
-                    self.emit(StateAction::ChatToolCallContentChanged(
-                        ChatToolCallContentChangedAction {
-                            turn_id,
-                            tool_call_id: id.to_string(),
-                            meta: None,
-                            content,
-                        },
-                    ));
-                }
-            }
-            ToolCallStatus::Completed | ToolCallStatus::Failed => {
-                self.ready(id, None);
-                let Some((phase, title)) = self.tools.get(id).cloned() else {
-                    return;
-                };
-                if phase == ToolPhase::Done {
-                    return;
-                }
-                let content = result_contents(fields.content.as_deref());
-                let turn_id = self.turn_id.clone();
-                self.emit(StateAction::ChatToolCallComplete(ChatToolCallCompleteAction {
-                    turn_id,
-                    tool_call_id: id.to_string(),
-                    meta: None,
-                    result: ToolCallResult {
-                        success: status == ToolCallStatus::Completed,
-                        past_tense_message: StringOrMarkdown::Plain(title.clone()),
-                        content: (!content.is_empty()).then_some(content),
-                        structured_content: None,
-                        error: None,
-                    },
-                    requires_result_confirmation: None,
-                }));
-                self.tools.insert(id.to_string(), (ToolPhase::Done, title));
-            }
-            _ => {}
-        }
-    }
-
-    /// The agent asks for permission: a pending confirmation any device of the session may answer.
-    pub fn permission(
-        &mut self,
-        request: RequestPermissionRequest,
-        responder: Responder<RequestPermissionResponse>,
-    ) {
-        let id = request.tool_call.tool_call_id.to_string();
-        let title = request
-            .tool_call
-            .fields
-            .title
-            .clone()
-            .unwrap_or_else(|| id.clone());
-        self.start_tool(
-            &id,
-            &title,
-            request.tool_call.fields.name.as_deref(),
-            request.tool_call.fields.raw_input.as_ref(),
-        );
-        let options = request
-            .options
-            .iter()
-            .map(|option| ConfirmationOption {
-                id: option.option_id.to_string(),
-                label: option.name.clone(),
-                kind: if is_allow(option.kind) {
-                    ConfirmationOptionKind::Approve
-                } else {
-                    ConfirmationOptionKind::Deny
-                },
-                group: None,
-            })
-            .collect();
-        self.ready(&id, Some(options));
-        self.parked.insert(
-            id,
-            ParkedPermission {
-                options: request.options,
-                responder,
-            },
-        );
-    }
-
-    /// A device answered a pending confirmation: answer the agent with the chosen option, or the first of
-    /// the right kind (allow once before always; reject once before always).
-    pub fn confirmed(&mut self, tool_call_id: &str, approved: bool, selected: Option<&str>) {
-        let Some(parked) = self.parked.remove(tool_call_id) else {
-            return;
-        };
-        let by_kind = |kinds: &[PermissionOptionKind]| {
-            kinds.iter().find_map(|kind| {
-                parked
-                    .options
-                    .iter()
-                    .find(|o| o.kind == *kind)
-                    .map(|o| o.option_id.clone())
-            })
-        };
-        let chosen = selected
-            .and_then(|id| {
-                parked
-                    .options
-                    .iter()
-                    .find(|o| o.option_id.to_string() == id && is_allow(o.kind) == approved)
-            })
-            .map(|o| o.option_id.clone())
-            .or_else(|| {
-                if approved {
-                    by_kind(&[PermissionOptionKind::AllowOnce, PermissionOptionKind::AllowAlways])
-                } else {
-                    by_kind(&[
-                        PermissionOptionKind::RejectOnce,
-                        PermissionOptionKind::RejectAlways,
-                    ])
-                }
-            });
-        let outcome = match chosen {
-            Some(option) => RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(option)),
-            None => RequestPermissionOutcome::Cancelled,
-        };
-        if let Err(error) = parked.responder.respond(RequestPermissionResponse::new(outcome)) {
-            tracing::debug!(%error, "the agent no longer waits for this permission");
-        }
-        if let Some(entry) = self.tools.get_mut(tool_call_id) {
-            entry.0 = ToolPhase::Running;
-        }
-    }
-
-    /// The turn was cancelled: every pending permission and elicitation is answered `cancelled` (ACP: MUST).
-    pub fn cancel_permissions(&mut self) {
-        for (_, parked) in self.parked.drain() {
-            let _ = parked.responder.respond(RequestPermissionResponse::new(
-                RequestPermissionOutcome::Cancelled,
-            ));
-        }
-        for (_, responder) in self.inputs.drain() {
-            if let Some(cancel) = super::elicit::response_of(ChatInputResponseKind::Cancel, None) {
-                let _ = responder.respond(cancel);
-            }
-        }
-    }
-
     /// The agent asks the user something: an AHP input request any device of the session may answer.
     pub fn elicitation(&mut self, request: CreateElicitationRequest, responder: ParkedInput) {
         self.flush();
@@ -583,7 +359,7 @@ impl TurnMapper {
     }
 
     /// The agent's settings changed to `current`: `session/configChanged` on the session.
-    fn settings_changed(&mut self, current: ahp_types::common::JsonObject) {
+    pub(crate) fn settings_changed(&mut self, current: ahp_types::common::JsonObject) {
         if let (false, Some(session)) = (current.is_empty(), self.session.clone()) {
             self.emit_on(
                 &session,
@@ -596,7 +372,7 @@ impl TurnMapper {
     }
 
     /// The plan ends with its turn: the chat's activity no longer shows it.
-    fn clear_plan(&mut self) {
+    pub(crate) fn clear_plan(&mut self) {
         if std::mem::take(&mut self.plan_shown) {
             self.emit(StateAction::ChatActivityChanged(ChatActivityChangedAction {
                 activity: None,
@@ -630,164 +406,3 @@ impl TurnMapper {
 
 /// The key of `chat/usage`'s `usage._meta` holding the agent's context window (`used`, `size`, `cost`).
 pub const CONTEXT_WINDOW_META: &str = "ahpRelay/contextWindow";
-
-/// A chat's activity for an agent's plan: the entry in progress (else the next pending one) and how many are
-/// done; none once every entry is done.
-fn plan_activity(entries: &[PlanEntry]) -> Option<String> {
-    let done = entries
-        .iter()
-        .filter(|entry| entry.status == PlanEntryStatus::Completed)
-        .count();
-    let current = entries
-        .iter()
-        .find(|entry| entry.status == PlanEntryStatus::InProgress)
-        .or_else(|| {
-            entries
-                .iter()
-                .find(|entry| entry.status == PlanEntryStatus::Pending)
-        })?;
-    Some(format!("{} ({done}/{} done)", current.content, entries.len()))
-}
-
-/// An ACP tool call's content as AHP tool result content: text; a diff as a file edit (each side's content
-/// inline as a `data:` URI, since AHP 1.0 carries file contents by reference, with line counts); a terminal
-/// the relay runs as a link to its `ahp-terminal:` channel.
-fn result_contents(contents: Option<&[ToolCallContent]>) -> Vec<ToolResultContent> {
-    contents
-        .into_iter()
-        .flatten()
-        .filter_map(|content| match content {
-            // An image as the image it is (the host keeps a large one by reference).
-            ToolCallContent::Content(c) => match &c.content {
-                ContentBlock::Image(image) => Some(ToolResultContent::EmbeddedResource(
-                    ahp_types::state::ToolResultEmbeddedResourceContent {
-                        data: image.data.clone(),
-                        content_type: image.mime_type.clone(),
-                    },
-                )),
-                other => Some(ToolResultContent::Text(ToolResultTextContent {
-                    text: text_of(other),
-                })),
-            },
-            ToolCallContent::Diff(diff) => Some(ToolResultContent::FileEdit(file_edit(
-                &diff.path,
-                diff.old_text.as_deref(),
-                &diff.new_text,
-            ))),
-            ToolCallContent::Terminal(terminal) => {
-                let uri = terminal.terminal_id.0.to_string();
-                uri.starts_with("ahp-terminal:").then(|| {
-                    ToolResultContent::Terminal(ToolResultTerminalContent {
-                        resource: uri,
-                        title: "Terminal".into(),
-                        is_pty: Some(false),
-                        result: None,
-                    })
-                })
-            }
-            _ => None,
-        })
-        .collect()
-}
-
-/// A file edit: `path` from `before` (absent: a new file) to `after`.
-pub fn file_edit(path: &std::path::Path, before: Option<&str>, after: &str) -> ToolResultFileEditContent {
-    let uri = format!("file://{}", path.display());
-    let side = |text: &str| FileEditSide {
-        uri: uri.clone(),
-        content: ContentRef {
-            uri: data_uri(text),
-            size_hint: i64::try_from(text.len()).ok(),
-            content_type: Some("text/plain".into()),
-            nonce: None,
-        },
-    };
-    let (added, removed) = changed_lines(before.unwrap_or(""), after);
-    ToolResultFileEditContent {
-        before: before.map(side),
-        after: Some(side(after)),
-        diff: Some(FileEditDiffStats {
-            added: Some(added),
-            removed: Some(removed),
-        }),
-    }
-}
-
-/// `text` as a `data:` URI.
-fn data_uri(text: &str) -> String {
-    use base64::Engine;
-    format!(
-        "data:text/plain;charset=utf-8;base64,{}",
-        base64::engine::general_purpose::STANDARD.encode(text)
-    )
-}
-
-/// Lines only in `after` and lines only in `before`, counted as multisets (an edit's size, not its
-/// position).
-fn changed_lines(before: &str, after: &str) -> (i64, i64) {
-    let mut counts: HashMap<&str, i64> = HashMap::new();
-    for line in before.lines() {
-        *counts.entry(line).or_default() -= 1;
-    }
-    for line in after.lines() {
-        *counts.entry(line).or_default() += 1;
-    }
-    let added = counts.values().filter(|n| **n > 0).sum();
-    let removed = -counts.values().filter(|n| **n < 0).sum::<i64>();
-    (added, removed)
-}
-
-fn is_allow(kind: PermissionOptionKind) -> bool {
-    matches!(
-        kind,
-        PermissionOptionKind::AllowOnce | PermissionOptionKind::AllowAlways
-    )
-}
-
-/// The text of a content block (other kinds are named, not shown: AHP needs hosted URIs for them).
-fn text_of(content: &ContentBlock) -> String {
-    match content {
-        ContentBlock::Text(text) => text.text.clone(),
-        ContentBlock::ResourceLink(link) => link.uri.clone(),
-        _ => String::new(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_plan_shows_its_current_entry_and_progress() {
-        use agent_client_protocol::v1::schema::PlanEntryPriority;
-        let entry = |content: &str, status| PlanEntry::new(content, PlanEntryPriority::Medium, status);
-        let plan = [
-            entry("read", PlanEntryStatus::Completed),
-            entry("write", PlanEntryStatus::InProgress),
-            entry("test", PlanEntryStatus::Pending),
-        ];
-        assert_eq!(plan_activity(&plan).as_deref(), Some("write (1/3 done)"));
-        assert_eq!(plan_activity(&plan[..1]), None);
-    }
-
-    #[test]
-    fn a_file_edit_carries_both_sides_and_its_line_counts() {
-        let edit = file_edit(
-            std::path::Path::new("/w/a.txt"),
-            Some("one\ntwo\n"),
-            "one\nthree\nfour\n",
-        );
-        assert_eq!(
-            edit.before.as_ref().map(|side| side.uri.as_str()),
-            Some("file:///w/a.txt")
-        );
-        let after = edit.after.expect("after");
-        assert_eq!(after.content.uri, data_uri("one\nthree\nfour\n"));
-        let stats = edit.diff.expect("stats");
-        assert_eq!((stats.added, stats.removed), (Some(2), Some(1)));
-        // A new file has no before side.
-        assert!(file_edit(std::path::Path::new("/w/b"), None, "x")
-            .before
-            .is_none());
-    }
-}

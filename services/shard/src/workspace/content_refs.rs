@@ -246,7 +246,7 @@ mod tests {
     fn large_inline_contents_move_out_and_small_ones_stay() {
         let big = "x".repeat(10_000);
         let mut action = complete(vec![
-            ToolResultContent::FileEdit(relay_runner::acp::turn::file_edit(
+            ToolResultContent::FileEdit(relay_runner::acp::turn_content::file_edit(
                 std::path::Path::new("/w/a.txt"),
                 Some("small\n"),
                 &big,
