@@ -6,11 +6,13 @@
 pub mod access;
 pub mod cancel;
 pub mod find;
+pub mod git_run;
 pub mod history;
 pub mod ops;
 pub mod protocol;
 pub mod server;
 pub mod service;
+pub mod tree_ops;
 pub mod watch;
 
 pub use access::{

@@ -14,7 +14,7 @@ use base64::Engine;
 use super::protocol::{EntryKind, FileError, FileOp, FileReply, Resolved, WriteMode};
 
 /// What names the temporary file of a write (`.<name>.ahp-<id>.tmp`).
-const TEMPORARY_MARK: &str = ".ahp-";
+pub(crate) const TEMPORARY_MARK: &str = ".ahp-";
 
 /// Whether `name` is the temporary file of a write under way (not worth a watch's report).
 pub fn is_temporary(name: &str) -> bool {
@@ -24,28 +24,28 @@ pub fn is_temporary(name: &str) -> bool {
 /// A tenant's files.
 pub struct Files {
     /// The tenant's directory, resolved.
-    root: PathBuf,
+    pub(crate) root: PathBuf,
     /// Largest file read or written.
-    max_bytes: u64,
+    pub(crate) max_bytes: u64,
     /// Most entries a directory listing returns, or a tree copy creates.
-    max_entries: usize,
+    pub(crate) max_entries: usize,
     /// The server's private directory (its sandbox's `$HOME`, outside the root): where checkpoints live.
-    state_dir: Option<PathBuf>,
+    pub(crate) state_dir: Option<PathBuf>,
     /// This server's exclusive lock on its checkpoints (`flock`, held while it lives), once taken: only its
     /// holder may take the git locks it finds for stale ([`super::history`]).
     pub(crate) checkpoints_lock: std::sync::Mutex<Option<fs::File>>,
     /// Taken by every operation that runs git: they go one at a time (they share the checkpoints' repository,
     /// and a stale lock is cleared only while no git of this server runs), while reads go on beside them.
-    git_lane: std::sync::Mutex<()>,
+    pub(crate) git_lane: std::sync::Mutex<()>,
     /// Taken by every operation that changes files (after the git lane, for git's): changes go one at a time,
     /// so an `ifMatch` check and its rename, or an insert's read and rewrite, are not interleaved.
-    change_lane: std::sync::Mutex<()>,
+    pub(crate) change_lane: std::sync::Mutex<()>,
 }
 
 /// Most entries a listing returns (a bigger directory is refused, naming the limit).
 pub const MAX_ENTRIES: usize = 10_000;
 
-fn io_error(path: &Path, error: std::io::Error) -> FileError {
+pub(crate) fn io_error(path: &Path, error: std::io::Error) -> FileError {
     let shown = path.display();
     match error.kind() {
         std::io::ErrorKind::NotFound => FileError::NotFound(format!("{shown} does not exist")),
@@ -65,7 +65,7 @@ fn io_error(path: &Path, error: std::io::Error) -> FileError {
 }
 
 /// The version of a file as `resourceResolve` reports it and `ifMatch` checks it.
-fn etag(meta: &fs::Metadata) -> String {
+pub(crate) fn etag(meta: &fs::Metadata) -> String {
     format!(
         "{:x}-{:x}-{:x}.{:x}",
         meta.ino(),
@@ -75,13 +75,13 @@ fn etag(meta: &fs::Metadata) -> String {
     )
 }
 
-fn timestamp(seconds: i64, nanos: i64) -> Option<String> {
+pub(crate) fn timestamp(seconds: i64, nanos: i64) -> Option<String> {
     jiff::Timestamp::new(seconds, i32::try_from(nanos).ok()?)
         .ok()
         .map(|t| format!("{t:.3}"))
 }
 
-fn kind_of(meta: &fs::Metadata) -> EntryKind {
+pub(crate) fn kind_of(meta: &fs::Metadata) -> EntryKind {
     if meta.file_type().is_symlink() {
         EntryKind::Symlink
     } else if meta.is_dir() {
@@ -188,7 +188,7 @@ impl Files {
     }
 
     /// Whether `path` is a symlink whose target (read, not resolved) lies outside the root.
-    fn points_outside(&self, path: &Path) -> bool {
+    pub(crate) fn points_outside(&self, path: &Path) -> bool {
         let Ok(meta) = fs::symlink_metadata(path) else {
             return false;
         };
@@ -283,7 +283,7 @@ impl Files {
         }
     }
 
-    fn too_big(&self, path: &Path) -> FileError {
+    pub(crate) fn too_big(&self, path: &Path) -> FileError {
         FileError::Invalid(format!(
             "{} is larger than this relay's limit of {} bytes",
             path.display(),
@@ -292,7 +292,7 @@ impl Files {
     }
 
     /// The bytes of a regular file, at most the limit.
-    fn read_bounded(&self, path: &Path) -> Result<Vec<u8>, FileError> {
+    pub(crate) fn read_bounded(&self, path: &Path) -> Result<Vec<u8>, FileError> {
         use std::io::Read;
         let meta = fs::metadata(path).map_err(|e| io_error(path, e))?;
         if meta.is_dir() {
@@ -326,7 +326,7 @@ impl Files {
         Ok(bytes)
     }
 
-    fn read(&self, requested: &str) -> Result<FileReply, FileError> {
+    pub(crate) fn read(&self, requested: &str) -> Result<FileReply, FileError> {
         let path = self.confine(requested, true)?;
         let bytes = self.read_bounded(&path)?;
         let (content_type, text) = sniff(&path, &bytes);
@@ -337,7 +337,7 @@ impl Files {
         })
     }
 
-    fn write(
+    pub(crate) fn write(
         &self,
         requested: &str,
         data: &[u8],
@@ -428,7 +428,7 @@ impl Files {
     }
 
     /// Write `content` to a temporary file beside `path` and rename it over `path` (which keeps its mode).
-    fn replace(
+    pub(crate) fn replace(
         &self,
         path: &Path,
         content: &[u8],
@@ -474,7 +474,7 @@ impl Files {
         Ok(FileReply::Done)
     }
 
-    fn list(&self, requested: &str) -> Result<FileReply, FileError> {
+    pub(crate) fn list(&self, requested: &str) -> Result<FileReply, FileError> {
         let path = self.confine(requested, true)?;
         let meta = fs::metadata(&path).map_err(|e| io_error(&path, e))?;
         if !meta.is_dir() {
@@ -508,117 +508,7 @@ impl Files {
         Ok(FileReply::Listed { entries })
     }
 
-    fn copy(&self, source: &str, destination: &str, fail_if_exists: bool) -> Result<FileReply, FileError> {
-        let from = self.confine(source, true)?;
-        let to = self.confine(destination, false)?;
-        let meta = fs::metadata(&from).map_err(|e| io_error(&from, e))?;
-        let exists = fs::symlink_metadata(&to).is_ok();
-        if exists && fail_if_exists {
-            return Err(FileError::AlreadyExists(format!(
-                "{} already exists",
-                to.display()
-            )));
-        }
-        // The root is never replaced, nor is anything the source lies in (or lies in the source).
-        if to == self.root || from.starts_with(&to) {
-            return Err(FileError::PermissionDenied(format!(
-                "{} holds {}: copying onto it would remove what is copied",
-                to.display(),
-                from.display()
-            )));
-        }
-        if to.starts_with(&from) && meta.is_dir() {
-            return Err(FileError::Invalid(format!(
-                "cannot copy {} into itself",
-                from.display()
-            )));
-        }
-        if meta.is_dir() {
-            // Copied beside the destination first; only a complete copy replaces what was there.
-            let parent = to
-                .parent()
-                .ok_or_else(|| FileError::Invalid(format!("{} has no directory", to.display())))?;
-            let name = to
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let staging = parent.join(format!(
-                ".{name}{TEMPORARY_MARK}{}.tmp",
-                uuid::Uuid::new_v4().simple()
-            ));
-            let mut budget = CopyBudget {
-                bytes: self.max_bytes,
-                entries: self.max_entries,
-            };
-            if let Err(error) = copy_tree(&from, &staging, &mut budget) {
-                let _ = fs::remove_dir_all(&staging);
-                return Err(match error {
-                    CopyError::Io(path, error) => io_error(&path, error),
-                    CopyError::TooBig => self.too_big(&from),
-                });
-            }
-            if exists {
-                if let Err(error) = self.delete_path(&to, true) {
-                    let _ = fs::remove_dir_all(&staging);
-                    return Err(error);
-                }
-            }
-            fs::rename(&staging, &to).map_err(|e| {
-                let _ = fs::remove_dir_all(&staging);
-                io_error(&to, e)
-            })?;
-            Ok(FileReply::Done)
-        } else {
-            let bytes = self.read_bounded(&from)?;
-            self.replace(&to, &bytes, None, false)
-        }
-    }
-
-    fn rename(&self, source: &str, destination: &str, fail_if_exists: bool) -> Result<FileReply, FileError> {
-        let from = self.confine(source, false)?;
-        let to = self.confine(destination, false)?;
-        if from == self.root {
-            return Err(FileError::PermissionDenied(
-                "the workspace's root cannot be moved".into(),
-            ));
-        }
-        fs::symlink_metadata(&from).map_err(|e| io_error(&from, e))?;
-        if fail_if_exists && fs::symlink_metadata(&to).is_ok() {
-            return Err(FileError::AlreadyExists(format!(
-                "{} already exists",
-                to.display()
-            )));
-        }
-        fs::rename(&from, &to).map_err(|e| io_error(&to, e))?;
-        Ok(FileReply::Done)
-    }
-
-    fn delete(&self, requested: &str, recursive: bool) -> Result<FileReply, FileError> {
-        let path = self.confine(requested, false)?;
-        if path == self.root {
-            return Err(FileError::PermissionDenied(
-                "the workspace's root cannot be deleted".into(),
-            ));
-        }
-        self.delete_path(&path, recursive)?;
-        Ok(FileReply::Done)
-    }
-
-    fn delete_path(&self, path: &Path, recursive: bool) -> Result<(), FileError> {
-        let meta = fs::symlink_metadata(path).map_err(|e| io_error(path, e))?;
-        let removed = if meta.is_dir() {
-            if recursive {
-                fs::remove_dir_all(path)
-            } else {
-                fs::remove_dir(path)
-            }
-        } else {
-            fs::remove_file(path)
-        };
-        removed.map_err(|e| io_error(path, e))
-    }
-
-    fn resolve(&self, requested: &str, follow_symlinks: bool) -> Result<FileReply, FileError> {
+    pub(crate) fn resolve(&self, requested: &str, follow_symlinks: bool) -> Result<FileReply, FileError> {
         let path = self.confine(requested, follow_symlinks)?;
         let meta = if follow_symlinks {
             fs::metadata(&path)
@@ -655,78 +545,15 @@ impl Files {
             etag: (kind == EntryKind::File).then(|| etag(&meta)),
         }))
     }
-
-    fn mkdir(&self, requested: &str) -> Result<FileReply, FileError> {
-        let path = self.confine(requested, true)?;
-        match fs::metadata(&path) {
-            Ok(meta) if meta.is_dir() => return Ok(FileReply::Done),
-            Ok(_) => {
-                return Err(FileError::AlreadyExists(format!(
-                    "{} exists and is not a directory",
-                    path.display()
-                )))
-            }
-            Err(_) => {}
-        }
-        fs::create_dir_all(&path).map_err(|error| match error.kind() {
-            // A part of the path is a file.
-            std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory => {
-                FileError::AlreadyExists(format!(
-                    "{}: a part of the path exists and is not a directory",
-                    path.display()
-                ))
-            }
-            _ => io_error(&path, error),
-        })?;
-        Ok(FileReply::Done)
-    }
 }
 
 /// `O_NONBLOCK | O_NOFOLLOW`, for opening what may be a FIFO or a symlink without following or waiting.
-fn libc_flags() -> i32 {
+pub(crate) fn libc_flags() -> i32 {
     (rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOFOLLOW).bits() as i32
 }
 
-enum CopyError {
-    Io(PathBuf, std::io::Error),
-    TooBig,
-}
-
-/// What a tree copy may still create.
-struct CopyBudget {
-    bytes: u64,
-    entries: usize,
-}
-
-/// Copy a directory tree (symlinks as symlinks), within `budget` (bytes of files, entries).
-fn copy_tree(from: &Path, to: &Path, budget: &mut CopyBudget) -> Result<(), CopyError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |error| CopyError::Io(path, error)
-    };
-    fs::create_dir(to).map_err(io(to))?;
-    for entry in fs::read_dir(from).map_err(io(from))? {
-        let entry = entry.map_err(io(from))?;
-        let source = entry.path();
-        let target = to.join(entry.file_name());
-        budget.entries = budget.entries.checked_sub(1).ok_or(CopyError::TooBig)?;
-        let kind = entry.file_type().map_err(io(&source))?;
-        if kind.is_dir() {
-            copy_tree(&source, &target, budget)?;
-        } else if kind.is_symlink() {
-            let link = fs::read_link(&source).map_err(io(&source))?;
-            std::os::unix::fs::symlink(link, &target).map_err(io(&target))?;
-        } else if kind.is_file() {
-            let size = entry.metadata().map_err(io(&source))?.len();
-            budget.bytes = budget.bytes.checked_sub(size).ok_or(CopyError::TooBig)?;
-            fs::copy(&source, &target).map_err(io(&target))?;
-        }
-    }
-    Ok(())
-}
-
 /// A lane of operations that go one at a time (a panic of one does not close it).
-fn lane(lane: &std::sync::Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
+pub(crate) fn lane(lane: &std::sync::Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
     lane.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -734,13 +561,13 @@ fn lane(lane: &std::sync::Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
 mod tests {
     use super::*;
 
-    fn files() -> (tempfile::TempDir, Files) {
+    pub(crate) fn files() -> (tempfile::TempDir, Files) {
         let dir = tempfile::tempdir().expect("tempdir");
         let files = Files::new(dir.path(), 1024).expect("files");
         (dir, files)
     }
 
-    fn path(dir: &tempfile::TempDir, name: &str) -> String {
+    pub(crate) fn path(dir: &tempfile::TempDir, name: &str) -> String {
         dir.path()
             .canonicalize()
             .expect("root")
@@ -749,7 +576,7 @@ mod tests {
             .to_string()
     }
 
-    fn write(
+    pub(crate) fn write(
         files: &Files,
         at: &str,
         data: &[u8],
@@ -767,7 +594,7 @@ mod tests {
     }
 
     #[test]
-    fn write_modes_place_the_data_where_the_spec_says() {
+    pub(crate) fn write_modes_place_the_data_where_the_spec_says() {
         let (dir, files) = files();
         let at = path(&dir, "f.txt");
         write(&files, &at, b"hello world", WriteMode::Truncate, 0).expect("create");
@@ -793,7 +620,7 @@ mod tests {
     /// Issue 33 (7): an append is written where the file ends, on the file itself: a process appending through
     /// its own `>>` descriptor between our appends loses nothing, and a file past the read limit takes appends.
     #[test]
-    fn appends_never_clobber_another_appender_and_work_past_the_read_limit() {
+    pub(crate) fn appends_never_clobber_another_appender_and_work_past_the_read_limit() {
         use std::io::Write;
         let (dir, files) = files();
         let at = path(&dir, "log.txt");
@@ -825,7 +652,7 @@ mod tests {
     }
 
     #[test]
-    fn a_file_over_the_limit_is_refused_naming_the_limit_and_left_as_it_was() {
+    pub(crate) fn a_file_over_the_limit_is_refused_naming_the_limit_and_left_as_it_was() {
         let (dir, files) = files();
         let at = path(&dir, "big.bin");
         fs::write(&at, vec![7u8; 2000]).expect("seed");
@@ -839,7 +666,7 @@ mod tests {
     }
 
     #[test]
-    fn paths_out_of_the_root_are_refused() {
+    pub(crate) fn paths_out_of_the_root_are_refused() {
         let (dir, files) = files();
         let outside = tempfile::tempdir().expect("outside");
         std::os::unix::fs::symlink(outside.path(), dir.path().join("escape")).expect("symlink");
@@ -902,7 +729,7 @@ mod tests {
     }
 
     #[test]
-    fn a_copy_never_replaces_the_root_or_what_holds_its_source() {
+    pub(crate) fn a_copy_never_replaces_the_root_or_what_holds_its_source() {
         let (dir, files) = files();
         files
             .run(FileOp::Mkdir {
@@ -946,7 +773,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fifo_is_resolved_without_being_opened_and_never_read() {
+    pub(crate) fn a_fifo_is_resolved_without_being_opened_and_never_read() {
         let (dir, files) = files();
         let fifo = path(&dir, "pipe");
         let made = std::process::Command::new("mkfifo")
@@ -977,7 +804,7 @@ mod tests {
     }
 
     #[test]
-    fn a_listing_is_bounded() {
+    pub(crate) fn a_listing_is_bounded() {
         let (dir, mut files) = files();
         files.max_entries = 3;
         for name in ["a", "b", "c", "d"] {
@@ -993,7 +820,7 @@ mod tests {
     }
 
     #[test]
-    fn mkdir_is_mkdir_p_and_an_existing_file_is_already_exists() {
+    pub(crate) fn mkdir_is_mkdir_p_and_an_existing_file_is_already_exists() {
         let (dir, files) = files();
         files
             .run(FileOp::Mkdir {
@@ -1021,7 +848,7 @@ mod tests {
     }
 
     #[test]
-    fn binary_is_sniffed_and_text_is_text() {
+    pub(crate) fn binary_is_sniffed_and_text_is_text() {
         let (dir, files) = files();
         let png = path(&dir, "pixel");
         fs::write(&png, b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR").expect("png");

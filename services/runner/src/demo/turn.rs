@@ -1,19 +1,8 @@
-//! The built-in `demo` provider: a deterministic agent that needs no network and no model.
-//!
-//! It exercises every part of a turn that clients must handle: a reasoning part, a markdown reply streamed in
-//! several `chat/delta`s, usage, a session title, a tool call that needs confirmation (when the prompt contains
-//! "tool"; its result is the prompt as text and as a file edit appending it to `notes.md`), a tool call that an active client of the session runs itself (when it contains "client tool" and a
-//! client offers a tool), an input request (when the prompt contains "input"), and a reply showing what Markdown
-//! clients render — a table, a block quote, a fenced code block — when it contains "markdown". It stops promptly on
-//! [`TurnControl::Cancelled`], and answers a steering message ([`TurnControl::Steer`]) at the end of its reply.
-//! Its pace is configurable so tests can stream slowly enough to interrupt.
-//!
-//! Given a workspace ([`DemoWorkspace`]: `serve` with no agents file, where this machine can sandbox), each
-//! session gets a directory of its own and each turn appends its prompt to `notes.md` there — a change to
-//! review in the Files and Changes panes. Both are written by the tenant's file server, in its sandbox.
+//! One turn of the demo agent: its reply streamed in chunks (a Markdown sample on request), steering taken at each
+//! step, a tool call to confirm, a question to answer, a note written to its workspace.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ahp_types::actions::{
     ChatDeltaAction, ChatInputRequestedAction, ChatReasoningAction, ChatResponsePartAction,
@@ -22,208 +11,16 @@ use ahp_types::actions::{
 };
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
-    AgentCapabilities, AgentInfo, ChatInputAnswer, ChatInputAnswerValue, ChatInputQuestion, ChatInputRequest,
-    ChatInputResponseKind, ChatInputTextQuestion, ConfirmationOption, ConfirmationOptionKind,
-    MarkdownResponsePart, MultipleChatsCapability, MultipleWorkingDirectoriesCapability,
+    ChatInputAnswer, ChatInputAnswerValue, ChatInputQuestion, ChatInputRequest, ChatInputResponseKind,
+    ChatInputTextQuestion, ConfirmationOption, ConfirmationOptionKind, MarkdownResponsePart,
     ReasoningResponsePart, ResponsePart, ToolCallClientContributor, ToolCallConfirmationReason,
     ToolCallContributor, ToolCallResult, ToolInput, ToolResultContent, ToolResultTextContent, UsageInfo,
 };
 use tokio::sync::mpsc;
 
-use crate::provider::{ChatSink, Provider, SessionStart, TurnControl, TurnHandle, TurnRequest};
+use crate::provider::{ChatSink, TurnControl, TurnRequest};
 
-/// The file the demo's echo tool reports editing (nothing is written: the edit is shown, not applied).
-const DEMO_EDITED_FILE: &str = "/demo/notes.md";
-/// That file's content before the edit; the edit appends the prompt as a line.
-const DEMO_EDITED_BEFORE: &str = "# Notes\n\nEchoed prompts:\n";
-
-/// How fast the demo agent streams.
-#[derive(Debug, Clone, Copy)]
-pub struct DemoPace {
-    /// Pause before each streamed action.
-    pub step: Duration,
-}
-
-impl Default for DemoPace {
-    fn default() -> Self {
-        Self {
-            step: Duration::from_millis(40),
-        }
-    }
-}
-
-/// The workspace the demo agent works in: its root (`<root>/<tenant>/<host>/<session>` its sessions'
-/// directories) and the tenants' file servers that write there.
-#[derive(Clone)]
-pub struct DemoWorkspace {
-    pub root: std::path::PathBuf,
-    pub files: Arc<dyn crate::files::FileAccess>,
-}
-
-impl std::fmt::Debug for DemoWorkspace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DemoWorkspace").field("root", &self.root).finish()
-    }
-}
-
-impl DemoWorkspace {
-    /// The directory a session of `tenant` on `host` works in: the one its client named (inside the tenant's
-    /// directory, and neither that directory nor its host's, which hold other sessions'), else its own — the
-    /// rule agents' sessions follow ([`crate::acp::workspace::Workspaces::session`]).
-    fn session_dir(
-        &self,
-        tenant: &str,
-        host: &str,
-        session: &str,
-        named: Option<&str>,
-    ) -> Result<String, String> {
-        let tenant_root = self
-            .files
-            .tenant_root(tenant)
-            .ok_or_else(|| "the demo agent's workspace is not available".to_string())?;
-        let Some(named) = named else {
-            let dir = crate::acp::workspace::default_session_dir(&tenant_root, host, session);
-            return Ok(dir.display().to_string());
-        };
-        let path = std::path::PathBuf::from(named.strip_prefix("file://").unwrap_or(named));
-        let inside = path.starts_with(&tenant_root)
-            && !path
-                .components()
-                .any(|part| part == std::path::Component::ParentDir);
-        let host_dir = tenant_root.join(crate::acp::workspace::encode(host));
-        let shared = path == tenant_root || path == host_dir;
-        if !inside || shared {
-            return Err(format!(
-                "{named}: a working directory is a directory of its own inside {}",
-                tenant_root.display()
-            ));
-        }
-        Ok(path.display().to_string())
-    }
-}
-
-/// The `demo` provider.
-#[derive(Debug, Clone, Default)]
-pub struct DemoProvider {
-    pace: DemoPace,
-    workspace: Option<DemoWorkspace>,
-}
-
-impl DemoProvider {
-    pub const ID: &'static str = "demo";
-
-    pub fn new(pace: DemoPace) -> Self {
-        Self {
-            pace,
-            workspace: None,
-        }
-    }
-
-    /// The demo agent, working in `workspace`.
-    pub fn with_workspace(mut self, workspace: DemoWorkspace) -> Self {
-        self.workspace = Some(workspace);
-        self
-    }
-}
-
-impl Provider for DemoProvider {
-    fn info(&self) -> AgentInfo {
-        AgentInfo {
-            provider: Self::ID.into(),
-            display_name: "Demo agent".into(),
-            description:
-                "Built-in deterministic agent: streams a reply, asks before running a tool when the \
-                          prompt mentions \"tool\", and asks for input when it mentions \"input\"."
-                    .into(),
-            models: vec![],
-            protected_resources: None,
-            customizations: None,
-            // It works in any number of working directories (the first stays its primary) and chats (each
-            // turn its own task; it keeps no memory between turns, so a fork or side chat needs nothing more).
-            capabilities: Some(AgentCapabilities {
-                multiple_working_directories: Some(MultipleWorkingDirectoriesCapability {
-                    immutable_primary: Some(true),
-                    primary_replacement: None,
-                }),
-                multiple_chats: Some(MultipleChatsCapability {
-                    fork: Some(true),
-                    side_chat: Some(true),
-                }),
-            }),
-        }
-    }
-
-    fn can_steer(&self) -> bool {
-        true
-    }
-
-    fn workspace_root(&self) -> Option<std::path::PathBuf> {
-        self.workspace.as_ref().map(|workspace| workspace.root.clone())
-    }
-
-    fn create_session(
-        &self,
-        request: crate::provider::SessionRequest,
-        sink: Arc<dyn ChatSink>,
-    ) -> SessionStart {
-        let Some(workspace) = self.workspace.clone() else {
-            return SessionStart::Ready;
-        };
-        let dir = match workspace.session_dir(
-            &request.tenant,
-            &request.host,
-            &request.session,
-            request.working_directory.as_deref(),
-        ) {
-            Ok(dir) => dir,
-            Err(why) => return SessionStart::Refused(why),
-        };
-        // Its directory is made by the tenant's file server (in its sandbox), then the session is ready.
-        tokio::spawn(async move {
-            let made = workspace
-                .files
-                .call(&request.tenant, crate::files::FileOp::Mkdir { path: dir })
-                .await;
-            let action = match made {
-                Ok(_) => StateAction::SessionReady(ahp_types::actions::SessionReadyAction {}),
-                Err(error) => {
-                    StateAction::SessionCreationFailed(ahp_types::actions::SessionCreationFailedAction {
-                        error: ahp_types::state::ErrorInfo {
-                            error_type: "workspaceUnavailable".into(),
-                            message: format!("the demo agent's directory could not be made: {error}"),
-                            stack: None,
-                            meta: None,
-                        },
-                    })
-                }
-            };
-            sink.emit(&request.session, action);
-        });
-        SessionStart::Pending
-    }
-
-    fn start_turn(&self, turn: TurnRequest, sink: Arc<dyn ChatSink>) -> TurnHandle {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let pace = self.pace;
-        let workspace = self.workspace.clone();
-        tokio::spawn(async move {
-            let mut run = DemoTurn {
-                turn,
-                sink,
-                control: rx,
-                pace,
-                started: Instant::now(),
-                output_words: 0,
-                steering: Default::default(),
-                workspace,
-            };
-            if run.run().await.is_none() {
-                tracing::debug!(chat = %run.turn.chat, turn = %run.turn.turn_id, "demo turn stopped early");
-            }
-        });
-        TurnHandle::new(tx)
-    }
-}
+use super::workspace::*;
 
 /// The reply the demo agent streams for a prompt, in chunks.
 pub fn reply_chunks(prompt: &str) -> Vec<String> {
@@ -251,26 +48,26 @@ pub fn reply_chunks(prompt: &str) -> Vec<String> {
 }
 
 /// What the demo appends when asked for Markdown: a line at a time.
-const MARKDOWN_SAMPLE: &str =
+pub(crate) const MARKDOWN_SAMPLE: &str =
     "\n\n| Step | State |\n| --- | :---: |\n| build | done |\n| test | running |\n\n\
 > Quoted from the plan.\n\n```rust\nfn main() {\n    let answer = 42;\n    println!(\"{answer}\");\n}\n```\n";
 
-struct DemoTurn {
-    turn: TurnRequest,
-    sink: Arc<dyn ChatSink>,
-    control: mpsc::UnboundedReceiver<TurnControl>,
-    pace: DemoPace,
-    started: Instant,
-    output_words: i64,
+pub(crate) struct DemoTurn {
+    pub(crate) turn: TurnRequest,
+    pub(crate) sink: Arc<dyn ChatSink>,
+    pub(crate) control: mpsc::UnboundedReceiver<TurnControl>,
+    pub(crate) pace: DemoPace,
+    pub(crate) started: Instant,
+    pub(crate) output_words: i64,
     /// Steering messages taken at a step and not answered yet.
-    steering: std::collections::VecDeque<String>,
+    pub(crate) steering: std::collections::VecDeque<String>,
     /// Where it writes its notes, if it has a workspace.
-    workspace: Option<DemoWorkspace>,
+    pub(crate) workspace: Option<DemoWorkspace>,
 }
 
 impl DemoTurn {
     /// Runs the turn; `None` means it stopped early (cancelled, or its chat is gone).
-    async fn run(&mut self) -> Option<()> {
+    pub(crate) async fn run(&mut self) -> Option<()> {
         let chat = self.turn.chat.clone();
         let turn_id = self.turn.turn_id.clone();
         let prompt = self.turn.prompt.clone();
@@ -343,7 +140,7 @@ impl DemoTurn {
     }
 
     /// With a workspace: append the prompt to `notes.md` in the session's directory (a change to review).
-    async fn write_notes(&mut self, prompt: &str) {
+    pub(crate) async fn write_notes(&mut self, prompt: &str) {
         let Some(workspace) = &self.workspace else {
             return;
         };
@@ -374,7 +171,7 @@ impl DemoTurn {
         }
     }
 
-    async fn run_tool_call(&mut self, prompt: &str) -> Option<()> {
+    pub(crate) async fn run_tool_call(&mut self, prompt: &str) -> Option<()> {
         let turn_id = self.turn.turn_id.clone();
         let tool_call_id = format!("{turn_id}-tool");
         self.pause().await?;
@@ -468,7 +265,11 @@ impl DemoTurn {
 
     /// Hand a tool call to the client that offers `tool`, and wait until it completes (or fails because that
     /// client went away).
-    async fn run_client_tool(&mut self, tool: &crate::provider::ClientTool, prompt: &str) -> Option<()> {
+    pub(crate) async fn run_client_tool(
+        &mut self,
+        tool: &crate::provider::ClientTool,
+        prompt: &str,
+    ) -> Option<()> {
         let turn_id = self.turn.turn_id.clone();
         let tool_call_id = format!("{turn_id}-client-tool");
         let contributor = Some(ToolCallContributor::Client(ToolCallClientContributor {
@@ -518,7 +319,7 @@ impl DemoTurn {
         self.stream_markdown("after-client-tool", &[outcome.into()]).await
     }
 
-    async fn ask_for_input(&mut self) -> Option<()> {
+    pub(crate) async fn ask_for_input(&mut self) -> Option<()> {
         let request_id = format!("{}-input", self.turn.turn_id);
         self.pause().await?;
         self.emit(StateAction::ChatInputRequested(ChatInputRequestedAction {
@@ -568,7 +369,7 @@ impl DemoTurn {
         self.stream_markdown("after-input", &[reply]).await
     }
 
-    async fn stream_markdown(&mut self, part: &str, chunks: &[String]) -> Option<()> {
+    pub(crate) async fn stream_markdown(&mut self, part: &str, chunks: &[String]) -> Option<()> {
         let turn_id = self.turn.turn_id.clone();
         let part_id = format!("{turn_id}-{part}");
         self.pause().await?;
@@ -594,7 +395,7 @@ impl DemoTurn {
     }
 
     /// Waits one step; `None` if the turn was cancelled meanwhile.
-    async fn pause(&mut self) -> Option<()> {
+    pub(crate) async fn pause(&mut self) -> Option<()> {
         let sleep = tokio::time::sleep(self.pace.step);
         tokio::pin!(sleep);
         loop {
@@ -609,7 +410,7 @@ impl DemoTurn {
         }
     }
 
-    fn emit(&self, action: StateAction) -> Option<()> {
+    pub(crate) fn emit(&self, action: StateAction) -> Option<()> {
         self.sink.emit(&self.turn.chat, action).applied().then_some(())
     }
 }
