@@ -23,21 +23,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex as SyncMutex;
-use relay_bus::{BoxFuture, GapRepair, RedisSubscriber, RepairError, SubscriberOptions};
-use relay_core::bus::{BusBatch, BusEvent, BusReceiver, BusSender, DEFAULT_BUS_BYTES};
+use relay_bus::{RedisSubscriber, SubscriberOptions};
+use relay_core::bus::{BusBatch, BusReceiver, BusSender, DEFAULT_BUS_BYTES};
 use relay_core::link::{CommandReply, HostLink, LinkError, NotReady};
 use relay_core::rpc::{error_frame, InboundMessage, RpcError};
 use relay_core::{ConnectionId, HostKey, Identity};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use tokio::sync::Mutex;
-use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::convert::{event_from_pb, host_to_pb, identity_to_pb, reply_from_pb};
 use crate::credential::InternalCredential;
 use crate::pb;
 use crate::pb::shard_client::ShardClient;
+pub use crate::shard_repair::AuthedChannel;
+use crate::shard_repair::{host_request, ShardRepair, Signer};
 
 /// Why a [`RemoteShard`] could not be created.
 #[derive(Debug, thiserror::Error)]
@@ -52,73 +53,6 @@ pub enum ClientError {
     Redis(#[from] relay_bus::SubscribeError),
     #[error(transparent)]
     Tls(#[from] crate::TlsError),
-}
-
-/// A channel to a shard whose every call carries the internal credential.
-pub type AuthedChannel = InterceptedService<Channel, InternalCredential>;
-
-/// The gateways' assertion signer, if the deployment has one (see [`crate::assertion`]).
-type Signer = Option<Arc<crate::AssertionSigner>>;
-
-/// `message` as a request carrying an assertion that this gateway reads `host` with `rpc` (none without a
-/// signer).
-fn host_request<T>(
-    signer: &Signer,
-    message: T,
-    rpc: &str,
-    host: &HostKey,
-) -> Result<tonic::Request<T>, tonic::Status> {
-    let mut request = tonic::Request::new(message);
-    if let Some(signer) = signer {
-        signer.host_rpc(request.metadata_mut(), rpc, host)?;
-    }
-    Ok(request)
-}
-
-/// Fetches lost bus events from the shard with `FetchRange`, counting the ranges that brought events back.
-pub struct ShardRepair {
-    client: ShardClient<AuthedChannel>,
-    signer: Signer,
-}
-
-impl GapRepair for ShardRepair {
-    fn fetch<'a>(
-        &'a self,
-        host: &'a HostKey,
-        after: u64,
-        through: u64,
-    ) -> BoxFuture<'a, Result<Vec<BusEvent>, RepairError>> {
-        Box::pin(async move {
-            let request = host_request(
-                &self.signer,
-                pb::FetchRangeRequest {
-                    host: Some(host_to_pb(host)),
-                    after,
-                    through,
-                },
-                "fetch_range",
-                host,
-            )
-            .map_err(|status| RepairError(Box::new(status)))?;
-            let reply = self
-                .client
-                .clone()
-                .fetch_range(request)
-                .await
-                .map_err(|status| RepairError(Box::new(status)))?;
-            let events = reply
-                .into_inner()
-                .events
-                .into_iter()
-                .map(event_from_pb)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|error| RepairError(Box::new(error)))?;
-            if !events.is_empty() {
-                relay_core::telemetry::gap_repaired();
-            }
-            Ok(events)
-        })
-    }
 }
 
 /// Following hosts over Redis: the subscriber and this gateway's connections per followed host.

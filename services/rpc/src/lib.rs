@@ -1,6 +1,6 @@
 //! Internal gRPC between gateways and shards (design §4): [`HostLink`](relay_core::HostLink) over the network.
 //!
-//! [`server::ShardService`] serves a `HostLink` that is also a [`BusHistory`] (`relay_shard::ShardLink`) as the
+//! [`server::ShardService`] serves a `HostLink` that is also a [`bus_history::BusHistory`] (`relay_shard::ShardLink`) as the
 //! `ahp_relay.v1.Shard` service of `proto/relay.proto`; [`client::RemoteShard`] is a `HostLink` that calls such a server, so a gateway
 //! runs unchanged against a shard in another process. AHP frames travel as opaque JSON bytes and are never
 //! re-modelled in protobuf.
@@ -12,7 +12,7 @@
 //! ownership moves (see its docs).
 //!
 //! Agents run in `ahp-relay runner` processes that register with the shards ([`runner`]); a shard places
-//! sessions on them through [`placement::RemoteAgent`] providers.
+//! sessions on them through [`remote_agent::RemoteAgent`] providers.
 //!
 //! Every call carries the deployment's internal credential ([`credential`]); a shard refuses calls without
 //! it.
@@ -24,16 +24,23 @@
 //! gateways can attach connections to one shard.
 
 pub mod assertion;
+pub mod bus_history;
 pub mod client;
 mod convert;
 pub mod credential;
 mod file_requests;
+pub mod gateway_streams;
 pub mod placement;
+pub mod remote_agent;
 pub mod remote_files;
 pub mod remote_terminals;
 pub mod router;
 pub mod runner;
+pub mod runner_reports;
+pub mod runner_stream;
+pub mod runners_service;
 pub mod server;
+pub mod shard_repair;
 pub mod tls;
 pub mod trace;
 pub mod work_queue;
@@ -45,13 +52,15 @@ pub mod pb {
 }
 
 pub use assertion::{AssertionSigner, AssertionVerifier};
-pub use client::{ClientError, RemoteShard, ShardRepair};
+pub use bus_history::{BusHistory, HistoryError};
+pub use client::{ClientError, RemoteShard};
 pub use credential::{CredentialError, InternalCredential};
-pub use placement::{RemoteAgent, RunnerPool, RunnersService};
+pub use placement::RunnerPool;
+pub use remote_agent::RemoteAgent;
 pub use router::ShardRouter;
-pub use server::{
-    serve, serve_secured, serve_with_runners, BusHistory, HistoryError, ShardSecurity, ShardService,
-};
+pub use runners_service::RunnersService;
+pub use server::{serve, serve_secured, serve_with_runners, ShardSecurity, ShardService};
+pub use shard_repair::ShardRepair;
 pub use tls::{LinkTls, TlsError};
 
 /// The response metadata key naming the shard that serves a host (its gRPC URL) on a FAILED_PRECONDITION

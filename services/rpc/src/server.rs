@@ -22,20 +22,20 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use relay_core::bus::{batch_bytes, BusEvent};
+use relay_core::bus::batch_bytes;
 use relay_core::link::LinkError;
 use relay_core::rpc::{error_frame, read_frame};
 use relay_core::HostKey;
 use relay_core::{CommandReply, ConnectionId, HostLink, Identity, Limits, Role};
-use relay_shard::error::ShardError;
-use relay_shard::ShardLink;
 use tokio::sync::{broadcast, mpsc, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
+use crate::bus_history::*;
 use crate::convert::{event_to_pb, host_from_pb, identity_from_pb, reply_to_pb};
 use crate::credential::{CredentialCheck, InternalCredential};
+use crate::gateway_streams::*;
 use crate::pb;
 use crate::pb::shard_server::{Shard, ShardServer};
 use tonic::service::interceptor::InterceptedService;
@@ -59,97 +59,6 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Why a range of a host's bus could not be read back.
-#[derive(Debug, thiserror::Error)]
-pub enum HistoryError {
-    #[error("host {0} is not available")]
-    Unavailable(String),
-    /// Part of the range is no longer held (compacted away).
-    #[error("range no longer held: {0}")]
-    Gone(String),
-    #[error("{0}")]
-    Internal(String),
-    /// Another shard serves the host: the one at this gRPC URL.
-    #[error("the host is served by {0}")]
-    Moved(String),
-}
-
-impl From<HistoryError> for Status {
-    fn from(error: HistoryError) -> Self {
-        match error {
-            HistoryError::Unavailable(_) => Status::unavailable(error.to_string()),
-            HistoryError::Gone(_) => Status::out_of_range(error.to_string()),
-            HistoryError::Internal(_) => Status::internal(error.to_string()),
-            HistoryError::Moved(owner) => moved_status(&owner),
-        }
-    }
-}
-
-/// What a host published, read back: for gateways that follow hosts over Redis and repair its gaps.
-pub trait BusHistory: Send + Sync + 'static {
-    /// The logged action events of `host` with `after < seq <= through`, oldest first (`through` capped at
-    /// what the host has published).
-    fn fetch_range(
-        &self,
-        host: &HostKey,
-        after: u64,
-        through: u64,
-    ) -> impl Future<Output = Result<Vec<BusEvent>, HistoryError>> + Send;
-
-    /// The `serverSeq` of the last action `host` published.
-    fn published_seq(&self, host: &HostKey) -> impl Future<Output = Result<u64, HistoryError>> + Send;
-
-    /// Resolves once this shard stops serving `host` (at once if it does not serve it now).
-    fn served_until_moved(&self, host: &HostKey) -> impl Future<Output = ()> + Send;
-
-    /// Detach every connection the gateway with connection-id prefix `gateway` attached to `host` before
-    /// `ended`, when its last stream for the host ended (it died, or follows the host no more).
-    fn detach_gateway(
-        &self,
-        host: &HostKey,
-        gateway: u64,
-        ended: std::time::Instant,
-    ) -> impl Future<Output = ()> + Send;
-}
-
-impl BusHistory for ShardLink {
-    async fn fetch_range(
-        &self,
-        host: &HostKey,
-        after: u64,
-        through: u64,
-    ) -> Result<Vec<BusEvent>, HistoryError> {
-        ShardLink::fetch_range(self, host, after, through)
-            .await
-            .map_err(|error| match error {
-                ShardError::Link(LinkError::Moved { owner, .. }) => HistoryError::Moved(owner),
-                ShardError::Link(error) => HistoryError::Unavailable(error.to_string()),
-                ShardError::Compacted(_) => HistoryError::Gone(error.to_string()),
-                ShardError::Store(_) | ShardError::Corrupt(_) => {
-                    tracing::error!(%host, %error, "could not read a bus range");
-                    HistoryError::Internal(error.to_string())
-                }
-            })
-    }
-
-    async fn published_seq(&self, host: &HostKey) -> Result<u64, HistoryError> {
-        ShardLink::published_seq(self, host)
-            .await
-            .map_err(|error| match error {
-                LinkError::Moved { owner, .. } => HistoryError::Moved(owner),
-                error => HistoryError::Unavailable(error.to_string()),
-            })
-    }
-
-    async fn served_until_moved(&self, host: &HostKey) {
-        ShardLink::served_until_moved(self, host).await;
-    }
-
-    async fn detach_gateway(&self, host: &HostKey, gateway: u64, ended: std::time::Instant) {
-        ShardLink::detach_gateway(self, host, gateway, ended);
-    }
-}
-
 /// The `Shard` gRPC service over a [`HostLink`].
 pub struct ShardService<L: HostLink + BusHistory> {
     link: Arc<L>,
@@ -162,155 +71,6 @@ pub struct ShardService<L: HostLink + BusHistory> {
     /// Checks the gateways' identity assertions (see [`crate::assertion`]); without it the identity an
     /// `Attach` names is taken as it is.
     assertions: Option<Arc<crate::AssertionVerifier>>,
-}
-
-/// How long after a gateway's last stream of a host ended its connections to the host are detached, unless
-/// it opened another one meanwhile (a client reconnecting to the same gateway re-follows the host).
-pub const GATEWAY_STREAM_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Counts each gateway's live `Events`/`Watch` streams of each host, and detaches a gateway's connections from
-/// a host once it has had none for [`GATEWAY_STREAM_GRACE`].
-#[derive(Clone, Default)]
-struct GatewayStreams {
-    open: Arc<parking_lot::Mutex<std::collections::HashMap<(HostKey, u64), usize>>>,
-    /// The keys of the connections attached with an assertion: they go with their gateway's connections.
-    keys: ConnectionKeys,
-}
-
-/// The key each connection attached with an identity assertion was given (see [`crate::assertion`]): its
-/// `Call`s and `Detach` must present it.
-#[derive(Clone, Default)]
-struct ConnectionKeys {
-    keys: Arc<parking_lot::Mutex<std::collections::HashMap<(HostKey, u64), KeyOfConnection>>>,
-}
-
-/// A connection's key, and when it was attached.
-type KeyOfConnection = (String, std::time::Instant);
-
-impl ConnectionKeys {
-    fn set(&self, host: &HostKey, connection: ConnectionId, key: String) {
-        self.keys
-            .lock()
-            .insert((host.clone(), connection.0), (key, std::time::Instant::now()));
-    }
-
-    /// Whether `metadata` presents `connection`'s key, compared in constant time.
-    fn check(
-        &self,
-        metadata: &tonic::metadata::MetadataMap,
-        host: &HostKey,
-        connection: ConnectionId,
-    ) -> Result<(), Status> {
-        use subtle::ConstantTimeEq;
-        let presented = metadata
-            .get(crate::assertion::CONNECTION_KEY_METADATA)
-            .and_then(|value| value.to_str().ok())
-            .ok_or_else(|| Status::unauthenticated("the connection's key is required"))?;
-        let keys = self.keys.lock();
-        let matches = keys
-            .get(&(host.clone(), connection.0))
-            .is_some_and(|(key, _)| bool::from(key.as_bytes().ct_eq(presented.as_bytes())));
-        if matches {
-            Ok(())
-        } else {
-            Err(Status::permission_denied("not this connection's key"))
-        }
-    }
-
-    fn remove(&self, host: &HostKey, connection: ConnectionId) {
-        self.keys.lock().remove(&(host.clone(), connection.0));
-    }
-
-    /// Forget the keys of `gateway`'s connections to `host` attached by `ended` (they were detached).
-    fn remove_gateway(&self, host: &HostKey, gateway: u64, ended: std::time::Instant) {
-        self.keys.lock().retain(|(of_host, connection), (_, attached)| {
-            !(of_host == host && ConnectionId(*connection).prefix() == gateway && *attached <= ended)
-        });
-    }
-}
-
-/// One live stream; dropping it ends it.
-struct GatewayStream<L: HostLink + BusHistory> {
-    streams: GatewayStreams,
-    key: (HostKey, u64),
-    link: Arc<L>,
-}
-
-impl GatewayStreams {
-    /// `connection` was attached to `host` by its gateway: unless that gateway has (or opens) a stream of the
-    /// host within [`GATEWAY_STREAM_GRACE`], the connection is detached — a gateway that died between its
-    /// `Attach` and its `Watch` leaves nothing attached behind.
-    fn expect_stream<L: HostLink + BusHistory>(
-        &self,
-        link: &Arc<L>,
-        host: &HostKey,
-        connection: ConnectionId,
-    ) {
-        let gateway = connection.prefix();
-        if gateway == 0 {
-            return;
-        }
-        let (streams, link, key) = (self.clone(), link.clone(), (host.clone(), gateway));
-        tokio::spawn(async move {
-            tokio::time::sleep(GATEWAY_STREAM_GRACE).await;
-            if !streams.open.lock().contains_key(&key) {
-                // (If a stream opened and ended meanwhile, its end detaches the connection too: harmless.)
-                link.detach(&key.0, connection).await;
-                streams.keys.remove(&key.0, connection);
-            }
-        });
-    }
-
-    /// A stream of `host` by the gateway with connection-id prefix `gateway` (0: not a gateway's).
-    fn open<L: HostLink + BusHistory>(
-        &self,
-        link: &Arc<L>,
-        host: &HostKey,
-        gateway: u64,
-    ) -> Option<GatewayStream<L>> {
-        if gateway == 0 {
-            return None;
-        }
-        let key = (host.clone(), gateway);
-        *self.open.lock().entry(key.clone()).or_insert(0) += 1;
-        Some(GatewayStream {
-            streams: self.clone(),
-            key,
-            link: link.clone(),
-        })
-    }
-}
-
-impl<L: HostLink + BusHistory> Drop for GatewayStream<L> {
-    fn drop(&mut self) {
-        let last = {
-            let mut open = self.streams.open.lock();
-            match open.get_mut(&self.key) {
-                Some(count) if *count > 1 => {
-                    *count -= 1;
-                    false
-                }
-                _ => {
-                    open.remove(&self.key);
-                    true
-                }
-            }
-        };
-        if !last {
-            return;
-        }
-        let (streams, key, link) = (self.streams.clone(), self.key.clone(), self.link.clone());
-        let ended = std::time::Instant::now();
-        tokio::spawn(async move {
-            tokio::time::sleep(GATEWAY_STREAM_GRACE).await;
-            // Connections attached since the stream ended are the gateway's next stream's, even if that
-            // stream registers only after this timer (a Watch is sent after its Attach).
-            if !streams.open.lock().contains_key(&key) {
-                link.detach_gateway(&key.0, key.1, ended).await;
-                streams.keys.remove_gateway(&key.0, key.1, ended);
-            }
-        });
-    }
 }
 
 impl<L: HostLink + BusHistory> ShardService<L> {
@@ -452,18 +212,6 @@ fn link_status(error: LinkError) -> Status {
         LinkError::OverQuota(_) => Status::resource_exhausted(error.to_string()),
         LinkError::Moved { owner, .. } => moved_status(&owner),
     }
-}
-
-/// FAILED_PRECONDITION naming the shard that serves the host in [`crate::OWNER_METADATA`].
-fn moved_status(owner: &str) -> Status {
-    let mut status = Status::failed_precondition(format!("the host is served by {owner}"));
-    match tonic::metadata::MetadataValue::try_from(owner) {
-        Ok(value) => {
-            status.metadata_mut().insert(crate::OWNER_METADATA, value);
-        }
-        Err(_) => tracing::warn!(owner, "owner URL is not valid metadata; the gateway will search"),
-    }
-    status
 }
 
 type EventStream = Pin<Box<dyn tokio_stream::Stream<Item = EventsItem> + Send>>;

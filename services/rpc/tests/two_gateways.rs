@@ -436,7 +436,7 @@ async fn a_connection_attached_after_a_gateways_stream_ended_survives_the_stream
     drop(watch);
     let ended = tokio::time::Instant::now();
     // A new client: attached within the grace, its Watch registered after the grace.
-    tokio::time::sleep_until(ended + relay_rpc::server::GATEWAY_STREAM_GRACE / 2).await;
+    tokio::time::sleep_until(ended + relay_rpc::gateway_streams::GATEWAY_STREAM_GRACE / 2).await;
     grpc.attach(relay_rpc::pb::AttachRequest {
         host: host(),
         connection: connection.0,
@@ -449,7 +449,7 @@ async fn a_connection_attached_after_a_gateways_stream_ended_survives_the_stream
     })
     .await
     .expect("attach");
-    tokio::time::sleep_until(ended + relay_rpc::server::GATEWAY_STREAM_GRACE + Duration::from_millis(500))
+    tokio::time::sleep_until(ended + relay_rpc::gateway_streams::GATEWAY_STREAM_GRACE + Duration::from_millis(500))
         .await;
     let _watch = grpc
         .watch(relay_rpc::pb::WatchRequest {
@@ -666,7 +666,7 @@ async fn a_partitioned_gateways_connections_are_released() {
     // Keepalive closes the link (a ping unanswered), which ends the Watch; then the grace ends.
     let bound = relay_rpc::LINK_KEEPALIVE_INTERVAL
         + relay_rpc::LINK_KEEPALIVE_TIMEOUT
-        + relay_rpc::server::GATEWAY_STREAM_GRACE
+        + relay_rpc::gateway_streams::GATEWAY_STREAM_GRACE
         + Duration::from_secs(5);
     let mut polls = tokio::time::interval(Duration::from_millis(250));
     loop {
@@ -730,9 +730,9 @@ async fn a_connection_whose_gateway_never_follows_the_host_is_detached() {
             break;
         }
         assert!(
-            attached_at.elapsed() < relay_rpc::server::GATEWAY_STREAM_GRACE + Duration::from_secs(5),
+            attached_at.elapsed() < relay_rpc::gateway_streams::GATEWAY_STREAM_GRACE + Duration::from_secs(5),
             "still attached: {frame}"
         );
     }
-    assert!(attached_at.elapsed() >= relay_rpc::server::GATEWAY_STREAM_GRACE);
+    assert!(attached_at.elapsed() >= relay_rpc::gateway_streams::GATEWAY_STREAM_GRACE);
 }
