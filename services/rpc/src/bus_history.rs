@@ -10,7 +10,6 @@ use relay_shard::error::ShardError;
 use relay_shard::ShardLink;
 use tonic::Status;
 
-
 /// Why a range of a host's bus could not be read back.
 #[derive(Debug, thiserror::Error)]
 pub enum HistoryError {

@@ -449,8 +449,10 @@ async fn a_connection_attached_after_a_gateways_stream_ended_survives_the_stream
     })
     .await
     .expect("attach");
-    tokio::time::sleep_until(ended + relay_rpc::gateway_streams::GATEWAY_STREAM_GRACE + Duration::from_millis(500))
-        .await;
+    tokio::time::sleep_until(
+        ended + relay_rpc::gateway_streams::GATEWAY_STREAM_GRACE + Duration::from_millis(500),
+    )
+    .await;
     let _watch = grpc
         .watch(relay_rpc::pb::WatchRequest {
             host: host(),

@@ -2,7 +2,8 @@
 //! sessions from the store ([`restore`], [`preload`]), the sequencer that numbers everything it changes
 //! ([`sequencer`]), the committer that writes each batch before anything of it is published ([`committer`],
 //! [`batches`], [`commit_thread`], [`salvage`]), who may serve it ([`ownership`]), who may open a connection on
-//! it ([`admission`], [`connections`], [`active_clients`]), its tenant's quota ([`storage`]) and readiness
+//! it ([`admission`], [`connections`], [`active_clients`]), the newest envelopes kept for exact replay
+//! ([`replay_buffer`]) and those each client is owed ([`owed`]), its tenant's quota ([`storage`]) and readiness
 //! ([`health`]), and its agents' way back in ([`sink`]).
 //!
 //! Rules of this floor: nothing here awaits while holding the host's lock (`HostCore` is only reached through
@@ -18,10 +19,12 @@ pub mod connections;
 pub mod failed_units;
 pub mod health;
 pub mod open;
+pub mod owed;
 pub mod ownership;
 pub mod pending_batch;
 pub mod preload;
 pub mod publisher;
+pub mod replay_buffer;
 pub mod restore;
 pub mod salvage;
 pub mod sequencer;

@@ -184,7 +184,7 @@ impl HostCore {
             // A restored chat holds exactly its retained turns (in count and in bytes).
             let mut turn_sizes = crate::model::TurnSizes::default();
             let sizes = turn_sizes.of(&state.turns);
-            let keep = crate::replay::aging::retained_count(
+            let keep = crate::model::archive::retained_count(
                 &sizes,
                 self.limits.retained_turns,
                 self.limits.retained_turn_bytes,

@@ -21,7 +21,7 @@ use relay_store::{ArchivedTurn, CatalogChange, ClientBinding, LogEntry, Snapshot
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::replay::buffer::{ReplayBuffer, StoredEnvelope};
+use crate::host::replay_buffer::{ReplayBuffer, StoredEnvelope};
 
 pub use super::pending_batch::{PendingBatch, Publication, Unit, UnitId, UnitTags};
 pub use super::publisher::Publisher;

@@ -87,7 +87,7 @@ pub struct HostCore {
     /// until then the store still holds them, and loading them from it would bring them back.
     pub disposing: HashMap<String, CommitBarrier>,
     /// Rejections and unsubscribed echoes each client is owed on `reconnect`.
-    pub owed: crate::replay::owed::OwedEnvelopes,
+    pub owed: crate::host::owed::OwedEnvelopes,
     /// The tenant's storage quota, when one is configured.
     pub storage: Option<Arc<crate::host::storage::StorageQuota>>,
     /// Units the store refused (see [`crate::host::salvage`]), with why: a request waiting on one answers with an

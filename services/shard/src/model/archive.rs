@@ -197,3 +197,18 @@ impl Page {
         cursor_before(self.start)
     }
 }
+
+/// How many of the newest turns (of these `sizes`, oldest first) a chat keeps: at most `retain`, and at most
+/// `budget` bytes of them, but always the newest.
+pub fn retained_count(sizes: &[usize], retain: usize, budget: usize) -> usize {
+    let mut total = 0;
+    let mut keep = 0;
+    for size in sizes.iter().rev() {
+        if keep >= retain.max(1) || (keep > 0 && total + size > budget) {
+            break;
+        }
+        total += size;
+        keep += 1;
+    }
+    keep
+}

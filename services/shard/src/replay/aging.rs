@@ -36,7 +36,7 @@ impl HostCore {
         let sizes = record.turn_sizes.of(&record.state.turns);
         // Over its bytes (and their slack): down to what fits, whatever the count.
         let (retain, slack) = match sizes.iter().sum::<usize>() > budget + budget / 4 {
-            true => (retained_count(&sizes, retain, budget), 0),
+            true => (crate::model::archive::retained_count(&sizes, retain, budget), 0),
             false => (retain, slack),
         };
         let moved = archive::age(&mut record.state, record.archived, retain, slack);
@@ -80,21 +80,6 @@ impl HostCore {
             }
         }
     }
-}
-
-/// How many of the newest turns (of these `sizes`, oldest first) a chat keeps: at most `retain`, and at most
-/// `budget` bytes of them, but always the newest.
-pub(crate) fn retained_count(sizes: &[usize], retain: usize, budget: usize) -> usize {
-    let mut total = 0;
-    let mut keep = 0;
-    for size in sizes.iter().rev() {
-        if keep >= retain.max(1) || (keep > 0 && total + size > budget) {
-            break;
-        }
-        total += size;
-        keep += 1;
-    }
-    keep
 }
 
 /// Whether `action` ends a chat's turn (adding it to the chat's turns).

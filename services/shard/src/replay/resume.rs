@@ -17,10 +17,10 @@ use relay_core::ConnectionId;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use crate::host::replay_buffer::StoredEnvelope;
 use crate::host::sequencer::CommitBarrier;
 use crate::host::{Host, HostCore};
 use crate::model::ChannelKind;
-use crate::replay::buffer::StoredEnvelope;
 use crate::reply::{reply, CommandResult};
 use std::sync::Arc;
 
@@ -42,7 +42,7 @@ enum Resume {
 
 struct StorePlan {
     id: Option<u64>,
-    /// What the client is owed outside the replayed channels ([`crate::replay::owed`]).
+    /// What the client is owed outside the replayed channels ([`crate::host::owed`]).
     owed: Vec<Arc<StoredEnvelope>>,
     last_seen: u64,
     current: u64,

@@ -9,7 +9,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::replay::buffer::StoredEnvelope;
+use crate::host::replay_buffer::StoredEnvelope;
 
 /// Envelopes kept per clientId (the oldest go first).
 const OWED_PER_CLIENT: usize = 64;
