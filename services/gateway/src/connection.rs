@@ -19,13 +19,12 @@
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::Poll;
 use std::time::Instant;
 
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use axum::extract::ws::{Message, WebSocket};
 use bytes::Bytes;
-use futures_util::stream::SplitSink;
-use futures_util::{Sink, StreamExt};
+use futures_util::StreamExt;
 use relay_core::bus::{BusBatch, BusEventKind, BusReceiver};
 use relay_core::link::{CommandReply, HostLink};
 use relay_core::rpc;
@@ -33,31 +32,11 @@ use relay_core::{telemetry, ConnectionId, HostKey, Identity, Limits};
 use tokio::sync::broadcast;
 use tracing::Instrument;
 
+pub use crate::closes::close_code;
+use crate::closes::*;
 use crate::filter::SubscriptionFilter;
+use crate::outbox::*;
 use crate::quotas::{ConnectionPermit, TenantQuotas};
-
-/// WebSocket close codes the relay uses.
-pub mod close_code {
-    /// The message was too big to process.
-    pub const TOO_BIG: u16 = 1009;
-    /// The relay is restarting or shutting down: reconnect and resume.
-    pub const RESTARTING: u16 = 1012;
-    /// The client fell behind (slow consumer): reconnect and resume.
-    pub const TRY_AGAIN_LATER: u16 = 1013;
-    /// The host is not available right now.
-    pub const UNAVAILABLE: u16 = 1011;
-    /// Nothing (not even a pong to the relay's pings) arrived within the idle timeout.
-    pub const GOING_AWAY: u16 = 1001;
-    /// The connection's access token expired: get a fresh token, reconnect and `reconnect`.
-    pub const TOKEN_EXPIRED: u16 = 4001;
-}
-
-/// Room (in frames or batches) a connection's queues keep once drained; beyond it they are freed, so a
-/// connection that once took a burst goes back to an idle connection's size.
-const IDLE_QUEUE_CAPACITY: usize = 16;
-
-/// How long a closing connection may take to write what it still has queued and its close frame.
-const CLOSE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Everything one connection needs.
 pub struct Connection<L> {
@@ -264,34 +243,12 @@ impl<L: HostLink> Connection<L> {
     }
 }
 
-/// A close code and reason.
-type Close = (u16, String);
-
 /// The connection's own clocks, which run during calls too: the relay's shutdown, the token's expiry, and
 /// the ping interval.
 struct Clocks {
     shutdown: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
     expiry: std::pin::Pin<Box<tokio::time::Sleep>>,
     pings: tokio::time::Interval,
-}
-
-fn shutting_down() -> Close {
-    (close_code::RESTARTING, "relay shutting down".to_string())
-}
-
-fn token_expired() -> Close {
-    (
-        close_code::TOKEN_EXPIRED,
-        "access token expired; reconnect with a fresh one".to_string(),
-    )
-}
-
-fn write_failed() -> Close {
-    (close_code::GOING_AWAY, "write failed".to_string())
-}
-
-fn slow_consumer() -> Close {
-    (close_code::TRY_AGAIN_LATER, "slow consumer".to_string())
 }
 
 /// One connection's outbound side: its delivery filter, its host's bus, the events that arrived while a call
@@ -451,159 +408,5 @@ fn classify_read_error(error: &axum::Error) -> Option<Close> {
         Some((close_code::TOO_BIG, "frame too large".into()))
     } else {
         None
-    }
-}
-
-/// What is queued for the socket.
-enum Outbound {
-    /// A frame, and when it was stamped if it is a bus event (for the fan-out latency).
-    Frame(Bytes, Option<Instant>),
-    /// A WebSocket ping (liveness check).
-    Ping,
-}
-
-/// The socket's write half and what is queued for it: frames are handed to the socket as the socket takes
-/// them and flushed once when the queue is empty, so a batch leaves in as few TCP segments as it fits even with
-/// `TCP_NODELAY`, while a lone frame leaves at once. Once a flush has put bus events on the socket, their
-/// fan-out latencies are recorded.
-struct Outbox {
-    sink: SplitSink<WebSocket, Message>,
-    queue: VecDeque<Outbound>,
-    /// Bytes of the frames in `queue`.
-    bytes: usize,
-    /// Frames handed to the socket since its last flush.
-    unflushed: bool,
-    /// Stamps of the bus events handed to the socket since its last flush.
-    stamps: Vec<Instant>,
-    /// Where their stamp → socket times go (the handle is looked up once, not per flush).
-    latency: telemetry::FanoutLatency,
-    max_frames: usize,
-    /// More than this queued (or held in the backlog) closes the connection as a slow consumer.
-    max_bytes: usize,
-}
-
-impl Outbox {
-    fn new(sink: SplitSink<WebSocket, Message>, limits: &Limits) -> Self {
-        Self {
-            sink,
-            queue: VecDeque::new(),
-            bytes: 0,
-            unflushed: false,
-            stamps: Vec::new(),
-            latency: telemetry::fanout_latency(),
-            max_frames: limits.outbound_queue_frames.max(1),
-            max_bytes: limits.outbound_queue_bytes,
-        }
-    }
-
-    /// Queue a frame; a slow consumer when the queue is full in frames or in bytes.
-    fn push(&mut self, item: Outbound) -> Result<(), Close> {
-        let size = match &item {
-            Outbound::Frame(frame, _) => frame.len(),
-            Outbound::Ping => 0,
-        };
-        if self.queue.len() >= self.max_frames || self.bytes + size > self.max_bytes {
-            return Err(slow_consumer());
-        }
-        self.bytes += size;
-        self.queue.push_back(item);
-        Ok(())
-    }
-
-    /// Queue a ping unless the queue is full (a full queue is a slow consumer the next delivery closes).
-    fn ping(&mut self) {
-        if self.queue.len() < self.max_frames {
-            self.queue.push_back(Outbound::Ping);
-        }
-    }
-
-    fn has_work(&self) -> bool {
-        !self.queue.is_empty() || self.unflushed
-    }
-
-    /// Past half its bound in frames or bytes: writing goes before taking more from the bus.
-    fn pressing(&self) -> bool {
-        self.queue.len() * 2 >= self.max_frames || self.bytes * 2 >= self.max_bytes
-    }
-
-    /// Completes once everything queued is written and flushed; an error closes the connection.
-    async fn written(&mut self) -> Result<(), Close> {
-        poll_fn(|cx| self.poll_write(cx))
-            .await
-            .map_err(|_| write_failed())
-    }
-
-    /// Hand queued frames to the socket as it takes them, then flush. Cancel-safe: a frame leaves the queue
-    /// only when the socket has taken it.
-    fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), axum::Error>> {
-        while !self.queue.is_empty() {
-            ready!(std::pin::Pin::new(&mut self.sink).poll_ready(cx))?;
-            let message = match self.queue.pop_front() {
-                Some(Outbound::Frame(frame, stamp)) => {
-                    self.bytes -= frame.len();
-                    self.stamps.extend(stamp);
-                    match Utf8Bytes::try_from(frame) {
-                        Ok(text) => Message::Text(text),
-                        Err(error) => {
-                            tracing::error!(%error, "dropping a frame that is not UTF-8");
-                            continue;
-                        }
-                    }
-                }
-                Some(Outbound::Ping) => Message::Ping(Bytes::new()),
-                None => break,
-            };
-            std::pin::Pin::new(&mut self.sink).start_send(message)?;
-            self.unflushed = true;
-        }
-        // A burst leaves the queue's room behind; an idle connection should not keep it.
-        if self.queue.capacity() > IDLE_QUEUE_CAPACITY {
-            self.queue = VecDeque::new();
-        }
-        if self.unflushed {
-            ready!(std::pin::Pin::new(&mut self.sink).poll_flush(cx))?;
-            self.unflushed = false;
-            if !self.stamps.is_empty() {
-                let flushed_at = Instant::now();
-                for stamp in self.stamps.drain(..) {
-                    self.latency.delivered(stamp, flushed_at);
-                }
-                if self.stamps.capacity() > IDLE_QUEUE_CAPACITY {
-                    self.stamps = Vec::new();
-                }
-            }
-        }
-        Poll::Ready(Ok(()))
-    }
-
-    fn discard(&mut self) {
-        self.queue.clear();
-        self.bytes = 0;
-    }
-
-    /// Write what is queued, then the close frame; bounded by [`CLOSE_PATIENCE`].
-    async fn close(mut self, code: u16, reason: String) {
-        let _ = tokio::time::timeout(CLOSE_PATIENCE, async {
-            if self.written().await.is_ok() {
-                use futures_util::SinkExt;
-                let frame = CloseFrame {
-                    code,
-                    reason: Utf8Bytes::from(reason),
-                };
-                let _ = self.sink.send(Message::Close(Some(frame))).await;
-            }
-        })
-        .await;
-    }
-
-    /// The client closed: write what is queued and close our side; bounded by [`CLOSE_PATIENCE`].
-    async fn finish(mut self) {
-        let _ = tokio::time::timeout(CLOSE_PATIENCE, async {
-            if self.written().await.is_ok() {
-                use futures_util::SinkExt;
-                let _ = self.sink.close().await;
-            }
-        })
-        .await;
     }
 }

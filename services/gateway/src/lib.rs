@@ -7,11 +7,13 @@
 pub mod auth;
 pub mod auth_throttle;
 pub mod claims;
+pub mod closes;
 pub mod connection;
 pub mod filter;
 pub mod jwks;
 pub mod oidc;
 pub mod origin;
+pub mod outbox;
 pub mod quotas;
 pub mod server;
 pub mod shared_quotas;
