@@ -2,6 +2,9 @@
 //! and the two halves of the distributed deployment, `shard` (host logic behind gRPC) and `gateway`
 //! (WebSockets and auth, calling a shard over gRPC). Given `--redis-url`, the shard also publishes every
 //! host's bus to Redis and gateways follow hosts there, repairing lost messages from the shard.
+//!
+//! Rooms: [`args`] (the command lines) below [`edge_config`] (what they become: limits, the token verifier) below
+//! this module (the processes). Nothing here holds protocol logic: it wires the crates together.
 
 use std::io::Write;
 use std::net::SocketAddr;

@@ -11,6 +11,10 @@
 //! Given a workspace ([`DemoWorkspace`]: `serve` with no agents file, where this machine can sandbox), each
 //! session gets a directory of its own and each turn appends its prompt to `notes.md` there — a change to
 //! review in the Files and Changes panes. Both are written by the tenant's file server, in its sandbox.
+//!
+//! Rooms: [`provider`] (how it is listed, its sessions) above [`turn`] (one turn) above [`workspace`] (where it
+//! writes, how fast it streams). Nothing here touches a host's state: it speaks only through the session's
+//! `ChatSink`, like every agent.
 
 mod provider;
 mod turn;

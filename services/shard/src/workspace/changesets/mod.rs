@@ -15,6 +15,10 @@
 //! changeset lists the files its two checkpoints differ in and that still differ from its start (a reverted
 //! file leaves it); *All changes* compares the base with the directory now. The checkpoints' ids are kept in
 //! the session's `_meta["ahpRelay/checkpoints"]` (the newest [`MAX_TURNS_KEPT`] turns).
+//!
+//! Rooms: [`checkpoints`] below [`channels`] (a changeset's channel, computed) below [`operations`]; their URIs
+//! are the model's ([`crate::model::changeset_uris`]). Nothing here reads or writes a tenant's files itself:
+//! every diff, revert, stage and commit runs in the tenant's file server, outside the host's lock.
 
 mod channels;
 mod checkpoints;
