@@ -410,7 +410,6 @@ fn violations() -> (BTreeSet<String>, BTreeMap<String, usize>) {
                 );
             }
         }
-        let _ = src;
     }
     let mut more_long = BTreeMap::new();
     // src/bin files are crates of their own: only their length is checked.

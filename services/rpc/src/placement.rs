@@ -1,5 +1,5 @@
 //! Agent runners seen from a shard: which `ahp-relay runner` processes are registered (the `Runners` service of
-//! `proto/relay.proto`), which sessions each one hosts, and the [`RemoteAgent`] providers that place sessions
+//! `proto/relay.proto`), which sessions each one hosts, and the [`crate::remote_agent::RemoteAgent`] providers that place sessions
 //! and turns on them.
 //!
 //! Agents execute arbitrary code, so in the distributed deployment they never run in the shard. A session is
@@ -478,7 +478,7 @@ mod tests {
         }
     }
 
-    pub(crate) fn action(session: &str, channel: &str) -> Report {
+    fn action(session: &str, channel: &str) -> Report {
         Report::Action(pb::AgentAction {
             host: Some(pb::HostKey {
                 tenant: "acme".into(),
@@ -494,7 +494,7 @@ mod tests {
     }
 
     #[test]
-    pub(crate) fn a_runner_reaches_only_the_sessions_placed_on_it() {
+    fn a_runner_reaches_only_the_sessions_placed_on_it() {
         let pool = RunnerPool::new();
         let (work, _received) = WorkQueue::new();
         let mine = pool.add(
@@ -543,7 +543,7 @@ mod tests {
         assert_eq!(recorded.0.lock().len(), 1);
     }
 
-    pub(crate) fn session_of(tenant: &str, name: &str) -> SessionRequest {
+    fn session_of(tenant: &str, name: &str) -> SessionRequest {
         SessionRequest {
             session: format!("ahp-session:/{name}"),
             tenant: tenant.into(),
@@ -553,7 +553,7 @@ mod tests {
         }
     }
 
-    pub(crate) fn runner_of(pool: &RunnerPool, key: &SessionRequest) -> Option<u64> {
+    fn runner_of(pool: &RunnerPool, key: &SessionRequest) -> Option<u64> {
         pool.state
             .lock()
             .placements
@@ -566,7 +566,7 @@ mod tests {
     }
 
     #[test]
-    pub(crate) fn a_runner_dedicated_to_tenants_takes_only_theirs_and_takes_them_first() {
+    fn a_runner_dedicated_to_tenants_takes_only_theirs_and_takes_them_first() {
         let pool = RunnerPool::new();
         let hello = |name: &str, tenants: &[&str]| pb::RunnerHello {
             name: name.into(),

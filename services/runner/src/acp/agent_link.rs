@@ -128,7 +128,7 @@ pub struct Place {
     pub tenant: String,
     pub dirs: super::workspace::SessionDirs,
     /// Upgraded and held by each task that owns one of the session's sandboxes until it reaped it (see
-    /// [`SessionWorker::stop_and_wait`]); `None` once the session is being stopped.
+    /// [`super::session::SessionWorker::stop_and_wait`]); `None` once the session is being stopped.
     pub alive: mpsc::WeakSender<()>,
 }
 

@@ -8,8 +8,8 @@
 //! the relay stay inside its working directory ([`fs`]). Disposing the session (or the relay stopping) kills
 //! the agent's sandbox, and disposing removes its directories.
 //!
-//! Rooms, bottom up: what a session and its turns share ([`agent_link`]), the turn's mapping ([`turn`],
-//! [`turn_tools`], [`turn_content`]), the worker ([`session`], with [`chat_sessions`] and [`prompt_turn`]), the
+//! Rooms, bottom up: the turn's mapping ([`turn`], [`turn_tools`], [`turn_content`]), what a session and its
+//! turns share ([`agent_link`]), the worker ([`session`], with [`chat_sessions`] and [`prompt_turn`]), the
 //! provider ([`provider`]). Nothing here touches a host's state: agents speak only through their `ChatSink`.
 
 pub mod agent_link;

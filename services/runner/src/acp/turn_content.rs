@@ -138,7 +138,7 @@ mod tests {
     use super::*;
 
     #[test]
-    pub(crate) fn a_plan_shows_its_current_entry_and_progress() {
+    fn a_plan_shows_its_current_entry_and_progress() {
         use agent_client_protocol::v1::schema::PlanEntryPriority;
         let entry = |content: &str, status| PlanEntry::new(content, PlanEntryPriority::Medium, status);
         let plan = [
@@ -151,7 +151,7 @@ mod tests {
     }
 
     #[test]
-    pub(crate) fn a_file_edit_carries_both_sides_and_its_line_counts() {
+    fn a_file_edit_carries_both_sides_and_its_line_counts() {
         let edit = file_edit(
             std::path::Path::new("/w/a.txt"),
             Some("one\ntwo\n"),

@@ -5,7 +5,7 @@
 //! "tool"; its result is the prompt as text and as a file edit appending it to `notes.md`), a tool call that an active client of the session runs itself (when it contains "client tool" and a
 //! client offers a tool), an input request (when the prompt contains "input"), and a reply showing what Markdown
 //! clients render — a table, a block quote, a fenced code block — when it contains "markdown". It stops promptly on
-//! [`TurnControl::Cancelled`], and answers a steering message ([`TurnControl::Steer`]) at the end of its reply.
+//! [`crate::TurnControl::Cancelled`], and answers a steering message ([`crate::TurnControl::Steer`]) at the end of its reply.
 //! Its pace is configurable so tests can stream slowly enough to interrupt.
 //!
 //! Given a workspace ([`DemoWorkspace`]: `serve` with no agents file, where this machine can sandbox), each

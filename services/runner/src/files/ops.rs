@@ -561,13 +561,13 @@ pub(crate) fn lane(lane: &std::sync::Mutex<()>) -> std::sync::MutexGuard<'_, ()>
 mod tests {
     use super::*;
 
-    pub(crate) fn files() -> (tempfile::TempDir, Files) {
+    fn files() -> (tempfile::TempDir, Files) {
         let dir = tempfile::tempdir().expect("tempdir");
         let files = Files::new(dir.path(), 1024).expect("files");
         (dir, files)
     }
 
-    pub(crate) fn path(dir: &tempfile::TempDir, name: &str) -> String {
+    fn path(dir: &tempfile::TempDir, name: &str) -> String {
         dir.path()
             .canonicalize()
             .expect("root")
@@ -576,7 +576,7 @@ mod tests {
             .to_string()
     }
 
-    pub(crate) fn write(
+    fn write(
         files: &Files,
         at: &str,
         data: &[u8],
@@ -594,7 +594,7 @@ mod tests {
     }
 
     #[test]
-    pub(crate) fn write_modes_place_the_data_where_the_spec_says() {
+    fn write_modes_place_the_data_where_the_spec_says() {
         let (dir, files) = files();
         let at = path(&dir, "f.txt");
         write(&files, &at, b"hello world", WriteMode::Truncate, 0).expect("create");
@@ -620,7 +620,7 @@ mod tests {
     /// Issue 33 (7): an append is written where the file ends, on the file itself: a process appending through
     /// its own `>>` descriptor between our appends loses nothing, and a file past the read limit takes appends.
     #[test]
-    pub(crate) fn appends_never_clobber_another_appender_and_work_past_the_read_limit() {
+    fn appends_never_clobber_another_appender_and_work_past_the_read_limit() {
         use std::io::Write;
         let (dir, files) = files();
         let at = path(&dir, "log.txt");
@@ -652,7 +652,7 @@ mod tests {
     }
 
     #[test]
-    pub(crate) fn a_file_over_the_limit_is_refused_naming_the_limit_and_left_as_it_was() {
+    fn a_file_over_the_limit_is_refused_naming_the_limit_and_left_as_it_was() {
         let (dir, files) = files();
         let at = path(&dir, "big.bin");
         fs::write(&at, vec![7u8; 2000]).expect("seed");
@@ -666,7 +666,7 @@ mod tests {
     }
 
     #[test]
-    pub(crate) fn paths_out_of_the_root_are_refused() {
+    fn paths_out_of_the_root_are_refused() {
         let (dir, files) = files();
         let outside = tempfile::tempdir().expect("outside");
         std::os::unix::fs::symlink(outside.path(), dir.path().join("escape")).expect("symlink");
@@ -729,7 +729,7 @@ mod tests {
     }
 
     #[test]
-    pub(crate) fn a_copy_never_replaces_the_root_or_what_holds_its_source() {
+    fn a_copy_never_replaces_the_root_or_what_holds_its_source() {
         let (dir, files) = files();
         files
             .run(FileOp::Mkdir {
@@ -773,7 +773,7 @@ mod tests {
     }
 
     #[test]
-    pub(crate) fn a_fifo_is_resolved_without_being_opened_and_never_read() {
+    fn a_fifo_is_resolved_without_being_opened_and_never_read() {
         let (dir, files) = files();
         let fifo = path(&dir, "pipe");
         let made = std::process::Command::new("mkfifo")
@@ -804,7 +804,7 @@ mod tests {
     }
 
     #[test]
-    pub(crate) fn a_listing_is_bounded() {
+    fn a_listing_is_bounded() {
         let (dir, mut files) = files();
         files.max_entries = 3;
         for name in ["a", "b", "c", "d"] {
@@ -820,7 +820,7 @@ mod tests {
     }
 
     #[test]
-    pub(crate) fn mkdir_is_mkdir_p_and_an_existing_file_is_already_exists() {
+    fn mkdir_is_mkdir_p_and_an_existing_file_is_already_exists() {
         let (dir, files) = files();
         files
             .run(FileOp::Mkdir {
@@ -848,7 +848,7 @@ mod tests {
     }
 
     #[test]
-    pub(crate) fn binary_is_sniffed_and_text_is_text() {
+    fn binary_is_sniffed_and_text_is_text() {
         let (dir, files) = files();
         let png = path(&dir, "pixel");
         fs::write(&png, b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR").expect("png");

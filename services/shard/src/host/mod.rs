@@ -8,7 +8,9 @@
 //!
 //! Rules of this floor: nothing here awaits while holding the host's lock (`HostCore` is only reached through
 //! `Host::with_core`, which is synchronous); nothing is published before its batch commits; nothing here
-//! handles a protocol command (that is [`crate::commands`]) or imports it.
+//! imports a command handler (those are [`crate::commands`]). The floors are floors of imports: `Host` and
+//! `HostCore` gain behaviour from `impl` blocks on every floor, so the host does call up through its own
+//! methods (`route`, `apply_agent_action`, `archive_turns`, `adopt_terminals`), never by naming a file above it.
 
 pub mod active_clients;
 pub mod admission;

@@ -317,7 +317,7 @@ impl Host {
     }
 
     /// Stop serving the host: nothing more is committed or published, waiting replies turn into
-    /// [`CommandReply::moved`], and the bus closes, so gateways close their connections with a resumable code and
+    /// [`relay_core::link::CommandReply::moved`], and the bus closes, so gateways close their connections with a resumable code and
     /// the clients reconnect to the next owner. What was queued and not committed is dropped — no client saw
     /// it (durable before visible). Idempotent.
     pub fn depose(&self, why: &str) {
@@ -329,7 +329,7 @@ impl Host {
         self.wakeup.notify_one();
     }
 
-    /// Emit a server action as an agent would (used by providers through [`HostSink`]).
+    /// Emit a server action as an agent would (used by providers through [`crate::host::sink::HostSink`]).
     pub fn emit_agent_action(&self, channel: &str, action: StateAction) -> relay_runner::Emitted {
         self.with_core(|core| core.apply_agent_action(channel, action))
     }

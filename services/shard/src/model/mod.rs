@@ -1,7 +1,8 @@
 //! The authoritative state of one host: root state, sessions, chats, agents' terminals and the session
 //! catalogue.
 //!
-//! Nothing here takes the host's lock or touches the store: these are the values the lock guards.
+//! Nothing here takes the host's lock: these are the values the lock guards (only [`archive`] reads archived
+//! turns back from the store).
 //!
 //! State changes only through the `ahp` reducers ([`HostModel::reduce`]); this module owns lookups by URI,
 //! the newest-first catalogue behind `listSessions`, and the projections (summaries, snapshots) clients read.

@@ -1,6 +1,6 @@
 //! Devices' terminals: `createTerminal` and `disposeTerminal`, what devices dispatch to a terminal they opened
-//! (`terminal/input`, `resized`, `claimed`, `titleChanged`, `cleared`), and a chat's `!command` (initialize's
-//! `terminalCommandPrefix`), run in a terminal of its own and shown in the chat as a tool call.
+//! (`terminal/input`, `resized`, `claimed`, `titleChanged`, `cleared`), and terminals taken over after a restart.
+//! A chat's `!command`, run in a terminal of this kind, is [`super::command_turns`].
 //!
 //! The host opens the terminal's channel (listed in root state `terminals`), then asks the session's provider to
 //! start its process — a shell on a pseudoterminal in the session's sandbox, wherever the session's agent runs

@@ -55,6 +55,10 @@
 //! Sessions are kept in `<cwd>/.test-agent/<id>` (the number of prompts seen), so a new process of the agent
 //! can `session/load` them (replaying a line of history first, as ACP agents do); every reply ends with
 //! "This session has seen N prompts." With `--no-load` it does not advertise `loadSession`.
+//!
+//! Rooms: [`script`] (what a prompt does) above [`terminals`] (commands it runs) and [`session_files`] (its sessions
+//! on disk), all speaking through [`replies`]. It is a test fixture: it touches only its working directory and
+//! what the relay gives it, and tests rely on every behaviour listed above.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
