@@ -476,9 +476,28 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   const reasonOf = async () => ({ text: await page.textContent("#signin-reason"), detail: await page.getAttribute("#signin-reason", "title") });
   const shortLived = [];
 
-  // A foreign token (signed by someone else): refused, said why, not retried.
-  await page.goto(`${base}/#token=${encodeURIComponent(foreign)}`);
+  // Issue 36 (10): this relay signs in through an identity provider, so a link with a token signs nobody in:
+  // refused, said why, and no socket is opened with it.
+  await page.goto(`${base}/#token=${encodeURIComponent(good)}&s=${encodeURIComponent("ahp-session:/senders")}`);
   await signInShown();
+  check((await page.textContent("#signin-reason")).includes("identity provider"), `a link's token is refused where an identity provider signs in (${await page.textContent("#signin-reason")})`);
+  check(!(await page.evaluate(() => location.hash.includes("token="))), "the refused token is removed from the address bar");
+  check(sockets.length === 0, `no socket was opened with the link's token (${sockets.length})`);
+  // Nor does an identity provider's answer that no sign-in of this tab asked for.
+  await page.goto(`${base}/#access_token=${encodeURIComponent(good)}&token_type=bearer`);
+  await page.reload();
+  await signInShown();
+  check((await page.textContent("#signin-reason")).includes("did not ask for"), `an unsolicited answer is refused (${await page.textContent("#signin-reason")})`);
+  check(sockets.length === 0, `no socket was opened with the unsolicited answer (${sockets.length})`);
+
+  // A foreign token (signed by someone else), pasted: refused, said why, not retried.
+  const paste = async (target, token) => {
+    await target.fill("#signin-token", token);
+    await Promise.all([target.waitForEvent("load"), target.click("#signin-submit")]);
+  };
+  await paste(page, foreign);
+  await signInShown();
+  await page.waitForSelector("#signin-reason:not([hidden])", { timeout: PATIENCE });
   let reason = await reasonOf();
   check(reason.text.includes("did not accept your sign-in") && reason.detail.includes("HTTP 401"), `a foreign token is refused with its reason (${JSON.stringify(reason)})`);
   check((await page.getAttribute("#link-state", "data-state")) === "refused", "the connection says it is refused");
@@ -519,6 +538,13 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   await page.click("#signin-provider");
   await page.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
   check((await page.textContent("#signin-reason")).includes("did not match"), "an answer with another state is refused");
+  // The refused answer leaves the sign-in waiting for its own: an answer without a state is not taken either.
+  const socketsBefore = sockets.length;
+  await page.goto(`${base}/#access_token=${encodeURIComponent(good)}&token_type=bearer`);
+  await page.reload();
+  await page.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
+  check((await page.textContent("#signin-reason")).includes("did not match"), "after a mismatch, an answer without the state is refused");
+  check(sockets.length === socketsBefore, "and opens no socket");
   forgeState = false;
   await page.evaluate(() => { location.hash = "s=ahp-session%3A%2Fsomewhere&c=ahp-chat%3A%2Fthere"; });
   await page.click("#signin-provider");
@@ -548,8 +574,9 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   await page.screenshot({ path: join(outDir, "signin.png") });
 
   // A token refused only for this host (403) is kept: the same tab opens the host it grants.
-  await page.goto(`${base}/#token=${encodeURIComponent(otherHost)}`);
-  await page.reload(); // a new fragment alone does not load the page again
+  await page.goto(`${base}/`);
+  await signInShown();
+  await paste(page, otherHost);
   await page.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
   reason = await reasonOf();
   check(reason.text.includes("may not open this host") && reason.detail.includes("HTTP 403"), `a token for another host says so (${JSON.stringify(reason)})`);
@@ -567,7 +594,9 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   // On a phone: an expired link shows the sign-in panel with its reason, in view, and a pasted token works.
   const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
   const b = await watchedPhoneSignIn(phone);
-  await b.goto(`${base}/#token=${encodeURIComponent(expired)}`);
+  await b.goto(`${base}/`);
+  await b.waitForSelector('body[data-view="signin"] #signin-token', { timeout: PATIENCE });
+  await paste(b, expired);
   await b.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
   check((await b.textContent("#signin-reason")).includes("expired"), "the phone says the sign-in expired");
   check(await b.evaluate(() => document.getElementById("signin-submit").getBoundingClientRect().bottom <= window.innerHeight), "the phone's sign-in form is in view");

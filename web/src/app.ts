@@ -15,7 +15,19 @@ import { TerminalPane } from "./terminal_pane";
 import { DECIDED_BY, renderTurn } from "./turn_view";
 import { confirmationCard, inputForm } from "./pending_cards";
 import { STATUS_INPUT_NEEDED, chatLabel, pathOf, statusLabel } from "./labels";
-import { forgetToken, refusal, showSignIn, socketProtocols, takeToken, wireSignInForm } from "./signin";
+import {
+  askToSwitch,
+  describe,
+  forgetToken,
+  identityOf,
+  refusal,
+  rememberIdentity,
+  showSignIn,
+  socketProtocols,
+  takeProblem,
+  takeToken,
+  wireSignInForm,
+} from "./signin";
 
 const CLIENT_KEY = "ahp-relay.client-id";
 const PAGE_SIZE = 30;
@@ -127,7 +139,12 @@ class App {
   }
 
   start(): void {
-    $("who").textContent = `${this.me.sub ?? "?"} · ${this.me.role ?? "?"}`;
+    // Who and which tenant: a tab signed in as someone else is plain to see.
+    const identity = identityOf(this.token);
+    $("who").textContent = identity ? describe(identity) : "?";
+    $("who").title = $("who").textContent ?? "";
+    // A link's token that was not taken (the tab kept its own): said once, in the notes.
+    if (takeProblem) this.note(takeProblem);
     this.attention.wire();
     $("sign-out").hidden = false;
     $("sign-out").addEventListener("click", () => {
@@ -331,6 +348,11 @@ class App {
           ? `attempt ${state.attempt}`
           : "";
     $("composer-send").toggleAttribute("disabled", state.kind !== "online");
+    if (state.kind === "online") {
+      // The relay took the token: this browser remembers who it is, to ask before a link signs in someone else.
+      const identity = identityOf(this.token);
+      if (identity) rememberIdentity(identity);
+    }
     if (state.kind === "refused") {
       // Retrying cannot help. A token that is no good is forgotten (a reload must not retry it); one refused
       // only for this host is kept (the address is what is wrong).
@@ -1055,7 +1077,8 @@ class App {
 
 async function main(): Promise<void> {
   wireSignInForm();
-  const token = takeToken();
+  const taken = await takeToken();
+  const token = taken.ask ? await askToSwitch(taken.ask) : taken.token;
   if (!token) {
     await showSignIn();
     return;

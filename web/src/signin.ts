@@ -26,40 +26,174 @@ function asToken(raw: string): string | undefined {
 
 const NOT_A_TOKEN = "That is not an access token (it should be three parts separated by dots).";
 
-/** Why the token in the address could not be taken, if it could not (shown on the sign-in panel). */
+/** Why the token in the address could not be taken, if it could not (shown on the sign-in panel, or as a note). */
 export let takeProblem: string | undefined;
 
+/** The last identity this browser signed in as (no token: who, to compare a link's token with). */
+const IDENTITY_KEY = "ahp-relay.identity";
+
+/** Who a token says it is: for display and comparison only (the relay checks the token). */
+export interface Identity {
+  sub: string;
+  tid: string;
+  role: string;
+}
+
+/** The identity a JWT's payload names, if it is readable. */
+export function identityOf(token: string | undefined): Identity | undefined {
+  if (!token) return undefined;
+  try {
+    const payload = JSON.parse(atob(token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/")));
+    return { sub: String(payload.sub ?? "?"), tid: String(payload.tid ?? "?"), role: String(payload.role ?? "?") };
+  } catch {
+    return undefined;
+  }
+}
+
+/** The identity in words, e.g. `alice (member) of tenant acme`. */
+export function describe(identity: Identity): string {
+  return `${identity.sub} (${identity.role}) of tenant ${identity.tid}`;
+}
+
+/** Remember who signed in here, so a link for someone else is asked about even after signing out. */
+export function rememberIdentity(identity: Identity): void {
+  localStorage.setItem(IDENTITY_KEY, JSON.stringify({ sub: identity.sub, tid: identity.tid, role: identity.role }));
+}
+
+function lastIdentity(): Identity | undefined {
+  try {
+    const known = JSON.parse(localStorage.getItem(IDENTITY_KEY) ?? "null");
+    return known && typeof known.sub === "string" && typeof known.tid === "string" ? known : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** A link's token for someone other than who this tab (or browser) is signed in as: the user decides. */
+export interface SwitchQuestion {
+  /** The link's token. */
+  token: string;
+  /** This tab's own token, if it has one (kept when the user declines). */
+  current?: string;
+  link: Identity;
+  known: Identity;
+  /** The place the link names (`s`, `c`, `host`): followed only when the user switches. */
+  place: [string, string][];
+}
+
+/** What the address and this tab's storage yield: a token to use, or a question to ask first. */
+export interface Taken {
+  token?: string;
+  ask?: SwitchQuestion;
+}
+
+const LINK_KEYS = ["token", "access_token", "token_type", "expires_in", "scope", "state", "id_token"];
+const PLACE_KEYS = ["s", "c", "host"];
+
+function replaceFragment(hash: URLSearchParams): void {
+  const rest = hash.toString();
+  history.replaceState(null, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
+}
+
 /**
- * The token from `#token=…` or an identity provider's `#access_token=…` (then removed from the address bar),
- * else this tab's. A provider's answer must carry the `state` this page sent it, when it sent one.
+ * The token to use. The address may bring one, and is cleared of it at once:
+ * - an identity provider's answer (`#access_token=…&state=…`) is taken only when it carries the `state` of a
+ *   sign-in this tab started (and still waits for); an unsolicited or mismatched answer is refused and leaves a
+ *   started sign-in waiting;
+ * - a link's `#token=…` is refused when the relay signs in through an identity provider (`--sign-in-url`);
+ *   otherwise, when it is for another user or tenant than this tab's (or this browser's last) sign-in, the
+ *   user is asked first, and the place the link names is followed only if they switch.
+ * Otherwise this tab's own token.
  */
-export function takeToken(): string | undefined {
+export async function takeToken(): Promise<Taken> {
   const hash = new URLSearchParams(location.hash.slice(1));
-  const fromLink = hash.get("token") ?? hash.get("access_token");
-  if (fromLink !== null) {
-    const expectedState = sessionStorage.getItem(STATE_KEY);
-    const fromProvider = hash.has("access_token");
-    const stateOk = !fromProvider || !expectedState || hash.get("state") === expectedState;
-    for (const key of ["token", "access_token", "token_type", "expires_in", "scope", "state", "id_token"]) hash.delete(key);
+  const answer = hash.get("access_token");
+  const linked = hash.get("token");
+  const current = sessionStorage.getItem(TOKEN_KEY) ?? undefined;
+  if (answer === null && linked === null) return { token: current };
+  const state = hash.get("state");
+  for (const key of LINK_KEYS) hash.delete(key);
+  if (answer !== null) {
+    const expected = sessionStorage.getItem(STATE_KEY);
+    if (!expected || state !== expected) {
+      // Not the answer to this tab's sign-in: refused, and a sign-in under way keeps waiting for its own.
+      takeProblem = expected
+        ? "The sign-in answer did not match the sign-in this page started; sign in again."
+        : "A sign-in answer arrived that this page did not ask for; it was not used.";
+      replaceFragment(hash);
+      return { token: current };
+    }
     // Back where the page was before it left for the provider.
     const route = sessionStorage.getItem(ROUTE_KEY);
-    if (fromProvider && route && !hash.has("s")) {
+    if (route && !hash.has("s")) {
       for (const [key, value] of new URLSearchParams(route)) hash.set(key, value);
     }
     sessionStorage.removeItem(STATE_KEY);
     sessionStorage.removeItem(ROUTE_KEY);
-    const rest = hash.toString();
-    history.replaceState(null, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
-    const token = asToken(fromLink);
-    if (!stateOk) takeProblem = "The sign-in answer did not match the sign-in this page started; sign in again.";
-    else if (!token) takeProblem = NOT_A_TOKEN;
-    else {
-      sessionStorage.setItem(TOKEN_KEY, token);
-      return token;
+    replaceFragment(hash);
+    const token = asToken(answer);
+    if (!token) {
+      takeProblem = NOT_A_TOKEN;
+      return { token: current };
     }
-    return undefined;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    return { token };
   }
-  return sessionStorage.getItem(TOKEN_KEY) ?? undefined;
+  // A link with a token: its place is the sender's until the user takes the link.
+  const place: [string, string][] = PLACE_KEYS.flatMap((key) => (hash.has(key) ? [[key, hash.get(key) ?? ""] as [string, string]] : []));
+  const token = asToken(linked ?? "");
+  const refuse = (problem: string): Taken => {
+    takeProblem = problem;
+    if (current) for (const key of PLACE_KEYS) hash.delete(key);
+    replaceFragment(hash);
+    return { token: current };
+  };
+  if (await signInUrl()) return refuse("This relay signs in through your identity provider: a link with a token cannot sign you in.");
+  if (!token) return refuse(NOT_A_TOKEN);
+  const link = identityOf(token);
+  const known = identityOf(current) ?? lastIdentity();
+  for (const key of PLACE_KEYS) hash.delete(key);
+  replaceFragment(hash);
+  if (link && known && (link.sub !== known.sub || link.tid !== known.tid)) {
+    return { ask: { token, current, link, known, place } };
+  }
+  return { token: adopt(token, place) };
+}
+
+/** Take a link's `token` for this tab and follow the `place` it names. */
+export function adopt(token: string, place: [string, string][]): string {
+  sessionStorage.setItem(TOKEN_KEY, token);
+  const hash = new URLSearchParams(location.hash.slice(1));
+  for (const [key, value] of place) hash.set(key, value);
+  replaceFragment(hash);
+  return token;
+}
+
+/**
+ * Asks whether to switch to a link's token for another user or tenant (`#confirm-switch`). Staying is the
+ * default (Escape, or the first button); the link's place is followed only when switching.
+ */
+export function askToSwitch(question: SwitchQuestion): Promise<string | undefined> {
+  const dialog = $<HTMLDialogElement>("confirm-switch");
+  $("confirm-switch-link").textContent = describe(question.link);
+  $("confirm-switch-known").textContent = describe(question.known);
+  $("confirm-switch-stay").textContent = question.current ? `Stay ${question.known.sub}` : "Do not sign in";
+  $("confirm-switch-ok").textContent = `Switch to ${question.link.sub}`;
+  return new Promise((resolve) => {
+    dialog.addEventListener(
+      "close",
+      () => {
+        if (dialog.returnValue === "switch") resolve(adopt(question.token, question.place));
+        else {
+          takeProblem = question.current ? undefined : "You did not sign in with the link.";
+          resolve(question.current);
+        }
+      },
+      { once: true },
+    );
+    dialog.returnValue = "stay";
+    dialog.showModal();
+  });
 }
 
 /** Forget this tab's token (a reload then asks to sign in instead of retrying it). */
