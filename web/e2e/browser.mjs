@@ -831,31 +831,47 @@ async function messages(token, outDir) {
   await b.waitForSelector("#transcript .turn:first-child .copy-reply >> text=Copied", { timeout: PATIENCE });
   check((await b.evaluate(() => navigator.clipboard.readText())) === replyText, "the phone copies the reply");
 
-  // The phone retries the last turn: it is replaced by a new run of the same prompt, on both devices.
+  // Issue 36 (3): the phone retries the last turn on a branch: a new chat forked through the turn before it runs
+  // the prompt again; the chat it came from keeps both turns, on both devices.
   const before = await turns(a);
+  const chatsOf = (page) => page.evaluate(() => globalThis.ahpRelay?.state(globalThis.ahpRelay?.session())?.chats?.map((c) => c.resource) ?? []);
   await b.locator("#transcript .turn").last().locator(".retry-turn").click();
-  await a.waitForFunction((id) => {
-    const chat = globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat());
-    return !chat.activeTurn && chat.turns.length === 2 && chat.turns[1].id !== id;
-  }, before[1].id, { timeout: PATIENCE });
-  const retried = await turns(a);
-  check(retried[0].id === before[0].id && retried[1].message.text === long && retried[1].state === "complete", "retry ran the last prompt again in its place");
+  await b.waitForFunction((first) => globalThis.ahpRelay?.chat() !== first, chat, { timeout: PATIENCE });
+  const retryChat = await b.evaluate(() => globalThis.ahpRelay?.chat());
+  await idleWith(b, 2);
+  const retried = await turns(b);
+  check(retried[0].message.text === before[0].message.text && retried[1].message.text === long && retried[1].state === "complete" && retried[1].id !== before[1].id, "retry ran the last prompt again on a branch that keeps the turn before it");
+  await a.waitForFunction((uri) => globalThis.ahpRelay?.state(globalThis.ahpRelay?.session())?.chats?.some((c) => c.resource === uri), retryChat, { timeout: PATIENCE });
+  check(isDeepStrictEqual((await turns(a)).map((t) => t.id), before.map((t) => t.id)), "the chat retried from keeps every turn");
   check((await a.locator("#transcript .turn").first().locator(".retry-turn").count()) === 0, "only the last turn offers a retry");
+  check((await a.locator("#transcript .turn .fork-turn").count()) === 2, "every completed turn offers Fork");
 
-  // Edit the first prompt: every turn from it on is replaced by the edited one.
+  // Edit the first prompt, sent with Enter: a new chat starts from the edited prompt; the original keeps its turns.
+  const chatsBefore = await chatsOf(a);
   await a.locator("#transcript .turn").first().locator(".edit-prompt").click();
   await a.fill("#transcript .edit-box", "show markdown again");
-  await a.click("#transcript .send-edit");
+  await a.press("#transcript .edit-box", "Enter");
+  await a.waitForFunction((known) => !known.includes(globalThis.ahpRelay?.chat()), chatsBefore, { timeout: PATIENCE });
   await a.waitForFunction(() => {
     const chat = globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat());
-    return !chat.activeTurn && chat.turns.length === 1 && chat.turns[0].message.text === "show markdown again";
+    return chat && !chat.activeTurn && chat.turns.length === 1 && chat.turns[0].message.text === "show markdown again";
   }, null, { timeout: PATIENCE });
+  const edited = await a.evaluate(() => globalThis.ahpRelay?.chat());
+  await b.click(`#chats .tab[data-chat="${edited}"]`);
   await b.waitForFunction(
     (expected) => JSON.stringify(globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat())) === expected,
     JSON.stringify(await chatState(a)),
     { timeout: PATIENCE },
   );
-  check((await transcriptText(a)) === (await transcriptText(b)), "the phone shows the edited conversation");
+  check((await transcriptText(a)) === (await transcriptText(b)), "the phone shows the edited branch");
+  await b.click(`#chats .tab[data-chat="${chat}"]`);
+  await idleWith(b, 2);
+  check(isDeepStrictEqual((await turns(b)).map((t) => t.id), before.map((t) => t.id)), "the edited chat keeps every turn");
+  // Fork on a turn: a new chat with the turns through it.
+  await b.locator("#transcript .turn").first().locator(".fork-turn").click();
+  await b.waitForFunction((known) => !known.includes(globalThis.ahpRelay?.chat()), [...chatsBefore, retryChat, edited], { timeout: PATIENCE });
+  await idleWith(b, 1);
+  check((await turns(b))[0].message.text === before[0].message.text, "a fork holds the turns through the one forked");
   await b.screenshot({ path: join(outDir, "messages-phone.png") });
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
   console.log(JSON.stringify({ session, accessibility }));

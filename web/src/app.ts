@@ -12,7 +12,8 @@ import { DirectoryField } from "./new_session";
 import { ChangesPane } from "./changes_pane";
 import { FilesPane } from "./files_pane";
 import { TerminalPane } from "./terminal_pane";
-import { DECIDED_BY, renderTurn } from "./turn_view";
+import { Drafts } from "./drafts";
+import { AUTHOR, DECIDED_BY, renderTurn } from "./turn_view";
 import { confirmationCard, inputForm } from "./pending_cards";
 import { STATUS_INPUT_NEEDED, chatLabel, pathOf, statusLabel } from "./labels";
 import {
@@ -114,6 +115,16 @@ class App {
     canWrite: () => this.me.role !== "viewer",
   });
   private me: JsonObject;
+  /** Whether the connection is up (approvals and answers wait while it is not). */
+  private online = false;
+  /** Focus the opened session's message box (or its title) once it is drawn. */
+  private focusOnRender = false;
+  /** The running turn the screen reader is to hear the end of, and whether it heard that it needs input. */
+  private watched?: { chat: string; turn: string; askedInput: boolean };
+  /** A touch keyboard: Return makes a new line, the Send button sends. */
+  private touch = window.matchMedia("(pointer: coarse)").matches || navigator.maxTouchPoints > 0;
+  /** What the user typed in each chat's message box, kept and synced per chat. */
+  private drafts: Drafts;
   private attention = new Attention(
     (summary) => statusLabel(summary.status ?? 0) === "needs input",
     () => this.session,
@@ -122,6 +133,15 @@ class App {
 
   constructor(private token: string) {
     this.me = claims(token);
+    this.drafts = new Drafts({ sub: String(this.me.sub ?? ""), tid: String(this.me.tid ?? "") }, (chat, draft) => {
+      if (this.me.role === "viewer" || !this.link.online) return false;
+      this.clientSeq += 1;
+      return this.link.notify("dispatchAction", {
+        channel: chat,
+        clientSeq: this.clientSeq,
+        action: draft ? { type: "chat/draftChanged", draft } : { type: "chat/draftChanged" },
+      });
+    });
     const url = new URL(location.href);
     const host = new URLSearchParams(location.hash.slice(1)).get("host");
     url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
@@ -155,6 +175,7 @@ class App {
     });
     // A viewer watches: the controls the relay would refuse (create, send, answer, dispose) are hidden.
     document.body.dataset.role = String(this.me.role ?? "");
+    $("view-only").hidden = this.me.role !== "viewer";
     $("new-session").addEventListener("submit", (event) => {
       event.preventDefault();
       void this.createSession();
@@ -167,7 +188,7 @@ class App {
       if (open) $("new-session-agent").focus();
     });
     // A touch keyboard has no Shift+Enter to speak of: its hint is only for keyboards.
-    if (window.matchMedia("(pointer: coarse)").matches || navigator.maxTouchPoints > 0) {
+    if (this.touch) {
       $<HTMLTextAreaElement>("prompt").placeholder = "Message the agent";
     }
     $("more-sessions").addEventListener("click", () => void (this.search ? this.searchMore() : this.loadSessions(false)));
@@ -191,11 +212,17 @@ class App {
       this.send();
     });
     $("prompt").addEventListener("keydown", (event) => {
-      if (event.key === "Enter" && !event.shiftKey) {
+      // On a touch keyboard Return is a new line (a message may have several); Send sends.
+      if (event.key === "Enter" && !event.shiftKey && !this.touch && !event.isComposing) {
         event.preventDefault();
         this.send();
       }
     });
+    // What is typed stays with its chat (kept here at once, synced to the user's other devices after a pause).
+    $("prompt").addEventListener("input", () => {
+      if (this.chat) this.drafts.typed(this.chat, $<HTMLTextAreaElement>("prompt").value);
+    });
+    window.addEventListener("pagehide", () => this.drafts.flushAll());
     $("cancel").addEventListener("click", () => this.cancelTurn());
     $("dispose-session").addEventListener("click", () => void this.disposeSession());
     $("session-details").addEventListener("click", () => {
@@ -348,6 +375,8 @@ class App {
           ? `attempt ${state.attempt}`
           : "";
     $("composer-send").toggleAttribute("disabled", state.kind !== "online");
+    this.online = state.kind === "online";
+    this.markPending();
     if (state.kind === "online") {
       // The relay took the token: this browser remembers who it is, to ask before a link signs in someone else.
       const identity = identityOf(this.token);
@@ -564,6 +593,7 @@ class App {
     if (chat) await this.openChat(chat, true);
     else this.followDefaultChat();
     this.announcePresence();
+    this.focusOnRender = true;
     this.render();
   }
 
@@ -579,20 +609,28 @@ class App {
     // Opening the session's chat completes its address (in place); switching chats is a step of its own.
     if (!following) routeTo(this.session, uri, !routeOf().chat);
     if (this.chat) {
+      this.drafts.flush(this.chat);
       void this.link.request("unsubscribe", { channel: this.chat }).catch(() => undefined);
       this.model.forget(this.chat);
     }
     this.chat = uri;
+    // A turn already running when the chat opens is heard ending too; older ones are not.
+    this.watched = undefined;
+    // Nothing typed for another chat may be sent to this one.
+    $<HTMLTextAreaElement>("prompt").value = "";
     this.turnCache.clear();
     this.stuck = true;
     $("jump-latest").hidden = true;
     $("transcript").replaceChildren();
     await this.subscribe(uri);
+    if (this.chat === uri) $<HTMLTextAreaElement>("prompt").value = this.drafts.initial(uri, this.model.state(uri));
     this.render();
   }
 
   private leave(): void {
     this.showPane(undefined);
+    if (this.chat) this.drafts.flush(this.chat);
+    $<HTMLTextAreaElement>("prompt").value = "";
     for (const uri of [this.chat, this.session]) {
       if (!uri) continue;
       void this.link.request("unsubscribe", { channel: uri }).catch(() => undefined);
@@ -780,6 +818,7 @@ class App {
       this.dispatch(chat, { type: "chat/turnStarted", turnId: newId(), startedAt: new Date().toISOString(), message });
     }
     box.value = "";
+    this.drafts.sent(chat, this.chatState());
   }
 
   /** Edit a sent prompt in place; sending it replaces that turn and every later one (truncate + resend). */
@@ -796,10 +835,79 @@ class App {
       editor.replaceWith(prompt);
       node.querySelector(".prompt-actions")?.removeAttribute("hidden");
     });
-    send.addEventListener("click", () => {
+    const go = () => {
       const edited = box.value.trim();
-      if (edited) void this.resend(before, { text: edited, origin: { kind: "user" } });
+      if (edited) void this.branch(before, { text: edited, origin: { kind: "user" } });
+    };
+    send.addEventListener("click", go);
+    // As in the message box: Enter sends, Shift+Enter (or Return on a touch keyboard) makes a new line.
+    box.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey && !this.touch && !event.isComposing) {
+        event.preventDefault();
+        go();
+      } else if (event.key === "Escape") cancel.click();
     });
+  }
+
+  /** What the open session's agent can do with chats: fork them, or hold several. */
+  private chatAbilities(): { fork: boolean; chats: boolean } {
+    const session = this.session ? this.model.state(this.session) : undefined;
+    const agent = (this.model.state(ROOT)?.agents ?? []).find((a: JsonObject) => a.provider === session?.provider);
+    const multiple = agent?.capabilities?.multipleChats;
+    return { fork: !!multiple?.fork, chats: !!multiple };
+  }
+
+  /**
+   * An edit or a retry of the turn after `before` (the chat's first when undefined) runs `message` on a branch:
+   * a new chat forked through `before` (or a new chat, for the first turn), and the original chat keeps every
+   * turn. An agent that cannot hold another chat replaces the turns instead, once the user confirmed how many go.
+   */
+  private async branch(before: string | undefined, message: JsonObject): Promise<void> {
+    const chat = this.chat;
+    const session = this.session;
+    if (!chat || !session || this.chatState()?.activeTurn || !this.link.online) return;
+    const can = this.chatAbilities();
+    if ((before && can.fork) || (!before && can.chats)) {
+      const next: JsonObject = { ...message, origin: message.origin ?? { kind: "user" } };
+      const model = this.modelChoice.get(session);
+      if (model && !next.model) next.model = { id: model };
+      const created = `ahp-chat:/${newId()}`;
+      const params: JsonObject = { channel: session, chat: created, initialMessage: next };
+      if (before) params.source = { kind: "fork", chat, turnId: before };
+      try {
+        await this.link.request("createChat", params);
+      } catch (error) {
+        this.note(`could not branch the chat: ${(error as Error).message}`);
+        return;
+      }
+      this.note("Sent on a new branch; the earlier chat keeps its turns");
+      await this.openChat(created);
+      return;
+    }
+    const turns: JsonObject[] = this.chatState()?.turns ?? [];
+    const from = before ? turns.findIndex((t) => t.id === before) + 1 : 0;
+    const going = turns.length - from;
+    $("confirm-truncate-text").textContent =
+      `This agent keeps one chat, so ${going} turn${going === 1 ? "" : "s"} (this one${going > 1 ? " and every later one" : ""}) ` +
+      "will be removed for everyone in the session, and your message sent in their place.";
+    $("confirm-truncate-ok").textContent = `Replace ${going} turn${going === 1 ? "" : "s"}`;
+    if ((await this.ask($<HTMLDialogElement>("confirm-truncate"))) !== "ok") return;
+    await this.resend(before, message);
+  }
+
+  /** A new chat continuing the open one through `turnId` (its turns copied), opened here. */
+  private async fork(turnId: string): Promise<void> {
+    const chat = this.chat;
+    const session = this.session;
+    if (!chat || !session) return;
+    const created = `ahp-chat:/${newId()}`;
+    try {
+      await this.link.request("createChat", { channel: session, chat: created, source: { kind: "fork", chat, turnId } });
+    } catch (error) {
+      this.note(`could not fork the chat: ${(error as Error).message}`);
+      return;
+    }
+    await this.openChat(created);
   }
 
   /**
@@ -877,7 +985,65 @@ class App {
       this.renderQueued = false;
       this.renderSessions();
       this.renderSession();
+      if (this.focusOnRender && !$("session-view").hidden) {
+        this.focusOnRender = false;
+        this.focusSession();
+      }
     });
+  }
+
+  /**
+   * A session just opened: the keyboard lands in its message box (a member at a keyboard), else on its title
+   * (a viewer; a phone, where a focused box would cover the conversation with the on-screen keyboard).
+   */
+  private focusSession(): void {
+    if (this.me.role !== "viewer" && !this.touch) {
+      $("prompt").focus();
+      return;
+    }
+    const title = $("session-title");
+    title.tabIndex = -1;
+    title.focus();
+  }
+
+  /** Say `text` to a screen reader (the one live region; the transcript itself is not one). */
+  private announce(text: string): void {
+    const announcer = $("announcer");
+    // The same words twice in a row are still said twice: clear first.
+    announcer.textContent = "";
+    window.setTimeout(() => (announcer.textContent = text), 50);
+  }
+
+  /** What a screen reader hears of the open chat: the agent needing input, and a turn's end, once each. */
+  private announceTurn(chat: JsonObject | undefined): void {
+    if (!this.chat || !chat) return;
+    const active = chat.activeTurn;
+    const watched = this.watched?.chat === this.chat ? this.watched : undefined;
+    if (watched && watched.turn !== active?.id) {
+      const ended = (chat.turns ?? []).find((t: JsonObject) => t.id === watched.turn);
+      if (ended) {
+        const how = ended.state === "complete" ? "finished" : ended.state === "cancelled" ? "stopped (cancelled)" : "stopped with an error";
+        this.announce(`The agent ${how}.`);
+      }
+      this.watched = undefined;
+    }
+    if (active) {
+      if (!this.watched) this.watched = { chat: this.chat, turn: active.id, askedInput: false };
+      const asks = (chat.status & STATUS_INPUT_NEEDED) === STATUS_INPUT_NEEDED;
+      if (asks && !this.watched.askedInput) {
+        this.watched.askedInput = true;
+        this.announce("The agent needs your input.");
+      } else if (!asks) this.watched.askedInput = false;
+    }
+  }
+
+  /** While offline, the cards' buttons are disabled, and the page says why. */
+  private markPending(): void {
+    const panel = $("pending");
+    $("pending-offline").hidden = this.online || panel.childElementCount === 0;
+    for (const control of panel.querySelectorAll("button, input, select, textarea")) {
+      control.toggleAttribute("disabled", !this.online);
+    }
   }
 
   private renderSessions(): void {
@@ -996,26 +1162,39 @@ class App {
 
   private renderChat(): void {
     const chat = this.chatState();
+    // This user's draft, typed on another device, comes to this box unless the user is typing here.
+    const box = $<HTMLTextAreaElement>("prompt");
+    if (this.chat && chat && document.activeElement !== box) {
+      const arrived = this.drafts.arrived(this.chat, chat.draft);
+      if (arrived !== undefined) box.value = arrived;
+    }
     const transcript = $("transcript");
     const atBottom = transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight < 40;
     const turns: JsonObject[] = [...(chat?.turns ?? [])];
     if (chat?.activeTurn) turns.push({ ...chat.activeTurn, state: "active" });
     const idle = !chat?.activeTurn;
     const olderUnloaded = !!chat?.turnsNextCursor;
+    const forks = this.chatAbilities().fork;
     const nodes = turns.map((turn, index) => {
       // What a turn offers depends on its place: edit needs the turn before it known (or none older at all),
       // retry is for the last one; neither while a turn runs.
+      // Only the prompt's author edits it; anyone may retry or fork (both branch, nothing is lost).
+      const author = turn.message?._meta?.[AUTHOR]?.sub as string | undefined;
+      const mine = author === undefined || author === this.me.sub;
       const offers = {
-        edit: idle && turn.state !== "active" && (index > 0 || !olderUnloaded),
+        edit: idle && mine && turn.state !== "active" && (index > 0 || !olderUnloaded),
         retry: idle && index === turns.length - 1 && (index > 0 || !olderUnloaded),
+        fork: turn.state === "complete" && forks,
         before: index > 0 ? (turns[index - 1].id as string) : undefined,
+        author: author === undefined ? undefined : mine ? `${author} (you)` : author,
       };
       const json = JSON.stringify([turn, offers]);
       const cached = this.turnCache.get(turn.id);
       if (cached && cached.json === json) return cached.node;
       const node = renderTurn(turn, offers, {
         edit: (node, prompt, text, before) => this.startEdit(node, prompt, text, before),
-        retry: (before, message) => void this.resend(before, message),
+        retry: (before, message) => void this.branch(before, message),
+        fork: (turnId) => void this.fork(turnId),
       });
       this.turnCache.set(turn.id, { json, node });
       return node;
@@ -1038,6 +1217,7 @@ class App {
     state.dataset.state = active ? "active" : "idle";
     $("cancel").hidden = !active;
     this.renderPending(active);
+    this.announceTurn(chat);
     const queued: JsonObject[] = chat?.queuedMessages ?? [];
     $("queued").replaceChildren(
       ...queued.map((m) => {
@@ -1071,6 +1251,7 @@ class App {
         panel.append(card);
       }
     }
+    this.markPending();
   }
 
 }

@@ -15,10 +15,17 @@ export const DECIDED_BY = "ahp-relay/decidedBy";
 const LONG_PROMPT_CHARS = 600;
 const LONG_PROMPT_LINES = 8;
 
-/** What a turn offers, by its place in the chat. */
+/** The `_meta` key of a message naming who wrote it (the relay stamps it: `{sub}`). */
+export const AUTHOR = "ahpRelay/author";
+
+/** What a turn offers, by its place in the chat and who is looking. */
 export interface TurnOffers {
   edit: boolean;
   retry: boolean;
+  /** Fork the chat through this turn into a new chat. */
+  fork: boolean;
+  /** Who wrote the prompt, as the page names them ("You" for the viewer's own). */
+  author?: string;
   /** The turn before it, which an edit or retry truncates to (none: the chat's first). */
   before?: string;
 }
@@ -29,11 +36,15 @@ export interface TurnActions {
   edit(node: HTMLElement, prompt: HTMLElement, text: string, before: string | undefined): void;
   /** Run `message` again in place of the turns after `before`. */
   retry(before: string | undefined, message: JsonObject): void;
+  /** A new chat continuing from this turn. */
+  fork(turnId: string): void;
 }
 
 export function renderTurn(turn: JsonObject, offers: TurnOffers, actions: TurnActions): HTMLElement {
-  const node = h("article", { class: `turn ${turn.state ?? ""}`, "data-turn": turn.id });
+  const node = h("li", { class: `turn ${turn.state ?? ""}`, "data-turn": turn.id });
   const text = String(turn.message?.text ?? "");
+  // In a shared chat, whose words these are.
+  if (offers.author) node.append(h("div", { class: "author" }, offers.author));
   const prompt = h("div", { class: "user" }, text);
   node.append(prompt);
   // A long prompt is folded to a few lines, with a way to read it all.
@@ -67,9 +78,14 @@ export function renderTurn(turn: JsonObject, offers: TurnOffers, actions: TurnAc
       replyActions.append(copyButton(markdown, "copy-reply"));
     }
     if (offers.retry) {
-      const retry = h("button", { type: "button", class: "link retry-turn", title: "Run this prompt again" }, "Retry");
+      const retry = h("button", { type: "button", class: "link retry-turn", title: "Run this prompt again in a new branch" }, "Retry");
       retry.addEventListener("click", () => actions.retry(offers.before, turn.message ?? { text }));
       replyActions.append(retry);
+    }
+    if (offers.fork) {
+      const fork = h("button", { type: "button", class: "link fork-turn", title: "Continue from here in a new chat" }, "Fork");
+      fork.addEventListener("click", () => actions.fork(turn.id));
+      replyActions.append(fork);
     }
     if (replyActions.childElementCount > 0) node.append(replyActions);
   }

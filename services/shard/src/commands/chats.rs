@@ -27,6 +27,8 @@ impl HostCore {
         let chat = params.chat;
         let mut initial_message = params.initial_message;
         if let Some(message) = initial_message.as_mut() {
+            let subject = &self.connection(connection)?.identity.subject;
+            crate::commands::authorship::stamp_message(message, subject);
             crate::commands::attachments::pin(&self.model, message).map_err(RpcError::invalid_params)?;
         }
         // A fork continues its source: it inherits the source chat's working directories (naming others is

@@ -28,6 +28,9 @@ impl HostCore {
         let mut params: DispatchActionParams = message.parse_params()?;
         let client_id = self.client_id(connection)?;
         let role = self.connection(connection)?.identity.role;
+        // A user's message names its author: the one who dispatched it, whatever the client claimed.
+        let subject = self.connection(connection)?.identity.subject.clone();
+        crate::commands::authorship::stamp(&mut params.action, &subject);
         let kind = self.model.kind(&params.channel);
         if kind == ChannelKind::Unknown {
             // Actions on channels the host does not have are ignored without an echo (digest §4).

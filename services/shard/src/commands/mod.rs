@@ -8,6 +8,7 @@
 //! the sequencer; locked handlers never await.
 
 pub mod attachments;
+pub mod authorship;
 pub mod branches;
 pub mod call;
 pub mod catalog;

@@ -1,0 +1,104 @@
+// Per-chat drafts: what a user types in a chat's message box stays with that chat. It is kept in this browser at
+// once (per user, tenant and chat: it survives a reload, a switch to another session and an expired sign-in) and
+// synced, debounced, into the chat's AHP `draft` (`chat/draftChanged`), marked with its author, so the same
+// user's other devices pick it up. A draft another member left in a shared chat is theirs: it is not put in
+// this user's box.
+
+import type { JsonObject } from "./rpc";
+
+/** Where a draft's author is kept in its `_meta`. */
+export const DRAFT_AUTHOR = "ahpRelay/author";
+/** How long typing pauses before the draft is synced to the relay. */
+const SYNC_AFTER_MS = 600;
+
+/** Who is typing: a draft belongs to this user of this tenant. */
+export interface Author {
+  sub: string;
+  tid: string;
+}
+
+
+export class Drafts {
+  private timers = new Map<string, number>();
+  /** The last draft text of ours each chat's state carried (what was synced or seen from another device). */
+  private seen = new Map<string, string>();
+
+  constructor(
+    private author: Author,
+    /** Dispatches `chat/draftChanged` on `chat` (the draft cleared when undefined); whether it was sent. */
+    private sync: (chat: string, draft: JsonObject | undefined) => boolean,
+  ) {}
+
+  private key(chat: string): string {
+    return `ahp-relay.draft.${this.author.tid}.${this.author.sub}.${chat}`;
+  }
+
+  /** Whether `draft` (a chat state's `draft`) is this user's. */
+  mine(draft: JsonObject | undefined): boolean {
+    const by = draft?._meta?.[DRAFT_AUTHOR];
+    // The relay stamps the author (`{sub}`) itself; drafts live in the tenant's own chats.
+    return !!by && by.sub === this.author.sub;
+  }
+
+  /** The text to put in the box on opening `chat`: this browser's draft, else this user's synced one. */
+  initial(chat: string, state: JsonObject | undefined): string {
+    const local = localStorage.getItem(this.key(chat));
+    const synced = this.mine(state?.draft) ? String(state?.draft?.text ?? "") : undefined;
+    if (synced !== undefined) this.seen.set(chat, synced);
+    return local ?? synced ?? "";
+  }
+
+  /** The user typed `text` in `chat`'s box: kept here now, synced once typing pauses. */
+  typed(chat: string, text: string): void {
+    if (text) localStorage.setItem(this.key(chat), text);
+    else localStorage.removeItem(this.key(chat));
+    window.clearTimeout(this.timers.get(chat));
+    this.timers.set(
+      chat,
+      window.setTimeout(() => this.flush(chat), SYNC_AFTER_MS),
+    );
+  }
+
+  /** Sync `chat`'s pending draft now (leaving the chat, or the page). */
+  flush(chat: string): void {
+    if (!this.timers.has(chat)) return;
+    window.clearTimeout(this.timers.get(chat));
+    this.timers.delete(chat);
+    const text = localStorage.getItem(this.key(chat)) ?? "";
+    if ((this.seen.get(chat) ?? "") === text) return;
+    // Offline, it stays here and goes with the next pause in typing.
+    if (this.sync(chat, text ? { text, origin: { kind: "user" }, _meta: { [DRAFT_AUTHOR]: { sub: this.author.sub } } } : undefined)) {
+      this.seen.set(chat, text);
+    }
+  }
+
+  /** Flush every chat's pending draft. */
+  flushAll(): void {
+    for (const chat of [...this.timers.keys()]) this.flush(chat);
+  }
+
+  /** The message in `chat` was sent: its draft is gone, here and (when it was ours) in the chat. */
+  sent(chat: string, state: JsonObject | undefined): void {
+    window.clearTimeout(this.timers.get(chat));
+    this.timers.delete(chat);
+    localStorage.removeItem(this.key(chat));
+    this.seen.set(chat, "");
+    if (this.mine(state?.draft)) void this.sync(chat, undefined);
+  }
+
+  /**
+   * `chat`'s state now carries `draft`: when it is a new draft of ours from another device, the text the box
+   * should show (and this browser keeps); otherwise undefined.
+   */
+  arrived(chat: string, draft: JsonObject | undefined): string | undefined {
+    if (this.timers.has(chat)) return undefined; // typing here wins until it is synced
+    // Ours, or cleared after being ours (sent from another device); another member's draft is left alone.
+    const text = this.mine(draft) ? String(draft?.text ?? "") : !draft && this.seen.get(chat) ? "" : undefined;
+    if (text === undefined) return undefined;
+    if (this.seen.get(chat) === text) return undefined;
+    this.seen.set(chat, text);
+    if (text) localStorage.setItem(this.key(chat), text);
+    else localStorage.removeItem(this.key(chat));
+    return text;
+  }
+}
