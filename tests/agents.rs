@@ -268,6 +268,61 @@ async fn two_devices_share_an_acp_agents_turn_one_prompts_the_other_approves() {
 }
 
 /// The completed tool calls of a chat's first turn, in order.
+/// Issue 36 (4): a member's title is final. An ACP agent names its session after the first prompt; a session a
+/// member renamed first keeps the member's title through that prompt, while an unrenamed one takes the
+/// agent's; the member may rename it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_title_is_final_and_the_agents_naming_is_dropped() {
+    let setup = relay_with_agent().await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let titles = |listed: ahp_types::commands::ListSessionsResult| {
+        listed
+            .items
+            .into_iter()
+            .map(|item| (item.resource, item.title))
+            .collect::<std::collections::HashMap<_, _>>()
+    };
+    let (renamed, renamed_chat) = scripted_session(&a, "renamed").await;
+    let (named_by_agent, agent_chat) = scripted_session(&a, "by-agent").await;
+    a.dispatch(
+        renamed.clone(),
+        StateAction::SessionTitleChanged(ahp_types::actions::SessionTitleChangedAction {
+            title: "Our launch plan".into(),
+        }),
+    )
+    .await
+    .expect("rename");
+    for chat in [&renamed_chat, &agent_chat] {
+        let (_, _, mut sub) = subscribe_chat(&a, chat).await;
+        a.dispatch(chat.clone(), turn_started("t1", "hello there friend"))
+            .await
+            .expect("prompt");
+        collect_until(&mut sub, is_turn_end).await;
+    }
+    let listed = titles(
+        a.request("listSessions", serde_json::json!({"channel": "ahp-root://"}))
+            .await
+            .expect("listSessions"),
+    );
+    assert_eq!(
+        listed[&named_by_agent], "Test: hello there friend",
+        "the agent names an unrenamed session"
+    );
+    assert_eq!(listed[&renamed], "Our launch plan", "the member's title stays");
+    // A member may still rename it again.
+    a.dispatch(
+        renamed.clone(),
+        StateAction::SessionTitleChanged(ahp_types::actions::SessionTitleChangedAction {
+            title: "Launch plan, v2".into(),
+        }),
+    )
+    .await
+    .expect("rename again");
+    let (snapshot, _) = a.subscribe(renamed.clone()).await.expect("session");
+    let state = serde_json::to_string(&snapshot.snapshot.map(|s| s.state)).expect("json");
+    assert!(state.contains("Launch plan, v2"), "{state}");
+}
+
 fn completed_tool_calls(chat: &ahp_types::state::ChatState) -> Vec<ahp_types::state::ToolCallCompletedState> {
     chat.turns[0]
         .response_parts

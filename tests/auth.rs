@@ -816,7 +816,11 @@ async fn a_viewer_watches_a_live_turn_but_every_mutation_is_refused() {
     )
     .await;
     support::raw::answer_to(&mut raw, 0).await;
-    let actions = every_client_action("vic-raw", &session, &chat);
+    // All but the viewer's own presence (no tools), which it may announce (see the test after this one).
+    let actions: Vec<_> = every_client_action("vic-raw", &session, &chat)
+        .into_iter()
+        .filter(|(_, action)| !matches!(action, StateAction::SessionActiveClientSet(_)))
+        .collect();
     for (n, (channel, action)) in actions.iter().enumerate() {
         let frames = frames_for_dispatch(
             &mut raw,
@@ -865,6 +869,85 @@ async fn a_viewer_watches_a_live_turn_but_every_mutation_is_refused() {
         before,
         "nothing changed"
     );
+}
+
+/// Issue 36 (11): a viewer may say it watches a session (itself as an active client offering no tools), so every
+/// device lists who is watching; offering tools, or setting another client, stays refused, and the session
+/// changes in nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_may_say_it_watches_a_session_and_nothing_more() {
+    let relay = Relay::start_with(&[]).await;
+    let (member, _) = relay.client_as("t", "mia", Role::Member, "mia-laptop").await;
+    let (session, chat) = create_session_and_chat(&member, "watched").await;
+    let mut raw = support::raw::raw_as(&relay, "t", "vic", Role::Viewer).await;
+    support::raw::send(
+        &mut raw,
+        serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "channel": "ahp-root://", "protocolVersions": ["1.0.0"], "clientId": "vic-raw",
+            "initialSubscriptions": ["ahp-root://", session, chat]}})
+        .to_string(),
+    )
+    .await;
+    support::raw::answer_to(&mut raw, 0).await;
+    let reason_of = |frames: &[serde_json::Value]| {
+        frames.first().and_then(|frame| {
+            frame["params"]["envelope"]["rejectionReason"]
+                .as_str()
+                .or_else(|| frame["params"]["rejectionReason"].as_str())
+                .map(str::to_string)
+        })
+    };
+    let tool = serde_json::json!({"name": "t", "description": "d", "inputSchema": {"type": "object"}});
+    for (n, (active_client, accepted)) in [
+        (
+            serde_json::json!({"clientId": "someone-else", "tools": []}),
+            false,
+        ),
+        (serde_json::json!({"clientId": "vic-raw", "tools": [tool]}), false),
+        (
+            serde_json::json!({"clientId": "vic-raw", "displayName": "Vic watching", "tools": []}),
+            true,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let frames = frames_for_dispatch(
+            &mut raw,
+            serde_json::json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {"channel": session,
+                "clientSeq": n + 1, "action": {"type": "session/activeClientSet", "activeClient": active_client}}}),
+            n as u64 + 1,
+            1000 + n as u64,
+        )
+        .await;
+        assert_eq!(frames.len(), 1, "{frames:?}");
+        assert_eq!(
+            reason_of(&frames).is_none(),
+            accepted,
+            "{active_client:?}: {frames:?}"
+        );
+    }
+    let state = session_and_chat_json(&relay, "t", &session, &chat).await;
+    let state: serde_json::Value =
+        serde_json::from_str(state.lines().next().expect("the session's line")).expect("json");
+    let listed: Vec<&str> = state["activeClients"]
+        .as_array()
+        .expect("active clients")
+        .iter()
+        .filter_map(|c| c["clientId"].as_str())
+        .collect();
+    assert!(listed.contains(&"vic-raw"), "the viewer is listed: {listed:?}");
+    assert!(!listed.contains(&"someone-else"), "{listed:?}");
+    // And it leaves again.
+    let frames = frames_for_dispatch(
+        &mut raw,
+        serde_json::json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {"channel": session,
+            "clientSeq": 9, "action": {"type": "session/activeClientRemoved", "clientId": "vic-raw"}}}),
+        9,
+        1009,
+    )
+    .await;
+    assert!(reason_of(&frames).is_none(), "{frames:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

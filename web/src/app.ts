@@ -113,6 +113,9 @@ class App {
     rootState: () => this.model.state(ROOT),
     clientId: () => clientId(),
     canWrite: () => this.me.role !== "viewer",
+    sessionRoot: () => this.sessionRoot(),
+    sessionDirectory: () => (this.session ? this.model.state(this.session)?.workingDirectories?.[0] : undefined),
+    tenantRoot: () => this.directory.root,
   });
   private me: JsonObject;
   /** Whether the connection is up (approvals and answers wait while it is not). */
@@ -789,12 +792,17 @@ class App {
 
   /** Shows this device in the session's active clients (so other devices see who is connected). */
   private announcePresence(): void {
-    if (!this.session || this.me.role === "viewer") return;
+    // A viewer says it is watching too (offering no tools): every device lists who is there.
+    if (!this.session) return;
     const state = this.model.state(this.session);
     if (!state || (state.activeClients ?? []).some((c: JsonObject) => c.clientId === clientId())) return;
     this.dispatch(this.session, {
       type: "session/activeClientSet",
-      activeClient: { clientId: clientId(), displayName: `${deviceName()} · ${this.me.sub ?? ""}`, tools: [] },
+      activeClient: {
+        clientId: clientId(),
+        displayName: `${deviceName()} · ${this.me.sub ?? ""}${this.me.role === "viewer" ? " (watching)" : ""}`,
+        tools: [],
+      },
     });
   }
 

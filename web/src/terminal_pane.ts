@@ -1,5 +1,6 @@
-// The session's terminals: those the host lists (root state `terminals`) that belong to the session or to a
-// device, a new one for members (`createTerminal`: a shell in the session's sandbox, claimed by this page), shown
+// The session's terminals: those the host lists (root state `terminals`) that the session's agent holds, or that
+// a device opened in the session's folder (a terminal's state says where it runs, its `cwd`: read once per
+// terminal), each labelled with that folder; the first opens with the pane. A new one for members (`createTerminal`: a shell in the session's sandbox, claimed by this page), shown
 // in xterm.js — what it printed (the channel's state, then each `terminal/data`), what the user types
 // (`terminal/input`) and its size fitted to the pane (`terminal/resized`). Viewers watch: xterm takes no input.
 
@@ -7,6 +8,7 @@ import { FitAddon } from "@xterm/addon-fit";
 import { Terminal } from "@xterm/xterm";
 import xtermCss from "@xterm/xterm/css/xterm.css";
 import { h } from "./dom";
+import { pathOf } from "./labels";
 import type { JsonObject } from "./rpc";
 
 const $ = <T extends HTMLElement = HTMLElement>(id: string) => document.getElementById(id) as T;
@@ -21,6 +23,23 @@ export interface TerminalHost {
   rootState(): JsonObject | undefined;
   clientId(): string;
   canWrite(): boolean;
+  /** The folder the open session works in (its working directory, else the tenant's workspace). */
+  sessionRoot(): string | undefined;
+  /** The open session's own working directory, if it has one. */
+  sessionDirectory(): string | undefined;
+  /** The tenant's workspace: where a terminal that names no folder runs. */
+  tenantRoot(): string | undefined;
+}
+
+/** Whether `dir` is `root` or inside it (both `file://` URIs or paths). */
+function within(dir: string, root: string): boolean {
+  const [d, r] = [pathOf(dir).replace(/\/+$/, ""), pathOf(root).replace(/\/+$/, "")];
+  return d === r || d.startsWith(`${r}/`);
+}
+
+/** A folder for people: its last two names. */
+function shortPlace(dir: string): string {
+  return pathOf(dir).replace(/\/+$/, "").split("/").slice(-2).join("/");
 }
 
 /** A terminal's output as one VT stream (what its content parts hold). */
@@ -34,6 +53,8 @@ export class TerminalPane {
   private term?: Terminal;
   private fit?: FitAddon;
   private observer?: ResizeObserver;
+  /** Where each device terminal runs (its state's `cwd`), once read; null while being read. */
+  private places = new Map<string, string | null>();
 
   constructor(private host: TerminalHost) {}
 
@@ -46,11 +67,43 @@ export class TerminalPane {
     $("terminal-close").addEventListener("click", () => void this.dispose());
   }
 
-  /** Show `session`'s terminals. */
+  /** Show `session`'s terminals, the first of them open (this device's own first). */
   open(session: string): void {
     this.session = session;
     $<HTMLButtonElement>("terminal-new").hidden = !this.host.canWrite();
     this.renderList();
+    this.attachFirst();
+  }
+
+  /** With no terminal open yet, open the session's first (once it is known to be the session's). */
+  private attachFirst(): void {
+    if (this.uri || !this.session) return;
+    const listed = this.listed();
+    const own = listed.find((info) => info.claim?.kind === "client" && info.claim?.clientId === this.host.clientId());
+    const first = own ?? listed.find((info) => info.lifecycle?.status !== "exited") ?? listed[0];
+    if (first) void this.attach(first.resource);
+  }
+
+  /** Where device terminal `uri` runs: read from its state once (subscribe, read, unsubscribe). */
+  private async learnPlace(uri: string): Promise<void> {
+    this.places.set(uri, null);
+    try {
+      const result = await this.host.ask("subscribe", { channel: uri });
+      const cwd = result?.snapshot?.state?.cwd;
+      this.places.set(uri, typeof cwd === "string" ? cwd : this.host.tenantRoot() ?? "");
+      if (uri !== this.uri) void this.host.ask("unsubscribe", { channel: uri }).catch(() => undefined);
+    } catch {
+      this.places.delete(uri);
+      return;
+    }
+    this.renderList();
+    this.attachFirst();
+  }
+
+  /** Where a listed terminal runs, if known. */
+  private placeOf(info: JsonObject): string | undefined {
+    if (info.claim?.kind === "session") return this.host.sessionRoot();
+    return this.places.get(info.resource) ?? undefined;
   }
 
   close(): void {
@@ -58,10 +111,22 @@ export class TerminalPane {
     this.session = undefined;
   }
 
-  /** The terminals listed for the session, oldest first. */
+  /**
+   * The session's terminals, oldest first: its agent's, and devices' running in its folder (a device terminal
+   * not yet placed is read, and listed once known).
+   */
   private listed(): JsonObject[] {
     const terminals: JsonObject[] = this.host.rootState()?.terminals ?? [];
-    return terminals.filter((info) => info.claim?.kind !== "session" || info.claim?.session === this.session);
+    // In the session's own folder (or below it); a session without one: in the tenant's workspace itself.
+    const own = this.host.sessionDirectory();
+    const tenant = this.host.tenantRoot();
+    return terminals.filter((info) => {
+      if (info.claim?.kind === "session") return info.claim?.session === this.session;
+      if (!this.places.has(info.resource)) void this.learnPlace(info.resource);
+      const place = this.places.get(info.resource);
+      if (!place) return false;
+      return own ? within(place, own) : !!tenant && within(place, tenant) && within(tenant, place);
+    });
   }
 
   /** The root's list moved: refresh ours. */
@@ -69,10 +134,16 @@ export class TerminalPane {
     if (!this.session) return;
     const items = this.listed().map((info) => {
       const exited = info.lifecycle?.status === "exited";
+      const place = this.placeOf(info);
       const pick = h(
         "button",
-        { type: "button", class: info.resource === this.uri ? "tab active" : "tab", "data-terminal": info.resource },
-        `${info.title || "Terminal"}${exited ? " (exited)" : ""}`,
+        {
+          type: "button",
+          class: info.resource === this.uri ? "tab active" : "tab",
+          "data-terminal": info.resource,
+          ...(place ? { title: `Runs in ${pathOf(place)}` } : {}),
+        },
+        `${info.title || "Terminal"}${place ? ` · ${shortPlace(place)}` : ""}${exited ? " (exited)" : ""}`,
       );
       pick.addEventListener("click", () => void this.attach(info.resource));
       return h("li", {}, pick);

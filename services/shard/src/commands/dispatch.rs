@@ -123,6 +123,10 @@ impl HostCore {
             self.owed.owe(&client_id, echo);
         }
         self.after_action(&params.channel, kind, &params.action);
+        // A member's title is final (the agent's later naming is dropped).
+        if let StateAction::SessionTitleChanged(_) = &params.action {
+            self.mark_titled_by_user(&params.channel);
+        }
         // A notification gets nothing; the same call sent as a request (with an id) gets an empty result.
         crate::reply::reply(message.id, &())
     }
@@ -136,6 +140,13 @@ impl HostCore {
         // An agent replaces the `_meta` it keeps; what the host keeps there stays.
         if let StateAction::SessionMetaChanged(changed) = &mut action {
             crate::workspace::changesets::keep_host_meta(&self.model, channel, changed);
+            crate::commands::titles::keep_mark(&self.model, channel, changed);
+        }
+        // A title a user chose is final: the agent's naming is dropped.
+        if matches!(action, StateAction::SessionTitleChanged(_))
+            && crate::commands::titles::titled_by_user(&self.model, channel)
+        {
+            return Emitted::NotApplied;
         }
         // Large inline content goes to the store, named by reference ([`crate::workspace::content_refs`]) — stored only
         // with an action that is applied.

@@ -20,4 +20,5 @@ pub mod input_needed;
 pub mod router;
 pub mod sessions;
 pub mod summaries;
+pub mod titles;
 pub mod turns;

@@ -115,7 +115,8 @@ impl HostCore {
             .model
             .sessions
             .get(&session)
-            .is_some_and(|record| record.state.title.is_empty());
+            .is_some_and(|record| record.state.title.is_empty())
+            && !crate::commands::titles::titled_by_user(&self.model, &session);
         let title = title_from_prompt(&message.text);
         if untitled && !title.is_empty() {
             self.apply_server_action(

@@ -8,6 +8,23 @@ use super::fields::*;
 use super::terminal::*;
 use crate::model::{ChannelKind, HostModel};
 
+/// A viewer may say it is watching a session (itself as an active client, offering no tools) and leave it:
+/// every device then lists who is watching. Nothing else a viewer dispatches is accepted.
+fn is_viewer_presence(action: &StateAction, who: &Dispatcher<'_>) -> bool {
+    match action {
+        StateAction::SessionActiveClientSet(a) => {
+            a.active_client.client_id == who.client_id
+                && a.active_client.tools.is_empty()
+                && a.active_client
+                    .customizations
+                    .as_ref()
+                    .is_none_or(|c| c.is_empty())
+        }
+        StateAction::SessionActiveClientRemoved(a) => a.client_id == who.client_id,
+        _ => false,
+    }
+}
+
 /// Check a client action against the current state. `Err` carries the rejection reason.
 pub fn check_client_action(
     model: &HostModel,
@@ -19,7 +36,7 @@ pub fn check_client_action(
     if let StateAction::Unknown(_) = action {
         return Err("unknown action type or malformed action payload".into());
     }
-    if !who.role.can_write() {
+    if !who.role.can_write() && !is_viewer_presence(action, who) {
         return Err("viewers may not dispatch actions".into());
     }
     if kind == ChannelKind::Terminal {

@@ -248,7 +248,8 @@ impl HostCore {
         let (cols, rows) = (params.cols.unwrap_or(80), params.rows.unwrap_or(24));
         let state = TerminalState {
             title: cut(&title, MAX_TERMINAL_TITLE),
-            cwd: params.cwd.clone(),
+            // Where it runs, said to every device: the directory named, else the session's.
+            cwd: request.cwd.clone().or_else(|| request.working_directory.clone()),
             cols: Some(cols),
             rows: Some(rows),
             content: Vec::new(),
