@@ -328,6 +328,49 @@ async fn the_workspace_panes_show_changes_and_share_a_terminal() {
     );
 }
 
+/// Issue 36: a team's session in the web client — two members, a viewer, and a member of another tenant whose
+/// link must not take over a tab; per-chat drafts, names on messages, edits only of one's own prompt, a
+/// keyboard-only run (at most 5 Tabs from opening a session to its message box), a screen reader hearing one
+/// "finished" per turn, approvals disabled offline, Return on a phone, a session's own terminals, panes only
+/// where they work, view only — on desktop and phone, with axe finding nothing serious.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_shares_a_session_each_with_their_own_draft_name_and_terminal() {
+    let agents = scripted_agents_file();
+    let relay = Relay::start_with(&[
+        "--agents",
+        &agents.file.display().to_string(),
+        "--demo-step-ms",
+        "20",
+    ])
+    .await;
+    let alice = relay.token("dev", "alice", Role::Member);
+    let bob = relay.token("dev", "bob", Role::Member);
+    let viewer = relay.token("dev", "vic", Role::Viewer);
+    let mallory = relay.token("evil", "mallory", Role::Member);
+    let out = repo().join("target/browser-test/team");
+    let _ = std::fs::remove_dir_all(&out);
+    let base = format!("http://{}", relay.addr);
+    let report = browser(&[
+        "team",
+        &base,
+        &alice,
+        &bob,
+        &viewer,
+        &mallory,
+        &out.display().to_string(),
+    ])
+    .await;
+    assert!(report.contains("\"team\":\"ok\""), "{report}");
+    publish(
+        &out,
+        &[
+            ("team-desktop.png", "web-client-team.png"),
+            ("team-phone.png", "web-client-team-phone.png"),
+            ("team-link-question.png", "web-client-link-question.png"),
+        ],
+    );
+}
+
 /// Acceptance: the same envelope stream reduced in the browser (the page's WebAssembly `ahp` reducers) and by
 /// `ahp` in Rust gives equal JSON, for a session and a chat through a turn with streaming, reasoning, a
 /// confirmed tool call, an answered input request, a title and usage, and a second turn that is cancelled.

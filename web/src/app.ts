@@ -95,6 +95,8 @@ class App {
   private pane?: Pane;
   /** Whether the relay lets devices open terminals (`initialize` advertised `terminalCommandPrefix`). */
   private terminalsOn = false;
+  /** The agents whose sessions hold a workspace (files, terminals, `!commands`); undefined: the relay did not say. */
+  private workspaceAgents?: Set<string>;
   private changes = new ChangesPane({
     ask: (method, params) => this.link.request(method, params),
     dispatch: (channel, action) => void this.dispatch(channel, action),
@@ -224,6 +226,7 @@ class App {
     // What is typed stays with its chat (kept here at once, synced to the user's other devices after a pause).
     $("prompt").addEventListener("input", () => {
       if (this.chat) this.drafts.typed(this.chat, $<HTMLTextAreaElement>("prompt").value);
+      this.commandHint();
     });
     window.addEventListener("pagehide", () => this.drafts.flushAll());
     $("cancel").addEventListener("click", () => this.cancelTurn());
@@ -328,6 +331,8 @@ class App {
     this.model.saw(Number(result.serverSeq ?? 0));
     this.directory.setRoot(typeof result.defaultDirectory === "string" ? result.defaultDirectory : undefined);
     this.terminalsOn = typeof result.terminalCommandPrefix === "string";
+    const workspaceAgents = result._meta?.["ahpRelay/workspaceAgents"];
+    this.workspaceAgents = Array.isArray(workspaceAgents) ? new Set(workspaceAgents.map(String)) : undefined;
     for (const snapshot of result.snapshots ?? []) this.model.applySnapshot(snapshot);
     const first = !this.initialized;
     this.initialized = true;
@@ -1089,6 +1094,14 @@ class App {
     this.renderTitle();
   }
 
+  /** A `!command` typed in a session whose agent has no workspace goes to the agent as written: said under the box. */
+  private commandHint(): void {
+    const session = this.session ? this.model.state(this.session) : undefined;
+    const typed = $<HTMLTextAreaElement>("prompt").value.trimStart();
+    const noWorkspace = !!session && !!this.workspaceAgents && !this.workspaceAgents.has(String(session.provider));
+    $("command-hint").hidden = !(this.terminalsOn && noWorkspace && typed.startsWith("!"));
+  }
+
   /** Keep the transcript at its end while the user is there; otherwise say there is more below. */
   private follow(): void {
     const transcript = $("transcript");
@@ -1119,12 +1132,20 @@ class App {
     $("no-session").hidden = !!session;
     if (!session) return;
     $("session-title").textContent = session.title || "New session";
+    // An agent that could not start: said, with why, in place of a message box that would only fail.
+    const failed = session.lifecycle === "failed";
+    $("session-failed").hidden = !failed;
+    $("session-failed").textContent = failed ? `The agent could not start: ${session.creationError?.message ?? "no reason given"}` : "";
+    $("composer").hidden = failed;
     $("session-facts").textContent = this.sessionFacts(session);
     // Files where the relay serves them (a workspace), for sessions that have a folder.
-    $("files-toggle").hidden = !(this.directory.root && this.sessionRoot());
+    // Files and terminals only where the session's agent holds a workspace (the demo has none).
+    const workspace = !this.workspaceAgents || this.workspaceAgents.has(String(session.provider));
+    $("files-toggle").hidden = !(workspace && this.directory.root && this.sessionRoot());
     // Changes where the session lists changesets; terminals where the relay lets devices open them.
     $("changes-toggle").hidden = !(session.changesets ?? []).length;
-    $("terminal-toggle").hidden = !(this.terminalsOn && this.directory.root);
+    $("terminal-toggle").hidden = !(workspace && this.terminalsOn && this.directory.root);
+    this.commandHint();
     const people = (session.activeClients ?? []).map((c: JsonObject) =>
       h("span", { class: c.clientId === clientId() ? "person me" : "person" }, c.displayName || c.clientId),
     );

@@ -75,12 +75,17 @@ export class TerminalPane {
     this.attachFirst();
   }
 
-  /** With no terminal open yet, open the session's first (once it is known to be the session's). */
+  /**
+   * With no terminal open yet, open the session's first: this device's own, else one still running, else the
+   * latest — once every device terminal is placed (which may be the session's).
+   */
   private attachFirst(): void {
     if (this.uri || !this.session) return;
     const listed = this.listed();
+    const terminals: JsonObject[] = this.host.rootState()?.terminals ?? [];
+    if (terminals.some((info) => info.claim?.kind === "client" && (this.places.get(info.resource) ?? null) === null)) return;
     const own = listed.find((info) => info.claim?.kind === "client" && info.claim?.clientId === this.host.clientId());
-    const first = own ?? listed.find((info) => info.lifecycle?.status !== "exited") ?? listed[0];
+    const first = own ?? listed.find((info) => info.lifecycle?.status !== "exited") ?? listed.at(-1);
     if (first) void this.attach(first.resource);
   }
 
@@ -145,7 +150,7 @@ export class TerminalPane {
         },
         `${info.title || "Terminal"}${place ? ` · ${shortPlace(place)}` : ""}${exited ? " (exited)" : ""}`,
       );
-      pick.addEventListener("click", () => void this.attach(info.resource));
+      pick.addEventListener("click", () => void this.attach(info.resource, true));
       return h("li", {}, pick);
     });
     $("terminal-list").replaceChildren(...items);
@@ -172,7 +177,7 @@ export class TerminalPane {
       $("terminal-status").textContent = `Cannot start a terminal: ${(error as Error).message}`;
       return;
     }
-    await this.attach(uri);
+    await this.attach(uri, true);
   }
 
   private async dispose(): Promise<void> {
@@ -187,12 +192,15 @@ export class TerminalPane {
     this.renderList();
   }
 
-  /** Show terminal `uri`: its output so far, then what it prints. */
-  private async attach(uri: string): Promise<void> {
+  /**
+   * Show terminal `uri`: its output so far, then what it prints; `focus` when the user picked it (a terminal
+   * opened with the pane does not take the keyboard). An agent's terminal is shown read-only.
+   */
+  private async attach(uri: string, focus = false): Promise<void> {
     this.detach();
     this.uri = uri;
     if (!(await this.host.subscribe(uri))) return;
-    const writer = this.host.canWrite();
+    const writer = this.host.canWrite() && this.host.state(uri)?.claim?.kind !== "session";
     const term = new Terminal({ convertEol: false, disableStdin: !writer, cursorBlink: writer, fontSize: 13, scrollback: 5000 });
     const fit = new FitAddon();
     term.loadAddon(fit);
@@ -213,7 +221,7 @@ export class TerminalPane {
     this.observer = new ResizeObserver(() => this.fit?.fit());
     this.observer.observe($("terminal-screen"));
     fit.fit();
-    if (writer) term.focus();
+    if (writer && focus) term.focus();
     this.renderList();
   }
 

@@ -132,8 +132,17 @@ function renderPart(part: JsonObject): Node {
         h("div", { class: "meta" }, part.response ? outcome[part.response] ?? part.response : "waiting for an answer"),
       );
     }
+    case "error":
+      // In words, never as JSON: what went wrong, and its kind in the tooltip.
+      return h("div", { class: "error", title: String(part.error?.errorType ?? "") }, `The agent stopped: ${part.error?.message ?? "an error"}`);
+    case "systemNotification": {
+      const content = part.content;
+      return h("div", { class: "system-note muted" }, typeof content === "string" ? content : String(content?.value ?? ""));
+    }
+    case "contentRef":
+      return h("div", { class: "muted" }, `Content kept apart (${part.contentType ?? part.content_type ?? "data"}, ${part.sizeHint ?? "?"} bytes)`);
     default:
-      return h("pre", { class: "part" }, JSON.stringify(part, null, 2));
+      return h("div", { class: "muted" }, `(a part this page does not show: ${String(part.kind ?? "unknown")})`);
   }
 }
 

@@ -387,6 +387,15 @@ impl ProviderRegistry {
             .map(|root| crate::acp::workspace::tenant_dir_uri(&root, tenant))
     }
 
+    /// The providers whose sessions hold a workspace (files, terminals, `!commands`), by id.
+    pub fn with_workspace(&self) -> Vec<String> {
+        self.providers
+            .iter()
+            .filter(|(_, provider)| provider.runs_terminals())
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     /// Every provider's `AgentInfo`, the default first.
     pub fn agents(&self) -> Vec<AgentInfo> {
         let mut agents: Vec<AgentInfo> = self.providers.values().map(|p| p.info()).collect();

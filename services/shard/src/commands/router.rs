@@ -52,6 +52,8 @@ const KNOWN_METHODS: &[&str] = &[
 
 /// The `InitializeResult._meta` key listing `initialSubscriptions` that name no channel of this host.
 pub const UNAVAILABLE_SUBSCRIPTIONS: &str = "ahpRelay/unavailableSubscriptions";
+/// `initialize`'s `_meta` key listing the agents (provider ids) whose sessions hold a workspace.
+pub const WORKSPACE_AGENTS: &str = "ahpRelay/workspaceAgents";
 
 impl HostCore {
     pub(crate) fn route(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
@@ -171,12 +173,17 @@ impl HostCore {
                 Err(crate::model::OverBudget) => return Err(self.initial_snapshots_too_big()),
             }
         }
-        // Channels that do not exist (or are not this host's) are said so, not silently left out.
-        let meta = (!unavailable.is_empty()).then(|| {
-            let mut meta = ahp_types::common::JsonObject::new();
+        // Channels that do not exist (or are not this host's) are said so, not silently left out; and which
+        // agents' sessions have a workspace (files, terminals), so a client offers those panes only there.
+        let mut meta = ahp_types::common::JsonObject::new();
+        if !unavailable.is_empty() {
             meta.insert(UNAVAILABLE_SUBSCRIPTIONS.into(), serde_json::json!(unavailable));
-            meta
-        });
+        }
+        meta.insert(
+            WORKSPACE_AGENTS.into(),
+            serde_json::json!(self.providers.with_workspace()),
+        );
+        let meta = Some(meta);
         let result = InitializeResult {
             protocol_version: version.clone(),
             server_seq: from_seq as i64,
