@@ -502,6 +502,7 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   let reason = await reasonOf();
   check(reason.text.includes("did not accept your sign-in") && reason.detail.includes("HTTP 401"), `a foreign token is refused with its reason (${JSON.stringify(reason)})`);
   check((await page.getAttribute("#link-state", "data-state")) === "refused", "the connection says it is refused");
+  check((await page.textContent("#link-state")) === "Sign-in refused", `the pill says the sign-in was refused (${await page.textContent("#link-state")})`);
   check(sockets.length === 1, `the refused token was tried once, not retried (${sockets.length} sockets)`);
   await accessible(page, "sign-in with a reason");
   // A reload does not reuse it: the page asks to sign in and opens no socket.
@@ -515,6 +516,7 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   await page.click("#signin-submit");
   await page.waitForSelector("#signin-reason:not([hidden])", { timeout: PATIENCE });
   check((await page.textContent("#signin-reason")).includes("not an access token"), "a non-token is refused in the page");
+  check((await page.textContent("#link-state")) === "Not signed in", `the pill does not say "starting" (${await page.textContent("#link-state")})`);
   check(sockets.length === 1, "and opens no socket");
 
   // An expired token pasted in (with a `Bearer ` prefix, which is dropped): refused as expired.
@@ -523,6 +525,7 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   await page.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
   reason = await reasonOf();
   check(reason.text.includes("expired"), `an expired token is said to be expired (${JSON.stringify(reason)})`);
+  check((await page.textContent("#link-state")) === "Sign-in expired", `the pill says the sign-in expired (${await page.textContent("#link-state")})`);
 
   // The identity provider's login (configured with --sign-in-url) returns with a token in the fragment and the
   // state it was given; an answer with another state is refused. The page comes back to where it was.
@@ -560,6 +563,7 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   await page.click("#sign-out");
   await signInShown();
   check((await page.textContent("#signin-reason")).includes("signed out"), "signing out says so");
+  check((await page.title()) === "Sign in · ahp-relay", `signed out, the tab's title carries no session's news (${await page.title()})`);
   await page.reload();
   await signInShown();
   check(sockets.length === before, "signed out, a reload opens no socket");
@@ -569,7 +573,11 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   await page.fill("#signin-token", shortLived[0]);
   await Promise.all([page.waitForEvent("load"), page.click("#signin-submit")]);
   await online(page);
+  // Issue 36 (11): before it ends, the page says when.
+  await page.waitForSelector("#expiry-warning:not([hidden])", { timeout: PATIENCE });
+  check((await page.textContent("#expiry-warning")).includes("Your sign-in ends at"), `a warning before the sign-in expires (${await page.textContent("#expiry-warning")})`);
   await page.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
+  check(await page.isHidden("#expiry-warning"), "signed out, the warning goes");
   reason = await reasonOf();
   check(reason.text.includes("expired") && reason.detail.includes("4001"), `an expiry on an open connection asks to sign in again (${JSON.stringify(reason)})`);
   await page.screenshot({ path: join(outDir, "signin.png") });
@@ -1013,7 +1021,13 @@ async function workspace(token, session, outDir) {
   await b.waitForFunction(() => document.querySelector('#changes-list li[data-file="a.txt"] .change-reviewed')?.checked === true, null, {
     timeout: PATIENCE,
   });
-  // The phone reverts b.txt, after the relay's own warning; both devices see it leave.
+  // Issue 36 (12): reverting a file the turn created says that it deletes it (and the user may keep it).
+  await b.click('#changes-list li[data-file="c.txt"] .change-revert');
+  await b.waitForSelector("#confirm-change[open]", { timeout: PATIENCE });
+  const deleting = { text: await b.textContent("#confirm-change-text"), button: await b.textContent("#confirm-change-ok") };
+  check(deleting.text.includes("c.txt") && deleting.text.includes("deletes it") && deleting.button === "Delete the file", `reverting a new file says it deletes it (${JSON.stringify(deleting)})`);
+  await b.click("#confirm-change-cancel");
+  // The phone reverts b.txt, after the warning; both devices see it leave.
   await b.click('#changes-list li[data-file="b.txt"] .change-revert');
   await b.waitForSelector("#confirm-change[open]", { timeout: PATIENCE });
   const warning = await b.textContent("#confirm-change-text");

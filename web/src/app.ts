@@ -170,6 +170,7 @@ class App {
     $("who").title = $("who").textContent ?? "";
     // A link's token that was not taken (the tab kept its own): said once, in the notes.
     if (takeProblem) this.note(takeProblem);
+    this.warnBeforeExpiry();
     this.attention.wire();
     $("sign-out").hidden = false;
     $("sign-out").addEventListener("click", () => {
@@ -294,6 +295,22 @@ class App {
     this.link.start();
   }
 
+  /** Five minutes before the token expires (or now, when it has less left), the header says when it ends. */
+  private warnBeforeExpiry(): void {
+    const exp = Number(this.me.exp ?? 0) * 1000;
+    if (!exp) return;
+    const show = () => {
+      const left = Math.max(0, Math.round((exp - Date.now()) / 60_000));
+      const at = new Date(exp).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+      const warning = $("expiry-warning");
+      warning.textContent = `Your sign-in ends at ${at} (${left < 1 ? "in less than a minute" : `in ${left} min`}): sign in again then; what you typed is kept.`;
+      warning.hidden = false;
+    };
+    const warnIn = exp - 5 * 60_000 - Date.now();
+    if (warnIn <= 0) show();
+    else if (warnIn < 2 ** 31 - 1) window.setTimeout(show, warnIn);
+  }
+
   // ── connection ──────────────────────────────────────────────────────────────────────────────────────
 
   /** A fresh socket: resume with `reconnect` from the last serverSeq, or start with `initialize`. */
@@ -375,7 +392,9 @@ class App {
             : "Connecting…"
           : state.kind === "offline"
             ? `${state.reason}, retrying in ${Math.max(1, Math.round(state.retryInMs / 1000))} s`
-            : "Signed out";
+            : /expired/i.test(state.reason)
+              ? "Sign-in expired"
+              : "Sign-in refused";
     pill.title =
       state.kind === "offline" || state.kind === "refused"
         ? state.detail

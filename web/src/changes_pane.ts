@@ -120,7 +120,7 @@ export class ChangesPane {
     });
     const revert = h("button", { type: "button", class: "link danger change-revert", "aria-label": `Revert ${id}` }, "Revert");
     revert.hidden = !writer;
-    revert.addEventListener("click", () => void this.revert(id));
+    revert.addEventListener("click", () => void this.revert(id, kind));
     const row = h(
       "li",
       { class: `change ${kind}`, "data-file": id },
@@ -174,10 +174,18 @@ export class ChangesPane {
     return (state?.operations ?? []).find((operation: JsonObject) => operation.id === id);
   }
 
-  private async revert(id: string): Promise<void> {
+  /** Revert file `id` after saying what that does to it: a file these changes created is deleted. */
+  private async revert(id: string, kind: "added" | "deleted" | "modified"): Promise<void> {
     const operation = this.operation("revert-file");
     if (!this.uri || !operation) return;
-    if (!(await this.host.confirm(`${id}: ${operation.confirmation ?? "Revert this file?"}`, "Revert"))) return;
+    const what =
+      kind === "added"
+        ? `${id} was created by these changes: reverting deletes it, and its content is lost.`
+        : kind === "deleted"
+          ? `${id} was deleted by these changes: reverting puts it back as it was.`
+          : `${id} goes back to how it was before these changes: its changes are lost.`;
+    const action = kind === "added" ? "Delete the file" : kind === "deleted" ? "Restore the file" : "Revert";
+    if (!(await this.host.confirm(what, action))) return;
     await this.invoke("revert-file", { kind: "resource", resource: id });
   }
 

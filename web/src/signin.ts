@@ -247,8 +247,17 @@ async function signInUrl(): Promise<string | undefined> {
  */
 export async function showSignIn(reason?: string, detail?: string): Promise<void> {
   document.body.dataset.view = "signin";
-  // Nobody is signed in here any more.
+  // Nobody is signed in here any more: the header, the pill and the tab's title say so (no session's news).
   $("who").textContent = "";
+  $("who").title = "";
+  const pill = $("link-state");
+  // A refused connection already said why (refused, expired); otherwise nobody is signed in.
+  if (pill.dataset.state !== "refused") {
+    pill.dataset.state = "signedout";
+    pill.textContent = /expired/i.test(reason ?? takeProblem ?? "") ? "Sign-in expired" : "Not signed in";
+  }
+  document.title = "Sign in · ahp-relay";
+  $("expiry-warning").hidden = true;
   reason ??= takeProblem;
   const why = $("signin-reason");
   why.textContent = reason ?? "";
