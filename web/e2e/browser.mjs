@@ -896,7 +896,7 @@ async function search(token, outDir) {
   const link = `${base}/#token=${encodeURIComponent(token)}`;
   const titles = (page) => page.evaluate(() => [...document.querySelectorAll("#sessions li .title")].map((t) => t.textContent));
   const listed = (page, count) =>
-    page.waitForFunction((n) => document.querySelectorAll("#sessions li").length === n, count, { timeout: PATIENCE });
+    page.waitForFunction((n) => document.querySelectorAll("#sessions li[data-uri]").length === n, count, { timeout: PATIENCE });
   const desktop = await browser.newContext({ viewport: { width: 1280, height: 860 } });
   const a = await watchedPage(desktop, "desktop", problems);
   await a.goto(link);
@@ -956,7 +956,7 @@ async function search(token, outDir) {
   await a.waitForFunction(() => document.getElementById("find-count").textContent === "no match", null, { timeout: PATIENCE });
   check((await marked(a, "find")) === 0, "nothing is marked for no match");
   // The phone opens the session and finds there too.
-  await b.click("#sessions li:first-child a");
+  await b.click("#sessions li[data-uri] a >> nth=0");
   await b.waitForFunction(() => (globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat())?.turns ?? []).length === 3, null, { timeout: PATIENCE });
   await b.fill("#find-in-chat", "beta");
   await b.waitForFunction(() => document.getElementById("find-count").textContent === "2 matches", null, { timeout: PATIENCE });
@@ -1176,6 +1176,9 @@ async function team(alice, bob, viewer, mallory, outDir) {
   check(await a.evaluate(() => document.activeElement?.matches("#pending button.approve")), "the approval is reached with the keyboard");
   await a.keyboard.press("Enter");
   await idleWith(a, 1);
+  // The agent's command ran in a terminal; its card does not say "running" once the command is over.
+  const terminalCard = await a.textContent("#transcript .tool.completed .tool-output.terminal");
+  check(!terminalCard.includes("running"), `a finished command's terminal is not "running" (${terminalCard})`);
   // A screen reader heard that the agent needed input and that it finished, once each, and none of the reply.
   await a.waitForFunction(() => globalThis.__heard.includes("The agent finished."), null, { timeout: PATIENCE });
   const heard = await a.evaluate(() => globalThis.__heard);
@@ -1273,7 +1276,7 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await a.fill("#prompt", "");
 
   // ── Offline: the approval waits, disabled, with the reason.
-  await a.fill("#prompt", "Please use the tool");
+  await a.fill("#prompt", "Please use the tool then ask for input");
   await a.click("#composer-send");
   await p.goto(`${base}/#s=${encodeURIComponent(s2)}`);
   await p.reload();
@@ -1289,7 +1292,18 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await online(p);
   check(await p.isEnabled("#pending .confirmation button.approve"), "back online, Approve works again");
   await p.click("#pending .confirmation button.approve");
+  // Bob answers the agent's question; everyone sees who approved and who answered.
+  await b.goto(`${base}/#s=${encodeURIComponent(s2)}`);
+  await b.reload();
+  await online(b);
+  await b.waitForSelector("#pending .input-form", { timeout: PATIENCE });
+  await b.fill('#pending .input-form input[name="name"]', "Bob");
+  await b.click("#pending .input-form button.approve");
   await a.waitForSelector('#transcript .turn-end[data-state="complete"]', { timeout: PATIENCE });
+  const answeredBy = await a.textContent("#transcript .input-request .answered-by");
+  check(answeredBy === "answered by bob", `the question says who answered (${answeredBy})`);
+  const decidedBy = await b.textContent("#transcript .tool .decided-by");
+  check(decidedBy.includes("alice"), `the tool call says who approved (${decidedBy})`);
 
   // ── A session's own terminals: another session's folder lists none of teamproj's.
   await a.selectOption("#new-session-agent", "scripted");
@@ -1318,7 +1332,7 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await online(v);
   await v.waitForSelector("#view-only:not([hidden])", { timeout: PATIENCE });
   check(await v.isHidden("#composer"), "a viewer has no message box");
-  await b.waitForFunction(() => [...document.querySelectorAll("#people .person")].some((n) => n.textContent.includes("vic (watching)")), null, { timeout: PATIENCE });
+  await p.waitForFunction(() => [...document.querySelectorAll("#people .person")].some((n) => n.textContent.includes("vic (watching)")), null, { timeout: PATIENCE });
   await accessible(v, "team: a viewer", { serious: true });
 
   // ── Mallory's link: a tab signed in as Alice asks before switching; staying keeps Alice and not the link's place.
@@ -1340,6 +1354,17 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await fresh.click("#confirm-switch-ok");
   await online(fresh);
   check((await fresh.textContent("#who")).includes("tenant evil"), "switching signs the tab in with the link");
+
+  // The list groups sessions by when they last changed and says when.
+  const groups = await b.evaluate(() => [...document.querySelectorAll("#sessions .session-group")].map((g) => g.textContent));
+  check(groups.join(",") === "Today", `today's sessions are grouped under Today (${groups})`);
+  check(/\d/.test(await b.textContent(`#sessions li[data-uri="${s1}"] .when`)), "each session says when it last changed");
+  const grouped = await b.evaluate(() => {
+    const now = new Date(2026, 10, 28, 9, 30);
+    const at = (days, hour = 12) => new Date(2026, 10, 28 - days, hour).toISOString();
+    return [at(0, 1), at(1, 23), at(3), at(20), at(45)].map((iso) => globalThis.ahpRelay.dayGroup(iso, now));
+  });
+  check(grouped.join(",") === "Today,Yesterday,Previous 7 days,Previous 30 days,Older", `the groups by day (${grouped})`);
 
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
   console.log(JSON.stringify({ team: "ok", toBox, heard, accessibility }));

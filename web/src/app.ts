@@ -15,7 +15,7 @@ import { TerminalPane } from "./terminal_pane";
 import { Drafts } from "./drafts";
 import { AUTHOR, DECIDED_BY, renderTurn } from "./turn_view";
 import { confirmationCard, inputForm } from "./pending_cards";
-import { STATUS_INPUT_NEEDED, chatLabel, pathOf, statusLabel } from "./labels";
+import { STATUS_INPUT_NEEDED, chatLabel, dayGroup, pathOf, shortWhen, statusLabel } from "./labels";
 import {
   askToSwitch,
   describe,
@@ -283,6 +283,8 @@ class App {
       state: (uri: string) => this.model.state(uri),
       lastSeenServerSeq: () => this.model.lastSeen,
       terminalText: () => this.terminals.text(),
+      // The session list's groups (for the browser test): which `iso` falls in, seen from `now`.
+      dayGroup: (iso: string, now: Date) => dayGroup(iso, now),
       // What the page's Markdown renderer makes of `source`: its text and the elements it created.
       markdown: (source: string) => {
         const fragment = renderMarkdown(source);
@@ -1080,22 +1082,30 @@ class App {
 
   private renderSessions(): void {
     const list = $("sessions");
+    const now = new Date();
+    let group = "";
     list.replaceChildren(
-      ...(this.search ? this.search.list(this.model.sessions) : this.model.sessionList()).map((summary) => {
+      ...(this.search ? this.search.list(this.model.sessions) : this.model.sessionList()).flatMap((summary) => {
         const status = statusLabel(summary.status ?? 0);
         // A link: reachable with the keyboard (Tab, Enter); its address is the session's route.
         const open = h(
           "a",
           { class: "open", href: routeHref(summary.resource), ...(summary.resource === this.session ? { "aria-current": "page" } : {}) },
           h("span", { class: "title" }, summary.title || "New session"),
-          h("span", { class: "meta" }, `${summary.provider} · `, h("span", { class: "status" }, status)),
+          h(
+            "span",
+            { class: "meta" },
+            `${summary.provider} · `,
+            h("span", { class: "status" }, status),
+            h("time", { class: "when", datetime: String(summary.modifiedAt ?? "") }, ` · ${shortWhen(summary.modifiedAt, now)}`),
+          ),
         );
         open.addEventListener("click", (event) => {
           if (event.ctrlKey || event.metaKey || event.shiftKey || event.button !== 0) return;
           event.preventDefault();
           void this.openSession(summary.resource);
         });
-        return h(
+        const entry = h(
           "li",
           {
             class: summary.resource === this.session ? "session current" : "session",
@@ -1104,9 +1114,14 @@ class App {
           },
           open,
         );
+        // Grouped by when they last changed, newest first: Today, Yesterday, the previous 7 and 30 days, older.
+        const its = dayGroup(summary.modifiedAt, now);
+        if (its === group) return [entry];
+        group = its;
+        return [h("li", { class: "session-group", "data-group": its }, its), entry];
       }),
     );
-    const shown = list.childElementCount;
+    const shown = list.querySelectorAll("li[data-uri]").length;
     $("more-sessions").hidden = !(this.search ? this.search.cursor : this.model.nextCursor);
     $("empty-sessions").hidden = shown > 0;
     $("empty-sessions").textContent = this.search ? "No session has that in its title." : "No sessions yet.";

@@ -23,6 +23,28 @@ export function chatLabel(summary: JsonObject, index: number, defaultChat: strin
   return `Chat ${index + 1}`;
 }
 
+/** The group a session last changed at `iso` falls in, as the list shows them (local time, relative to `now`). */
+export function dayGroup(iso: string | undefined, now = new Date()): string {
+  const when = iso ? new Date(iso) : undefined;
+  if (!when || Number.isNaN(when.getTime())) return "Older";
+  const startOf = (d: Date) => new Date(d.getFullYear(), d.getMonth(), d.getDate()).getTime();
+  const days = Math.round((startOf(now) - startOf(when)) / 86_400_000);
+  if (days <= 0) return "Today";
+  if (days === 1) return "Yesterday";
+  if (days < 7) return "Previous 7 days";
+  if (days < 30) return "Previous 30 days";
+  return "Older";
+}
+
+/** When a session last changed, short: the time today, else the date. */
+export function shortWhen(iso: string | undefined, now = new Date()): string {
+  const when = iso ? new Date(iso) : undefined;
+  if (!when || Number.isNaN(when.getTime())) return "";
+  return dayGroup(iso, now) === "Today"
+    ? when.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
+    : when.toLocaleDateString([], { day: "numeric", month: "short", ...(when.getFullYear() !== now.getFullYear() ? { year: "numeric" } : {}) });
+}
+
 export const STATUS_IDLE = 1;
 export const STATUS_ERROR = 2;
 export const STATUS_IN_PROGRESS = 8;

@@ -11,7 +11,8 @@ const MAX_DIFF_CELLS = 1_000_000;
 /** Embedded images up to this many base64 characters are shown inline. */
 const MAX_INLINE_IMAGE = 2_000_000;
 
-export function renderToolContent(item: JsonObject): HTMLElement {
+/** One item of a tool call's content; `finished` when the call itself is over (its terminal then runs no more). */
+export function renderToolContent(item: JsonObject, finished = false): HTMLElement {
   switch (item.type) {
     case "text":
       return h("pre", { class: "tool-output" }, String(item.text ?? ""));
@@ -19,7 +20,8 @@ export function renderToolContent(item: JsonObject): HTMLElement {
       return renderFileEdit(item);
     case "terminal": {
       const exit = item.result?.exitCode;
-      const status = exit === undefined || exit === null ? "running" : `exit code ${exit}`;
+      // A command whose exit the agent did not report is not "running" once its tool call is over.
+      const status = exit !== undefined && exit !== null ? `exit code ${exit}` : finished ? "ended" : "running";
       return h("div", { class: "tool-output terminal" }, `${item.title ?? "Terminal"} · ${status}`);
     }
     case "subagent":

@@ -17,6 +17,8 @@ const LONG_PROMPT_LINES = 8;
 
 /** The `_meta` key of a message naming who wrote it (the relay stamps it: `{sub}`). */
 export const AUTHOR = "ahpRelay/author";
+/** The `_meta` key of the relay's system note naming who answered an input request (`{sub, requestId}`). */
+const ANSWERED_BY = "ahpRelay/answeredBy";
 
 /** What a turn offers, by its place in the chat and who is looking. */
 export interface TurnOffers {
@@ -66,7 +68,16 @@ export function renderTurn(turn: JsonObject, offers: TurnOffers, actions: TurnAc
     promptActions.append(edit);
   }
   const reply = h("div", { class: "reply" });
-  for (const part of turn.responseParts ?? []) reply.append(renderPart(part));
+  // Who answered each input request: the relay's note, shown with the request rather than apart.
+  const answeredBy = new Map<string, string>();
+  for (const part of turn.responseParts ?? []) {
+    const by = part.kind === "systemNotification" ? part._meta?.[ANSWERED_BY] : undefined;
+    if (by?.requestId) answeredBy.set(String(by.requestId), String(by.sub ?? ""));
+  }
+  for (const part of turn.responseParts ?? []) {
+    if (part.kind === "systemNotification" && part._meta?.[ANSWERED_BY]) continue;
+    reply.append(renderPart(part, answeredBy));
+  }
   node.append(reply);
   if (turn.state && turn.state !== "active") {
     const replyActions = h("div", { class: "reply-actions" });
@@ -97,7 +108,7 @@ export function renderTurn(turn: JsonObject, offers: TurnOffers, actions: TurnAc
   return node;
 }
 
-function renderPart(part: JsonObject): Node {
+function renderPart(part: JsonObject, answeredBy: Map<string, string>): Node {
   switch (part.kind) {
     case "markdown": {
       const body = h("div", { class: "markdown" });
@@ -124,12 +135,17 @@ function renderPart(part: JsonObject): Node {
         h("li", {}, h("span", { class: "question" }, `${titleOf(id)}: `), h("strong", { class: "answer" }, shown(answer?.value))),
       );
       const outcome: Record<string, string> = { accept: "answered", decline: "declined", cancel: "withdrawn" };
+      const by = answeredBy.get(String(request.id ?? ""));
       return h(
         "div",
         { class: "input-request" },
         h("div", { class: "label" }, request.message ?? "The agent asked for input"),
         h("ul", {}, ...answers),
-        h("div", { class: "meta" }, part.response ? outcome[part.response] ?? part.response : "waiting for an answer"),
+        h(
+          "div",
+          { class: "meta answered-by" },
+          part.response ? `${outcome[part.response] ?? part.response}${by ? ` by ${by}` : ""}` : "waiting for an answer",
+        ),
       );
     }
     case "error":
@@ -154,7 +170,9 @@ function renderToolCall(call: JsonObject): HTMLElement {
   );
   const decision = call._meta?.[DECIDED_BY];
   if (decision?.displayName && call.status !== "pending-confirmation") {
-    const decidedBy = decision.displayName;
+    // The device is the client's word; the user is the relay's (it stamps `sub`).
+    const device = String(decision.displayName).split(" · ")[0];
+    const decidedBy = decision.sub ? `${device} · ${decision.sub}` : decision.displayName;
     const verb = decision.approved === false ? "Denied" : "Approved";
     card.append(h("div", { class: "decided-by" }, `${verb} on ${decidedBy}`));
   }
@@ -163,7 +181,8 @@ function renderToolCall(call: JsonObject): HTMLElement {
     card.append(h("pre", { class: "tool-input" }, typeof call.toolInput === "string" ? call.toolInput : JSON.stringify(call.toolInput, null, 2)));
   }
   if ((call.content ?? []).length > 0) card.append(h("div", { class: "tool-label" }, "Output"));
-  for (const item of call.content ?? []) card.append(renderToolContent(item));
+  const finished = ["completed", "cancelled"].includes(String(call.status));
+  for (const item of call.content ?? []) card.append(renderToolContent(item, finished));
   if (call.error?.message) card.append(h("div", { class: "error" }, call.error.message));
   return card;
 }

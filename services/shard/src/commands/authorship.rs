@@ -1,14 +1,23 @@
-//! Who wrote a message. The host stamps a user's message — a turn's prompt, a queued or steering message, a
-//! draft, a new chat's first message — with the authenticated user who dispatched it, under
-//! `_meta["ahpRelay/author"]` (`{"sub": …}`), replacing whatever the client put there: every device can name the
-//! author of each message in a shared chat, and nobody can write in another member's name.
+//! Who wrote a message, who decided a tool call, who answered a question. The host stamps a user's message — a
+//! turn's prompt, a queued or steering message, a draft, a new chat's first message — with the authenticated
+//! user who dispatched it, under `_meta["ahpRelay/author"]` (`{"sub": …}`), replacing whatever the client put
+//! there; a tool call's confirmation gets the user in its `ahp-relay/decidedBy` `_meta`; and an answered
+//! input request is followed by a system note naming who answered (`_meta["ahpRelay/answeredBy"]`). Every
+//! device can name who did what in a shared chat, and nobody can act in another member's name.
 
-use ahp_types::actions::StateAction;
-use ahp_types::state::Message;
-use serde_json::{json, Map};
+use ahp_types::actions::{ChatInputCompletedAction, ChatResponsePartAction, StateAction};
+use ahp_types::common::StringOrMarkdown;
+use ahp_types::state::{ChatInputResponseKind, Message, ResponsePart, SystemNotificationResponsePart};
+use serde_json::{json, Map, Value};
+
+use crate::host::HostCore;
 
 /// The key of a message's `_meta` naming its author.
 pub const AUTHOR_META: &str = "ahpRelay/author";
+/// The key of a tool call confirmation's `_meta` naming who decided (and from which device).
+pub const DECIDED_BY_META: &str = "ahp-relay/decidedBy";
+/// The key of a system note's `_meta` naming who answered an input request.
+pub const ANSWERED_BY_META: &str = "ahpRelay/answeredBy";
 
 /// Stamps `message` as written by `subject` (the token's `sub`).
 pub(crate) fn stamp_message(message: &mut Message, subject: &str) {
@@ -28,7 +37,56 @@ pub(crate) fn stamp(action: &mut StateAction, subject: &str) {
                 stamp_message(draft, subject);
             }
         }
+        StateAction::ChatToolCallConfirmed(confirmed) => {
+            let meta = confirmed.meta.get_or_insert_with(Map::new);
+            let decided = meta
+                .entry(DECIDED_BY_META)
+                .or_insert_with(|| Value::Object(Map::new()));
+            match decided {
+                Value::Object(decided) => {
+                    decided.insert("sub".into(), json!(subject));
+                }
+                other => *other = json!({ "sub": subject }),
+            }
+        }
         _ => {}
+    }
+}
+
+impl HostCore {
+    /// A member answered (or declined) an input request of `chat`'s running turn: a system note in the turn
+    /// says who, for every device.
+    pub(crate) fn note_answer(&mut self, chat: &str, completed: &ChatInputCompletedAction, subject: &str) {
+        let Some(turn_id) = self
+            .model
+            .chats
+            .get(chat)
+            .and_then(|record| record.state.active_turn.as_ref())
+            .map(|turn| turn.id.clone())
+        else {
+            return;
+        };
+        let verb = match completed.response {
+            ChatInputResponseKind::Accept => "Answered",
+            ChatInputResponseKind::Decline => "Declined",
+            ChatInputResponseKind::Cancel => "Withdrawn",
+        };
+        let mut meta = Map::new();
+        meta.insert(
+            ANSWERED_BY_META.into(),
+            json!({ "sub": subject, "requestId": completed.request_id }),
+        );
+        self.apply_server_action(
+            chat,
+            StateAction::ChatResponsePart(ChatResponsePartAction {
+                turn_id,
+                part: ResponsePart::SystemNotification(SystemNotificationResponsePart {
+                    content: StringOrMarkdown::Plain(format!("{verb} by {subject}")),
+                    meta: Some(meta),
+                }),
+                meta: None,
+            }),
+        );
     }
 }
 
@@ -66,5 +124,26 @@ mod tests {
         let meta = started.message.meta.expect("meta");
         assert_eq!(meta[AUTHOR_META], json!({"sub": "alice"}));
         assert_eq!(meta["kept"], json!(1), "the rest of _meta is the client's");
+    }
+
+    #[test]
+    fn a_tool_decision_names_the_dispatcher_whatever_the_client_claimed() {
+        let mut action: StateAction = serde_json::from_value(json!({
+            "type": "chat/toolCallConfirmed", "turnId": "t", "toolCallId": "c", "approved": true,
+            "confirmed": "user-action",
+            "_meta": {DECIDED_BY_META: {"displayName": "Web (desktop) · mallory", "sub": "mallory"}}
+        }))
+        .expect("action");
+        stamp(&mut action, "alice");
+        let StateAction::ChatToolCallConfirmed(confirmed) = action else {
+            panic!("still a confirmation")
+        };
+        let decided = &confirmed.meta.expect("meta")[DECIDED_BY_META];
+        assert_eq!(decided["sub"], json!("alice"));
+        assert_eq!(
+            decided["displayName"],
+            json!("Web (desktop) · mallory"),
+            "the device's words are kept"
+        );
     }
 }

@@ -68,10 +68,15 @@ impl HostCore {
                 _ => {}
             }
         }
+        let mut changed_state = false;
         let verdict = checked.and_then(|()| match self.model.reduce(&params.channel, &params.action) {
             ReduceOutcome::Invalid(error) => Err(error.to_string()),
             ReduceOutcome::OutOfScope => Err("action does not apply to this channel".into()),
-            ReduceOutcome::Applied | ReduceOutcome::NoOp => Ok(()),
+            ReduceOutcome::Applied => {
+                changed_state = true;
+                Ok(())
+            }
+            ReduceOutcome::NoOp => Ok(()),
         });
         if let Err(reason) = verdict {
             let forbidden =
@@ -123,9 +128,13 @@ impl HostCore {
             self.owed.owe(&client_id, echo);
         }
         self.after_action(&params.channel, kind, &params.action);
-        // A member's title is final (the agent's later naming is dropped).
-        if let StateAction::SessionTitleChanged(_) = &params.action {
-            self.mark_titled_by_user(&params.channel);
+        // A member's title is final (the agent's later naming is dropped); who answered a question is said.
+        match &params.action {
+            StateAction::SessionTitleChanged(_) => self.mark_titled_by_user(&params.channel),
+            StateAction::ChatInputCompleted(completed) if changed_state => {
+                self.note_answer(&params.channel, completed, &subject)
+            }
+            _ => {}
         }
         // A notification gets nothing; the same call sent as a request (with an id) gets an empty result.
         crate::reply::reply(message.id, &())
