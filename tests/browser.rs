@@ -336,6 +336,20 @@ async fn the_workspace_panes_show_changes_and_share_a_terminal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_team_shares_a_session_each_with_their_own_draft_name_and_terminal() {
     let agents = scripted_agents_file();
+    // The same agent once more, serving one chat per session (no forks): its edits replace turns.
+    let mut file = std::fs::read_to_string(&agents.file).expect("agents file");
+    let scripted = file
+        .split("[[agent]]")
+        .nth(1)
+        .expect("the scripted agent")
+        .to_string();
+    file.push_str(&format!(
+        "\n[[agent]]{}multiple_chats = false\n",
+        scripted
+            .replace("id = \"scripted\"", "id = \"single\"")
+            .replace("display_name = \"Scripted\"", "display_name = \"Single chat\"")
+    ));
+    std::fs::write(&agents.file, file).expect("agents file");
     let relay = Relay::start_with(&[
         "--agents",
         &agents.file.display().to_string(),

@@ -1255,6 +1255,18 @@ async function team(alice, bob, viewer, mallory, outDir) {
   check(authors.join(",") === "alice (you),bob", `every message names its author (${authors})`);
   check((await b.locator("#transcript .turn").nth(1).locator(".edit-prompt").count()) === 1, "Bob may edit his own prompt");
   check((await a.inputValue("#prompt")) === "draft for the plan", "Bob's message leaves Alice's draft alone");
+  // Alice edits her first prompt: it runs on a new branch, and Bob's turn after it stays, on every device.
+  await a.locator("#transcript .turn").first().locator(".edit-prompt").click();
+  await a.fill("#transcript .edit-box", "please ask again");
+  await a.press("#transcript .edit-box", "Enter");
+  await a.waitForFunction((first) => globalThis.ahpRelay?.chat() !== first, c1, { timeout: PATIENCE });
+  await idleWith(a, 1);
+  check((await chatOf(a)).turns[0].message.text === "please ask again", "the edit runs on its branch");
+  check(((await chatOf(b))?.turns ?? []).length === 2 && (await b.evaluate(() => globalThis.ahpRelay?.chat())) === c1, "Bob's chat keeps both turns");
+  await a.click(`#chats .tab[data-chat="${c1}"]`);
+  await a.waitForFunction((c) => globalThis.ahpRelay?.chat() === c, c1, { timeout: PATIENCE });
+  await idleWith(a, 2);
+  await a.waitForFunction(() => document.getElementById("prompt").value === "draft for the plan", null, { timeout: PATIENCE });
   await a.screenshot({ path: join(outDir, "team-desktop.png") });
 
   // ── Phone: Return is a new line, not a send.
@@ -1304,6 +1316,12 @@ async function team(alice, bob, viewer, mallory, outDir) {
   check(answeredBy === "answered by bob", `the question says who answered (${answeredBy})`);
   const decidedBy = await b.textContent("#transcript .tool .decided-by");
   check(decidedBy.includes("alice"), `the tool call says who approved (${decidedBy})`);
+  // A !command in the demo's session is a message like any other: one answer, no command, no error.
+  await a.fill("#prompt", "!ls");
+  await a.click("#composer-send");
+  await idleWith(a, 2);
+  const bang = await a.locator("#transcript .turn").nth(1).innerText();
+  check(!/killed|running|error/i.test(bang) && (await a.locator("#transcript .turn").nth(1).locator(".turn-end").getAttribute("data-state")) === "complete", `the demo answers !ls as a message (${bang})`);
 
   // ── A session's own terminals: another session's folder lists none of teamproj's.
   await a.selectOption("#new-session-agent", "scripted");
@@ -1354,6 +1372,37 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await fresh.click("#confirm-switch-ok");
   await online(fresh);
   check((await fresh.textContent("#who")).includes("tenant evil"), "switching signs the tab in with the link");
+
+  // An agent that holds one chat: an edit replaces turns, so the page first says how many go, for everyone.
+  const single = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  const d = await watchedPage(single, "single-chat agent", problems);
+  await d.goto(linkFor(alice));
+  await online(d);
+  await d.selectOption("#new-session-agent", "single");
+  await d.fill("#new-session-dir", "singleproj");
+  await d.click("#create-session");
+  await d.waitForSelector("#session-view:not([hidden])", { timeout: PATIENCE });
+  await d.waitForFunction(() => !!globalThis.ahpRelay?.chat(), null, { timeout: PATIENCE });
+  for (const [n, text] of [[1, "first thing"], [2, "second thing"]]) {
+    await d.fill("#prompt", text);
+    await d.click("#composer-send");
+    await idleWith(d, n);
+  }
+  await d.locator("#transcript .turn").first().locator(".edit-prompt").click();
+  await d.fill("#transcript .edit-box", "first thing, edited");
+  await d.press("#transcript .edit-box", "Enter");
+  await d.waitForSelector("#confirm-truncate[open]", { timeout: PATIENCE });
+  const truncating = await d.textContent("#confirm-truncate-text");
+  check(truncating.includes("2 turns") && truncating.includes("everyone"), `the edit says how many turns go, for whom (${truncating})`);
+  await d.click("#confirm-truncate-cancel");
+  check(((await chatOf(d))?.turns ?? []).length === 2, "declined, nothing was removed");
+  await d.press("#transcript .edit-box", "Enter");
+  await d.waitForSelector("#confirm-truncate[open]", { timeout: PATIENCE });
+  await d.click("#confirm-truncate-ok");
+  await d.waitForFunction(() => {
+    const chat = globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat());
+    return chat && !chat.activeTurn && chat.turns.length === 1 && chat.turns[0].message.text === "first thing, edited";
+  }, null, { timeout: PATIENCE });
 
   // The list groups sessions by when they last changed and says when.
   const groups = await b.evaluate(() => [...document.querySelectorAll("#sessions .session-group")].map((g) => g.textContent));

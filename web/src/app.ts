@@ -331,6 +331,8 @@ class App {
         } else {
           for (const snapshot of result.snapshots ?? []) this.model.applySnapshot(snapshot);
         }
+        // A chat closed while this page was away is left now.
+        this.leaveClosedChat();
         this.note("Back online: caught up with what happened meanwhile", `resumed from serverSeq ${this.model.lastSeen}`);
         await this.loadSessions(true);
         this.announcePresence();
@@ -434,8 +436,12 @@ class App {
         if (this.changes.shows(params.channel)) this.changes.render();
         this.terminals.onAction(params.channel, params.action ?? {});
         if (params.channel === ROOT) this.terminals.renderList();
-        if (params.channel === this.session) {
+        // The open chat closed (here or on another device): only its removal says so (a chat this page just
+        // created may not be listed yet).
+        if (params.channel === this.session && params.action?.type === "session/chatRemoved" && params.action?.chat === this.chat) {
           this.leaveClosedChat();
+        }
+        if (params.channel === this.session) {
           this.followDefaultChat();
         }
         this.render();
