@@ -1373,6 +1373,29 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await online(fresh);
   check((await fresh.textContent("#who")).includes("tenant evil"), "switching signs the tab in with the link");
 
+  // Files can be edited: Bob saves first; Alice, who began before him, is told and her text is kept.
+  const editFile = async (page) => {
+    await page.click(`#sessions li[data-uri="${s1}"] a`);
+    await page.waitForFunction((s) => globalThis.ahpRelay?.session() === s, s1, { timeout: PATIENCE });
+    await page.waitForSelector("#files-toggle:not([hidden])", { timeout: PATIENCE });
+    await page.click("#files-toggle");
+    await page.click('#files-list .file-entry[data-name="notes.txt"]');
+    await page.click("#file-view .file-edit-start");
+    await page.waitForSelector("#file-view textarea.file-editor", { timeout: PATIENCE });
+  };
+  await editFile(a);
+  await a.fill("#file-view textarea.file-editor", "alice's version\n");
+  await editFile(b);
+  check((await b.inputValue("#file-view textarea.file-editor")) === "written by the test agent\n", "the editor holds the file's text");
+  await b.fill("#file-view textarea.file-editor", "bob's version\n");
+  await b.click("#file-view .file-save");
+  await b.waitForSelector("#file-view .file-saved", { timeout: PATIENCE });
+  await a.click("#file-view .file-save");
+  await a.waitForFunction(() => document.querySelector("#file-view .file-edit-status")?.textContent.includes("changed since"), null, { timeout: PATIENCE });
+  check((await a.inputValue("#file-view textarea.file-editor")) === "alice's version\n", "Alice's text is kept");
+  await a.click("#files-toggle");
+  await b.click("#files-toggle");
+
   // An agent that holds one chat: an edit replaces turns, so the page first says how many go, for everyone.
   const single = await browser.newContext({ viewport: { width: 1280, height: 860 } });
   const d = await watchedPage(single, "single-chat agent", problems);

@@ -90,7 +90,10 @@ class App {
   private searchTimer?: number;
   private find = new FindInChat();
   private directory = new DirectoryField();
-  private files = new FilesPane((method, params) => this.link.request(method, params));
+  private files = new FilesPane(
+    (method, params) => this.link.request(method, params),
+    () => this.me.role !== "viewer",
+  );
   /** The pane shown in the conversation's place, if any. */
   private pane?: Pane;
   /** Whether the relay lets devices open terminals (`initialize` advertised `terminalCommandPrefix`). */
