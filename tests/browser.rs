@@ -255,6 +255,16 @@ async fn sessions_are_searched_by_title_and_text_is_found_in_a_chat() {
     })
     .await
     .expect("titles listed");
+    // Something said in one of them, not in its title.
+    let (_, _, mut said) = subscribe_chat(&maker, "ahp-chat:/titled-07").await;
+    maker
+        .dispatch(
+            "ahp-chat:/titled-07".to_string(),
+            turn_started("t1", "keep the zanzibar note"),
+        )
+        .await
+        .expect("prompt");
+    collect_until(&mut said, is_turn_complete).await;
     let token = relay.token("dev", "dev-user", Role::Admin);
     let out = repo().join("target/browser-test/search");
     let _ = std::fs::remove_dir_all(&out);

@@ -152,6 +152,100 @@ async fn list_sessions_searches_titles_across_the_whole_catalogue() {
     assert_eq!(list_page(&a, None, 50).await.items.len(), 50);
 }
 
+/// Issue 36 (12): `listSessions` with `_meta["ahpRelay/textContains"]` finds sessions by what was said in them —
+/// a prompt or a reply, in memory, in the store after a restart (nothing loaded), and in turns archived out of
+/// a chat's live state — and by title; ignoring case.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_sessions_searches_what_was_said_in_memory_in_the_store_and_in_the_archive() {
+    let data = tempfile::tempdir().expect("data dir");
+    // One turn kept in a chat's live state: older ones go to the turn archive.
+    let args = ["--retained-turns", "1", "--demo-step-ms", "1"];
+    let mut relay = Relay::start_in(data.path(), &args).await;
+    let (a, _) = relay.client("searcher").await;
+    let mut sessions = Vec::new();
+    for (name, prompts) in [
+        ("archived", &["the Zanzibar plan", "second", "third"][..]),
+        ("live", &["a ripe mango"][..]),
+        ("quiet", &[][..]),
+    ] {
+        let (session, chat) = create_session_and_chat(&a, name).await;
+        // A title of its own first: the session is not named after its first prompt (a search must find the
+        // turns, not the title).
+        a.dispatch(
+            session.clone(),
+            StateAction::SessionTitleChanged(ahp_types::actions::SessionTitleChangedAction {
+                title: format!("Session {name}"),
+            }),
+        )
+        .await
+        .expect("title");
+        let (_, _, mut sub) = subscribe_chat(&a, &chat).await;
+        for (i, prompt) in prompts.iter().enumerate() {
+            a.dispatch(chat.clone(), turn_started(&format!("t{i}"), prompt))
+                .await
+                .expect("prompt");
+            collect_until(&mut sub, is_turn_complete).await;
+        }
+        sessions.push(session);
+    }
+    a.dispatch(
+        sessions[2].clone(),
+        StateAction::SessionTitleChanged(ahp_types::actions::SessionTitleChangedAction {
+            title: "A quiet one".into(),
+        }),
+    )
+    .await
+    .expect("title");
+    let search = |client: ahp::Client, text: &'static str| async move {
+        let page: ListSessionsResult = client
+            .request(
+                "listSessions",
+                serde_json::json!({"channel": "ahp-root://", "_meta": {"ahpRelay/textContains": text}}),
+            )
+            .await
+            .expect("search");
+        page.items.into_iter().map(|s| s.resource).collect::<Vec<_>>()
+    };
+    let (archived, live, quiet) = (sessions[0].clone(), sessions[1].clone(), sessions[2].clone());
+    // The title is an action after creation: wait until the catalogue has it.
+    tokio::time::timeout(PATIENCE, async {
+        while search(a.clone(), "quiet one").await != [quiet.clone()] {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the catalogue has the title");
+    assert_eq!(
+        search(a.clone(), "ZANZIBAR").await,
+        [archived.clone()],
+        "an archived prompt"
+    );
+    assert_eq!(
+        search(a.clone(), "ripe mango").await,
+        [live.clone()],
+        "a prompt in memory"
+    );
+    // The demo's reply says "Hello from the demo agent": every session with a turn.
+    let replied = search(a.clone(), "hello from the demo").await;
+    assert_eq!(replied.len(), 2, "{replied:?}");
+    assert!(search(a.clone(), "nothing like it").await.is_empty());
+    // After a restart nothing is loaded: the store is searched.
+    relay.kill().await;
+    let relay = Relay::start_in(data.path(), &args).await;
+    let (b, _) = relay.client("searcher-2").await;
+    assert_eq!(
+        search(b.clone(), "ripe MANGO").await,
+        [live],
+        "a prompt in the store"
+    );
+    assert_eq!(
+        search(b.clone(), "zanzibar").await,
+        [archived],
+        "an archived prompt, after a restart"
+    );
+    assert_eq!(search(b.clone(), "a quiet").await, [quiet], "a title");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn root_notifications_announce_sessions_and_their_titles() {
     let relay = Relay::start().await;

@@ -910,6 +910,11 @@ async function search(token, outDir) {
   await a.fill("#session-search", "no such title");
   await listed(a, 0);
   check(await a.isVisible("#empty-sessions"), "no match says so");
+  // Issue 36 (12): what was said is searched too, by the relay (the session's title does not hold it).
+  await a.fill("#session-search", "ZANZIBAR");
+  await listed(a, 1);
+  found = await titles(a);
+  check(JSON.stringify(found) === JSON.stringify(["Other work 7"]), `a word said in a turn finds its session (${found})`);
   await a.fill("#session-search", "");
   await listed(a, 30);
 

@@ -1133,7 +1133,7 @@ class App {
     const shown = list.querySelectorAll("li[data-uri]").length;
     $("more-sessions").hidden = !(this.search ? this.search.cursor : this.model.nextCursor);
     $("empty-sessions").hidden = shown > 0;
-    $("empty-sessions").textContent = this.search ? "No session has that in its title." : "No sessions yet.";
+    $("empty-sessions").textContent = this.search ? "No session has that in its title or its turns." : "No sessions yet.";
     this.renderTitle();
   }
 

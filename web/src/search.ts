@@ -1,11 +1,12 @@
-// Search: sessions by title across the tenant's whole catalogue (the relay filters `listSessions` with
-// `_meta["ahpRelay/titleContains"]`, so sessions beyond the loaded pages are found), and text within the open
-// chat's loaded turns, marked with the CSS Custom Highlight API (no change to the transcript's DOM).
+// Search: sessions by title or by what was said in them, across the tenant's whole catalogue (the relay
+// filters `listSessions` with `_meta["ahpRelay/textContains"]`, reading turns server-side, paged, so sessions
+// beyond the loaded pages are found), and text within the open chat's loaded turns, marked with the CSS Custom
+// Highlight API (no change to the transcript's DOM).
 
 import type { JsonObject } from "./rpc";
 
-/** The `listSessions` `_meta` key the relay filters titles by. */
-export const TITLE_CONTAINS = "ahpRelay/titleContains";
+/** The `listSessions` `_meta` key the relay filters by: a session's title or any of its turns' text. */
+export const TEXT_CONTAINS = "ahpRelay/textContains";
 
 /** A search of the session catalogue: the query and what the relay found so far. */
 export class SessionSearch {
@@ -16,7 +17,7 @@ export class SessionSearch {
 
   /** The `listSessions` params of the next page. */
   params(limit: number, root: string): JsonObject {
-    const params: JsonObject = { channel: root, limit, _meta: { [TITLE_CONTAINS]: this.query } };
+    const params: JsonObject = { channel: root, limit, _meta: { [TEXT_CONTAINS]: this.query } };
     if (this.cursor) params.cursor = this.cursor;
     return params;
   }
@@ -39,7 +40,8 @@ export class SessionSearch {
     for (const [uri, summary] of known) all.set(uri, summary);
     return [...all.values()]
       .map((summary) => known.get(summary.resource) ?? summary)
-      .filter((summary) => this.matches(summary))
+      // What the relay found (by its turns too) stays; what the page knows besides, by its title.
+      .filter((summary) => this.items.has(summary.resource) || this.matches(summary))
       .sort((a, b) => String(b.modifiedAt ?? "").localeCompare(String(a.modifiedAt ?? "")));
   }
 }

@@ -238,6 +238,17 @@ impl Store {
         turns::range(&self.pool, tenant, host, archive, start, end).await
     }
 
+    /// Whether an archived turn of one of the `archives` holds `needle` (lowercase; ASCII case ignored).
+    pub async fn archived_turns_contain(
+        &self,
+        tenant: &str,
+        host: &str,
+        archives: &[String],
+        needle: &str,
+    ) -> Result<bool, StoreError> {
+        turns::any_contains(&self.pool, tenant, host, archives, needle).await
+    }
+
     /// The newest archived turns of `[start, end)` within `max_bytes` (always the newest), ascending.
     pub async fn archived_turns_within(
         &self,

@@ -128,6 +128,39 @@ pub(crate) async fn newest_within(
         .collect()
 }
 
+/// Whether an archived turn of one of the `archives` holds `needle` (lowercase) in its JSON text, ignoring
+/// ASCII case (`LOWER … LIKE`, the needle's `%`, `_` and `\` taken literally); the database reads no row out.
+pub(crate) async fn any_contains(
+    pool: &AnyPool,
+    tenant: &str,
+    host: &str,
+    archives: &[String],
+    needle: &str,
+) -> Result<bool, StoreError> {
+    let pattern = format!(
+        "%{}%",
+        needle
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_")
+    );
+    for slice in archives.chunks(VALUES_PER_LIST) {
+        let mut query = Statement::scoped(
+            "SELECT 1 AS found FROM turn_archive WHERE tenant = $1 AND host = $2 AND archive IN ",
+            tenant,
+            host,
+        )?;
+        query.bind_list(slice.iter().map(String::as_str))?;
+        query.push(" AND LOWER(turn) LIKE ");
+        query.bind(pattern.as_str())?;
+        query.push(" ESCAPE '\\' LIMIT 1");
+        if !query.fetch_all(pool).await?.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// How long the archived turns with indexes in `[start, end)` are together (as the database counts a text's
 /// length), read without reading them.
 pub(crate) async fn length(

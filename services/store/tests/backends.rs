@@ -1964,6 +1964,39 @@ async fn archived_turns_are_read_by_range_and_found_by_id_and_go_with_their_key(
         .await
         .unwrap()
         .is_empty());
+    // A text search reads no row out: an id in one archive, not in another; LIKE's wildcards are literal.
+    let keys = [key.to_string(), other.to_string()];
+    assert!(store
+        .archived_turns_contain(T, H, &keys, "t7-again")
+        .await
+        .unwrap());
+    assert!(store
+        .archived_turns_contain(T, H, &keys, "\"t999\"")
+        .await
+        .unwrap());
+    assert!(!store.archived_turns_contain(T, H, &keys, "t1000").await.unwrap());
+    assert!(!store
+        .archived_turns_contain(T, H, &[other.to_string()], "t7")
+        .await
+        .unwrap());
+    assert!(
+        !store
+            .archived_turns_contain(T, H, &keys, "t_-again")
+            .await
+            .unwrap(),
+        "_ is not a wildcard"
+    );
+    assert!(
+        !store
+            .archived_turns_contain(T, H, &keys, "t%again")
+            .await
+            .unwrap(),
+        "% is not a wildcard"
+    );
+    assert!(!store
+        .archived_turns_contain("other", H, &keys, "t7")
+        .await
+        .unwrap());
     // Deleting the key drops its archive, and a batch that drops and rewrites it keeps what it wrote.
     store
         .commit(

@@ -21,6 +21,11 @@ use crate::reply::{answer, reply};
 
 /// The `listSessions` `_meta` key that filters by title.
 pub const TITLE_CONTAINS: &str = "ahpRelay/titleContains";
+/// The `listSessions` `_meta` key that filters by what was said: the title, or any turn's text.
+pub const TEXT_CONTAINS: &str = "ahpRelay/textContains";
+
+/// Most sessions one text search reads the turns of (beyond the title) before it answers with a cursor.
+const TEXT_SCAN_BUDGET: usize = 100;
 
 /// Entries a search reads from the store at a time.
 const SEARCH_SCAN_BATCH: usize = 200;
@@ -69,22 +74,22 @@ impl Host {
             None => None,
             Some(c) => Some(decode_cursor(c).ok_or_else(|| RpcError::invalid_params("unknown cursor"))?),
         };
-        let filter = match params.meta.as_ref().and_then(|meta| meta.get(TITLE_CONTAINS)) {
-            None => None,
+        let search = |key: &str| match params.meta.as_ref().and_then(|meta| meta.get(key)) {
+            None => Ok(None),
             Some(serde_json::Value::String(text)) => {
-                Some(text.to_lowercase()).filter(|text| !text.is_empty())
+                Ok(Some(text.to_lowercase()).filter(|text| !text.is_empty()))
             }
-            Some(_) => {
-                return Err(RpcError::invalid_params(format!(
-                    "_meta.{TITLE_CONTAINS} must be a string"
-                )))
-            }
+            Some(_) => Err(RpcError::invalid_params(format!("_meta.{key} must be a string"))),
         };
+        let (by_title, by_text) = (search(TITLE_CONTAINS)?, search(TEXT_CONTAINS)?);
+        // A text search finds titles too.
+        let filter = by_text.clone().or(by_title);
         // Everything created before this request is in the catalogue once it is committed.
         self.wait_committed(barrier).await;
         let mut items = Vec::with_capacity(limit);
         let mut after = after;
         let mut scanned = 0;
+        let mut read_turns_of = 0;
         let next_cursor = loop {
             let want = if filter.is_some() {
                 SEARCH_SCAN_BATCH
@@ -101,21 +106,38 @@ impl Host {
                 })?;
             let full = rows.len() == want;
             let mut page_full = false;
+            let mut turns_budget_spent = false;
             for row in rows {
                 if items.len() == limit {
                     // Another entry follows the page.
                     page_full = true;
                     break;
                 }
+                if by_text.is_some() && read_turns_of >= TEXT_SCAN_BUDGET {
+                    // Reading turns is the costly part: the next page goes on from here.
+                    turns_budget_spent = true;
+                    break;
+                }
                 scanned += 1;
                 after = Some(row.cursor());
                 match serde_json::from_str::<SessionSummary>(&row.summary) {
                     Ok(summary) if title_matches(&summary, filter.as_deref()) => items.push(summary),
-                    Ok(_) => {}
+                    Ok(summary) => {
+                        if let Some(needle) = by_text.as_deref() {
+                            read_turns_of += 1;
+                            let said = self.session_says(&row.uri, needle).await.map_err(|error| {
+                                tracing::error!(host = %self.key, %error, "searching a session's turns failed");
+                                RpcError::internal("the store is unavailable; retry")
+                            })?;
+                            if said {
+                                items.push(summary);
+                            }
+                        }
+                    }
                     Err(error) => tracing::error!(uri = %row.uri, %error, "unreadable catalogue entry"),
                 }
             }
-            if page_full || (full && scanned >= SEARCH_SCAN_BUDGET) {
+            if page_full || turns_budget_spent || (full && scanned >= SEARCH_SCAN_BUDGET) {
                 break after.as_ref().map(encode_cursor);
             }
             if !full {

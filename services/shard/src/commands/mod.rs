@@ -20,5 +20,6 @@ pub mod input_needed;
 pub mod router;
 pub mod sessions;
 pub mod summaries;
+pub mod text_search;
 pub mod titles;
 pub mod turns;
