@@ -872,8 +872,8 @@ async fn a_viewer_watches_a_live_turn_but_every_mutation_is_refused() {
 }
 
 /// Issue 36 (11): a viewer may say it watches a session (itself as an active client offering no tools), so every
-/// device lists who is watching; offering tools, or setting another client, stays refused, and the session
-/// changes in nothing else.
+/// device lists who is watching, named by the relay (its user, "watching": no words of its own); offering tools,
+/// setting another client, or setting itself again while listed stays refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_viewer_may_say_it_watches_a_session_and_nothing_more() {
     let relay = Relay::start_with(&[]).await;
@@ -905,9 +905,11 @@ async fn a_viewer_may_say_it_watches_a_session_and_nothing_more() {
         ),
         (serde_json::json!({"clientId": "vic-raw", "tools": [tool]}), false),
         (
-            serde_json::json!({"clientId": "vic-raw", "displayName": "Vic watching", "tools": []}),
+            serde_json::json!({"clientId": "vic-raw", "displayName": "Web · alice", "tools": []}),
             true,
         ),
+        // Once listed, again: refused (a viewer cannot fill the log with presence).
+        (serde_json::json!({"clientId": "vic-raw", "tools": []}), false),
     ]
     .into_iter()
     .enumerate()
@@ -937,17 +939,93 @@ async fn a_viewer_may_say_it_watches_a_session_and_nothing_more() {
         .filter_map(|c| c["clientId"].as_str())
         .collect();
     assert!(listed.contains(&"vic-raw"), "the viewer is listed: {listed:?}");
+    let named: Vec<&str> = state["activeClients"]
+        .as_array()
+        .expect("active clients")
+        .iter()
+        .filter_map(|c| c["displayName"].as_str())
+        .collect();
+    assert_eq!(named, ["vic (watching)"], "named by the relay, not by itself");
     assert!(!listed.contains(&"someone-else"), "{listed:?}");
     // And it leaves again.
     let frames = frames_for_dispatch(
         &mut raw,
         serde_json::json!({"jsonrpc": "2.0", "method": "dispatchAction", "params": {"channel": session,
-            "clientSeq": 9, "action": {"type": "session/activeClientRemoved", "clientId": "vic-raw"}}}),
-        9,
-        1009,
+            "clientSeq": 19, "action": {"type": "session/activeClientRemoved", "clientId": "vic-raw"}}}),
+        19,
+        1019,
     )
     .await;
     assert!(reason_of(&frames).is_none(), "{frames:?}");
+}
+
+/// Issue 36 (3): truncating a chat removes its turns for every device, so a member removes only their own: a
+/// truncation that would drop a teammate's turn is refused (the page forks instead), one of their own turns is
+/// accepted, and an admin's is too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_truncates_only_their_own_turns() {
+    let relay = Relay::start_with(&["--demo-step-ms", "1"]).await;
+    let (alice, _) = relay.client_as("t", "alice", Role::Member, "alice-laptop").await;
+    let (bob, _) = relay.client_as("t", "bob", Role::Member, "bob-laptop").await;
+    let (admin, _) = relay.client_as("t", "ada", Role::Admin, "ada-laptop").await;
+    let (_, chat) = create_session_and_chat(&alice, "shared").await;
+    let (_, _, mut alice_sub) = subscribe_chat(&alice, &chat).await;
+    alice
+        .dispatch(chat.clone(), turn_started("t1", "alice asks"))
+        .await
+        .expect("prompt");
+    collect_until(&mut alice_sub, is_turn_complete).await;
+    // Subscribed after Alice's turn ended: the next turn end they see is Bob's.
+    let (_, _, mut bob_sub) = subscribe_chat(&bob, &chat).await;
+    let (_, _, mut admin_sub) = subscribe_chat(&admin, &chat).await;
+    bob.dispatch(chat.clone(), turn_started("t2", "bob asks"))
+        .await
+        .expect("prompt");
+    collect_until(&mut bob_sub, is_turn_complete).await;
+    let truncate = |turn: Option<&str>| {
+        StateAction::ChatTruncated(ahp_types::actions::ChatTruncatedAction {
+            turn_id: turn.map(str::to_string),
+        })
+    };
+    // Alice's truncation after her turn would drop Bob's: refused, to her.
+    alice
+        .dispatch(chat.clone(), truncate(Some("t1")))
+        .await
+        .expect("dispatch");
+    let echo = collect_until(&mut alice_sub, |e| {
+        matches!(e.action, StateAction::ChatTruncated(_))
+    })
+    .await;
+    let reason = echo.last().and_then(|e| e.rejection_reason.clone());
+    assert!(reason.as_deref().is_some_and(|r| r.contains("bob")), "{reason:?}");
+    assert_eq!(fresh_chat_snapshot_for(&relay, "t", &chat).await.turns.len(), 2);
+    // Bob's, dropping only his own turn: accepted.
+    bob.dispatch(chat.clone(), truncate(Some("t1")))
+        .await
+        .expect("dispatch");
+    let echo = collect_until(&mut bob_sub, |e| {
+        matches!(e.action, StateAction::ChatTruncated(_))
+    })
+    .await;
+    assert!(
+        echo.last().is_some_and(|e| e.rejection_reason.is_none()),
+        "{echo:?}"
+    );
+    assert_eq!(fresh_chat_snapshot_for(&relay, "t", &chat).await.turns.len(), 1);
+    // An admin's, dropping Alice's: accepted.
+    admin
+        .dispatch(chat.clone(), truncate(None))
+        .await
+        .expect("dispatch");
+    let echo = collect_until(&mut admin_sub, |e| {
+        matches!(e.action, StateAction::ChatTruncated(_))
+    })
+    .await;
+    assert!(
+        echo.last().is_some_and(|e| e.rejection_reason.is_none()),
+        "{echo:?}"
+    );
+    assert!(fresh_chat_snapshot_for(&relay, "t", &chat).await.turns.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

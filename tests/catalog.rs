@@ -217,12 +217,12 @@ async fn list_sessions_searches_what_was_said_in_memory_in_the_store_and_in_the_
     .expect("the catalogue has the title");
     assert_eq!(
         search(a.clone(), "ZANZIBAR").await,
-        [archived.clone()],
+        std::slice::from_ref(&archived),
         "an archived prompt"
     );
     assert_eq!(
         search(a.clone(), "ripe mango").await,
-        [live.clone()],
+        std::slice::from_ref(&live),
         "a prompt in memory"
     );
     // The demo's reply says "Hello from the demo agent": every session with a turn.

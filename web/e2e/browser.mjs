@@ -1191,6 +1191,22 @@ async function team(alice, bob, viewer, mallory, outDir) {
     heard.filter((t) => t === "The agent finished.").length === 1 && heard.filter((t) => t === "The agent needs your input.").length === 1 && heard.length === 2,
     `the live region announced the input request and the finished turn once each, nothing else (${JSON.stringify(heard)})`,
   );
+  // Opening a session from the list with Enter lands in its message box too (within 5 Tabs).
+  await a.evaluate(() => document.activeElement?.blur());
+  let toList = 0;
+  while (!(await a.evaluate((s) => document.activeElement?.closest("#sessions li")?.dataset.uri === s, s1)) && toList < 40) {
+    await a.keyboard.press("Tab");
+    toList++;
+  }
+  check(await a.evaluate((s) => document.activeElement?.closest("#sessions li")?.dataset.uri === s, s1), "the session list is reached with Tab");
+  await a.keyboard.press("Enter");
+  let fromList = 0;
+  await a.waitForFunction(() => document.activeElement?.id === "prompt" || document.activeElement === document.body, null, { timeout: PATIENCE });
+  while ((await focusedId(a)) !== "prompt" && fromList <= 5) {
+    await a.keyboard.press("Tab");
+    fromList++;
+  }
+  check(fromList <= 5 && (await focusedId(a)) === "prompt", `at most 5 Tabs from opening a session with Enter to its message box (${fromList})`);
   // The terminal: Shift+Tab up to the pane's button, Enter, then Tab to a new terminal.
   back = 0;
   while ((await focusedId(a)) !== "terminal-toggle" && back < 80) {
@@ -1228,7 +1244,10 @@ async function team(alice, bob, viewer, mallory, outDir) {
   check((await b.locator("#transcript .turn .edit-prompt").count()) === 0, "Bob may not edit Alice's prompt");
   check((await a.locator("#transcript .turn .edit-prompt").count()) === 1, "Alice may edit her own");
 
-  // ── Drafts: what Alice types stays with its chat, across sessions, reloads and her phone; not in Bob's box.
+  // ── Drafts: what Alice types stays with its chat, across sessions, reloads and (she asks for it) her phone;
+  // not in Bob's box.
+  check(!(await a.isChecked("#share-drafts")), "drafts stay on the device unless the user shares them");
+  await a.check("#share-drafts");
   await a.fill("#prompt", "draft for the plan");
   await a.selectOption("#new-session-agent", "demo");
   await a.fill("#new-session-dir", "");
@@ -1247,13 +1266,21 @@ async function team(alice, bob, viewer, mallory, outDir) {
   const p = await watchedPage(phone, "alice phone", problems);
   await p.goto(`${linkFor(alice)}&s=${encodeURIComponent(s1)}`);
   await online(p);
+  await p.waitForFunction((c) => globalThis.ahpRelay?.chat() === c, c1, { timeout: PATIENCE });
+  check((await p.inputValue("#prompt")) === "", "a device that does not share drafts does not take one");
+  await p.check("#share-drafts");
   await p.waitForFunction(() => document.getElementById("prompt").value === "draft for the plan", null, { timeout: PATIENCE });
   check(await p.isVisible("#who"), "the phone shows who is signed in");
   check((await p.getAttribute("#who", "title")).includes("tenant dev"), "and in which tenant");
 
-  // ── Bob writes: Alice sees his name on it, and Bob may edit his own.
+  // ── Bob writes (sharing his draft, which takes the chat's one draft slot): Alice sees his name on it, his
+  // sending clears his draft and leaves hers, and Bob may edit his own.
+  await b.check("#share-drafts");
   await b.fill("#prompt", "hello from bob");
+  await a.waitForFunction(() => globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat())?.draft?._meta?.["ahpRelay/author"]?.sub === "bob", null, { timeout: PATIENCE });
+  await a.evaluate(() => document.activeElement?.blur());
   await b.click("#composer-send");
+  await a.waitForFunction(() => !globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat())?.draft, null, { timeout: PATIENCE });
   await idleWith(a, 2);
   await idleWith(b, 2);
   const authors = await a.evaluate(() => [...document.querySelectorAll("#transcript .turn .author")].map((n) => n.textContent));
@@ -1444,7 +1471,7 @@ async function team(alice, bob, viewer, mallory, outDir) {
   check(grouped.join(",") === "Today,Yesterday,Previous 7 days,Previous 30 days,Older", `the groups by day (${grouped})`);
 
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
-  console.log(JSON.stringify({ team: "ok", toBox, heard, accessibility }));
+  console.log(JSON.stringify({ team: "ok", toBox, fromList, heard, accessibility }));
 }
 
 try {

@@ -19,6 +19,7 @@ import { STATUS_INPUT_NEEDED, chatLabel, dayGroup, pathOf, shortWhen, statusLabe
 import {
   askToSwitch,
   describe,
+  forgetIdentity,
   forgetToken,
   identityOf,
   refusal,
@@ -100,6 +101,8 @@ class App {
   private terminalsOn = false;
   /** The agents whose sessions hold a workspace (files, terminals, `!commands`); undefined: the relay did not say. */
   private workspaceAgents?: Set<string>;
+  /** The agents the relay listed when it said so (an agent that came later, e.g. a runner's, is not known). */
+  private agentsAtInitialize = new Set<string>();
   private changes = new ChangesPane({
     ask: (method, params) => this.link.request(method, params),
     dispatch: (channel, action) => void this.dispatch(channel, action),
@@ -178,6 +181,10 @@ class App {
     $("sign-out").hidden = false;
     $("sign-out").addEventListener("click", () => {
       forgetToken();
+      // Signing out on purpose (not an expiry): this user's drafts and name leave this browser.
+      this.drafts.flushAll();
+      this.drafts.forgetAll();
+      forgetIdentity();
       this.link.stop();
       $("sign-out").hidden = true;
       void showSignIn("You signed out.");
@@ -233,6 +240,17 @@ class App {
       this.commandHint();
     });
     window.addEventListener("pagehide", () => this.drafts.flushAll());
+    // Sharing drafts across devices is the user's choice (the chat's one draft slot is seen by its members).
+    const share = $<HTMLInputElement>("share-drafts");
+    share.checked = this.drafts.sharing;
+    share.addEventListener("change", () => {
+      this.drafts.sharing = share.checked;
+      const box = $<HTMLTextAreaElement>("prompt");
+      if (!share.checked || !this.chat) return;
+      // Turned on: an empty box takes this user's draft from another device; a typed one is shared.
+      if (!box.value) box.value = this.drafts.initial(this.chat, this.chatState());
+      else this.drafts.typed(this.chat, box.value);
+    });
     $("cancel").addEventListener("click", () => this.cancelTurn());
     $("dispose-session").addEventListener("click", () => void this.disposeSession());
     $("session-details").addEventListener("click", () => {
@@ -357,6 +375,9 @@ class App {
     this.terminalsOn = typeof result.terminalCommandPrefix === "string";
     const workspaceAgents = result._meta?.["ahpRelay/workspaceAgents"];
     this.workspaceAgents = Array.isArray(workspaceAgents) ? new Set(workspaceAgents.map(String)) : undefined;
+    this.agentsAtInitialize = new Set(
+      (result.snapshots ?? []).flatMap((s: JsonObject) => (s.state?.agents ?? []).map((a: JsonObject) => String(a.provider))),
+    );
     for (const snapshot of result.snapshots ?? []) this.model.applySnapshot(snapshot);
     const first = !this.initialized;
     this.initialized = true;
@@ -931,7 +952,7 @@ class App {
     const from = before ? turns.findIndex((t) => t.id === before) + 1 : 0;
     const going = turns.length - from;
     $("confirm-truncate-text").textContent =
-      `This agent keeps one chat, so ${going} turn${going === 1 ? "" : "s"} (this one${going > 1 ? " and every later one" : ""}) ` +
+      `${can.chats ? "This agent cannot fork a chat" : "This agent keeps one chat"}, so ${going} turn${going === 1 ? "" : "s"} (this one${going > 1 ? " and every later one" : ""}) ` +
       "will be removed for everyone in the session, and your message sent in their place.";
     $("confirm-truncate-ok").textContent = `Replace ${going} turn${going === 1 ? "" : "s"}`;
     if ((await this.ask($<HTMLDialogElement>("confirm-truncate"))) !== "ok") return;
@@ -1137,11 +1158,16 @@ class App {
     this.renderTitle();
   }
 
+  /** Whether sessions of `provider` hold a workspace (files, terminals, `!commands`), as far as the relay said. */
+  private hasWorkspace(provider: string): boolean {
+    return !this.workspaceAgents || this.workspaceAgents.has(provider) || !this.agentsAtInitialize.has(provider);
+  }
+
   /** A `!command` typed in a session whose agent has no workspace goes to the agent as written: said under the box. */
   private commandHint(): void {
     const session = this.session ? this.model.state(this.session) : undefined;
     const typed = $<HTMLTextAreaElement>("prompt").value.trimStart();
-    const noWorkspace = !!session && !!this.workspaceAgents && !this.workspaceAgents.has(String(session.provider));
+    const noWorkspace = !!session && !this.hasWorkspace(String(session.provider));
     $("command-hint").hidden = !(this.terminalsOn && noWorkspace && typed.startsWith("!"));
   }
 
@@ -1182,8 +1208,9 @@ class App {
     $("composer").hidden = failed;
     $("session-facts").textContent = this.sessionFacts(session);
     // Files where the relay serves them (a workspace), for sessions that have a folder.
-    // Files and terminals only where the session's agent holds a workspace (the demo has none).
-    const workspace = !this.workspaceAgents || this.workspaceAgents.has(String(session.provider));
+    // Files and terminals only where the session's agent holds a workspace (the demo has none); an agent the
+    // relay did not know of when it said which do is given the benefit of the doubt.
+    const workspace = this.hasWorkspace(String(session.provider));
     $("files-toggle").hidden = !(workspace && this.directory.root && this.sessionRoot());
     // Changes where the session lists changesets; terminals where the relay lets devices open them.
     $("changes-toggle").hidden = !(session.changesets ?? []).length;

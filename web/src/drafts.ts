@@ -1,8 +1,10 @@
 // Per-chat drafts: what a user types in a chat's message box stays with that chat. It is kept in this browser at
-// once (per user, tenant and chat: it survives a reload, a switch to another session and an expired sign-in) and
-// synced, debounced, into the chat's AHP `draft` (`chat/draftChanged`), marked with its author, so the same
-// user's other devices pick it up. A draft another member left in a shared chat is theirs: it is not put in
-// this user's box.
+// once (per user, tenant and chat: it survives a reload, a switch to another session and an expired sign-in;
+// signing out forgets it). Where the user wants it (`shareDrafts`, off unless they turn it on: a chat's AHP
+// `draft` is one slot every subscriber of the chat sees), it is also synced, debounced, into the chat's
+// `draft` (`chat/draftChanged`), which the relay marks with its author, so the user's other devices pick it up.
+// A draft another member left in a shared chat is theirs: it is not put in this user's box, and their sending
+// it does not clear this user's.
 
 import type { JsonObject } from "./rpc";
 
@@ -18,10 +20,15 @@ export interface Author {
 }
 
 
+/** Where this browser keeps whether the user shares drafts with their other devices. */
+const SHARE_KEY = "ahp-relay.share-drafts";
+
 export class Drafts {
   private timers = new Map<string, number>();
   /** The last draft text of ours each chat's state carried (what was synced or seen from another device). */
   private seen = new Map<string, string>();
+  /** Whether the draft each chat's state carried last was this user's (so its clearing is theirs to follow). */
+  private lastWasMine = new Map<string, boolean>();
 
   constructor(
     private author: Author,
@@ -31,6 +38,23 @@ export class Drafts {
 
   private key(chat: string): string {
     return `ahp-relay.draft.${this.author.tid}.${this.author.sub}.${chat}`;
+  }
+
+  /** Whether drafts go to the chat's shared `draft` (the user's other devices; the chat's members see it). */
+  get sharing(): boolean {
+    return localStorage.getItem(SHARE_KEY) === "1";
+  }
+
+  set sharing(on: boolean) {
+    if (on) localStorage.setItem(SHARE_KEY, "1");
+    else localStorage.removeItem(SHARE_KEY);
+  }
+
+  /** Signing out: this user's drafts (and the sharing choice) leave this browser. */
+  forgetAll(): void {
+    const prefix = `ahp-relay.draft.${this.author.tid}.${this.author.sub}.`;
+    for (const key of Object.keys(localStorage)) if (key.startsWith(prefix)) localStorage.removeItem(key);
+    localStorage.removeItem(SHARE_KEY);
   }
 
   /** Whether `draft` (a chat state's `draft`) is this user's. */
@@ -44,8 +68,9 @@ export class Drafts {
   initial(chat: string, state: JsonObject | undefined): string {
     const local = localStorage.getItem(this.key(chat));
     const synced = this.mine(state?.draft) ? String(state?.draft?.text ?? "") : undefined;
+    this.lastWasMine.set(chat, synced !== undefined);
     if (synced !== undefined) this.seen.set(chat, synced);
-    return local ?? synced ?? "";
+    return local ?? (this.sharing ? synced : undefined) ?? "";
   }
 
   /** The user typed `text` in `chat`'s box: kept here now, synced once typing pauses. */
@@ -53,6 +78,7 @@ export class Drafts {
     if (text) localStorage.setItem(this.key(chat), text);
     else localStorage.removeItem(this.key(chat));
     window.clearTimeout(this.timers.get(chat));
+    if (!this.sharing) return;
     this.timers.set(
       chat,
       window.setTimeout(() => this.flush(chat), SYNC_AFTER_MS),
@@ -91,9 +117,12 @@ export class Drafts {
    * should show (and this browser keeps); otherwise undefined.
    */
   arrived(chat: string, draft: JsonObject | undefined): string | undefined {
-    if (this.timers.has(chat)) return undefined; // typing here wins until it is synced
-    // Ours, or cleared after being ours (sent from another device); another member's draft is left alone.
-    const text = this.mine(draft) ? String(draft?.text ?? "") : !draft && this.seen.get(chat) ? "" : undefined;
+    const wasMine = this.lastWasMine.get(chat) ?? false;
+    this.lastWasMine.set(chat, this.mine(draft));
+    if (this.timers.has(chat) || !this.sharing) return undefined; // typing here wins until it is synced
+    // Ours, or ours cleared (sent from another device of ours); another member's draft, or their clearing of
+    // it, is left alone.
+    const text = this.mine(draft) ? String(draft?.text ?? "") : !draft && wasMine ? "" : undefined;
     if (text === undefined) return undefined;
     if (this.seen.get(chat) === text) return undefined;
     this.seen.set(chat, text);

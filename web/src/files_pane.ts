@@ -111,14 +111,18 @@ export class FilesPane {
     }
   }
 
-  /** The file's text and the `etag` it has, read so that the two belong together (resolved before and after). */
+  /**
+   * The file's text and the `etag` it has, read so that the two belong together (the same etag resolved before
+   * and after the read); a file that keeps changing as it is read (a log, an agent writing it) is not edited.
+   */
   private async versioned(uri: string): Promise<{ text: string; etag: string }> {
-    for (let attempt = 0; ; attempt++) {
+    for (let attempt = 0; attempt < 3; attempt++) {
       const before = await this.ask("resourceResolve", { channel: "ahp-root://", uri });
       const read = await this.ask("resourceRead", { channel: "ahp-root://", uri });
       const after = await this.ask("resourceResolve", { channel: "ahp-root://", uri });
-      if (before.etag === after.etag || attempt === 2) return { text: String(read.data ?? ""), etag: String(after.etag ?? "") };
+      if (before.etag && before.etag === after.etag) return { text: String(read.data ?? ""), etag: String(after.etag) };
     }
+    throw new Error("it keeps changing while it is read; try again when it is still");
   }
 
   /** Edit text file `uri` in place; Save writes it only if nobody changed it since the edit began. */

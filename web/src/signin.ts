@@ -60,6 +60,11 @@ export function rememberIdentity(identity: Identity): void {
   localStorage.setItem(IDENTITY_KEY, JSON.stringify({ sub: identity.sub, tid: identity.tid, role: identity.role }));
 }
 
+/** Signing out on purpose: this browser forgets who signed in (a shared computer keeps nobody's name). */
+export function forgetIdentity(): void {
+  localStorage.removeItem(IDENTITY_KEY);
+}
+
 function lastIdentity(): Identity | undefined {
   try {
     const known = JSON.parse(localStorage.getItem(IDENTITY_KEY) ?? "null");
@@ -120,6 +125,8 @@ export async function takeToken(): Promise<Taken> {
       takeProblem = expected
         ? "The sign-in answer did not match the sign-in this page started; sign in again."
         : "A sign-in answer arrived that this page did not ask for; it was not used.";
+      // Nor is the place it names opened with this tab's own sign-in.
+      if (current) for (const key of PLACE_KEYS) hash.delete(key);
       replaceFragment(hash);
       return { token: current };
     }
@@ -148,13 +155,19 @@ export async function takeToken(): Promise<Taken> {
     replaceFragment(hash);
     return { token: current };
   };
-  if (await signInUrl()) return refuse("This relay signs in through your identity provider: a link with a token cannot sign you in.");
+  // A sign-in under way waits for its own answer; a relay that signs in through an identity provider — or whose
+  // configuration cannot be read to say it does not — takes no token from a link.
+  if (sessionStorage.getItem(STATE_KEY)) return refuse("A sign-in is under way: a link with a token cannot sign you in meanwhile.");
+  const config = await webConfig();
+  if (!config.known) return refuse("The relay's sign-in settings could not be read, so the link's token was not used; reload to try again.");
+  if (config.signInUrl) return refuse("This relay signs in through your identity provider: a link with a token cannot sign you in.");
   if (!token) return refuse(NOT_A_TOKEN);
-  const link = identityOf(token);
+  const link = identityOf(token) ?? { sub: "an account this page cannot read", tid: "?", role: "?" };
   const known = identityOf(current) ?? lastIdentity();
   for (const key of PLACE_KEYS) hash.delete(key);
   replaceFragment(hash);
-  if (link && known && (link.sub !== known.sub || link.tid !== known.tid)) {
+  // Someone else (or someone this page cannot name) while this tab or browser knows who signed in: ask.
+  if (known && (link.sub !== known.sub || link.tid !== known.tid || !identityOf(token))) {
     return { ask: { token, current, link, known, place } };
   }
   return { token: adopt(token, place) };
@@ -231,12 +244,18 @@ function plainReason(reason: string): string {
 
 /** Where to send a user to sign in, if the relay has an identity provider's login configured. */
 async function signInUrl(): Promise<string | undefined> {
+  return (await webConfig()).signInUrl;
+}
+
+/** The relay's configuration for the page; `known: false` when it could not be read. */
+async function webConfig(): Promise<{ known: boolean; signInUrl?: string }> {
   try {
     const response = await fetch("/v1/web-config", { cache: "no-store" });
+    if (!response.ok) return { known: false };
     const config = await response.json();
-    return typeof config.signInUrl === "string" && config.signInUrl ? config.signInUrl : undefined;
+    return { known: true, signInUrl: typeof config.signInUrl === "string" && config.signInUrl ? config.signInUrl : undefined };
   } catch {
-    return undefined;
+    return { known: false };
   }
 }
 

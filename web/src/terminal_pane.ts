@@ -98,8 +98,8 @@ export class TerminalPane {
       this.places.set(uri, typeof cwd === "string" ? cwd : this.host.tenantRoot() ?? "");
       if (uri !== this.uri) void this.host.ask("unsubscribe", { channel: uri }).catch(() => undefined);
     } catch {
-      this.places.delete(uri);
-      return;
+      // Unreadable (gone meanwhile): not this session's to list, and no reason to keep the pane from opening.
+      this.places.set(uri, "");
     }
     this.renderList();
     this.attachFirst();

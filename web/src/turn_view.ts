@@ -169,12 +169,13 @@ function renderToolCall(call: JsonObject): HTMLElement {
     h("div", { class: "tool-head" }, h("strong", {}, call.displayName || call.toolName || "tool"), ` ${title} `, h("span", { class: "badge" }, toolState(call))),
   );
   const decision = call._meta?.[DECIDED_BY];
-  if (decision?.displayName && call.status !== "pending-confirmation") {
-    // The device is the client's word; the user is the relay's (it stamps `sub`).
-    const device = String(decision.displayName).split(" · ")[0];
-    const decidedBy = decision.sub ? `${device} · ${decision.sub}` : decision.displayName;
-    const verb = decision.approved === false ? "Denied" : "Approved";
-    card.append(h("div", { class: "decided-by" }, `${verb} on ${decidedBy}`));
+  if ((decision?.displayName || decision?.sub) && call.status !== "pending-confirmation") {
+    // The device is the client's word; the user is the relay's (it stamps `sub`); denied or approved is the
+    // tool call's own state.
+    const device = decision.displayName ? String(decision.displayName).split(" · ")[0] : "";
+    const decidedBy = decision.sub ? (device ? `${device} · ${decision.sub}` : decision.sub) : String(decision.displayName);
+    const denied = call.status === "cancelled" && (call.reason === "denied" || call.reason === "result-denied");
+    card.append(h("div", { class: "decided-by" }, `${denied ? "Denied" : "Approved"} ${device ? "on" : "by"} ${decidedBy}`));
   }
   if (call.toolInput !== undefined) {
     card.append(h("div", { class: "tool-label" }, "Input"));

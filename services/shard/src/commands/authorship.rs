@@ -12,8 +12,7 @@ use serde_json::{json, Map, Value};
 
 use crate::host::HostCore;
 
-/// The key of a message's `_meta` naming its author.
-pub const AUTHOR_META: &str = "ahpRelay/author";
+pub use crate::model::authors::{author_of, AUTHOR_META};
 /// The key of a tool call confirmation's `_meta` naming who decided (and from which device).
 pub const DECIDED_BY_META: &str = "ahp-relay/decidedBy";
 /// The key of a system note's `_meta` naming who answered an input request.

@@ -31,6 +31,10 @@ impl HostCore {
         // A user's message names its author: the one who dispatched it, whatever the client claimed.
         let subject = self.connection(connection)?.identity.subject.clone();
         crate::commands::authorship::stamp(&mut params.action, &subject);
+        // A viewer's presence is named by the host: its user, watching (no words of its own).
+        if let (false, StateAction::SessionActiveClientSet(set)) = (role.can_write(), &mut params.action) {
+            set.active_client.display_name = Some(format!("{subject} (watching)"));
+        }
         let kind = self.model.kind(&params.channel);
         if kind == ChannelKind::Unknown {
             // Actions on channels the host does not have are ignored without an echo (digest §4).
@@ -43,6 +47,7 @@ impl HostCore {
         let who = Dispatcher {
             client_id: &client_id,
             role,
+            subject: &subject,
         };
         let over_quota = crate::host::storage::grows_storage(&params.action)
             .then(|| self.storage_refusal())

@@ -9,6 +9,7 @@
 
 pub mod agent_context;
 pub mod archive;
+pub mod authors;
 mod budget;
 pub mod changeset_uris;
 mod documents;

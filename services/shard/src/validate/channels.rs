@@ -125,6 +125,26 @@ pub(super) fn check_chat(chat: &ChatState, action: &StateAction, who: &Dispatche
             }
             Ok(())
         }
+        // Truncating removes turns for every device: a member removes only turns of their own (an admin any).
+        // Turns with no author (written before the relay stamped them) count as nobody's.
+        ChatTruncated(a) if who.role != Role::Admin => {
+            let from = a
+                .turn_id
+                .as_ref()
+                .and_then(|id| chat.turns.iter().position(|t| &t.id == id))
+                .map_or(0, |at| at + 1);
+            let other = chat.turns[from.min(chat.turns.len())..]
+                .iter()
+                .filter_map(|turn| crate::model::authors::author_of(&turn.message))
+                .find(|author| *author != who.subject);
+            match other {
+                Some(author) => Err(format!(
+                    "the turns this would remove include {author}'s: a member removes only their own turns \
+                     (fork the chat instead)"
+                )),
+                None => Ok(()),
+            }
+        }
         ChatTurnCancelled(a) => match &chat.active_turn {
             Some(turn) if turn.id == a.turn_id => check_turn_duration(&turn.started_at, a.duration),
             Some(_) => Err(format!("turn {} is not the active turn", a.turn_id)),

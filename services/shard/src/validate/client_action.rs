@@ -8,12 +8,22 @@ use super::fields::*;
 use super::terminal::*;
 use crate::model::{ChannelKind, HostModel};
 
-/// A viewer may say it is watching a session (itself as an active client, offering no tools) and leave it:
-/// every device then lists who is watching. Nothing else a viewer dispatches is accepted.
-fn is_viewer_presence(action: &StateAction, who: &Dispatcher<'_>) -> bool {
+/// A viewer may say it is watching a session (itself as an active client, offering no tools, once: not while
+/// it is listed already) and leave it: every device then lists who is watching. The host names it
+/// (`<sub> (watching)`, see `commands::dispatch`), so it carries nothing of the viewer's own but its clientId.
+/// Nothing else a viewer dispatches is accepted.
+fn is_viewer_presence(model: &HostModel, channel: &str, action: &StateAction, who: &Dispatcher<'_>) -> bool {
     match action {
         StateAction::SessionActiveClientSet(a) => {
+            let listed = model.sessions.get(channel).is_some_and(|session| {
+                session
+                    .state
+                    .active_clients
+                    .iter()
+                    .any(|c| c.client_id == who.client_id)
+            });
             a.active_client.client_id == who.client_id
+                && !listed
                 && a.active_client.tools.is_empty()
                 && a.active_client
                     .customizations
@@ -36,7 +46,7 @@ pub fn check_client_action(
     if let StateAction::Unknown(_) = action {
         return Err("unknown action type or malformed action payload".into());
     }
-    if !who.role.can_write() && !is_viewer_presence(action, who) {
+    if !who.role.can_write() && !is_viewer_presence(model, channel, action, who) {
         return Err("viewers may not dispatch actions".into());
     }
     if kind == ChannelKind::Terminal {

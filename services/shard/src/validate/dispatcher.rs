@@ -9,6 +9,8 @@ use crate::model::ChannelKind;
 pub struct Dispatcher<'a> {
     pub client_id: &'a str,
     pub role: Role,
+    /// The user (the token's `sub`).
+    pub subject: &'a str,
 }
 
 /// The channel kind an action belongs to, or `None` for action families the relay does not host.

@@ -71,6 +71,7 @@ mod tests {
         Dispatcher {
             client_id: "c",
             role: Role::Member,
+            subject: "c",
         }
     }
 
@@ -144,6 +145,7 @@ mod tests {
         let who = Dispatcher {
             client_id: "c",
             role: Role::Member,
+            subject: "c",
         };
         let check = |model: &HostModel| {
             check_client_action(
