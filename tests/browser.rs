@@ -359,6 +359,8 @@ async fn a_team_shares_a_session_each_with_their_own_draft_name_and_terminal() {
             .replace("id = \"scripted\"", "id = \"single\"")
             .replace("display_name = \"Scripted\"", "display_name = \"Single chat\"")
     ));
+    // And an agent that cannot start (it exits at once).
+    file.push_str("\n[[agent]]\nid = \"broken\"\ndisplay_name = \"Broken\"\ncommand = \"/bin/false\"\n");
     std::fs::write(&agents.file, file).expect("agents file");
     let relay = Relay::start_with(&[
         "--agents",

@@ -1285,6 +1285,9 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await idleWith(b, 2);
   const authors = await a.evaluate(() => [...document.querySelectorAll("#transcript .turn .author")].map((n) => n.textContent));
   check(authors.join(",") === "alice (you),bob", `every message names its author (${authors})`);
+  await idleWith(p, 2);
+  const onPhone = await p.evaluate(() => [...document.querySelectorAll("#transcript .turn .author")].map((n) => n.textContent));
+  check(onPhone.join(",") === "alice (you),bob", `the phone names them too (${onPhone})`);
   check((await b.locator("#transcript .turn").nth(1).locator(".edit-prompt").count()) === 1, "Bob may edit his own prompt");
   check((await a.inputValue("#prompt")) === "draft for the plan", "Bob's message leaves Alice's draft alone");
   // Alice edits her first prompt: it runs on a new branch, and Bob's turn after it stays, on every device.
@@ -1326,6 +1329,13 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await p.reload();
   await online(p);
   await p.waitForSelector("#pending .confirmation button.approve", { timeout: PATIENCE });
+  // The desktop offline: its Approve waits too.
+  await a.waitForSelector("#pending .confirmation button.approve", { timeout: PATIENCE });
+  await desktop.setOffline(true);
+  await a.waitForFunction(() => document.getElementById("link-state").dataset.state !== "online", null, { timeout: PATIENCE });
+  check((await a.isDisabled("#pending .confirmation button.approve")) && (await a.isVisible("#pending-offline")), "offline, the desktop's Approve is disabled and says why");
+  await desktop.setOffline(false);
+  await online(a);
   await phone.setOffline(true);
   await p.waitForFunction(() => document.getElementById("link-state").dataset.state !== "online", null, { timeout: PATIENCE });
   check(await p.isDisabled("#pending .confirmation button.approve"), "offline, Approve is disabled");
@@ -1384,6 +1394,12 @@ async function team(alice, bob, viewer, mallory, outDir) {
   check(await v.isHidden("#composer"), "a viewer has no message box");
   await p.waitForFunction(() => [...document.querySelectorAll("#people .person")].some((n) => n.textContent.includes("vic (watching)")), null, { timeout: PATIENCE });
   await accessible(v, "team: a viewer", { serious: true });
+  const watcherPhone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
+  const vp = await watchedPage(watcherPhone, "viewer phone", problems);
+  await vp.goto(`${linkFor(viewer)}&s=${encodeURIComponent(s1)}`);
+  await online(vp);
+  await vp.waitForSelector("#view-only:not([hidden])", { timeout: PATIENCE });
+  check(await vp.isHidden("#composer"), "a viewer's phone has no message box either, and says why");
 
   // ── Mallory's link: a tab signed in as Alice asks before switching; staying keeps Alice and not the link's place.
   await a.goto(`${linkFor(mallory)}&s=${encodeURIComponent("ahp-session:/mallorys")}`);
@@ -1404,6 +1420,14 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await fresh.click("#confirm-switch-ok");
   await online(fresh);
   check((await fresh.textContent("#who")).includes("tenant evil"), "switching signs the tab in with the link");
+  // On a phone too: Alice's phone asks before Mallory's link, and staying keeps her.
+  await p.goto(`${linkFor(mallory)}&s=${encodeURIComponent("ahp-session:/mallorys")}`);
+  await p.reload();
+  await p.waitForSelector("#confirm-switch[open]", { timeout: PATIENCE });
+  check((await p.textContent("#confirm-switch")).includes("tenant evil"), "the phone asks before switching");
+  await p.click("#confirm-switch-stay");
+  await online(p);
+  check((await p.getAttribute("#who", "title")).includes("tenant dev"), "staying keeps Alice on the phone");
 
   // Files can be edited: Bob saves first; Alice, who began before him, is told and her text is kept.
   const editFile = async (page) => {
@@ -1458,6 +1482,20 @@ async function team(alice, bob, viewer, mallory, outDir) {
     const chat = globalThis.ahpRelay?.state(globalThis.ahpRelay?.chat());
     return chat && !chat.activeTurn && chat.turns.length === 1 && chat.turns[0].message.text === "first thing, edited";
   }, null, { timeout: PATIENCE });
+  // A turn that ends in an error says so in words, never as JSON.
+  await d.fill("#prompt", "please fail now");
+  await d.click("#composer-send");
+  await idleWith(d, 2);
+  const failed = await d.locator("#transcript .turn").nth(1).innerText();
+  check(!failed.includes('{"') && /error|stopped/i.test(failed), `an error reads as words (${failed})`);
+  // An agent that cannot start: the session says why, in place of a message box that would only fail.
+  await d.selectOption("#new-session-agent", "broken");
+  await d.fill("#new-session-dir", "brokenproj");
+  await d.click("#create-session");
+  await d.waitForSelector("#session-failed:not([hidden])", { timeout: PATIENCE });
+  const why = await d.textContent("#session-failed");
+  check(why.startsWith("The agent could not start:") && !why.includes('{"'), `a failed start is said (${why})`);
+  check(await d.isHidden("#composer"), "and offers no message box");
 
   // The list groups sessions by when they last changed and says when.
   const groups = await b.evaluate(() => [...document.querySelectorAll("#sessions .session-group")].map((g) => g.textContent));

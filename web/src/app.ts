@@ -83,6 +83,8 @@ class App {
   /** The transcript follows its end while the user is there (and stops when they scroll up). */
   private stuck = true;
   private turnCache = new Map<string, { json: string; node: HTMLElement }>();
+  /** What each rebuilt part of the page shows now (see `unchanged`). */
+  private drawn = new Map<string, string>();
   private modelChoice = new Map<string, string>();
   /** Actions of this page whose outcome something waits for, by clientSeq. */
   private awaiting = new Map<number, (rejection: string | undefined) => void>();
@@ -1110,12 +1112,38 @@ class App {
     }
   }
 
+  /**
+   * Whether what `part` of the page shows is still what `key` describes (then it is left alone: rebuilding it
+   * on every streamed piece would swallow a click landing meanwhile and drop the keyboard's focus); records `key`.
+   */
+  private unchanged(part: string, key: unknown): boolean {
+    const json = JSON.stringify(key);
+    if (this.drawn.get(part) === json) return true;
+    this.drawn.set(part, json);
+    return false;
+  }
+
   private renderSessions(): void {
     const list = $("sessions");
     const now = new Date();
+    const shown = this.search ? this.search.list(this.model.sessions) : this.model.sessionList();
+    const key = [
+      now.toDateString(),
+      this.session,
+      shown.map((s) => [s.resource, s.title, s.provider, s.status, s.modifiedAt]),
+    ];
+    if (!this.unchanged("sessions", key)) this.drawSessions(list, shown, now);
+    const count = list.querySelectorAll("li[data-uri]").length;
+    $("more-sessions").hidden = !(this.search ? this.search.cursor : this.model.nextCursor);
+    $("empty-sessions").hidden = count > 0;
+    $("empty-sessions").textContent = this.search ? "No session has that in its title or its turns." : "No sessions yet.";
+    this.renderTitle();
+  }
+
+  private drawSessions(list: HTMLElement, shown: JsonObject[], now: Date): void {
     let group = "";
     list.replaceChildren(
-      ...(this.search ? this.search.list(this.model.sessions) : this.model.sessionList()).flatMap((summary) => {
+      ...shown.flatMap((summary) => {
         const status = statusLabel(summary.status ?? 0);
         // A link: reachable with the keyboard (Tab, Enter); its address is the session's route.
         const open = h(
@@ -1151,11 +1179,6 @@ class App {
         return [h("li", { class: "session-group", "data-group": its }, its), entry];
       }),
     );
-    const shown = list.querySelectorAll("li[data-uri]").length;
-    $("more-sessions").hidden = !(this.search ? this.search.cursor : this.model.nextCursor);
-    $("empty-sessions").hidden = shown > 0;
-    $("empty-sessions").textContent = this.search ? "No session has that in its title or its turns." : "No sessions yet.";
-    this.renderTitle();
   }
 
   /** Whether sessions of `provider` hold a workspace (files, terminals, `!commands`), as far as the relay said. */
@@ -1216,11 +1239,21 @@ class App {
     $("changes-toggle").hidden = !(session.changesets ?? []).length;
     $("terminal-toggle").hidden = !(workspace && this.terminalsOn && this.directory.root);
     this.commandHint();
-    const people = (session.activeClients ?? []).map((c: JsonObject) =>
-      h("span", { class: c.clientId === clientId() ? "person me" : "person" }, c.displayName || c.clientId),
-    );
-    $("people").replaceChildren(...people);
-    const tabs = (session.chats ?? []).map((summary: JsonObject, index: number) => {
+    const clients: JsonObject[] = session.activeClients ?? [];
+    if (!this.unchanged("people", clients.map((c) => [c.clientId, c.displayName]))) {
+      $("people").replaceChildren(
+        ...clients.map((c) => h("span", { class: c.clientId === clientId() ? "person me" : "person" }, c.displayName || c.clientId)),
+      );
+    }
+    const chats: JsonObject[] = session.chats ?? [];
+    const tabsKey = [this.chat, session.defaultChat, chats.map((c) => [c.resource, c.title, c.origin?.kind])];
+    if (!this.unchanged("tabs", tabsKey)) this.drawTabs(session, chats);
+    this.renderChat();
+  }
+
+  /** The session's chats as tabs (each but the default closable). */
+  private drawTabs(session: JsonObject, chats: JsonObject[]): void {
+    const tabs = chats.map((summary: JsonObject, index: number) => {
       const label = chatLabel(summary, index, session.defaultChat);
       const tab = h(
         "button",
@@ -1243,7 +1276,6 @@ class App {
       return group;
     });
     $("chats").replaceChildren(...tabs);
-    this.renderChat();
   }
 
   /** What the session runs on: its agent, the model this device picks for it, its working directory. */
@@ -1263,8 +1295,8 @@ class App {
     const chat = this.chatState();
     // This user's draft, typed on another device, comes to this box unless the user is typing here.
     const box = $<HTMLTextAreaElement>("prompt");
-    if (this.chat && chat && document.activeElement !== box) {
-      const arrived = this.drafts.arrived(this.chat, chat.draft);
+    if (this.chat && chat) {
+      const arrived = this.drafts.arrived(this.chat, chat.draft, document.activeElement === box);
       if (arrived !== undefined) box.value = arrived;
     }
     const transcript = $("transcript");

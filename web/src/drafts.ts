@@ -113,13 +113,14 @@ export class Drafts {
   }
 
   /**
-   * `chat`'s state now carries `draft`: when it is a new draft of ours from another device, the text the box
-   * should show (and this browser keeps); otherwise undefined.
+   * `chat`'s state now carries `draft` (called on every render, so whose the slot holds is always known): when
+   * it is a new draft of ours from another device, the text the box should show (and this browser keeps);
+   * otherwise undefined — always while the user is `typing` here (the box has focus), which wins.
    */
-  arrived(chat: string, draft: JsonObject | undefined): string | undefined {
+  arrived(chat: string, draft: JsonObject | undefined, typing: boolean): string | undefined {
     const wasMine = this.lastWasMine.get(chat) ?? false;
     this.lastWasMine.set(chat, this.mine(draft));
-    if (this.timers.has(chat) || !this.sharing) return undefined; // typing here wins until it is synced
+    if (typing || this.timers.has(chat) || !this.sharing) return undefined;
     // Ours, or ours cleared (sent from another device of ours); another member's draft, or their clearing of
     // it, is left alone.
     const text = this.mine(draft) ? String(draft?.text ?? "") : !draft && wasMine ? "" : undefined;
