@@ -1451,6 +1451,18 @@ async function team(alice, bob, viewer, mallory, outDir) {
   check((await a.inputValue("#file-view textarea.file-editor")) === "alice's version\n", "Alice's text is kept");
   await a.click("#files-toggle");
   await b.click("#files-toggle");
+  // On the phone, the same file opens in the editor (and is left unchanged).
+  await p.goto(`${base}/#s=${encodeURIComponent(s1)}`);
+  await p.reload();
+  await online(p);
+  await p.waitForSelector("#files-toggle:not([hidden])", { timeout: PATIENCE });
+  await p.click("#files-toggle");
+  await p.click('#files-list .file-entry[data-name="notes.txt"]');
+  await p.click("#file-view .file-edit-start");
+  await p.waitForSelector("#file-view textarea.file-editor", { timeout: PATIENCE });
+  check((await p.inputValue("#file-view textarea.file-editor")) === "bob's version\n", "the phone's editor holds the saved text");
+  await p.click("#file-view .actions button.link");
+  await p.click("#files-toggle");
 
   // An agent that holds one chat: an edit replaces turns, so the page first says how many go, for everyone.
   const single = await browser.newContext({ viewport: { width: 1280, height: 860 } });
@@ -1500,6 +1512,8 @@ async function team(alice, bob, viewer, mallory, outDir) {
   // The list groups sessions by when they last changed and says when.
   const groups = await b.evaluate(() => [...document.querySelectorAll("#sessions .session-group")].map((g) => g.textContent));
   check(groups.join(",") === "Today", `today's sessions are grouped under Today (${groups})`);
+  const phoneGroups = await p.evaluate(() => [...document.querySelectorAll("#sessions .session-group")].map((g) => g.textContent));
+  check(phoneGroups.join(",") === "Today", `and on the phone (${phoneGroups})`);
   check(/\d/.test(await b.textContent(`#sessions li[data-uri="${s1}"] .when`)), "each session says when it last changed");
   const grouped = await b.evaluate(() => {
     const now = new Date(2026, 10, 28, 9, 30);

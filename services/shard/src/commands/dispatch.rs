@@ -103,6 +103,11 @@ impl HostCore {
             }
             return crate::reply::reply(message.id, &());
         }
+        // A member's title is final (the agent's later naming is dropped): the mark is sequenced just before the
+        // title itself, so the title stays the last word a client reads of the change.
+        if let StateAction::SessionTitleChanged(_) = &params.action {
+            self.mark_titled_by_user(&params.channel);
+        }
         // What a device types into a terminal (passwords too) is echoed to it alone and never logged: the
         // terminal's output is what every device sees.
         if let StateAction::TerminalInput(_) = &params.action {
@@ -133,13 +138,9 @@ impl HostCore {
             self.owed.owe(&client_id, echo);
         }
         self.after_action(&params.channel, kind, &params.action);
-        // A member's title is final (the agent's later naming is dropped); who answered a question is said.
-        match &params.action {
-            StateAction::SessionTitleChanged(_) => self.mark_titled_by_user(&params.channel),
-            StateAction::ChatInputCompleted(completed) if changed_state => {
-                self.note_answer(&params.channel, completed, &subject)
-            }
-            _ => {}
+        // Who answered a question is said, after the answer.
+        if let (StateAction::ChatInputCompleted(completed), true) = (&params.action, changed_state) {
+            self.note_answer(&params.channel, completed, &subject);
         }
         // A notification gets nothing; the same call sent as a request (with an id) gets an empty result.
         crate::reply::reply(message.id, &())
