@@ -24,8 +24,12 @@ pub const TITLE_CONTAINS: &str = "ahpRelay/titleContains";
 /// The `listSessions` `_meta` key that filters by what was said: the title, or any turn's text.
 pub const TEXT_CONTAINS: &str = "ahpRelay/textContains";
 
-/// Most sessions one text search reads the turns of (beyond the title) before it answers with a cursor.
+/// Most sessions one text search reads the turns of (beyond the title) before it answers with a cursor…
 const TEXT_SCAN_BUDGET: usize = 100;
+
+/// …and most bytes it reads from the store for them (chats' snapshots and logs; a session of large chats
+/// counts for what it is, not as one).
+const TEXT_SCAN_BYTES: usize = 32 * 1024 * 1024;
 
 /// Entries a search reads from the store at a time.
 const SEARCH_SCAN_BATCH: usize = 200;
@@ -90,6 +94,7 @@ impl Host {
         let mut after = after;
         let mut scanned = 0;
         let mut read_turns_of = 0;
+        let mut read_bytes = 0;
         let next_cursor = loop {
             let want = if filter.is_some() {
                 SEARCH_SCAN_BATCH
@@ -113,7 +118,7 @@ impl Host {
                     page_full = true;
                     break;
                 }
-                if by_text.is_some() && read_turns_of >= TEXT_SCAN_BUDGET {
+                if by_text.is_some() && (read_turns_of >= TEXT_SCAN_BUDGET || read_bytes >= TEXT_SCAN_BYTES) {
                     // Reading turns is the costly part: the next page goes on from here.
                     turns_budget_spent = true;
                     break;
@@ -125,10 +130,11 @@ impl Host {
                     Ok(summary) => {
                         if let Some(needle) = by_text.as_deref() {
                             read_turns_of += 1;
-                            let said = self.session_says(&row.uri, needle).await.map_err(|error| {
+                            let (said, bytes) = self.session_says(&row.uri, needle).await.map_err(|error| {
                                 tracing::error!(host = %self.key, %error, "searching a session's turns failed");
                                 RpcError::internal("the store is unavailable; retry")
                             })?;
+                            read_bytes += bytes;
                             if said {
                                 items.push(summary);
                             }

@@ -36,8 +36,14 @@ pub(crate) fn chat_holds(chat: &ChatState, needle: &str) -> bool {
 }
 
 impl Host {
-    /// Whether a turn of `session` holds `needle` (lowercase), in memory, in the store or in its archive.
-    pub(crate) async fn session_says(&self, session: &str, needle: &str) -> Result<bool, ShardError> {
+    /// Whether a turn of `session` holds `needle` (lowercase), in memory, in the store or in its archive; and
+    /// how many bytes it read from the store to say so (what bounds a search request, with the session count).
+    pub(crate) async fn session_says(
+        &self,
+        session: &str,
+        needle: &str,
+    ) -> Result<(bool, usize), ShardError> {
+        let mut read = 0;
         let (tenant, host) = (&self.key.tenant, &self.key.host);
         let in_memory = {
             let core = self.core.lock();
@@ -58,7 +64,7 @@ impl Host {
             })
         };
         let chats = match in_memory {
-            Some((true, _)) => return Ok(true),
+            Some((true, _)) => return Ok((true, read)),
             Some((false, chats)) => chats,
             None => {
                 let mut chats = Vec::new();
@@ -69,6 +75,8 @@ impl Host {
                     let Some(record) = self.store.load_channel(tenant, host, &chat).await? else {
                         continue;
                     };
+                    read +=
+                        record.state.len() + record.tail.iter().map(|row| row.envelope.len()).sum::<usize>();
                     let Ok(document) = serde_json::from_str::<ChatDocument>(&record.state) else {
                         tracing::error!(%chat, "unreadable chat snapshot; not searched");
                         continue;
@@ -78,7 +86,7 @@ impl Host {
                         apply_action_to_chat(&mut state, &envelope.action);
                     }
                     if chat_holds(&state, needle) {
-                        return Ok(true);
+                        return Ok((true, read));
                     }
                     chats.push(chat);
                 }
@@ -89,9 +97,10 @@ impl Host {
             .iter()
             .map(|chat| crate::model::archive::key(chat))
             .collect();
-        Ok(self
+        let archived = self
             .store
             .archived_turns_contain(tenant, host, &archives, needle)
-            .await?)
+            .await?;
+        Ok((archived, read))
     }
 }
