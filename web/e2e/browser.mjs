@@ -603,13 +603,44 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   // On a phone: an expired link shows the sign-in panel with its reason, in view, and a pasted token works.
   const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
   const b = await watchedPhoneSignIn(phone);
-  await b.goto(`${base}/`);
-  await b.waitForSelector('body[data-view="signin"] #signin-token', { timeout: PATIENCE });
+  const phoneSockets = [];
+  b.on("websocket", (socket) => phoneSockets.push(socket.url()));
+  const phoneSignIn = () => b.waitForSelector('body[data-view="signin"] #signin-token', { timeout: PATIENCE });
+  const phonePill = async () => ({ text: await b.textContent("#link-state"), shown: await b.isVisible("#link-state") });
+  // A link's token is refused on the phone too (this relay signs in through an identity provider).
+  await b.goto(`${base}/#token=${encodeURIComponent(good)}`);
+  await phoneSignIn();
+  check((await b.textContent("#signin-reason")).includes("identity provider"), "the phone refuses a link's token");
+  check(phoneSockets.length === 0, `and opens no socket with it (${phoneSockets.length})`);
+  let pill = await phonePill();
+  check(pill.text === "Not signed in" && pill.shown, `the phone's pill says it is not signed in (${JSON.stringify(pill)})`);
+  await paste(b, foreign);
+  await b.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
+  pill = await phonePill();
+  check(pill.text === "Sign-in refused" && pill.shown, `the phone's pill says the sign-in was refused (${JSON.stringify(pill)})`);
   await paste(b, expired);
   await b.waitForSelector('#signin-reason:not([hidden])', { timeout: PATIENCE });
   check((await b.textContent("#signin-reason")).includes("expired"), "the phone says the sign-in expired");
+  pill = await phonePill();
+  check(pill.text === "Sign-in expired" && pill.shown, `the phone's pill says the sign-in expired (${JSON.stringify(pill)})`);
   check(await b.evaluate(() => document.getElementById("signin-submit").getBoundingClientRect().bottom <= window.innerHeight), "the phone's sign-in form is in view");
   await accessible(b, "phone: sign-in with a reason");
+  // A token that ends within five minutes: the phone warns, in view; signing out clears the tab's title.
+  shortLived.push(tokenExpiringIn(good, secret, 120));
+  await b.fill("#signin-token", shortLived[shortLived.length - 1]);
+  await Promise.all([b.waitForEvent("load"), b.click("#signin-submit")]);
+  await online(b);
+  await b.waitForSelector("#expiry-warning:not([hidden])", { timeout: PATIENCE });
+  check(
+    await b.evaluate(() => {
+      const warning = document.getElementById("expiry-warning").getBoundingClientRect();
+      return warning.top >= 0 && warning.bottom <= window.innerHeight && warning.width > 0;
+    }),
+    "the phone shows the warning before the sign-in ends, in view",
+  );
+  await b.click("#sign-out");
+  await phoneSignIn();
+  check((await b.title()) === "Sign in · ahp-relay", `signed out, the phone's tab title carries no session's news (${await b.title()})`);
   await b.fill("#signin-token", good);
   await Promise.all([b.waitForEvent("load"), b.click("#signin-submit")]);
   await online(b);
@@ -1474,6 +1505,7 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await d.click("#create-session");
   await d.waitForSelector("#session-view:not([hidden])", { timeout: PATIENCE });
   await d.waitForFunction(() => !!globalThis.ahpRelay?.chat(), null, { timeout: PATIENCE });
+  const singleSession = await d.evaluate(() => globalThis.ahpRelay?.session());
   for (const [n, text] of [[1, "first thing"], [2, "second thing"]]) {
     await d.fill("#prompt", text);
     await d.click("#composer-send");
@@ -1508,6 +1540,48 @@ async function team(alice, bob, viewer, mallory, outDir) {
   const why = await d.textContent("#session-failed");
   check(why.startsWith("The agent could not start:") && !why.includes('{"'), `a failed start is said (${why})`);
   check(await d.isHidden("#composer"), "and offers no message box");
+  const brokenSession = await d.evaluate(() => globalThis.ahpRelay?.session());
+
+  // The same on Alice's phone: the error in words, the edit that says how many turns go (its Send button: Return
+  // is a new line there), and the failed start.
+  await p.goto(`${base}/#s=${encodeURIComponent(singleSession)}`);
+  await p.reload();
+  await online(p);
+  await idleWith(p, 2);
+  const failedOnPhone = await p.locator("#transcript .turn").nth(1).innerText();
+  check(!failedOnPhone.includes('{"') && /error|stopped/i.test(failedOnPhone), `on the phone too, an error reads as words (${failedOnPhone})`);
+  await p.locator("#transcript .turn").first().locator(".edit-prompt").click();
+  await p.fill("#transcript .edit-box", "first thing, edited on the phone");
+  await p.click("#transcript .send-edit");
+  await p.waitForSelector("#confirm-truncate[open]", { timeout: PATIENCE });
+  const onPhoneTruncating = await p.textContent("#confirm-truncate-text");
+  check(onPhoneTruncating.includes("2 turns") && onPhoneTruncating.includes("everyone"), `the phone's edit says how many turns go (${onPhoneTruncating})`);
+  check(
+    await p.evaluate(() => {
+      const ok = document.getElementById("confirm-truncate-ok").getBoundingClientRect();
+      return ok.bottom <= window.innerHeight && ok.right <= window.innerWidth && ok.top >= 0;
+    }),
+    "the phone's question and its buttons are in view",
+  );
+  await accessible(p, "team: phone, the truncation question", { serious: true });
+  await p.click("#confirm-truncate-cancel");
+  check(((await chatOf(p))?.turns ?? []).length === 2, "declined on the phone, nothing was removed");
+  await p.goto(`${base}/#s=${encodeURIComponent(brokenSession)}`);
+  await p.reload();
+  await online(p);
+  await p.waitForSelector("#session-failed:not([hidden])", { timeout: PATIENCE });
+  const whyOnPhone = await p.textContent("#session-failed");
+  check(whyOnPhone.startsWith("The agent could not start:") && !whyOnPhone.includes('{"'), `the phone says the start failed (${whyOnPhone})`);
+  check(await p.isHidden("#composer"), "and offers no message box either");
+  // The demo's session on the phone: no Files or Terminal; who answered and who approved are named there too.
+  await p.goto(`${base}/#s=${encodeURIComponent(s2)}`);
+  await p.reload();
+  await online(p);
+  await idleWith(p, 2);
+  check((await p.isHidden("#files-toggle")) && (await p.isHidden("#terminal-toggle")), "the phone offers no Files or Terminal for a demo session");
+  check((await p.textContent("#transcript .input-request .answered-by")) === "answered by bob", "the phone says who answered");
+  check((await p.textContent("#transcript .tool .decided-by")).includes("alice"), "and who approved");
+  check((await p.locator("#transcript .turn .fork-turn").count()) >= 1, "the phone offers Fork on a completed turn");
 
   // The list groups sessions by when they last changed and says when.
   const groups = await b.evaluate(() => [...document.querySelectorAll("#sessions .session-group")].map((g) => g.textContent));
