@@ -238,6 +238,23 @@ impl HostCore {
         self.apply_server_action_as(channel, action).applied()
     }
 
+    /// Set one key of `session`'s `_meta` (the others kept), as a server `session/metaChanged`.
+    pub(crate) fn set_session_meta(&mut self, session: &str, key: &str, value: serde_json::Value) {
+        let mut meta = self
+            .model
+            .sessions
+            .get(session)
+            .and_then(|record| record.state.meta.clone())
+            .unwrap_or_default();
+        meta.insert(key.into(), value);
+        self.apply_server_action(
+            session,
+            StateAction::SessionMetaChanged(ahp_types::actions::SessionMetaChangedAction {
+                meta: Some(meta),
+            }),
+        );
+    }
+
     /// [`HostCore::apply_server_action`], saying whether the action did not apply or its channel is gone.
     pub(crate) fn apply_server_action_as(&mut self, channel: &str, action: StateAction) -> Emitted {
         let kind = self.model.kind(channel);

@@ -3,7 +3,7 @@
 //! `_meta`) and drops later titles from the agent (an ACP agent's session-info title) and the host's own
 //! naming after the first prompt; a member may still rename it again.
 
-use ahp_types::actions::{SessionMetaChangedAction, StateAction};
+use ahp_types::actions::SessionMetaChangedAction;
 use serde_json::Value;
 
 use crate::host::HostCore;
@@ -41,16 +41,6 @@ impl HostCore {
         if titled_by_user(&self.model, session) {
             return;
         }
-        let mut meta = self
-            .model
-            .sessions
-            .get(session)
-            .and_then(|record| record.state.meta.clone())
-            .unwrap_or_default();
-        meta.insert(TITLED_BY_USER_META.into(), Value::Bool(true));
-        self.apply_server_action(
-            session,
-            StateAction::SessionMetaChanged(SessionMetaChangedAction { meta: Some(meta) }),
-        );
+        self.set_session_meta(session, TITLED_BY_USER_META, Value::Bool(true));
     }
 }

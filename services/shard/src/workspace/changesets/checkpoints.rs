@@ -1,7 +1,7 @@
 //! A session's checkpoints: its working directory committed to the tenant's shadow repository when a turn starts
 //! and when it ends, the ids kept in the session's `_meta["ahpRelay/checkpoints"]`.
 
-use ahp_types::actions::{SessionMetaChangedAction, StateAction};
+use ahp_types::actions::SessionMetaChangedAction;
 use relay_runner::files::{FileOp, FileReply};
 use serde::{Deserialize, Serialize};
 
@@ -101,20 +101,10 @@ impl HostCore {
         }
         let excess = checkpoints.turns.len().saturating_sub(MAX_TURNS_KEPT);
         checkpoints.turns.drain(..excess);
-        let mut meta = self
-            .model
-            .sessions
-            .get(session)
-            .and_then(|record| record.state.meta.clone())
-            .unwrap_or_default();
         let Ok(value) = serde_json::to_value(&checkpoints) else {
             return;
         };
-        meta.insert(CHECKPOINTS_META.into(), value);
-        self.apply_server_action(
-            session,
-            StateAction::SessionMetaChanged(SessionMetaChangedAction { meta: Some(meta) }),
-        );
+        self.set_session_meta(session, CHECKPOINTS_META, value);
     }
 
     /// Checkpoint `chat`'s session for the start of turn `turn_id`, then run `then` (the turn's start) on the
