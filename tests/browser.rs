@@ -387,10 +387,11 @@ async fn a_team_shares_a_session_each_with_their_own_draft_name_and_terminal() {
     ])
     .await;
     assert!(report.contains("\"team\":\"ok\""), "{report}");
-    // Bob's edit was saved; Alice's, begun before it, was not written over it.
+    // Bob's edit was saved and Alice's, begun before it, was not written over it; then the phone saved its
+    // own, on top of Bob's: the file holds the last save.
     assert_eq!(
         std::fs::read_to_string(agents.workspace.path().join("dev/teamproj/notes.txt")).expect("notes.txt"),
-        "bob's version\n"
+        "the phone's version\n"
     );
     publish(
         &out,

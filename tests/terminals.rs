@@ -437,6 +437,59 @@ async fn a_bang_command_runs_in_a_terminal_and_shows_in_the_chat() {
     collect_until(&mut on_b, is_turn_complete).await;
 }
 
+/// The terminals devices opened in `session`, as it names them (`_meta["ahpRelay/terminals"]`), read fresh.
+async fn terminals_named_by(client: &ahp::Client, session: &str) -> Option<Vec<String>> {
+    let (result, _) = client.subscribe(session.to_string()).await.expect("subscribe");
+    let state = session_of(&result.snapshot.expect("snapshot"));
+    client
+        .unsubscribe(session.to_string())
+        .await
+        .expect("unsubscribe");
+    state
+        .meta
+        .and_then(|meta| meta.get("ahpRelay/terminals").cloned())
+        .map(|listed| serde_json::from_value(listed).expect("a list of URIs"))
+}
+
+/// Issue 36 (5): a session names the terminals devices opened in it, so a client lists a session's own
+/// terminals — not those of another session working in the same folder — and the name goes with the terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_names_the_terminals_opened_in_it_and_not_another_sessions_in_its_folder() {
+    let setup = relay_with_workspace("", &[]).await;
+    let (a, _) = setup.relay.client("device-a").await;
+    let folder = setup.workspace.path().join("dev/default/shared");
+    std::fs::create_dir_all(&folder).expect("folder");
+    let in_folder = json!({"workingDirectories": [format!("file://{}", folder.display())]});
+    let (first, _) = ready_session(&a, "scripted", "first", in_folder.clone())
+        .await
+        .expect("ready");
+    let (second, _) = ready_session(&a, "scripted", "second", in_folder)
+        .await
+        .expect("ready");
+    let uri = "ahp-terminal:/firsts";
+    create_terminal(&a, "device-a", &first, uri)
+        .await
+        .expect("createTerminal");
+    assert_eq!(terminals_named_by(&a, &first).await, Some(vec![uri.to_string()]));
+    assert_eq!(terminals_named_by(&a, &second).await, None);
+    // Both run in the same folder: the folder alone cannot tell them apart.
+    let watched = Watched::open(&a, uri).await;
+    assert!(
+        watched
+            .state
+            .cwd
+            .as_deref()
+            .is_some_and(|cwd| cwd.ends_with("dev/default/shared")),
+        "{:?}",
+        watched.state.cwd
+    );
+    let _: Value = a
+        .request("disposeTerminal", json!({"channel": uri}))
+        .await
+        .expect("dispose");
+    assert_eq!(terminals_named_by(&a, &first).await, Some(vec![]));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disposing_a_terminal_or_its_session_kills_its_processes() {
     let setup = relay_with_workspace("", &[]).await;

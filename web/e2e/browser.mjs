@@ -958,6 +958,12 @@ async function search(token, outDir) {
   await listed(b, 2);
   found = await titles(b);
   check(JSON.stringify(found) === JSON.stringify(["Launch plan 33", "Launch plan 3"]), `the phone's search ignores case (${found})`);
+  await b.fill("#session-search", "zanzibar");
+  await listed(b, 1);
+  const saidOnPhone = await titles(b);
+  check(JSON.stringify(saidOnPhone) === JSON.stringify(["Other work 7"]), `the phone finds a word said in a turn too (${saidOnPhone})`);
+  await b.fill("#session-search", "PLAN 3");
+  await listed(b, 2);
   await b.screenshot({ path: join(outDir, "search-phone.png") });
   await accessible(b, "phone: search results");
 
@@ -1063,6 +1069,12 @@ async function workspace(token, session, outDir) {
   const deleting = { text: await b.textContent("#confirm-change-text"), button: await b.textContent("#confirm-change-ok") };
   check(deleting.text.includes("c.txt") && deleting.text.includes("deletes it") && deleting.button === "Delete the file", `reverting a new file says it deletes it (${JSON.stringify(deleting)})`);
   await b.click("#confirm-change-cancel");
+  // The desktop says so too.
+  await a.click('#changes-list li[data-file="c.txt"] .change-revert');
+  await a.waitForSelector("#confirm-change[open]", { timeout: PATIENCE });
+  const deletingOnDesktop = { text: await a.textContent("#confirm-change-text"), button: await a.textContent("#confirm-change-ok") };
+  check(deletingOnDesktop.text.includes("deletes it") && deletingOnDesktop.button === "Delete the file", `the desktop's revert of a new file says it deletes it (${JSON.stringify(deletingOnDesktop)})`);
+  await a.click("#confirm-change-cancel");
   // The phone reverts b.txt, after the warning; both devices see it leave.
   await b.click('#changes-list li[data-file="b.txt"] .change-revert');
   await b.waitForSelector("#confirm-change[open]", { timeout: PATIENCE });
@@ -1150,7 +1162,7 @@ async function team(alice, bob, viewer, mallory, outDir) {
   const desktop = await browser.newContext({ viewport: { width: 1280, height: 860 } });
   // What a screen reader hears (every text the page's live regions take), and every mouse event: none allowed
   // in the keyboard run.
-  await desktop.addInitScript(() => {
+  const hearAnnouncer = () => {
     globalThis.__heard = [];
     globalThis.__mouse = 0;
     for (const type of ["mousedown", "pointerdown", "mouseup"]) window.addEventListener(type, () => globalThis.__mouse++, true);
@@ -1160,13 +1172,22 @@ async function team(alice, bob, viewer, mallory, outDir) {
         if (announcer.textContent) globalThis.__heard.push(announcer.textContent);
       }).observe(announcer, { childList: true, characterData: true, subtree: true });
     });
-  });
+  };
+  await desktop.addInitScript(hearAnnouncer);
+  // The page's structure for a keyboard and a screen reader, on either device.
+  const structure = (page) =>
+    page.evaluate(() => ({
+      skip: document.querySelector("a.skip-link")?.getAttribute("href") ?? "",
+      label: document.querySelector('label[for="prompt"]')?.textContent ?? "",
+      live: !!document.getElementById("transcript").closest("[aria-live]") || !!document.querySelector("#transcript [aria-live]"),
+      list: document.getElementById("transcript").tagName === "OL" && [...document.getElementById("transcript").children].every((n) => n.tagName === "LI"),
+    }));
   const a = await watchedPage(desktop, "alice desktop", problems);
 
   // ── Keyboard only: create a session, send a multi-line message, approve the tool call, open a terminal.
   await a.goto(linkFor(alice));
   await online(a);
-  const who = await a.textContent("#who");
+  const who = await a.innerText("#who");
   check(who.includes("alice") && who.includes("tenant dev"), `the header names the user and the tenant (${who})`);
   let tabs = 0;
   while ((await focusedId(a)) !== "new-session-agent" && tabs < 15) {
@@ -1195,6 +1216,8 @@ async function team(alice, bob, viewer, mallory, outDir) {
   const c1 = await a.evaluate(() => globalThis.ahpRelay?.chat());
   check(await a.evaluate(() => !document.getElementById("transcript").closest("[aria-live]") && !document.querySelector("#transcript [aria-live]")), "the transcript is not a live region");
   check((await a.evaluate(() => document.querySelector('label[for="prompt"]')?.textContent)) === "Message to the agent", "the message box has a label of its own");
+  const onDesktop = await structure(a);
+  check(onDesktop.skip === "#prompt", `a skip link leads to the message box (${JSON.stringify(onDesktop)})`);
   // A multi-line message: Shift+Enter is a new line, Enter sends.
   await a.keyboard.type("please ask");
   await a.keyboard.press("Shift+Enter");
@@ -1212,6 +1235,7 @@ async function team(alice, bob, viewer, mallory, outDir) {
   check(await a.evaluate(() => document.activeElement?.matches("#pending button.approve")), "the approval is reached with the keyboard");
   await a.keyboard.press("Enter");
   await idleWith(a, 1);
+  check((await structure(a)).list, "the transcript is a list of turns");
   // The agent's command ran in a terminal; its card does not say "running" once the command is over.
   const terminalCard = await a.textContent("#transcript .tool.completed .tool-output.terminal");
   check(!terminalCard.includes("running"), `a finished command's terminal is not "running" (${terminalCard})`);
@@ -1294,6 +1318,7 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await a.waitForFunction(() => document.getElementById("prompt").value === "draft for the plan", null, { timeout: PATIENCE });
   check((await b.inputValue("#prompt")) === "", "Alice's draft is not put in Bob's box");
   const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
+  await phone.addInitScript(hearAnnouncer);
   const p = await watchedPage(phone, "alice phone", problems);
   await p.goto(`${linkFor(alice)}&s=${encodeURIComponent(s1)}`);
   await online(p);
@@ -1303,6 +1328,31 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await p.waitForFunction(() => document.getElementById("prompt").value === "draft for the plan", null, { timeout: PATIENCE });
   check(await p.isVisible("#who"), "the phone shows who is signed in");
   check((await p.getAttribute("#who", "title")).includes("tenant dev"), "and in which tenant");
+  const whoOnPhone = await p.evaluate(() => {
+    const who = document.getElementById("who").getBoundingClientRect();
+    const tenant = document.querySelector("#who .who-tenant").getBoundingClientRect();
+    return { text: document.getElementById("who").innerText, shown: tenant.width > 0 && tenant.right <= who.right + 0.5 };
+  });
+  check(whoOnPhone.text === "alice · dev" && whoOnPhone.shown, `the phone's header shows the user and the tenant, unclipped (${JSON.stringify(whoOnPhone)})`);
+  // On the phone too, the draft stays with its chat: not in another session's box, back after a reload.
+  await p.click("#back");
+  await p.waitForFunction(() => document.body.dataset.view === "sessions", null, { timeout: PATIENCE });
+  await p.click(`#sessions li[data-uri="${s2}"] a`);
+  await p.waitForFunction((s) => globalThis.ahpRelay?.session() === s && !!globalThis.ahpRelay?.chat(), s2, { timeout: PATIENCE });
+  check((await p.inputValue("#prompt")) === "", "the phone's other session's box does not hold the draft");
+  await p.click("#back");
+  await p.waitForFunction(() => document.body.dataset.view === "sessions", null, { timeout: PATIENCE });
+  await p.click(`#sessions li[data-uri="${s1}"] a`);
+  await p.waitForFunction((c) => globalThis.ahpRelay?.chat() === c, c1, { timeout: PATIENCE });
+  await p.waitForFunction(() => document.getElementById("prompt").value === "draft for the plan", null, { timeout: PATIENCE });
+  await p.reload();
+  await online(p);
+  await p.waitForFunction(() => document.getElementById("prompt").value === "draft for the plan", null, { timeout: PATIENCE });
+  const onPhone0 = await structure(p);
+  check(onPhone0.skip === "#prompt" && onPhone0.label === "Message to the agent" && !onPhone0.live && onPhone0.list, `the phone's page has the skip link, the label, a transcript list and no live transcript (${JSON.stringify(onPhone0)})`);
+  check((await p.locator("#transcript .turn .edit-prompt").count()) === 1, "the phone offers Alice the edit of her prompt");
+  const phoneCard = await p.textContent("#transcript .tool.completed .tool-output.terminal");
+  check(!phoneCard.includes("running"), `the phone's terminal card is not "running" after the command (${phoneCard})`);
 
   // ── Bob writes (sharing his draft, which takes the chat's one draft slot): Alice sees his name on it, his
   // sending clears his draft and leaves hers, and Bob may edit his own.
@@ -1319,6 +1369,10 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await idleWith(p, 2);
   const onPhone = await p.evaluate(() => [...document.querySelectorAll("#transcript .turn .author")].map((n) => n.textContent));
   check(onPhone.join(",") === "alice (you),bob", `the phone names them too (${onPhone})`);
+  check((await p.locator("#transcript .turn").nth(1).locator(".edit-prompt").count()) === 0, "Alice's phone may not edit Bob's prompt");
+  await p.waitForFunction(() => globalThis.__heard.includes("The agent finished."), null, { timeout: PATIENCE });
+  const heardOnPhone = await p.evaluate(() => globalThis.__heard);
+  check(heardOnPhone.length === 1 && heardOnPhone[0] === "The agent finished.", `the phone's live region announced Bob's finished turn once, nothing of its pieces (${JSON.stringify(heardOnPhone)})`);
   check((await b.locator("#transcript .turn").nth(1).locator(".edit-prompt").count()) === 1, "Bob may edit his own prompt");
   check((await a.inputValue("#prompt")) === "draft for the plan", "Bob's message leaves Alice's draft alone");
   // Alice edits her first prompt: it runs on a new branch, and Bob's turn after it stays, on every device.
@@ -1364,7 +1418,7 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await a.waitForSelector("#pending .confirmation button.approve", { timeout: PATIENCE });
   await desktop.setOffline(true);
   await a.waitForFunction(() => document.getElementById("link-state").dataset.state !== "online", null, { timeout: PATIENCE });
-  check((await a.isDisabled("#pending .confirmation button.approve")) && (await a.isVisible("#pending-offline")), "offline, the desktop's Approve is disabled and says why");
+  check((await a.isDisabled("#pending .confirmation button.approve")) && (await a.isDisabled("#pending .confirmation button.deny")) && (await a.isVisible("#pending-offline")), "offline, the desktop's Approve and Deny are disabled and it says why");
   await desktop.setOffline(false);
   await online(a);
   await phone.setOffline(true);
@@ -1408,6 +1462,19 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await a.waitForFunction(() => document.getElementById("terminal-empty").hidden === false, null, { timeout: PATIENCE });
   check((await a.locator("#terminal-list button").count()) === 0, "teamproj's terminal is not listed in otherproj's session");
   await a.click("#terminal-toggle");
+  // Nor in another session working in teamproj itself: a session lists the terminals opened in it.
+  await a.selectOption("#new-session-agent", "scripted");
+  await a.fill("#new-session-dir", "teamproj");
+  const before = await a.evaluate(() => globalThis.ahpRelay?.session());
+  await a.click("#create-session");
+  await a.waitForFunction((known) => globalThis.ahpRelay?.session() && !known.includes(globalThis.ahpRelay?.session()), [s1, s2, before], { timeout: PATIENCE });
+  const sameFolder = await a.evaluate(() => globalThis.ahpRelay?.session());
+  await a.waitForSelector("#terminal-toggle:not([hidden])", { timeout: PATIENCE });
+  await a.click("#terminal-toggle");
+  await a.waitForSelector("#terminal-pane:not([hidden])", { timeout: PATIENCE });
+  await a.waitForFunction(() => document.getElementById("terminal-empty").hidden === false, null, { timeout: PATIENCE });
+  check((await a.locator("#terminal-list button").count()) === 0, "a second session in teamproj lists none of the first session's terminals");
+  await a.click("#terminal-toggle");
   // Back in teamproj's session, its terminal opens with the pane (no tap needed), on the phone too.
   await p.goto(`${base}/#s=${encodeURIComponent(s1)}`);
   await p.reload();
@@ -1415,6 +1482,25 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await p.waitForSelector("#terminal-toggle:not([hidden])", { timeout: PATIENCE });
   await p.click("#terminal-toggle");
   await p.waitForFunction(() => /kb-42/.test(globalThis.ahpRelay?.terminalText() ?? ""), null, { timeout: PATIENCE });
+  const phoneLabel = await p.textContent("#terminal-list .tab.active");
+  check(phoneLabel.includes("teamproj"), `the phone says where the terminal runs (${phoneLabel})`);
+  await p.click("#terminal-toggle");
+  // The same-folder session on the phone lists none of them either.
+  await p.goto(`${base}/#s=${encodeURIComponent(sameFolder)}`);
+  await p.reload();
+  await online(p);
+  await p.waitForSelector("#terminal-toggle:not([hidden])", { timeout: PATIENCE });
+  await p.click("#terminal-toggle");
+  await p.waitForFunction(() => document.getElementById("terminal-empty").hidden === false, null, { timeout: PATIENCE });
+  check((await p.locator("#terminal-list button").count()) === 0, "the phone lists no terminal of another session in the same folder");
+  await p.click("#terminal-toggle");
+  // Bob's desktop: the terminal opens with the pane, no click on it needed.
+  await b.click(`#sessions li[data-uri="${s1}"] a`);
+  await b.waitForFunction((s) => globalThis.ahpRelay?.session() === s, s1, { timeout: PATIENCE });
+  await b.waitForSelector("#terminal-toggle:not([hidden])", { timeout: PATIENCE });
+  await b.click("#terminal-toggle");
+  await b.waitForFunction(() => /kb-42/.test(globalThis.ahpRelay?.terminalText() ?? ""), null, { timeout: PATIENCE });
+  await b.click("#terminal-toggle");
 
   // ── A viewer: told it is view only, and listed under Connected.
   const watcher = await browser.newContext({ viewport: { width: 1280, height: 860 } });
@@ -1423,6 +1509,11 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await online(v);
   await v.waitForSelector("#view-only:not([hidden])", { timeout: PATIENCE });
   check(await v.isHidden("#composer"), "a viewer has no message box");
+  await b.waitForFunction(() => [...document.querySelectorAll("#people .person")].some((n) => n.textContent.includes("vic (watching)")), null, { timeout: PATIENCE });
+  // …and the phone, which opens the session now.
+  await p.goto(`${base}/#s=${encodeURIComponent(s1)}`);
+  await p.reload();
+  await online(p);
   await p.waitForFunction(() => [...document.querySelectorAll("#people .person")].some((n) => n.textContent.includes("vic (watching)")), null, { timeout: PATIENCE });
   await accessible(v, "team: a viewer", { serious: true });
   const watcherPhone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2, isMobile: true, hasTouch: true });
@@ -1492,8 +1583,15 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await p.click("#file-view .file-edit-start");
   await p.waitForSelector("#file-view textarea.file-editor", { timeout: PATIENCE });
   check((await p.inputValue("#file-view textarea.file-editor")) === "bob's version\n", "the phone's editor holds the saved text");
-  await p.click("#file-view .actions button.link");
+  await p.fill("#file-view textarea.file-editor", "the phone's version\n");
+  await p.click("#file-view .file-save");
+  await p.waitForSelector("#file-view .file-saved", { timeout: PATIENCE });
   await p.click("#files-toggle");
+  // What the phone saved is what another device now reads.
+  await b.click("#files-toggle");
+  await b.click('#files-list .file-entry[data-name="notes.txt"]');
+  await b.waitForFunction(() => document.getElementById("file-view").textContent.includes("the phone's version"), null, { timeout: PATIENCE });
+  await b.click("#files-toggle");
 
   // An agent that holds one chat: an edit replaces turns, so the page first says how many go, for everyone.
   const single = await browser.newContext({ viewport: { width: 1280, height: 860 } });
@@ -1579,6 +1677,9 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await online(p);
   await idleWith(p, 2);
   check((await p.isHidden("#files-toggle")) && (await p.isHidden("#terminal-toggle")), "the phone offers no Files or Terminal for a demo session");
+  await p.fill("#prompt", "!ls");
+  check(await p.isVisible("#command-hint"), "a !command on the phone's demo session says it runs nothing");
+  await p.fill("#prompt", "");
   check((await p.textContent("#transcript .input-request .answered-by")) === "answered by bob", "the phone says who answered");
   check((await p.textContent("#transcript .tool .decided-by")).includes("alice"), "and who approved");
   check((await p.locator("#transcript .turn .fork-turn").count()) >= 1, "the phone offers Fork on a completed turn");
@@ -1595,6 +1696,21 @@ async function team(alice, bob, viewer, mallory, outDir) {
     return [at(0, 1), at(1, 23), at(3), at(20), at(45)].map((iso) => globalThis.ahpRelay.dayGroup(iso, now));
   });
   check(grouped.join(",") === "Today,Yesterday,Previous 7 days,Previous 30 days,Older", `the groups by day (${grouped})`);
+
+  // Signing out takes the session's news out of the tab's title, on the desktop and the phone: Alice's demo
+  // session waits for her input first, and both tabs' titles say so.
+  await p.goto(`${base}/#s=${encodeURIComponent(s2)}`);
+  await p.reload();
+  await online(p);
+  await idleWith(p, 2);
+  await p.fill("#prompt", "Please use the tool then ask for input");
+  await p.click("#composer-send");
+  for (const page of [d, p]) {
+    await page.waitForFunction(() => document.title.includes("needs input"), null, { timeout: PATIENCE });
+    await page.click("#sign-out");
+    await page.waitForSelector('body[data-view="signin"] #signin-token', { timeout: PATIENCE });
+    check((await page.title()) === "Sign in · ahp-relay", `signed out, the tab's title no longer says a session needs input (${await page.title()})`);
+  }
 
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
   console.log(JSON.stringify({ team: "ok", toBox, fromList, heard, accessibility }));

@@ -103,6 +103,8 @@ class App {
   private terminalsOn = false;
   /** The agents whose sessions hold a workspace (files, terminals, `!commands`); undefined: the relay did not say. */
   private workspaceAgents?: Set<string>;
+  /** Whether this relay's sessions name the terminals devices opened in them (`_meta["ahpRelay/terminals"]`). */
+  private sessionsNameTerminals = false;
   /** The agents the relay listed when it said so (an agent that came later, e.g. a runner's, is not known). */
   private agentsAtInitialize = new Set<string>();
   private changes = new ChangesPane({
@@ -126,6 +128,11 @@ class App {
     sessionRoot: () => this.sessionRoot(),
     sessionDirectory: () => (this.session ? this.model.state(this.session)?.workingDirectories?.[0] : undefined),
     tenantRoot: () => this.directory.root,
+    openedTerminals: () => {
+      const named = this.session ? this.model.state(this.session)?._meta?.["ahpRelay/terminals"] : undefined;
+      if (Array.isArray(named)) return named.map(String);
+      return this.sessionsNameTerminals ? [] : undefined;
+    },
   });
   private me: JsonObject;
   /** Whether the connection is up (approvals and answers wait while it is not). */
@@ -174,8 +181,17 @@ class App {
   start(): void {
     // Who and which tenant: a tab signed in as someone else is plain to see.
     const identity = identityOf(this.token);
-    $("who").textContent = identity ? describe(identity) : "?";
-    $("who").title = $("who").textContent ?? "";
+    // On a phone the role goes and "of tenant" shortens to "·", so the user and the tenant both fit.
+    if (identity) {
+      $("who").replaceChildren(
+        h("span", { class: "who-user" }, identity.sub),
+        h("span", { class: "who-role" }, ` (${identity.role})`),
+        h("span", { class: "who-dot", "aria-hidden": "true" }, " · "),
+        h("span", { class: "who-of" }, " of tenant "),
+        h("span", { class: "who-tenant" }, identity.tid),
+      );
+    } else $("who").textContent = "?";
+    $("who").title = identity ? describe(identity) : "";
     // A link's token that was not taken (the tab kept its own): said once, in the notes.
     if (takeProblem) this.note(takeProblem);
     this.warnBeforeExpiry();
@@ -377,6 +393,7 @@ class App {
     this.terminalsOn = typeof result.terminalCommandPrefix === "string";
     const workspaceAgents = result._meta?.["ahpRelay/workspaceAgents"];
     this.workspaceAgents = Array.isArray(workspaceAgents) ? new Set(workspaceAgents.map(String)) : undefined;
+    this.sessionsNameTerminals = result._meta?.["ahpRelay/sessionsNameTerminals"] === true;
     this.agentsAtInitialize = new Set(
       (result.snapshots ?? []).flatMap((s: JsonObject) => (s.state?.agents ?? []).map((a: JsonObject) => String(a.provider))),
     );
@@ -461,7 +478,7 @@ class App {
       if (this.model.applyEnvelope(params)) {
         if (this.changes.shows(params.channel)) this.changes.render();
         this.terminals.onAction(params.channel, params.action ?? {});
-        if (params.channel === ROOT) this.terminals.renderList();
+        if (params.channel === ROOT || (params.channel === this.session && params.action?.type === "session/metaChanged")) this.terminals.renderList();
         // The open chat closed (here or on another device): only its removal says so (a chat this page just
         // created may not be listed yet).
         if (params.channel === this.session && params.action?.type === "session/chatRemoved" && params.action?.chat === this.chat) {

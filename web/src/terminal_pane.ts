@@ -1,6 +1,6 @@
 // The session's terminals: those the host lists (root state `terminals`) that the session's agent holds, or that
-// a device opened in the session's folder (a terminal's state says where it runs, its `cwd`: read once per
-// terminal), each labelled with that folder; the first opens with the pane. A new one for members (`createTerminal`: a shell in the session's sandbox, claimed by this page), shown
+// a device opened in the session (the session's `_meta["ahpRelay/terminals"]`), each labelled with the folder it
+// runs in (a terminal's state says so, its `cwd`: read once per terminal); the first opens with the pane. A new one for members (`createTerminal`: a shell in the session's sandbox, claimed by this page), shown
 // in xterm.js — what it printed (the channel's state, then each `terminal/data`), what the user types
 // (`terminal/input`) and its size fitted to the pane (`terminal/resized`). Viewers watch: xterm takes no input.
 
@@ -29,6 +29,8 @@ export interface TerminalHost {
   sessionDirectory(): string | undefined;
   /** The tenant's workspace: where a terminal that names no folder runs. */
   tenantRoot(): string | undefined;
+  /** The terminals devices opened in the open session, as the relay names them (undefined: it does not). */
+  openedTerminals(): string[] | undefined;
 }
 
 /** Whether `dir` is `root` or inside it (both `file://` URIs or paths). */
@@ -83,7 +85,9 @@ export class TerminalPane {
     if (this.uri || !this.session) return;
     const listed = this.listed();
     const terminals: JsonObject[] = this.host.rootState()?.terminals ?? [];
-    if (terminals.some((info) => info.claim?.kind === "client" && (this.places.get(info.resource) ?? null) === null)) return;
+    const opened = this.host.openedTerminals();
+    const mayBeOurs = (info: JsonObject) => !opened || opened.includes(info.resource);
+    if (terminals.some((info) => info.claim?.kind === "client" && mayBeOurs(info) && (this.places.get(info.resource) ?? null) === null)) return;
     const own = listed.find((info) => info.claim?.kind === "client" && info.claim?.clientId === this.host.clientId());
     const first = own ?? listed.find((info) => info.lifecycle?.status !== "exited") ?? listed.at(-1);
     if (first) void this.attach(first.resource);
@@ -122,14 +126,20 @@ export class TerminalPane {
    */
   private listed(): JsonObject[] {
     const terminals: JsonObject[] = this.host.rootState()?.terminals ?? [];
-    // In the session's own folder (or below it); a session without one: in the tenant's workspace itself.
+    // The session names the terminals devices opened in it (`_meta["ahpRelay/terminals"]`, none when missing
+    // on a relay that says it names them); the folder each runs in is read for its label.
+    const opened = this.host.openedTerminals();
+    // A relay that does not name them: those in the session's own folder (or below it); a session without
+    // one: in the tenant's workspace itself.
     const own = this.host.sessionDirectory();
     const tenant = this.host.tenantRoot();
     return terminals.filter((info) => {
       if (info.claim?.kind === "session") return info.claim?.session === this.session;
+      if (opened && !opened.includes(info.resource)) return false;
       if (!this.places.has(info.resource)) void this.learnPlace(info.resource);
       const place = this.places.get(info.resource);
       if (!place) return false;
+      if (opened) return true;
       return own ? within(place, own) : !!tenant && within(place, tenant) && within(tenant, place);
     });
   }

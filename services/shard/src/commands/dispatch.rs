@@ -154,8 +154,7 @@ impl HostCore {
         let kind = self.model.kind(channel);
         // An agent replaces the `_meta` it keeps; what the host keeps there stays.
         if let StateAction::SessionMetaChanged(changed) = &mut action {
-            crate::workspace::changesets::keep_host_meta(&self.model, channel, changed);
-            crate::commands::titles::keep_mark(&self.model, channel, changed);
+            crate::model::session_meta::keep_host_keys(&self.model, channel, changed);
         }
         // A title a user chose is final: the agent's naming is dropped.
         if matches!(action, StateAction::SessionTitleChanged(_))

@@ -54,6 +54,9 @@ const KNOWN_METHODS: &[&str] = &[
 pub const UNAVAILABLE_SUBSCRIPTIONS: &str = "ahpRelay/unavailableSubscriptions";
 /// `initialize`'s `_meta` key listing the agents (provider ids) whose sessions hold a workspace.
 pub const WORKSPACE_AGENTS: &str = "ahpRelay/workspaceAgents";
+/// `initialize`'s `_meta` key saying that sessions name the terminals devices opened in them
+/// (`_meta["ahpRelay/terminals"]` of a session; none opened when it is missing).
+pub const SESSIONS_NAME_TERMINALS: &str = "ahpRelay/sessionsNameTerminals";
 
 impl HostCore {
     pub(crate) fn route(&mut self, connection: ConnectionId, message: &InboundMessage) -> CommandResult {
@@ -183,6 +186,7 @@ impl HostCore {
             WORKSPACE_AGENTS.into(),
             serde_json::json!(self.providers.with_workspace()),
         );
+        meta.insert(SESSIONS_NAME_TERMINALS.into(), serde_json::Value::Bool(true));
         let meta = Some(meta);
         let result = InitializeResult {
             protocol_version: version.clone(),

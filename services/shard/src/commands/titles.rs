@@ -3,13 +3,11 @@
 //! `_meta`) and drops later titles from the agent (an ACP agent's session-info title) and the host's own
 //! naming after the first prompt; a member may still rename it again.
 
-use ahp_types::actions::SessionMetaChangedAction;
 use serde_json::Value;
 
 use crate::host::HostCore;
 
-/// The session `_meta` key saying a user chose its title.
-pub const TITLED_BY_USER_META: &str = "ahpRelay/titledByUser";
+pub use crate::model::session_meta::TITLED_BY_USER_META;
 
 /// Whether a user chose `session`'s title.
 pub(crate) fn titled_by_user(model: &crate::model::HostModel, session: &str) -> bool {
@@ -19,20 +17,6 @@ pub(crate) fn titled_by_user(model: &crate::model::HostModel, session: &str) -> 
         .and_then(|record| record.state.meta.as_ref())
         .and_then(|meta| meta.get(TITLED_BY_USER_META))
         .is_some_and(|marked| marked == &Value::Bool(true))
-}
-
-/// Keeps the mark when an agent replaces the session's `_meta`.
-pub(crate) fn keep_mark(
-    model: &crate::model::HostModel,
-    session: &str,
-    changed: &mut SessionMetaChangedAction,
-) {
-    if titled_by_user(model, session) {
-        changed
-            .meta
-            .get_or_insert_with(Default::default)
-            .insert(TITLED_BY_USER_META.into(), Value::Bool(true));
-    }
 }
 
 impl HostCore {

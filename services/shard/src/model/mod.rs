@@ -16,6 +16,7 @@ mod documents;
 mod host_model;
 mod projections;
 mod records;
+pub mod session_meta;
 
 pub use budget::*;
 pub use documents::*;

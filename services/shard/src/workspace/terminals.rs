@@ -5,12 +5,19 @@
 //! Their output arrives as server actions like any agent output (`terminal/data`, `terminal/exited`, …):
 //! sequenced, committed before publishing, replayable. They are stored like chats (a snapshot with their
 //! session as parent) and restored with their session. Clients watch them; they cannot write to them.
+//!
+//! Also where each session says which terminals devices opened in it (`_meta["ahpRelay/terminals"]`), kept
+//! in line with the list.
 
 use ahp_types::actions::{RootTerminalsChangedAction, StateAction};
-use ahp_types::state::{TerminalLifecycleState, TerminalState};
+use std::collections::HashMap;
+
+use ahp_types::state::{TerminalClaim, TerminalLifecycleState, TerminalState};
 use ahp_types::ROOT_RESOURCE_URI;
+use serde_json::Value;
 
 use crate::host::HostCore;
+use crate::model::session_meta::SESSION_TERMINALS_META;
 use crate::model::{ChannelKind, SnapshotClock, TerminalRecord, TERMINAL_SCHEME};
 
 /// Terminals a session keeps; opening one more disposes the oldest that has exited.
@@ -90,6 +97,43 @@ impl HostCore {
                 ROOT_RESOURCE_URI,
                 StateAction::RootTerminalsChanged(RootTerminalsChangedAction { terminals: list }),
             );
+        }
+        self.sync_session_terminals();
+    }
+
+    /// Bring each session's `_meta["ahpRelay/terminals"]` in line with the terminals devices opened in it
+    /// (claimed by a client; an agent's and a `!command`'s name their session in their claim).
+    fn sync_session_terminals(&mut self) {
+        let mut opened: HashMap<&str, Vec<&str>> = HashMap::new();
+        for (uri, terminal) in &self.model.terminals {
+            if matches!(terminal.state.claim, TerminalClaim::Client(_)) {
+                opened
+                    .entry(terminal.session.as_str())
+                    .or_default()
+                    .push(uri.as_str());
+            }
+        }
+        let mut changed = Vec::new();
+        for (session, record) in &self.model.sessions {
+            let listed = record
+                .state
+                .meta
+                .as_ref()
+                .and_then(|meta| meta.get(SESSION_TERMINALS_META));
+            let mut own = opened.remove(session.as_str()).unwrap_or_default();
+            own.sort_unstable();
+            let wanted: Vec<Value> = own.into_iter().map(Value::from).collect();
+            let same = match listed {
+                Some(Value::Array(listed)) => *listed == wanted,
+                None => wanted.is_empty(),
+                Some(_) => false,
+            };
+            if !same {
+                changed.push((session.clone(), Value::Array(wanted)));
+            }
+        }
+        for (session, terminals) in changed {
+            self.set_session_meta(&session, SESSION_TERMINALS_META, terminals);
         }
     }
 }

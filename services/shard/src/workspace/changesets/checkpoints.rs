@@ -1,7 +1,6 @@
 //! A session's checkpoints: its working directory committed to the tenant's shadow repository when a turn starts
 //! and when it ends, the ids kept in the session's `_meta["ahpRelay/checkpoints"]`.
 
-use ahp_types::actions::SessionMetaChangedAction;
 use relay_runner::files::{FileOp, FileReply};
 use serde::{Deserialize, Serialize};
 
@@ -16,27 +15,6 @@ pub struct Checkpoints {
     /// Each turn's `(turn id, start, end)`, oldest first.
     #[serde(default)]
     pub turns: Vec<(String, Option<String>, Option<String>)>,
-}
-
-/// Carry the host's own keys of a session's `_meta` (its checkpoints) into a `session/metaChanged` from its
-/// agent, which replaces the whole object.
-pub fn keep_host_meta(
-    model: &crate::model::HostModel,
-    session: &str,
-    changed: &mut SessionMetaChangedAction,
-) {
-    let kept = model
-        .sessions
-        .get(session)
-        .and_then(|record| record.state.meta.as_ref())
-        .and_then(|meta| meta.get(CHECKPOINTS_META))
-        .cloned();
-    if let Some(kept) = kept {
-        changed
-            .meta
-            .get_or_insert_with(Default::default)
-            .insert(CHECKPOINTS_META.into(), kept);
-    }
 }
 
 /// Which end of a turn a checkpoint is.
