@@ -236,10 +236,13 @@ pub async fn run_shard(args: ShardArgs) -> anyhow::Result<()> {
              AHP_RELAY_RUNNER_SECRET (or --runner-secret-file) on the shards and the runners"
         );
     }
-    let redis = match &args.redis_url {
+    // The publisher's connection is driven by the runtime it is opened on: the commit threads', beside the
+    // commits whose batches it publishes.
+    let redis = match args.redis_url.clone() {
         Some(url) => Some(
-            RedisPublisher::connect(url)
+            relay_shard::commit_thread::run_on_pool(async move { RedisPublisher::connect(&url).await })
                 .await
+                .context("the commit thread stopped")?
                 .context("connecting to Redis")?,
         ),
         None => None,

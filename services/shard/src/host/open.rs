@@ -72,7 +72,7 @@ impl Host {
             me: me.clone(),
             full_backoff: parking_lot::Mutex::new(Duration::ZERO),
         });
-        crate::host::commit_thread::spawn(commit_loop(Arc::downgrade(&host)));
+        crate::host::commit_thread::spawn(&host.key, commit_loop(Arc::downgrade(&host)));
         Ok(host)
     }
 }
