@@ -66,7 +66,7 @@ const problems = [];
  */
 const axeSource = readFileSync(join(dirname(fileURLToPath(import.meta.url)), "../node_modules/axe-core/axe.min.js"), "utf8");
 const accessibility = [];
-async function accessible(page, view, { serious = false } = {}) {
+async function accessible(page, view, { serious = true } = {}) {
   if (!(await page.evaluate(() => typeof globalThis.axe !== "undefined"))) await page.evaluate(axeSource);
   const violations = await page.evaluate(async () => {
     const result = await globalThis.axe.run(document, { resultTypes: ["violations"] });
@@ -581,6 +581,8 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   reason = await reasonOf();
   check(reason.text.includes("expired") && reason.detail.includes("4001"), `an expiry on an open connection asks to sign in again (${JSON.stringify(reason)})`);
   await page.screenshot({ path: join(outDir, "signin.png") });
+  // What was typed survives an expired sign-in: signed in again, the chat's box holds it.
+  await keepsDraftThroughExpiry(page, tokenExpiringIn(good, secret, 8), good, "typed before the sign-in ended");
 
   // A token refused only for this host (403) is kept: the same tab opens the host it grants.
   await page.goto(`${base}/`);
@@ -612,6 +614,23 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   await phoneSignIn();
   check((await b.textContent("#signin-reason")).includes("identity provider"), "the phone refuses a link's token");
   check(phoneSockets.length === 0, `and opens no socket with it (${phoneSockets.length})`);
+  // Nor an identity provider's answer this phone did not ask for.
+  await b.goto(`${base}/#access_token=${encodeURIComponent(good)}&token_type=bearer`);
+  await b.reload();
+  await phoneSignIn();
+  check((await b.textContent("#signin-reason")).includes("did not ask for"), `the phone refuses an unsolicited answer (${await b.textContent("#signin-reason")})`);
+  check(phoneSockets.length === 0, `and opens no socket with it (${phoneSockets.length})`);
+  // A forged answer (another state) is refused, and the sign-in keeps waiting for its own.
+  await b.route("https://idp.example/**", (route) =>
+    route.fulfill({ status: 302, headers: { location: `${base}/#access_token=${encodeURIComponent(good)}&token_type=bearer&state=someone-elses` } }),
+  );
+  await b.waitForSelector('#signin-provider[href^="https://idp.example/"]', { timeout: PATIENCE });
+  await b.click("#signin-provider");
+  await b.waitForFunction(() => document.getElementById("signin-reason").textContent.includes("did not match"), null, { timeout: PATIENCE });
+  await b.goto(`${base}/#access_token=${encodeURIComponent(good)}&token_type=bearer`);
+  await b.reload();
+  await b.waitForFunction(() => document.getElementById("signin-reason").textContent.includes("did not match"), null, { timeout: PATIENCE });
+  check(phoneSockets.length === 0, `after a mismatch the phone takes no answer without the state either (${phoneSockets.length} sockets)`);
   let pill = await phonePill();
   check(pill.text === "Not signed in" && pill.shown, `the phone's pill says it is not signed in (${JSON.stringify(pill)})`);
   await paste(b, foreign);
@@ -625,6 +644,7 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   check(pill.text === "Sign-in expired" && pill.shown, `the phone's pill says the sign-in expired (${JSON.stringify(pill)})`);
   check(await b.evaluate(() => document.getElementById("signin-submit").getBoundingClientRect().bottom <= window.innerHeight), "the phone's sign-in form is in view");
   await accessible(b, "phone: sign-in with a reason");
+  await keepsDraftThroughExpiry(b, tokenExpiringIn(good, secret, 8), good, "typed on the phone before it ended");
   // A token that ends within five minutes: the phone warns, in view; signing out clears the tab's title.
   shortLived.push(tokenExpiringIn(good, secret, 120));
   await b.fill("#signin-token", shortLived[shortLived.length - 1]);
@@ -646,6 +666,32 @@ async function signin(good, expired, foreign, otherHost, secret, outDir) {
   await online(b);
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
   console.log(JSON.stringify({ sockets: sockets.length, accessibility }));
+}
+
+/**
+ * Sign in on `page` with `shortLived`, open a new demo session and type `text` in its box; once the sign-in
+ * has expired, sign in with `good`: the same session's box holds the text. Signs out at the end.
+ */
+async function keepsDraftThroughExpiry(page, shortLived, good, text) {
+  await page.fill("#signin-token", shortLived);
+  await Promise.all([page.waitForEvent("load"), page.click("#signin-submit")]);
+  await online(page);
+  if (!(await page.isVisible("#create-session"))) await page.click("#new-session-toggle");
+  await page.selectOption("#new-session-agent", "demo");
+  await page.click("#create-session");
+  await page.waitForFunction(() => !!globalThis.ahpRelay?.chat(), null, { timeout: PATIENCE });
+  const chat = await page.evaluate(() => globalThis.ahpRelay?.chat());
+  await page.fill("#prompt", text);
+  await page.waitForSelector('body[data-view="signin"] #signin-reason:not([hidden])', { timeout: PATIENCE });
+  check((await page.textContent("#signin-reason")).includes("expired"), "the short sign-in expired");
+  await page.fill("#signin-token", good);
+  await Promise.all([page.waitForEvent("load"), page.click("#signin-submit")]);
+  await online(page);
+  await page.waitForFunction((c) => globalThis.ahpRelay?.chat() === c, chat, { timeout: PATIENCE });
+  await page.waitForFunction((t) => document.getElementById("prompt").value === t, text, { timeout: PATIENCE });
+  // Signed out again, for what the caller checks next.
+  await page.click("#sign-out");
+  await page.waitForSelector('body[data-view="signin"] #signin-token', { timeout: PATIENCE });
 }
 
 /** A phone page for the sign-in scenario: refused connections log console errors there, by design. */
@@ -1402,6 +1448,18 @@ async function team(alice, bob, viewer, mallory, outDir) {
   // ── The demo has no workspace: no Files or Terminal pane, and a !command says it runs nothing there.
   await a.click(`#sessions li[data-uri="${s2}"] a`);
   await a.waitForFunction((s) => globalThis.ahpRelay?.session() === s && !!globalThis.ahpRelay?.chat(), s2, { timeout: PATIENCE });
+  // An empty box that merely has focus (opening a session puts it there) takes the draft Alice types on her
+  // phone, and its clearing.
+  await a.waitForFunction(() => document.activeElement?.id === "prompt", null, { timeout: PATIENCE });
+  await p.goto(`${base}/#s=${encodeURIComponent(s2)}`);
+  await p.reload();
+  await online(p);
+  await p.waitForFunction((s) => globalThis.ahpRelay?.session() === s && !!globalThis.ahpRelay?.chat(), s2, { timeout: PATIENCE });
+  await p.fill("#prompt", "from the phone");
+  await a.waitForFunction(() => document.getElementById("prompt").value === "from the phone", null, { timeout: PATIENCE });
+  check(await a.evaluate(() => document.activeElement?.id === "prompt"), "the desktop's box kept its focus");
+  await p.fill("#prompt", "");
+  await a.waitForFunction(() => document.getElementById("prompt").value === "", null, { timeout: PATIENCE });
   check((await a.isHidden("#files-toggle")) && (await a.isHidden("#terminal-toggle")), "a demo session offers no Files or Terminal");
   await a.fill("#prompt", "!ls");
   check(await a.isVisible("#command-hint"), "a !command in a demo session says it runs nothing");
@@ -1595,6 +1653,7 @@ async function team(alice, bob, viewer, mallory, outDir) {
 
   // An agent that holds one chat: an edit replaces turns, so the page first says how many go, for everyone.
   const single = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  await single.addInitScript(hearAnnouncer);
   const d = await watchedPage(single, "single-chat agent", problems);
   await d.goto(linkFor(alice));
   await online(d);
@@ -1628,6 +1687,10 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await d.fill("#prompt", "please fail now");
   await d.click("#composer-send");
   await idleWith(d, 2);
+  // Said to a screen reader once, however fast it ended.
+  await d.waitForFunction(() => globalThis.__heard.includes("The agent stopped with an error."), null, { timeout: PATIENCE });
+  const heardFailing = await d.evaluate(() => globalThis.__heard.filter((t) => t === "The agent stopped with an error.").length);
+  check(heardFailing === 1, `a turn that failed is announced once (${heardFailing})`);
   const failed = await d.locator("#transcript .turn").nth(1).innerText();
   check(!failed.includes('{"') && /error|stopped/i.test(failed), `an error reads as words (${failed})`);
   // An agent that cannot start: the session says why, in place of a message box that would only fail.

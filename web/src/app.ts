@@ -1097,19 +1097,35 @@ class App {
     window.setTimeout(() => (announcer.textContent = text), 50);
   }
 
+  /** The open chat's last turn when it was last drawn (a new one there has ended). */
+  private lastTurn?: { chat: string; turn: string | undefined; count: number };
+
   /** What a screen reader hears of the open chat: the agent needing input, and a turn's end, once each. */
   private announceTurn(chat: JsonObject | undefined): void {
     if (!this.chat || !chat) return;
     const active = chat.activeTurn;
     const watched = this.watched?.chat === this.chat ? this.watched : undefined;
+    const turns: JsonObject[] = chat.turns ?? [];
+    const ending = (turn: JsonObject) => {
+      const how = turn.state === "complete" ? "finished" : turn.state === "cancelled" ? "stopped (cancelled)" : "stopped with an error";
+      this.announce(`The agent ${how}.`);
+    };
+    let told: string | undefined;
     if (watched && watched.turn !== active?.id) {
-      const ended = (chat.turns ?? []).find((t: JsonObject) => t.id === watched.turn);
+      const ended = turns.find((t: JsonObject) => t.id === watched.turn);
       if (ended) {
-        const how = ended.state === "complete" ? "finished" : ended.state === "cancelled" ? "stopped (cancelled)" : "stopped with an error";
-        this.announce(`The agent ${how}.`);
+        ending(ended);
+        told = ended.id;
       }
       this.watched = undefined;
     }
+    // A turn that began and ended between two renders (an immediate error, a short answer) was never seen
+    // running: its end is said all the same — once, and not for the turns a chat holds when it opens, older
+    // turns fetched, or a truncation.
+    const last = turns.at(-1);
+    const grew = this.lastTurn?.chat === this.chat && turns.length > this.lastTurn.count;
+    if (grew && last && last.id !== this.lastTurn?.turn && last.id !== told && last.id !== active?.id) ending(last);
+    this.lastTurn = { chat: this.chat, turn: last?.id, count: turns.length };
     if (active) {
       if (!this.watched) this.watched = { chat: this.chat, turn: active.id, askedInput: false };
       const asks = (chat.status & STATUS_INPUT_NEEDED) === STATUS_INPUT_NEEDED;
@@ -1310,10 +1326,12 @@ class App {
 
   private renderChat(): void {
     const chat = this.chatState();
-    // This user's draft, typed on another device, comes to this box unless the user is typing here.
+    // This user's draft, typed on another device, comes to this box unless the user is typing here (focus in a
+    // box holding what was typed here; a box that merely has focus, as after opening a session, takes it).
     const box = $<HTMLTextAreaElement>("prompt");
     if (this.chat && chat) {
-      const arrived = this.drafts.arrived(this.chat, chat.draft, document.activeElement === box);
+      const typing = document.activeElement === box && !this.drafts.untouched(this.chat, box.value);
+      const arrived = this.drafts.arrived(this.chat, chat.draft, typing);
       if (arrived !== undefined) box.value = arrived;
     }
     const transcript = $("transcript");

@@ -112,6 +112,11 @@ export class Drafts {
     if (this.mine(state?.draft)) void this.sync(chat, undefined);
   }
 
+  /** Whether `text` in `chat`'s box is only what arrived or was synced (nothing typed here since). */
+  untouched(chat: string, text: string): boolean {
+    return text === "" || text === (this.seen.get(chat) ?? "");
+  }
+
   /**
    * `chat`'s state now carries `draft` (called on every render, so whose the slot holds is always known): when
    * it is a new draft of ours from another device, the text the box should show (and this browser keeps);
