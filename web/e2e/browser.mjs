@@ -1421,6 +1421,12 @@ async function team(alice, bob, viewer, mallory, outDir) {
   check(heardOnPhone.length === 1 && heardOnPhone[0] === "The agent finished.", `the phone's live region announced Bob's finished turn once, nothing of its pieces (${JSON.stringify(heardOnPhone)})`);
   check((await b.locator("#transcript .turn").nth(1).locator(".edit-prompt").count()) === 1, "Bob may edit his own prompt");
   check((await a.inputValue("#prompt")) === "draft for the plan", "Bob's message leaves Alice's draft alone");
+  // Alice names the session; an agent's naming does not replace it later (the scripted agent names a session
+  // after each of its chats' first prompts — the branch below is one).
+  await a.click("#rename-session-start");
+  await a.fill("#rename-session-title", "Team plan");
+  await a.press("#rename-session-title", "Enter");
+  await b.waitForFunction(() => document.getElementById("session-title").textContent === "Team plan", null, { timeout: PATIENCE });
   // Alice edits her first prompt: it runs on a new branch, and Bob's turn after it stays, on every device.
   await a.locator("#transcript .turn").first().locator(".edit-prompt").click();
   await a.fill("#transcript .edit-box", "please ask again");
@@ -1428,6 +1434,7 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await a.waitForFunction((first) => globalThis.ahpRelay?.chat() !== first, c1, { timeout: PATIENCE });
   await idleWith(a, 1);
   check((await chatOf(a)).turns[0].message.text === "please ask again", "the edit runs on its branch");
+  check((await a.textContent("#session-title")) === "Team plan", `the branch's first prompt left Alice's title (${await a.textContent("#session-title")})`);
   check(((await chatOf(b))?.turns ?? []).length === 2 && (await b.evaluate(() => globalThis.ahpRelay?.chat())) === c1, "Bob's chat keeps both turns");
   await a.click(`#chats .tab[data-chat="${c1}"]`);
   await a.waitForFunction((c) => globalThis.ahpRelay?.chat() === c, c1, { timeout: PATIENCE });
@@ -1443,6 +1450,12 @@ async function team(alice, bob, viewer, mallory, outDir) {
   check((await p.inputValue("#prompt")) === "draft for the plan\nsecond line", `Return made a new line on the phone (${JSON.stringify(await p.inputValue("#prompt"))})`);
   check(((await chatOf(p))?.turns ?? []).length === 2 && !(await chatOf(p))?.activeTurn, "and sent nothing");
   await p.screenshot({ path: join(outDir, "team-phone.png") });
+  // (Read from a fresh snapshot: the branch's turn is over, so whatever the agent said is in it.)
+  await p.reload();
+  await online(p);
+  await p.waitForFunction(() => !!globalThis.ahpRelay?.state(globalThis.ahpRelay?.session())?.title, null, { timeout: PATIENCE });
+  const titleOnPhone = await p.evaluate(() => globalThis.ahpRelay?.state(globalThis.ahpRelay?.session())?.title);
+  check(titleOnPhone === "Team plan", `the phone keeps Alice's title too (${titleOnPhone})`);
   await accessible(p, "team: phone, a shared chat with names", { serious: true });
 
   // ── The demo has no workspace: no Files or Terminal pane, and a !command says it runs nothing there.
