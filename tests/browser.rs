@@ -399,6 +399,7 @@ async fn a_team_shares_a_session_each_with_their_own_draft_name_and_terminal() {
             ("team-desktop.png", "web-client-team.png"),
             ("team-phone.png", "web-client-team-phone.png"),
             ("team-link-question.png", "web-client-link-question.png"),
+            ("team-branch.png", "web-client-team-branch.png"),
         ],
     );
 }

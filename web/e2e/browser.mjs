@@ -1435,6 +1435,7 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await idleWith(a, 1);
   check((await chatOf(a)).turns[0].message.text === "please ask again", "the edit runs on its branch");
   check((await a.textContent("#session-title")) === "Team plan", `the branch's first prompt left Alice's title (${await a.textContent("#session-title")})`);
+  await a.screenshot({ path: join(outDir, "team-branch.png") });
   check(((await chatOf(b))?.turns ?? []).length === 2 && (await b.evaluate(() => globalThis.ahpRelay?.chat())) === c1, "Bob's chat keeps both turns");
   await a.click(`#chats .tab[data-chat="${c1}"]`);
   await a.waitForFunction((c) => globalThis.ahpRelay?.chat() === c, c1, { timeout: PATIENCE });
