@@ -456,7 +456,15 @@ async fn terminals_named_by(client: &ahp::Client, session: &str) -> Option<Vec<S
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_names_the_terminals_opened_in_it_and_not_another_sessions_in_its_folder() {
     let setup = relay_with_workspace("", &[]).await;
-    let (a, _) = setup.relay.client("device-a").await;
+    let (a, initialized) = setup.relay.client("device-a").await;
+    // The relay says that its sessions name their terminals (none named: none opened).
+    assert_eq!(
+        initialized
+            .meta
+            .as_ref()
+            .and_then(|meta| meta.get("ahpRelay/sessionsNameTerminals")),
+        Some(&json!(true))
+    );
     let folder = setup.workspace.path().join("dev/default/shared");
     std::fs::create_dir_all(&folder).expect("folder");
     let in_folder = json!({"workingDirectories": [format!("file://{}", folder.display())]});
@@ -473,7 +481,7 @@ async fn a_session_names_the_terminals_opened_in_it_and_not_another_sessions_in_
     assert_eq!(terminals_named_by(&a, &first).await, Some(vec![uri.to_string()]));
     assert_eq!(terminals_named_by(&a, &second).await, None);
     // Both run in the same folder: the folder alone cannot tell them apart.
-    let watched = Watched::open(&a, uri).await;
+    let mut watched = Watched::open(&a, uri).await;
     assert!(
         watched
             .state
@@ -483,6 +491,29 @@ async fn a_session_names_the_terminals_opened_in_it_and_not_another_sessions_in_
         "{:?}",
         watched.state.cwd
     );
+    // Its holder may not pass it to another session (it runs in the first one's sandbox).
+    a.dispatch(
+        uri.to_string(),
+        StateAction::TerminalClaimed(ahp_types::actions::TerminalClaimedAction {
+            claim: ahp_types::state::TerminalClaim::Session(ahp_types::state::TerminalSessionClaim {
+                session: second.clone(),
+                chat: "ahp-chat:/second".into(),
+                turn_id: None,
+                tool_call_id: None,
+            }),
+        }),
+    )
+    .await
+    .expect("dispatch");
+    let refused = echo_of(&mut watched.sub, "device-a").await;
+    assert!(
+        refused
+            .rejection_reason
+            .as_deref()
+            .is_some_and(|why| why.contains("own session")),
+        "{refused:?}"
+    );
+    assert_eq!(terminals_named_by(&a, &second).await, None);
     let _: Value = a
         .request("disposeTerminal", json!({"channel": uri}))
         .await

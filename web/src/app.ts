@@ -128,10 +128,11 @@ class App {
     sessionRoot: () => this.sessionRoot(),
     sessionDirectory: () => (this.session ? this.model.state(this.session)?.workingDirectories?.[0] : undefined),
     tenantRoot: () => this.directory.root,
+    // Read only where the relay says it keeps the list (a relay that does not may hold a stale one).
     openedTerminals: () => {
+      if (!this.sessionsNameTerminals) return undefined;
       const named = this.session ? this.model.state(this.session)?._meta?.["ahpRelay/terminals"] : undefined;
-      if (Array.isArray(named)) return named.map(String);
-      return this.sessionsNameTerminals ? [] : undefined;
+      return Array.isArray(named) ? named.map(String) : [];
     },
   });
   private me: JsonObject;
@@ -1097,8 +1098,8 @@ class App {
     window.setTimeout(() => (announcer.textContent = text), 50);
   }
 
-  /** The open chat's last turn when it was last drawn (a new one there has ended). */
-  private lastTurn?: { chat: string; turn: string | undefined; count: number };
+  /** The open chat's turns when it was last drawn (a new last one has ended). */
+  private lastTurn?: { chat: string; ids: Set<string> };
 
   /** What a screen reader hears of the open chat: the agent needing input, and a turn's end, once each. */
   private announceTurn(chat: JsonObject | undefined): void {
@@ -1121,11 +1122,12 @@ class App {
     }
     // A turn that began and ended between two renders (an immediate error, a short answer) was never seen
     // running: its end is said all the same — once, and not for the turns a chat holds when it opens, older
-    // turns fetched, or a truncation.
+    // turns fetched, or a truncation (a turn new since the last drawing, at the end: a chat that keeps a
+    // bounded number of turns drops its oldest as it grows).
     const last = turns.at(-1);
-    const grew = this.lastTurn?.chat === this.chat && turns.length > this.lastTurn.count;
-    if (grew && last && last.id !== this.lastTurn?.turn && last.id !== told && last.id !== active?.id) ending(last);
-    this.lastTurn = { chat: this.chat, turn: last?.id, count: turns.length };
+    const seen = this.lastTurn?.chat === this.chat ? this.lastTurn.ids : undefined;
+    if (seen && last && !seen.has(last.id) && last.id !== told && last.id !== active?.id) ending(last);
+    this.lastTurn = { chat: this.chat, ids: new Set(turns.map((t) => String(t.id))) };
     if (active) {
       if (!this.watched) this.watched = { chat: this.chat, turn: active.id, askedInput: false };
       const asks = (chat.status & STATUS_INPUT_NEEDED) === STATUS_INPUT_NEEDED;

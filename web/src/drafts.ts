@@ -27,6 +27,11 @@ export class Drafts {
   private timers = new Map<string, number>();
   /** The last draft text of ours each chat's state carried (what was synced or seen from another device). */
   private seen = new Map<string, string>();
+  /**
+   * The text each chat's draft was last synced to and not yet seen back: until the chat's state carries it, the
+   * state is older than the box, and what it holds is not put there.
+   */
+  private sending = new Map<string, string>();
   /** Whether the draft each chat's state carried last was this user's (so its clearing is theirs to follow). */
   private lastWasMine = new Map<string, boolean>();
 
@@ -69,6 +74,7 @@ export class Drafts {
     const local = localStorage.getItem(this.key(chat));
     const synced = this.mine(state?.draft) ? String(state?.draft?.text ?? "") : undefined;
     this.lastWasMine.set(chat, synced !== undefined);
+    this.sending.delete(chat);
     if (synced !== undefined) this.seen.set(chat, synced);
     return local ?? (this.sharing ? synced : undefined) ?? "";
   }
@@ -95,6 +101,7 @@ export class Drafts {
     // Offline, it stays here and goes with the next pause in typing.
     if (this.sync(chat, text ? { text, origin: { kind: "user" }, _meta: { [DRAFT_AUTHOR]: { sub: this.author.sub } } } : undefined)) {
       this.seen.set(chat, text);
+      this.sending.set(chat, text);
     }
   }
 
@@ -109,7 +116,7 @@ export class Drafts {
     this.timers.delete(chat);
     localStorage.removeItem(this.key(chat));
     this.seen.set(chat, "");
-    if (this.mine(state?.draft)) void this.sync(chat, undefined);
+    if (this.mine(state?.draft) && this.sync(chat, undefined)) this.sending.set(chat, "");
   }
 
   /** Whether `text` in `chat`'s box is only what arrived or was synced (nothing typed here since). */
@@ -130,6 +137,12 @@ export class Drafts {
     // it, is left alone.
     const text = this.mine(draft) ? String(draft?.text ?? "") : !draft && wasMine ? "" : undefined;
     if (text === undefined) return undefined;
+    // What this browser synced last, not yet seen back: the state is older than the box.
+    const sent = this.sending.get(chat);
+    if (sent !== undefined) {
+      if (sent !== text) return undefined;
+      this.sending.delete(chat);
+    }
     if (this.seen.get(chat) === text) return undefined;
     this.seen.set(chat, text);
     if (text) localStorage.setItem(this.key(chat), text);

@@ -1,128 +1,262 @@
-//! Idle scale: [`CONNECTIONS`] idle, initialized AHP connections held by one embedded `ahp-relay serve`, then
-//! by 1 shard + 2 gateways over Redis; reported: the connect rate (TCP + WebSocket + `initialize`), the
-//! servers' memory per connection, and how long one action takes to reach all of them.
+//! Idle scale: idle, initialized AHP connections held by one embedded `ahp-relay serve` ([`EMBEDDED`], within
+//! one process's open files), then by 1 shard + [`GATEWAYS`] gateways over Redis ([`CONNECTIONS`] in all);
+//! reported: the connect rate (TCP + WebSocket + `initialize`), each server process's memory per connection it
+//! holds and the whole shape's, and how long one action takes to reach all of them.
 //!
-//! Run: `scripts/bench idle` (raises the open-file limit, starts Redis). `AHP_BENCH_IDLE_CONNECTIONS`
-//! overrides the count. Connections come from several loopback source addresses (127.0.0.2, .3, …) so the
-//! ephemeral ports of one source address do not run out. Every connection is initialized with the chat in
-//! `initialSubscriptions`, so the one action goes to every connection. Clients use 1 KiB socket buffers so the
-//! load generator itself fits in memory. Everything is on loopback and bounded; every process started is
-//! killed at the end.
+//! Run: `scripts/bench idle` (raises the open-file limit, starts Redis). `AHP_BENCH_IDLE_CONNECTIONS` and
+//! `AHP_BENCH_IDLE_GATEWAYS` override the distributed shape's count and gateways. One process here may hold at
+//! most 20,000 open files, so the connections are opened by worker processes (this bench re-executed, each
+//! holding at most [`PER_WORKER`]) from loopback source addresses of their own (127.0.0.2, .3, …, so the
+//! ephemeral ports of one source address do not run out). Every connection is initialized with the chat in
+//! `initialSubscriptions`, so the one action goes to every connection; each worker notes when each of its
+//! connections received it (wall clock, one machine) and the bench reports first, p50 and last over all.
+//! Clients use 1 KiB socket buffers so the load generator itself fits in memory. Everything is on loopback and
+//! bounded; every process started is killed at the end.
 
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{create_chat, dispatch_frame, initialized, Socket, CHAT};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, ChildStdout, Command};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
+/// Connections of the distributed shape.
 const CONNECTIONS: usize = 100_000;
-/// Source addresses 127.0.0.2 ..= 127.0.0.(1 + SOURCES): about 28,000 ephemeral ports each.
-const SOURCES: u8 = 8;
-/// Connections being opened at once.
-const CONCURRENCY: usize = 128;
-const DEADLINE: Duration = Duration::from_secs(1_200);
-const PATIENCE: Duration = Duration::from_secs(120);
+/// Its gateways: about 17,000 connections each.
+const GATEWAYS: usize = 6;
+/// Connections to the embedded `serve`: one process, within its 20,000 open files.
+const EMBEDDED: usize = 19_000;
+/// Connections one worker process opens (its open files, within the limit).
+const PER_WORKER: usize = 17_000;
+/// Connections a worker is opening at once.
+const CONCURRENCY: usize = 64;
+const DEADLINE: Duration = Duration::from_secs(1_800);
+const PATIENCE: Duration = Duration::from_secs(300);
+/// Set in a worker's environment: the URLs (comma-separated) its connections go to in turn.
+const WORKER_URLS: &str = "AHP_BENCH_IDLE_WORKER_URLS";
+/// How many connections a worker opens.
+const WORKER_COUNT: &str = "AHP_BENCH_IDLE_WORKER_COUNT";
+/// Which worker it is (its source address is 127.0.0.(2 + this)).
+const WORKER_INDEX: &str = "AHP_BENCH_IDLE_WORKER_INDEX";
 
 fn main() {
     common::raise_open_file_limit();
+    if std::env::var_os(WORKER_URLS).is_some() {
+        common::run_with_deadline(DEADLINE, worker());
+        return;
+    }
     common::run_with_deadline(DEADLINE, run());
 }
 
 struct Shape {
-    name: &'static str,
+    name: String,
     /// Connections go to these in turn.
     urls: Vec<String>,
-    /// Processes whose memory holds the connections.
-    pids: Vec<u32>,
+    /// Processes whose memory holds the connections, with what each is called.
+    pids: Vec<(String, u32)>,
     _relay: common::RelayProcesses,
 }
 
-async fn run() {
-    let count = std::env::var("AHP_BENCH_IDLE_CONNECTIONS")
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(CONNECTIONS);
+        .unwrap_or(default)
+}
+
+async fn run() {
+    let count = env_count("AHP_BENCH_IDLE_CONNECTIONS", CONNECTIONS);
+    let gateways = env_count("AHP_BENCH_IDLE_GATEWAYS", GATEWAYS);
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit only writes the struct passed.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    // Each side holds one descriptor per connection (plus the server's own): the limit caps the count.
-    let most = usize::try_from(limit.rlim_cur)
-        .unwrap_or(usize::MAX)
-        .saturating_sub(1_000);
-    let count = if count > most {
-        println!(
-            "idle: NOTE the open-file limit is {} (hard {}) and raising it needs CAP_SYS_RESOURCE: this run \
-             opens {most} connections per shape instead of {count}",
-            limit.rlim_cur, limit.rlim_max
-        );
-        most
-    } else {
-        count
-    };
     println!(
-        "idle: {count} connections per shape; open-file limit {}",
-        limit.rlim_cur
+        "idle: open-file limit per process {} (hard {}); {EMBEDDED} connections to one serve, {count} to 1 shard + {gateways} gateways",
+        limit.rlim_cur, limit.rlim_max
     );
-    let embedded = embedded().await;
-    measure(embedded, count).await;
+    measure(embedded().await, EMBEDDED.min(count)).await;
     match std::env::var("REDIS_URL") {
-        Ok(redis) => measure(gateways(&redis).await, count).await,
-        Err(_) => println!("2 gateways: skipped (REDIS_URL not set; run it as `scripts/bench idle`)"),
+        Ok(redis) => measure(distributed(&redis, gateways).await, count).await,
+        Err(_) => println!("gateways: skipped (REDIS_URL not set; run it as `scripts/bench idle`)"),
+    }
+}
+
+/// A worker process opening its share of the connections.
+struct Worker {
+    child: Child,
+    lines: tokio::io::Lines<BufReader<ChildStdout>>,
+}
+
+impl Worker {
+    fn start(index: usize, urls: &[String], count: usize) -> Worker {
+        let mut child = Command::new(std::env::current_exe().expect("this bench"))
+            .env(WORKER_URLS, urls.join(","))
+            .env(WORKER_COUNT, count.to_string())
+            .env(WORKER_INDEX, index.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start a worker");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Worker { child, lines }
+    }
+
+    /// The rest of the worker's next line starting with `marker`.
+    async fn line(&mut self, marker: &str) -> String {
+        loop {
+            let line = tokio::time::timeout(PATIENCE, self.lines.next_line())
+                .await
+                .expect("a worker was silent too long")
+                .expect("a worker's output")
+                .unwrap_or_else(|| panic!("a worker ended before saying {marker:?}"));
+            if let Some(rest) = line.strip_prefix(marker) {
+                return rest.trim().to_string();
+            }
+        }
     }
 }
 
 async fn measure(shape: Shape, count: usize) {
     let mut publisher = initialized(&shape.urls[0], "publisher").await;
     create_chat(&mut publisher).await;
-    // One subscriber first, so what the host allocates once is not counted per connection.
-    let first = open(&shape.urls[0], 0).await;
+    // A few subscribers first, so what the processes allocate once is not counted per connection.
+    let mut warm = Worker::start(0, &shape.urls, shape.urls.len() * 4);
+    warm.line("ready").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before: u64 = shape.pids.iter().map(|p| common::rss_kib(*p)).sum();
+    let before: Vec<u64> = shape.pids.iter().map(|(_, p)| common::rss_kib(*p)).collect();
 
     let started = Instant::now();
+    let workers = count.div_ceil(PER_WORKER);
+    let mut running: Vec<Worker> = (0..workers)
+        .map(|w| {
+            let share = count / workers + usize::from(w < count % workers);
+            // Each worker's connections spread over every URL, from a source address of its own.
+            let urls: Vec<String> = (0..shape.urls.len())
+                .map(|k| shape.urls[(w + k) % shape.urls.len()].clone())
+                .collect();
+            Worker::start(w + 1, &urls, share)
+        })
+        .collect();
+    for worker in &mut running {
+        worker.line("ready").await;
+    }
+    let connect_time = started.elapsed();
+    // Let the servers settle (allocations made during the burst are returned) before reading memory.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after: Vec<u64> = shape.pids.iter().map(|(_, p)| common::rss_kib(*p)).collect();
+    let per_process: Vec<String> = shape
+        .pids
+        .iter()
+        .zip(before.iter().zip(&after))
+        .map(|((name, _), (b, a))| {
+            let held = if name.starts_with("gateway") || name == "serve" {
+                count.div_ceil(shape.urls.len())
+            } else {
+                count
+            };
+            format!(
+                "{name} {:.2} KiB ({b} -> {a} KiB)",
+                a.saturating_sub(*b) as f64 / held as f64
+            )
+        })
+        .collect();
+    let total_before: u64 = before.iter().sum();
+    let total_after: u64 = after.iter().sum();
+
+    // One action to all of them; every worker says when each of its connections received it.
+    let sent_at = unix_micros();
+    publisher
+        .send(Message::Text(dispatch_frame(0, "idle-probe").into()))
+        .await
+        .expect("dispatch");
+    let mut arrivals: Vec<u64> = Vec::with_capacity(count);
+    for worker in running.iter_mut().chain(std::iter::once(&mut warm)) {
+        let line = worker.line("arrived").await;
+        arrivals.extend(
+            line.split(',')
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse::<u64>().expect("a time")),
+        );
+    }
+    arrivals.sort_unstable();
+    let at = |q: f64| {
+        let t = arrivals[((arrivals.len() as f64 * q) as usize).min(arrivals.len() - 1)];
+        Duration::from_micros(t.saturating_sub(sent_at))
+    };
+    println!(
+        "{}: {count} idle initialized connections from {workers} worker processes: connect rate {:.0}/s ({connect_time:.1?}); memory per connection: all processes {:.2} KiB (RSS {total_before} -> {total_after} KiB); per process: {}; one action to all {}: first {:.1?}, p50 {:.1?}, last {:.1?}",
+        shape.name,
+        count as f64 / connect_time.as_secs_f64(),
+        total_after.saturating_sub(total_before) as f64 / count as f64,
+        per_process.join(", "),
+        arrivals.len(),
+        at(0.0),
+        at(0.5),
+        at(1.0),
+    );
+    for mut worker in running.into_iter().chain(std::iter::once(warm)) {
+        let _ = worker.child.start_kill();
+        let _ = worker.child.wait().await;
+    }
+    drop(shape);
+}
+
+fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// A worker: open the connections, say `ready`, note when each receives the probe, say `arrived` with the
+/// times (µs since the epoch), then hold them until the bench closes stdin or kills it.
+async fn worker() {
+    let urls: Vec<String> = std::env::var(WORKER_URLS)
+        .expect("urls")
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    let count: usize = std::env::var(WORKER_COUNT)
+        .expect("count")
+        .parse()
+        .expect("count");
+    let index: usize = std::env::var(WORKER_INDEX)
+        .expect("index")
+        .parse()
+        .expect("index");
+    let source = Ipv4Addr::new(127, 0, (2 + index / 200) as u8, (2 + index % 200) as u8);
     let opened = AtomicUsize::new(0);
-    let mut sockets: Vec<Socket> = futures_util::stream::iter(1..=count)
+    let sockets: Vec<Socket> = futures_util::stream::iter(0..count)
         .map(|i| {
-            let url = shape.urls[i % shape.urls.len()].clone();
+            let url = urls[i % urls.len()].clone();
             let opened = &opened;
             async move {
-                let socket = open(&url, i).await;
-                let n = opened.fetch_add(1, Ordering::Relaxed) + 1;
-                if n.is_multiple_of(20_000) {
-                    println!("  {n} open after {:.1?}", started.elapsed());
-                }
+                let socket = open(&url, source, &format!("idle-{index}-{i}")).await;
+                opened.fetch_add(1, Ordering::Relaxed);
                 socket
             }
         })
         .buffer_unordered(CONCURRENCY)
         .collect()
         .await;
-    let connect_time = started.elapsed();
-    sockets.push(first);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let after: u64 = shape.pids.iter().map(|p| common::rss_kib(*p)).sum();
-    let per = after.saturating_sub(before) as f64 / count as f64;
-
-    // One action to all of them: every socket waits for it in a task of its own.
-    let arrived = Arc::new(AtomicUsize::new(0));
-    let all = Arc::new(tokio::sync::Notify::new());
-    let total = sockets.len();
-    let origin = Instant::now();
-    let last = Arc::new(parking_lot::Mutex::new(Vec::with_capacity(total)));
+    let times = Arc::new(parking_lot::Mutex::new(Vec::with_capacity(count)));
     let waiters: Vec<_> = sockets
         .into_iter()
         .map(|mut socket| {
-            let (arrived, all, last) = (arrived.clone(), all.clone(), last.clone());
+            let times = times.clone();
             tokio::spawn(async move {
                 loop {
                     match tokio::time::timeout(PATIENCE, socket.next()).await {
@@ -131,47 +265,26 @@ async fn measure(shape: Shape, count: usize) {
                         other => panic!("a connection ended or the action did not arrive: {other:?}"),
                     }
                 }
-                last.lock().push(origin.elapsed());
-                if arrived.fetch_add(1, Ordering::Relaxed) + 1 == total {
-                    all.notify_one();
-                }
+                times.lock().push(unix_micros());
                 socket
             })
         })
         .collect();
-    let notified = all.notified();
-    let sent_at = origin.elapsed();
-    publisher
-        .send(Message::Text(dispatch_frame(0, "idle-probe").into()))
-        .await
-        .expect("dispatch");
-    tokio::time::timeout(PATIENCE, notified)
-        .await
-        .expect("the action did not reach every connection");
-    let mut times = last.lock().clone();
-    times.sort();
-    let to = |q: f64| times[((times.len() as f64 * q) as usize).min(times.len() - 1)].saturating_sub(sent_at);
-    println!(
-        "{}: {count} idle initialized connections: connect rate {:.0}/s ({connect_time:.1?}); memory {:.2} KiB per connection (RSS {before} -> {after} KiB); one action to all {total}: first {:.1?}, p50 {:.1?}, last {:.1?}",
-        shape.name,
-        count as f64 / connect_time.as_secs_f64(),
-        per,
-        to(0.0),
-        to(0.5),
-        to(1.0),
-    );
-    let mut sockets = Vec::with_capacity(total);
+    println!("ready {}", opened.load(Ordering::Relaxed));
+    let mut sockets = Vec::with_capacity(count);
     for waiter in waiters {
         sockets.push(waiter.await.expect("waiter"));
     }
+    let times: Vec<String> = times.lock().iter().map(u64::to_string).collect();
+    println!("arrived {}", times.join(","));
+    let mut stdin = tokio::io::stdin();
+    let mut buf = [0u8; 64];
+    while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
     drop(sockets);
-    drop(shape);
 }
 
-/// Connect from source address 127.0.0.(2 + i % SOURCES) with small buffers and `initialize` with the
-/// chat in `initialSubscriptions`.
-async fn open(url: &str, i: usize) -> Socket {
-    let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + (i % usize::from(SOURCES)) as u8));
+/// Connect from `source` with small buffers and `initialize` with the chat in `initialSubscriptions`.
+async fn open(url: &str, source: Ipv4Addr, client_id: &str) -> Socket {
     let target: SocketAddr = url
         .trim_start_matches("ws://")
         .split('/')
@@ -181,7 +294,7 @@ async fn open(url: &str, i: usize) -> Socket {
         .expect("address");
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket
-        .bind(SocketAddr::new(source, 0))
+        .bind(SocketAddr::new(IpAddr::V4(source), 0))
         .expect("bind a source address");
     let stream = socket.connect(target).await.expect("connect");
     let _ = stream.set_nodelay(true);
@@ -196,7 +309,7 @@ async fn open(url: &str, i: usize) -> Socket {
     .await
     .expect("websocket handshake");
     let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://",
-        "protocolVersions":["1.0.0"],"clientId":format!("idle-{i}"),"initialSubscriptions":[CHAT]}});
+        "protocolVersions":["1.0.0"],"clientId":client_id,"initialSubscriptions":[CHAT]}});
     ws.send(Message::Text(init.to_string().into()))
         .await
         .expect("send");
@@ -221,19 +334,29 @@ async fn open(url: &str, i: usize) -> Socket {
 async fn embedded() -> Shape {
     let relay = common::start_embedded().await;
     Shape {
-        name: "embedded serve",
+        name: "embedded serve".into(),
         urls: relay.urls.clone(),
-        pids: relay.pids.clone(),
+        pids: vec![("serve".into(), relay.pids[0])],
         _relay: relay,
     }
 }
 
-async fn gateways(redis_url: &str) -> Shape {
-    let relay = common::start_gateways(redis_url).await;
+async fn distributed(redis_url: &str, gateways: usize) -> Shape {
+    let relay = common::start_gateways_n(redis_url, gateways).await;
+    let mut pids: Vec<(String, u32)> = vec![("shard".into(), relay.pids[0])];
+    pids.extend(
+        relay.pids[1..]
+            .iter()
+            .enumerate()
+            .map(|(i, pid)| (format!("gateway {}", i + 1), *pid)),
+    );
+    if let Some(redis) = common::redis_pid(redis_url).await {
+        pids.push(("redis".into(), redis));
+    }
     Shape {
-        name: "1 shard + 2 gateways",
+        name: format!("1 shard + {gateways} gateways"),
         urls: relay.urls.clone(),
-        pids: relay.pids.clone(),
+        pids,
         _relay: relay,
     }
 }

@@ -305,7 +305,14 @@ pub async fn start_embedded() -> RelayProcesses {
 
 /// 1 shard (SQLite store in a temporary directory) + 2 gateways, all on `redis_url`.
 pub async fn start_gateways(redis_url: &str) -> RelayProcesses {
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    start_gateways_n(redis_url, 2).await
+}
+
+/// 1 shard (SQLite store in a temporary directory) + `gateways` gateways, all on `redis_url`.
+pub async fn start_gateways_n(redis_url: &str, gateways: usize) -> RelayProcesses {
+    let dirs: Vec<_> = (0..=gateways)
+        .map(|_| tempfile::tempdir().expect("tempdir"))
+        .collect();
     let mut shard = Command::new(env!("CARGO_BIN_EXE_ahp-relay"));
     shard
         .args([

@@ -364,6 +364,8 @@ impl HostCore {
             );
         }
         self.sync_terminal_list();
+        // Terminals stored by a release that did not name them in their sessions are named now.
+        self.sync_session_terminals();
         self.adopt_terminals(adopting);
     }
 }

@@ -45,8 +45,16 @@ pub(crate) fn check_terminal_action(
                 _ => Ok(()),
             }
         }
-        StateAction::TerminalClaimed(_) => match &record.state.claim {
-            TerminalClaim::Client(holder) if holder.client_id == who.client_id => Ok(()),
+        StateAction::TerminalClaimed(claimed) => match (&record.state.claim, &claimed.claim) {
+            // A session's claim names the terminal's own session: it runs in that session's sandbox and
+            // folder, and is listed with that session only.
+            (TerminalClaim::Client(_), TerminalClaim::Session(to)) if to.session != record.session => {
+                Err(format!(
+                    "a terminal's claim may name only its own session ({})",
+                    record.session
+                ))
+            }
+            (TerminalClaim::Client(holder), _) if holder.client_id == who.client_id => Ok(()),
             _ => Err("only the terminal's holder may pass its claim on".into()),
         },
         StateAction::TerminalTitleChanged(title) => {

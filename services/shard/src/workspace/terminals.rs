@@ -97,13 +97,15 @@ impl HostCore {
                 ROOT_RESOURCE_URI,
                 StateAction::RootTerminalsChanged(RootTerminalsChangedAction { terminals: list }),
             );
+            // What the sessions name changes only with the list (a terminal opened, gone, or its claim passed
+            // on), not with a terminal's output.
+            self.sync_session_terminals();
         }
-        self.sync_session_terminals();
     }
 
     /// Bring each session's `_meta["ahpRelay/terminals"]` in line with the terminals devices opened in it
     /// (claimed by a client; an agent's and a `!command`'s name their session in their claim).
-    fn sync_session_terminals(&mut self) {
+    pub(crate) fn sync_session_terminals(&mut self) {
         let mut opened: HashMap<&str, Vec<&str>> = HashMap::new();
         for (uri, terminal) in &self.model.terminals {
             if matches!(terminal.state.claim, TerminalClaim::Client(_)) {
