@@ -963,6 +963,33 @@ async function messages(token, outDir) {
   await idleWith(b, 1);
   check((await turns(b))[0].message.text === before[0].message.text, "a fork holds the turns through the one forked");
   await b.screenshot({ path: join(outDir, "messages-phone.png") });
+  // The other way round: the phone edits (its Send button: Return is a new line there), the desktop retries and
+  // forks; each branches, and the chat it came from keeps its turns.
+  const currentChat = (page) => page.evaluate(() => globalThis.ahpRelay?.chat());
+  const branchedFrom = async (page, start) => {
+    const known = await chatsOf(page);
+    await start();
+    await page.waitForFunction((k) => !k.includes(globalThis.ahpRelay?.chat()), known, { timeout: PATIENCE });
+    await idleWith(page, 1);
+    return (await turns(page))[0];
+  };
+  await b.click(`#chats .tab[data-chat="${chat}"]`);
+  await idleWith(b, 2);
+  const phoneEdit = await branchedFrom(b, async () => {
+    await b.locator("#transcript .turn").first().locator(".edit-prompt").click();
+    await b.fill("#transcript .edit-box", "edited on the phone");
+    await b.click("#transcript .send-edit");
+  });
+  check(phoneEdit.message.text === "edited on the phone", `the phone's edit runs on a branch (${phoneEdit.message.text})`);
+  await a.click(`#chats .tab[data-chat="${edited}"]`);
+  await idleWith(a, 1);
+  const desktopRetry = await branchedFrom(a, () => a.locator("#transcript .turn").last().locator(".retry-turn").click());
+  check(desktopRetry.message.text === "show markdown again" && (await currentChat(a)) !== edited, "the desktop's retry runs on a branch");
+  await a.click(`#chats .tab[data-chat="${chat}"]`);
+  await idleWith(a, 2);
+  check(isDeepStrictEqual((await turns(a)).map((t) => t.id), before.map((t) => t.id)), "the chat the phone edited keeps every turn");
+  const desktopFork = await branchedFrom(a, () => a.locator("#transcript .turn").first().locator(".fork-turn").click());
+  check(desktopFork.message.text === before[0].message.text && desktopFork.state === "complete", "the desktop's fork holds the turn forked");
   check(problems.length === 0, `no page errors:\n${problems.join("\n")}`);
   console.log(JSON.stringify({ session, accessibility }));
 }
@@ -1312,6 +1339,11 @@ async function team(alice, bob, viewer, mallory, outDir) {
     fromList++;
   }
   check(fromList <= 5 && (await focusedId(a)) === "prompt", `at most 5 Tabs from opening a session with Enter to its message box (${fromList})`);
+  // The skip link, followed with the keyboard, lands in the message box.
+  await a.focus("a.skip-link");
+  await a.keyboard.press("Enter");
+  check((await focusedId(a)) === "prompt", `the skip link leads to the message box (${await focusedId(a)})`);
+  check(await a.evaluate((s) => new URLSearchParams(location.hash.slice(1)).get("s") === s, s1), "and the address still names the session");
   // The terminal: Shift+Tab up to the pane's button, Enter, then Tab to a new terminal.
   back = 0;
   while ((await focusedId(a)) !== "terminal-toggle" && back < 80) {
@@ -1416,6 +1448,9 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await p.waitForFunction(() => document.getElementById("prompt").value === "draft for the plan", null, { timeout: PATIENCE });
   const onPhone0 = await structure(p);
   check(onPhone0.skip === "#prompt" && onPhone0.label === "Message to the agent" && !onPhone0.live && onPhone0.list, `the phone's page has the skip link, the label, a transcript list and no live transcript (${JSON.stringify(onPhone0)})`);
+  await p.focus("a.skip-link");
+  await p.keyboard.press("Enter");
+  check(await p.evaluate(() => document.activeElement?.id === "prompt"), "followed on the phone, the skip link lands in the message box");
   check((await p.locator("#transcript .turn .edit-prompt").count()) === 1, "the phone offers Alice the edit of her prompt");
   const phoneCard = await p.textContent("#transcript .tool.completed .tool-output.terminal");
   check(!phoneCard.includes("running"), `the phone's terminal card is not "running" after the command (${phoneCard})`);
@@ -1679,6 +1714,20 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await p.click("#file-view .file-edit-start");
   await p.waitForSelector("#file-view textarea.file-editor", { timeout: PATIENCE });
   check((await p.inputValue("#file-view textarea.file-editor")) === "bob's version\n", "the phone's editor holds the saved text");
+  // Bob saves again meanwhile: the phone's save is refused, said so, and its text kept.
+  await editFile(b);
+  await b.fill("#file-view textarea.file-editor", "bob again\n");
+  await b.click("#file-view .file-save");
+  await b.waitForSelector("#file-view .file-saved", { timeout: PATIENCE });
+  await b.click("#files-toggle");
+  await p.fill("#file-view textarea.file-editor", "the phone's version\n");
+  await p.click("#file-view .file-save");
+  await p.waitForFunction(() => document.querySelector("#file-view .file-edit-status")?.textContent.includes("changed since"), null, { timeout: PATIENCE });
+  check((await p.inputValue("#file-view textarea.file-editor")) === "the phone's version\n", "the phone's text is kept");
+  // Opened again, the editor holds Bob's text; the phone's save then goes through.
+  await p.click("#file-view .actions button.link");
+  await p.click("#file-view .file-edit-start");
+  await p.waitForFunction(() => document.querySelector("#file-view textarea.file-editor")?.value === "bob again\n", null, { timeout: PATIENCE });
   await p.fill("#file-view textarea.file-editor", "the phone's version\n");
   await p.click("#file-view .file-save");
   await p.waitForSelector("#file-view .file-saved", { timeout: PATIENCE });
@@ -1789,7 +1838,10 @@ async function team(alice, bob, viewer, mallory, outDir) {
   check((await p.isHidden("#files-toggle")) && (await p.isHidden("#terminal-toggle")), "the phone offers no Files or Terminal for a demo session");
   await p.fill("#prompt", "!ls");
   check(await p.isVisible("#command-hint"), "a !command on the phone's demo session says it runs nothing");
-  await p.fill("#prompt", "");
+  await p.click("#composer-send");
+  await idleWith(p, 3);
+  const bangOnPhone = await p.locator("#transcript .turn").nth(2).innerText();
+  check(!/killed|running|error/i.test(bangOnPhone) && (await p.locator("#transcript .turn").nth(2).locator(".turn-end").getAttribute("data-state")) === "complete", `the phone's demo answers !ls as a message (${bangOnPhone})`);
   check((await p.textContent("#transcript .input-request .answered-by")) === "answered by bob", "the phone says who answered");
   check((await p.textContent("#transcript .tool .decided-by")).includes("alice"), "and who approved");
   check((await p.locator("#transcript .turn .fork-turn").count()) >= 1, "the phone offers Fork on a completed turn");
@@ -1812,7 +1864,7 @@ async function team(alice, bob, viewer, mallory, outDir) {
   await p.goto(`${base}/#s=${encodeURIComponent(s2)}`);
   await p.reload();
   await online(p);
-  await idleWith(p, 2);
+  await idleWith(p, 3);
   await p.fill("#prompt", "Please use the tool then ask for input");
   await p.click("#composer-send");
   for (const page of [d, p]) {

@@ -287,6 +287,14 @@ class App {
     });
     $("rename-session-title").addEventListener("blur", () => this.finishRename(false));
     $("new-chat").addEventListener("click", () => void this.createChat());
+    // The skip link moves the keyboard to the message box; followed as a link it would put "#prompt" in the
+    // address, which names the open session and chat.
+    $("skip-to-prompt").addEventListener("click", (event) => {
+      event.preventDefault();
+      const box = $<HTMLTextAreaElement>("prompt");
+      box.scrollIntoView({ block: "nearest" });
+      box.focus();
+    });
     // The session's files, in place of the conversation while open.
     this.files.wire();
     this.changes.wire();
