@@ -38,7 +38,7 @@ const EMBEDDED: usize = 19_000;
 /// Connections one worker process opens (its open files, within the limit).
 const PER_WORKER: usize = 17_000;
 /// Connections a worker is opening at once.
-const CONCURRENCY: usize = 64;
+const CONCURRENCY: usize = 16;
 const DEADLINE: Duration = Duration::from_secs(1_800);
 const PATIENCE: Duration = Duration::from_secs(300);
 /// Set in a worker's environment: the URLs (comma-separated) its connections go to in turn.
@@ -130,8 +130,9 @@ impl Worker {
 }
 
 async fn measure(shape: Shape, count: usize) {
-    let mut publisher = initialized(&shape.urls[0], "publisher").await;
-    create_chat(&mut publisher).await;
+    let mut creator = initialized(&shape.urls[0], "creator").await;
+    create_chat(&mut creator).await;
+    drop(creator);
     // A few subscribers first, so what the processes allocate once is not counted per connection.
     let mut warm = Worker::start(0, &shape.urls, shape.urls.len() * 4);
     warm.line("ready").await;
@@ -176,7 +177,9 @@ async fn measure(shape: Shape, count: usize) {
     let total_before: u64 = before.iter().sum();
     let total_after: u64 = after.iter().sum();
 
-    // One action to all of them; every worker says when each of its connections received it.
+    // One action to all of them, from a connection opened now (one opened before would have had to answer
+    // the server's pings meanwhile); every worker says when each of its connections received it.
+    let mut publisher = initialized(&shape.urls[0], "publisher").await;
     let sent_at = unix_micros();
     publisher
         .send(Message::Text(dispatch_frame(0, "idle-probe").into()))
@@ -223,6 +226,8 @@ fn unix_micros() -> u64 {
 
 /// A worker: open the connections, say `ready`, note when each receives the probe, say `arrived` with the
 /// times (µs since the epoch), then hold them until the bench closes stdin or kills it.
+// Each connection's future yields the task that reads it (started as soon as it is open).
+#[allow(clippy::async_yields_async)]
 async fn worker() {
     let urls: Vec<String> = std::env::var(WORKER_URLS)
         .expect("urls")
@@ -238,38 +243,33 @@ async fn worker() {
         .parse()
         .expect("index");
     let source = Ipv4Addr::new(127, 0, (2 + index / 200) as u8, (2 + index % 200) as u8);
+    // Each connection is read from the moment it is open (a real client's would be: it answers the server's
+    // pings, or the server closes it as idle while the others are still connecting).
+    let times = Arc::new(parking_lot::Mutex::new(Vec::with_capacity(count)));
     let opened = AtomicUsize::new(0);
-    let sockets: Vec<Socket> = futures_util::stream::iter(0..count)
+    let waiters: Vec<_> = futures_util::stream::iter(0..count)
         .map(|i| {
             let url = urls[i % urls.len()].clone();
-            let opened = &opened;
+            let (opened, times) = (&opened, times.clone());
             async move {
-                let socket = open(&url, source, &format!("idle-{index}-{i}")).await;
+                let mut socket = open(&url, source, &format!("idle-{index}-{i}")).await;
                 opened.fetch_add(1, Ordering::Relaxed);
-                socket
+                tokio::spawn(async move {
+                    loop {
+                        match socket.next().await {
+                            Some(Ok(Message::Text(text))) if text.contains("\"idle-probe\"") => break,
+                            Some(Ok(_)) => continue,
+                            other => panic!("a connection ended or the action did not arrive: {other:?}"),
+                        }
+                    }
+                    times.lock().push(unix_micros());
+                    socket
+                })
             }
         })
         .buffer_unordered(CONCURRENCY)
         .collect()
         .await;
-    let times = Arc::new(parking_lot::Mutex::new(Vec::with_capacity(count)));
-    let waiters: Vec<_> = sockets
-        .into_iter()
-        .map(|mut socket| {
-            let times = times.clone();
-            tokio::spawn(async move {
-                loop {
-                    match tokio::time::timeout(PATIENCE, socket.next()).await {
-                        Ok(Some(Ok(Message::Text(text)))) if text.contains("\"idle-probe\"") => break,
-                        Ok(Some(Ok(_))) => continue,
-                        other => panic!("a connection ended or the action did not arrive: {other:?}"),
-                    }
-                }
-                times.lock().push(unix_micros());
-                socket
-            })
-        })
-        .collect();
     println!("ready {}", opened.load(Ordering::Relaxed));
     let mut sockets = Vec::with_capacity(count);
     for waiter in waiters {
