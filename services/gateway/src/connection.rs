@@ -43,7 +43,7 @@ pub struct Connection<L> {
     pub link: Arc<L>,
     pub host: HostKey,
     pub identity: Identity,
-    pub limits: Limits,
+    pub limits: Arc<Limits>,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     pub quotas: Arc<TenantQuotas>,
     /// This connection's slot in its tenant's quota, held while it lives.

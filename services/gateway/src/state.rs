@@ -15,7 +15,8 @@ use crate::quotas::TenantQuotas;
 pub struct GatewayState<L> {
     pub link: Arc<L>,
     pub verifier: TokenVerifier,
-    pub limits: Limits,
+    /// Shared by every connection (one copy, not one per connection's task).
+    pub limits: Arc<Limits>,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// Per-tenant connection and message quotas.
     pub quotas: Arc<TenantQuotas>,

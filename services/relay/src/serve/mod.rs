@@ -407,7 +407,7 @@ async fn serve_edge<L: HostLink>(
     let app = relay_gateway::router(Arc::new(GatewayState {
         link,
         verifier,
-        limits,
+        limits: Arc::new(limits),
         shutdown: shutdown_rx,
         quotas: quotas.clone(),
         allowed_origins: relay_gateway::origin::AllowedOrigins::new(&edge.allowed_origins),

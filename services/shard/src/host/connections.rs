@@ -1,8 +1,6 @@
 //! A host's connections and the client ids bound to them: routing a connection's message, binding its
 //! clientId to its user, and what a disconnect leaves (the grace period of the client's bindings).
 
-use std::collections::HashMap;
-
 use relay_core::link::CommandReply;
 use relay_core::rpc::{self, InboundMessage, RpcError};
 use relay_core::ConnectionId;
@@ -79,7 +77,7 @@ impl HostCore {
                 subject: subject.clone(),
                 live_connections: 0,
                 grace_epoch: 0,
-                turn_windows: HashMap::new(),
+                turn_windows: Default::default(),
             });
         if binding.subject != subject {
             return Err(RpcError::permission_denied(

@@ -33,5 +33,6 @@ pub mod sequencer;
 pub mod sink;
 pub mod state;
 pub mod storage;
+pub mod turn_windows;
 
 pub use state::*;

@@ -49,7 +49,7 @@ pub struct ConnectionState {
     pub protocol_version: Option<String>,
     pub subscriptions: HashSet<String>,
     /// Per chat, the absolute index of the oldest turn the connection holds (its snapshot and fetched pages).
-    pub turn_windows: HashMap<String, usize>,
+    pub turn_windows: crate::host::turn_windows::TurnWindows,
     /// When it was attached (a gateway's stream that ended before then does not detach it).
     pub attached_at: std::time::Instant,
 }
@@ -62,7 +62,7 @@ pub struct ClientBinding {
     pub grace_epoch: u64,
     /// The turn windows (chat → absolute index of the oldest turn held) its connections last had: a `reconnect`
     /// answered with a replay continues that state, so its new connection continues them too.
-    pub turn_windows: HashMap<String, usize>,
+    pub turn_windows: crate::host::turn_windows::TurnWindows,
 }
 
 /// Everything behind the host lock.
@@ -198,7 +198,7 @@ impl Host {
                     client_id: None,
                     protocol_version: None,
                     subscriptions: HashSet::new(),
-                    turn_windows: HashMap::new(),
+                    turn_windows: Default::default(),
                     attached_at: std::time::Instant::now(),
                 },
             );

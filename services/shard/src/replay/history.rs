@@ -213,7 +213,7 @@ impl HostCore {
             .get_mut(&connection)
             .filter(|state| state.subscriptions.contains(chat))
         {
-            let window = state.turn_windows.entry(chat.to_string()).or_insert(start);
+            let window = state.turn_windows.get_or_insert(chat, start);
             *window = (*window).min(start);
             let window = *window;
             self.remember_window(connection, chat, window);
