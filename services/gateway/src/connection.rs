@@ -9,8 +9,9 @@
 //! progress whenever the task waits — for the bus, the client, or a call to the host.
 //!
 //! A call to the host is bounded (`call_timeout`: then it is answered with an error and the connection goes
-//! on), and while one is in flight the connection's own clocks keep running: pings go out, and shutdown and
-//! token expiry close it as they would between calls.
+//! on), and while one is in flight the connection's clock keeps running: pings go out, and shutdown and
+//! token expiry close it as they would between calls. The clock is the gateway's one timer wheel
+//! ([`crate::clock`]): a connection holds no timer of its own.
 //!
 //! Each inbound message is handled inside an `ahp.call` span (method, host), which the gRPC link carries to
 //! the shard as trace context. Once a flush has put bus events on the socket, their time from stamp to socket
@@ -32,6 +33,7 @@ use relay_core::{telemetry, ConnectionId, HostKey, Identity, Limits};
 use tokio::sync::broadcast;
 use tracing::Instrument;
 
+use crate::clock::{Alarm, ConnectionAlarm, ConnectionClock};
 pub use crate::closes::close_code;
 use crate::closes::*;
 use crate::filter::SubscriptionFilter;
@@ -44,7 +46,8 @@ pub struct Connection<L> {
     pub host: HostKey,
     pub identity: Identity,
     pub limits: Arc<Limits>,
-    pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// The gateway's clock: this connection's pings, token expiry and the relay's shutdown.
+    pub clock: ConnectionClock,
     pub quotas: Arc<TenantQuotas>,
     /// This connection's slot in its tenant's quota, held while it lives.
     pub permit: ConnectionPermit,
@@ -57,6 +60,9 @@ impl<L: HostLink> Connection<L> {
     /// Serve the socket until either side closes it.
     pub async fn run(self, socket: WebSocket) {
         let id = ConnectionId::next();
+        // On the clock from the start: a connection opened while the relay shuts down, or with a token that
+        // has just expired, is closed as soon as it is attached.
+        let clock = self.clock.register(self.token_expires_at);
         let _open = telemetry::connection_opened();
         let (sink, mut stream) = socket.split();
         let outbox = Outbox::new(sink, &self.limits);
@@ -85,26 +91,7 @@ impl<L: HostLink> Connection<L> {
             backlog_limit: self.limits.bus_capacity,
             outbox,
         };
-        // Polled on every wake-up, so created once: a fresh `changed()` each time would register with (and
-        // leave) the watch's waiter list, a lock every connection of the process shares.
-        let mut shutdown = self.shutdown.clone();
         let mut rate = self.quotas.connection_bucket();
-        // Liveness: a ping every interval; a connection silent for the idle timeout is closed (within the
-        // timeout plus one interval), which frees its quota slot even when its peer vanished without a FIN.
-        let ping_every = self.limits.ping_interval;
-        let mut pings = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
-        pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut clocks = Clocks {
-            shutdown: Box::pin(async move {
-                let _ = shutdown.changed().await;
-            }),
-            expiry: Box::pin(tokio::time::sleep(
-                self.token_expires_at
-                    .duration_since(std::time::SystemTime::now())
-                    .unwrap_or_default(),
-            )),
-            pings,
-        };
         let mut last_heard = Instant::now();
 
         let close: Option<Close> = loop {
@@ -112,15 +99,20 @@ impl<L: HostLink> Connection<L> {
             // floods requests cannot starve its own deliveries.
             tokio::select! {
                 biased;
-                () = clocks.shutdown.as_mut() => break Some(shutting_down()),
-                () = clocks.expiry.as_mut() => break Some(token_expired()),
-                _ = clocks.pings.tick() => {
-                    if last_heard.elapsed() >= self.limits.idle_timeout {
-                        break Some((close_code::GOING_AWAY, "idle timeout: no pong".into()));
+                alarm = clock.next() => match alarm {
+                    Alarm::Shutdown => break Some(shutting_down()),
+                    Alarm::TokenExpired => break Some(token_expired()),
+                    // Liveness: a ping every interval; a connection silent for the idle timeout is closed
+                    // (within the timeout plus one interval), which frees its quota slot even when its peer
+                    // vanished without a FIN.
+                    Alarm::Ping => {
+                        if last_heard.elapsed() >= self.limits.idle_timeout {
+                            break Some((close_code::GOING_AWAY, "idle timeout: no pong".into()));
+                        }
+                        // A full queue already means a slow consumer; the next delivery closes it.
+                        delivery.outbox.ping();
                     }
-                    // A full queue already means a slow consumer; the next delivery closes it.
-                    delivery.outbox.ping();
-                }
+                },
                 batch = delivery.next_batch() => {
                     if let Err(close) = batch.and_then(|batch| delivery.deliver(&batch)) {
                         break Some(close);
@@ -140,14 +132,14 @@ impl<L: HostLink> Connection<L> {
                     };
                     let wait = self.quotas.message_delay(&self.identity.tenant, &mut rate, text.len());
                     if !wait.is_zero() {
-                        let waited = Box::pin(delivery.during(&mut clocks, tokio::time::sleep(wait)))
+                        let waited = Box::pin(delivery.during(&clock, tokio::time::sleep(wait)))
                             .await
                             .and_then(|()| delivery.flush_backlog());
                         if let Err(close) = waited {
                             break Some(close);
                         }
                     }
-                    if let Err(close) = Box::pin(self.handle_frame(id, &text, &mut delivery, &mut clocks)).await {
+                    if let Err(close) = Box::pin(self.handle_frame(id, &text, &mut delivery, &clock)).await {
                         break Some(close);
                     }
                 }
@@ -181,7 +173,7 @@ impl<L: HostLink> Connection<L> {
         id: ConnectionId,
         text: &[u8],
         delivery: &mut Delivery,
-        clocks: &mut Clocks,
+        clock: &ConnectionAlarm,
     ) -> Result<(), Close> {
         if text.len() > self.limits.max_frame_bytes {
             return Err((close_code::TOO_BIG, "frame too large".into()));
@@ -199,7 +191,7 @@ impl<L: HostLink> Connection<L> {
         let request = message.id;
         let patience = self.limits.call_timeout;
         let call = tokio::time::timeout(patience, self.link.call(&self.host, id, message)).instrument(span);
-        let Ok(reply) = delivery.during(clocks, call).await? else {
+        let Ok(reply) = delivery.during(clock, call).await? else {
             // What the host did with it (if anything) shows to every device once committed, and after a
             // reconnect; the connection goes on.
             telemetry::call_timed_out();
@@ -241,14 +233,6 @@ impl<L: HostLink> Connection<L> {
         }
         delivery.flush_backlog()
     }
-}
-
-/// The connection's own clocks, which run during calls too: the relay's shutdown, the token's expiry, and
-/// the ping interval.
-struct Clocks {
-    shutdown: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
-    expiry: std::pin::Pin<Box<tokio::time::Sleep>>,
-    pings: tokio::time::Interval,
 }
 
 /// One connection's outbound side: its delivery filter, its host's bus, the events that arrived while a call
@@ -299,18 +283,20 @@ impl Delivery {
     /// Run `call` while keeping the bus drained into the backlog, writing what is queued, pinging, and closing
     /// at shutdown or token expiry. (The idle check waits: the client's frames are not read meanwhile, and the
     /// call itself is bounded.)
-    async fn during<F: Future>(&mut self, clocks: &mut Clocks, call: F) -> Result<F::Output, Close> {
+    async fn during<F: Future>(&mut self, clock: &ConnectionAlarm, call: F) -> Result<F::Output, Close> {
         tokio::pin!(call);
         loop {
             let batch = tokio::select! {
                 biased;
-                () = clocks.shutdown.as_mut() => return Err(shutting_down()),
-                () = clocks.expiry.as_mut() => return Err(token_expired()),
+                alarm = clock.next() => match alarm {
+                    Alarm::Shutdown => return Err(shutting_down()),
+                    Alarm::TokenExpired => return Err(token_expired()),
+                    Alarm::Ping => {
+                        self.outbox.ping();
+                        continue;
+                    }
+                },
                 output = &mut call => return Ok(output),
-                _ = clocks.pings.tick() => {
-                    self.outbox.ping();
-                    continue;
-                }
                 batch = self.next_batch() => batch?,
             };
             self.hold(batch)?;

@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod auth_throttle;
 pub mod claims;
+pub mod clock;
 pub mod closes;
 pub mod connection;
 pub mod filter;

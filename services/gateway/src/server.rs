@@ -183,7 +183,7 @@ async fn open<L: HostLink>(
         host: HostKey::new(claims.tid.clone(), host),
         identity: claims.identity(),
         limits: state.limits.clone(),
-        shutdown: state.shutdown.clone(),
+        clock: state.clock.clone(),
         quotas: state.quotas.clone(),
         permit,
         token_expires_at: std::time::UNIX_EPOCH + std::time::Duration::from_secs(claims.exp),

@@ -18,6 +18,9 @@ pub struct GatewayState<L> {
     /// Shared by every connection (one copy, not one per connection's task).
     pub limits: Arc<Limits>,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Every connection's pings, token expiry and shutdown, on one timer wheel
+    /// ([`crate::clock::ConnectionClock::start`] with `limits.ping_interval` and `shutdown`).
+    pub clock: crate::clock::ConnectionClock,
     /// Per-tenant connection and message quotas.
     pub quotas: Arc<TenantQuotas>,
     /// Web pages (besides the relay's own) that may open WebSockets.

@@ -407,6 +407,7 @@ async fn serve_edge<L: HostLink>(
     let app = relay_gateway::router(Arc::new(GatewayState {
         link,
         verifier,
+        clock: relay_gateway::clock::ConnectionClock::start(limits.ping_interval, shutdown_rx.clone()),
         limits: Arc::new(limits),
         shutdown: shutdown_rx,
         quotas: quotas.clone(),
@@ -427,6 +428,7 @@ async fn serve_edge<L: HostLink>(
             tracing::debug!(%error, "could not set TCP_NODELAY");
         }
     });
+    let stop = stop_signal();
     {
         let mut out = std::io::stdout().lock();
         writeln!(
@@ -471,7 +473,7 @@ async fn serve_edge<L: HostLink>(
 
     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(async move {
-            wait_for_signal().await;
+            stop.await;
             tracing::info!("shutting down: closing client connections");
             let _ = shutdown_tx.send(true);
         })
@@ -503,23 +505,33 @@ fn spawn_retention(link: Arc<ShardLink>, every: Duration) {
 }
 
 pub async fn wait_for_signal() {
+    stop_signal().await
+}
+
+/// SIGTERM or Ctrl-C, listened for from this call on (not from the first poll): a process told to stop while
+/// it starts, once it has said it listens, drains instead of dying at SIGTERM's default action.
+pub fn stop_signal() -> impl std::future::Future<Output = ()> + Send {
     #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
-                let _ = tokio::signal::ctrl_c().await;
-                return;
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        #[cfg(unix)]
+        {
+            let mut term = match term {
+                Ok(term) => term,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot listen for SIGTERM");
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
             }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -21,6 +21,7 @@ pub async fn start_gateway(shard_url: &str, secret: &[u8], max_connections: usiz
     let app = relay_gateway::router(Arc::new(GatewayState {
         link,
         verifier: TokenVerifier::hs256(secret),
+        clock: relay_gateway::clock::ConnectionClock::start(limits.ping_interval, shutdown.clone()),
         limits: Arc::new(limits),
         shutdown,
         quotas: TenantQuotas::new(QuotaLimits {
