@@ -58,6 +58,11 @@ async fn split_deployment_metrics_health_and_readiness() {
         gateway.metric("ahp_relay_subscriptions").await >= 1.0,
         "its chat subscription is counted"
     );
+    assert_eq!(
+        gateway.metric("ahp_relay_fanout_lanes").await,
+        1.0,
+        "one connection of one host: one fan-out lane"
+    );
     let actions_before = shard.metric("ahp_relay_actions_total").await;
     let memory_replays_before = shard.metric(MEMORY_REPLAYS).await;
 
@@ -109,6 +114,13 @@ async fn split_deployment_metrics_health_and_readiness() {
     )
     .await;
     assert_eq!(gateway.metric("ahp_relay_subscriptions").await, 0.0);
+    // The host's lane ends with its last connection, and lets go of the host's bus.
+    eventually(
+        "fan-out lanes after the client left",
+        || gateway.metric("ahp_relay_fanout_lanes"),
+        |n| n == 0.0,
+    )
+    .await;
     let back = gateway.connect("dev", "device-a", Role::Member).await;
     let _sub = back.attach_subscription(&chat).await;
     let replay = back

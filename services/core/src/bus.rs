@@ -195,6 +195,11 @@ impl BusReceiver {
             .ok_or(tokio::sync::broadcast::error::TryRecvError::Lagged(1))
     }
 
+    /// Whether `other` reads the same bus.
+    pub fn same_bus(&self, other: &BusReceiver) -> bool {
+        self.ring.same_channel(&other.ring)
+    }
+
     /// Another reader of the same bus, receiving what is sent from now on.
     pub fn resubscribe(&self) -> Self {
         Self {

@@ -12,6 +12,8 @@
 //! | `ahp_relay_connections` | gauge | gateway | open client WebSocket connections |
 //! | `ahp_relay_subscriptions` | gauge | gateway | channel subscriptions over all connections (their delivery filters) |
 //! | `ahp_relay_fanout_latency_seconds` | histogram | gateway | bus event → its frame flushed to a client socket (see below) |
+//! | `ahp_relay_fanout_lanes` | gauge | gateway | fan-out lanes running (a host's connections on one lane; a lane ends with its last connection) |
+//! | `ahp_relay_fanout_handoffs_total` | counter | gateway | writes a lane left to a connection's task because its socket pushed back |
 //! | `ahp_relay_gap_repairs_total` | counter | gateway | gaps in the Redis bus repaired from the shard with `FetchRange` |
 //! | `ahp_relay_slow_consumer_closes_total` | counter | gateway | connections closed with 1013 because they fell behind |
 //! | `ahp_relay_redirects_total` | counter | gateway | redirects to a host's owning shard the gateway followed |
@@ -44,6 +46,10 @@ use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, Promet
 
 /// Open client WebSocket connections (gauge, gateway).
 pub const CONNECTIONS: &str = "ahp_relay_connections";
+/// Fan-out lanes running (gauge, gateway).
+pub const FANOUT_LANES: &str = "ahp_relay_fanout_lanes";
+/// Writes a lane handed to a connection's task because the socket pushed back (counter, gateway).
+pub const FANOUT_HANDOFFS: &str = "ahp_relay_fanout_handoffs_total";
 /// Channel subscriptions over all connections (gauge, gateway).
 pub const SUBSCRIPTIONS: &str = "ahp_relay_subscriptions";
 /// Bus event stamped → frame flushed to the client socket, in seconds (histogram, gateway).
@@ -155,6 +161,16 @@ fn register(side: Side) {
                 SUBSCRIPTIONS,
                 Unit::Count,
                 "Channel subscriptions over all client connections."
+            );
+            describe_gauge!(
+                FANOUT_LANES,
+                Unit::Count,
+                "Fan-out lanes running: tasks that write a host's batches into its connections' sockets."
+            );
+            describe_counter!(
+                FANOUT_HANDOFFS,
+                Unit::Count,
+                "Writes a fan-out lane handed to the connection's own task because its socket pushed back."
             );
             describe_histogram!(
                 FANOUT_LATENCY_SECONDS,
@@ -273,6 +289,27 @@ impl Drop for OpenConnection {
     fn drop(&mut self) {
         gauge!(CONNECTIONS).decrement(1.0);
     }
+}
+
+/// A running fan-out lane, counted in `ahp_relay_fanout_lanes` while this lives.
+#[must_use = "the lane is counted only while this is held"]
+pub struct RunningLane(());
+
+/// A fan-out lane started; it stays counted until the returned value is dropped.
+pub fn fanout_lane_started() -> RunningLane {
+    gauge!(FANOUT_LANES).increment(1.0);
+    RunningLane(())
+}
+
+impl Drop for RunningLane {
+    fn drop(&mut self) {
+        gauge!(FANOUT_LANES).decrement(1.0);
+    }
+}
+
+/// A lane's write met a full socket and was handed to the connection's task.
+pub fn fanout_handed_off() {
+    counter!(FANOUT_HANDOFFS).increment(1);
 }
 
 /// A connection's delivery filter went from `before` to `after` subscriptions.

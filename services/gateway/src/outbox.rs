@@ -1,4 +1,4 @@
-//! A connection's queue of frames being written to its socket: bounded (a slow consumer is closed with 1013),
+//! A connection's socket and its queue of frames being written to it: bounded (a slow consumer is closed with 1013),
 //! pings among them, shrunk back to an idle connection's size once drained, and its close written within
 //! patience.
 
@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use bytes::Bytes;
-use futures_util::stream::SplitSink;
 use futures_util::Sink;
 use relay_core::{telemetry, Limits};
 
@@ -35,7 +34,9 @@ pub(crate) enum Outbound {
 /// `TCP_NODELAY`, while a lone frame leaves at once. Once a flush has put bus events on the socket, their
 /// fan-out latencies are recorded.
 pub(crate) struct Outbox {
-    pub(crate) sink: SplitSink<WebSocket, Message>,
+    /// The whole socket, not a split half: whoever holds the connection's lock reads or writes it, so no
+    /// second lock is taken per read or write.
+    pub(crate) socket: WebSocket,
     pub(crate) queue: VecDeque<Outbound>,
     /// Bytes of the frames in `queue`.
     pub(crate) bytes: usize,
@@ -51,9 +52,9 @@ pub(crate) struct Outbox {
 }
 
 impl Outbox {
-    pub(crate) fn new(sink: SplitSink<WebSocket, Message>, limits: &Limits) -> Self {
+    pub(crate) fn new(socket: WebSocket, limits: &Limits) -> Self {
         Self {
-            sink,
+            socket,
             queue: VecDeque::new(),
             bytes: 0,
             unflushed: false,
@@ -89,11 +90,6 @@ impl Outbox {
         !self.queue.is_empty() || self.unflushed
     }
 
-    /// Past half its bound in frames or bytes: writing goes before taking more from the bus.
-    pub(crate) fn pressing(&self) -> bool {
-        self.queue.len() * 2 >= self.max_frames || self.bytes * 2 >= self.max_bytes
-    }
-
     /// Completes once everything queued is written and flushed; an error closes the connection.
     pub(crate) async fn written(&mut self) -> Result<(), Close> {
         poll_fn(|cx| self.poll_write(cx))
@@ -105,7 +101,7 @@ impl Outbox {
     /// only when the socket has taken it.
     pub(crate) fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), axum::Error>> {
         while !self.queue.is_empty() {
-            ready!(std::pin::Pin::new(&mut self.sink).poll_ready(cx))?;
+            ready!(std::pin::Pin::new(&mut self.socket).poll_ready(cx))?;
             let message = match self.queue.pop_front() {
                 Some(Outbound::Frame(frame, stamp)) => {
                     self.bytes -= frame.len();
@@ -121,7 +117,7 @@ impl Outbox {
                 Some(Outbound::Ping) => Message::Ping(Bytes::new()),
                 None => break,
             };
-            std::pin::Pin::new(&mut self.sink).start_send(message)?;
+            std::pin::Pin::new(&mut self.socket).start_send(message)?;
             self.unflushed = true;
         }
         // A burst leaves the queue's room behind; an idle connection should not keep it.
@@ -129,7 +125,7 @@ impl Outbox {
             self.queue = VecDeque::new();
         }
         if self.unflushed {
-            ready!(std::pin::Pin::new(&mut self.sink).poll_flush(cx))?;
+            ready!(std::pin::Pin::new(&mut self.socket).poll_flush(cx))?;
             self.unflushed = false;
             if !self.stamps.is_empty() {
                 let flushed_at = Instant::now();
@@ -153,12 +149,11 @@ impl Outbox {
     pub(crate) async fn close(mut self, code: u16, reason: String) {
         let _ = tokio::time::timeout(CLOSE_PATIENCE, async {
             if self.written().await.is_ok() {
-                use futures_util::SinkExt;
                 let frame = CloseFrame {
                     code,
                     reason: Utf8Bytes::from(reason),
                 };
-                let _ = self.sink.send(Message::Close(Some(frame))).await;
+                let _ = self.socket.send(Message::Close(Some(frame))).await;
             }
         })
         .await;
@@ -169,7 +164,7 @@ impl Outbox {
         let _ = tokio::time::timeout(CLOSE_PATIENCE, async {
             if self.written().await.is_ok() {
                 use futures_util::SinkExt;
-                let _ = self.sink.close().await;
+                let _ = SinkExt::close(&mut self.socket).await;
             }
         })
         .await;

@@ -184,6 +184,7 @@ async fn open<L: HostLink>(
         identity: claims.identity(),
         limits: state.limits.clone(),
         clock: state.clock.clone(),
+        fanout: state.fanout.clone(),
         quotas: state.quotas.clone(),
         permit,
         token_expires_at: std::time::UNIX_EPOCH + std::time::Duration::from_secs(claims.exp),

@@ -21,6 +21,8 @@ pub struct GatewayState<L> {
     /// Every connection's pings, token expiry and shutdown, on one timer wheel
     /// ([`crate::clock::ConnectionClock::start`] with `limits.ping_interval` and `shutdown`).
     pub clock: crate::clock::ConnectionClock,
+    /// The lanes that write every host's batches into its connections' sockets.
+    pub fanout: crate::fanout::Fanout,
     /// Per-tenant connection and message quotas.
     pub quotas: Arc<TenantQuotas>,
     /// Web pages (besides the relay's own) that may open WebSockets.

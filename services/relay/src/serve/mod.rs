@@ -408,6 +408,7 @@ async fn serve_edge<L: HostLink>(
         link,
         verifier,
         clock: relay_gateway::clock::ConnectionClock::start(limits.ping_interval, shutdown_rx.clone()),
+        fanout: Default::default(),
         limits: Arc::new(limits),
         shutdown: shutdown_rx,
         quotas: quotas.clone(),

@@ -22,6 +22,7 @@ pub async fn start_gateway(shard_url: &str, secret: &[u8], max_connections: usiz
         link,
         verifier: TokenVerifier::hs256(secret),
         clock: relay_gateway::clock::ConnectionClock::start(limits.ping_interval, shutdown.clone()),
+        fanout: Default::default(),
         limits: Arc::new(limits),
         shutdown,
         quotas: TenantQuotas::new(QuotaLimits {

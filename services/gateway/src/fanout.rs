@@ -1,0 +1,274 @@
+//! Where a host's batches are written: a few fan-out lanes per host (one per worker thread), each a task that
+//! waits on the host's bus once and, when it rings, has every member connection of the lane read its bus and
+//! write what it admits straight into its socket ([`crate::member`]).
+//!
+//! This is nchan's write path on tokio: a batch costs, per lane, one wake; per connection, one bus read, one
+//! filter pass and one write into its socket — no wake of the connection's task unless its socket is full.
+//! A host's connections are spread over its lanes, so a busy host's writes run on every core. A lane ends
+//! when its last member leaves, and so lets go of the host's bus.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use relay_core::bus::BusReceiver;
+use relay_core::{ConnectionId, HostKey};
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+use tokio::sync::mpsc;
+
+use crate::member::Member;
+
+/// Members a lane rings before it lets other tasks of its thread run.
+const RING_BEFORE_YIELD: usize = 256;
+
+/// The gateway's lanes, by host. Cheap to clone.
+#[derive(Clone)]
+pub struct Fanout {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    lanes_per_host: usize,
+    /// Numbers the lanes started, so a ticket counts only in its own lane (not in one started after it).
+    started: std::sync::atomic::AtomicU64,
+    hosts: Mutex<HashMap<HostKey, Vec<Option<LaneHandle>>>>,
+}
+
+/// What a lane is told besides its bus.
+enum LaneNews {
+    Joined(Arc<Member>),
+    /// A member's connection ended (its place is freed at the lane's next prune).
+    Left,
+}
+
+/// A running lane: where members join it, and how many it has.
+struct LaneHandle {
+    joins: mpsc::UnboundedSender<LaneNews>,
+    members: usize,
+    generation: u64,
+}
+
+impl Default for Fanout {
+    /// One lane per host per worker thread (the available parallelism, at most 8).
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::with_lanes(cores.clamp(1, 8))
+    }
+}
+
+impl Fanout {
+    /// `lanes` lanes per host.
+    pub fn with_lanes(lanes: usize) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                lanes_per_host: lanes.max(1),
+                started: std::sync::atomic::AtomicU64::new(0),
+                hosts: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Put `member` (connection `id` of `host`) on one of the host's lanes, starting it if needed. The
+    /// member is rung at once (for what its bus brought since it was attached) and at every batch after;
+    /// it leaves the lane's count when the returned ticket is dropped, and the lane itself at its next turn
+    /// after [`Member::leave`].
+    pub(crate) fn join(&self, host: &HostKey, id: ConnectionId, member: Arc<Member>) -> LaneTicket {
+        let lane = (id.0 % self.shared.lanes_per_host as u64) as usize;
+        let mut hosts = self.shared.hosts.lock();
+        let lanes = hosts
+            .entry(host.clone())
+            .or_insert_with(|| (0..self.shared.lanes_per_host).map(|_| None).collect());
+        let running = lanes[lane].as_mut().filter(|handle| !handle.joins.is_closed());
+        let generation = match running {
+            Some(handle) => {
+                handle.members += 1;
+                // The lane ends only once its handle is dropped (by a ticket, with the registry's lock held).
+                let _ = handle.joins.send(LaneNews::Joined(member));
+                handle.generation
+            }
+            None => {
+                let (joins, joined) = mpsc::unbounded_channel();
+                let _ = joins.send(LaneNews::Joined(member));
+                tokio::spawn(run_lane(joined));
+                let generation = self
+                    .shared
+                    .started
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                lanes[lane] = Some(LaneHandle {
+                    joins,
+                    members: 1,
+                    generation,
+                });
+                generation
+            }
+        };
+        LaneTicket {
+            shared: self.shared.clone(),
+            host: host.clone(),
+            lane,
+            generation,
+        }
+    }
+
+    /// Lanes running now, over all hosts.
+    pub fn lanes(&self) -> usize {
+        self.shared
+            .hosts
+            .lock()
+            .values()
+            .flat_map(|lanes| lanes.iter().flatten())
+            .count()
+    }
+}
+
+/// A connection's place in a lane's count: dropping it lets the lane end with its last member.
+pub(crate) struct LaneTicket {
+    shared: Arc<Shared>,
+    host: HostKey,
+    lane: usize,
+    generation: u64,
+}
+
+impl Drop for LaneTicket {
+    fn drop(&mut self) {
+        let mut hosts = self.shared.hosts.lock();
+        let Some(lanes) = hosts.get_mut(&self.host) else {
+            return;
+        };
+        if let Some(handle) = lanes[self.lane]
+            .as_mut()
+            .filter(|handle| handle.generation == self.generation)
+        {
+            handle.members = handle.members.saturating_sub(1);
+            if handle.members == 0 {
+                // Its join channel closes: the lane ends and drops its doorbells.
+                lanes[self.lane] = None;
+            } else {
+                let _ = handle.joins.send(LaneNews::Left);
+            }
+        }
+        if lanes.iter().all(Option::is_none) {
+            hosts.remove(&self.host);
+        }
+    }
+}
+
+/// Members that read one bus, and the lane's own reader of it, which only says when to ring them.
+struct Ring {
+    doorbell: BusReceiver,
+    members: Vec<Arc<Member>>,
+}
+
+/// A lane: takes joining members and rings its members whenever their bus has something.
+async fn run_lane(mut news: mpsc::UnboundedReceiver<LaneNews>) {
+    let _running = relay_core::telemetry::fanout_lane_started();
+    // Almost always one ring: a second appears only while a restarted host's new bus replaces the old one.
+    let mut rings: Vec<Ring> = Vec::new();
+    let mut departed = 0usize;
+    loop {
+        let rang = tokio::select! {
+            biased;
+            told = news.recv() => {
+                match told {
+                    None => return,
+                    Some(LaneNews::Joined(member)) => join_ring(&mut rings, member),
+                    Some(LaneNews::Left) => {
+                        // A quiet host's departed members are pruned here rather than at its next batch: once
+                        // they are a quarter of the lane, in one pass.
+                        departed += 1;
+                        let members: usize = rings.iter().map(|ring| ring.members.len()).sum();
+                        if departed * 4 >= members.max(64) {
+                            departed = 0;
+                            for ring in &mut rings {
+                                ring.members.retain(|member| !member.is_gone());
+                            }
+                            rings.retain(|ring| !ring.members.is_empty());
+                        }
+                    }
+                }
+                continue;
+            }
+            rang = doorbells(&mut rings) => rang,
+        };
+        let (index, outcome) = rang;
+        let Some(ring) = rings.get_mut(index) else {
+            continue;
+        };
+        // Batches that rang meanwhile are read by the members now: one turn for all of them.
+        let mut closed = matches!(outcome, Err(RecvError::Closed));
+        loop {
+            match ring.doorbell.try_recv() {
+                Ok(_) | Err(TryRecvError::Lagged(_)) => {}
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Closed) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        ring_all(&mut ring.members).await;
+        if closed || ring.members.is_empty() {
+            // Every member has read the bus's end (and is closing), or has gone.
+            rings.swap_remove(index);
+        }
+    }
+}
+
+/// Put `member` in the ring of its bus (a new ring if it reads another bus), and ring it at once.
+fn join_ring(rings: &mut Vec<Ring>, member: Arc<Member>) {
+    let found = rings
+        .iter()
+        .position(|ring| member.reads_same_bus(&ring.doorbell) == Some(true));
+    let index = match found {
+        Some(index) => index,
+        None => {
+            let Some(doorbell) = member.doorbell() else {
+                return;
+            };
+            rings.push(Ring {
+                doorbell,
+                members: Vec::new(),
+            });
+            rings.len() - 1
+        }
+    };
+    if member.ring() {
+        rings[index].members.push(member);
+    }
+}
+
+/// The first ring whose bus has something (or ended).
+async fn doorbells(rings: &mut [Ring]) -> (usize, Result<(), RecvError>) {
+    if rings.is_empty() {
+        return std::future::pending().await;
+    }
+    let waits = rings.iter_mut().map(|ring| {
+        Box::pin(async move {
+            match ring.doorbell.recv().await {
+                Ok(_) | Err(RecvError::Lagged(_)) => Ok(()),
+                Err(RecvError::Closed) => Err(RecvError::Closed),
+            }
+        })
+    });
+    let (outcome, index, _) = futures_util::future::select_all(waits).await;
+    (index, outcome)
+}
+
+/// Ring every member in turn, dropping those that left; other tasks of the thread run every
+/// [`RING_BEFORE_YIELD`] members.
+async fn ring_all(members: &mut Vec<Arc<Member>>) {
+    let mut index = 0;
+    let mut since_yield = 0;
+    while index < members.len() {
+        if members[index].ring() {
+            index += 1;
+        } else {
+            members.swap_remove(index);
+        }
+        since_yield += 1;
+        if since_yield == RING_BEFORE_YIELD {
+            since_yield = 0;
+            tokio::task::yield_now().await;
+        }
+    }
+}
