@@ -31,7 +31,13 @@ struct Shared {
     lanes_per_host: usize,
     /// Numbers the lanes started, so a ticket counts only in its own lane (not in one started after it).
     started: std::sync::atomic::AtomicU64,
-    hosts: Mutex<HashMap<HostKey, Vec<Option<LaneHandle>>>>,
+    hosts: Mutex<HashMap<HostKey, HostLanes>>,
+}
+
+/// One host's lanes, and its key shared with every ticket (a pointer each, not a copy of the key's strings).
+struct HostLanes {
+    key: Arc<HostKey>,
+    lanes: Vec<Option<LaneHandle>>,
 }
 
 /// What a lane is told besides its bus.
@@ -75,9 +81,12 @@ impl Fanout {
     pub(crate) fn join(&self, host: &HostKey, id: ConnectionId, member: Arc<Member>) -> LaneTicket {
         let lane = (id.0 % self.shared.lanes_per_host as u64) as usize;
         let mut hosts = self.shared.hosts.lock();
-        let lanes = hosts
-            .entry(host.clone())
-            .or_insert_with(|| (0..self.shared.lanes_per_host).map(|_| None).collect());
+        let entry = hosts.entry(host.clone()).or_insert_with(|| HostLanes {
+            key: Arc::new(host.clone()),
+            lanes: (0..self.shared.lanes_per_host).map(|_| None).collect(),
+        });
+        let key = entry.key.clone();
+        let lanes = &mut entry.lanes;
         let running = lanes[lane].as_mut().filter(|handle| !handle.joins.is_closed());
         let generation = match running {
             Some(handle) => {
@@ -104,7 +113,7 @@ impl Fanout {
         };
         LaneTicket {
             shared: self.shared.clone(),
-            host: host.clone(),
+            host: key,
             lane,
             generation,
         }
@@ -116,7 +125,7 @@ impl Fanout {
             .hosts
             .lock()
             .values()
-            .flat_map(|lanes| lanes.iter().flatten())
+            .flat_map(|host| host.lanes.iter().flatten())
             .count()
     }
 }
@@ -124,7 +133,7 @@ impl Fanout {
 /// A connection's place in a lane's count: dropping it lets the lane end with its last member.
 pub(crate) struct LaneTicket {
     shared: Arc<Shared>,
-    host: HostKey,
+    host: Arc<HostKey>,
     lane: usize,
     generation: u64,
 }
@@ -132,7 +141,7 @@ pub(crate) struct LaneTicket {
 impl Drop for LaneTicket {
     fn drop(&mut self) {
         let mut hosts = self.shared.hosts.lock();
-        let Some(lanes) = hosts.get_mut(&self.host) else {
+        let Some(HostLanes { lanes, .. }) = hosts.get_mut(&*self.host) else {
             return;
         };
         if let Some(handle) = lanes[self.lane]
@@ -148,7 +157,7 @@ impl Drop for LaneTicket {
             }
         }
         if lanes.iter().all(Option::is_none) {
-            hosts.remove(&self.host);
+            hosts.remove(&*self.host);
         }
     }
 }
@@ -195,18 +204,23 @@ async fn run_lane(mut news: mpsc::UnboundedReceiver<LaneNews>) {
             continue;
         };
         // Batches that rang meanwhile are read by the members now: one turn for all of them.
+        // The members read as many batches as the doorbell counted (each member's bus has them too); when
+        // the doorbell lagged or the bus ended, they read theirs dry.
         let mut closed = matches!(outcome, Err(RecvError::Closed));
+        let mut counted = outcome.is_ok().then_some(1usize);
         loop {
             match ring.doorbell.try_recv() {
-                Ok(_) | Err(TryRecvError::Lagged(_)) => {}
+                Ok(_) => counted = counted.map(|n| n + 1),
+                Err(TryRecvError::Lagged(_)) => counted = None,
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Closed) => {
                     closed = true;
+                    counted = None;
                     break;
                 }
             }
         }
-        ring_all(&mut ring.members).await;
+        ring_all(&mut ring.members, counted).await;
         if closed || ring.members.is_empty() {
             // Every member has read the bus's end (and is closing), or has gone.
             rings.swap_remove(index);
@@ -232,7 +246,7 @@ fn join_ring(rings: &mut Vec<Ring>, member: Arc<Member>) {
             rings.len() - 1
         }
     };
-    if member.ring() {
+    if member.ring(None) {
         rings[index].members.push(member);
     }
 }
@@ -242,25 +256,20 @@ async fn doorbells(rings: &mut [Ring]) -> (usize, Result<(), RecvError>) {
     if rings.is_empty() {
         return std::future::pending().await;
     }
-    let waits = rings.iter_mut().map(|ring| {
-        Box::pin(async move {
-            match ring.doorbell.recv().await {
-                Ok(_) | Err(RecvError::Lagged(_)) => Ok(()),
-                Err(RecvError::Closed) => Err(RecvError::Closed),
-            }
-        })
-    });
+    let waits = rings
+        .iter_mut()
+        .map(|ring| Box::pin(async move { ring.doorbell.recv().await.map(drop) }));
     let (outcome, index, _) = futures_util::future::select_all(waits).await;
     (index, outcome)
 }
 
 /// Ring every member in turn, dropping those that left; other tasks of the thread run every
 /// [`RING_BEFORE_YIELD`] members.
-async fn ring_all(members: &mut Vec<Arc<Member>>) {
+async fn ring_all(members: &mut Vec<Arc<Member>>, batches: Option<usize>) {
     let mut index = 0;
     let mut since_yield = 0;
     while index < members.len() {
-        if members[index].ring() {
+        if members[index].ring(batches) {
             index += 1;
         } else {
             members.swap_remove(index);

@@ -101,14 +101,22 @@ impl Member {
             .map(|delivery| delivery.bus.resubscribe())
     }
 
-    /// The lane's turn: read what the bus brought, and deliver and write it (or hold it during a call).
-    /// `false` once the connection is gone.
-    pub(crate) fn ring(&self) -> bool {
+    /// The bus this connection reads, once it is attached to its host (until then it reads a closed one).
+    pub(crate) fn attached(&self, bus: BusReceiver) {
+        if let Some(delivery) = self.delivery.lock().as_mut() {
+            delivery.bus = bus;
+        }
+    }
+
+    /// The lane's turn: read what the bus brought — at most `batches` (what the lane's doorbell counted, so a
+    /// member that read them all does not ask its bus once more only to find it empty), or all of it — and
+    /// deliver and write it (or hold it during a call). `false` once the connection is gone.
+    pub(crate) fn ring(&self, batches: Option<usize>) -> bool {
         let mut guard = self.delivery.lock();
         let Some(delivery) = guard.as_mut() else {
             return false;
         };
-        let wake = delivery.closing.is_none() && delivery.take_bus();
+        let wake = delivery.closing.is_none() && delivery.take_bus(batches);
         drop(guard);
         if wake {
             self.task.wake();
@@ -160,7 +168,7 @@ impl Member {
         }
         if delivery.awaiting.is_some() {
             // The lane may not have rung yet for what the bus already holds.
-            if delivery.take_bus() {
+            if delivery.take_bus(None) {
                 if let Some(close) = delivery.closing.take() {
                     return Poll::Ready(Err(close));
                 }
@@ -187,9 +195,11 @@ impl Delivery {
     /// Read the bus dry: hold what arrives during a call, otherwise deliver it and write it at once. Returns
     /// whether the task must be woken (to close, to write what the socket would not take, or because what
     /// it awaits arrived).
-    fn take_bus(&mut self) -> bool {
+    fn take_bus(&mut self, batches: Option<usize>) -> bool {
         let mut delivered = false;
-        loop {
+        let mut read = 0;
+        while batches.is_none_or(|most| read < most) {
+            read += 1;
             let batch = match self.bus.try_recv() {
                 Ok(batch) => batch,
                 Err(TryRecvError::Empty) => break,
