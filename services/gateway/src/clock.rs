@@ -110,8 +110,6 @@ impl ConnectionClock {
             for (_, clocked) in state.connections.iter() {
                 clocked.signal.raise(SHUTDOWN);
             }
-            // Nothing is due any more: every connection is closing.
-            state.wheel.clear();
         });
         Self { shared }
     }
@@ -127,7 +125,13 @@ impl ConnectionClock {
         let signal = Arc::new(Signal::default());
         let mut state = self.shared.state.lock();
         if state.shutting_down {
+            // Told at once, and put on no wheel (nobody drives it any more).
             signal.flags.fetch_or(SHUTDOWN, Ordering::AcqRel);
+            return ConnectionAlarm {
+                shared: self.shared.clone(),
+                slot: None,
+                signal,
+            };
         }
         let slot = state.connections.vacant_key();
         let ping = state
@@ -144,7 +148,7 @@ impl ConnectionClock {
         });
         ConnectionAlarm {
             shared: self.shared.clone(),
-            slot,
+            slot: Some(slot),
             signal,
         }
     }
@@ -167,10 +171,12 @@ impl ClockState {
         let now = Instant::now();
         match expired.into_inner() {
             Due::Ping(slot) => {
-                let next = self.wheel.insert_at(Due::Ping(slot), now + ping_every);
-                if let Some(clocked) = self.connections.get_mut(slot) {
-                    clocked.ping = next;
-                    clocked.signal.raise(PING);
+                if self.connections.contains(slot) {
+                    let next = self.wheel.insert_at(Due::Ping(slot), now + ping_every);
+                    if let Some(clocked) = self.connections.get_mut(slot) {
+                        clocked.ping = next;
+                        clocked.signal.raise(PING);
+                    }
                 }
             }
             Due::TokenExpiry(slot) => {
@@ -197,7 +203,8 @@ impl ClockState {
 /// A connection's place on the clock: what is due for it. Dropping it takes the connection off the clock.
 pub struct ConnectionAlarm {
     shared: Arc<Shared>,
-    slot: usize,
+    /// Its entry, unless it came after shutdown.
+    slot: Option<usize>,
     signal: Arc<Signal>,
 }
 
@@ -227,8 +234,11 @@ impl ConnectionAlarm {
 
 impl Drop for ConnectionAlarm {
     fn drop(&mut self) {
+        let Some(slot) = self.slot else {
+            return;
+        };
         let mut state = self.shared.state.lock();
-        if let Some(clocked) = state.connections.try_remove(self.slot) {
+        if let Some(clocked) = state.connections.try_remove(slot) {
             state.wheel.try_remove(&clocked.ping);
             if let Some(expiry) = clocked.expiry {
                 state.wheel.try_remove(&expiry);

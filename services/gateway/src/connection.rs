@@ -175,12 +175,11 @@ impl<L: HostLink> Connection<L> {
                 telemetry::slow_consumer_closed();
             }
         }
-        Box::pin(self.link.detach(&self.host, id)).await;
-        // Taken back only now, after the last await but the close: a local that lives across an await is kept in
-        // this task's future for the connection's whole life (and the lane may write until then; the close frame
-        // comes after).
-        let delivery = member.leave();
+        // Off the lane before the host forgets the connection: nothing is written to it after the close decision
+        // but the close (boxed: a local that lives across an await stays in this task's future).
+        let delivery = member.leave().map(Box::new);
         drop(ticket);
+        Box::pin(self.link.detach(&self.host, id)).await;
         let Some(delivery) = delivery else {
             return;
         };

@@ -18,9 +18,6 @@ use tokio::sync::mpsc;
 
 use crate::member::Member;
 
-/// Members a lane rings before it lets other tasks of its thread run.
-const RING_BEFORE_YIELD: usize = 256;
-
 /// The gateway's lanes, by host. Cheap to clone.
 #[derive(Clone)]
 pub struct Fanout {
@@ -79,6 +76,7 @@ impl Fanout {
     /// it leaves the lane's count when the returned ticket is dropped, and the lane itself at its next turn
     /// after [`Member::leave`].
     pub(crate) fn join(&self, host: &HostKey, id: ConnectionId, member: Arc<Member>) -> LaneTicket {
+        let member_kept = member.clone();
         let lane = (id.0 % self.shared.lanes_per_host as u64) as usize;
         let mut hosts = self.shared.hosts.lock();
         let entry = hosts.entry(host.clone()).or_insert_with(|| HostLanes {
@@ -112,6 +110,7 @@ impl Fanout {
             }
         };
         LaneTicket {
+            member: member_kept,
             shared: self.shared.clone(),
             host: key,
             lane,
@@ -130,8 +129,10 @@ impl Fanout {
     }
 }
 
-/// A connection's place in a lane's count: dropping it lets the lane end with its last member.
+/// A connection's place in a lane's count: dropping it takes the connection off the lane (even when its task
+/// ends without closing, e.g. by a panic) and lets the lane end with its last member.
 pub(crate) struct LaneTicket {
+    member: Arc<Member>,
     shared: Arc<Shared>,
     host: Arc<HostKey>,
     lane: usize,
@@ -140,6 +141,7 @@ pub(crate) struct LaneTicket {
 
 impl Drop for LaneTicket {
     fn drop(&mut self) {
+        drop(self.member.leave());
         let mut hosts = self.shared.hosts.lock();
         let Some(HostLanes { lanes, .. }) = hosts.get_mut(&*self.host) else {
             return;
@@ -263,21 +265,19 @@ async fn doorbells(rings: &mut [Ring]) -> (usize, Result<(), RecvError>) {
     (index, outcome)
 }
 
-/// Ring every member in turn, dropping those that left; other tasks of the thread run every
-/// [`RING_BEFORE_YIELD`] members.
+/// Ring every member in turn, dropping those that left. Other tasks of the thread run whenever the lane has
+/// used its cooperative budget: a socket write spends one unit, and a write past the budget would come back
+/// `Pending` as if the socket were full (and be handed to the connection's task for nothing).
 async fn ring_all(members: &mut Vec<Arc<Member>>, batches: Option<usize>) {
     let mut index = 0;
-    let mut since_yield = 0;
     while index < members.len() {
+        if !tokio::task::coop::has_budget_remaining() {
+            tokio::task::yield_now().await;
+        }
         if members[index].ring(batches) {
             index += 1;
         } else {
             members.swap_remove(index);
-        }
-        since_yield += 1;
-        if since_yield == RING_BEFORE_YIELD {
-            since_yield = 0;
-            tokio::task::yield_now().await;
         }
     }
 }

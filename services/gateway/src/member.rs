@@ -57,7 +57,8 @@ pub(crate) struct Delivery {
     awaiting: Option<u64>,
     /// The socket pushed back: the task writes, with its own waker, until its queue is empty.
     task_writes: bool,
-    /// Why the connection must close, found by the lane.
+    /// Why the connection must close, found by the lane. It stays set: the lane reads and writes no more (a
+    /// batch after a gap must not reach a client that resumes from what it saw last).
     closing: Option<Close>,
 }
 
@@ -128,7 +129,7 @@ impl Member {
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Delivery) -> Result<R, Close>) -> Result<R, Close> {
         let mut guard = self.delivery.lock();
         let delivery = guard.as_mut().ok_or_else(write_failed)?;
-        if let Some(close) = delivery.closing.take() {
+        if let Some(close) = delivery.closing.clone() {
             return Err(close);
         }
         f(delivery)
@@ -141,7 +142,7 @@ impl Member {
         let Some(delivery) = guard.as_mut() else {
             return Poll::Ready(Next::Close(write_failed()));
         };
-        if let Some(close) = delivery.closing.take() {
+        if let Some(close) = delivery.closing.clone() {
             return Poll::Ready(Next::Close(close));
         }
         if let Err(close) = delivery.write(cx) {
@@ -160,7 +161,7 @@ impl Member {
         let Some(delivery) = guard.as_mut() else {
             return Poll::Ready(Err(write_failed()));
         };
-        if let Some(close) = delivery.closing.take() {
+        if let Some(close) = delivery.closing.clone() {
             return Poll::Ready(Err(close));
         }
         if let Err(close) = delivery.write(cx) {
@@ -169,7 +170,7 @@ impl Member {
         if delivery.awaiting.is_some() {
             // The lane may not have rung yet for what the bus already holds.
             if delivery.take_bus(None) {
-                if let Some(close) = delivery.closing.take() {
+                if let Some(close) = delivery.closing.clone() {
                     return Poll::Ready(Err(close));
                 }
             }
@@ -187,7 +188,10 @@ impl Member {
 
     /// The task takes the delivery back to close the connection; the lane drops the member at its next turn.
     pub(crate) fn leave(&self) -> Option<Delivery> {
-        self.delivery.lock().take()
+        let delivery = self.delivery.lock().take();
+        // The waker would keep the finished task's memory while the lane still holds this member.
+        drop(self.task.take());
+        delivery
     }
 }
 
@@ -197,6 +201,7 @@ impl Delivery {
     /// it awaits arrived).
     fn take_bus(&mut self, batches: Option<usize>) -> bool {
         let mut delivered = false;
+        let mut wake = false;
         let mut read = 0;
         while batches.is_none_or(|most| read < most) {
             read += 1;
@@ -219,6 +224,11 @@ impl Delivery {
                 delivered = true;
                 self.deliver(&batch)
             };
+            // A long turn writes as it goes rather than filling the queue and closing a connection whose
+            // socket could take more.
+            if taken.is_ok() && !self.holding && self.outbox.pressing() {
+                wake |= self.write_now();
+            }
             if let Err(close) = taken {
                 self.closing = Some(close);
                 return true;
@@ -227,7 +237,7 @@ impl Delivery {
         if self.holding {
             return self.awaited_arrived();
         }
-        delivered && self.write_now()
+        (delivered && self.write_now()) || wake
     }
 
     /// Write what is queued without the task (with a no-op waker). Returns whether the task must take over:

@@ -90,6 +90,11 @@ impl Outbox {
         !self.queue.is_empty() || self.unflushed
     }
 
+    /// Past half its bound in frames or bytes: time to write before queueing more.
+    pub(crate) fn pressing(&self) -> bool {
+        self.queue.len() * 2 >= self.max_frames || self.bytes * 2 >= self.max_bytes
+    }
+
     /// Completes once everything queued is written and flushed; an error closes the connection.
     pub(crate) async fn written(&mut self) -> Result<(), Close> {
         poll_fn(|cx| self.poll_write(cx))
