@@ -953,7 +953,12 @@ async function messages(token, outDir) {
     JSON.stringify(await chatState(a)),
     { timeout: PATIENCE },
   );
-  check((await transcriptText(a)) === (await transcriptText(b)), "the phone shows the edited branch");
+  // The state arrived; the transcript is drawn at the next frame.
+  const editedText = await transcriptText(a);
+  const shown = await b
+    .waitForFunction((text) => document.querySelector("#transcript")?.innerText === text, editedText, { timeout: PATIENCE })
+    .then(() => true, () => false);
+  check(shown, "the phone shows the edited branch");
   await b.click(`#chats .tab[data-chat="${chat}"]`);
   await idleWith(b, 2);
   check(isDeepStrictEqual((await turns(b)).map((t) => t.id), before.map((t) => t.id)), "the edited chat keeps every turn");
