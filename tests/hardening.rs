@@ -1852,10 +1852,15 @@ fn a_rate_of_zero_is_refused_at_start() {
     }
 }
 
-/// Issue 34 (2): a full disk is not a transient error. The relay's SQLite store sits on a tmpfs with little
-/// room left (in a mount namespace of the relay's own); drafts fill it. The change the store has no room for is
-/// rejected saying so (its sender goes on, the metric counts it), and once space is freed the next change
-/// commits and a new device sees it, with no restart.
+/// Issue 34 (2): a full disk is not a transient error. The relay's SQLite store sits on a tmpfs of its own (in
+/// a mount namespace of the relay's own), which the test fills; the test reaches it through
+/// `/proc/<relay>/root`. A change the store has no room for is rejected saying so (its sender goes on, the
+/// metric counts it), and once space is freed the next change commits and a new device sees it, with no
+/// restart.
+///
+/// Twice: first with a little room left (the change does not fit, its rejection does, and arrives while the
+/// disk is still full); then with none at all, where even the rejection cannot be recorded — it must not be
+/// lost: it arrives once space returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_changes_clearly_and_recovers_when_space_returns() {
     use ahp_types::actions::ChatDraftChangedAction;
@@ -1864,9 +1869,7 @@ async fn a_full_disk_refuses_changes_clearly_and_recovers_when_space_returns() {
         return;
     }
     let data = tempfile::tempdir().expect("data");
-    // An 8 MiB tmpfs, 6 MiB of it taken by a ballast file.
-    let mount = "dir=$1; shift; mount -t tmpfs -o size=8m tmpfs \"$dir\" && \
-                 head -c 6291456 /dev/zero > \"$dir/ballast\" && exec \"$@\"";
+    let mount = "dir=$1; shift; mount -t tmpfs -o size=8m tmpfs \"$dir\" && exec \"$@\"";
     let dir = data.path().display().to_string();
     let relay = Relay::start_wrapped(
         &[
@@ -1884,45 +1887,95 @@ async fn a_full_disk_refuses_changes_clearly_and_recovers_when_space_returns() {
         &[],
     )
     .await;
+    // The relay's data directory as the relay sees it (its tmpfs), from outside its mount namespace.
+    let inside = std::path::PathBuf::from(format!("/proc/{}/root{dir}", relay.pid()));
     let (client, _) = relay.client("filler").await;
     let (_, chat) = create_session_and_chat(&client, "full").await;
     let (_, _, mut sub) = subscribe_chat(&client, &chat).await;
-    let draft = |n: usize| {
+    let draft = |text: String| {
         StateAction::ChatDraftChanged(ChatDraftChangedAction {
-            draft: Some(message(&format!("{n}{}", "z".repeat(256 * 1024)))),
+            draft: Some(message(&text)),
         })
     };
-    let mut refused = None;
-    for n in 0..64 {
-        let seq = client
-            .dispatch(chat.clone(), draft(n))
-            .await
-            .expect("dispatch")
-            .client_seq;
-        if let Some(reason) = outcome(&mut sub, seq).await.rejection_reason {
-            refused = Some(reason);
-            break;
+    // Everything committed so far goes into the database file and the write-ahead log is cut to nothing, so
+    // the next write needs new room on the disk (none is left over in the log from earlier writes).
+    // (SQLite resolves `/proc/<relay>/root` to this namespace's root, so its own client runs in the relay's.)
+    let truncate_log = || {
+        let checkpoint = std::process::Command::new("nsenter")
+            .args(["-t", &relay.pid().to_string(), "-m", "sqlite3"])
+            .arg(data.path().join("relay.sqlite"))
+            .arg("PRAGMA wal_checkpoint(TRUNCATE);")
+            .output()
+            .expect("sqlite3 (apt-get install sqlite3)");
+        assert!(checkpoint.status.success(), "{checkpoint:?}");
+        // busy|log frames|checkpointed frames: not blocked, and the log is empty.
+        assert_eq!(String::from_utf8_lossy(&checkpoint.stdout).trim(), "0|0|0");
+    };
+    // Fill the disk, leaving `room` bytes.
+    let fill = |name: &str, room: u64| {
+        use std::io::Write;
+        let path = inside.join(name);
+        let mut filler = std::fs::File::create(&path).expect("filler");
+        let chunk = vec![0u8; 64 * 1024];
+        let mut written = 0u64;
+        loop {
+            match filler.write(&chunk) {
+                Ok(0) => break,
+                Ok(n) => written += n as u64,
+                Err(error) if error.raw_os_error() == Some(28) => break,
+                Err(error) => panic!("filling the disk: {error}"),
+            }
         }
-    }
-    let reason = refused.expect("64 drafts of 256 KiB never filled 2 MiB");
+        filler.set_len(written.saturating_sub(room)).expect("make room");
+        filler.sync_all().expect("sync");
+    };
+
+    // A little room: a change of 256 KiB does not fit, its rejection does.
+    truncate_log();
+    fill("filler-a", 64 * 1024);
+    let seq = client
+        .dispatch(chat.clone(), draft(format!("big{}", "z".repeat(256 * 1024))))
+        .await
+        .expect("dispatch")
+        .client_seq;
+    let reason = outcome(&mut sub, seq)
+        .await
+        .rejection_reason
+        .expect("a change the disk has no room for is refused");
     assert!(reason.contains("full"), "the rejection says why: {reason}");
     assert!(relay.metric("ahp_relay_store_full_total").await >= 1.0);
     client.ping().await.expect("still connected");
 
-    // Space returns (the ballast goes, in the relay's mount namespace): the next change commits.
-    let freed = std::process::Command::new("nsenter")
-        .args([
-            "-t",
-            &relay.pid().to_string(),
-            "-m",
-            "rm",
-            &format!("{dir}/ballast"),
-        ])
-        .status()
-        .expect("nsenter");
-    assert!(freed.success());
+    // No room at all: the change is refused, and so is the batch that records its rejection.
+    truncate_log();
+    fill("filler-b", 0);
+    let refused_before = relay.metric("ahp_relay_store_full_total").await;
     let seq = client
-        .dispatch(chat.clone(), draft(1000))
+        .dispatch(chat.clone(), draft("small".into()))
+        .await
+        .expect("dispatch")
+        .client_seq;
+    // Refused: the change's batch, the change alone, and the batch of its rejection twice (a batch the store
+    // refuses is written again unit by unit, so until its second refusal the rejection could still get through).
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while relay.metric("ahp_relay_store_full_total").await < refused_before + 4.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store never refused the rejection's batch"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    // Space returns: the rejection arrives (it was not lost), and the next change commits.
+    std::fs::remove_file(inside.join("filler-a")).expect("free space");
+    std::fs::remove_file(inside.join("filler-b")).expect("free space");
+    let reason = outcome(&mut sub, seq)
+        .await
+        .rejection_reason
+        .expect("the change refused while the disk was full is rejected");
+    assert!(reason.contains("full"), "the rejection says why: {reason}");
+    let seq = client
+        .dispatch(chat.clone(), draft("after".into()))
         .await
         .expect("dispatch")
         .client_seq;
@@ -1933,7 +1986,7 @@ async fn a_full_disk_refuses_changes_clearly_and_recovers_when_space_returns() {
         accepted.rejection_reason
     );
     let seen = fresh_chat_snapshot(&relay, &chat).await;
-    assert!(seen.draft.is_some_and(|draft| draft.text.starts_with("1000")));
+    assert!(seen.draft.is_some_and(|draft| draft.text == "after"));
 }
 
 fn nix_is_root() -> bool {

@@ -23,6 +23,11 @@ pub(crate) fn shutting_down() -> Close {
     (close_code::RESTARTING, "relay shutting down".to_string())
 }
 
+/// The fan-out lane that wrote to the connection failed: it reconnects and resumes, losing nothing.
+pub(crate) fn lane_failed() -> Close {
+    (close_code::RESTARTING, "fan-out failed; reconnect".to_string())
+}
+
 pub(crate) fn token_expired() -> Close {
     (
         close_code::TOKEN_EXPIRED,

@@ -290,14 +290,7 @@ async fn during<F: Future>(member: &Member, clock: &ConnectionAlarm, call: F) ->
     loop {
         tokio::select! {
             biased;
-            alarm = clock.next() => match alarm {
-                Alarm::Shutdown => return Err(shutting_down()),
-                Alarm::TokenExpired => return Err(token_expired()),
-                Alarm::Ping => member.with(|delivery| {
-                    delivery.outbox.ping();
-                    Ok(())
-                })?,
-            },
+            alarm = clock.next() => ring_during_call(member, alarm)?,
             output = &mut call => return Ok(output),
             closed = poll_fn(|cx| member.poll_during(cx)) => closed?,
         }
@@ -316,14 +309,7 @@ async fn await_action(member: &Member, clock: &ConnectionAlarm, seq: u64) -> Res
         loop {
             tokio::select! {
                 biased;
-                alarm = clock.next() => match alarm {
-                    Alarm::Shutdown => return Err(shutting_down()),
-                    Alarm::TokenExpired => return Err(token_expired()),
-                    Alarm::Ping => member.with(|delivery| {
-                        delivery.outbox.ping();
-                        Ok(())
-                    })?,
-                },
+                alarm = clock.next() => ring_during_call(member, alarm)?,
                 arrived = poll_fn(|cx| member.poll_during(cx)) => return arrived,
             }
         }
@@ -336,6 +322,19 @@ async fn await_action(member: &Member, clock: &ConnectionAlarm, seq: u64) -> Res
         );
         Ok(())
     })
+}
+
+/// An alarm that rings while a call is in flight: a ping is queued behind what the call holds back; a shutdown
+/// or an expired token ends the connection (the call's reply is not awaited).
+fn ring_during_call(member: &Member, alarm: Alarm) -> Result<(), Close> {
+    match alarm {
+        Alarm::Shutdown => Err(shutting_down()),
+        Alarm::TokenExpired => Err(token_expired()),
+        Alarm::Ping => member.with(|delivery| {
+            delivery.outbox.ping();
+            Ok(())
+        }),
+    }
 }
 
 fn classify_read_error(error: &axum::Error) -> Option<Close> {

@@ -171,10 +171,14 @@ struct Ring {
 }
 
 /// A lane: takes joining members and rings its members whenever their bus has something.
-async fn run_lane(mut news: mpsc::UnboundedReceiver<LaneNews>) {
+async fn run_lane(news: mpsc::UnboundedReceiver<LaneNews>) {
     let _running = relay_core::telemetry::fanout_lane_started();
     // Almost always one ring: a second appears only while a restarted host's new bus replaces the old one.
-    let mut rings: Vec<Ring> = Vec::new();
+    let mut lane = Lane {
+        news,
+        rings: Vec::new(),
+    };
+    let Lane { news, rings } = &mut lane;
     let mut departed = 0usize;
     loop {
         let rang = tokio::select! {
@@ -182,7 +186,7 @@ async fn run_lane(mut news: mpsc::UnboundedReceiver<LaneNews>) {
             told = news.recv() => {
                 match told {
                     None => return,
-                    Some(LaneNews::Joined(member)) => join_ring(&mut rings, member),
+                    Some(LaneNews::Joined(member)) => join_ring(rings, member),
                     Some(LaneNews::Left) => {
                         // A quiet host's departed members are pruned here rather than at its next batch: once
                         // they are a quarter of the lane, in one pass.
@@ -190,7 +194,7 @@ async fn run_lane(mut news: mpsc::UnboundedReceiver<LaneNews>) {
                         let members: usize = rings.iter().map(|ring| ring.members.len()).sum();
                         if departed * 4 >= members.max(64) {
                             departed = 0;
-                            for ring in &mut rings {
+                            for ring in rings.iter_mut() {
                                 ring.members.retain(|member| !member.is_gone());
                             }
                             rings.retain(|ring| !ring.members.is_empty());
@@ -199,7 +203,7 @@ async fn run_lane(mut news: mpsc::UnboundedReceiver<LaneNews>) {
                 }
                 continue;
             }
-            rang = doorbells(&mut rings) => rang,
+            rang = doorbells(rings) => rang,
         };
         let (index, outcome) = rang;
         let Some(ring) = rings.get_mut(index) else {
@@ -226,6 +230,40 @@ async fn run_lane(mut news: mpsc::UnboundedReceiver<LaneNews>) {
         if closed || ring.members.is_empty() {
             // Every member has read the bus's end (and is closing), or has gone.
             rings.swap_remove(index);
+        }
+    }
+}
+
+/// A lane's members, and those still on their way to it. Should the lane's task die (a panic while ringing:
+/// tokio drops the task's future after catching it), the members still on it or still to join are told to
+/// close with 1012: nothing else would write their batches, and pongs alone would keep them open. A lane that
+/// ends normally has no members left.
+struct Lane {
+    news: mpsc::UnboundedReceiver<LaneNews>,
+    rings: Vec<Ring>,
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        self.news.close();
+        let mut joining = Vec::new();
+        while let Ok(news) = self.news.try_recv() {
+            if let LaneNews::Joined(member) = news {
+                joining.push(member);
+            }
+        }
+        let abandoned = self
+            .rings
+            .iter()
+            .flat_map(|ring| &ring.members)
+            .chain(&joining)
+            .filter(|member| member.abandon())
+            .count();
+        if abandoned > 0 {
+            tracing::error!(
+                abandoned,
+                "a fan-out lane ended with connections on it; they close with 1012"
+            );
         }
     }
 }
@@ -278,6 +316,108 @@ async fn ring_all(members: &mut Vec<Arc<Member>>, batches: Option<usize>) {
             index += 1;
         } else {
             members.swap_remove(index);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+    use std::time::Duration;
+
+    use axum::extract::ws::WebSocketUpgrade;
+    use bytes::Bytes;
+    use futures_util::StreamExt;
+    use relay_core::bus::{Audience, BusBatch, BusEvent, BusEventKind, BusSender};
+    use relay_core::Limits;
+    use tokio_tungstenite::tungstenite::Message;
+
+    use super::*;
+    use crate::closes::close_code;
+    use crate::filter::SubscriptionFilter;
+    use crate::member::Next;
+    use crate::outbox::Outbox;
+
+    /// A real WebSocket on loopback: the server's side becomes a [`Member`] reading `bus`; the client's side
+    /// is returned with it.
+    async fn member_on_loopback(
+        bus: &BusSender,
+    ) -> (
+        Arc<Member>,
+        tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    ) {
+        let (accepted, member) = tokio::sync::oneshot::channel();
+        let accepted = Arc::new(Mutex::new(Some(accepted)));
+        let reader = Arc::new(Mutex::new(Some(bus.subscribe())));
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::get(move |upgrade: WebSocketUpgrade| async move {
+                upgrade.on_upgrade(move |socket| async move {
+                    let (Some(accepted), Some(bus)) = (accepted.lock().take(), reader.lock().take()) else {
+                        return;
+                    };
+                    let mut filter = SubscriptionFilter::new(ConnectionId(1));
+                    filter.enable_notifications();
+                    let outbox = Outbox::new(socket, &Limits::default());
+                    let _ = accepted.send(Member::new(filter, bus, 1 << 20, outbox));
+                })
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let (client, _) = tokio_tungstenite::connect_async(format!("ws://{address}/"))
+            .await
+            .expect("connect");
+        (member.await.expect("accepted"), client)
+    }
+
+    fn batch(seq: u64) -> BusBatch {
+        Arc::from(vec![Arc::new(BusEvent {
+            kind: BusEventKind::Action,
+            channel: "root".into(),
+            seq,
+            prev_seq: seq - 1,
+            audience: Audience::Everyone,
+            frame: Bytes::from(format!("{{\"seq\":{seq}}}")),
+            published_at: None,
+        })])
+    }
+
+    /// A lane writes the bus's batches straight into its members' sockets; when the lane dies with members on
+    /// it (or on their way to it), they are told to close with 1012 rather than left open with nothing writing
+    /// to them. (One thread: the test decides what the lane has read when it dies.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_lane_that_dies_closes_its_connections_with_1012() {
+        let bus = BusSender::new(16, 1 << 20);
+        let (member, mut client) = member_on_loopback(&bus).await;
+        let (joining, _joining_client) = member_on_loopback(&bus).await;
+        let (joins, joined) = mpsc::unbounded_channel();
+        joins.send(LaneNews::Joined(member.clone())).expect("join");
+        let lane = tokio::spawn(run_lane(joined));
+
+        // The lane rings the member: the batch reaches the client without the connection's task.
+        assert!(bus.send(batch(1)).is_ok());
+        let first = tokio::time::timeout(Duration::from_secs(10), client.next())
+            .await
+            .expect("the lane wrote the batch")
+            .expect("a frame")
+            .expect("a frame");
+        assert_eq!(first, Message::text("{\"seq\":1}"));
+
+        // A second member's join is queued, and the lane dies before it reads it (its future dropped, as
+        // tokio does after catching a panic): nothing runs the lane between these two lines.
+        joins.send(LaneNews::Joined(joining.clone())).expect("join");
+        lane.abort();
+        assert!(lane.await.is_err_and(|error| error.is_cancelled()));
+        for member in [member, joining] {
+            let next = tokio::time::timeout(Duration::from_secs(10), poll_fn(|cx| member.poll_next(cx)))
+                .await
+                .expect("the connection's task is told at once");
+            match next {
+                Next::Close((code, _)) => assert_eq!(code, close_code::RESTARTING),
+                Next::Inbound(frame) => panic!("expected a close, read {frame:?}"),
+            }
         }
     }
 }

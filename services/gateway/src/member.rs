@@ -125,6 +125,20 @@ impl Member {
         true
     }
 
+    /// The lane that rings this member has failed (a panic): nothing will write the bus's batches to this
+    /// connection any more, so it must close (its client resumes from what it saw last). Whether it was still
+    /// there to tell.
+    pub(crate) fn abandon(&self) -> bool {
+        let mut guard = self.delivery.lock();
+        let Some(delivery) = guard.as_mut() else {
+            return false;
+        };
+        delivery.closing.get_or_insert_with(lane_failed);
+        drop(guard);
+        self.task.wake();
+        true
+    }
+
     /// Run `f` on the delivery (the task's side). `Err` once the connection is closing.
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Delivery) -> Result<R, Close>) -> Result<R, Close> {
         let mut guard = self.delivery.lock();

@@ -3,7 +3,7 @@
 //! writing: [`commit`] for the embedded single-process relay, where nothing else can write the host, and
 //! [`commit_fenced`], which first checks (and locks) the writer's lease in the same transaction.
 
-use sqlx::{AnyConnection, AnyPool};
+use sqlx::{AnyConnection, AnyPool, Connection};
 
 use crate::{
     bindings, catalog, contents, hosts, leases, log, snapshots, turns, Backend, CommitBatch, StoreError,
@@ -17,10 +17,16 @@ pub(crate) async fn commit(
     host: &str,
     batch: &CommitBatch,
 ) -> Result<(), StoreError> {
-    let mut tx = pool.begin().await?;
-    write(&mut tx, backend, tenant, host, batch).await?;
-    tx.commit().await?;
-    Ok(())
+    let mut conn = pool.acquire().await?;
+    let written = async {
+        let mut tx = conn.begin().await?;
+        write(&mut tx, backend, tenant, host, batch).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+    .await;
+    crate::transaction::close_if_failed(&mut conn, &written);
+    written
 }
 
 /// Writes `batch` for the host atomically if, in the same transaction, the host's lease is at `epoch` and
@@ -34,13 +40,19 @@ pub(crate) async fn commit_fenced(
     epoch: u64,
     batch: &CommitBatch,
 ) -> Result<(), StoreError> {
-    let mut tx = pool.begin().await?;
-    // First, and it keeps the lease row locked to the end: no new owner can take the host between this check
-    // and the writes below. On failure the transaction is dropped, which rolls it back.
-    leases::fence(&mut tx, tenant, host, owner, epoch).await?;
-    write(&mut tx, backend, tenant, host, batch).await?;
-    tx.commit().await?;
-    Ok(())
+    let mut conn = pool.acquire().await?;
+    let written = async {
+        let mut tx = conn.begin().await?;
+        // First, and it keeps the lease row locked to the end: no new owner can take the host between this
+        // check and the writes below. On failure the transaction is dropped, which rolls it back.
+        leases::fence(&mut tx, tenant, host, owner, epoch).await?;
+        write(&mut tx, backend, tenant, host, batch).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+    .await;
+    crate::transaction::close_if_failed(&mut conn, &written);
+    written
 }
 
 /// The writes of one batch, inside the caller's transaction.

@@ -15,7 +15,7 @@
 //!
 //! Modules, one concern each: `connect` (URL → pool and per-backend settings), `schema` (embedded
 //! migrations), `commit` (the group-commit transaction, plain and fenced), `hosts`, `log`, `snapshots`,
-//! `catalog`, `leases`, `bindings` (one table each), `retention` (compaction), `usage` (a tenant's stored bytes), `sql` (placeholder numbering and
+//! `catalog`, `leases`, `bindings` (one table each), `retention` (compaction), `usage` (a tenant's stored bytes), `transaction` (a failed transaction's connection is closed), `sql` (placeholder numbering and
 //! conversions), `records` (the values in and out), `error`.
 
 mod bindings;
@@ -32,6 +32,7 @@ mod retention;
 mod schema;
 mod snapshots;
 mod sql;
+mod transaction;
 mod turns;
 mod usage;
 

@@ -55,6 +55,20 @@ pub struct CommitBatch {
     pub contents: Vec<StoredContent>,
 }
 
+impl CommitBatch {
+    /// Whether the batch records nothing but the highest serverSeq it used: it carries envelopes that are not
+    /// logged (rejections, a connection's own replies) and no change of state.
+    pub fn records_only_last_seq(&self) -> bool {
+        self.log.is_empty()
+            && self.snapshots.is_empty()
+            && self.catalog.is_empty()
+            && self.disposed.is_empty()
+            && self.bindings.is_empty()
+            && self.turns.is_empty()
+            && self.contents.is_empty()
+    }
+}
+
 /// Content an action names by reference (`ahp-content:/<id>`), owned by a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredContent {

@@ -1,7 +1,7 @@
 //! Retention: removing old log rows that no reader needs any more, one host per transaction, and recording
 //! in the host's `log_floor` how far the log is no longer complete.
 
-use sqlx::AnyPool;
+use sqlx::{AnyPool, Connection};
 
 use crate::{bindings, hosts, log, Backend, StoreError};
 
@@ -11,16 +11,24 @@ use crate::{bindings, hosts, log, Backend, StoreError};
 pub(crate) async fn compact(pool: &AnyPool, backend: Backend, older_than_ms: i64) -> Result<u64, StoreError> {
     let mut removed = 0;
     for (tenant, host) in log::hosts_with_rows_older_than(pool, older_than_ms).await? {
-        let mut tx = pool.begin().await?;
-        // Under the host's lock no commit can move a snapshot between the two statements below, so the floor
-        // recorded is exactly the highest seq deleted.
-        hosts::lock(&mut tx, &tenant, &host).await?;
-        let highest = log::highest_compactable(&mut tx, &tenant, &host, older_than_ms).await?;
-        if highest > 0 {
-            removed += log::remove_compactable(&mut tx, &tenant, &host, older_than_ms).await?;
-            hosts::raise_log_floor(&mut tx, backend, &tenant, &host, highest).await?;
+        let mut conn = pool.acquire().await?;
+        let compacted = async {
+            let mut tx = conn.begin().await?;
+            // Under the host's lock no commit can move a snapshot between the two statements below, so the
+            // floor recorded is exactly the highest seq deleted.
+            hosts::lock(&mut tx, &tenant, &host).await?;
+            let highest = log::highest_compactable(&mut tx, &tenant, &host, older_than_ms).await?;
+            let mut removed = 0;
+            if highest > 0 {
+                removed = log::remove_compactable(&mut tx, &tenant, &host, older_than_ms).await?;
+                hosts::raise_log_floor(&mut tx, backend, &tenant, &host, highest).await?;
+            }
+            tx.commit().await?;
+            Ok::<_, StoreError>(removed)
         }
-        tx.commit().await?;
+        .await;
+        crate::transaction::close_if_failed(&mut conn, &compacted);
+        removed += compacted?;
     }
     removed += bindings::prune(pool, older_than_ms).await?;
     Ok(removed)

@@ -55,6 +55,23 @@ impl Host {
                     self.depose(&error.to_string());
                     return Written::Deposed;
                 }
+                // A full store and a batch that only records the numbers it used: refusing it would lose the
+                // envelopes it carries — the rejections that tell senders their change was refused — and nobody
+                // would learn of them. It changes no state, so it waits for space (at the full store's pace)
+                // and is then published.
+                Err(error) if error.is_storage_full() && commit.records_only_last_seq() => {
+                    tracing::error!(host = %self.key, %error, "the store is full: waiting for space to record rejections");
+                    relay_core::telemetry::store_full();
+                    if self.is_deposed() {
+                        return Written::Deposed;
+                    }
+                    let pause = {
+                        let mut full = self.full_backoff.lock();
+                        *full = (*full * 2).clamp(Duration::from_millis(100), Duration::from_secs(10));
+                        *full
+                    };
+                    tokio::time::sleep(pause).await;
+                }
                 // Not a retry of an attempt that went through after all (its log rows would break the
                 // primary key).
                 Err(error)
