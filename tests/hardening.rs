@@ -1902,7 +1902,14 @@ async fn a_full_disk_refuses_changes_clearly_and_recovers_when_space_returns() {
     // (SQLite resolves `/proc/<relay>/root` to this namespace's root, so its own client runs in the relay's.)
     let truncate_log = || {
         let checkpoint = std::process::Command::new("nsenter")
-            .args(["-t", &relay.pid().to_string(), "-m", "sqlite3"])
+            .args([
+                "-t",
+                &relay.pid().to_string(),
+                "-m",
+                "sqlite3",
+                "-cmd",
+                ".timeout 10000",
+            ])
             .arg(data.path().join("relay.sqlite"))
             .arg("PRAGMA wal_checkpoint(TRUNCATE);")
             .output()
@@ -1955,8 +1962,9 @@ async fn a_full_disk_refuses_changes_clearly_and_recovers_when_space_returns() {
         .await
         .expect("dispatch")
         .client_seq;
-    // Refused: the change's batch, the change alone, and the batch of its rejection twice (a batch the store
-    // refuses is written again unit by unit, so until its second refusal the rejection could still get through).
+    // No room: the change's batch, the change alone, and two tries to record its rejection (were that batch
+    // refused rather than kept waiting, its units would be written again once more, and the rejection could
+    // still get through by chance; after its second try it could not).
     let deadline = std::time::Instant::now() + PATIENCE;
     while relay.metric("ahp_relay_store_full_total").await < refused_before + 4.0 {
         assert!(

@@ -58,6 +58,7 @@ pub const FANOUT_LATENCY_SECONDS: &str = "ahp_relay_fanout_latency_seconds";
 pub const GAP_REPAIRS_TOTAL: &str = "ahp_relay_gap_repairs_total";
 /// Connections closed as slow consumers, close code 1013 (counter, gateway).
 pub const SLOW_CONSUMER_CLOSES_TOTAL: &str = "ahp_relay_slow_consumer_closes_total";
+/// Writes the store had no room for (counter, shard; see [`store_full`]).
 pub const STORE_FULL_TOTAL: &str = "ahp_relay_store_full_total";
 pub const CALL_TIMEOUTS_TOTAL: &str = "ahp_relay_call_timeouts_total";
 /// Envelopes sequenced and committed (counter, shard).
@@ -209,7 +210,7 @@ fn register(side: Side) {
             describe_counter!(
                 STORE_FULL_TOTAL,
                 Unit::Count,
-                "Batches refused because the store had no room (disk full): their senders are told."
+                "Writes the store had no room for (disk full): batches and units refused (their senders are told), and tries to record those rejections, which wait for space."
             );
             counter!(STORE_FULL_TOTAL).increment(0);
             describe_histogram!(COMMIT_BATCH_SIZE, Unit::Count, "Envelopes per store commit.");
@@ -368,7 +369,8 @@ pub fn redirect_followed() {
     counter!(REDIRECTS_TOTAL).increment(1);
 }
 
-/// A batch was refused because the store had no room for it.
+/// A write found the store with no room for it: a batch (or one unit of it) refused, or an attempt to record the
+/// rejections of refused changes, which waits for space and tries again.
 pub fn store_full() {
     counter!(STORE_FULL_TOTAL).increment(1);
 }

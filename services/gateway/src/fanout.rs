@@ -85,14 +85,15 @@ impl Fanout {
         });
         let key = entry.key.clone();
         let lanes = &mut entry.lanes;
-        let running = lanes[lane].as_mut().filter(|handle| !handle.joins.is_closed());
-        let generation = match running {
-            Some(handle) => {
-                handle.members += 1;
-                // The lane ends only once its handle is dropped (by a ticket, with the registry's lock held).
-                let _ = handle.joins.send(LaneNews::Joined(member));
-                handle.generation
-            }
+        // A running lane ends only once its handle is dropped (by a ticket, with the registry's lock held); one
+        // that failed has closed its channel (even between a check and a send), and is replaced.
+        let joined = lanes[lane].as_mut().and_then(|handle| {
+            handle.joins.send(LaneNews::Joined(member.clone())).ok()?;
+            handle.members += 1;
+            Some(handle.generation)
+        });
+        let generation = match joined {
+            Some(generation) => generation,
             None => {
                 let (joins, joined) = mpsc::unbounded_channel();
                 let _ = joins.send(LaneNews::Joined(member));
@@ -260,7 +261,8 @@ impl Drop for Lane {
             .filter(|member| member.abandon())
             .count();
         if abandoned > 0 {
-            tracing::error!(
+            // At a runtime's shutdown too, when the connections are closing anyway.
+            tracing::warn!(
                 abandoned,
                 "a fan-out lane ended with connections on it; they close with 1012"
             );

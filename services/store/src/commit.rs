@@ -5,6 +5,7 @@
 
 use sqlx::{AnyConnection, AnyPool, Connection};
 
+use crate::transaction::FailedConnections;
 use crate::{
     bindings, catalog, contents, hosts, leases, log, snapshots, turns, Backend, CommitBatch, StoreError,
 };
@@ -13,6 +14,7 @@ use crate::{
 pub(crate) async fn commit(
     pool: &AnyPool,
     backend: Backend,
+    failed: FailedConnections,
     tenant: &str,
     host: &str,
     batch: &CommitBatch,
@@ -25,8 +27,14 @@ pub(crate) async fn commit(
         Ok(())
     }
     .await;
-    crate::transaction::close_if_failed(&mut conn, &written);
+    failed.after(&mut conn, &written);
     written
+}
+
+/// Who may write the host: the lease's owner at its epoch.
+pub(crate) struct Fence<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) epoch: u64,
 }
 
 /// Writes `batch` for the host atomically if, in the same transaction, the host's lease is at `epoch` and
@@ -34,10 +42,10 @@ pub(crate) async fn commit(
 pub(crate) async fn commit_fenced(
     pool: &AnyPool,
     backend: Backend,
+    failed: FailedConnections,
     tenant: &str,
     host: &str,
-    owner: &str,
-    epoch: u64,
+    fence: Fence<'_>,
     batch: &CommitBatch,
 ) -> Result<(), StoreError> {
     let mut conn = pool.acquire().await?;
@@ -45,13 +53,13 @@ pub(crate) async fn commit_fenced(
         let mut tx = conn.begin().await?;
         // First, and it keeps the lease row locked to the end: no new owner can take the host between this
         // check and the writes below. On failure the transaction is dropped, which rolls it back.
-        leases::fence(&mut tx, tenant, host, owner, epoch).await?;
+        leases::fence(&mut tx, tenant, host, fence.owner, fence.epoch).await?;
         write(&mut tx, backend, tenant, host, batch).await?;
         tx.commit().await?;
         Ok(())
     }
     .await;
-    crate::transaction::close_if_failed(&mut conn, &written);
+    failed.after(&mut conn, &written);
     written
 }
 

@@ -44,6 +44,12 @@ pub(crate) async fn open_pool(url: &str, backend: Backend) -> Result<AnyPool, St
     }
 }
 
+/// Whether `url` names an in-memory SQLite database: its pool's one connection *is* the database, so it is
+/// never closed ([`crate::transaction`]).
+pub(crate) fn is_in_memory(url: &str, backend: Backend) -> bool {
+    backend == Backend::Sqlite && matches!(SqliteTarget::parse(url), SqliteTarget::Memory)
+}
+
 /// The SQLite half of [`open_pool`].
 async fn open_sqlite(url: &str) -> Result<AnyPool, StoreError> {
     let target = SqliteTarget::parse(url);

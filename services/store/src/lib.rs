@@ -65,6 +65,8 @@ pub struct Store {
     /// added 45 ms to a quiet host's p99, `scripts/bench hosts`). `None` on Postgres, which writes hosts in
     /// parallel.
     writer: Option<Arc<tokio::sync::Mutex<()>>>,
+    /// Whether a connection whose write transaction failed is closed ([`transaction`]).
+    failed: transaction::FailedConnections,
 }
 
 impl Store {
@@ -74,10 +76,16 @@ impl Store {
         let backend = connect::backend_of(url)?;
         let pool = connect::open_pool(url, backend).await?;
         let writer = (backend == Backend::Sqlite).then(|| Arc::new(tokio::sync::Mutex::new(())));
+        let failed = if connect::is_in_memory(url, backend) {
+            transaction::FailedConnections::Keep
+        } else {
+            transaction::FailedConnections::Close
+        };
         Ok(Store {
             pool,
             backend,
             writer,
+            failed,
         })
     }
 
@@ -102,7 +110,7 @@ impl Store {
     /// catalogue number it uses.
     pub async fn commit(&self, tenant: &str, host: &str, batch: &CommitBatch) -> Result<(), StoreError> {
         let _turn = self.writer_turn().await;
-        commit::commit(&self.pool, self.backend, tenant, host, batch).await
+        commit::commit(&self.pool, self.backend, self.failed, tenant, host, batch).await
     }
 
     /// This process's turn to write a SQLite file (nothing to wait for on Postgres).
@@ -127,7 +135,16 @@ impl Store {
         batch: &CommitBatch,
     ) -> Result<(), StoreError> {
         let _turn = self.writer_turn().await;
-        commit::commit_fenced(&self.pool, self.backend, tenant, host, owner, epoch, batch).await
+        commit::commit_fenced(
+            &self.pool,
+            self.backend,
+            self.failed,
+            tenant,
+            host,
+            commit::Fence { owner, epoch },
+            batch,
+        )
+        .await
     }
 
     /// Takes the host's lease for `owner` until `now_ms + ttl_ms` (unix ms; passed in so tests control time)
@@ -361,7 +378,7 @@ impl Store {
     /// more (disposed), raises each affected host's `log_floor` to the highest seq deleted, and deletes the
     /// clientId bindings not used since. Returns the number of rows deleted.
     pub async fn compact(&self, older_than_ms: i64) -> Result<u64, StoreError> {
-        retention::compact(&self.pool, self.backend, older_than_ms).await
+        retention::compact(&self.pool, self.backend, self.failed, older_than_ms).await
     }
 
     /// Benchmark baseline only: appends `log` to the host's log exactly as [`Store::commit`] does (same
@@ -373,10 +390,17 @@ impl Store {
         host: &str,
         log: Vec<LogEntry>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        log::append(&mut tx, tenant, host, &log).await?;
-        tx.commit().await?;
-        Ok(())
+        use sqlx::Connection;
+        let mut conn = self.pool.acquire().await?;
+        let written = async {
+            let mut tx = conn.begin().await?;
+            log::append(&mut tx, tenant, host, &log).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await;
+        self.failed.after(&mut conn, &written);
+        written
     }
 
     /// A trivial round trip to the database (`SELECT 1`): whether the store is reachable right now.

@@ -3,12 +3,18 @@
 
 use sqlx::{AnyPool, Connection};
 
+use crate::transaction::FailedConnections;
 use crate::{bindings, hosts, log, Backend, StoreError};
 
 /// Removes every host's log rows older than `older_than_ms` that a snapshot covers (or whose channel has no
 /// snapshot any more) and raises each host's `log_floor` to the highest seq removed, and every clientId
 /// binding not used since `older_than_ms`. Returns rows removed (log rows and bindings).
-pub(crate) async fn compact(pool: &AnyPool, backend: Backend, older_than_ms: i64) -> Result<u64, StoreError> {
+pub(crate) async fn compact(
+    pool: &AnyPool,
+    backend: Backend,
+    failed: FailedConnections,
+    older_than_ms: i64,
+) -> Result<u64, StoreError> {
     let mut removed = 0;
     for (tenant, host) in log::hosts_with_rows_older_than(pool, older_than_ms).await? {
         let mut conn = pool.acquire().await?;
@@ -27,7 +33,7 @@ pub(crate) async fn compact(pool: &AnyPool, backend: Backend, older_than_ms: i64
             Ok::<_, StoreError>(removed)
         }
         .await;
-        crate::transaction::close_if_failed(&mut conn, &compacted);
+        failed.after(&mut conn, &compacted);
         removed += compacted?;
     }
     removed += bindings::prune(pool, older_than_ms).await?;

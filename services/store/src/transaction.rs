@@ -5,15 +5,27 @@
 //! `SAVEPOINT` (which opens a transaction) and end, on any error, with `ROLLBACK TO` (which does not close
 //! it): the connection would keep the database's write lock, and every other writer would wait on it for
 //! good. A connection whose transaction failed, for whatever reason, is closed instead (a new one is opened
-//! when needed); failed transactions are rare, so this costs nothing in the common case.
+//! when needed); failed transactions are rare, so this costs nothing in the common case. The exception is an
+//! in-memory SQLite database, whose one connection is the database itself (and which no disk can fill).
 
 use sqlx::pool::PoolConnection;
 use sqlx::Any;
 
-/// After a transaction on `conn` ended with `outcome`: if it failed, `conn` is closed when dropped rather
-/// than returned to the pool.
-pub(crate) fn close_if_failed<T, E>(conn: &mut PoolConnection<Any>, outcome: &Result<T, E>) {
-    if outcome.is_err() {
-        conn.close_on_drop();
+/// What to do with a connection whose transaction failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FailedConnections {
+    /// Close it (a new one is opened when needed).
+    Close,
+    /// Keep it: an in-memory SQLite database lives and dies with its one connection.
+    Keep,
+}
+
+impl FailedConnections {
+    /// After a transaction on `conn` ended with `outcome`: if it failed, `conn` is closed when dropped rather
+    /// than returned to the pool (unless the policy is [`FailedConnections::Keep`]).
+    pub(crate) fn after<T, E>(self, conn: &mut PoolConnection<Any>, outcome: &Result<T, E>) {
+        if outcome.is_err() && self == FailedConnections::Close {
+            conn.close_on_drop();
+        }
     }
 }

@@ -1572,6 +1572,8 @@ async fn sqlite_creates_the_file_and_its_directory_and_journals_with_wal() {
     store.close().await;
 }
 
+/// Across operations, and across a failed commit: a failed transaction's connection is closed on a file
+/// store, but an in-memory database is its one connection, and closing it would lose everything.
 #[tokio::test]
 async fn sqlite_in_memory_keeps_its_data_across_operations() {
     let store = Store::connect("sqlite::memory:").await.unwrap();
@@ -1580,6 +1582,11 @@ async fn sqlite_in_memory_keeps_its_data_across_operations() {
         .commit(T, H, &log_batch(4, vec![entry(1, SESSION)]))
         .await
         .unwrap();
+    // Seq 1 again: the log's primary key refuses it.
+    assert!(store
+        .commit(T, H, &log_batch(5, vec![entry(1, SESSION)]))
+        .await
+        .is_err());
     assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 4);
     assert_eq!(
         store

@@ -70,7 +70,11 @@ impl Host {
                         *full = (*full * 2).clamp(Duration::from_millis(100), Duration::from_secs(10));
                         *full
                     };
-                    tokio::time::sleep(pause).await;
+                    let mut deposed = self.deposed.subscribe();
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = deposed.wait_for(|deposed| *deposed) => return Written::Deposed,
+                    }
                 }
                 // Not a retry of an attempt that went through after all (its log rows would break the
                 // primary key).

@@ -121,9 +121,6 @@ impl HostCore {
         let numbered: HashSet<u64> = failed.iter().flat_map(|(unit, _)| unit.seqs()).collect();
         self.seq.replay_mut().remove(&numbered);
         self.owed.remove(&numbered);
-        // The rejections are a unit of the host's own, not a part of whichever message was queued last: should
-        // the batch carrying them be refused too, they are not failed with that message (and lost).
-        self.seq.begin_unit(None);
         for (unit, why) in failed {
             let Some(owner) = unit.owner else {
                 continue;
