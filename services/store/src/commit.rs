@@ -3,7 +3,7 @@
 //! writing: [`commit`] for the embedded single-process relay, where nothing else can write the host, and
 //! [`commit_fenced`], which first checks (and locks) the writer's lease in the same transaction.
 
-use sqlx::{AnyConnection, AnyPool, Connection};
+use sqlx::{AnyConnection, AnyPool};
 
 use crate::transaction::FailedConnections;
 use crate::{
@@ -19,16 +19,9 @@ pub(crate) async fn commit(
     host: &str,
     batch: &CommitBatch,
 ) -> Result<(), StoreError> {
-    let mut conn = pool.acquire().await?;
-    let written = async {
-        let mut tx = conn.begin().await?;
-        write(&mut tx, backend, tenant, host, batch).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-    .await;
-    failed.after(&mut conn, &written);
-    written
+    failed
+        .in_transaction(pool, async |tx| write(tx, backend, tenant, host, batch).await)
+        .await
 }
 
 /// Who may write the host: the lease's owner at its epoch.
@@ -48,19 +41,14 @@ pub(crate) async fn commit_fenced(
     fence: Fence<'_>,
     batch: &CommitBatch,
 ) -> Result<(), StoreError> {
-    let mut conn = pool.acquire().await?;
-    let written = async {
-        let mut tx = conn.begin().await?;
-        // First, and it keeps the lease row locked to the end: no new owner can take the host between this
-        // check and the writes below. On failure the transaction is dropped, which rolls it back.
-        leases::fence(&mut tx, tenant, host, fence.owner, fence.epoch).await?;
-        write(&mut tx, backend, tenant, host, batch).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-    .await;
-    failed.after(&mut conn, &written);
-    written
+    failed
+        .in_transaction(pool, async |tx| {
+            // First, and it keeps the lease row locked to the end: no new owner can take the host between this
+            // check and the writes below. On failure the transaction is rolled back.
+            leases::fence(tx, tenant, host, fence.owner, fence.epoch).await?;
+            write(tx, backend, tenant, host, batch).await
+        })
+        .await
 }
 
 /// The writes of one batch, inside the caller's transaction.

@@ -390,17 +390,9 @@ impl Store {
         host: &str,
         log: Vec<LogEntry>,
     ) -> Result<(), StoreError> {
-        use sqlx::Connection;
-        let mut conn = self.pool.acquire().await?;
-        let written = async {
-            let mut tx = conn.begin().await?;
-            log::append(&mut tx, tenant, host, &log).await?;
-            tx.commit().await?;
-            Ok(())
-        }
-        .await;
-        self.failed.after(&mut conn, &written);
-        written
+        self.failed
+            .in_transaction(&self.pool, async |tx| log::append(tx, tenant, host, &log).await)
+            .await
     }
 
     /// A trivial round trip to the database (`SELECT 1`): whether the store is reachable right now.

@@ -1,7 +1,7 @@
 //! Retention: removing old log rows that no reader needs any more, one host per transaction, and recording
 //! in the host's `log_floor` how far the log is no longer complete.
 
-use sqlx::{AnyPool, Connection};
+use sqlx::AnyPool;
 
 use crate::transaction::FailedConnections;
 use crate::{bindings, hosts, log, Backend, StoreError};
@@ -17,24 +17,20 @@ pub(crate) async fn compact(
 ) -> Result<u64, StoreError> {
     let mut removed = 0;
     for (tenant, host) in log::hosts_with_rows_older_than(pool, older_than_ms).await? {
-        let mut conn = pool.acquire().await?;
-        let compacted = async {
-            let mut tx = conn.begin().await?;
-            // Under the host's lock no commit can move a snapshot between the two statements below, so the
-            // floor recorded is exactly the highest seq deleted.
-            hosts::lock(&mut tx, &tenant, &host).await?;
-            let highest = log::highest_compactable(&mut tx, &tenant, &host, older_than_ms).await?;
-            let mut removed = 0;
-            if highest > 0 {
-                removed = log::remove_compactable(&mut tx, &tenant, &host, older_than_ms).await?;
-                hosts::raise_log_floor(&mut tx, backend, &tenant, &host, highest).await?;
-            }
-            tx.commit().await?;
-            Ok::<_, StoreError>(removed)
-        }
-        .await;
-        failed.after(&mut conn, &compacted);
-        removed += compacted?;
+        removed += failed
+            .in_transaction(pool, async |tx| {
+                // Under the host's lock no commit can move a snapshot between the two statements below, so the
+                // floor recorded is exactly the highest seq deleted.
+                hosts::lock(tx, &tenant, &host).await?;
+                let highest = log::highest_compactable(tx, &tenant, &host, older_than_ms).await?;
+                let mut rows = 0;
+                if highest > 0 {
+                    rows = log::remove_compactable(tx, &tenant, &host, older_than_ms).await?;
+                    hosts::raise_log_floor(tx, backend, &tenant, &host, highest).await?;
+                }
+                Ok(rows)
+            })
+            .await?;
     }
     removed += bindings::prune(pool, older_than_ms).await?;
     Ok(removed)

@@ -8,8 +8,9 @@
 //! when needed); failed transactions are rare, so this costs nothing in the common case. The exception is an
 //! in-memory SQLite database, whose one connection is the database itself (and which no disk can fill).
 
-use sqlx::pool::PoolConnection;
-use sqlx::Any;
+use sqlx::{AnyConnection, AnyPool, Connection};
+
+use crate::StoreError;
 
 /// What to do with a connection whose transaction failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,11 +22,25 @@ pub(crate) enum FailedConnections {
 }
 
 impl FailedConnections {
-    /// After a transaction on `conn` ended with `outcome`: if it failed, `conn` is closed when dropped rather
-    /// than returned to the pool (unless the policy is [`FailedConnections::Keep`]).
-    pub(crate) fn after<T, E>(self, conn: &mut PoolConnection<Any>, outcome: &Result<T, E>) {
+    /// Runs `work` in one transaction on a connection of `pool`'s and commits it if `work` succeeds. If
+    /// anything fails, the transaction is rolled back and its connection closed rather than returned to the
+    /// pool (unless the policy is [`FailedConnections::Keep`]).
+    pub(crate) async fn in_transaction<T>(
+        self,
+        pool: &AnyPool,
+        work: impl AsyncFnOnce(&mut AnyConnection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = pool.acquire().await?;
+        let outcome = async {
+            let mut tx = conn.begin().await?;
+            let value = work(&mut tx).await?;
+            tx.commit().await?;
+            Ok(value)
+        }
+        .await;
         if outcome.is_err() && self == FailedConnections::Close {
             conn.close_on_drop();
         }
+        outcome
     }
 }
