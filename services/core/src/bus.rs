@@ -195,6 +195,11 @@ impl BusReceiver {
             .ok_or(tokio::sync::broadcast::error::TryRecvError::Lagged(1))
     }
 
+    /// Whether nothing has arrived that this reader has not read.
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+
     /// Whether `other` reads the same bus.
     pub fn same_bus(&self, other: &BusReceiver) -> bool {
         self.ring.same_channel(&other.ring)

@@ -111,13 +111,14 @@ impl Member {
 
     /// The lane's turn: read what the bus brought — at most `batches` (what the lane's doorbell counted, so a
     /// member that read them all does not ask its bus once more only to find it empty), or all of it — and
-    /// deliver and write it (or hold it during a call). `false` once the connection is gone.
-    pub(crate) fn ring(&self, batches: Option<usize>) -> bool {
+    /// deliver and write it (or hold it during a call). The fan-out latencies of the frames written go in
+    /// `latencies` (seconds), which the lane records at the end of its turn. `false` once the connection is gone.
+    pub(crate) fn ring(&self, batches: Option<usize>, latencies: &mut Vec<f64>) -> bool {
         let mut guard = self.delivery.lock();
         let Some(delivery) = guard.as_mut() else {
             return false;
         };
-        let wake = delivery.closing.is_none() && delivery.take_bus(batches);
+        let wake = delivery.closing.is_none() && delivery.take_bus(batches, Some(latencies));
         drop(guard);
         if wake {
             self.task.wake();
@@ -183,7 +184,7 @@ impl Member {
         }
         if delivery.awaiting.is_some() {
             // The lane may not have rung yet for what the bus already holds.
-            if delivery.take_bus(None) {
+            if delivery.take_bus(None, None) {
                 if let Some(close) = delivery.closing.clone() {
                     return Poll::Ready(Err(close));
                 }
@@ -210,10 +211,11 @@ impl Member {
 }
 
 impl Delivery {
-    /// Read the bus dry: hold what arrives during a call, otherwise deliver it and write it at once. Returns
-    /// whether the task must be woken (to close, to write what the socket would not take, or because what
-    /// it awaits arrived).
-    fn take_bus(&mut self, batches: Option<usize>) -> bool {
+    /// Read the bus dry: hold what arrives during a call, otherwise deliver it and write it at once (the
+    /// latencies of what is written go in `latencies` if given, else are recorded at once). Returns whether
+    /// the task must be woken (to close, to write what the socket would not take, or because what it awaits
+    /// arrived).
+    fn take_bus(&mut self, batches: Option<usize>, mut latencies: Option<&mut Vec<f64>>) -> bool {
         let mut delivered = false;
         let mut wake = false;
         let mut read = 0;
@@ -241,7 +243,7 @@ impl Delivery {
             // A long turn writes as it goes rather than filling the queue and closing a connection whose
             // socket could take more.
             if taken.is_ok() && !self.holding && self.outbox.pressing() {
-                wake |= self.write_now();
+                wake |= self.write_now(latencies.as_deref_mut());
             }
             if let Err(close) = taken {
                 self.closing = Some(close);
@@ -251,18 +253,19 @@ impl Delivery {
         if self.holding {
             return self.awaited_arrived();
         }
-        (delivered && self.write_now()) || wake
+        (delivered && self.write_now(latencies)) || wake
     }
 
-    /// Write what is queued without the task (with a no-op waker). Returns whether the task must take over:
-    /// the socket pushed back (the task then writes with its own waker) or failed.
-    fn write_now(&mut self) -> bool {
+    /// Write what is queued without the task (with a no-op waker), its latencies gathered in `latencies` if
+    /// given. Returns whether the task must take over: the socket pushed back (the task then writes with its
+    /// own waker) or failed.
+    fn write_now(&mut self, latencies: Option<&mut Vec<f64>>) -> bool {
         if self.task_writes {
             // The task is writing already and is woken when the socket can take more.
             return false;
         }
         let mut cx = Context::from_waker(Waker::noop());
-        match self.outbox.poll_write(&mut cx) {
+        match self.outbox.poll_write_gathering(&mut cx, latencies) {
             Poll::Ready(Ok(())) => false,
             Poll::Ready(Err(_)) => {
                 self.closing = Some(write_failed());

@@ -105,6 +105,16 @@ impl Outbox {
     /// Hand queued frames to the socket as it takes them, then flush. Cancel-safe: a frame leaves the queue
     /// only when the socket has taken it.
     pub(crate) fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), axum::Error>> {
+        self.poll_write_gathering(cx, None)
+    }
+
+    /// [`Outbox::poll_write`], putting the flushed frames' fan-out latencies (seconds) in `gathered` for the
+    /// caller to record, if given, instead of recording them at once.
+    pub(crate) fn poll_write_gathering(
+        &mut self,
+        cx: &mut Context<'_>,
+        gathered: Option<&mut Vec<f64>>,
+    ) -> Poll<Result<(), axum::Error>> {
         while !self.queue.is_empty() {
             ready!(std::pin::Pin::new(&mut self.socket).poll_ready(cx))?;
             let message = match self.queue.pop_front() {
@@ -134,8 +144,17 @@ impl Outbox {
             self.unflushed = false;
             if !self.stamps.is_empty() {
                 let flushed_at = Instant::now();
-                for stamp in self.stamps.drain(..) {
-                    self.latency.delivered(stamp, flushed_at);
+                match gathered {
+                    Some(gathered) => gathered.extend(
+                        self.stamps
+                            .drain(..)
+                            .map(|stamp| flushed_at.saturating_duration_since(stamp).as_secs_f64()),
+                    ),
+                    None => {
+                        for stamp in self.stamps.drain(..) {
+                            self.latency.delivered(stamp, flushed_at);
+                        }
+                    }
                 }
                 if self.stamps.capacity() > IDLE_QUEUE_CAPACITY {
                     self.stamps = Vec::new();

@@ -30,7 +30,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::Message;
 
-/// (subscribers, publications per second) of each load.
+/// (subscribers, publications per second) of each load (`AHP_BENCH_LOADS`, e.g. `1x50,2000x50`, overrides).
 const LOADS: [(usize, u64); 2] = [(2_000, 50), (2_000, 200)];
 /// How long each load is offered (`AHP_BENCH_SECONDS` overrides).
 const SECONDS: u64 = 10;
@@ -111,6 +111,19 @@ async fn run() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(SECONDS);
+    let loads: Vec<(usize, u64)> = match std::env::var("AHP_BENCH_LOADS") {
+        Ok(loads) => loads
+            .split(',')
+            .map(|load| {
+                let (subscribers, rate) = load.trim().split_once('x').expect("AHP_BENCH_LOADS: NxR,...");
+                (
+                    subscribers.parse().expect("AHP_BENCH_LOADS: subscribers"),
+                    rate.parse().expect("AHP_BENCH_LOADS: rate"),
+                )
+            })
+            .collect(),
+        Err(_) => LOADS.to_vec(),
+    };
     let redis_url = std::env::var("REDIS_URL").expect("REDIS_URL (run it as `scripts/bench peers`)");
     let nchan_url = std::env::var("NCHAN_URL").expect("NCHAN_URL (run it as `scripts/bench peers`)");
     let nchan_pid: u32 = std::fs::read_to_string(std::env::var("NCHAN_PID_FILE").expect("NCHAN_PID_FILE"))
@@ -119,7 +132,7 @@ async fn run() {
         .parse()
         .expect("nginx pid");
     println!(
-        "peers: {IDLE_CONNECTIONS} idle connections each; loads {LOADS:?} (subscribers, publications/s) for {seconds} s"
+        "peers: {IDLE_CONNECTIONS} idle connections each; loads {loads:?} (subscribers, publications/s) for {seconds} s"
     );
 
     let mut memory = Vec::new();
@@ -134,7 +147,7 @@ async fn run() {
             continue;
         }
         let mut outcomes = Vec::new();
-        for (i, &(subscribers, rate)) in LOADS.iter().enumerate() {
+        for (i, &(subscribers, rate)) in loads.iter().enumerate() {
             // Fresh processes for every load, so one load's memory and backlog do not shape the next.
             let server = match name {
                 "bare" => bare().await,
@@ -163,7 +176,7 @@ async fn run() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, outcomes) in &results {
         let per = memory.iter().find(|(n, _)| n == name).map_or(0.0, |(_, m)| *m);
-        for (outcome, (subscribers, rate)) in outcomes.iter().zip(LOADS) {
+        for (outcome, (subscribers, rate)) in outcomes.iter().zip(loads.iter().copied()) {
             println!(
                 "| {name} | {subscribers} x {rate}/s | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {:.0} | {} | {} | {:.2} | {per:.1} |",
                 ms(outcome.p50), ms(outcome.p99), ms(outcome.p999), ms(outcome.max), outcome.delivered_per_second,
@@ -184,7 +197,7 @@ async fn run() {
             let (Some(r), Some(p)) = (find(relay), find(peer)) else {
                 continue;
             };
-            for ((a, b), (subscribers, rate)) in r.iter().zip(p).zip(LOADS) {
+            for ((a, b), (subscribers, rate)) in r.iter().zip(p).zip(loads.iter().copied()) {
                 println!(
                     "{relay} / {peer} at {subscribers} x {rate}/s: p99 {:.2} (<= 1 is better), delivered/s {:.2} (>= 1), CPU {:.2}",
                     ms(a.p99) / ms(b.p99),
