@@ -322,11 +322,11 @@ pub fn subscriptions_changed(before: usize, after: usize) {
     }
 }
 
-/// The fan-out latency histogram, to keep per connection and record each delivered frame with
-/// [`FanoutLatency::delivered`].
+/// The fan-out latency histogram, to keep (looked up once): a connection's writer records each frame it flushed
+/// with [`FanoutLatency::delivered`], a fan-out lane a turn's frames with [`FanoutLatency::delivered_all`].
 pub struct FanoutLatency(metrics::Histogram);
 
-/// The handle a connection's writer records its fan-out latencies on.
+/// The handle a connection's writer or a fan-out lane records fan-out latencies on.
 pub fn fanout_latency() -> FanoutLatency {
     FanoutLatency(histogram!(FANOUT_LATENCY_SECONDS))
 }
@@ -367,6 +367,7 @@ impl Drop for OpenWatch {
     }
 }
 
+/// A gap in the Redis bus was repaired from the shard (the range brought events back).
 pub fn gap_repaired() {
     counter!(GAP_REPAIRS_TOTAL).increment(1);
 }

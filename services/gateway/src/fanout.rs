@@ -175,20 +175,33 @@ struct Ring {
     members: Vec<Arc<Member>>,
 }
 
-/// Fan-out latencies a lane gathers before it records them, at most (a bound on its buffer).
+/// Fan-out latencies a lane gathers before it records them (the bound of its buffer, give or take one
+/// member's frames).
 const LATENCIES_KEPT: usize = 4096;
 
 /// The longest a saturated lane rests between turns (see [`rest_after`]).
 const REST_AT_MOST: Duration = Duration::from_millis(10);
 
-/// How long a lane rests before its next turn, after a turn that took `took`: only when batches already wait
-/// (`behind`, so the lane is saturated), as long as the turn took, at most [`REST_AT_MOST`]. Meanwhile more
-/// batches arrive, and the next turn writes them to each socket at once: fewer writes, packets and client
-/// wake-ups per frame when the host is busiest — at 2,000 subscribers × 200 actions/s a quarter less CPU, and
-/// lower latency, since the clients get more of the cores (`docs/benchmarks.md`). A lane that keeps up never
-/// rests, so a lone batch goes out at once; a saturated one still writes at least half the time.
-fn rest_after(took: Duration, behind: bool) -> Option<Duration> {
-    behind.then(|| took.min(REST_AT_MOST))
+/// How long a lane rests before its next turn. Only a lane that is behind rests: batches arrived while its turn
+/// wrote (`waiting`). It rests as long as the turn `took` (wall time: the longer the turn, the more batches
+/// wait), at most [`REST_AT_MOST`]. Meanwhile more batches arrive, and the next turn writes them to each socket at
+/// once: fewer writes, packets and client wake-ups per frame when the host is busiest — at 2,000 subscribers ×
+/// 200 actions/s a quarter less CPU, and lower latency, since the clients get more of the cores
+/// (`docs/benchmarks.md`). A lane that keeps up — nothing waiting when its turn ends — never rests, so a lone
+/// batch goes out at once; nor does one whose doorbell lagged or whose bus ended (`batches`, what the doorbell
+/// counted, unknown), whose backlog is long already. A resting lane still writes at least half the time. A batch
+/// that lands during a turn of a busy lane may wait for the rest too (at most as long as that turn); so does a
+/// call's reply that waits for its own action's echo.
+fn rest_after(batches: Option<usize>, took: Duration, waiting: bool) -> Option<Duration> {
+    (waiting && batches.is_some()).then(|| took.min(REST_AT_MOST))
+}
+
+/// Until `until`, or never.
+async fn rest(until: Option<Instant>) {
+    match until {
+        Some(until) => tokio::time::sleep_until(until).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A lane: takes joining members and rings its members whenever their bus has something.
@@ -226,15 +239,17 @@ async fn run_lane(news: mpsc::UnboundedReceiver<LaneNews>) {
                 }
                 continue;
             }
-            rang = doorbells(rings) => rang,
+            // A resting lane still takes news (joins, departures, its own end); its doorbells wait.
+            () = rest(rest_until), if rest_until.is_some() => {
+                rest_until = None;
+                continue;
+            }
+            rang = doorbells(rings), if rest_until.is_none() => rang,
         };
         let (index, outcome) = rang;
         let Some(ring) = rings.get_mut(index) else {
             continue;
         };
-        if let Some(until) = rest_until.take() {
-            tokio::time::sleep_until(until).await;
-        }
         let turn_started = Instant::now();
         // Batches that rang meanwhile are read by the members now: one turn for all of them.
         // The members read as many batches as the doorbell counted (each member's bus has them too); when
@@ -254,11 +269,12 @@ async fn run_lane(news: mpsc::UnboundedReceiver<LaneNews>) {
             }
         }
         ring_all(&mut ring.members, counted, &latency).await;
-        rest_until =
-            rest_after(turn_started.elapsed(), !ring.doorbell.is_empty()).map(|rest| Instant::now() + rest);
+        rest_until = rest_after(counted, turn_started.elapsed(), !ring.doorbell.is_empty())
+            .map(|rest| Instant::now() + rest);
         if closed || ring.members.is_empty() {
-            // Every member has read the bus's end (and is closing), or has gone.
+            // Every member has read the bus's end (and is closing), or has gone; the rest was for this ring.
             rings.swap_remove(index);
+            rest_until = None;
         }
     }
 }
@@ -335,9 +351,9 @@ async fn doorbells(rings: &mut [Ring]) -> (usize, Result<(), RecvError>) {
     (index, outcome)
 }
 
-/// Ring every member in turn, dropping those that left. The fan-out latencies of what they write are recorded
-/// together at the end of the turn (or before a yield, past [`LATENCIES_KEPT`]): the lanes run on different
-/// cores, and recording frame by frame would have them take the histogram's shared counters in turns.
+/// Ring every member in turn, dropping those that left. The fan-out latencies of what the members write are recorded together at the end of
+/// the turn (or once [`LATENCIES_KEPT`] are gathered): the lanes run on different cores, and recording frame by
+/// frame would have them take the histogram's shared counters in turns.
 ///
 /// Other tasks of the thread run whenever the lane has used its cooperative budget: a socket write spends one
 /// unit, and a write past the budget would come back `Pending` as if the socket were full (and be handed to the
@@ -347,15 +363,15 @@ async fn ring_all(members: &mut Vec<Arc<Member>>, batches: Option<usize>, latenc
     let mut index = 0;
     while index < members.len() {
         if !tokio::task::coop::has_budget_remaining() {
-            if latencies.len() >= LATENCIES_KEPT {
-                latency.delivered_all(&mut latencies);
-            }
             tokio::task::yield_now().await;
         }
         if members[index].ring(batches, &mut latencies) {
             index += 1;
         } else {
             members.swap_remove(index);
+        }
+        if latencies.len() >= LATENCIES_KEPT {
+            latency.delivered_all(&mut latencies);
         }
     }
     latency.delivered_all(&mut latencies);
@@ -425,15 +441,19 @@ mod tests {
         })])
     }
 
-    /// A lane that keeps up never rests, so a lone batch goes out at once; one that finds batches waiting
-    /// rests as long as its turn took, at most `REST_AT_MOST`, so it still writes at least half the time.
+    /// A lane that keeps up (nothing waiting after its turn) never rests, so a lone batch goes out at once;
+    /// nor does one whose doorbell lagged or whose bus ended. One that finds batches waiting rests as long as
+    /// its turn took, at most `REST_AT_MOST`, so it still writes at least half the time.
     #[test]
     fn only_a_saturated_lane_rests_and_never_longer_than_its_turn_or_the_bound() {
-        let turn = Duration::from_millis(3);
-        assert_eq!(rest_after(turn, false), None);
-        assert_eq!(rest_after(turn, true), Some(turn));
-        assert_eq!(rest_after(Duration::from_secs(1), true), Some(REST_AT_MOST));
-        assert_eq!(rest_after(Duration::from_secs(1), false), None);
+        let took = Duration::from_millis(3);
+        assert_eq!(rest_after(Some(3), took, false), None, "kept up");
+        assert_eq!(rest_after(None, took, true), None, "lagged or ended");
+        assert_eq!(rest_after(Some(1), took, true), Some(took));
+        assert_eq!(
+            rest_after(Some(2), Duration::from_secs(1), true),
+            Some(REST_AT_MOST)
+        );
     }
 
     /// A lane writes the bus's batches straight into its members' sockets; when the lane dies with members on
