@@ -179,7 +179,7 @@ struct Ring {
 /// member's frames).
 const LATENCIES_KEPT: usize = 4096;
 
-/// The longest a saturated lane rests between turns (see [`rest_after`]).
+/// The longest a lane that is behind rests between turns (see [`rest_after`]).
 const REST_AT_MOST: Duration = Duration::from_millis(10);
 
 /// How long a lane rests before its next turn. Only a lane that is behind rests: batches arrived while its turn
@@ -351,9 +351,9 @@ async fn doorbells(rings: &mut [Ring]) -> (usize, Result<(), RecvError>) {
     (index, outcome)
 }
 
-/// Ring every member in turn, dropping those that left. The fan-out latencies of what the members write are recorded together at the end of
-/// the turn (or once [`LATENCIES_KEPT`] are gathered): the lanes run on different cores, and recording frame by
-/// frame would have them take the histogram's shared counters in turns.
+/// Ring every member in turn, dropping those that left. The fan-out latencies of what the members write are
+/// recorded together at the end of the turn (or once [`LATENCIES_KEPT`] are gathered): the lanes run on
+/// different cores, and recording frame by frame would have them take the histogram's shared counters in turns.
 ///
 /// Other tasks of the thread run whenever the lane has used its cooperative budget: a socket write spends one
 /// unit, and a write past the budget would come back `Pending` as if the socket were full (and be handed to the
