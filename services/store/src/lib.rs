@@ -59,6 +59,9 @@ pub enum Backend {
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: AnyPool,
+    /// What commits are written through: for a SQLite file a connection of its own
+    /// ([`connect::open_commit_pool`]), otherwise `pool`.
+    commits: AnyPool,
     backend: Backend,
     /// SQLite has one writer at a time: this process's commits take turns here, in arrival order, rather than
     /// meeting SQLite's lock, whose busy handler sleeps 1, 2, 5 … 100 ms between tries (a busy host's commits
@@ -75,6 +78,7 @@ impl Store {
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
         let backend = connect::backend_of(url)?;
         let pool = connect::open_pool(url, backend).await?;
+        let commits = connect::open_commit_pool(url, backend, &pool).await?;
         let writer = (backend == Backend::Sqlite).then(|| Arc::new(tokio::sync::Mutex::new(())));
         let failed = if connect::is_in_memory(url, backend) {
             transaction::FailedConnections::Keep
@@ -83,6 +87,7 @@ impl Store {
         };
         Ok(Store {
             pool,
+            commits,
             backend,
             writer,
             failed,
@@ -110,7 +115,7 @@ impl Store {
     /// catalogue number it uses.
     pub async fn commit(&self, tenant: &str, host: &str, batch: &CommitBatch) -> Result<(), StoreError> {
         let _turn = self.writer_turn().await;
-        commit::commit(&self.pool, self.backend, self.failed, tenant, host, batch).await
+        commit::commit(&self.commits, self.backend, self.failed, tenant, host, batch).await
     }
 
     /// This process's turn to write a SQLite file (nothing to wait for on Postgres).
@@ -136,7 +141,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let _turn = self.writer_turn().await;
         commit::commit_fenced(
-            &self.pool,
+            &self.commits,
             self.backend,
             self.failed,
             tenant,
@@ -391,7 +396,9 @@ impl Store {
         log: Vec<LogEntry>,
     ) -> Result<(), StoreError> {
         self.failed
-            .in_transaction(&self.pool, async |tx| log::append(tx, tenant, host, &log).await)
+            .in_transaction(&self.commits, async |tx| {
+                log::append(tx, tenant, host, &log).await
+            })
             .await
     }
 
@@ -401,8 +408,9 @@ impl Store {
         Ok(())
     }
 
-    /// Closes the pool, waiting for connections in use to be returned.
+    /// Closes the pools, waiting for connections in use to be returned.
     pub async fn close(&self) {
+        self.commits.close().await;
         self.pool.close().await;
     }
 }
