@@ -33,22 +33,26 @@ pub(crate) enum Outbound {
 /// them and flushed once when the queue is empty, so a batch leaves in as few TCP segments as it fits even with
 /// `TCP_NODELAY`, while a lone frame leaves at once. Once a flush has put bus events on the socket, their
 /// fan-out latencies are recorded.
+///
+/// Laid out in this order (`repr(C)`): the queue and its counts, which a lane reads at every write, first; the
+/// socket, of which a write reads only a little, last (see [`crate::member::Delivery`]).
+#[repr(C)]
 pub(crate) struct Outbox {
-    /// The whole socket, not a split half: whoever holds the connection's lock reads or writes it, so no
-    /// second lock is taken per read or write.
-    pub(crate) socket: WebSocket,
     pub(crate) queue: VecDeque<Outbound>,
     /// Bytes of the frames in `queue`.
     pub(crate) bytes: usize,
+    pub(crate) max_frames: usize,
+    /// More than this queued (or held in the backlog) closes the connection as a slow consumer.
+    pub(crate) max_bytes: usize,
     /// Frames handed to the socket since its last flush.
     pub(crate) unflushed: bool,
     /// Stamps of the bus events handed to the socket since its last flush.
     pub(crate) stamps: Vec<Instant>,
     /// Where their stamp → socket times go (the handle is looked up once, not per flush).
     pub(crate) latency: telemetry::FanoutLatency,
-    pub(crate) max_frames: usize,
-    /// More than this queued (or held in the backlog) closes the connection as a slow consumer.
-    pub(crate) max_bytes: usize,
+    /// The whole socket, not a split half: whoever holds the connection's lock reads or writes it, so no
+    /// second lock is taken per read or write.
+    pub(crate) socket: WebSocket,
 }
 
 impl Outbox {
