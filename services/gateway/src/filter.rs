@@ -12,7 +12,7 @@ use relay_core::{telemetry, ConnectionId};
 use smallvec::SmallVec;
 
 /// Subscriptions a filter keeps inline, looked up by a scan; a connection with more gets a hash map.
-const INLINE_SUBSCRIPTIONS: usize = 4;
+const INLINE_SUBSCRIPTIONS: usize = 3;
 
 /// The delivery filter of one connection. Laid out in this order (`repr(C)`), so that what an action's
 /// lookup reads — the last delivered seq, the first inline subscriptions — is in as few cache lines as it can
