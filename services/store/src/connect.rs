@@ -209,6 +209,52 @@ mod tests {
         pool.close().await;
     }
 
+    /// A SQLite file's commits go through one connection of their own, kept open, with every connection's
+    /// settings; an in-memory database's through its one connection.
+    #[tokio::test]
+    async fn a_sqlite_files_commits_have_one_connection_with_the_same_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("relay.db").display());
+        let pool = open_pool(&url, Backend::Sqlite).await.unwrap();
+        let commits = open_commit_pool(&url, Backend::Sqlite, &pool).await.unwrap();
+        assert_eq!(commits.options().get_max_connections(), 1);
+        assert_eq!(commits.options().get_min_connections(), 1);
+        assert_eq!(commits.options().get_idle_timeout(), None);
+        assert_eq!(commits.options().get_max_lifetime(), None);
+        let mut conn = commits.acquire().await.unwrap();
+        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!((mode.as_str(), sync, busy), ("wal", 2, 30_000));
+        drop(conn);
+        commits.close().await;
+        pool.close().await;
+
+        let memory = open_pool("sqlite::memory:", Backend::Sqlite).await.unwrap();
+        let same = open_commit_pool("sqlite::memory:", Backend::Sqlite, &memory)
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE t (x INTEGER)")
+            .execute(&same)
+            .await
+            .unwrap();
+        let seen: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t")
+            .fetch_one(&memory)
+            .await
+            .unwrap();
+        assert_eq!(seen, 0, "one in-memory database, not two");
+        memory.close().await;
+    }
+
     #[test]
     fn sqlite_targets() {
         assert!(matches!(

@@ -395,6 +395,7 @@ impl Store {
         host: &str,
         log: Vec<LogEntry>,
     ) -> Result<(), StoreError> {
+        let _turn = self.writer_turn().await;
         self.failed
             .in_transaction(&self.commits, async |tx| {
                 log::append(tx, tenant, host, &log).await
