@@ -27,8 +27,6 @@
 //!
 //! Decoding checks every field and returns a [`CodecError`] for anything else; it never panics.
 
-use std::sync::Arc;
-
 use bytes::{BufMut, Bytes, BytesMut};
 use relay_core::bus::{Audience, BusEvent, BusEventKind};
 use relay_core::ConnectionId;
@@ -216,7 +214,7 @@ fn decode_shared(message: &Bytes, start: usize, end: usize) -> Result<BusEvent, 
     let frame_start = start + HEADER_LEN + len;
     Ok(BusEvent {
         kind,
-        channel: Arc::from(channel),
+        channel: relay_core::channel_names::shared(channel),
         seq,
         prev_seq,
         audience,
@@ -233,7 +231,7 @@ mod tests {
     fn sample(kind: BusEventKind, audience: Audience) -> BusEvent {
         BusEvent {
             kind,
-            channel: Arc::from("ahp-session:/ü/1"),
+            channel: std::sync::Arc::from("ahp-session:/ü/1"),
             seq: 42,
             prev_seq: u64::MAX - 1,
             audience,
@@ -274,7 +272,7 @@ mod tests {
     #[test]
     fn empty_channel_and_frame() {
         let mut event = sample(BusEventKind::ChannelDisposed, Audience::Everyone);
-        event.channel = Arc::from("");
+        event.channel = std::sync::Arc::from("");
         event.frame = Bytes::new();
         let bytes = encode(&event);
         assert_eq!(bytes.len(), HEADER_LEN);

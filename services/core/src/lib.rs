@@ -6,6 +6,7 @@
 //! deployment implements it with gRPC and Redis without touching either side.
 
 pub mod bus;
+pub mod channel_names;
 pub mod heavy;
 pub mod identity;
 pub mod limits;

@@ -5,10 +5,11 @@
 //! Every filter's subscriptions count in the gateway's `ahp_relay_subscriptions` gauge while it lives.
 
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use relay_core::bus::{Audience, BusEvent, BusEventKind};
 use relay_core::link::SubscriptionChange;
-use relay_core::{telemetry, ConnectionId};
+use relay_core::{channel_names, telemetry, ConnectionId};
 use smallvec::SmallVec;
 
 /// Subscriptions a filter keeps inline, looked up by a scan; a connection with more gets a hash map.
@@ -30,15 +31,17 @@ pub struct SubscriptionFilter {
 ///
 /// Looked up for every bus event the connection sees, by the lane that writes to thousands of connections in
 /// turn, so each lookup touches memory no other connection does. A few subscriptions (the common case: the
-/// root channel, a session, a chat) are kept inline in the filter, each with its channel's hash: a lookup
-/// reads the filter and, only for a channel whose hash and length match, the channel's text. A hash map
-/// instead costs a read of its control bytes, one of its slot and one of the key's text, each a cache miss
-/// (70% and 21% of `admits`' samples, and `memcmp` as much again, in `scripts/bench peers` at 2,000 × 50/s).
+/// root channel, a session, a chat) are kept inline in the filter, each with its channel's hash and the
+/// process's shared name ([`relay_core::channel_names`]), which bus events carry too: a lookup reads the filter
+/// and finds a subscribed channel by its pointer; only an event whose channel is not the shared name has it
+/// compared by hash and then, if the hash matches, by text. A hash map instead costs a read of its control
+/// bytes, one of its slot and one of the key's text, each a cache miss (70% and 21% of `admits`' samples, and
+/// `memcmp` as much again, in `scripts/bench peers` at 2,000 × 50/s).
 #[derive(Debug)]
 enum Channels {
     Few(SmallVec<[Subscription; INLINE_SUBSCRIPTIONS]>),
     /// More than [`INLINE_SUBSCRIPTIONS`] at some point (until cleared): a fast seeded hash (foldhash).
-    Many(foldhash::HashMap<Box<str>, u64>),
+    Many(foldhash::HashMap<Arc<str>, u64>),
 }
 
 /// One inline subscription.
@@ -47,7 +50,7 @@ struct Subscription {
     /// [`channel_hash`] of `channel`.
     hash: u64,
     after_seq: u64,
-    channel: Box<str>,
+    channel: Arc<str>,
 }
 
 /// The hash inline subscriptions are compared by (a fixed seed: there is no table to attack).
@@ -63,16 +66,19 @@ impl Channels {
         }
     }
 
-    fn get(&self, channel: &str) -> Option<u64> {
+    fn get(&self, channel: &Arc<str>) -> Option<u64> {
         match self {
             Channels::Few(few) if few.is_empty() => None,
             Channels::Few(few) => {
+                if let Some(sub) = few.iter().find(|sub| Arc::ptr_eq(&sub.channel, channel)) {
+                    return Some(sub.after_seq);
+                }
                 let hash = channel_hash(channel);
                 few.iter()
-                    .find(|sub| sub.hash == hash && *sub.channel == *channel)
+                    .find(|sub| sub.hash == hash && *sub.channel == **channel)
                     .map(|sub| sub.after_seq)
             }
-            Channels::Many(many) => many.get(channel).copied(),
+            Channels::Many(many) => many.get(&**channel).copied(),
         }
     }
 
@@ -89,17 +95,17 @@ impl Channels {
                     few.push(Subscription {
                         hash,
                         after_seq,
-                        channel: channel.into_boxed_str(),
+                        channel: channel_names::shared(&channel),
                     });
                 } else {
-                    let mut many: foldhash::HashMap<Box<str>, u64> =
+                    let mut many: foldhash::HashMap<Arc<str>, u64> =
                         few.drain(..).map(|sub| (sub.channel, sub.after_seq)).collect();
-                    many.insert(channel.into_boxed_str(), after_seq);
+                    many.insert(channel_names::shared(&channel), after_seq);
                     *self = Channels::Many(many);
                 }
             }
             Channels::Many(many) => {
-                many.insert(channel.into_boxed_str(), after_seq);
+                many.insert(channel_names::shared(&channel), after_seq);
             }
         }
     }
@@ -174,13 +180,13 @@ impl SubscriptionFilter {
                 Audience::Everyone => self.notifications,
                 Audience::Connection(id) => self.notifications && *id == self.connection,
                 Audience::Subscribers | Audience::SubscribersAnd(_) => {
-                    self.notifications && self.channels.get(event.channel.as_ref()).is_some()
+                    self.notifications && self.channels.get(&event.channel).is_some()
                 }
             },
             BusEventKind::Action => {
                 let subscribed = || {
                     self.channels
-                        .get(event.channel.as_ref())
+                        .get(&event.channel)
                         .is_some_and(|after| event.seq > after)
                 };
                 let addressed = match &event.audience {
@@ -291,8 +297,8 @@ mod tests {
     }
 
     /// The filter against a plain map of the same changes, through the switch from inline subscriptions to a
-    /// hash map and back (a clear): every channel is looked up after every change, by actions, notifications
-    /// and disposals alike.
+    /// hash map and back (a clear): every channel is looked up after every change, by actions (with the shared
+    /// name or another), notifications and disposals alike.
     #[test]
     fn the_filter_answers_as_a_map_of_its_subscriptions_would_inline_and_beyond() {
         let channels: Vec<String> = (0..12).map(|i| format!("ahp-session:/s/{i}/chat")).collect();
@@ -348,11 +354,12 @@ mod tests {
                 assert_eq!(f.admits(&note), model.contains_key(channel), "{channel}");
                 seq += 1;
                 let expected = model.get(channel).is_some_and(|&after| seq > after);
-                assert_eq!(
-                    f.admits(&action(seq, channel, Audience::Subscribers)),
-                    expected,
-                    "{channel} at {seq}"
-                );
+                // Events carry the process's shared name (as the bus does) or a name of their own.
+                let mut event = action(seq, channel, Audience::Subscribers);
+                if seq % 2 == 0 {
+                    event.channel = channel_names::shared(channel);
+                }
+                assert_eq!(f.admits(&event), expected, "{channel} at {seq}");
             }
         }
         assert!(went_beyond_inline, "the walk never needed the hash map");

@@ -1,7 +1,5 @@
 //! Conversions between `relay-core` types and their protobuf messages, in both directions.
 
-use std::sync::Arc;
-
 use relay_core::bus::{Audience, BusEvent, BusEventKind};
 use relay_core::link::{CloseRequest, CommandReply, SubscriptionChange};
 use relay_core::{ConnectionId, HostKey, Identity, Role};
@@ -161,7 +159,7 @@ pub fn event_from_pb(event: pb::BusEvent) -> Result<BusEvent, Malformed> {
     };
     Ok(BusEvent {
         kind,
-        channel: Arc::from(event.channel),
+        channel: relay_core::channel_names::shared(&event.channel),
         seq: event.seq,
         prev_seq: event.prev_seq,
         audience,
@@ -219,7 +217,7 @@ mod tests {
         ] {
             let event = BusEvent {
                 kind: BusEventKind::Action,
-                channel: Arc::from("ahp-chat:/x"),
+                channel: std::sync::Arc::from("ahp-chat:/x"),
                 seq: 5,
                 prev_seq: 4,
                 audience: audience.clone(),

@@ -299,7 +299,7 @@ impl Sequencer {
             self.unit,
             Publication {
                 kind,
-                channel: channel.into(),
+                channel: relay_core::channel_names::shared(channel),
                 seq,
                 audience,
                 frame,
