@@ -265,6 +265,11 @@ mod tests {
                 let event = sample(kind, audience);
                 let decoded = decode(&encode(&event)).expect("round trip");
                 assert_same(&event, &decoded);
+                // The process's shared name, which the gateway's filter recognises by its pointer.
+                assert!(std::sync::Arc::ptr_eq(
+                    &decoded.channel,
+                    &relay_core::channel_names::shared(&event.channel)
+                ));
             }
         }
     }

@@ -228,6 +228,10 @@ mod tests {
             assert_eq!(back.audience, audience);
             assert_eq!((back.seq, back.prev_seq, back.kind), (5, 4, BusEventKind::Action));
             assert_eq!(&*back.channel, "ahp-chat:/x");
+            assert!(std::sync::Arc::ptr_eq(
+                &back.channel,
+                &relay_core::channel_names::shared("ahp-chat:/x")
+            ));
         }
     }
 }
