@@ -32,11 +32,12 @@ pub struct SubscriptionFilter {
 /// Looked up for every bus event the connection sees, by the lane that writes to thousands of connections in
 /// turn, so each lookup touches memory no other connection does. A few subscriptions (the common case: the
 /// root channel, a session, a chat) are kept inline in the filter, each with its channel's hash and the
-/// process's shared name ([`relay_core::channel_names`]), which bus events carry too: a lookup reads the filter
-/// and finds a subscribed channel by its pointer; otherwise (an event of a channel it does not hold, or one
-/// whose name is not the shared one) it compares hashes, and the text only where a hash matches. A hash map instead costs a read of its control
-/// bytes, one of its slot and one of the key's text, each a cache miss (70% and 21% of `admits`' samples, and
-/// `memcmp` as much again, in `scripts/bench peers` at 2,000 × 50/s).
+/// process's shared name ([`relay_core::channel_names`]), which bus events carry too: a lookup reads the
+/// filter and finds a subscribed channel by its pointer; otherwise (an event of a channel it does not hold,
+/// or one whose name is not the shared one) it compares hashes, and the text only where a hash matches. A
+/// hash map instead costs a read of its control bytes, one of its slot and one of the key's text, each a cache
+/// miss (70% and 21% of `admits`' samples, and `memcmp` as much again, in `scripts/bench peers` at 2,000 ×
+/// 50/s).
 #[derive(Debug)]
 enum Channels {
     Few(SmallVec<[Subscription; INLINE_SUBSCRIPTIONS]>),
@@ -58,6 +59,13 @@ fn channel_hash(channel: &str) -> u64 {
     foldhash::fast::FixedState::default().hash_one(channel)
 }
 
+/// Where `channel` is among inline subscriptions, by its hash and then its text.
+fn position_of(few: &[Subscription], channel: &str) -> Option<usize> {
+    let hash = channel_hash(channel);
+    few.iter()
+        .position(|sub| sub.hash == hash && *sub.channel == *channel)
+}
+
 impl Channels {
     fn len(&self) -> usize {
         match self {
@@ -70,13 +78,11 @@ impl Channels {
         match self {
             Channels::Few(few) if few.is_empty() => None,
             Channels::Few(few) => {
-                if let Some(sub) = few.iter().find(|sub| Arc::ptr_eq(&sub.channel, channel)) {
-                    return Some(sub.after_seq);
-                }
-                let hash = channel_hash(channel);
-                few.iter()
-                    .find(|sub| sub.hash == hash && *sub.channel == **channel)
-                    .map(|sub| sub.after_seq)
+                let at = few
+                    .iter()
+                    .position(|sub| Arc::ptr_eq(&sub.channel, channel))
+                    .or_else(|| position_of(few, channel))?;
+                Some(few[at].after_seq)
             }
             Channels::Many(many) => many.get(&**channel).copied(),
         }
@@ -85,15 +91,11 @@ impl Channels {
     fn insert(&mut self, channel: String, after_seq: u64) {
         match self {
             Channels::Few(few) => {
-                let hash = channel_hash(&channel);
-                if let Some(sub) = few
-                    .iter_mut()
-                    .find(|sub| sub.hash == hash && *sub.channel == *channel)
-                {
-                    sub.after_seq = after_seq;
+                if let Some(at) = position_of(few, &channel) {
+                    few[at].after_seq = after_seq;
                 } else if few.len() < INLINE_SUBSCRIPTIONS {
                     few.push(Subscription {
-                        hash,
+                        hash: channel_hash(&channel),
                         after_seq,
                         channel: channel_names::shared(&channel),
                     });
@@ -113,19 +115,13 @@ impl Channels {
     /// Whether `channel` was there.
     fn remove(&mut self, channel: &str) -> bool {
         match self {
-            Channels::Few(few) => {
-                let hash = channel_hash(channel);
-                match few
-                    .iter()
-                    .position(|sub| sub.hash == hash && *sub.channel == *channel)
-                {
-                    Some(at) => {
-                        few.remove(at);
-                        true
-                    }
-                    None => false,
+            Channels::Few(few) => match position_of(few, channel) {
+                Some(at) => {
+                    few.remove(at);
+                    true
                 }
-            }
+                None => false,
+            },
             Channels::Many(many) => many.remove(channel).is_some(),
         }
     }
