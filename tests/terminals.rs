@@ -1556,16 +1556,22 @@ async fn a_store_stuck_for_60_s_holds_a_flooding_terminal_and_a_streaming_agent_
         mib.join(" "),
         grown / MIB
     );
-    // At the budget, give or take the one action that crossed it, and held there: not drained (nothing
-    // commits) and not growing (nothing is read past it).
+    // At the budget, give or take what was admitted before it was seen: the action of each producer that
+    // crossed it (a terminal's data, at most 64 KiB; an agent's coalesced text) and the snapshot such an action
+    // may queue (a terminal's document carries its scrollback, up to 1 MiB). Held there: not drained (nothing
+    // commits) and not growing (nothing is read past it). Runs of this test have held at 16.3–17.3 MiB.
     let most = pending.iter().cloned().fold(0.0, f64::max);
     assert!(
-        most <= BUDGET + MIB as f64,
+        most <= BUDGET + 2.0 * MIB as f64,
         "the pending batch reached {most} bytes"
     );
     assert!(
         pending.iter().all(|&bytes| bytes >= BUDGET * 0.9),
         "the pending batch did not hold at its budget: {mib:?}"
+    );
+    assert!(
+        pending.iter().all(|&bytes| bytes <= pending[0]),
+        "the pending batch grew while the store was stuck: {mib:?}"
     );
     assert!(
         grown < 96 * MIB,
