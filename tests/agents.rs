@@ -1571,7 +1571,13 @@ async fn an_agents_settings_are_session_config_any_device_may_change() {
     b.dispatch(session.clone(), change("low"))
         .await
         .expect("dispatch");
-    let echo = next_envelope(&mut sub).await;
+    // The session's channel may carry other actions first (the last turn's end reaching the session).
+    let echo = loop {
+        let envelope = next_envelope(&mut sub).await;
+        if let StateAction::SessionConfigChanged(_) = envelope.action {
+            break envelope;
+        }
+    };
     assert!(
         echo.server_seq > from && echo.rejection_reason.is_none(),
         "{echo:?}"
