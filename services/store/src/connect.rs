@@ -181,6 +181,23 @@ mod tests {
         ));
     }
 
+    /// A connection's journal mode, `synchronous` level and busy timeout.
+    async fn settings_of(conn: &mut sqlx::AnyConnection) -> (String, i64, i64) {
+        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        (mode, sync, busy)
+    }
+
     #[tokio::test]
     async fn sqlite_connections_use_wal_full_sync_and_a_long_busy_timeout() {
         let dir = tempfile::tempdir().unwrap();
@@ -190,19 +207,7 @@ mod tests {
         let mut held = Vec::new();
         for _ in 0..SQLITE_CONNECTIONS {
             let mut conn = pool.acquire().await.unwrap();
-            let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-                .fetch_one(&mut *conn)
-                .await
-                .unwrap();
-            let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
-                .fetch_one(&mut *conn)
-                .await
-                .unwrap();
-            let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
-                .fetch_one(&mut *conn)
-                .await
-                .unwrap();
-            assert_eq!((mode.as_str(), sync, busy), ("wal", 2, 30_000));
+            assert_eq!(settings_of(&mut conn).await, ("wal".into(), 2, 30_000));
             held.push(conn);
         }
         drop(held);
@@ -222,19 +227,7 @@ mod tests {
         assert_eq!(commits.options().get_idle_timeout(), None);
         assert_eq!(commits.options().get_max_lifetime(), None);
         let mut conn = commits.acquire().await.unwrap();
-        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        assert_eq!((mode.as_str(), sync, busy), ("wal", 2, 30_000));
+        assert_eq!(settings_of(&mut conn).await, ("wal".into(), 2, 30_000));
         drop(conn);
         commits.close().await;
         pool.close().await;
