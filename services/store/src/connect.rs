@@ -50,8 +50,11 @@ pub(crate) async fn open_pool(url: &str, backend: Backend) -> Result<AnyPool, St
 /// connection that alone writes keeps its page cache between commits (each connection caches pages, and one
 /// that another connection wrote after must read them again). Commits taken by turns from the shared pool
 /// read 13 pages and touched three connections' worker threads per commit (`perf trace`, 1 shard at 50
-/// actions/s). On Postgres, which writes hosts in parallel, and for an in-memory SQLite database (one
-/// connection is the database), it is `pool` itself.
+/// actions/s). It is not pinged before each commit, as a pool's connections are by default: a local file's
+/// connection does not go stale, and one whose transaction failed is closed ([`crate::transaction`]) and
+/// opened again at the next commit. The ping was one of the commit's five round trips to SQLite's worker
+/// thread. On Postgres, which writes hosts in parallel, and for an in-memory SQLite database (one connection
+/// is the database), it is `pool` itself.
 pub(crate) async fn open_commit_pool(
     url: &str,
     backend: Backend,
@@ -61,6 +64,7 @@ pub(crate) async fn open_commit_pool(
         (Backend::Sqlite, SqliteTarget::File { has_mode, .. }) => Ok(sqlite_options()
             .max_connections(1)
             .min_connections(1)
+            .test_before_acquire(false)
             .idle_timeout(None)
             .max_lifetime(None)
             .connect(&file_url(url, has_mode))
