@@ -8,12 +8,10 @@ use sqlx::{AnyConnection, AnyPool, Row};
 use crate::sql::{from_db, greatest, to_db};
 use crate::{Backend, HostRecord, StoreError};
 
-/// The host's counters, creating its row if missing. Reads first: only a host's very first load writes,
-/// so resumes do not queue behind commits for SQLite's write lock.
-pub(crate) async fn load(pool: &AnyPool, tenant: &str, host: &str) -> Result<HostRecord, StoreError> {
-    if let Some(record) = read(pool, tenant, host).await? {
-        return Ok(record);
-    }
+/// Creates the host's row if missing, and returns its counters: the write half of
+/// [`crate::Store::load_host`], which reads first ([`read`]), so that only a host's very first load writes
+/// and resumes do not queue behind commits for SQLite's write lock.
+pub(crate) async fn create(pool: &AnyPool, tenant: &str, host: &str) -> Result<HostRecord, StoreError> {
     sqlx::query("INSERT INTO hosts (tenant, host) VALUES ($1, $2) ON CONFLICT (tenant, host) DO NOTHING")
         .bind(tenant)
         .bind(host)
@@ -25,7 +23,7 @@ pub(crate) async fn load(pool: &AnyPool, tenant: &str, host: &str) -> Result<Hos
 }
 
 /// The host's counters, if it has a row.
-async fn read(pool: &AnyPool, tenant: &str, host: &str) -> Result<Option<HostRecord>, StoreError> {
+pub(crate) async fn read(pool: &AnyPool, tenant: &str, host: &str) -> Result<Option<HostRecord>, StoreError> {
     let row =
         sqlx::query("SELECT last_seq, log_floor, next_catalog_no FROM hosts WHERE tenant = $1 AND host = $2")
             .bind(tenant)

@@ -72,6 +72,11 @@ pub struct Store {
     failed: transaction::FailedConnections,
 }
 
+/// This process's writes to a SQLite file, held ([`Store::hold_writes`]) until this is dropped.
+pub struct WritesHeld<'a> {
+    _turn: Option<tokio::sync::MutexGuard<'a, ()>>,
+}
+
 impl Store {
     /// Connects to `postgres://…`, `sqlite://PATH` or `sqlite::memory:`. A SQLite file (and its directory)
     /// is created if missing, and is used in WAL mode with `synchronous = FULL`. Does not migrate.
@@ -106,7 +111,11 @@ impl Store {
 
     /// The host's durable counters, creating its row if missing.
     pub async fn load_host(&self, tenant: &str, host: &str) -> Result<HostRecord, StoreError> {
-        hosts::load(&self.pool, tenant, host).await
+        if let Some(record) = hosts::read(&self.pool, tenant, host).await? {
+            return Ok(record);
+        }
+        let _turn = self.writer_turn().await;
+        hosts::create(&self.pool, tenant, host).await
     }
 
     /// Writes a batch in one transaction: appends its log rows, stores its snapshots (the latest per channel
@@ -118,7 +127,17 @@ impl Store {
         commit::commit(&self.commits, self.backend, self.failed, tenant, host, batch).await
     }
 
-    /// This process's turn to write a SQLite file (nothing to wait for on Postgres).
+    /// Holds this process's writes to a SQLite file (commits, leases, compaction) until the guard is dropped,
+    /// e.g. while the file is copied; writes that wait meanwhile then go in arrival order. Reads go on. On
+    /// Postgres it holds nothing.
+    pub async fn hold_writes(&self) -> WritesHeld<'_> {
+        WritesHeld {
+            _turn: self.writer_turn().await,
+        }
+    }
+
+    /// This process's turn to write a SQLite file (nothing to wait for on Postgres). Every write takes it:
+    /// one that met another's transaction in SQLite instead would sleep in its busy handler.
     async fn writer_turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
         match &self.writer {
             Some(writer) => Some(writer.lock().await),
@@ -171,6 +190,7 @@ impl Store {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Option<Lease>, StoreError> {
+        let _turn = self.writer_turn().await;
         leases::acquire(&self.pool, tenant, host, owner, ttl_ms, now_ms).await
     }
 
@@ -183,6 +203,7 @@ impl Store {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Option<Lease>, StoreError> {
+        let _turn = self.writer_turn().await;
         leases::renew(&self.pool, lease, ttl_ms, now_ms).await
     }
 
@@ -195,6 +216,7 @@ impl Store {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Vec<Lease>, StoreError> {
+        let _turn = self.writer_turn().await;
         leases::renew_all(&self.pool, owner, ttl_ms, now_ms).await
     }
 
@@ -213,6 +235,7 @@ impl Store {
     /// expiry; it keeps its epoch, and the next acquire increments it. Does nothing if the lease was already
     /// lost.
     pub async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {
+        let _turn = self.writer_turn().await;
         leases::release(&self.pool, lease).await
     }
 
@@ -383,7 +406,24 @@ impl Store {
     /// more (disposed), raises each affected host's `log_floor` to the highest seq deleted, and deletes the
     /// clientId bindings not used since. Returns the number of rows deleted.
     pub async fn compact(&self, older_than_ms: i64) -> Result<u64, StoreError> {
-        retention::compact(&self.pool, self.backend, self.failed, older_than_ms).await
+        let mut removed = 0;
+        for (tenant, host) in retention::hosts_to_compact(&self.pool, older_than_ms).await? {
+            // One host's transaction per turn: commits waiting meanwhile go next, in arrival order, rather
+            // than into SQLite's busy handler, and a long compaction lets them in between hosts.
+            let _turn = self.writer_turn().await;
+            removed += retention::compact_host(
+                &self.pool,
+                self.backend,
+                self.failed,
+                &tenant,
+                &host,
+                older_than_ms,
+            )
+            .await?;
+        }
+        let _turn = self.writer_turn().await;
+        removed += retention::prune_bindings(&self.pool, older_than_ms).await?;
+        Ok(removed)
     }
 
     /// Benchmark baseline only: appends `log` to the host's log exactly as [`Store::commit`] does (same

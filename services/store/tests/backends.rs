@@ -155,6 +155,7 @@ on_both_backends!(
     bindings_unused_past_the_retention_are_pruned_and_used_ones_kept,
     archived_turns_are_read_by_range_and_found_by_id_and_go_with_their_key,
     a_store_a_newer_release_migrated_further_still_opens,
+    every_write_waits_while_writes_are_held_and_reads_go_on,
 );
 
 const T: &str = "acme";
@@ -2042,4 +2043,100 @@ async fn a_store_a_newer_release_migrated_further_still_opens(db: &TestDb) {
     .await
     .unwrap();
     db.store.migrate().await.expect("the store opens");
+}
+
+/// On SQLite every write of the process (commits, compaction, leases, a host's first load) takes one turn, so
+/// none meets another's transaction in SQLite's busy handler: while the turn is held, each waits, and reads
+/// go on. On Postgres, which writes hosts in parallel, holding writes holds nothing.
+async fn every_write_waits_while_writes_are_held_and_reads_go_on(db: &TestDb) {
+    use std::time::Duration;
+
+    let store = &db.store;
+    let aged = |seq: u64| LogEntry {
+        at_ms: 1,
+        ..entry(seq, CHAT)
+    };
+    let batch = CommitBatch {
+        last_seq: 2,
+        log: vec![aged(1), aged(2)],
+        snapshots: vec![snapshot(CHAT, None, 2)],
+        ..CommitBatch::default()
+    };
+    store.commit(T, H, &batch).await.unwrap();
+
+    let held = store.hold_writes().await;
+    let compaction = store.compact(i64::MAX);
+    let other = log_batch(1, vec![entry(1, CHAT)]);
+    let commit = store.commit(T, "other", &other);
+    let lease = store.acquire_lease(T, "leased", "owner", TTL, 0);
+    let first_load = store.load_host(T, "new");
+    tokio::pin!(compaction, commit, lease, first_load);
+    // Each of these finishes in milliseconds when nothing holds it.
+    let wait = Duration::from_millis(500);
+    let on_sqlite = store.backend() == Backend::Sqlite;
+    assert_eq!(
+        tokio::time::timeout(wait, &mut compaction).await.is_err(),
+        on_sqlite,
+        "compaction waits for held writes on SQLite only"
+    );
+    assert_eq!(
+        tokio::time::timeout(wait, &mut commit).await.is_err(),
+        on_sqlite,
+        "a commit waits for held writes on SQLite only"
+    );
+    assert_eq!(
+        tokio::time::timeout(wait, &mut lease).await.is_err(),
+        on_sqlite,
+        "a lease waits for held writes on SQLite only"
+    );
+    assert_eq!(
+        tokio::time::timeout(wait, &mut first_load).await.is_err(),
+        on_sqlite,
+        "a host's first load (which creates its row) waits for held writes on SQLite only"
+    );
+    // Reads are not held, nor is a host's load once its row exists; and nothing was compacted yet.
+    let floor_while_held = store.load_host(T, H).await.unwrap().log_floor;
+    assert_eq!(floor_while_held, if on_sqlite { 0 } else { 2 });
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 2);
+    assert!(store.load_channel(T, H, CHAT).await.unwrap().is_some());
+    drop(held);
+
+    if on_sqlite {
+        // They took their turns in the order they asked (a mutex hands the turn on): all must be polled.
+        let (compacted, committed, leased, loaded) = tokio::join!(compaction, commit, lease, first_load);
+        assert_eq!(compacted.unwrap(), 2);
+        committed.unwrap();
+        assert!(leased.unwrap().is_some());
+        assert_eq!(loaded.unwrap().last_seq, 0);
+    }
+    assert_eq!(store.load_host(T, "other").await.unwrap().last_seq, 1);
+    assert_eq!(store.load_host(T, H).await.unwrap().log_floor, 2);
+
+    // Pruning clientId bindings is a write too: with no log rows to compact, a compaction waits for it alone.
+    let stale = CommitBatch {
+        bindings: vec![relay_store::ClientBinding {
+            client_id: "stale".into(),
+            subject: "ana".into(),
+            used_at_ms: 1,
+        }],
+        ..CommitBatch::default()
+    };
+    store.commit(T, H, &stale).await.unwrap();
+    let held = store.hold_writes().await;
+    let prune = store.compact(500);
+    tokio::pin!(prune);
+    assert_eq!(
+        tokio::time::timeout(wait, &mut prune).await.is_err(),
+        on_sqlite,
+        "pruning bindings waits for held writes on SQLite only"
+    );
+    assert_eq!(
+        store.client_binding(T, H, "stale").await.unwrap().is_some(),
+        on_sqlite
+    );
+    drop(held);
+    if on_sqlite {
+        assert_eq!(prune.await.unwrap(), 1);
+    }
+    assert_eq!(store.client_binding(T, H, "stale").await.unwrap(), None);
 }
