@@ -4,8 +4,9 @@
 //! - **Connection slots**: a sorted set per tenant (`ahp-relay:quota:{tenant}:slots`), one member per open
 //!   connection, scored by its lease's expiry (unix ms). Taking a slot is one Lua script: drop expired
 //!   members, refuse at the cap, add the new one. Each gateway renews its members every third of the lease
-//!   (adding back any that lapsed while Redis was unreachable) and removes them when their connection closes;
-//!   a gateway that dies leaves its slots for one lease at most. Connections admitted while Redis was
+//!   (adding back any that lapsed while Redis was unreachable) and removes them when their connection closes
+//!   (one task, up to [`RELEASES_PER_ROUND_TRIP`] per round trip); a gateway that dies leaves its slots for
+//!   one lease at most. Connections admitted while Redis was
 //!   unreachable hold no slot.
 //! - **Rates**: each gateway keeps its own token buckets (no Redis round trip per message) and meters what it
 //!   forwarded per tenant in a hash (`ahp-relay:quota:{tenant}:usage`, cumulative counters per gateway). Every
@@ -25,9 +26,14 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use redis::aio::ConnectionManager;
+use tokio::sync::mpsc;
 
 /// How long a connection's slot holds without renewal (renewed every third of it).
 pub const SLOT_LEASE: Duration = Duration::from_secs(30);
+/// The most slots given back to Redis in one round trip. When thousands of connections close at once (a
+/// gateway draining, a network partition healing), they go back in a few pipelines rather than one each,
+/// which timed out by the thousand at the teardown of 100,000 connections (`scripts/bench idle`).
+pub const RELEASES_PER_ROUND_TRIP: usize = 1_024;
 /// How often a gateway exchanges its rate usage with the others.
 pub const EXCHANGE_EVERY: Duration = Duration::from_millis(100);
 /// How long a tenant's usage counters outlive its last exchange.
@@ -84,6 +90,8 @@ pub struct SharedQuotas {
     slots: Mutex<HashMap<String, HashSet<String>>>,
     /// What this gateway last reported per tenant (its counters are cumulative).
     reported: Mutex<HashMap<String, Forwarded>>,
+    /// Slots given back, as (tenant, slot): one task removes them from Redis in batches ([`give_back`]).
+    releases: mpsc::UnboundedSender<(String, String)>,
 }
 
 const TAKE_SLOT: &str = r"
@@ -122,6 +130,32 @@ fn usage_key(tenant: &str) -> String {
     format!("ahp-relay:quota:{{{tenant}}}:usage")
 }
 
+/// Removes the slots given back from Redis, up to [`RELEASES_PER_ROUND_TRIP`] at a time: one `ZREM` per
+/// tenant's set in one pipeline. Ends when the quotas are dropped.
+async fn give_back(mut released: mpsc::UnboundedReceiver<(String, String)>, connection: ConnectionManager) {
+    let mut batch = Vec::with_capacity(RELEASES_PER_ROUND_TRIP);
+    while released.recv_many(&mut batch, RELEASES_PER_ROUND_TRIP).await > 0 {
+        let mut by_key: HashMap<String, Vec<String>> = HashMap::new();
+        for (tenant, slot) in batch.drain(..) {
+            if is_viewer_slot(&slot) {
+                by_key
+                    .entry(viewer_slots_key(&tenant))
+                    .or_default()
+                    .push(slot.clone());
+            }
+            by_key.entry(slots_key(&tenant)).or_default().push(slot);
+        }
+        let mut pipe = redis::pipe();
+        for (key, slots) in &by_key {
+            pipe.cmd("ZREM").arg(key).arg(slots).ignore();
+        }
+        if let Err(error) = pipe.query_async::<()>(&mut connection.clone()).await {
+            let slots: usize = by_key.values().map(Vec::len).sum();
+            tracing::warn!(%error, slots, "could not release connection slots in Redis; they lapse with their lease");
+        }
+    }
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -134,12 +168,15 @@ impl SharedQuotas {
         crate::tls::ensure_provider();
         let client = redis::Client::open(url)?;
         let connection = client.get_connection_manager().await?;
+        let (releases, released) = mpsc::unbounded_channel();
+        tokio::spawn(give_back(released, connection.clone()));
         Ok(Arc::new(Self {
             connection,
             gateway: uuid::Uuid::new_v4().simple().to_string(),
             next_slot: AtomicU64::new(1),
             slots: Mutex::new(HashMap::new()),
             reported: Mutex::new(HashMap::new()),
+            releases,
         }))
     }
 
@@ -182,8 +219,8 @@ impl SharedQuotas {
         Ok(Some(slot))
     }
 
-    /// Give `slot` of `tenant` back (in the background).
-    pub fn release_slot(self: &Arc<Self>, tenant: &str, slot: String) {
+    /// Give `slot` of `tenant` back (in the background, batched with others given back meanwhile).
+    pub fn release_slot(&self, tenant: &str, slot: String) {
         {
             let mut slots = self.slots.lock();
             if let Some(held) = slots.get_mut(tenant) {
@@ -193,22 +230,8 @@ impl SharedQuotas {
                 }
             }
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // its lease lapses
-        };
-        let (shared, key) = (self.clone(), slots_key(tenant));
-        let viewers_key = is_viewer_slot(&slot).then(|| viewer_slots_key(tenant));
-        runtime.spawn(async move {
-            let mut pipe = redis::pipe();
-            pipe.cmd("ZREM").arg(key).arg(&slot).ignore();
-            if let Some(viewers_key) = viewers_key {
-                pipe.cmd("ZREM").arg(viewers_key).arg(&slot).ignore();
-            }
-            let removed: Result<(), _> = pipe.query_async(&mut shared.connection.clone()).await;
-            if let Err(error) = removed {
-                tracing::warn!(%error, "could not release a connection slot in Redis; it lapses with its lease");
-            }
-        });
+        // Once the runtime that runs the releasing task is gone, the slot lapses with its lease.
+        let _ = self.releases.send((tenant.to_owned(), slot));
     }
 
     /// Renew the lease of every slot this gateway holds.

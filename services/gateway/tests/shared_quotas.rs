@@ -168,3 +168,80 @@ async fn a_gone_gateways_fields_leave_the_tenants_usage() {
         "{fields:?}"
     );
 }
+
+/// How many `ZREM` commands the Redis at `url` has run since it started (`INFO commandstats`).
+async fn zrem_calls(url: &str) -> u64 {
+    let client = redis::Client::open(url).expect("redis url");
+    let mut connection = client.get_multiplexed_async_connection().await.expect("redis");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection)
+        .await
+        .expect("info");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_zrem:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().expect("a count"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_slots_given_back_at_once_go_back_in_a_few_round_trips() {
+    let Ok(url) = std::env::var("REDIS_URL") else {
+        eprintln!("skipped: REDIS_URL not set");
+        return;
+    };
+    const CONNECTIONS: usize = 3_000;
+    let shared = SharedQuotas::connect(&url).await.expect("redis");
+    let quotas = TenantQuotas::new(QuotaLimits {
+        max_connections: CONNECTIONS,
+        ..limits()
+    });
+    quotas.share(shared.clone());
+    let tenant = unique_tenant();
+    let mut permits = Vec::with_capacity(CONNECTIONS);
+    for _ in 0..CONNECTIONS {
+        permits.push(
+            quotas
+                .admit_everywhere(&tenant, false)
+                .await
+                .expect("under the cap"),
+        );
+    }
+    let client = redis::Client::open(url.as_str()).expect("redis url");
+    let mut redis = client.get_multiplexed_async_connection().await.expect("redis");
+    let key = format!("ahp-relay:quota:{{{tenant}}}:slots");
+    let held: usize = redis::cmd("ZCARD")
+        .arg(&key)
+        .query_async(&mut redis)
+        .await
+        .expect("zcard");
+    assert_eq!(held, CONNECTIONS);
+
+    let calls_before = zrem_calls(&url).await;
+    drop(permits); // every connection closes at once
+    let started = std::time::Instant::now();
+    loop {
+        let left: usize = redis::cmd("ZCARD")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .expect("zcard");
+        if left == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{left} slots were never given back"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await; // how often Redis is asked, not a wait for it
+    }
+    // One ZREM per round trip of up to RELEASES_PER_ROUND_TRIP slots (other tests share this Redis and may
+    // release a few of theirs meanwhile); one per slot would be 3,000.
+    let calls = zrem_calls(&url).await - calls_before;
+    assert!(
+        calls < 100,
+        "{CONNECTIONS} slots given back with {calls} ZREM commands"
+    );
+    // Nothing is given back twice, and the cap is whole again.
+    assert!(quotas.admit_everywhere(&tenant, false).await.is_some());
+}
