@@ -371,14 +371,18 @@ impl TenantQuotas {
         self.tenants.lock().values().map(|u| u.connections).sum()
     }
 
-    /// Wait until every connection has ended (they have sent their close frames).
+    /// Wait until every connection has ended (they have sent their close frames) and, when quotas are shared,
+    /// their slots are given back to Redis.
     pub async fn wait_idle(&self) {
         loop {
             let closed = self.closed.notified();
             if self.total_connections() == 0 {
-                return;
+                break;
             }
             closed.await;
+        }
+        if let Some(shared) = self.shared.get() {
+            shared.given_back().await;
         }
     }
 }

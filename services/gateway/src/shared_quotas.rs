@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use redis::aio::ConnectionManager;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// How long a connection's slot holds without renewal (renewed every third of it).
 pub const SLOT_LEASE: Duration = Duration::from_secs(30);
@@ -34,6 +34,9 @@ pub const SLOT_LEASE: Duration = Duration::from_secs(30);
 /// gateway draining, a network partition healing), they go back in a few pipelines rather than one each,
 /// which timed out by the thousand at the teardown of 100,000 connections (`scripts/bench idle`).
 pub const RELEASES_PER_ROUND_TRIP: usize = 1_024;
+/// The most slots waiting to be given back (about 100 bytes each). Beyond it, while Redis is slow or away and
+/// connections keep closing, a slot is not queued and lapses with its lease, as a dead gateway's do.
+const RELEASES_WAITING: usize = 131_072;
 /// How often a gateway exchanges its rate usage with the others.
 pub const EXCHANGE_EVERY: Duration = Duration::from_millis(100);
 /// How long a tenant's usage counters outlive its last exchange.
@@ -90,8 +93,10 @@ pub struct SharedQuotas {
     slots: Mutex<HashMap<String, HashSet<String>>>,
     /// What this gateway last reported per tenant (its counters are cumulative).
     reported: Mutex<HashMap<String, Forwarded>>,
-    /// Slots given back, as (tenant, slot): one task removes them from Redis in batches ([`give_back`]).
-    releases: mpsc::UnboundedSender<(String, String)>,
+    /// Slots given back: one task removes them from Redis in batches ([`give_back`]).
+    releases: mpsc::Sender<Release>,
+    /// Slots that could not wait to be given back (too many waiting) and lapse with their lease instead.
+    releases_dropped: AtomicU64,
 }
 
 const TAKE_SLOT: &str = r"
@@ -130,28 +135,47 @@ fn usage_key(tenant: &str) -> String {
     format!("ahp-relay:quota:{{{tenant}}}:usage")
 }
 
+/// What the releasing task is handed.
+enum Release {
+    /// A slot of a tenant, given back.
+    Slot { tenant: String, slot: String },
+    /// Answer once every slot handed over before this is removed from Redis (or could not be).
+    Flush(oneshot::Sender<()>),
+}
+
 /// Removes the slots given back from Redis, up to [`RELEASES_PER_ROUND_TRIP`] at a time: one `ZREM` per
 /// tenant's set in one pipeline. Ends when the quotas are dropped.
-async fn give_back(mut released: mpsc::UnboundedReceiver<(String, String)>, connection: ConnectionManager) {
+async fn give_back(mut released: mpsc::Receiver<Release>, connection: ConnectionManager) {
     let mut batch = Vec::with_capacity(RELEASES_PER_ROUND_TRIP);
     while released.recv_many(&mut batch, RELEASES_PER_ROUND_TRIP).await > 0 {
         let mut by_key: HashMap<String, Vec<String>> = HashMap::new();
-        for (tenant, slot) in batch.drain(..) {
-            if is_viewer_slot(&slot) {
-                by_key
-                    .entry(viewer_slots_key(&tenant))
-                    .or_default()
-                    .push(slot.clone());
+        let mut flushes = Vec::new();
+        for release in batch.drain(..) {
+            match release {
+                Release::Slot { tenant, slot } => {
+                    if is_viewer_slot(&slot) {
+                        by_key
+                            .entry(viewer_slots_key(&tenant))
+                            .or_default()
+                            .push(slot.clone());
+                    }
+                    by_key.entry(slots_key(&tenant)).or_default().push(slot);
+                }
+                Release::Flush(done) => flushes.push(done),
             }
-            by_key.entry(slots_key(&tenant)).or_default().push(slot);
         }
-        let mut pipe = redis::pipe();
-        for (key, slots) in &by_key {
-            pipe.cmd("ZREM").arg(key).arg(slots).ignore();
+        if !by_key.is_empty() {
+            let mut pipe = redis::pipe();
+            for (key, slots) in &by_key {
+                pipe.cmd("ZREM").arg(key).arg(slots).ignore();
+            }
+            if let Err(error) = pipe.query_async::<()>(&mut connection.clone()).await {
+                let slots: usize = by_key.values().map(Vec::len).sum();
+                tracing::warn!(%error, slots, "could not release connection slots in Redis; they lapse with their lease");
+            }
         }
-        if let Err(error) = pipe.query_async::<()>(&mut connection.clone()).await {
-            let slots: usize = by_key.values().map(Vec::len).sum();
-            tracing::warn!(%error, slots, "could not release connection slots in Redis; they lapse with their lease");
+        for done in flushes {
+            let _ = done.send(());
         }
     }
 }
@@ -168,7 +192,7 @@ impl SharedQuotas {
         crate::tls::ensure_provider();
         let client = redis::Client::open(url)?;
         let connection = client.get_connection_manager().await?;
-        let (releases, released) = mpsc::unbounded_channel();
+        let (releases, released) = mpsc::channel(RELEASES_WAITING);
         tokio::spawn(give_back(released, connection.clone()));
         Ok(Arc::new(Self {
             connection,
@@ -177,6 +201,7 @@ impl SharedQuotas {
             slots: Mutex::new(HashMap::new()),
             reported: Mutex::new(HashMap::new()),
             releases,
+            releases_dropped: AtomicU64::new(0),
         }))
     }
 
@@ -230,8 +255,32 @@ impl SharedQuotas {
                 }
             }
         }
-        // Once the runtime that runs the releasing task is gone, the slot lapses with its lease.
-        let _ = self.releases.send((tenant.to_owned(), slot));
+        // With too many waiting, or once the runtime that runs the releasing task is gone, the slot lapses with
+        // its lease.
+        let release = Release::Slot {
+            tenant: tenant.to_owned(),
+            slot,
+        };
+        if self.releases.try_send(release).is_err() {
+            let dropped = self.releases_dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if dropped.is_power_of_two() {
+                tracing::warn!(
+                    dropped,
+                    "connection slots not given back to Redis (too many waiting, or shutting down); they lapse \
+                     with their lease"
+                );
+            }
+        }
+    }
+
+    /// Returns once every slot given back before this call is removed from Redis (or its removal failed):
+    /// what a gateway shutting down waits for, so its tenants' slots are free on the other gateways at once
+    /// rather than after their lease.
+    pub async fn given_back(&self) {
+        let (done, flushed) = oneshot::channel();
+        if self.releases.send(Release::Flush(done)).await.is_ok() {
+            let _ = flushed.await;
+        }
     }
 
     /// Renew the lease of every slot this gateway holds.

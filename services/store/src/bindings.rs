@@ -54,47 +54,47 @@ pub(crate) async fn subject_of(
 }
 
 /// Rows one statement of the prune touches: a prune of a large table is many short transactions, never one
-/// long lock on it.
-const PRUNE_BATCH: i64 = 5_000;
+/// long lock on it ([`crate::Store::compact`] takes the writer's turn for each).
+pub(crate) const PRUNE_BATCH: u64 = 5_000;
 
-/// Removes every binding last used before `older_than_ms` (unix ms); returns how many. A binding whose use was
-/// never noted (`0`: written by a release before its use was kept, or by one still running during a rolling
-/// upgrade) is first stamped as used now, never taken for stale. Both in batches of [`PRUNE_BATCH`] rows.
-pub(crate) async fn prune(pool: &AnyPool, older_than_ms: i64) -> Result<u64, StoreError> {
-    let now_ms = i64::try_from(
+/// The time a prune stamps never-used bindings with (unix ms).
+pub(crate) fn now_ms() -> i64 {
+    i64::try_from(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|since| since.as_millis())
             .unwrap_or_default(),
     )
-    .unwrap_or(i64::MAX);
-    loop {
-        let stamped = sqlx::query(
-            "UPDATE client_bindings SET last_used_ms = $1 WHERE last_used_ms = 0 AND (tenant, host, client_id) IN \
-             (SELECT tenant, host, client_id FROM client_bindings WHERE last_used_ms = 0 LIMIT $2)",
-        )
-        .bind(now_ms)
-        .bind(PRUNE_BATCH)
-        .execute(pool)
-        .await?;
-        if stamped.rows_affected() < PRUNE_BATCH as u64 {
-            break;
-        }
-    }
-    let mut removed = 0;
-    loop {
-        let batch = sqlx::query(
-            "DELETE FROM client_bindings WHERE last_used_ms > 0 AND last_used_ms < $1 \
-             AND (tenant, host, client_id) IN (SELECT tenant, host, client_id FROM client_bindings \
-              WHERE last_used_ms > 0 AND last_used_ms < $1 LIMIT $2)",
-        )
-        .bind(older_than_ms)
-        .bind(PRUNE_BATCH)
-        .execute(pool)
-        .await?;
-        removed += batch.rows_affected();
-        if batch.rows_affected() < PRUNE_BATCH as u64 {
-            return Ok(removed);
-        }
-    }
+    .unwrap_or(i64::MAX)
+}
+
+/// The first step of a prune, one batch of at most [`PRUNE_BATCH`] rows: a binding whose use was never noted
+/// (`0`: written by a release before its use was kept, or by one still running during a rolling upgrade) is
+/// stamped as used at `now_ms`, never taken for stale. Returns how many were stamped; fewer than a batch means
+/// none is left.
+pub(crate) async fn stamp_unused(pool: &AnyPool, now_ms: i64) -> Result<u64, StoreError> {
+    let stamped = sqlx::query(
+        "UPDATE client_bindings SET last_used_ms = $1 WHERE last_used_ms = 0 AND (tenant, host, client_id) IN \
+         (SELECT tenant, host, client_id FROM client_bindings WHERE last_used_ms = 0 LIMIT $2)",
+    )
+    .bind(now_ms)
+    .bind(PRUNE_BATCH as i64)
+    .execute(pool)
+    .await?;
+    Ok(stamped.rows_affected())
+}
+
+/// The second step, one batch of at most [`PRUNE_BATCH`] rows: removes bindings last used before
+/// `older_than_ms` (unix ms). Returns how many; fewer than a batch means none is left.
+pub(crate) async fn remove_stale(pool: &AnyPool, older_than_ms: i64) -> Result<u64, StoreError> {
+    let batch = sqlx::query(
+        "DELETE FROM client_bindings WHERE last_used_ms > 0 AND last_used_ms < $1 \
+         AND (tenant, host, client_id) IN (SELECT tenant, host, client_id FROM client_bindings \
+          WHERE last_used_ms > 0 AND last_used_ms < $1 LIMIT $2)",
+    )
+    .bind(older_than_ms)
+    .bind(PRUNE_BATCH as i64)
+    .execute(pool)
+    .await?;
+    Ok(batch.rows_affected())
 }

@@ -63,7 +63,8 @@ pub struct Store {
     /// ([`connect::open_commit_pool`]), otherwise `pool`.
     commits: AnyPool,
     backend: Backend,
-    /// SQLite has one writer at a time: this process's commits take turns here, in arrival order, rather than
+    /// SQLite has one writer at a time: this process's writes (commits, compaction a host or a batch of
+    /// bindings at a time, leases, a host's first load) take turns here, in arrival order, rather than
     /// meeting SQLite's lock, whose busy handler sleeps 1, 2, 5 … 100 ms between tries (a busy host's commits
     /// added 45 ms to a quiet host's p99, `scripts/bench hosts`). `None` on Postgres, which writes hosts in
     /// parallel.
@@ -73,6 +74,7 @@ pub struct Store {
 }
 
 /// This process's writes to a SQLite file, held ([`Store::hold_writes`]) until this is dropped.
+#[must_use = "writes are held only while this is kept"]
 pub struct WritesHeld<'a> {
     _turn: Option<tokio::sync::MutexGuard<'a, ()>>,
 }
@@ -129,15 +131,26 @@ impl Store {
 
     /// Holds this process's writes to a SQLite file (commits, leases, compaction) until the guard is dropped,
     /// e.g. while the file is copied; writes that wait meanwhile then go in arrival order. Reads go on. On
-    /// Postgres it holds nothing.
+    /// Postgres it holds nothing. A write awaited by the holder itself while it holds them never ends.
     pub async fn hold_writes(&self) -> WritesHeld<'_> {
         WritesHeld {
             _turn: self.writer_turn().await,
         }
     }
 
-    /// This process's turn to write a SQLite file (nothing to wait for on Postgres). Every write takes it:
-    /// one that met another's transaction in SQLite instead would sleep in its busy handler.
+    /// [`Store::writer_turn`] for a write that reads the clock at `now_ms` (unix ms, passed in so tests control
+    /// time): with the turn, `now_ms` moved on by how long the turn took to come, so a lease renewed after
+    /// waiting behind commits lasts its full time from when it is written.
+    async fn writer_turn_at(&self, now_ms: i64) -> (Option<tokio::sync::MutexGuard<'_, ()>>, i64) {
+        let asked = std::time::Instant::now();
+        let turn = self.writer_turn().await;
+        let waited = i64::try_from(asked.elapsed().as_millis()).unwrap_or(i64::MAX);
+        (turn, now_ms.saturating_add(waited))
+    }
+
+    /// This process's turn to write a SQLite file (nothing to wait for on Postgres). Every write after
+    /// migration takes it: one that met another's transaction in SQLite instead would sleep in its busy
+    /// handler.
     async fn writer_turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
         match &self.writer {
             Some(writer) => Some(writer.lock().await),
@@ -190,7 +203,7 @@ impl Store {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Option<Lease>, StoreError> {
-        let _turn = self.writer_turn().await;
+        let (_turn, now_ms) = self.writer_turn_at(now_ms).await;
         leases::acquire(&self.pool, tenant, host, owner, ttl_ms, now_ms).await
     }
 
@@ -203,7 +216,7 @@ impl Store {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Option<Lease>, StoreError> {
-        let _turn = self.writer_turn().await;
+        let (_turn, now_ms) = self.writer_turn_at(now_ms).await;
         leases::renew(&self.pool, lease, ttl_ms, now_ms).await
     }
 
@@ -216,7 +229,7 @@ impl Store {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Vec<Lease>, StoreError> {
-        let _turn = self.writer_turn().await;
+        let (_turn, now_ms) = self.writer_turn_at(now_ms).await;
         leases::renew_all(&self.pool, owner, ttl_ms, now_ms).await
     }
 
@@ -421,9 +434,28 @@ impl Store {
             )
             .await?;
         }
-        let _turn = self.writer_turn().await;
-        removed += retention::prune_bindings(&self.pool, older_than_ms).await?;
-        Ok(removed)
+        Ok(removed + self.prune_bindings(older_than_ms).await?)
+    }
+
+    /// Removes every clientId binding not used since `older_than_ms`, after stamping never-used ones as used
+    /// now ([`bindings::stamp_unused`]), a batch per writer's turn, so commits and leases go in between.
+    async fn prune_bindings(&self, older_than_ms: i64) -> Result<u64, StoreError> {
+        let now_ms = bindings::now_ms();
+        loop {
+            let _turn = self.writer_turn().await;
+            if bindings::stamp_unused(&self.pool, now_ms).await? < bindings::PRUNE_BATCH {
+                break;
+            }
+        }
+        let mut removed = 0;
+        loop {
+            let _turn = self.writer_turn().await;
+            let batch = bindings::remove_stale(&self.pool, older_than_ms).await?;
+            removed += batch;
+            if batch < bindings::PRUNE_BATCH {
+                return Ok(removed);
+            }
+        }
     }
 
     /// Benchmark baseline only: appends `log` to the host's log exactly as [`Store::commit`] does (same

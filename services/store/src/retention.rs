@@ -1,11 +1,12 @@
 //! Retention: removing old log rows that no reader needs any more, one host per transaction, and recording
-//! in the host's `log_floor` how far the log is no longer complete; and old clientId bindings. Each is a
-//! write: [`crate::Store::compact`] runs each in this process's turn to write a SQLite file.
+//! in the host's `log_floor` how far the log is no longer complete. Each host's is a write:
+//! [`crate::Store::compact`] runs each in this process's turn to write a SQLite file (as it does each batch of
+//! the clientId bindings' pruning, `bindings`).
 
 use sqlx::AnyPool;
 
 use crate::transaction::FailedConnections;
-use crate::{bindings, hosts, log, Backend, StoreError};
+use crate::{hosts, log, Backend, StoreError};
 
 /// The hosts with log rows older than `older_than_ms`: what [`compact_host`] is to be run for.
 pub(crate) async fn hosts_to_compact(
@@ -40,9 +41,4 @@ pub(crate) async fn compact_host(
             Ok(rows)
         })
         .await
-}
-
-/// Removes every clientId binding not used since `older_than_ms`. Returns the bindings removed.
-pub(crate) async fn prune_bindings(pool: &AnyPool, older_than_ms: i64) -> Result<u64, StoreError> {
-    bindings::prune(pool, older_than_ms).await
 }
