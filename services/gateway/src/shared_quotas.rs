@@ -6,8 +6,7 @@
 //!   members, refuse at the cap, add the new one. Each gateway renews its members every third of the lease
 //!   (adding back any that lapsed while Redis was unreachable) and removes them when their connection closes
 //!   (one task, up to [`RELEASES_PER_ROUND_TRIP`] per round trip); a gateway that dies leaves its slots for
-//!   one lease at most. Connections admitted while Redis was
-//!   unreachable hold no slot.
+//!   one lease at most. Connections admitted while Redis was unreachable hold no slot.
 //! - **Rates**: each gateway keeps its own token buckets (no Redis round trip per message) and meters what it
 //!   forwarded per tenant in a hash (`ahp-relay:quota:{tenant}:usage`, cumulative counters per gateway). Every
 //!   exchange it adds what it forwarded since the last one, reads the other gateways' counters, and its
