@@ -3,24 +3,23 @@
 //! writing: [`commit`] for the embedded single-process relay, where nothing else can write the host, and
 //! [`commit_fenced`], which first checks (and locks) the writer's lease in the same transaction.
 
-use sqlx::{AnyConnection, AnyPool};
+use sqlx::AnyConnection;
 
-use crate::transaction::FailedConnections;
+use crate::commits::Commits;
 use crate::{
     bindings, catalog, contents, hosts, leases, log, snapshots, turns, Backend, CommitBatch, StoreError,
 };
 
 /// Writes `batch` for the host atomically.
 pub(crate) async fn commit(
-    pool: &AnyPool,
+    commits: &Commits,
     backend: Backend,
-    failed: FailedConnections,
     tenant: &str,
     host: &str,
     batch: &CommitBatch,
 ) -> Result<(), StoreError> {
-    failed
-        .in_transaction(pool, async |tx| write(tx, backend, tenant, host, batch).await)
+    commits
+        .in_transaction(async |tx| write(tx, backend, tenant, host, batch).await)
         .await
 }
 
@@ -33,16 +32,15 @@ pub(crate) struct Fence<'a> {
 /// Writes `batch` for the host atomically if, in the same transaction, the host's lease is at `epoch` and
 /// held by `owner`; otherwise writes nothing and fails with [`StoreError::Fenced`].
 pub(crate) async fn commit_fenced(
-    pool: &AnyPool,
+    commits: &Commits,
     backend: Backend,
-    failed: FailedConnections,
     tenant: &str,
     host: &str,
     fence: Fence<'_>,
     batch: &CommitBatch,
 ) -> Result<(), StoreError> {
-    failed
-        .in_transaction(pool, async |tx| {
+    commits
+        .in_transaction(async |tx| {
             // First, and it keeps the lease row locked to the end: no new owner can take the host between this
             // check and the writes below. On failure the transaction is rolled back.
             leases::fence(tx, tenant, host, fence.owner, fence.epoch).await?;

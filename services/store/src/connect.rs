@@ -1,13 +1,13 @@
 //! Opening the connection pool for a store URL: which backend it names, and the per-backend settings that
 //! make the pool safe to use — SQLite gets its file (and directory) created, WAL journaling, `synchronous =
-//! FULL` on every connection, and a single never-recycled connection when it lives in memory — and the pool
-//! commits are written through ([`open_commit_pool`]).
+//! FULL` on every connection, and a single never-recycled connection when it lives in memory — and a SQLite
+//! file's connection outside the pool, for its commits ([`crate::commits`]).
 
 use std::path::Path;
 use std::time::Duration;
 
 use sqlx::any::AnyPoolOptions;
-use sqlx::{AnyPool, Executor};
+use sqlx::{AnyConnection, AnyPool, Connection, Executor};
 
 use crate::{Backend, StoreError};
 
@@ -45,32 +45,21 @@ pub(crate) async fn open_pool(url: &str, backend: Backend) -> Result<AnyPool, St
     }
 }
 
-/// The pool the store's commits are written through, beside `pool` (what [`open_pool`] opened for `url`). For
-/// a SQLite file, one connection of its own, kept open: SQLite has one writer at a time anyway, and a
-/// connection that alone writes keeps its page cache between commits (each connection caches pages, and one
-/// that another connection wrote after must read them again). Commits taken by turns from the shared pool
-/// read 13 pages and touched three connections' worker threads per commit (`perf trace`, 1 shard at 50
-/// actions/s). It is not pinged before each commit, as a pool's connections are by default: a local file's
-/// connection does not go stale, and one whose transaction failed is closed ([`crate::transaction`]) and
-/// opened again at the next commit. The ping was one of the commit's five round trips to SQLite's worker
-/// thread. On Postgres, which writes hosts in parallel, and for an in-memory SQLite database (one connection
-/// is the database), it is `pool` itself.
-pub(crate) async fn open_commit_pool(
-    url: &str,
-    backend: Backend,
-    pool: &AnyPool,
-) -> Result<AnyPool, StoreError> {
+/// A SQLite file's URL as its connections open it (creating it if missing), or `None` for Postgres and an
+/// in-memory database.
+pub(crate) fn sqlite_file_url(url: &str, backend: Backend) -> Option<String> {
     match (backend, SqliteTarget::parse(url)) {
-        (Backend::Sqlite, SqliteTarget::File { has_mode, .. }) => Ok(sqlite_options()
-            .max_connections(1)
-            .min_connections(1)
-            .test_before_acquire(false)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect(&file_url(url, has_mode))
-            .await?),
-        _ => Ok(pool.clone()),
+        (Backend::Sqlite, SqliteTarget::File { has_mode, .. }) => Some(file_url(url, has_mode)),
+        _ => None,
     }
+}
+
+/// One connection to the SQLite file at `file_url` ([`sqlite_file_url`]), outside any pool, with the settings
+/// every pooled connection gets.
+pub(crate) async fn open_sqlite_connection(file_url: &str) -> Result<AnyConnection, StoreError> {
+    let mut conn = AnyConnection::connect(file_url).await?;
+    sqlite_settings(&mut conn).await?;
+    Ok(conn)
 }
 
 /// Whether `url` names an in-memory SQLite database: its pool's one connection *is* the database, so it is
@@ -117,15 +106,16 @@ async fn open_sqlite(url: &str) -> Result<AnyPool, StoreError> {
 fn sqlite_options() -> AnyPoolOptions {
     AnyPoolOptions::new()
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        // Both are per connection. FULL makes every commit durable through a power loss in WAL mode; the
-        // busy timeout (sqlx's default is 5 s) lets a commit wait out a long compaction of the same file.
-        .after_connect(|conn, _meta| {
-            Box::pin(async move {
-                conn.execute("PRAGMA synchronous = FULL").await?;
-                conn.execute(BUSY_TIMEOUT).await?;
-                Ok(())
-            })
-        })
+        .after_connect(|conn, _meta| Box::pin(sqlite_settings(conn)))
+}
+
+/// The settings of every connection to a SQLite file. Both are per connection. FULL makes every commit durable
+/// through a power loss in WAL mode; the busy timeout (sqlx's default is 5 s) lets a write of another process
+/// wait out a long compaction of the same file.
+async fn sqlite_settings(conn: &mut AnyConnection) -> Result<(), sqlx::Error> {
+    conn.execute("PRAGMA synchronous = FULL").await?;
+    conn.execute(BUSY_TIMEOUT).await?;
+    Ok(())
 }
 
 /// A SQLite file's URL, made to create the file if missing unless it already says how to open it.
@@ -169,6 +159,24 @@ impl<'u> SqliteTarget<'u> {
     }
 }
 
+/// A connection's journal mode, `synchronous` level and busy timeout.
+#[cfg(test)]
+pub(crate) async fn settings_of(conn: &mut AnyConnection) -> (String, i64, i64) {
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    (mode, sync, busy)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,23 +193,6 @@ mod tests {
         ));
     }
 
-    /// A connection's journal mode, `synchronous` level and busy timeout.
-    async fn settings_of(conn: &mut sqlx::AnyConnection) -> (String, i64, i64) {
-        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-        (mode, sync, busy)
-    }
-
     #[tokio::test]
     async fn sqlite_connections_use_wal_full_sync_and_a_long_busy_timeout() {
         let dir = tempfile::tempdir().unwrap();
@@ -216,40 +207,6 @@ mod tests {
         }
         drop(held);
         pool.close().await;
-    }
-
-    /// A SQLite file's commits go through one connection of their own, kept open, with every connection's
-    /// settings; an in-memory database's through its one connection.
-    #[tokio::test]
-    async fn a_sqlite_files_commits_have_one_connection_with_the_same_settings() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("relay.db").display());
-        let pool = open_pool(&url, Backend::Sqlite).await.unwrap();
-        let commits = open_commit_pool(&url, Backend::Sqlite, &pool).await.unwrap();
-        assert_eq!(commits.options().get_max_connections(), 1);
-        assert_eq!(commits.options().get_min_connections(), 1);
-        assert_eq!(commits.options().get_idle_timeout(), None);
-        assert_eq!(commits.options().get_max_lifetime(), None);
-        let mut conn = commits.acquire().await.unwrap();
-        assert_eq!(settings_of(&mut conn).await, ("wal".into(), 2, 30_000));
-        drop(conn);
-        commits.close().await;
-        pool.close().await;
-
-        let memory = open_pool("sqlite::memory:", Backend::Sqlite).await.unwrap();
-        let same = open_commit_pool("sqlite::memory:", Backend::Sqlite, &memory)
-            .await
-            .unwrap();
-        sqlx::query("CREATE TABLE t (x INTEGER)")
-            .execute(&same)
-            .await
-            .unwrap();
-        let seen: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t")
-            .fetch_one(&memory)
-            .await
-            .unwrap();
-        assert_eq!(seen, 0, "one in-memory database, not two");
-        memory.close().await;
     }
 
     #[test]

@@ -14,13 +14,16 @@
 //! cannot commit. The embedded single-process relay, the only writer of its store, uses [`Store::commit`].
 //!
 //! Modules, one concern each: `connect` (URL → pool and per-backend settings), `schema` (embedded
-//! migrations), `commit` (the group-commit transaction, plain and fenced), `hosts`, `log`, `snapshots`,
-//! `catalog`, `leases`, `bindings` (one table each), `retention` (compaction), `usage` (a tenant's stored bytes), `transaction` (a failed transaction's connection is closed), `sql` (placeholder numbering and
-//! conversions), `records` (the values in and out), `error`.
+//! migrations), `commit` (the group-commit transaction, plain and fenced), `commits` (the connection commits
+//! are written through), `hosts`, `log`, `snapshots`, `catalog`, `leases`, `bindings` (one table each),
+//! `retention` (compaction), `usage` (a tenant's stored bytes), `transaction` (a failed transaction's
+//! connection is closed), `sql` (placeholder numbering and conversions), `records` (the values in and out),
+//! `error`.
 
 mod bindings;
 mod catalog;
 mod commit;
+mod commits;
 mod connect;
 mod contents;
 mod error;
@@ -59,9 +62,9 @@ pub enum Backend {
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: AnyPool,
-    /// What commits are written through: for a SQLite file a connection of its own
-    /// ([`connect::open_commit_pool`]), otherwise `pool`.
-    commits: AnyPool,
+    /// What commits are written through: for a SQLite file a connection of its own, otherwise `pool`
+    /// ([`commits`]).
+    commits: commits::Commits,
     backend: Backend,
     /// SQLite has one writer at a time: this process's writes (commits, compaction a host or a batch of
     /// bindings at a time, leases, a host's first load) take turns here, in arrival order, rather than
@@ -85,7 +88,7 @@ impl Store {
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
         let backend = connect::backend_of(url)?;
         let pool = connect::open_pool(url, backend).await?;
-        let commits = connect::open_commit_pool(url, backend, &pool).await?;
+        let commits = commits::Commits::open(url, backend, &pool).await?;
         let writer = (backend == Backend::Sqlite).then(|| Arc::new(tokio::sync::Mutex::new(())));
         let failed = if connect::is_in_memory(url, backend) {
             transaction::FailedConnections::Keep
@@ -126,7 +129,7 @@ impl Store {
     /// catalogue number it uses.
     pub async fn commit(&self, tenant: &str, host: &str, batch: &CommitBatch) -> Result<(), StoreError> {
         let _turn = self.writer_turn().await;
-        commit::commit(&self.commits, self.backend, self.failed, tenant, host, batch).await
+        commit::commit(&self.commits, self.backend, tenant, host, batch).await
     }
 
     /// Holds this process's writes to a SQLite file (commits, leases, compaction) until the guard is dropped,
@@ -175,7 +178,6 @@ impl Store {
         commit::commit_fenced(
             &self.commits,
             self.backend,
-            self.failed,
             tenant,
             host,
             commit::Fence { owner, epoch },
@@ -468,10 +470,8 @@ impl Store {
         log: Vec<LogEntry>,
     ) -> Result<(), StoreError> {
         let _turn = self.writer_turn().await;
-        self.failed
-            .in_transaction(&self.commits, async |tx| {
-                log::append(tx, tenant, host, &log).await
-            })
+        self.commits
+            .in_transaction(async |tx| log::append(tx, tenant, host, &log).await)
             .await
     }
 
