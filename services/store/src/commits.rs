@@ -26,38 +26,51 @@ pub(crate) enum Commits {
         pool: AnyPool,
         failed: FailedConnections,
     },
-    /// A SQLite file (`url`, as opened): its own connection, `None` from a failed transaction until the next
-    /// commit opens it again.
+    /// A SQLite file (`url`, as opened): its own connection.
     Own {
         url: Arc<str>,
-        connection: Arc<Mutex<Option<AnyConnection>>>,
+        connection: Arc<Mutex<OwnConnection>>,
     },
 }
 
+/// A SQLite file's commit connection between commits.
+#[derive(Debug)]
+pub(crate) enum OwnConnection {
+    /// Open, kept from the last commit.
+    Kept(AnyConnection),
+    /// None: the last transaction failed or was cancelled (its connection went with it), or none has run yet
+    /// since; the next commit opens one.
+    None,
+    /// The store was closed: commits fail.
+    Closed,
+}
+
 impl Commits {
-    /// Where the commits of the store at `url` go, beside `pool` (what [`connect::open_pool`] opened for it).
-    /// A SQLite file's own connection is opened now.
-    pub(crate) async fn open(url: &str, backend: Backend, pool: &AnyPool) -> Result<Self, StoreError> {
+    /// Where the commits of the store at `url` go, beside `pool` (what [`connect::open_pool`] opened for it);
+    /// `failed` says what becomes of a pooled connection whose transaction failed. A SQLite file's own
+    /// connection is opened now.
+    pub(crate) async fn open(
+        url: &str,
+        backend: Backend,
+        pool: &AnyPool,
+        failed: FailedConnections,
+    ) -> Result<Self, StoreError> {
         if let Some(file_url) = connect::sqlite_file_url(url, backend) {
             let connection = connect::open_sqlite_connection(&file_url).await?;
             return Ok(Commits::Own {
                 url: file_url.into(),
-                connection: Arc::new(Mutex::new(Some(connection))),
+                connection: Arc::new(Mutex::new(OwnConnection::Kept(connection))),
             });
         }
-        let failed = if connect::is_in_memory(url, backend) {
-            FailedConnections::Keep
-        } else {
-            FailedConnections::Close
-        };
         Ok(Commits::Pool {
             pool: pool.clone(),
             failed,
         })
     }
 
-    /// Runs `work` in one transaction and commits it if `work` succeeds; otherwise rolls it back, and the
-    /// connection it ran on is not used again.
+    /// Runs `work` in one transaction and commits it if `work` succeeds; otherwise rolls it back. A SQLite
+    /// file's connection is not used again after a transaction that failed or was cancelled (the future
+    /// dropped): it is held outside the store while the transaction runs, and put back only when it committed.
     pub(crate) async fn in_transaction<T>(
         &self,
         work: impl AsyncFnOnce(&mut AnyConnection) -> Result<T, StoreError>,
@@ -66,9 +79,13 @@ impl Commits {
             Commits::Pool { pool, failed } => failed.in_transaction(pool, work).await,
             Commits::Own { url, connection } => {
                 let mut own = connection.lock().await;
-                let conn = match &mut *own {
-                    Some(conn) => conn,
-                    none => none.insert(connect::open_sqlite_connection(url).await?),
+                let mut conn = match std::mem::replace(&mut *own, OwnConnection::None) {
+                    OwnConnection::Kept(conn) => conn,
+                    OwnConnection::None => connect::open_sqlite_connection(url).await?,
+                    OwnConnection::Closed => {
+                        *own = OwnConnection::Closed;
+                        return Err(StoreError::Database(sqlx::Error::PoolClosed));
+                    }
                 };
                 let outcome = async {
                     let mut tx = conn.begin().await?;
@@ -77,21 +94,22 @@ impl Commits {
                     Ok(value)
                 }
                 .await;
-                if outcome.is_err() {
-                    // Dropped, which ends its worker thread; the next commit opens another.
-                    *own = None;
+                // On failure it is dropped here, which ends its worker thread; the next commit opens another.
+                if outcome.is_ok() {
+                    *own = OwnConnection::Kept(conn);
                 }
                 outcome
             }
         }
     }
 
-    /// Closes the pool, or the own connection.
+    /// Closes the pool, or the own connection; commits fail from then on.
     pub(crate) async fn close(&self) {
         match self {
             Commits::Pool { pool, .. } => pool.close().await,
             Commits::Own { connection, .. } => {
-                if let Some(conn) = connection.lock().await.take() {
+                let own = std::mem::replace(&mut *connection.lock().await, OwnConnection::Closed);
+                if let OwnConnection::Kept(conn) = own {
                     if let Err(error) = conn.close().await {
                         tracing::debug!(%error, "closing the store's commit connection");
                     }
@@ -121,7 +139,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("relay.db").display());
         let pool = open_pool(&url, Backend::Sqlite).await.unwrap();
-        let commits = Commits::open(&url, Backend::Sqlite, &pool).await.unwrap();
+        let commits = Commits::open(&url, Backend::Sqlite, &pool, FailedConnections::Close)
+            .await
+            .unwrap();
         assert!(matches!(commits, Commits::Own { .. }));
         let settings = commits
             .in_transaction(async |conn| {
@@ -156,13 +176,59 @@ mod tests {
         pool.close().await;
     }
 
+    /// A commit cancelled mid-transaction (its future dropped) takes its connection with it, as a failed one
+    /// does; once the store is closed, commits fail.
+    #[tokio::test]
+    async fn a_cancelled_commit_leaves_no_connection_behind_and_a_closed_store_commits_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("relay.db").display());
+        let pool = open_pool(&url, Backend::Sqlite).await.unwrap();
+        let commits = Commits::open(&url, Backend::Sqlite, &pool, FailedConnections::Close)
+            .await
+            .unwrap();
+        commits
+            .in_transaction(async |conn| {
+                sqlx::query("CREATE TEMP TABLE marker (x INTEGER)")
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let (started, began) = tokio::sync::oneshot::channel::<()>();
+        let stuck = commits.in_transaction(async |_| {
+            let _ = started.send(());
+            std::future::pending::<Result<(), StoreError>>().await
+        });
+        tokio::select! {
+            _ = stuck => unreachable!("it never ends"),
+            _ = began => {} // mid-transaction: then `stuck` is dropped
+        }
+        assert!(
+            commits.in_transaction(marker_rows).await.is_err(),
+            "after a cancelled transaction, a new connection (without the temporary table)"
+        );
+
+        commits.close().await;
+        assert!(matches!(
+            commits.in_transaction(marker_rows).await,
+            Err(StoreError::Database(sqlx::Error::PoolClosed))
+        ));
+        pool.close().await;
+    }
+
     /// An in-memory database's commits go through its pool's one connection: the database itself.
     #[tokio::test]
     async fn an_in_memory_databases_commits_go_through_its_pool() {
         let memory = open_pool("sqlite::memory:", Backend::Sqlite).await.unwrap();
-        let commits = Commits::open("sqlite::memory:", Backend::Sqlite, &memory)
-            .await
-            .unwrap();
+        let commits = Commits::open(
+            "sqlite::memory:",
+            Backend::Sqlite,
+            &memory,
+            FailedConnections::Keep,
+        )
+        .await
+        .unwrap();
         assert!(matches!(
             commits,
             Commits::Pool {
@@ -184,5 +250,6 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(seen, 0);
+        memory.close().await;
     }
 }

@@ -88,13 +88,13 @@ impl Store {
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
         let backend = connect::backend_of(url)?;
         let pool = connect::open_pool(url, backend).await?;
-        let commits = commits::Commits::open(url, backend, &pool).await?;
         let writer = (backend == Backend::Sqlite).then(|| Arc::new(tokio::sync::Mutex::new(())));
         let failed = if connect::is_in_memory(url, backend) {
             transaction::FailedConnections::Keep
         } else {
             transaction::FailedConnections::Close
         };
+        let commits = commits::Commits::open(url, backend, &pool, failed).await?;
         Ok(Store {
             pool,
             commits,
