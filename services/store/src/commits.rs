@@ -14,7 +14,7 @@ use sqlx::{AnyConnection, AnyPool, Connection};
 use tokio::sync::Mutex;
 
 use crate::connect;
-use crate::transaction::FailedConnections;
+use crate::transaction::{self, FailedConnections};
 use crate::{Backend, StoreError};
 
 /// Where commits are written. Cheap to clone: clones share the pool or the connection.
@@ -87,13 +87,7 @@ impl Commits {
                         return Err(StoreError::Database(sqlx::Error::PoolClosed));
                     }
                 };
-                let outcome = async {
-                    let mut tx = conn.begin().await?;
-                    let value = work(&mut tx).await?;
-                    tx.commit().await?;
-                    Ok(value)
-                }
-                .await;
+                let outcome = transaction::run(&mut conn, work).await;
                 // On failure it is dropped here, which ends its worker thread; the next commit opens another.
                 if outcome.is_ok() {
                     *own = OwnConnection::Kept(conn);
@@ -124,6 +118,17 @@ mod tests {
     use super::*;
     use crate::connect::{open_pool, settings_of};
 
+    /// A SQLite file in a temporary directory (kept while the first is), its pool, and its commits.
+    async fn a_sqlite_files_commits() -> (tempfile::TempDir, AnyPool, Commits) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("relay.db").display());
+        let pool = open_pool(&url, Backend::Sqlite).await.unwrap();
+        let commits = Commits::open(&url, Backend::Sqlite, &pool, FailedConnections::Close)
+            .await
+            .unwrap();
+        (dir, pool, commits)
+    }
+
     /// Rows of the temporary table `marker`, which only the connection that made it has.
     async fn marker_rows(conn: &mut AnyConnection) -> Result<i64, StoreError> {
         Ok(sqlx::query_scalar("SELECT COUNT(*) FROM temp.marker")
@@ -136,12 +141,7 @@ mod tests {
     /// transaction, through a new one.
     #[tokio::test]
     async fn a_sqlite_files_commits_have_one_connection_of_their_own_until_one_fails() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("relay.db").display());
-        let pool = open_pool(&url, Backend::Sqlite).await.unwrap();
-        let commits = Commits::open(&url, Backend::Sqlite, &pool, FailedConnections::Close)
-            .await
-            .unwrap();
+        let (_dir, pool, commits) = a_sqlite_files_commits().await;
         assert!(matches!(commits, Commits::Own { .. }));
         let settings = commits
             .in_transaction(async |conn| {
@@ -180,12 +180,7 @@ mod tests {
     /// does; once the store is closed, commits fail.
     #[tokio::test]
     async fn a_cancelled_commit_leaves_no_connection_behind_and_a_closed_store_commits_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("relay.db").display());
-        let pool = open_pool(&url, Backend::Sqlite).await.unwrap();
-        let commits = Commits::open(&url, Backend::Sqlite, &pool, FailedConnections::Close)
-            .await
-            .unwrap();
+        let (_dir, pool, commits) = a_sqlite_files_commits().await;
         commits
             .in_transaction(async |conn| {
                 sqlx::query("CREATE TEMP TABLE marker (x INTEGER)")

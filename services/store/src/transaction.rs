@@ -31,16 +31,22 @@ impl FailedConnections {
         work: impl AsyncFnOnce(&mut AnyConnection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let mut conn = pool.acquire().await?;
-        let outcome = async {
-            let mut tx = conn.begin().await?;
-            let value = work(&mut tx).await?;
-            tx.commit().await?;
-            Ok(value)
-        }
-        .await;
+        let outcome = run(&mut conn, work).await;
         if outcome.is_err() && self == FailedConnections::Close {
             conn.close_on_drop();
         }
         outcome
     }
+}
+
+/// Runs `work` in one transaction on `conn` and commits it if `work` succeeds; otherwise it is rolled back.
+/// What becomes of `conn` after a failure is the caller's to decide (see above).
+pub(crate) async fn run<T>(
+    conn: &mut AnyConnection,
+    work: impl AsyncFnOnce(&mut AnyConnection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let mut tx = conn.begin().await?;
+    let value = work(&mut tx).await?;
+    tx.commit().await?;
+    Ok(value)
 }
