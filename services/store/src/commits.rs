@@ -5,10 +5,20 @@
 //! pings a pooled connection when it is taken (by default) and always when it is given back, each a round trip
 //! to the connection's worker thread, as every statement is. The connection has the pool's settings; it is
 //! dropped when a transaction on it fails (see [`crate::transaction`] for why) and opened again by the next
-//! commit. On Postgres, which writes hosts in parallel, and for an in-memory SQLite database (its pool's one
-//! connection is the database), commits go through the store's pool.
+//! commit. An in-memory SQLite database's commits go through its pool (the pool's one connection is the
+//! database).
+//!
+//! On Postgres, which writes hosts in parallel, a commit made on a **commit thread** (a thread that drives a
+//! runtime of its own for the rest of the process's life and says so with [`mark_commit_thread`]) goes through
+//! a small pool of that thread's own, opened on it: a connection's socket is driven by the runtime it was
+//! opened on, so a commit through the store's pool (opened on the process's main runtime) waits at every
+//! statement for a worker of that runtime — busy with thousands of connections under load — to notice the
+//! answer and wake the commit thread. Commits made anywhere else go through the store's pool.
 
+use std::cell::Cell;
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::thread::ThreadId;
 
 use sqlx::{AnyConnection, AnyPool, Connection};
 use tokio::sync::Mutex;
@@ -17,14 +27,38 @@ use crate::connect;
 use crate::transaction::{self, FailedConnections};
 use crate::{Backend, StoreError};
 
-/// Where commits are written. Cheap to clone: clones share the pool or the connection.
+thread_local! {
+    /// Whether this thread is a commit thread ([`mark_commit_thread`]).
+    static COMMIT_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as a commit thread: one that drives a runtime of its own (a current-thread tokio
+/// runtime) for the rest of the process's life, and runs commits on it. A Postgres store's commits made on
+/// it then go through connections opened on it (see the module's documentation). A thread that ends, or
+/// drives another runtime afterwards, must not be marked: connections opened on its runtime would outlive it.
+pub fn mark_commit_thread() {
+    COMMIT_THREAD.with(|marked| marked.set(true));
+}
+
+/// Whether the calling thread is a commit thread.
+fn on_a_commit_thread() -> bool {
+    COMMIT_THREAD.with(Cell::get)
+}
+
+/// Where commits are written. Cheap to clone: clones share the pools or the connection.
 #[derive(Debug, Clone)]
 pub(crate) enum Commits {
-    /// Postgres, or an in-memory SQLite database: the store's pool, and what becomes of a connection of it
-    /// whose transaction failed.
+    /// An in-memory SQLite database: the store's pool, whose one connection is kept even after a failure.
     Pool {
         pool: AnyPool,
         failed: FailedConnections,
+    },
+    /// Postgres (`url`): each commit thread's pool, opened on it when it first commits; elsewhere the store's
+    /// `pool`. A connection whose transaction failed is closed.
+    Lanes {
+        url: Arc<str>,
+        pool: AnyPool,
+        lanes: Arc<parking_lot::Mutex<HashMap<ThreadId, AnyPool>>>,
     },
     /// A SQLite file (`url`, as opened): its own connection.
     Own {
@@ -62,10 +96,40 @@ impl Commits {
                 connection: Arc::new(Mutex::new(OwnConnection::Kept(connection))),
             });
         }
+        if backend == Backend::Postgres {
+            return Ok(Commits::Lanes {
+                url: url.into(),
+                pool: pool.clone(),
+                lanes: Arc::default(),
+            });
+        }
         Ok(Commits::Pool {
             pool: pool.clone(),
             failed,
         })
+    }
+
+    /// The pool a Postgres commit made here goes through: the calling commit thread's (opened now if it has
+    /// none yet; its connections are opened when taken, on this thread), else the store's.
+    fn lane(
+        url: &str,
+        pool: &AnyPool,
+        lanes: &parking_lot::Mutex<HashMap<ThreadId, AnyPool>>,
+    ) -> Result<AnyPool, StoreError> {
+        if !on_a_commit_thread() {
+            return Ok(pool.clone());
+        }
+        let mut lanes = lanes.lock();
+        let thread = std::thread::current().id();
+        if let Some(lane) = lanes.get(&thread) {
+            return Ok(lane.clone());
+        }
+        if pool.is_closed() {
+            return Err(StoreError::Database(sqlx::Error::PoolClosed));
+        }
+        let lane = connect::open_commit_lane(url)?;
+        lanes.insert(thread, lane.clone());
+        Ok(lane)
     }
 
     /// Runs `work` in one transaction and commits it if `work` succeeds; otherwise rolls it back. A SQLite
@@ -77,6 +141,10 @@ impl Commits {
     ) -> Result<T, StoreError> {
         match self {
             Commits::Pool { pool, failed } => failed.in_transaction(pool, work).await,
+            Commits::Lanes { url, pool, lanes } => {
+                let pool = Self::lane(url, pool, lanes)?;
+                FailedConnections::Close.in_transaction(&pool, work).await
+            }
             Commits::Own { url, connection } => {
                 let mut own = connection.lock().await;
                 let mut conn = match std::mem::replace(&mut *own, OwnConnection::None) {
@@ -97,10 +165,18 @@ impl Commits {
         }
     }
 
-    /// Closes the pool, or the own connection; commits fail from then on.
+    /// Closes the pools, or the own connection; commits fail from then on.
     pub(crate) async fn close(&self) {
         match self {
             Commits::Pool { pool, .. } => pool.close().await,
+            Commits::Lanes { pool, lanes, .. } => {
+                // The store's pool first: no new lane opens once it is closed.
+                pool.close().await;
+                let lanes: Vec<AnyPool> = lanes.lock().drain().map(|(_, lane)| lane).collect();
+                for lane in lanes {
+                    lane.close().await;
+                }
+            }
             Commits::Own { connection, .. } => {
                 let own = std::mem::replace(&mut *connection.lock().await, OwnConnection::Closed);
                 if let OwnConnection::Kept(conn) = own {

@@ -13,6 +13,11 @@ use crate::{Backend, StoreError};
 
 /// Connections to Postgres: enough for a shard's commits to overlap with reads (replay, listings).
 const POSTGRES_CONNECTIONS: u32 = 10;
+/// Connections of each commit thread's pool on Postgres ([`crate::commits`]): the hosts pinned to a thread
+/// commit in parallel up to this many at a time.
+const POSTGRES_COMMIT_LANE_CONNECTIONS: u32 = 2;
+/// How long a commit thread's connection may stay unused before it is closed.
+const COMMIT_LANE_IDLE: Duration = Duration::from_secs(60);
 /// Connections to a SQLite file: SQLite has one writer at a time; a few readers can run beside it in WAL mode.
 const SQLITE_CONNECTIONS: u32 = 4;
 /// How long a SQLite statement waits for another connection's write lock before failing.
@@ -43,6 +48,33 @@ pub(crate) async fn open_pool(url: &str, backend: Backend) -> Result<AnyPool, St
             .await?),
         Backend::Sqlite => open_sqlite(url).await,
     }
+}
+
+/// A pool for one commit thread's Postgres commits ([`crate::commits`]). No connection is opened now: each is
+/// opened when a commit takes it, on the runtime of the thread that commits, and its socket is driven there.
+pub(crate) fn open_commit_lane(url: &str) -> Result<AnyPool, StoreError> {
+    sqlx::any::install_default_drivers();
+    Ok(AnyPoolOptions::new()
+        .max_connections(POSTGRES_COMMIT_LANE_CONNECTIONS)
+        .min_connections(0)
+        .idle_timeout(COMMIT_LANE_IDLE)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_lazy(&with_application_name(url, COMMIT_LANE_NAME))?)
+}
+
+/// What a commit thread's Postgres connections call themselves (`application_name`, in `pg_stat_activity`).
+const COMMIT_LANE_NAME: &str = "ahp-relay-commits";
+
+/// `url` (Postgres) with its `application_name` parameter set to `name` (added, or in place of one given).
+fn with_application_name(url: &str, name: &str) -> String {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut parameters: Vec<&str> = query
+        .split('&')
+        .filter(|parameter| !parameter.is_empty() && !parameter.starts_with("application_name="))
+        .collect();
+    let named = format!("application_name={name}");
+    parameters.push(&named);
+    format!("{base}?{}", parameters.join("&"))
 }
 
 /// A SQLite file's URL as its connections open it (creating it if missing), or `None` for Postgres and an
@@ -180,6 +212,18 @@ pub(crate) async fn settings_of(conn: &mut AnyConnection) -> (String, i64, i64) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_commit_lanes_url_names_its_connections_and_keeps_every_other_parameter() {
+        assert_eq!(
+            with_application_name("postgres://u@h/db", "x"),
+            "postgres://u@h/db?application_name=x"
+        );
+        assert_eq!(
+            with_application_name("postgres://u@h/db?sslmode=disable&application_name=old", "x"),
+            "postgres://u@h/db?sslmode=disable&application_name=x"
+        );
+    }
 
     #[test]
     fn backends_are_told_apart_by_scheme() {

@@ -14,8 +14,8 @@
 //! cannot commit. The embedded single-process relay, the only writer of its store, uses [`Store::commit`].
 //!
 //! Modules, one concern each: `connect` (URL → pool and per-backend settings), `schema` (embedded
-//! migrations), `commit` (the group-commit transaction, plain and fenced), `commits` (the connection commits
-//! are written through), `hosts`, `log`, `snapshots`, `catalog`, `leases`, `bindings` (one table each),
+//! migrations), `commit` (the group-commit transaction, plain and fenced), `commits` (the connections commits
+//! are written through, a commit thread's own on Postgres), `hosts`, `log`, `snapshots`, `catalog`, `leases`, `bindings` (one table each),
 //! `retention` (compaction), `usage` (a tenant's stored bytes), `transaction` (a failed transaction's
 //! connection is closed), `sql` (placeholder numbering and conversions), `records` (the values in and out),
 //! `error`.
@@ -43,6 +43,7 @@ use std::sync::Arc;
 
 use sqlx::AnyPool;
 
+pub use commits::mark_commit_thread;
 pub use error::StoreError;
 pub use records::{
     ArchivedTurn, CatalogChange, CatalogCursor, CatalogEntry, ChannelRecord, ClientBinding, CommitBatch,

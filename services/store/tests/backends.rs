@@ -2153,3 +2153,72 @@ async fn every_write_waits_while_writes_are_held_and_reads_go_on(db: &TestDb) {
     }
     assert_eq!(store.client_binding(T, H, "stale").await.unwrap(), None);
 }
+
+/// On Postgres a commit thread's commits (plain and fenced) go through connections of its own, opened on it
+/// (so its runtime drives their sockets), named `ahp-relay-commits` for the database's operators; commits made
+/// anywhere else go through the store's pool.
+#[tokio::test]
+async fn on_postgres_a_commit_threads_commits_go_through_connections_of_its_own() {
+    let Some(db) = TestDb::postgres("commit_thread_connections").await else {
+        eprintln!("skipped: DATABASE_URL not set");
+        return;
+    };
+    let store = &db.store;
+    let mut observer = sqlx::AnyConnection::connect(&db.url).await.unwrap();
+    let mut commit_connections = async || -> i64 {
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND application_name = 'ahp-relay-commits'",
+        )
+        .fetch_one(&mut observer)
+        .await
+        .unwrap()
+    };
+    store
+        .commit(T, H, &log_batch(1, vec![entry(1, CHAT)]))
+        .await
+        .unwrap();
+    assert_eq!(
+        commit_connections().await,
+        0,
+        "off a commit thread, through the store's pool"
+    );
+
+    let lease = store
+        .acquire_lease(T, "fenced", "owner", TTL, 0)
+        .await
+        .unwrap()
+        .expect("a free host's lease");
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                relay_store::mark_commit_thread();
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async {
+                    store
+                        .commit(T, H, &log_batch(2, vec![entry(2, CHAT)]))
+                        .await
+                        .unwrap();
+                    let batch = log_batch(1, vec![entry(1, SESSION)]);
+                    store
+                        .commit_fenced(T, "fenced", "owner", lease.epoch, &batch)
+                        .await
+                        .unwrap();
+                });
+            })
+            .join()
+            .unwrap();
+    });
+    let opened = commit_connections().await;
+    assert!(
+        (1..=2).contains(&opened),
+        "the commit thread's own connections, at most its pool's two: {opened}"
+    );
+    assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 2);
+    assert_eq!(store.load_host(T, "fenced").await.unwrap().last_seq, 1);
+    observer.close().await.unwrap();
+    db.finish().await;
+}

@@ -8,8 +8,10 @@
 //! commit's median time grew from under 0.5 ms to 10–25 ms under load (`scripts/bench peers`, embedded
 //! `serve`, 2,000 subscribers x 50 actions/s), and every action's delivery waited for it. On threads of their
 //! own the commit loops are resumed as soon as the store answers, and the operating system shares the cores
-//! between them and the runtime's workers. Work that belongs with the commits — the shard's Redis publisher,
-//! whose connection is driven by the runtime it was opened on — is started there too ([`run_on_pool`]).
+//! between them and the runtime's workers. On Postgres the store answers on these threads too: each thread's
+//! commits go through connections opened on it ([`relay_store::mark_commit_thread`]). Work that belongs with
+//! the commits — the shard's Redis publisher, whose connection is driven by the runtime it was opened on — is
+//! started there too ([`run_on_pool`]).
 //!
 //! Tests that build hosts inside their own runtimes do not install it, so the loops keep that runtime's
 //! clock (paused time) and die with it.
@@ -76,8 +78,12 @@ pub fn install_threads(threads: usize) -> Result<(), CommitThreadError> {
     for (name, runtime) in runtimes {
         std::thread::Builder::new()
             .name(name)
-            // Drives the runtime (its tasks, timers and sockets) for the rest of the process's life.
-            .spawn(move || runtime.block_on(std::future::pending::<()>()))?;
+            // Drives the runtime (its tasks, timers and sockets) for the rest of the process's life; the store
+            // opens this thread's Postgres commit connections on it.
+            .spawn(move || {
+                relay_store::mark_commit_thread();
+                runtime.block_on(std::future::pending::<()>())
+            })?;
     }
     Ok(())
 }
