@@ -13,7 +13,7 @@ use std::ffi::{CStr, OsStr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags};
 use rustix::io::Errno;
 
 use crate::policy::UserSwitch;
@@ -126,6 +126,11 @@ impl WorkspaceRoot {
 
     /// Create directory `path` and its missing parents beneath the root (never through a link); those made
     /// here belong to `owner` (when given) with `mode`. Returns the directory, opened.
+    ///
+    /// A directory made for `owner` is made under a temporary name ([`is_temporary`]), handed over, and only
+    /// then renamed into place: under its own name it is never the relay's. A watch of the tenant's tree, whose
+    /// file server runs as the tenant, must be able to watch a new directory the moment it appears; one that
+    /// appeared as root's (mode `0700`) for a moment could not be watched, nor anything made in it later.
     pub fn create_dirs(
         &self,
         path: &Path,
@@ -136,18 +141,21 @@ impl WorkspaceRoot {
         let mut dir = rustix::io::dup(&self.fd).map_err(failed(path))?;
         for name in rest.components() {
             let name = name.as_os_str();
-            let made = match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o700)) {
-                Ok(()) => true,
-                Err(Errno::EXIST) => false,
-                Err(errno) => return Err(failed(path)(errno)),
-            };
-            dir = open_child_dir(&dir, Path::new(name), path)?;
-            if made {
-                if let Some(owner) = owner {
-                    rustix::fs::fchown(&dir, Some(uid(owner)), Some(gid(owner))).map_err(failed(path))?;
+            dir = match owner {
+                Some(owner) => made_for(&dir, name, owner, mode, path)?,
+                None => {
+                    let made = match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o700)) {
+                        Ok(()) => true,
+                        Err(Errno::EXIST) => false,
+                        Err(errno) => return Err(failed(path)(errno)),
+                    };
+                    let child = open_child_dir(&dir, Path::new(name), path)?;
+                    if made {
+                        rustix::fs::fchmod(&child, Mode::from_raw_mode(mode)).map_err(failed(path))?;
+                    }
+                    child
                 }
-                rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode)).map_err(failed(path))?;
-            }
+            };
         }
         Ok(dir)
     }
@@ -312,6 +320,56 @@ fn blocks(stat: &rustix::fs::Stat) -> u64 {
 }
 
 /// Directory `rest` beneath `dir`, opened for reading; no link anywhere on the way.
+/// What names a temporary file or directory the relay makes in a tenant's tree (`.<name>.ahp-<id>.tmp` for a
+/// file being written, `.ahp-dir-<id>.tmp` for a directory being made).
+pub const TEMPORARY_MARK: &str = ".ahp-";
+
+/// Whether `name` is a temporary file or directory of the relay's, under way (not worth a watch's report).
+pub fn is_temporary(name: &str) -> bool {
+    name.starts_with('.') && name.ends_with(".tmp") && name.contains(TEMPORARY_MARK)
+}
+
+/// Directory `name` in `parent`, opened: the one there, or one made for `owner` with `mode` under a temporary
+/// name and renamed into place (not over one made meanwhile by someone else: then that one is opened).
+fn made_for(
+    parent: &OwnedFd,
+    name: &OsStr,
+    owner: UserSwitch,
+    mode: u32,
+    shown_as: &Path,
+) -> Result<OwnedFd, BeneathError> {
+    match open_child_dir(parent, Path::new(name), shown_as) {
+        Err(error) if error.not_found() => {}
+        opened => return opened,
+    }
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let number = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let temporary = format!(".ahp-dir-{}-{number}.tmp", std::process::id());
+    rustix::fs::mkdirat(parent, temporary.as_str(), Mode::from_raw_mode(0o700)).map_err(failed(shown_as))?;
+    let placed = (|| {
+        let made = open_child_dir(parent, Path::new(&temporary), shown_as)?;
+        rustix::fs::fchown(&made, Some(uid(owner)), Some(gid(owner))).map_err(failed(shown_as))?;
+        rustix::fs::fchmod(&made, Mode::from_raw_mode(mode)).map_err(failed(shown_as))?;
+        match rustix::fs::renameat_with(parent, temporary.as_str(), parent, name, RenameFlags::NOREPLACE) {
+            Ok(()) => Ok(Some(made)),
+            Err(Errno::EXIST) => Ok(None),
+            Err(errno) => Err(failed(shown_as)(errno)),
+        }
+    })();
+    match placed {
+        Ok(Some(made)) => Ok(made),
+        // Made meanwhile by someone else: theirs stays, ours goes.
+        Ok(None) => {
+            let _ = rustix::fs::unlinkat(parent, temporary.as_str(), AtFlags::REMOVEDIR);
+            open_child_dir(parent, Path::new(name), shown_as)
+        }
+        Err(error) => {
+            let _ = rustix::fs::unlinkat(parent, temporary.as_str(), AtFlags::REMOVEDIR);
+            Err(error)
+        }
+    }
+}
+
 fn open_child_dir(dir: &impl AsFd, rest: &Path, shown_as: &Path) -> Result<OwnedFd, BeneathError> {
     let rest = if rest.as_os_str().is_empty() {
         Path::new(".")
@@ -532,5 +590,76 @@ mod tests {
             Some(b"x".to_vec())
         );
         assert_eq!(ws.subdirectories(&root.join("acme")).len(), 2, "default, new");
+    }
+
+    /// A directory made for an owner appears under its name already handed over: inotify on its parent sees
+    /// the name arrive by a rename and never sees its attributes change (made as root's `0700` and handed over
+    /// afterwards, the name would be created and then changed twice — and a file server running as the
+    /// tenant could not watch it in between). The temporary name is the relay's, and gone.
+    #[test]
+    fn a_directory_made_for_an_owner_appears_under_its_name_already_handed_over() {
+        use rustix::fs::inotify;
+
+        let (top, ws, _) = setup();
+        let parent = top.path().join("root/acme/default");
+        // The test's own user (no privilege needed): a hand-over still changes the mode, from 0700 to 0750.
+        let owner = UserSwitch {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+        };
+        let watch =
+            inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK).expect("inotify");
+        inotify::add_watch(
+            &watch,
+            &parent,
+            inotify::WatchFlags::CREATE | inotify::WatchFlags::MOVED_TO | inotify::WatchFlags::ATTRIB,
+        )
+        .expect("watch");
+        ws.create_dirs(&parent.join("s2/deep"), Some(owner), 0o750)
+            .expect("made");
+
+        let mut buffer = [std::mem::MaybeUninit::uninit(); 4096];
+        let mut events = inotify::Reader::new(&watch, &mut buffer);
+        let mut seen = Vec::new();
+        loop {
+            match events.next() {
+                Ok(event) => seen.push((
+                    event
+                        .file_name()
+                        .map(|name| name.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                    event.events(),
+                )),
+                Err(Errno::AGAIN) => break,
+                Err(errno) => panic!("reading inotify: {errno}"),
+            }
+        }
+        let under_its_name: Vec<_> = seen.iter().filter(|(name, _)| name == "s2").collect();
+        assert_eq!(
+            under_its_name,
+            [&(
+                "s2".to_string(),
+                inotify::ReadFlags::MOVED_TO | inotify::ReadFlags::ISDIR
+            )],
+            "{seen:?}"
+        );
+        assert!(
+            seen.iter().all(|(name, _)| name == "s2" || is_temporary(name)),
+            "{seen:?}"
+        );
+        for dir in [parent.join("s2"), parent.join("s2/deep")] {
+            let stat = rustix::fs::stat(&dir).expect("stat");
+            assert_eq!(
+                (stat.st_uid, stat.st_mode & 0o7777),
+                (owner.uid, 0o750),
+                "{}",
+                dir.display()
+            );
+        }
+        let left: Vec<_> = std::fs::read_dir(&parent)
+            .expect("list")
+            .map(|entry| entry.expect("entry").file_name())
+            .collect();
+        assert_eq!(left.len(), 2, "s1 and s2, no temporary name: {left:?}");
     }
 }

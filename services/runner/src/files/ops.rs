@@ -13,13 +13,9 @@ use base64::Engine;
 
 use super::protocol::{EntryKind, FileError, FileOp, FileReply, Resolved, WriteMode};
 
-/// What names the temporary file of a write (`.<name>.ahp-<id>.tmp`).
-pub(crate) const TEMPORARY_MARK: &str = ".ahp-";
-
-/// Whether `name` is the temporary file of a write under way (not worth a watch's report).
-pub fn is_temporary(name: &str) -> bool {
-    name.starts_with('.') && name.ends_with(".tmp") && name.contains(TEMPORARY_MARK)
-}
+/// What names the temporary file of a write (`.<name>.ahp-<id>.tmp`), and whether a name is one (or a directory
+/// the relay is making): the relay's own temporary names, which no watch reports.
+pub use relay_sandbox::beneath::{is_temporary, TEMPORARY_MARK};
 
 /// A tenant's files.
 pub struct Files {
