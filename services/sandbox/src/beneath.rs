@@ -319,9 +319,8 @@ fn blocks(stat: &rustix::fs::Stat) -> u64 {
     u64::try_from(stat.st_blocks).unwrap_or(0).saturating_mul(512)
 }
 
-/// Directory `rest` beneath `dir`, opened for reading; no link anywhere on the way.
 /// What names a temporary file or directory the relay makes in a tenant's tree (`.<name>.ahp-<id>.tmp` for a
-/// file being written, `.ahp-dir-<id>.tmp` for a directory being made).
+/// file being written, `.ahp-dir-<pid>-<n>-<nanos>.tmp` for a directory being made).
 pub const TEMPORARY_MARK: &str = ".ahp-";
 
 /// Whether `name` is a temporary file or directory of the relay's, under way (not worth a watch's report).
@@ -342,17 +341,28 @@ fn made_for(
         Err(error) if error.not_found() => {}
         opened => return opened,
     }
-    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let number = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let temporary = format!(".ahp-dir-{}-{number}.tmp", std::process::id());
-    rustix::fs::mkdirat(parent, temporary.as_str(), Mode::from_raw_mode(0o700)).map_err(failed(shown_as))?;
+    let temporary = make_temporary_dir(parent, shown_as)?;
     let placed = (|| {
         let made = open_child_dir(parent, Path::new(&temporary), shown_as)?;
+        // Ours, unless the tenant swapped another directory of this parent in under the temporary name (it can
+        // move only its own): that one is not handed over, nor put in place.
+        let stat = rustix::fs::fstat(&made).map_err(failed(shown_as))?;
+        if stat.st_uid != rustix::process::geteuid().as_raw() {
+            return Err(failed(shown_as)(Errno::PERM));
+        }
         rustix::fs::fchown(&made, Some(uid(owner)), Some(gid(owner))).map_err(failed(shown_as))?;
         rustix::fs::fchmod(&made, Mode::from_raw_mode(mode)).map_err(failed(shown_as))?;
-        match rustix::fs::renameat_with(parent, temporary.as_str(), parent, name, RenameFlags::NOREPLACE) {
+        let renamed =
+            match rustix::fs::renameat_with(parent, temporary.as_str(), parent, name, RenameFlags::NOREPLACE)
+            {
+                // A filesystem without RENAME_NOREPLACE (NFS, some FUSE): a plain rename can replace only an
+                // empty directory made meanwhile, and fails over anything else.
+                Err(Errno::INVAL) => rustix::fs::renameat(parent, temporary.as_str(), parent, name),
+                renamed => renamed,
+            };
+        match renamed {
             Ok(()) => Ok(Some(made)),
-            Err(Errno::EXIST) => Ok(None),
+            Err(Errno::EXIST | Errno::NOTEMPTY | Errno::NOTDIR | Errno::ISDIR) => Ok(None),
             Err(errno) => Err(failed(shown_as)(errno)),
         }
     })();
@@ -370,6 +380,28 @@ fn made_for(
     }
 }
 
+/// A new empty directory (`0700`) in `parent` under a temporary name no one else holds ([`is_temporary`]);
+/// its name. The name is not guessable in advance (it holds the clock's nanoseconds), and one taken is passed
+/// over.
+fn make_temporary_dir(parent: &OwnedFd, shown_as: &Path) -> Result<String, BeneathError> {
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut tries = 0;
+    loop {
+        let number = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|since| since.subsec_nanos())
+            .unwrap_or_default();
+        let temporary = format!(".ahp-dir-{}-{number}-{nanos}.tmp", std::process::id());
+        match rustix::fs::mkdirat(parent, temporary.as_str(), Mode::from_raw_mode(0o700)) {
+            Ok(()) => return Ok(temporary),
+            Err(Errno::EXIST) if tries < 16 => tries += 1,
+            Err(errno) => return Err(failed(shown_as)(errno)),
+        }
+    }
+}
+
+/// Directory `rest` beneath `dir`, opened for reading; no link anywhere on the way.
 fn open_child_dir(dir: &impl AsFd, rest: &Path, shown_as: &Path) -> Result<OwnedFd, BeneathError> {
     let rest = if rest.as_os_str().is_empty() {
         Path::new(".")

@@ -2156,7 +2156,8 @@ async fn every_write_waits_while_writes_are_held_and_reads_go_on(db: &TestDb) {
 
 /// On Postgres a commit thread's commits (plain and fenced) go through connections of its own, opened on it
 /// (so its runtime drives their sockets), named `ahp-relay-commits` for the database's operators; commits made
-/// anywhere else go through the store's pool.
+/// anywhere else go through the store's pool. Each commit thread here commits once and then goes on driving its
+/// runtime until told to stop, so its connection stays open (given back to its pool) while it is counted.
 #[tokio::test]
 async fn on_postgres_a_commit_threads_commits_go_through_connections_of_its_own() {
     let Some(db) = TestDb::postgres("commit_thread_connections").await else {
@@ -2189,34 +2190,54 @@ async fn on_postgres_a_commit_threads_commits_go_through_connections_of_its_own(
         .await
         .unwrap()
         .expect("a free host's lease");
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                relay_store::mark_commit_thread();
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                runtime.block_on(async {
-                    store
-                        .commit(T, H, &log_batch(2, vec![entry(2, CHAT)]))
-                        .await
-                        .unwrap();
+    // A commit thread that commits once, says so, and drives its runtime until it is told to stop.
+    let commit_thread = |fenced: bool| {
+        let store = store.clone();
+        let (committed, done) = tokio::sync::oneshot::channel::<()>();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            relay_store::mark_commit_thread();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                if fenced {
                     let batch = log_batch(1, vec![entry(1, SESSION)]);
                     store
                         .commit_fenced(T, "fenced", "owner", lease.epoch, &batch)
                         .await
                         .unwrap();
-                });
-            })
-            .join()
-            .unwrap();
-    });
-    let opened = commit_connections().await;
-    assert!(
-        (1..=2).contains(&opened),
-        "the commit thread's own connections, at most its pool's two: {opened}"
+                } else {
+                    store
+                        .commit(T, H, &log_batch(2, vec![entry(2, CHAT)]))
+                        .await
+                        .unwrap();
+                }
+                committed.send(()).unwrap();
+                let _ = stopped.await;
+            });
+        });
+        (done, stop, thread)
+    };
+    let (done, stop_fenced, fenced) = commit_thread(true);
+    done.await.unwrap();
+    assert_eq!(
+        commit_connections().await,
+        1,
+        "a fenced commit, through the connection its commit thread opened"
     );
+    let (done, stop_plain, plain) = commit_thread(false);
+    done.await.unwrap();
+    assert_eq!(
+        commit_connections().await,
+        2,
+        "a plain commit on another commit thread, through a connection of that thread's"
+    );
+    stop_fenced.send(()).unwrap();
+    stop_plain.send(()).unwrap();
+    fenced.join().unwrap();
+    plain.join().unwrap();
     assert_eq!(store.load_host(T, H).await.unwrap().last_seq, 2);
     assert_eq!(store.load_host(T, "fenced").await.unwrap().last_seq, 1);
     observer.close().await.unwrap();
