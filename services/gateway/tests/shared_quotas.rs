@@ -4,20 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use relay_gateway::quotas::{QuotaLimits, TenantQuotas};
+use relay_gateway::quotas::TenantQuotas;
 use relay_gateway::shared_quotas::SharedQuotas;
 
-fn limits() -> QuotaLimits {
-    QuotaLimits {
-        max_connections: 2,
-        messages_per_second: 10.0,
-        message_burst: 5.0,
-        connection_messages_per_second: 1_000.0,
-        connection_message_burst: 1_000.0,
-        bytes_per_second: 1e9,
-        byte_burst: 1e9,
-    }
-}
+mod support;
+use support::{limits, unique_tenant};
 
 /// Two gateways' quotas on the Redis at `REDIS_URL`, with their Redis handles.
 async fn two_gateways() -> Option<[(Arc<TenantQuotas>, Arc<SharedQuotas>); 2]> {
@@ -33,10 +24,6 @@ async fn two_gateways() -> Option<[(Arc<TenantQuotas>, Arc<SharedQuotas>); 2]> {
         gateways.push((quotas, shared));
     }
     gateways.try_into().ok()
-}
-
-fn unique_tenant() -> String {
-    format!("t{}", uuid::Uuid::new_v4().simple())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

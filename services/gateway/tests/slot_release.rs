@@ -5,24 +5,11 @@
 
 use std::sync::Arc;
 
-use relay_gateway::quotas::{QuotaLimits, TenantQuotas};
+use relay_gateway::quotas::TenantQuotas;
 use relay_gateway::shared_quotas::SharedQuotas;
 
-fn limits() -> QuotaLimits {
-    QuotaLimits {
-        max_connections: 2,
-        messages_per_second: 10.0,
-        message_burst: 5.0,
-        connection_messages_per_second: 1_000.0,
-        connection_message_burst: 1_000.0,
-        bytes_per_second: 1e9,
-        byte_burst: 1e9,
-    }
-}
-
-fn unique_tenant() -> String {
-    format!("t{}", uuid::Uuid::new_v4().simple())
-}
+mod support;
+use support::{limits, unique_tenant};
 
 /// How many `ZREM` commands the Redis at `url` has run since it started (`INFO commandstats`).
 async fn zrem_calls(url: &str) -> u64 {
