@@ -230,6 +230,45 @@ fn globs(patterns: &[String]) -> Result<Option<GlobSet>, FileError> {
 
 type Pending = BTreeMap<u64, BTreeMap<PathBuf, ChangeKind>>;
 
+/// Records what inotify says in `event` for watch `id` (whose paths `filter` chooses) until its period ends: each
+/// path it names with the last kind seen. An event queue the kernel overflowed (`Rescan`: more happened at once
+/// than it could hold, e.g. an `npm install` in the tree) names no path: the watch's root is reported
+/// `updated`, so its client lists it again, rather than nothing said of what was lost.
+fn record(pending: &Mutex<Pending>, filter: &Filter, id: u64, event: notify::Event) {
+    if event.need_rescan() {
+        pending
+            .lock()
+            .entry(id)
+            .or_default()
+            .insert(filter.root.clone(), ChangeKind::Updated);
+        return;
+    }
+    let kind = match event.kind {
+        EventKind::Create(_) => ChangeKind::Added,
+        EventKind::Remove(_) => ChangeKind::Deleted,
+        EventKind::Modify(notify::event::ModifyKind::Name(notify::event::RenameMode::From)) => {
+            ChangeKind::Deleted
+        }
+        EventKind::Modify(notify::event::ModifyKind::Name(notify::event::RenameMode::To)) => {
+            ChangeKind::Added
+        }
+        EventKind::Modify(notify::event::ModifyKind::Metadata(_)) | EventKind::Access(_) => return,
+        EventKind::Modify(_) => ChangeKind::Updated,
+        _ => return,
+    };
+    let mut pending = pending.lock();
+    for path in event.paths {
+        if filter.reports(&path) {
+            let changes = pending.entry(id).or_default();
+            if changes.len() >= MAX_CHANGES_PER_REPORT && !changes.contains_key(&path) {
+                continue;
+            }
+            // The last word of inotify; what is true is settled when the period ends.
+            changes.insert(path, kind);
+        }
+    }
+}
+
 /// The watches of one file server, and the changes not reported yet.
 pub struct Watches {
     watches: Arc<Mutex<HashMap<u64, Watch>>>,
@@ -289,32 +328,8 @@ impl Watches {
         let reported = filter.clone();
         // The handler runs on the watcher's thread: it only records, under the pending lock alone.
         let handler = move |event: notify::Result<notify::Event>| {
-            let (Ok(event), Some(pending)) = (event, pending.upgrade()) else {
-                return;
-            };
-            let kind = match event.kind {
-                EventKind::Create(_) => ChangeKind::Added,
-                EventKind::Remove(_) => ChangeKind::Deleted,
-                EventKind::Modify(notify::event::ModifyKind::Name(notify::event::RenameMode::From)) => {
-                    ChangeKind::Deleted
-                }
-                EventKind::Modify(notify::event::ModifyKind::Name(notify::event::RenameMode::To)) => {
-                    ChangeKind::Added
-                }
-                EventKind::Modify(notify::event::ModifyKind::Metadata(_)) | EventKind::Access(_) => return,
-                EventKind::Modify(_) => ChangeKind::Updated,
-                _ => return,
-            };
-            let mut pending = pending.lock();
-            for path in event.paths {
-                if reported.reports(&path) {
-                    let changes = pending.entry(id).or_default();
-                    if changes.len() >= MAX_CHANGES_PER_REPORT && !changes.contains_key(&path) {
-                        continue;
-                    }
-                    // The last word of inotify; what is true is settled when the period ends.
-                    changes.insert(path, kind);
-                }
+            if let (Ok(event), Some(pending)) = (event, pending.upgrade()) {
+                record(&pending, &reported, id, event);
             }
         };
         // Symlinks are not followed: a link to `/` in the workspace must not make the watch walk the system.
@@ -389,5 +404,24 @@ mod tests {
         watches
             .add(3, tree.join("d0"), true, &[], &[])
             .expect("a subtree");
+    }
+
+    /// A lost event queue (notify's `Rescan`, from the kernel's `IN_Q_OVERFLOW`) is reported as the root
+    /// `updated`: the client lists it again instead of missing what the queue lost.
+    #[test]
+    fn an_overflowed_event_queue_is_reported_as_the_root_updated() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real");
+        let (reports, reported) = std::sync::mpsc::channel();
+        let watches = Watches::new(move |watch, changes| {
+            let _ = reports.send((watch, changes));
+        });
+        watches.add(7, root.clone(), true, &[], &[]).expect("watch");
+        let filter = watches.watches.lock().get(&7).expect("the watch").filter.clone();
+        let overflow = notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
+        record(&watches.pending, &filter, 7, overflow);
+        let (watch, changes) = reported.recv_timeout(Duration::from_secs(10)).expect("a report");
+        assert_eq!(watch, 7);
+        assert_eq!(changes, vec![(root.display().to_string(), ChangeKind::Updated)]);
     }
 }
