@@ -54,8 +54,9 @@ struct Watch {
     known: BTreeSet<PathBuf>,
     /// Whether `known` holds every path there (false past [`KNOWN_MAX`]).
     complete: bool,
-    /// Stops watching when dropped.
-    _watcher: notify::RecommendedWatcher,
+    /// The kernel's watches of this watch (a new directory of a recursive watch is added to them when its
+    /// period ends, see [`Watch::settle_all`]); stops watching when dropped.
+    watcher: notify::RecommendedWatcher,
 }
 
 impl Filter {
@@ -152,6 +153,12 @@ impl Watch {
             settled.push((path.display().to_string(), kind));
             reported.insert(path.clone());
             if new_directory {
+                // Watched before it is listed. notify adds a new directory to a recursive watch itself, but only
+                // after handing over every event it read with its creation (a burst such as an `npm install`
+                // is many reads): a file made inside after our listing and before that watch would never be
+                // reported. Our request waits until the directory is watched (asking again only adds to the
+                // kernel's watch). A directory gone meanwhile fails here and is settled as gone next period.
+                let _ = self.watcher.watch(&path, RecursiveMode::Recursive);
                 let budget = MAX_CHANGES_PER_REPORT.saturating_sub(settled.len());
                 let (inside, _) = listing(&path, true, &self.filter, budget);
                 for entry in inside {
@@ -318,6 +325,20 @@ impl Watches {
         includes: &[String],
         excludes: &[String],
     ) -> Result<(), FileError> {
+        self.add_then(id, root, recursive, includes, excludes, || {})
+    }
+
+    /// [`Watches::add`], calling `meanwhile` once the kernel watches and before the watch is in the table (a
+    /// test's way into that window).
+    fn add_then(
+        &self,
+        id: u64,
+        root: PathBuf,
+        recursive: bool,
+        includes: &[String],
+        excludes: &[String],
+        meanwhile: impl FnOnce(),
+    ) -> Result<(), FileError> {
         let filter = Arc::new(Filter {
             root: root.clone(),
             recursive,
@@ -359,16 +380,20 @@ impl Watches {
         } else {
             (BTreeSet::from([root.clone()]), true)
         };
+        // The table is held from the kernel's first watch until the watch is in it: the reporting thread settles
+        // a period's changes under it, and would drop those of a watch it cannot find yet.
+        let mut watches = self.watches.lock();
         watcher
             .watch(&watched, mode)
             .map_err(|error| FileError::Unavailable(format!("cannot watch {}: {error}", root.display())))?;
-        self.watches.lock().insert(
+        meanwhile();
+        watches.insert(
             id,
             Watch {
                 filter,
                 known,
                 complete,
-                _watcher: watcher,
+                watcher,
             },
         );
         Ok(())
@@ -404,6 +429,102 @@ mod tests {
         watches
             .add(3, tree.join("d0"), true, &[], &[])
             .expect("a subtree");
+    }
+
+    /// A directory new in a recursive watch is watched before its period's listing of it: a file made inside it
+    /// afterwards is reported even when notify has not watched it yet. notify adds it only after handing over
+    /// every event it read along with its creation; here it never does (the kernel watches the root alone), which
+    /// is the state of that window, held.
+    #[test]
+    fn a_new_directory_is_watched_before_it_is_listed() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real");
+        let (reports, reported) = std::sync::mpsc::channel();
+        let watches = Watches::new(move |watch, changes| {
+            let _ = reports.send((watch, changes));
+        });
+        let filter = Arc::new(Filter {
+            root: root.clone(),
+            recursive: true,
+            includes: None,
+            excludes: None,
+        });
+        let (pending, recorded) = (Arc::downgrade(&watches.pending), filter.clone());
+        let mut watcher = notify::RecommendedWatcher::new(
+            move |event: notify::Result<notify::Event>| {
+                if let (Ok(event), Some(pending)) = (event, pending.upgrade()) {
+                    record(&pending, &recorded, 3, event);
+                }
+            },
+            notify::Config::default().with_follow_symlinks(false),
+        )
+        .expect("watcher");
+        watcher
+            .watch(&root, RecursiveMode::NonRecursive)
+            .expect("watch the root");
+        watches.watches.lock().insert(
+            3,
+            Watch {
+                filter,
+                known: BTreeSet::from([root.clone()]),
+                complete: true,
+                watcher,
+            },
+        );
+        let wait = |what: &str| reported.recv_timeout(Duration::from_secs(10)).expect(what);
+
+        std::fs::create_dir(root.join("d")).expect("mkdir");
+        let made = wait("the new directory reported");
+        assert_eq!(
+            made,
+            (3, vec![(root.join("d").display().to_string(), ChangeKind::Added)])
+        );
+        std::fs::write(root.join("d").join("f"), b"x").expect("write inside");
+        let (watch, changes) = wait("the file made inside it reported");
+        assert_eq!(watch, 3);
+        assert!(
+            changes.contains(&(root.join("d").join("f").display().to_string(), ChangeKind::Added)),
+            "{changes:?}"
+        );
+    }
+
+    /// What happens while a watch is being added, after the kernel watches, is reported, even when the reporting
+    /// thread takes that period's changes before the watch is in the table.
+    #[test]
+    fn a_change_made_while_the_watch_is_added_is_reported() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real");
+        let (reports, reported) = std::sync::mpsc::channel();
+        let watches = Watches::new(move |watch, changes| {
+            let _ = reports.send((watch, changes));
+        });
+        let pending = watches.pending.clone();
+        let meanwhile = || {
+            std::fs::write(root.join("early"), b"x").expect("write");
+            // Until the change is recorded, and then until the reporting thread has taken it.
+            let until = |what: &str, done: &dyn Fn() -> bool| {
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while !done() {
+                    assert!(std::time::Instant::now() < deadline, "{what}");
+                    std::thread::yield_now();
+                }
+            };
+            until("the change recorded", &|| pending.lock().contains_key(&4));
+            until("the change taken for reporting", &|| {
+                !pending.lock().contains_key(&4)
+            });
+        };
+        watches
+            .add_then(4, root.clone(), true, &[], &[], meanwhile)
+            .expect("watch");
+        let (watch, changes) = reported
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the change reported");
+        assert_eq!(watch, 4);
+        assert_eq!(
+            changes,
+            vec![(root.join("early").display().to_string(), ChangeKind::Added)]
+        );
     }
 
     /// A lost event queue (notify's `Rescan`, from the kernel's `IN_Q_OVERFLOW`) is reported as the root
