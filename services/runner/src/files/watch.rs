@@ -135,8 +135,10 @@ impl Watch {
 
 impl Watch {
     /// What a period's changes are now; with what a new directory of a recursive watch holds already (made
-    /// before the kernel watched it: an agent's `mkdir d && echo > d/f` is one step).
-    fn settle_all(&mut self, changes: BTreeMap<PathBuf, ChangeKind>) -> Vec<(String, ChangeKind)> {
+    /// before the kernel watched it: an agent's `mkdir d && echo > d/f` is one step). After a period whose
+    /// events the kernel lost, what the watch knows exists is listed again.
+    fn settle_all(&mut self, period: Period) -> Vec<(String, ChangeKind)> {
+        let Period { changes, lost } = period;
         let mut settled = Vec::new();
         // A path listed from its new directory and then seen in an event of its own is reported once.
         let mut reported: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
@@ -172,7 +174,22 @@ impl Watch {
                 }
             }
         }
+        if lost {
+            self.relist();
+        }
         settled
+    }
+
+    /// Lists again what is beneath the watch's root, in place of what it knows: what came or went while
+    /// events were lost is otherwise reported with the wrong kind when it next changes.
+    fn relist(&mut self) {
+        let root = self.filter.root.clone();
+        if !std::fs::symlink_metadata(&root).is_ok_and(|meta| meta.is_dir()) {
+            return;
+        }
+        let (mut known, complete) = listing(&root, self.filter.recursive, &self.filter, KNOWN_MAX);
+        known.insert(root);
+        (self.known, self.complete) = (known, complete);
     }
 }
 
@@ -235,19 +252,28 @@ fn globs(patterns: &[String]) -> Result<Option<GlobSet>, FileError> {
         .map_err(|error| FileError::Invalid(format!("globs: {error}")))
 }
 
-type Pending = BTreeMap<u64, BTreeMap<PathBuf, ChangeKind>>;
+/// What one watch saw in a period not reported yet.
+#[derive(Default)]
+struct Period {
+    /// Each path named, with the last kind seen.
+    changes: BTreeMap<PathBuf, ChangeKind>,
+    /// Whether the kernel lost events of the period (its queue overflowed).
+    lost: bool,
+}
+
+type Pending = BTreeMap<u64, Period>;
 
 /// Records what inotify says in `event` for watch `id` (whose paths `filter` chooses) until its period ends: each
 /// path it names with the last kind seen. An event queue the kernel overflowed (`Rescan`: more happened at once
 /// than it could hold, e.g. an `npm install` in the tree) names no path: the watch's root is reported
-/// `updated`, so its client lists it again, rather than nothing said of what was lost.
+/// `updated`, so its client lists it again, rather than nothing said of what was lost; and the watch lists it
+/// again too when the period ends.
 fn record(pending: &Mutex<Pending>, filter: &Filter, id: u64, event: notify::Event) {
     if event.need_rescan() {
-        pending
-            .lock()
-            .entry(id)
-            .or_default()
-            .insert(filter.root.clone(), ChangeKind::Updated);
+        let mut pending = pending.lock();
+        let period = pending.entry(id).or_default();
+        period.changes.insert(filter.root.clone(), ChangeKind::Updated);
+        period.lost = true;
         return;
     }
     let kind = match event.kind {
@@ -266,7 +292,7 @@ fn record(pending: &Mutex<Pending>, filter: &Filter, id: u64, event: notify::Eve
     let mut pending = pending.lock();
     for path in event.paths {
         if filter.reports(&path) {
-            let changes = pending.entry(id).or_default();
+            let changes = &mut pending.entry(id).or_default().changes;
             if changes.len() >= MAX_CHANGES_PER_REPORT && !changes.contains_key(&path) {
                 continue;
             }
@@ -524,6 +550,52 @@ mod tests {
         assert_eq!(
             changes,
             vec![(root.join("early").display().to_string(), ChangeKind::Added)]
+        );
+    }
+
+    /// After the kernel lost a watch's events, the watch lists again what exists: a file made and one deleted
+    /// while events were lost are each reported with their true kind when they next change.
+    #[test]
+    fn after_lost_events_the_watch_lists_again_what_exists() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real");
+        std::fs::write(root.join("kept"), b"x").expect("write");
+        let (reports, reported) = std::sync::mpsc::channel();
+        let watches = Watches::new(move |watch, changes| {
+            let _ = reports.send((watch, changes));
+        });
+        watches.add(8, root.clone(), true, &[], &[]).expect("watch");
+        let wait = |what: &str| reported.recv_timeout(Duration::from_secs(10)).expect(what);
+        let filter = {
+            let mut table = watches.watches.lock();
+            let watch = table.get_mut(&8).expect("the watch");
+            // What the lost events would have said: `kept` was made, `phantom` deleted.
+            watch.known.remove(&root.join("kept"));
+            watch.known.insert(root.join("phantom"));
+            watch.filter.clone()
+        };
+        let overflow = notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
+        record(&watches.pending, &filter, 8, overflow);
+        assert_eq!(
+            wait("the overflow reported"),
+            (8, vec![(root.display().to_string(), ChangeKind::Updated)])
+        );
+
+        std::fs::write(root.join("kept"), b"y").expect("write again");
+        assert_eq!(
+            wait("the write reported"),
+            (
+                8,
+                vec![(root.join("kept").display().to_string(), ChangeKind::Updated)]
+            )
+        );
+        std::fs::write(root.join("phantom"), b"z").expect("make");
+        assert_eq!(
+            wait("the new file reported"),
+            (
+                8,
+                vec![(root.join("phantom").display().to_string(), ChangeKind::Added)]
+            )
         );
     }
 
