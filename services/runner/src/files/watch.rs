@@ -12,9 +12,14 @@
 //!   is known is the watch's listing at its start, kept up to date by what it reports (bounded: past
 //!   [`KNOWN_MAX`] paths a recursive watch falls back to inotify's kinds for paths it never saw).
 //!
+//! - what the kernel could not say is listed again: a new directory's contents (made before it was watched),
+//!   and after the kernel's event queue overflowed, the whole tree (see [`prepare`]).
+//!
 //! A recursive watch registers every directory of its tree with the kernel: one of a tree of more than
-//! [`MAX_WATCHED_DIRECTORIES`] is refused (saying to watch further down), so no watch exhausts the tenant's
-//! inotify watches or holds the server registering them.
+//! [`MAX_WATCHED_DIRECTORIES`] is refused at its start (saying to watch further down), so no watch starts by
+//! exhausting the tenant's inotify watches or holding the server registering them. Directories made later are
+//! watched as they come (by notify, and by [`prepare`]), without that bound, as the tenant's own per-user
+//! inotify limit allows; a tree grown past it is watched again after an overflow only within it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -39,6 +44,10 @@ pub const KNOWN_MAX: usize = 20_000;
 /// Most directories a recursive watch registers (the kernel watches each).
 pub const MAX_WATCHED_DIRECTORIES: usize = 4_096;
 
+/// Most entries one listing of a watched tree looks at, reported or not (a tree whose files `includes` leaves
+/// out is otherwise walked whole).
+pub const MAX_LISTED_ENTRIES: usize = 100_000;
+
 /// Which paths one watch reports.
 struct Filter {
     root: PathBuf,
@@ -54,9 +63,10 @@ struct Watch {
     known: BTreeSet<PathBuf>,
     /// Whether `known` holds every path there (false past [`KNOWN_MAX`]).
     complete: bool,
-    /// The kernel's watches of this watch (a new directory of a recursive watch is added to them when its
-    /// period ends, see [`Watch::settle_all`]); stops watching when dropped.
-    watcher: notify::RecommendedWatcher,
+    /// The kernel's watches of this watch (brought up to date when a period ends, see [`prepare`]); stops
+    /// watching when dropped. Its own lock: a request to notify waits for notify's thread, never under the
+    /// table's lock.
+    watcher: Arc<Mutex<notify::RecommendedWatcher>>,
 }
 
 impl Filter {
@@ -135,10 +145,9 @@ impl Watch {
 
 impl Watch {
     /// What a period's changes are now; with what a new directory of a recursive watch holds already (made
-    /// before the kernel watched it: an agent's `mkdir d && echo > d/f` is one step). After a period whose
-    /// events the kernel lost, what the watch knows exists is listed again.
-    fn settle_all(&mut self, period: Period) -> Vec<(String, ChangeKind)> {
-        let Period { changes, lost } = period;
+    /// before the kernel watched it: an agent's `mkdir d && echo > d/f` is one step; [`prepare`] has the kernel
+    /// watch it before it is listed here).
+    fn settle_all(&mut self, changes: BTreeMap<PathBuf, ChangeKind>) -> Vec<(String, ChangeKind)> {
         let mut settled = Vec::new();
         // A path listed from its new directory and then seen in an event of its own is reported once.
         let mut reported: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
@@ -155,12 +164,6 @@ impl Watch {
             settled.push((path.display().to_string(), kind));
             reported.insert(path.clone());
             if new_directory {
-                // Watched before it is listed. notify adds a new directory to a recursive watch itself, but only
-                // after handing over every event it read with its creation (a burst such as an `npm install`
-                // is many reads): a file made inside after our listing and before that watch would never be
-                // reported. Our request waits until the directory is watched (asking again only adds to the
-                // kernel's watch). A directory gone meanwhile fails here and is settled as gone next period.
-                let _ = self.watcher.watch(&path, RecursiveMode::Recursive);
                 let budget = MAX_CHANGES_PER_REPORT.saturating_sub(settled.len());
                 let (inside, _) = listing(&path, true, &self.filter, budget);
                 for entry in inside {
@@ -174,36 +177,69 @@ impl Watch {
                 }
             }
         }
-        if lost {
-            self.relist();
-        }
         settled
     }
+}
 
-    /// Lists again what is beneath the watch's root, in place of what it knows: what came or went while
-    /// events were lost is otherwise reported with the wrong kind when it next changes.
-    fn relist(&mut self) {
-        let root = self.filter.root.clone();
-        if !std::fs::symlink_metadata(&root).is_ok_and(|meta| meta.is_dir()) {
-            return;
+/// A listing of what exists beneath a watch's root, and whether it is all of it.
+type Listing = (BTreeSet<PathBuf>, bool);
+
+/// What the reporting thread does for a watch's period before settling it, outside the table's lock (each
+/// request to notify waits for notify's thread, which may be reading a burst): brings the kernel's watches up
+/// to date, and after lost events returns a new listing of the tree, to take the place of what the watch knows.
+///
+/// - A new directory of a recursive watch is watched before it is listed. notify adds it itself, but only
+///   after handing over every event it read with its creation (a burst such as an `npm install` is many reads),
+///   so a file made inside after our listing and before that watch would never be reported. Our request waits
+///   until it is watched (for a directory notify has added, it only adds to the kernel's watch; a directory
+///   gone meanwhile fails, and is settled as gone). One request per new tree: what is beneath it is walked with
+///   it.
+/// - After lost events (the kernel's queue overflowed) notify adds no directory whose creation was lost: the
+///   whole tree is watched again, within [`MAX_WATCHED_DIRECTORIES`], and listed again, so what came or went
+///   meanwhile is reported with its true kind when it next changes.
+fn prepare(watcher: &Mutex<notify::RecommendedWatcher>, filter: &Filter, period: &Period) -> Option<Listing> {
+    let is_directory = |path: &Path| std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir());
+    if period.lost {
+        let root = &filter.root;
+        if !is_directory(root) {
+            return None;
         }
-        let (mut known, complete) = listing(&root, self.filter.recursive, &self.filter, KNOWN_MAX);
-        known.insert(root);
-        (self.known, self.complete) = (known, complete);
+        if filter.recursive && fewer_directories_than(root, MAX_WATCHED_DIRECTORIES) {
+            let _ = watcher.lock().watch(root, RecursiveMode::Recursive);
+        }
+        let (mut known, complete) = listing(root, filter.recursive, filter, KNOWN_MAX);
+        known.insert(root.clone());
+        return Some((known, complete));
     }
+    if filter.recursive {
+        let mut watched: Option<&Path> = None;
+        for (path, seen) in &period.changes {
+            if *seen != ChangeKind::Added || watched.is_some_and(|tree| path.starts_with(tree)) {
+                continue;
+            }
+            if is_directory(path) {
+                let _ = watcher.lock().watch(path, RecursiveMode::Recursive);
+                watched = Some(path);
+            }
+        }
+    }
+    None
 }
 
 /// What `filter`'s watch reports of what exists beneath `root` now (`recursive`: the whole tree, links not
 /// followed, excluded directories not walked), at most `most` paths; whether that is all of it.
-fn listing(root: &Path, recursive: bool, filter: &Filter, most: usize) -> (BTreeSet<PathBuf>, bool) {
+/// Looks at no more than [`MAX_LISTED_ENTRIES`] entries.
+fn listing(root: &Path, recursive: bool, filter: &Filter, most: usize) -> Listing {
     let mut known = BTreeSet::new();
     let mut pending = vec![root.to_path_buf()];
+    let mut looked_at = 0;
     while let Some(dir) = pending.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
         for entry in entries.flatten() {
-            if known.len() >= most {
+            looked_at += 1;
+            if known.len() >= most || looked_at > MAX_LISTED_ENTRIES {
                 return (known, false);
             }
             let path = entry.path();
@@ -257,7 +293,8 @@ fn globs(patterns: &[String]) -> Result<Option<GlobSet>, FileError> {
 struct Period {
     /// Each path named, with the last kind seen.
     changes: BTreeMap<PathBuf, ChangeKind>,
-    /// Whether the kernel lost events of the period (its queue overflowed).
+    /// Whether events of the period were lost: the kernel's queue overflowed, or more paths changed than one
+    /// report names.
     lost: bool,
 }
 
@@ -292,12 +329,13 @@ fn record(pending: &Mutex<Pending>, filter: &Filter, id: u64, event: notify::Eve
     let mut pending = pending.lock();
     for path in event.paths {
         if filter.reports(&path) {
-            let changes = &mut pending.entry(id).or_default().changes;
-            if changes.len() >= MAX_CHANGES_PER_REPORT && !changes.contains_key(&path) {
+            let period = pending.entry(id).or_default();
+            if period.changes.len() >= MAX_CHANGES_PER_REPORT && !period.changes.contains_key(&path) {
+                period.lost = true;
                 continue;
             }
             // The last word of inotify; what is true is settled when the period ends.
-            changes.insert(path, kind);
+            period.changes.insert(path, kind);
         }
     }
 }
@@ -324,13 +362,28 @@ impl Watches {
             let Some(watches) = settled.upgrade() else {
                 return;
             };
+            let prepared: Vec<(u64, Period, Option<Listing>)> = batch
+                .into_iter()
+                .filter_map(|(id, period)| {
+                    let (watcher, filter) = {
+                        let watches = watches.lock();
+                        let watch = watches.get(&id)?;
+                        (watch.watcher.clone(), watch.filter.clone())
+                    };
+                    let listed = prepare(&watcher, &filter, &period);
+                    Some((id, period, listed))
+                })
+                .collect();
             let reports: Vec<(u64, Vec<(String, ChangeKind)>)> = {
                 let mut watches = watches.lock();
-                batch
+                prepared
                     .into_iter()
-                    .filter_map(|(id, changes)| {
+                    .filter_map(|(id, period, listed)| {
                         let watch = watches.get_mut(&id)?;
-                        let changes = watch.settle_all(changes);
+                        let changes = watch.settle_all(period.changes);
+                        if let Some((known, complete)) = listed {
+                            (watch.known, watch.complete) = (known, complete);
+                        }
                         (!changes.is_empty()).then_some((id, changes))
                     })
                     .collect()
@@ -354,8 +407,8 @@ impl Watches {
         self.add_then(id, root, recursive, includes, excludes, || {})
     }
 
-    /// [`Watches::add`], calling `meanwhile` once the kernel watches and before the watch is in the table (a
-    /// test's way into that window).
+    /// [`Watches::add`], calling `meanwhile` once the kernel watches and before it returns (a test's way into
+    /// that window).
     fn add_then(
         &self,
         id: u64,
@@ -381,7 +434,7 @@ impl Watches {
         };
         // Symlinks are not followed: a link to `/` in the workspace must not make the watch walk the system.
         let config = notify::Config::default().with_follow_symlinks(false);
-        let mut watcher = notify::RecommendedWatcher::new(handler, config)
+        let watcher = notify::RecommendedWatcher::new(handler, config)
             .map_err(|error| FileError::Unavailable(format!("cannot watch: {error}")))?;
         // A file is watched through its directory (saves replace its inode), and filtered by name.
         let is_dir = std::fs::symlink_metadata(&root).is_ok_and(|meta| meta.is_dir());
@@ -406,22 +459,26 @@ impl Watches {
         } else {
             (BTreeSet::from([root.clone()]), true)
         };
-        // The table is held from the kernel's first watch until the watch is in it: the reporting thread settles
-        // a period's changes under it, and would drop those of a watch it cannot find yet.
-        let mut watches = self.watches.lock();
-        watcher
-            .watch(&watched, mode)
-            .map_err(|error| FileError::Unavailable(format!("cannot watch {}: {error}", root.display())))?;
-        meanwhile();
-        watches.insert(
+        // In the table before the kernel watches: the reporting thread drops the changes of a watch it cannot find.
+        let watcher = Arc::new(Mutex::new(watcher));
+        self.watches.lock().insert(
             id,
             Watch {
                 filter,
                 known,
                 complete,
-                watcher,
+                watcher: watcher.clone(),
             },
         );
+        let watching = watcher.lock().watch(&watched, mode);
+        if let Err(error) = watching {
+            self.remove(id);
+            return Err(FileError::Unavailable(format!(
+                "cannot watch {}: {error}",
+                root.display()
+            )));
+        }
+        meanwhile();
         Ok(())
     }
 
@@ -435,6 +492,159 @@ impl Watches {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::sync::mpsc::{channel, Receiver};
+
+    type Reports = Receiver<(u64, Vec<(String, ChangeKind)>)>;
+
+    /// Watches whose reports arrive on the receiver.
+    fn reporting() -> (Watches, Reports) {
+        let (reports, reported) = channel();
+        let watches = Watches::new(move |watch, changes| {
+            let _ = reports.send((watch, changes));
+        });
+        (watches, reported)
+    }
+
+    /// The kind of the first report of watch `id` naming `path` (other reports are passed over: a write may be
+    /// reported in two periods).
+    fn kind_reported(reported: &Reports, id: u64, path: &Path) -> ChangeKind {
+        let named = path.display().to_string();
+        loop {
+            let (watch, changes) = reported
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("no report naming {named}"));
+            if let Some((_, kind)) = changes.iter().find(|(path, _)| watch == id && *path == named) {
+                return *kind;
+            }
+        }
+    }
+
+    /// Watch `id`, recursive, of `root`, knowing `known`, whose kernel watch is of `root` alone: notify adds no
+    /// directory made beneath it, which is the state of the window between notify handing over a new
+    /// directory's creation and watching it, held.
+    fn watch_of_the_root_alone(watches: &Watches, id: u64, root: &Path, known: BTreeSet<PathBuf>) {
+        let filter = Arc::new(Filter {
+            root: root.to_path_buf(),
+            recursive: true,
+            includes: None,
+            excludes: None,
+        });
+        let (pending, recorded) = (Arc::downgrade(&watches.pending), filter.clone());
+        let mut watcher = notify::RecommendedWatcher::new(
+            move |event: notify::Result<notify::Event>| {
+                if let (Ok(event), Some(pending)) = (event, pending.upgrade()) {
+                    record(&pending, &recorded, id, event);
+                }
+            },
+            notify::Config::default().with_follow_symlinks(false),
+        )
+        .expect("watcher");
+        watcher
+            .watch(root, RecursiveMode::NonRecursive)
+            .expect("watch the root");
+        watches.watches.lock().insert(
+            id,
+            Watch {
+                filter,
+                known,
+                complete: true,
+                watcher: Arc::new(Mutex::new(watcher)),
+            },
+        );
+    }
+
+    /// What notify has not watched yet is watched before it is listed: a file made in a new directory of a
+    /// recursive watch after its period ended is reported.
+    #[test]
+    fn a_new_directory_is_watched_before_it_is_listed() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real");
+        let (watches, reported) = reporting();
+        watch_of_the_root_alone(&watches, 3, &root, BTreeSet::from([root.clone()]));
+
+        std::fs::create_dir(root.join("d")).expect("mkdir");
+        assert_eq!(kind_reported(&reported, 3, &root.join("d")), ChangeKind::Added);
+        std::fs::write(root.join("d").join("f"), b"x").expect("write inside");
+        assert_eq!(
+            kind_reported(&reported, 3, &root.join("d").join("f")),
+            ChangeKind::Added
+        );
+    }
+
+    /// What happens while a watch is being added, after the kernel watches, is reported: the reporting thread
+    /// finds the watch (before the fix it took the period, could not find the watch yet, and dropped it).
+    #[test]
+    fn a_change_made_while_the_watch_is_added_is_reported() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real");
+        let (watches, reported) = reporting();
+        let meanwhile = || {
+            std::fs::create_dir(root.join("early")).expect("mkdir");
+            assert_eq!(
+                kind_reported(&reported, 4, &root.join("early")),
+                ChangeKind::Added
+            );
+        };
+        watches
+            .add_then(4, root.clone(), true, &[], &[], meanwhile)
+            .expect("watch");
+    }
+
+    /// After the kernel lost a watch's events, the watch lists again what exists: a file made and one deleted
+    /// while events were lost are each reported with their true kind when they next change.
+    #[test]
+    fn after_lost_events_the_watch_lists_again_what_exists() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real");
+        std::fs::write(root.join("kept"), b"x").expect("write");
+        let (watches, reported) = reporting();
+        watches.add(8, root.clone(), true, &[], &[]).expect("watch");
+        let filter = {
+            let mut table = watches.watches.lock();
+            let watch = table.get_mut(&8).expect("the watch");
+            // What the lost events would have said: `kept` was made, `phantom` deleted.
+            watch.known.remove(&root.join("kept"));
+            watch.known.insert(root.join("phantom"));
+            watch.filter.clone()
+        };
+        let overflow = notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
+        record(&watches.pending, &filter, 8, overflow);
+        assert_eq!(kind_reported(&reported, 8, &root), ChangeKind::Updated);
+
+        std::fs::write(root.join("kept"), b"y").expect("write again");
+        assert_eq!(
+            kind_reported(&reported, 8, &root.join("kept")),
+            ChangeKind::Updated
+        );
+        std::fs::write(root.join("phantom"), b"z").expect("make");
+        assert_eq!(
+            kind_reported(&reported, 8, &root.join("phantom")),
+            ChangeKind::Added
+        );
+    }
+
+    /// After lost events, a directory whose creation was lost (so notify never watched it) is watched: what is
+    /// made inside it later is reported.
+    #[test]
+    fn after_lost_events_a_directory_made_meanwhile_is_watched() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real");
+        std::fs::create_dir(root.join("sub")).expect("mkdir");
+        let (watches, reported) = reporting();
+        // `sub` was made while events were lost: neither known nor watched.
+        watch_of_the_root_alone(&watches, 9, &root, BTreeSet::from([root.clone()]));
+        let filter = watches.watches.lock().get(&9).expect("the watch").filter.clone();
+        let overflow = notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
+        record(&watches.pending, &filter, 9, overflow);
+        assert_eq!(kind_reported(&reported, 9, &root), ChangeKind::Updated);
+
+        std::fs::write(root.join("sub").join("f"), b"x").expect("write inside");
+        assert_eq!(
+            kind_reported(&reported, 9, &root.join("sub").join("f")),
+            ChangeKind::Added
+        );
+    }
 
     #[test]
     fn a_recursive_watch_of_a_tree_of_too_many_directories_is_refused_and_one_further_down_is_not() {
@@ -455,148 +665,6 @@ mod tests {
         watches
             .add(3, tree.join("d0"), true, &[], &[])
             .expect("a subtree");
-    }
-
-    /// A directory new in a recursive watch is watched before its period's listing of it: a file made inside it
-    /// afterwards is reported even when notify has not watched it yet. notify adds it only after handing over
-    /// every event it read along with its creation; here it never does (the kernel watches the root alone), which
-    /// is the state of that window, held.
-    #[test]
-    fn a_new_directory_is_watched_before_it_is_listed() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().canonicalize().expect("real");
-        let (reports, reported) = std::sync::mpsc::channel();
-        let watches = Watches::new(move |watch, changes| {
-            let _ = reports.send((watch, changes));
-        });
-        let filter = Arc::new(Filter {
-            root: root.clone(),
-            recursive: true,
-            includes: None,
-            excludes: None,
-        });
-        let (pending, recorded) = (Arc::downgrade(&watches.pending), filter.clone());
-        let mut watcher = notify::RecommendedWatcher::new(
-            move |event: notify::Result<notify::Event>| {
-                if let (Ok(event), Some(pending)) = (event, pending.upgrade()) {
-                    record(&pending, &recorded, 3, event);
-                }
-            },
-            notify::Config::default().with_follow_symlinks(false),
-        )
-        .expect("watcher");
-        watcher
-            .watch(&root, RecursiveMode::NonRecursive)
-            .expect("watch the root");
-        watches.watches.lock().insert(
-            3,
-            Watch {
-                filter,
-                known: BTreeSet::from([root.clone()]),
-                complete: true,
-                watcher,
-            },
-        );
-        let wait = |what: &str| reported.recv_timeout(Duration::from_secs(10)).expect(what);
-
-        std::fs::create_dir(root.join("d")).expect("mkdir");
-        let made = wait("the new directory reported");
-        assert_eq!(
-            made,
-            (3, vec![(root.join("d").display().to_string(), ChangeKind::Added)])
-        );
-        std::fs::write(root.join("d").join("f"), b"x").expect("write inside");
-        let (watch, changes) = wait("the file made inside it reported");
-        assert_eq!(watch, 3);
-        assert!(
-            changes.contains(&(root.join("d").join("f").display().to_string(), ChangeKind::Added)),
-            "{changes:?}"
-        );
-    }
-
-    /// What happens while a watch is being added, after the kernel watches, is reported, even when the reporting
-    /// thread takes that period's changes before the watch is in the table.
-    #[test]
-    fn a_change_made_while_the_watch_is_added_is_reported() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().canonicalize().expect("real");
-        let (reports, reported) = std::sync::mpsc::channel();
-        let watches = Watches::new(move |watch, changes| {
-            let _ = reports.send((watch, changes));
-        });
-        let pending = watches.pending.clone();
-        let meanwhile = || {
-            std::fs::write(root.join("early"), b"x").expect("write");
-            // Until the change is recorded, and then until the reporting thread has taken it.
-            let until = |what: &str, done: &dyn Fn() -> bool| {
-                let deadline = std::time::Instant::now() + Duration::from_secs(10);
-                while !done() {
-                    assert!(std::time::Instant::now() < deadline, "{what}");
-                    std::thread::yield_now();
-                }
-            };
-            until("the change recorded", &|| pending.lock().contains_key(&4));
-            until("the change taken for reporting", &|| {
-                !pending.lock().contains_key(&4)
-            });
-        };
-        watches
-            .add_then(4, root.clone(), true, &[], &[], meanwhile)
-            .expect("watch");
-        let (watch, changes) = reported
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the change reported");
-        assert_eq!(watch, 4);
-        assert_eq!(
-            changes,
-            vec![(root.join("early").display().to_string(), ChangeKind::Added)]
-        );
-    }
-
-    /// After the kernel lost a watch's events, the watch lists again what exists: a file made and one deleted
-    /// while events were lost are each reported with their true kind when they next change.
-    #[test]
-    fn after_lost_events_the_watch_lists_again_what_exists() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().canonicalize().expect("real");
-        std::fs::write(root.join("kept"), b"x").expect("write");
-        let (reports, reported) = std::sync::mpsc::channel();
-        let watches = Watches::new(move |watch, changes| {
-            let _ = reports.send((watch, changes));
-        });
-        watches.add(8, root.clone(), true, &[], &[]).expect("watch");
-        let wait = |what: &str| reported.recv_timeout(Duration::from_secs(10)).expect(what);
-        let filter = {
-            let mut table = watches.watches.lock();
-            let watch = table.get_mut(&8).expect("the watch");
-            // What the lost events would have said: `kept` was made, `phantom` deleted.
-            watch.known.remove(&root.join("kept"));
-            watch.known.insert(root.join("phantom"));
-            watch.filter.clone()
-        };
-        let overflow = notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
-        record(&watches.pending, &filter, 8, overflow);
-        assert_eq!(
-            wait("the overflow reported"),
-            (8, vec![(root.display().to_string(), ChangeKind::Updated)])
-        );
-
-        std::fs::write(root.join("kept"), b"y").expect("write again");
-        assert_eq!(
-            wait("the write reported"),
-            (
-                8,
-                vec![(root.join("kept").display().to_string(), ChangeKind::Updated)]
-            )
-        );
-        std::fs::write(root.join("phantom"), b"z").expect("make");
-        assert_eq!(
-            wait("the new file reported"),
-            (
-                8,
-                vec![(root.join("phantom").display().to_string(), ChangeKind::Added)]
-            )
-        );
     }
 
     /// A lost event queue (notify's `Rescan`, from the kernel's `IN_Q_OVERFLOW`) is reported as the root
