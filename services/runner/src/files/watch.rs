@@ -13,12 +13,12 @@
 //!   [`KNOWN_MAX`] paths a recursive watch falls back to inotify's kinds for paths it never saw).
 //!
 //! - what the kernel could not say is listed again: a new directory's contents (made before it was watched),
-//!   and after the kernel's event queue overflowed, the whole tree (see [`prepare`]).
+//!   and after the kernel's event queue overflowed, the whole tree (see `prepare`).
 //!
 //! A recursive watch registers every directory of its tree with the kernel: one of a tree of more than
 //! [`MAX_WATCHED_DIRECTORIES`] is refused at its start (saying to watch further down), so no watch starts by
 //! exhausting the tenant's inotify watches or holding the server registering them. Directories made later are
-//! watched as they come (by notify, and by [`prepare`]), without that bound, as the tenant's own per-user
+//! watched as they come (by notify, and by `prepare`), without that bound, as the tenant's own per-user
 //! inotify limit allows; a tree grown past it is watched again after an overflow only within it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
