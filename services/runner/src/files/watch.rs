@@ -10,8 +10,7 @@
 //! - each changed path is looked at when the period ends: there now and known before is `updated`, there and
 //!   new is `added`, gone is `deleted`, and a path that came and went within the period is not reported. What
 //!   is known is the watch's listing at its start, kept up to date by what it reports (bounded: past
-//!   [`KNOWN_MAX`] paths a recursive watch falls back to inotify's kinds for paths it never saw).
-//!
+//!   [`KNOWN_MAX`] paths a recursive watch falls back to inotify's kinds for paths it never saw);
 //! - what the kernel could not say is listed again: a new directory's contents (made before it was watched),
 //!   and after the kernel's event queue overflowed, the whole tree (see `prepare`).
 //!
