@@ -12,7 +12,8 @@
 //!   is known is the watch's listing at its start, kept up to date by what it reports (bounded: past
 //!   [`KNOWN_MAX`] paths a recursive watch falls back to inotify's kinds for paths it never saw);
 //! - what the kernel could not say is listed again: a new directory's contents (made before it was watched),
-//!   and after the kernel's event queue overflowed, the whole tree (see `prepare`).
+//!   and after events were lost (the kernel's queue overflowed, or a period held more than a report names) the
+//!   whole tree, its root reported `updated` (see `prepare`).
 //!
 //! A recursive watch registers every directory of its tree with the kernel: one of a tree of more than
 //! [`MAX_WATCHED_DIRECTORIES`] is refused at its start (saying to watch further down), so no watch starts by
@@ -43,9 +44,13 @@ pub const KNOWN_MAX: usize = 20_000;
 /// Most directories a recursive watch registers (the kernel watches each).
 pub const MAX_WATCHED_DIRECTORIES: usize = 4_096;
 
-/// Most entries one listing of a watched tree looks at, reported or not (a tree whose files `includes` leaves
-/// out is otherwise walked whole).
+/// Most entries the listings of one period of a watch look at, reported or not (a tree whose files
+/// `includes` leaves out is otherwise walked whole).
 pub const MAX_LISTED_ENTRIES: usize = 100_000;
+
+/// Most new trees of a recursive watch watched one by one in a period (each waits for notify's thread); past
+/// it, the period is taken as lost and the whole tree is watched and listed again.
+pub const MAX_NEW_TREES_PER_PERIOD: usize = 64;
 
 /// Which paths one watch reports.
 struct Filter {
@@ -92,6 +97,20 @@ impl Filter {
             Some(set) if depth > 0 => set.is_match(relative),
             _ => true,
         }
+    }
+
+    /// Whether `path`, made in a recursive watch and not reported itself, may be a directory holding what is
+    /// (beneath the root, not excluded, not the file server's temporary file).
+    fn may_hold_reported(&self, path: &Path) -> bool {
+        self.recursive
+            && path
+                .strip_prefix(&self.root)
+                .is_ok_and(|relative| relative.components().count() > 0)
+            && !path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(super::ops::is_temporary)
+            && !self.excludes_all_of(path)
     }
 
     /// Whether what is beneath `dir` is never reported (an excluded directory: not listed, not walked).
@@ -145,39 +164,77 @@ impl Watch {
 impl Watch {
     /// What a period's changes are now; with what a new directory of a recursive watch holds already (made
     /// before the kernel watched it: an agent's `mkdir d && echo > d/f` is one step; [`prepare`] has the kernel
-    /// watch it before it is listed here).
-    fn settle_all(&mut self, changes: BTreeMap<PathBuf, ChangeKind>) -> Vec<(String, ChangeKind)> {
-        let mut settled = Vec::new();
-        // A path listed from its new directory and then seen in an event of its own is reported once.
-        let mut reported: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
+    /// watch it before it is listed here). Also whether the report leaves anything out (more than
+    /// [`MAX_CHANGES_PER_REPORT`] paths, or listings cut short): the watch must then be listed again.
+    fn settle_all(&mut self, period: Period) -> (Vec<(String, ChangeKind)>, bool) {
+        let Period {
+            changes,
+            new_directories,
+            ..
+        } = period;
+        let mut settling = Settling {
+            settled: Vec::new(),
+            reported: std::collections::HashSet::new(),
+            looked_at: 0,
+            cut_short: false,
+        };
         for (path, seen) in changes {
-            if settled.len() >= MAX_CHANGES_PER_REPORT || reported.contains(&path) {
+            if settling.settled.len() >= MAX_CHANGES_PER_REPORT {
+                settling.cut_short = true;
+                break;
+            }
+            if settling.reported.contains(&path) {
                 continue;
             }
             let Some(kind) = self.settle(&path, seen) else {
                 continue;
             };
-            let new_directory = kind == ChangeKind::Added
-                && self.filter.recursive
-                && std::fs::symlink_metadata(&path).is_ok_and(|meta| meta.is_dir());
-            settled.push((path.display().to_string(), kind));
-            reported.insert(path.clone());
-            if new_directory {
-                let budget = MAX_CHANGES_PER_REPORT.saturating_sub(settled.len());
-                let (inside, _) = listing(&path, true, &self.filter, budget);
-                for entry in inside {
-                    if self.known.contains(&entry) || reported.contains(&entry) {
-                        continue;
-                    }
-                    if let Some(kind) = self.settle(&entry, ChangeKind::Added) {
-                        settled.push((entry.display().to_string(), kind));
-                        reported.insert(entry);
-                    }
-                }
+            settling.settled.push((path.display().to_string(), kind));
+            settling.reported.insert(path.clone());
+            // Made in the period, or replaced in it (`rm -rf d && mkdir d`: known before, so `updated`).
+            if seen == ChangeKind::Added || kind == ChangeKind::Added {
+                self.list_new_directory(&path, &mut settling);
             }
         }
-        settled
+        // New directories the filter does not report themselves (`includes` names files), which may hold what it
+        // does.
+        for path in new_directories {
+            if !settling.reported.contains(&path) {
+                self.list_new_directory(&path, &mut settling);
+            }
+        }
+        (settling.settled, settling.cut_short)
     }
+
+    /// Reports what the new directory `path` of a recursive watch holds, if it is one.
+    fn list_new_directory(&mut self, path: &Path, settling: &mut Settling) {
+        if !self.filter.recursive || !std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir()) {
+            return;
+        }
+        let budget = MAX_CHANGES_PER_REPORT.saturating_sub(settling.settled.len());
+        let (inside, complete) = listing(path, true, &self.filter, budget, &mut settling.looked_at);
+        settling.cut_short |= !complete;
+        for entry in inside {
+            if self.known.contains(&entry) || settling.reported.contains(&entry) {
+                continue;
+            }
+            if let Some(kind) = self.settle(&entry, ChangeKind::Added) {
+                settling.settled.push((entry.display().to_string(), kind));
+                settling.reported.insert(entry);
+            }
+        }
+    }
+}
+
+/// One period's report as it is settled.
+struct Settling {
+    settled: Vec<(String, ChangeKind)>,
+    /// What it names (a path listed from its new directory and then seen in an event of its own is named once).
+    reported: std::collections::HashSet<PathBuf>,
+    /// Entries its listings looked at, against [`MAX_LISTED_ENTRIES`] for the whole period.
+    looked_at: usize,
+    /// Whether it leaves anything out.
+    cut_short: bool,
 }
 
 /// A listing of what exists beneath a watch's root, and whether it is all of it.
@@ -191,54 +248,65 @@ type Listing = (BTreeSet<PathBuf>, bool);
 ///   after handing over every event it read with its creation (a burst such as an `npm install` is many reads),
 ///   so a file made inside after our listing and before that watch would never be reported. Our request waits
 ///   until it is watched (for a directory notify has added, it only adds to the kernel's watch; a directory
-///   gone meanwhile fails, and is settled as gone). One request per new tree: what is beneath it is walked with
-///   it.
-/// - After lost events (the kernel's queue overflowed) notify adds no directory whose creation was lost: the
-///   whole tree is watched again, within [`MAX_WATCHED_DIRECTORIES`], and listed again, so what came or went
-///   meanwhile is reported with its true kind when it next changes.
-fn prepare(watcher: &Mutex<notify::RecommendedWatcher>, filter: &Filter, period: &Period) -> Option<Listing> {
+///   gone meanwhile fails, and is settled as gone). One request per new tree, what is beneath it walked with it;
+///   past [`MAX_NEW_TREES_PER_PERIOD`] the period is taken as lost instead.
+/// - After lost events (the kernel's queue overflowed, a report would have named too many paths, or too many
+///   new trees) notify may have added no directory whose creation was lost: the whole tree is watched again,
+///   within [`MAX_WATCHED_DIRECTORIES`], and listed again, so what came or went meanwhile is reported with its
+///   true kind when it next changes; and the root is reported `updated`, so the client lists it again.
+fn prepare(
+    watcher: &Mutex<notify::RecommendedWatcher>,
+    filter: &Filter,
+    period: &mut Period,
+) -> Option<Listing> {
     let is_directory = |path: &Path| std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir());
-    if period.lost {
-        let root = &filter.root;
-        if !is_directory(root) {
-            return None;
-        }
-        if filter.recursive && fewer_directories_than(root, MAX_WATCHED_DIRECTORIES) {
-            let _ = watcher.lock().watch(root, RecursiveMode::Recursive);
-        }
-        let (mut known, complete) = listing(root, filter.recursive, filter, KNOWN_MAX);
-        known.insert(root.clone());
-        return Some((known, complete));
-    }
-    if filter.recursive {
-        let mut watched: Option<&Path> = None;
-        for (path, seen) in &period.changes {
-            if *seen != ChangeKind::Added || watched.is_some_and(|tree| path.starts_with(tree)) {
+    let root = &filter.root;
+    if filter.recursive && !period.lost {
+        let added = period
+            .changes
+            .iter()
+            .filter(|(_, seen)| **seen == ChangeKind::Added)
+            .map(|(path, _)| path);
+        let candidates: BTreeSet<&PathBuf> = added.chain(period.new_directories.iter()).collect();
+        let mut trees: Vec<&Path> = Vec::new();
+        for path in candidates {
+            if trees.last().is_some_and(|tree| path.starts_with(tree)) || !is_directory(path) {
                 continue;
             }
-            if is_directory(path) {
-                let _ = watcher.lock().watch(path, RecursiveMode::Recursive);
-                watched = Some(path);
+            if trees.len() == MAX_NEW_TREES_PER_PERIOD {
+                period.lost = true;
+                break;
             }
+            let _ = watcher.lock().watch(path, RecursiveMode::Recursive);
+            trees.push(path);
         }
     }
-    None
+    if !period.lost || !is_directory(root) {
+        return None;
+    }
+    period.changes.insert(root.clone(), ChangeKind::Updated);
+    if filter.recursive && fewer_directories_than(root, MAX_WATCHED_DIRECTORIES) {
+        let _ = watcher.lock().watch(root, RecursiveMode::Recursive);
+    }
+    let (mut known, complete) = listing(root, filter.recursive, filter, KNOWN_MAX, &mut 0);
+    known.insert(root.clone());
+    Some((known, complete))
 }
 
 /// What `filter`'s watch reports of what exists beneath `root` now (`recursive`: the whole tree, links not
 /// followed, excluded directories not walked), at most `most` paths; whether that is all of it.
-/// Looks at no more than [`MAX_LISTED_ENTRIES`] entries.
-fn listing(root: &Path, recursive: bool, filter: &Filter, most: usize) -> Listing {
+/// `looked_at` counts the entries looked at, reported or not, and the listing stops (incomplete) at
+/// [`MAX_LISTED_ENTRIES`] of them: callers listing several trees share one count.
+fn listing(root: &Path, recursive: bool, filter: &Filter, most: usize, looked_at: &mut usize) -> Listing {
     let mut known = BTreeSet::new();
     let mut pending = vec![root.to_path_buf()];
-    let mut looked_at = 0;
     while let Some(dir) = pending.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
         for entry in entries.flatten() {
-            looked_at += 1;
-            if known.len() >= most || looked_at > MAX_LISTED_ENTRIES {
+            *looked_at += 1;
+            if known.len() >= most || *looked_at > MAX_LISTED_ENTRIES {
                 return (known, false);
             }
             let path = entry.path();
@@ -292,6 +360,9 @@ fn globs(patterns: &[String]) -> Result<Option<GlobSet>, FileError> {
 struct Period {
     /// Each path named, with the last kind seen.
     changes: BTreeMap<PathBuf, ChangeKind>,
+    /// Paths made in the period that the filter does not report themselves but a recursive watch looks into
+    /// (directories, if they are, whose files `includes` names).
+    new_directories: BTreeSet<PathBuf>,
     /// Whether events of the period were lost: the kernel's queue overflowed, or more paths changed than one
     /// report names.
     lost: bool,
@@ -326,15 +397,21 @@ fn record(pending: &Mutex<Pending>, filter: &Filter, id: u64, event: notify::Eve
         _ => return,
     };
     let mut pending = pending.lock();
+    let period = pending.entry(id).or_default();
     for path in event.paths {
         if filter.reports(&path) {
-            let period = pending.entry(id).or_default();
             if period.changes.len() >= MAX_CHANGES_PER_REPORT && !period.changes.contains_key(&path) {
                 period.lost = true;
                 continue;
             }
             // The last word of inotify; what is true is settled when the period ends.
             period.changes.insert(path, kind);
+        } else if kind == ChangeKind::Added && filter.may_hold_reported(&path) {
+            if period.new_directories.len() >= MAX_CHANGES_PER_REPORT {
+                period.lost = true;
+                continue;
+            }
+            period.new_directories.insert(path);
         }
     }
 }
@@ -369,7 +446,8 @@ impl Watches {
                         let watch = watches.get(&id)?;
                         (watch.watcher.clone(), watch.filter.clone())
                     };
-                    let listed = prepare(&watcher, &filter, &period);
+                    let mut period = period;
+                    let listed = prepare(&watcher, &filter, &mut period);
                     Some((id, period, listed))
                 })
                 .collect();
@@ -379,9 +457,13 @@ impl Watches {
                     .into_iter()
                     .filter_map(|(id, period, listed)| {
                         let watch = watches.get_mut(&id)?;
-                        let changes = watch.settle_all(period.changes);
+                        let (changes, cut_short) = watch.settle_all(period);
                         if let Some((known, complete)) = listed {
                             (watch.known, watch.complete) = (known, complete);
+                        }
+                        if cut_short {
+                            // Listed again next period, and its root reported: what this report leaves out.
+                            taken.lock().entry(id).or_default().lost = true;
                         }
                         (!changes.is_empty()).then_some((id, changes))
                     })
@@ -449,10 +531,11 @@ impl Watches {
             _ if recursive => (root.clone(), RecursiveMode::Recursive),
             _ => (root.clone(), RecursiveMode::NonRecursive),
         };
-        // Listed before the kernel watches: what appears meanwhile is reported as added.
+        // Listed before the kernel watches: what is made between the two says nothing until it next changes (then
+        // `added`); a client lists the path after its watch has started.
         let (known, complete) = if is_dir {
             // The root itself is known too: its own deletion is reported.
-            let (mut known, complete) = listing(&root, recursive, &filter, KNOWN_MAX);
+            let (mut known, complete) = listing(&root, recursive, &filter, KNOWN_MAX, &mut 0);
             known.insert(root.clone());
             (known, complete)
         } else {
@@ -523,10 +606,21 @@ mod tests {
     /// directory made beneath it, which is the state of the window between notify handing over a new
     /// directory's creation and watching it, held.
     fn watch_of_the_root_alone(watches: &Watches, id: u64, root: &Path, known: BTreeSet<PathBuf>) {
+        watch_of_the_root_alone_including(watches, id, root, known, &[]);
+    }
+
+    /// [`watch_of_the_root_alone`], reporting only what `includes` names.
+    fn watch_of_the_root_alone_including(
+        watches: &Watches,
+        id: u64,
+        root: &Path,
+        known: BTreeSet<PathBuf>,
+        includes: &[String],
+    ) {
         let filter = Arc::new(Filter {
             root: root.to_path_buf(),
             recursive: true,
-            includes: None,
+            includes: globs(includes).expect("globs"),
             excludes: None,
         });
         let (pending, recorded) = (Arc::downgrade(&watches.pending), filter.clone());
@@ -556,7 +650,7 @@ mod tests {
     /// What notify has not watched yet is watched before it is listed: a file made in a new directory of a
     /// recursive watch after its period ended is reported.
     #[test]
-    fn a_new_directory_is_watched_before_it_is_listed() {
+    fn a_new_directory_notify_has_not_watched_is_watched_when_its_period_ends() {
         let dir = tempfile::tempdir().expect("dir");
         let root = dir.path().canonicalize().expect("real");
         let (watches, reported) = reporting();
@@ -569,6 +663,114 @@ mod tests {
             kind_reported(&reported, 3, &root.join("d").join("f")),
             ChangeKind::Added
         );
+    }
+
+    /// A directory replaced within a period (`rm -rf d && mkdir d`, so known before and `updated`) is listed as a
+    /// new one: what the new directory already holds is reported.
+    #[test]
+    fn a_replaced_directory_is_listed_as_a_new_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real");
+        std::fs::create_dir(root.join("d")).expect("mkdir");
+        std::fs::write(root.join("d").join("g"), b"x").expect("write");
+        let (watches, reported) = reporting();
+        // Known before the period: `d`; made in it with `d` again: `d/g`.
+        watch_of_the_root_alone(&watches, 5, &root, BTreeSet::from([root.clone(), root.join("d")]));
+        let filter = watches.watches.lock().get(&5).expect("the watch").filter.clone();
+        let made =
+            notify::Event::new(EventKind::Create(notify::event::CreateKind::Folder)).add_path(root.join("d"));
+        record(&watches.pending, &filter, 5, made);
+        assert_eq!(
+            kind_reported(&reported, 5, &root.join("d").join("g")),
+            ChangeKind::Added
+        );
+    }
+
+    /// A new directory a watch does not report itself (its `includes` names files) is watched and listed all the
+    /// same: the files it names inside are reported, those made before and after its period ended.
+    #[test]
+    fn a_new_directory_outside_the_includes_is_watched_and_listed() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real");
+        let (watches, reported) = reporting();
+        watch_of_the_root_alone_including(
+            &watches,
+            6,
+            &root,
+            BTreeSet::from([root.clone()]),
+            &["**/*.rs".to_string()],
+        );
+        let src = root.join("src");
+        std::fs::create_dir(&src).expect("mkdir");
+        std::fs::write(src.join("early.rs"), b"x").expect("write");
+        assert_eq!(
+            kind_reported(&reported, 6, &src.join("early.rs")),
+            ChangeKind::Added
+        );
+        std::fs::write(src.join("late.rs"), b"x").expect("write");
+        assert_eq!(
+            kind_reported(&reported, 6, &src.join("late.rs")),
+            ChangeKind::Added
+        );
+    }
+
+    /// More paths in a period than one report names: the root is reported `updated` (the client lists it again)
+    /// rather than what was left out said nothing of.
+    #[test]
+    fn more_changes_than_a_report_names_have_the_root_reported() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real");
+        let (watches, reported) = reporting();
+        watches.add(10, root.clone(), true, &[], &[]).expect("watch");
+        let filter = watches.watches.lock().get(&10).expect("the watch").filter.clone();
+        let mut burst = notify::Event::new(EventKind::Create(notify::event::CreateKind::File));
+        for n in 0..=MAX_CHANGES_PER_REPORT {
+            burst = burst.add_path(root.join(format!("f{n}")));
+        }
+        // None of them exists: each came and went, so only the root is left to report.
+        record(&watches.pending, &filter, 10, burst);
+        assert_eq!(kind_reported(&reported, 10, &root), ChangeKind::Updated);
+    }
+
+    /// A report cut short by what a new directory holds (more than one report names) is followed by the root
+    /// reported `updated`.
+    #[test]
+    fn a_report_cut_short_by_a_new_directory_is_followed_by_the_root() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real").join("root");
+        let outside = dir.path().canonicalize().expect("real").join("big");
+        std::fs::create_dir(&root).expect("mkdir");
+        std::fs::create_dir(&outside).expect("mkdir");
+        for n in 0..=MAX_CHANGES_PER_REPORT {
+            std::fs::write(outside.join(format!("f{n}")), b"").expect("write");
+        }
+        let (watches, reported) = reporting();
+        watches.add(11, root.clone(), true, &[], &[]).expect("watch");
+        std::fs::rename(&outside, root.join("big")).expect("move in");
+        assert_eq!(kind_reported(&reported, 11, &root.join("big")), ChangeKind::Added);
+        assert_eq!(kind_reported(&reported, 11, &root), ChangeKind::Updated);
+    }
+
+    /// More new trees in a period than are watched one by one: the period is taken as lost, so the root is
+    /// reported `updated` and the whole tree watched and listed again.
+    #[test]
+    fn more_new_trees_than_are_watched_one_by_one_have_the_root_reported() {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real");
+        let (watches, reported) = reporting();
+        watch_of_the_root_alone(&watches, 12, &root, BTreeSet::from([root.clone()]));
+        let filter = watches.watches.lock().get(&12).expect("the watch").filter.clone();
+        let mut made = notify::Event::new(EventKind::Create(notify::event::CreateKind::Folder));
+        for n in 0..=MAX_NEW_TREES_PER_PERIOD {
+            std::fs::create_dir(root.join(format!("d{n}"))).expect("mkdir");
+            made = made.add_path(root.join(format!("d{n}")));
+        }
+        record(&watches.pending, &filter, 12, made);
+        assert_eq!(kind_reported(&reported, 12, &root), ChangeKind::Updated);
+        // Watched again as a whole: a file made in the last tree is reported.
+        let last = root.join(format!("d{MAX_NEW_TREES_PER_PERIOD}"));
+        std::fs::write(last.join("f"), b"x").expect("write");
+        assert_eq!(kind_reported(&reported, 12, &last.join("f")), ChangeKind::Added);
     }
 
     /// What happens while a watch is being added, after the kernel watches, is reported: the reporting thread
