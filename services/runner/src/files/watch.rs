@@ -579,6 +579,29 @@ mod tests {
 
     type Reports = Receiver<(u64, Vec<(String, ChangeKind)>)>;
 
+    /// A temporary directory (removed when the first is dropped) and its real path.
+    fn temporary_root() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path().canonicalize().expect("real");
+        (dir, root)
+    }
+
+    /// Writes `path` and waits for the kind watch `id` reports it with.
+    fn written_and_reported(reported: &Reports, id: u64, path: &Path) -> ChangeKind {
+        std::fs::write(path, b"x").expect("write");
+        kind_reported(reported, id, path)
+    }
+
+    /// Watch `id`'s filter.
+    fn filter_of(watches: &Watches, id: u64) -> Arc<Filter> {
+        watches.watches.lock().get(&id).expect("the watch").filter.clone()
+    }
+
+    /// notify's event for the kernel's overflowed queue (`IN_Q_OVERFLOW`).
+    fn overflow() -> notify::Event {
+        notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan)
+    }
+
     /// Watches whose reports arrive on the receiver.
     fn reporting() -> (Watches, Reports) {
         let (reports, reported) = channel();
@@ -651,8 +674,7 @@ mod tests {
     /// recursive watch after its period ended is reported.
     #[test]
     fn a_new_directory_notify_has_not_watched_is_watched_when_its_period_ends() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().canonicalize().expect("real");
+        let (_dir, root) = temporary_root();
         let (watches, reported) = reporting();
         watch_of_the_root_alone(&watches, 3, &root, BTreeSet::from([root.clone()]));
 
@@ -669,14 +691,13 @@ mod tests {
     /// new one: what the new directory already holds is reported.
     #[test]
     fn a_replaced_directory_is_listed_as_a_new_one() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().canonicalize().expect("real");
+        let (_dir, root) = temporary_root();
         std::fs::create_dir(root.join("d")).expect("mkdir");
         std::fs::write(root.join("d").join("g"), b"x").expect("write");
         let (watches, reported) = reporting();
         // Known before the period: `d`; made in it with `d` again: `d/g`.
         watch_of_the_root_alone(&watches, 5, &root, BTreeSet::from([root.clone(), root.join("d")]));
-        let filter = watches.watches.lock().get(&5).expect("the watch").filter.clone();
+        let filter = filter_of(&watches, 5);
         let made =
             notify::Event::new(EventKind::Create(notify::event::CreateKind::Folder)).add_path(root.join("d"));
         record(&watches.pending, &filter, 5, made);
@@ -690,8 +711,7 @@ mod tests {
     /// same: the files it names inside are reported, those made before and after its period ended.
     #[test]
     fn a_new_directory_outside_the_includes_is_watched_and_listed() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().canonicalize().expect("real");
+        let (_dir, root) = temporary_root();
         let (watches, reported) = reporting();
         watch_of_the_root_alone_including(
             &watches,
@@ -702,14 +722,12 @@ mod tests {
         );
         let src = root.join("src");
         std::fs::create_dir(&src).expect("mkdir");
-        std::fs::write(src.join("early.rs"), b"x").expect("write");
         assert_eq!(
-            kind_reported(&reported, 6, &src.join("early.rs")),
+            written_and_reported(&reported, 6, &src.join("early.rs")),
             ChangeKind::Added
         );
-        std::fs::write(src.join("late.rs"), b"x").expect("write");
         assert_eq!(
-            kind_reported(&reported, 6, &src.join("late.rs")),
+            written_and_reported(&reported, 6, &src.join("late.rs")),
             ChangeKind::Added
         );
     }
@@ -718,11 +736,10 @@ mod tests {
     /// rather than what was left out said nothing of.
     #[test]
     fn more_changes_than_a_report_names_have_the_root_reported() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().canonicalize().expect("real");
+        let (_dir, root) = temporary_root();
         let (watches, reported) = reporting();
         watches.add(10, root.clone(), true, &[], &[]).expect("watch");
-        let filter = watches.watches.lock().get(&10).expect("the watch").filter.clone();
+        let filter = filter_of(&watches, 10);
         let mut burst = notify::Event::new(EventKind::Create(notify::event::CreateKind::File));
         for n in 0..=MAX_CHANGES_PER_REPORT {
             burst = burst.add_path(root.join(format!("f{n}")));
@@ -736,9 +753,8 @@ mod tests {
     /// reported `updated`.
     #[test]
     fn a_report_cut_short_by_a_new_directory_is_followed_by_the_root() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().canonicalize().expect("real").join("root");
-        let outside = dir.path().canonicalize().expect("real").join("big");
+        let (_dir, top) = temporary_root();
+        let (root, outside) = (top.join("root"), top.join("big"));
         std::fs::create_dir(&root).expect("mkdir");
         std::fs::create_dir(&outside).expect("mkdir");
         for n in 0..=MAX_CHANGES_PER_REPORT {
@@ -755,11 +771,10 @@ mod tests {
     /// reported `updated` and the whole tree watched and listed again.
     #[test]
     fn more_new_trees_than_are_watched_one_by_one_have_the_root_reported() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().canonicalize().expect("real");
+        let (_dir, root) = temporary_root();
         let (watches, reported) = reporting();
         watch_of_the_root_alone(&watches, 12, &root, BTreeSet::from([root.clone()]));
-        let filter = watches.watches.lock().get(&12).expect("the watch").filter.clone();
+        let filter = filter_of(&watches, 12);
         let mut made = notify::Event::new(EventKind::Create(notify::event::CreateKind::Folder));
         for n in 0..=MAX_NEW_TREES_PER_PERIOD {
             std::fs::create_dir(root.join(format!("d{n}"))).expect("mkdir");
@@ -769,16 +784,17 @@ mod tests {
         assert_eq!(kind_reported(&reported, 12, &root), ChangeKind::Updated);
         // Watched again as a whole: a file made in the last tree is reported.
         let last = root.join(format!("d{MAX_NEW_TREES_PER_PERIOD}"));
-        std::fs::write(last.join("f"), b"x").expect("write");
-        assert_eq!(kind_reported(&reported, 12, &last.join("f")), ChangeKind::Added);
+        assert_eq!(
+            written_and_reported(&reported, 12, &last.join("f")),
+            ChangeKind::Added
+        );
     }
 
     /// What happens while a watch is being added, after the kernel watches, is reported: the reporting thread
     /// finds the watch (before the fix it took the period, could not find the watch yet, and dropped it).
     #[test]
     fn a_change_made_while_the_watch_is_added_is_reported() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().canonicalize().expect("real");
+        let (_dir, root) = temporary_root();
         let (watches, reported) = reporting();
         let meanwhile = || {
             std::fs::create_dir(root.join("early")).expect("mkdir");
@@ -796,8 +812,7 @@ mod tests {
     /// while events were lost are each reported with their true kind when they next change.
     #[test]
     fn after_lost_events_the_watch_lists_again_what_exists() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().canonicalize().expect("real");
+        let (_dir, root) = temporary_root();
         std::fs::write(root.join("kept"), b"x").expect("write");
         let (watches, reported) = reporting();
         watches.add(8, root.clone(), true, &[], &[]).expect("watch");
@@ -809,18 +824,15 @@ mod tests {
             watch.known.insert(root.join("phantom"));
             watch.filter.clone()
         };
-        let overflow = notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
-        record(&watches.pending, &filter, 8, overflow);
+        record(&watches.pending, &filter, 8, overflow());
         assert_eq!(kind_reported(&reported, 8, &root), ChangeKind::Updated);
 
-        std::fs::write(root.join("kept"), b"y").expect("write again");
         assert_eq!(
-            kind_reported(&reported, 8, &root.join("kept")),
+            written_and_reported(&reported, 8, &root.join("kept")),
             ChangeKind::Updated
         );
-        std::fs::write(root.join("phantom"), b"z").expect("make");
         assert_eq!(
-            kind_reported(&reported, 8, &root.join("phantom")),
+            written_and_reported(&reported, 8, &root.join("phantom")),
             ChangeKind::Added
         );
     }
@@ -829,15 +841,13 @@ mod tests {
     /// made inside it later is reported.
     #[test]
     fn after_lost_events_a_directory_made_meanwhile_is_watched() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().canonicalize().expect("real");
+        let (_dir, root) = temporary_root();
         std::fs::create_dir(root.join("sub")).expect("mkdir");
         let (watches, reported) = reporting();
         // `sub` was made while events were lost: neither known nor watched.
         watch_of_the_root_alone(&watches, 9, &root, BTreeSet::from([root.clone()]));
-        let filter = watches.watches.lock().get(&9).expect("the watch").filter.clone();
-        let overflow = notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
-        record(&watches.pending, &filter, 9, overflow);
+        let filter = filter_of(&watches, 9);
+        record(&watches.pending, &filter, 9, overflow());
         assert_eq!(kind_reported(&reported, 9, &root), ChangeKind::Updated);
 
         std::fs::write(root.join("sub").join("f"), b"x").expect("write inside");
@@ -872,16 +882,14 @@ mod tests {
     /// `updated`: the client lists it again instead of missing what the queue lost.
     #[test]
     fn an_overflowed_event_queue_is_reported_as_the_root_updated() {
-        let dir = tempfile::tempdir().expect("dir");
-        let root = dir.path().canonicalize().expect("real");
+        let (_dir, root) = temporary_root();
         let (reports, reported) = std::sync::mpsc::channel();
         let watches = Watches::new(move |watch, changes| {
             let _ = reports.send((watch, changes));
         });
         watches.add(7, root.clone(), true, &[], &[]).expect("watch");
-        let filter = watches.watches.lock().get(&7).expect("the watch").filter.clone();
-        let overflow = notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
-        record(&watches.pending, &filter, 7, overflow);
+        let filter = filter_of(&watches, 7);
+        record(&watches.pending, &filter, 7, overflow());
         let (watch, changes) = reported.recv_timeout(Duration::from_secs(10)).expect("a report");
         assert_eq!(watch, 7);
         assert_eq!(changes, vec![(root.display().to_string(), ChangeKind::Updated)]);
