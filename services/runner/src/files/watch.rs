@@ -44,12 +44,13 @@ pub const KNOWN_MAX: usize = 20_000;
 /// Most directories a recursive watch registers (the kernel watches each).
 pub const MAX_WATCHED_DIRECTORIES: usize = 4_096;
 
-/// Most entries the listings of one period of a watch look at, reported or not (a tree whose files
-/// `includes` leaves out is otherwise walked whole).
+/// Most entries one period's listings of new directories look at, reported or not, and one listing of a whole
+/// tree (a tree whose files `includes` leaves out is otherwise walked whole).
 pub const MAX_LISTED_ENTRIES: usize = 100_000;
 
 /// Most new trees of a recursive watch watched one by one in a period (each waits for notify's thread); past
-/// it, the period is taken as lost and the whole tree is watched and listed again.
+/// it, the period is taken as lost: the tree is watched again as a whole (within [`MAX_WATCHED_DIRECTORIES`];
+/// past that, the trees beyond this many are left to notify's own watching) and listed again.
 pub const MAX_NEW_TREES_PER_PERIOD: usize = 64;
 
 /// Which paths one watch reports.
@@ -170,7 +171,7 @@ impl Watch {
         let Period {
             changes,
             new_directories,
-            ..
+            lost,
         } = period;
         let mut settling = Settling {
             settled: Vec::new(),
@@ -191,16 +192,24 @@ impl Watch {
             };
             settling.settled.push((path.display().to_string(), kind));
             settling.reported.insert(path.clone());
-            // Made in the period, or replaced in it (`rm -rf d && mkdir d`: known before, so `updated`).
-            if seen == ChangeKind::Added || kind == ChangeKind::Added {
+            // Made in the period, or replaced in it (`rm -rf d && mkdir d`: known before, so `updated`). After
+            // lost events the whole tree is listed again instead.
+            if !lost && (seen == ChangeKind::Added || kind == ChangeKind::Added) {
                 self.list_new_directory(&path, &mut settling);
             }
         }
         // New directories the filter does not report themselves (`includes` names files), which may hold what it
-        // does.
-        for path in new_directories {
-            if !settling.reported.contains(&path) {
+        // does; one listing per new tree.
+        if !lost {
+            let mut listed: Option<PathBuf> = None;
+            for path in new_directories {
+                if settling.reported.contains(&path)
+                    || listed.as_ref().is_some_and(|tree| path.starts_with(tree))
+                {
+                    continue;
+                }
                 self.list_new_directory(&path, &mut settling);
+                listed = Some(path);
             }
         }
         (settling.settled, settling.cut_short)
@@ -363,8 +372,9 @@ struct Period {
     /// Paths made in the period that the filter does not report themselves but a recursive watch looks into
     /// (directories, if they are, whose files `includes` names).
     new_directories: BTreeSet<PathBuf>,
-    /// Whether events of the period were lost: the kernel's queue overflowed, or more paths changed than one
-    /// report names.
+    /// Whether events of the period were lost, or its report would leave something out: the kernel's queue
+    /// overflowed, more paths changed (or new directories came) than one report names, more new trees came than
+    /// are watched one by one, or the last report was cut short.
     lost: bool,
 }
 
@@ -396,17 +406,27 @@ fn record(pending: &Mutex<Pending>, filter: &Filter, id: u64, event: notify::Eve
         EventKind::Modify(_) => ChangeKind::Updated,
         _ => return,
     };
+    // A directory made, or anything moved in (which may be one).
+    let may_be_directory = match event.kind {
+        EventKind::Create(notify::event::CreateKind::Folder) => true,
+        EventKind::Create(_) => false,
+        _ => kind == ChangeKind::Added,
+    };
     let mut pending = pending.lock();
-    let period = pending.entry(id).or_default();
     for path in event.paths {
         if filter.reports(&path) {
+            let period = pending.entry(id).or_default();
             if period.changes.len() >= MAX_CHANGES_PER_REPORT && !period.changes.contains_key(&path) {
                 period.lost = true;
                 continue;
             }
             // The last word of inotify; what is true is settled when the period ends.
             period.changes.insert(path, kind);
-        } else if kind == ChangeKind::Added && filter.may_hold_reported(&path) {
+        } else if may_be_directory
+            && filter.may_hold_reported(&path)
+            && std::fs::symlink_metadata(&path).is_ok_and(|meta| meta.is_dir())
+        {
+            let period = pending.entry(id).or_default();
             if period.new_directories.len() >= MAX_CHANGES_PER_REPORT {
                 period.lost = true;
                 continue;
@@ -458,12 +478,12 @@ impl Watches {
                     .filter_map(|(id, period, listed)| {
                         let watch = watches.get_mut(&id)?;
                         let (changes, cut_short) = watch.settle_all(period);
-                        if let Some((known, complete)) = listed {
-                            (watch.known, watch.complete) = (known, complete);
-                        }
-                        if cut_short {
+                        match listed {
+                            // Listed again: what the report leaves out is in the new listing, its root reported.
+                            Some((known, complete)) => (watch.known, watch.complete) = (known, complete),
                             // Listed again next period, and its root reported: what this report leaves out.
-                            taken.lock().entry(id).or_default().lost = true;
+                            None if cut_short => taken.lock().entry(id).or_default().lost = true,
+                            None => {}
                         }
                         (!changes.is_empty()).then_some((id, changes))
                     })
@@ -732,6 +752,35 @@ mod tests {
         );
     }
 
+    /// A flood of files a watch's `includes` leave out is not taken for new directories: nothing of it is
+    /// reported, not even the root, and a file the includes name is reported alone.
+    #[test]
+    fn a_flood_of_files_the_includes_leave_out_is_not_reported() {
+        let (_dir, root) = temporary_root();
+        let (watches, reported) = reporting();
+        watches
+            .add(13, root.clone(), true, &["**/*.rs".to_string()], &[])
+            .expect("watch");
+        let mut flood = notify::Event::new(EventKind::Create(notify::event::CreateKind::File));
+        for n in 0..=MAX_CHANGES_PER_REPORT {
+            let object = root.join(format!("o{n}.o"));
+            std::fs::write(&object, b"").expect("write");
+            flood = flood.add_path(object);
+        }
+        record(&watches.pending, &filter_of(&watches, 13), 13, flood);
+        let source = root.join("x.rs");
+        std::fs::write(&source, b"x").expect("write");
+        loop {
+            let (watch, changes) = reported.recv_timeout(Duration::from_secs(10)).expect("a report");
+            assert_eq!(watch, 13);
+            let named: Vec<&String> = changes.iter().map(|(path, _)| path).collect();
+            assert!(!named.contains(&&root.display().to_string()), "{changes:?}");
+            if named.contains(&&source.display().to_string()) {
+                break;
+            }
+        }
+    }
+
     /// More paths in a period than one report names: the root is reported `updated` (the client lists it again)
     /// rather than what was left out said nothing of.
     #[test]
@@ -776,14 +825,15 @@ mod tests {
         watch_of_the_root_alone(&watches, 12, &root, BTreeSet::from([root.clone()]));
         let filter = filter_of(&watches, 12);
         let mut made = notify::Event::new(EventKind::Create(notify::event::CreateKind::Folder));
+        // Named so that the last in order is the one past the bound, left to the tree's watching as a whole.
         for n in 0..=MAX_NEW_TREES_PER_PERIOD {
-            std::fs::create_dir(root.join(format!("d{n}"))).expect("mkdir");
-            made = made.add_path(root.join(format!("d{n}")));
+            std::fs::create_dir(root.join(format!("d{n:02}"))).expect("mkdir");
+            made = made.add_path(root.join(format!("d{n:02}")));
         }
         record(&watches.pending, &filter, 12, made);
         assert_eq!(kind_reported(&reported, 12, &root), ChangeKind::Updated);
         // Watched again as a whole: a file made in the last tree is reported.
-        let last = root.join(format!("d{MAX_NEW_TREES_PER_PERIOD}"));
+        let last = root.join(format!("d{MAX_NEW_TREES_PER_PERIOD:02}"));
         assert_eq!(
             written_and_reported(&reported, 12, &last.join("f")),
             ChangeKind::Added
