@@ -11,9 +11,10 @@
 //!   new is `added`, gone is `deleted`, and a path that came and went within the period is not reported. What
 //!   is known is the watch's listing at its start, kept up to date by what it reports (bounded: past
 //!   [`KNOWN_MAX`] paths a recursive watch falls back to inotify's kinds for paths it never saw);
-//! - what the kernel could not say is listed again: a new directory's contents (made before it was watched),
-//!   and after events were lost (the kernel's queue overflowed, or a period held more than a report names) the
-//!   whole tree, its root reported `updated` (see `prepare`).
+//! - what the kernel could not say is settled from what is there: a new directory's contents (made before it
+//!   was watched) are listed, what a directory replaced or moved out held is looked at again, and after events
+//!   were lost (the kernel's queue overflowed, or a period held more than a report names) the whole tree is
+//!   listed again, its root reported `updated` (see `prepare`).
 //!
 //! A recursive watch registers every directory of its tree with the kernel: one of a tree of more than
 //! [`MAX_WATCHED_DIRECTORIES`] is refused at its start (saying to watch further down), so no watch starts by
@@ -171,6 +172,7 @@ impl Watch {
         let Period {
             changes,
             new_directories,
+            gone_directories,
             lost,
         } = period;
         let mut settling = Settling {
@@ -192,10 +194,24 @@ impl Watch {
             };
             settling.settled.push((path.display().to_string(), kind));
             settling.reported.insert(path.clone());
-            // Made in the period, or replaced in it (`rm -rf d && mkdir d`: known before, so `updated`). After
-            // lost events the whole tree is listed again instead.
-            if !lost && (seen == ChangeKind::Added || kind == ChangeKind::Added) {
+            if lost {
+                // The whole tree is listed again instead.
+                continue;
+            }
+            if seen == ChangeKind::Added && kind == ChangeKind::Updated {
+                // Replaced in the period (`mv d out && mkdir d`): what it held went with the old one.
+                self.settle_known_beneath(&path, &mut settling);
+            }
+            // Made in the period, or replaced in it (`rm -rf d && mkdir d`: known before, so `updated`).
+            if seen == ChangeKind::Added || kind == ChangeKind::Added {
                 self.list_new_directory(&path, &mut settling);
+            }
+        }
+        // Directories the filter does not report themselves that went (deleted, moved out): what they held that
+        // it does report went with them.
+        if !lost {
+            for path in gone_directories {
+                self.settle_known_beneath(&path, &mut settling);
             }
         }
         // New directories the filter does not report themselves (`includes` names files), which may hold what it
@@ -213,6 +229,31 @@ impl Watch {
             }
         }
         (settling.settled, settling.cut_short)
+    }
+
+    /// Reports what the watch knew beneath `path` as it is now (`deleted`, or `updated` if the name is there
+    /// again), when `path` went or was replaced without an event for each.
+    fn settle_known_beneath(&mut self, path: &Path, settling: &mut Settling) {
+        let beneath: Vec<PathBuf> = self
+            .known
+            .range(path.to_path_buf()..)
+            .skip_while(|known| known.as_path() == path)
+            .take_while(|known| known.starts_with(path))
+            .cloned()
+            .collect();
+        for known in beneath {
+            if settling.settled.len() >= MAX_CHANGES_PER_REPORT {
+                settling.cut_short = true;
+                return;
+            }
+            if settling.reported.contains(&known) {
+                continue;
+            }
+            if let Some(kind) = self.settle(&known, ChangeKind::Deleted) {
+                settling.settled.push((known.display().to_string(), kind));
+                settling.reported.insert(known);
+            }
+        }
     }
 
     /// Reports what the new directory `path` of a recursive watch holds, if it is one.
@@ -372,6 +413,9 @@ struct Period {
     /// Paths made in the period that the filter does not report themselves but a recursive watch looks into
     /// (directories, if they are, whose files `includes` names).
     new_directories: BTreeSet<PathBuf>,
+    /// Paths that went in the period that the filter does not report themselves (directories deleted, or
+    /// anything moved out), beneath which it may have reported something.
+    gone_directories: BTreeSet<PathBuf>,
     /// Whether events of the period were lost, or its report would leave something out: the kernel's queue
     /// overflowed, more paths changed (or new directories came) than one report names, more new trees came than
     /// are watched one by one, or the last report was cut short.
@@ -412,6 +456,12 @@ fn record(pending: &Mutex<Pending>, filter: &Filter, id: u64, event: notify::Eve
         EventKind::Create(_) => false,
         _ => kind == ChangeKind::Added,
     };
+    // A directory deleted, or anything moved out (which may have been one).
+    let may_have_been_directory = match event.kind {
+        EventKind::Remove(notify::event::RemoveKind::Folder) => true,
+        EventKind::Remove(_) => false,
+        _ => kind == ChangeKind::Deleted,
+    };
     let mut pending = pending.lock();
     for path in event.paths {
         if filter.reports(&path) {
@@ -432,6 +482,13 @@ fn record(pending: &Mutex<Pending>, filter: &Filter, id: u64, event: notify::Eve
                 continue;
             }
             period.new_directories.insert(path);
+        } else if may_have_been_directory && filter.may_hold_reported(&path) {
+            let period = pending.entry(id).or_default();
+            if period.gone_directories.len() >= MAX_CHANGES_PER_REPORT {
+                period.lost = true;
+                continue;
+            }
+            period.gone_directories.insert(path);
         }
     }
 }
@@ -725,6 +782,63 @@ mod tests {
             kind_reported(&reported, 5, &root.join("d").join("g")),
             ChangeKind::Added
         );
+    }
+
+    /// A directory replaced by another under its name within a period (`mv d out && mkdir d`): what the old one
+    /// held is reported `deleted`, or `updated` where the new one holds the same name, and the rest `added`.
+    #[test]
+    fn a_directory_replaced_under_its_name_reports_what_each_held() {
+        let (_dir, root) = temporary_root();
+        let d = root.join("d");
+        std::fs::create_dir(&d).expect("mkdir");
+        std::fs::write(d.join("same"), b"x").expect("write");
+        std::fs::write(d.join("new"), b"x").expect("write");
+        let (watches, reported) = reporting();
+        // Known before the period: the old `d`, holding `old` and `same`.
+        let known = BTreeSet::from([root.clone(), d.clone(), d.join("old"), d.join("same")]);
+        watch_of_the_root_alone(&watches, 14, &root, known);
+        let made =
+            notify::Event::new(EventKind::Create(notify::event::CreateKind::Folder)).add_path(d.clone());
+        record(&watches.pending, &filter_of(&watches, 14), 14, made);
+        let (watch, changes) = reported.recv_timeout(Duration::from_secs(10)).expect("a report");
+        assert_eq!(watch, 14);
+        let kind_of = |name: &str| {
+            let named = d.join(name).display().to_string();
+            changes
+                .iter()
+                .find(|(path, _)| *path == named)
+                .map(|(_, kind)| *kind)
+        };
+        assert_eq!(kind_of("old"), Some(ChangeKind::Deleted), "{changes:?}");
+        assert_eq!(kind_of("same"), Some(ChangeKind::Updated), "{changes:?}");
+        assert_eq!(kind_of("new"), Some(ChangeKind::Added), "{changes:?}");
+    }
+
+    /// A directory a watch does not report itself (its `includes` names files) moved out: the files it held that
+    /// the watch reported are reported `deleted`, and those it holds under its new name `added`.
+    #[test]
+    fn a_directory_outside_the_includes_moved_reports_its_files_deleted_and_added() {
+        let (_dir, root) = temporary_root();
+        std::fs::create_dir(root.join("src")).expect("mkdir");
+        std::fs::write(root.join("src").join("a.rs"), b"x").expect("write");
+        let (watches, reported) = reporting();
+        watches
+            .add(15, root.clone(), true, &["**/*.rs".to_string()], &[])
+            .expect("watch");
+        std::fs::rename(root.join("src"), root.join("lib")).expect("move");
+        let (before, after) = (root.join("src").join("a.rs"), root.join("lib").join("a.rs"));
+        let (before, after) = (before.display().to_string(), after.display().to_string());
+        // Both, in one report or two.
+        let mut kinds: HashMap<String, ChangeKind> = HashMap::new();
+        while !(kinds.contains_key(&before) && kinds.contains_key(&after)) {
+            let (watch, changes) = reported
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("reported so far: {kinds:?}"));
+            assert_eq!(watch, 15);
+            kinds.extend(changes);
+        }
+        assert_eq!(kinds[&before], ChangeKind::Deleted);
+        assert_eq!(kinds[&after], ChangeKind::Added);
     }
 
     /// A new directory a watch does not report itself (its `includes` names files) is watched and listed all the
