@@ -234,6 +234,15 @@ impl Watch {
     /// Reports what the watch knew beneath `path` as it is now (`deleted`, or `updated` if the name is there
     /// again), when `path` went or was replaced without an event for each.
     fn settle_known_beneath(&mut self, path: &Path, settling: &mut Settling) {
+        if settling.settled.len() >= MAX_CHANGES_PER_REPORT {
+            // Full: said only if something is left out.
+            let mut after = self
+                .known
+                .range(path.to_path_buf()..)
+                .skip_while(|known| known.as_path() == path);
+            settling.cut_short |= after.next().is_some_and(|known| known.starts_with(path));
+            return;
+        }
         let beneath: Vec<PathBuf> = self
             .known
             .range(path.to_path_buf()..)
@@ -446,7 +455,11 @@ fn record(pending: &Mutex<Pending>, filter: &Filter, id: u64, event: notify::Eve
         EventKind::Modify(notify::event::ModifyKind::Name(notify::event::RenameMode::To)) => {
             ChangeKind::Added
         }
-        EventKind::Modify(notify::event::ModifyKind::Metadata(_)) | EventKind::Access(_) => return,
+        // Both ends of a rename, after an event for each: nothing more to say (and `updated` for both would
+        // hide that the new name's directory is new).
+        EventKind::Modify(notify::event::ModifyKind::Name(notify::event::RenameMode::Both))
+        | EventKind::Modify(notify::event::ModifyKind::Metadata(_))
+        | EventKind::Access(_) => return,
         EventKind::Modify(_) => ChangeKind::Updated,
         _ => return,
     };
@@ -462,35 +475,69 @@ fn record(pending: &Mutex<Pending>, filter: &Filter, id: u64, event: notify::Eve
         EventKind::Remove(_) => false,
         _ => kind == ChangeKind::Deleted,
     };
+    // Sorted out before the lock, which every watch's handler and the reporting thread share (one stat for a
+    // path moved in or a directory made that the filter does not report).
+    let sorted: Vec<(PathBuf, Noted)> = event
+        .paths
+        .into_iter()
+        .filter_map(|path| {
+            let noted = if filter.reports(&path) {
+                Noted::Change
+            } else if !filter.may_hold_reported(&path) {
+                return None;
+            } else if may_be_directory && std::fs::symlink_metadata(&path).is_ok_and(|meta| meta.is_dir()) {
+                Noted::NewDirectory
+            } else if may_have_been_directory {
+                Noted::GoneDirectory
+            } else {
+                return None;
+            };
+            Some((path, noted))
+        })
+        .collect();
+    if sorted.is_empty() {
+        return;
+    }
     let mut pending = pending.lock();
-    for path in event.paths {
-        if filter.reports(&path) {
-            let period = pending.entry(id).or_default();
-            if period.changes.len() >= MAX_CHANGES_PER_REPORT && !period.changes.contains_key(&path) {
-                period.lost = true;
-                continue;
+    let period = pending.entry(id).or_default();
+    for (path, noted) in sorted {
+        match noted {
+            Noted::Change => {
+                if period.changes.len() >= MAX_CHANGES_PER_REPORT && !period.changes.contains_key(&path) {
+                    period.lost = true;
+                    continue;
+                }
+                // The last word of inotify; what is true is settled when the period ends.
+                period.changes.insert(path, kind);
             }
-            // The last word of inotify; what is true is settled when the period ends.
-            period.changes.insert(path, kind);
-        } else if may_be_directory
-            && filter.may_hold_reported(&path)
-            && std::fs::symlink_metadata(&path).is_ok_and(|meta| meta.is_dir())
-        {
-            let period = pending.entry(id).or_default();
-            if period.new_directories.len() >= MAX_CHANGES_PER_REPORT {
-                period.lost = true;
-                continue;
+            Noted::NewDirectory => {
+                if period.new_directories.len() >= MAX_CHANGES_PER_REPORT {
+                    period.lost = true;
+                    continue;
+                }
+                period.new_directories.insert(path);
             }
-            period.new_directories.insert(path);
-        } else if may_have_been_directory && filter.may_hold_reported(&path) {
-            let period = pending.entry(id).or_default();
-            if period.gone_directories.len() >= MAX_CHANGES_PER_REPORT {
-                period.lost = true;
-                continue;
+            // Only memory, and one look into what is known each when the period ends: as many as the watch knows
+            // paths (a `rm -rf target` of a watch whose includes name sources is thousands of directories).
+            Noted::GoneDirectory => {
+                if period.gone_directories.len() >= KNOWN_MAX {
+                    period.lost = true;
+                    continue;
+                }
+                period.gone_directories.insert(path);
             }
-            period.gone_directories.insert(path);
         }
     }
+}
+
+/// What [`record`] keeps of one path of an event.
+enum Noted {
+    /// A change of a path the watch reports.
+    Change,
+    /// A directory made or moved in that the watch does not report itself.
+    NewDirectory,
+    /// A path the watch does not report itself that went (a directory deleted, or anything moved out).
+    GoneDirectory,
 }
 
 /// The watches of one file server, and the changes not reported yet.
@@ -866,33 +913,83 @@ mod tests {
         );
     }
 
-    /// A flood of files a watch's `includes` leave out is not taken for new directories: nothing of it is
-    /// reported, not even the root, and a file the includes name is reported alone.
-    #[test]
-    fn a_flood_of_files_the_includes_leave_out_is_not_reported() {
-        let (_dir, root) = temporary_root();
+    /// Watch `id` of `root`, recursive, reporting `**/*.rs`, is handed `flood` (paths beneath the root it does not
+    /// report): nothing of it is reported, not even the root, and a source file written next is reported alone.
+    fn a_flood_the_includes_leave_out_is_not_reported(id: u64, root: &Path, flood: notify::Event) {
         let (watches, reported) = reporting();
         watches
-            .add(13, root.clone(), true, &["**/*.rs".to_string()], &[])
+            .add(id, root.to_path_buf(), true, &["**/*.rs".to_string()], &[])
             .expect("watch");
-        let mut flood = notify::Event::new(EventKind::Create(notify::event::CreateKind::File));
-        for n in 0..=MAX_CHANGES_PER_REPORT {
-            let object = root.join(format!("o{n}.o"));
-            std::fs::write(&object, b"").expect("write");
-            flood = flood.add_path(object);
-        }
-        record(&watches.pending, &filter_of(&watches, 13), 13, flood);
+        record(&watches.pending, &filter_of(&watches, id), id, flood);
         let source = root.join("x.rs");
         std::fs::write(&source, b"x").expect("write");
         loop {
             let (watch, changes) = reported.recv_timeout(Duration::from_secs(10)).expect("a report");
-            assert_eq!(watch, 13);
+            assert_eq!(watch, id);
             let named: Vec<&String> = changes.iter().map(|(path, _)| path).collect();
             assert!(!named.contains(&&root.display().to_string()), "{changes:?}");
             if named.contains(&&source.display().to_string()) {
                 break;
             }
         }
+    }
+
+    /// Files made that a watch's `includes` leave out are not taken for new directories.
+    #[test]
+    fn a_flood_of_files_the_includes_leave_out_is_not_reported() {
+        let (_dir, root) = temporary_root();
+        let mut flood = notify::Event::new(EventKind::Create(notify::event::CreateKind::File));
+        for n in 0..=MAX_CHANGES_PER_REPORT {
+            let object = root.join(format!("o{n}.o"));
+            std::fs::write(&object, b"").expect("write");
+            flood = flood.add_path(object);
+        }
+        a_flood_the_includes_leave_out_is_not_reported(13, &root, flood);
+    }
+
+    /// Directories deleted that a watch's `includes` leave out (`rm -rf target`), more than one report names, are
+    /// looked into, not taken for lost events.
+    #[test]
+    fn a_flood_of_directories_deleted_the_includes_leave_out_is_not_reported() {
+        let (_dir, root) = temporary_root();
+        let mut flood = notify::Event::new(EventKind::Remove(notify::event::RemoveKind::Folder));
+        for n in 0..=MAX_CHANGES_PER_REPORT {
+            flood = flood.add_path(root.join("target").join(format!("d{n}")));
+        }
+        a_flood_the_includes_leave_out_is_not_reported(16, &root, flood);
+    }
+
+    /// A directory moved in over one of the same name (`mv d old && mv new d`: notify's last event for `d` is
+    /// the rename's both ends) is settled as replaced: what the old one held `deleted`, what the new one holds
+    /// `added`.
+    #[test]
+    fn a_directory_moved_in_under_a_known_name_reports_what_each_held() {
+        let (_dir, root) = temporary_root();
+        let d = root.join("d");
+        std::fs::create_dir(&d).expect("mkdir");
+        std::fs::write(d.join("y"), b"x").expect("write");
+        let (watches, reported) = reporting();
+        let known = BTreeSet::from([root.clone(), d.clone(), d.join("x")]);
+        watch_of_the_root_alone(&watches, 17, &root, known);
+        let filter = filter_of(&watches, 17);
+        let name = |mode| notify::Event::new(EventKind::Modify(notify::event::ModifyKind::Name(mode)));
+        let moved_in = name(notify::event::RenameMode::To).add_path(d.clone());
+        let both = name(notify::event::RenameMode::Both)
+            .add_path(root.join("new"))
+            .add_path(d.clone());
+        record(&watches.pending, &filter, 17, moved_in);
+        record(&watches.pending, &filter, 17, both);
+        let (watch, changes) = reported.recv_timeout(Duration::from_secs(10)).expect("a report");
+        assert_eq!(watch, 17);
+        let kind_of = |name: &str| {
+            let named = d.join(name).display().to_string();
+            changes
+                .iter()
+                .find(|(path, _)| *path == named)
+                .map(|(_, kind)| *kind)
+        };
+        assert_eq!(kind_of("x"), Some(ChangeKind::Deleted), "{changes:?}");
+        assert_eq!(kind_of("y"), Some(ChangeKind::Added), "{changes:?}");
     }
 
     /// More paths in a period than one report names: the root is reported `updated` (the client lists it again)
