@@ -165,20 +165,20 @@ impl Watch {
 
 impl Watch {
     /// What a period's changes are now; with what a new directory of a recursive watch holds already (made
-    /// before the kernel watched it: an agent's `mkdir d && echo > d/f` is one step; [`prepare`] has the kernel
-    /// watch it before it is listed here). Also whether the report leaves anything out (more than
+    /// before the kernel watched it: an agent's `mkdir d && echo > d/f` is one step), as [`prepare`] listed it
+    /// once the kernel watched it. Also whether the report leaves anything out (more than
     /// [`MAX_CHANGES_PER_REPORT`] paths, or listings cut short): the watch must then be listed again.
     fn settle_all(&mut self, period: Period) -> (Vec<(String, ChangeKind)>, bool) {
         let Period {
             changes,
             new_directories,
             gone_directories,
+            listed,
             lost,
         } = period;
         let mut settling = Settling {
             settled: Vec::new(),
             reported: std::collections::HashSet::new(),
-            looked_at: 0,
             cut_short: false,
         };
         for (path, seen) in changes {
@@ -204,7 +204,7 @@ impl Watch {
             }
             // Made in the period, or replaced in it (`rm -rf d && mkdir d`: known before, so `updated`).
             if seen == ChangeKind::Added || kind == ChangeKind::Added {
-                self.list_new_directory(&path, &mut settling);
+                self.list_new_directory(&path, &listed, &mut settling);
             }
         }
         // Directories the filter does not report themselves that went (deleted, moved out): what they held that
@@ -215,17 +215,12 @@ impl Watch {
             }
         }
         // New directories the filter does not report themselves (`includes` names files), which may hold what it
-        // does; one listing per new tree.
+        // does (`prepare` listed each new tree once).
         if !lost {
-            let mut listed: Option<PathBuf> = None;
             for path in new_directories {
-                if settling.reported.contains(&path)
-                    || listed.as_ref().is_some_and(|tree| path.starts_with(tree))
-                {
-                    continue;
+                if !settling.reported.contains(&path) {
+                    self.list_new_directory(&path, &listed, &mut settling);
                 }
-                self.list_new_directory(&path, &mut settling);
-                listed = Some(path);
             }
         }
         (settling.settled, settling.cut_short)
@@ -265,21 +260,29 @@ impl Watch {
         }
     }
 
-    /// Reports what the new directory `path` of a recursive watch holds, if it is one.
-    fn list_new_directory(&mut self, path: &Path, settling: &mut Settling) {
-        if !self.filter.recursive || !std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir()) {
+    /// Reports what the new tree `path` holds, as `prepare` listed it (a directory beneath one is reported with
+    /// it).
+    fn list_new_directory(
+        &mut self,
+        path: &Path,
+        listed: &BTreeMap<PathBuf, Listing>,
+        settling: &mut Settling,
+    ) {
+        let Some((inside, complete)) = listed.get(path) else {
             return;
-        }
-        let budget = MAX_CHANGES_PER_REPORT.saturating_sub(settling.settled.len());
-        let (inside, complete) = listing(path, true, &self.filter, budget, &mut settling.looked_at);
+        };
         settling.cut_short |= !complete;
         for entry in inside {
-            if self.known.contains(&entry) || settling.reported.contains(&entry) {
+            if settling.settled.len() >= MAX_CHANGES_PER_REPORT {
+                settling.cut_short = true;
+                return;
+            }
+            if self.known.contains(entry) || settling.reported.contains(entry) {
                 continue;
             }
-            if let Some(kind) = self.settle(&entry, ChangeKind::Added) {
+            if let Some(kind) = self.settle(entry, ChangeKind::Added) {
                 settling.settled.push((entry.display().to_string(), kind));
-                settling.reported.insert(entry);
+                settling.reported.insert(entry.clone());
             }
         }
     }
@@ -290,8 +293,6 @@ struct Settling {
     settled: Vec<(String, ChangeKind)>,
     /// What it names (a path listed from its new directory and then seen in an event of its own is named once).
     reported: std::collections::HashSet<PathBuf>,
-    /// Entries its listings looked at, against [`MAX_LISTED_ENTRIES`] for the whole period.
-    looked_at: usize,
     /// Whether it leaves anything out.
     cut_short: bool,
 }
@@ -300,8 +301,10 @@ struct Settling {
 type Listing = (BTreeSet<PathBuf>, bool);
 
 /// What the reporting thread does for a watch's period before settling it, outside the table's lock (each
-/// request to notify waits for notify's thread, which may be reading a burst): brings the kernel's watches up
-/// to date, and after lost events returns a new listing of the tree, to take the place of what the watch knows.
+/// request to notify waits for notify's thread, which may be reading a burst, and a listing walks a tree, while
+/// the file server's reader needs the table for Watch and Unwatch): brings the kernel's watches up to date, lists
+/// the period's new trees (into [`Period::listed`]), and after lost events returns a new listing of the tree, to
+/// take the place of what the watch knows.
 ///
 /// - A new directory of a recursive watch is watched before it is listed. notify adds it itself, but only
 ///   after handing over every event it read with its creation (a burst such as an `npm install` is many reads),
@@ -328,6 +331,8 @@ fn prepare(
             .map(|(path, _)| path);
         let candidates: BTreeSet<&PathBuf> = added.chain(period.new_directories.iter()).collect();
         let mut trees: Vec<&Path> = Vec::new();
+        let mut listed = BTreeMap::new();
+        let mut looked_at = 0;
         for path in candidates {
             if trees.last().is_some_and(|tree| path.starts_with(tree)) || !is_directory(path) {
                 continue;
@@ -337,8 +342,11 @@ fn prepare(
                 break;
             }
             let _ = watcher.lock().watch(path, RecursiveMode::Recursive);
+            let inside = listing(path, true, filter, MAX_CHANGES_PER_REPORT, &mut looked_at);
+            listed.insert(path.clone(), inside);
             trees.push(path);
         }
+        period.listed = listed;
     }
     if !period.lost || !is_directory(root) {
         return None;
@@ -422,6 +430,9 @@ struct Period {
     /// Paths made in the period that the filter does not report themselves but a recursive watch looks into
     /// (directories, if they are, whose files `includes` names).
     new_directories: BTreeSet<PathBuf>,
+    /// What `prepare` listed of the period's new trees, by tree (outside the table's lock, after the kernel
+    /// watched each).
+    listed: BTreeMap<PathBuf, Listing>,
     /// Paths that went in the period that the filter does not report themselves (directories deleted, or
     /// anything moved out), beneath which it may have reported something.
     gone_directories: BTreeSet<PathBuf>,
