@@ -202,8 +202,9 @@ impl Watch {
                 // Replaced in the period (`mv d out && mkdir d`): what it held went with the old one.
                 self.settle_known_beneath(&path, &mut settling);
             }
-            // Made in the period, or replaced in it (`rm -rf d && mkdir d`: known before, so `updated`).
-            if seen == ChangeKind::Added || kind == ChangeKind::Added {
+            // Made in the period, or replaced in it (`rm -rf d && mkdir d`: known before, so `updated`); `prepare`
+            // listed the trees whose last event was one of these.
+            if seen == ChangeKind::Added {
                 self.list_new_directory(&path, &listed, &mut settling);
             }
         }
@@ -261,7 +262,8 @@ impl Watch {
     }
 
     /// Reports what the new tree `path` holds, as `prepare` listed it (a directory beneath one is reported with
-    /// it).
+    /// it; a path it did not list is left alone), if it is still a directory (gone since, what it held is not
+    /// reported: what was listed never was).
     fn list_new_directory(
         &mut self,
         path: &Path,
@@ -271,14 +273,17 @@ impl Watch {
         let Some((inside, complete)) = listed.get(path) else {
             return;
         };
+        if !std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir()) {
+            return;
+        }
         settling.cut_short |= !complete;
         for entry in inside {
+            if self.known.contains(entry) || settling.reported.contains(entry) {
+                continue;
+            }
             if settling.settled.len() >= MAX_CHANGES_PER_REPORT {
                 settling.cut_short = true;
                 return;
-            }
-            if self.known.contains(entry) || settling.reported.contains(entry) {
-                continue;
             }
             if let Some(kind) = self.settle(entry, ChangeKind::Added) {
                 settling.settled.push((entry.display().to_string(), kind));
@@ -1060,6 +1065,39 @@ mod tests {
             written_and_reported(&reported, 12, &last.join("f")),
             ChangeKind::Added
         );
+    }
+
+    /// A new tree gone between its listing and the period's settling reports nothing of what it held, even for a
+    /// watch that no longer knows all it holds (which would otherwise say `deleted` of paths never reported).
+    #[test]
+    fn a_new_tree_gone_before_its_period_is_settled_reports_nothing_it_held() {
+        let (_dir, root) = temporary_root();
+        let d = root.join("d");
+        std::fs::create_dir(&d).expect("mkdir");
+        std::fs::write(d.join("f"), b"x").expect("write");
+        let (watches, _reported) = reporting();
+        watch_of_the_root_alone(&watches, 18, &root, BTreeSet::from([root.clone()]));
+        let (watcher, filter) = {
+            let table = watches.watches.lock();
+            let watch = table.get(&18).expect("the watch");
+            (watch.watcher.clone(), watch.filter.clone())
+        };
+        let mut period = Period::default();
+        period.changes.insert(d.clone(), ChangeKind::Added);
+        assert!(prepare(&watcher, &filter, &mut period).is_none());
+        assert!(
+            period.listed.contains_key(&d),
+            "listed: {:?}",
+            period.listed.keys()
+        );
+        std::fs::remove_dir_all(&d).expect("remove");
+        let mut table = watches.watches.lock();
+        let watch = table.get_mut(&18).expect("the watch");
+        watch.complete = false;
+        // The tree itself is settled as the watch settles any path it does not know (past all it knows,
+        // inotify's word, `deleted` when gone); nothing is said of what it held.
+        let (changes, _) = watch.settle_all(period);
+        assert_eq!(changes, vec![(d.display().to_string(), ChangeKind::Deleted)]);
     }
 
     /// What happens while a watch is being added, after the kernel watches, is reported: the reporting thread
