@@ -523,8 +523,13 @@ fn record(pending: &Mutex<Pending>, filter: &Filter, id: u64, event: notify::Eve
                     period.lost = true;
                     continue;
                 }
-                // The last word of inotify; what is true is settled when the period ends.
-                period.changes.insert(path, kind);
+                // The last word of inotify, but what was made in the period stays made (a directory renamed over a
+                // new one ends with the old one's `DELETE_SELF`, which the watch of a new tree asks for); what is
+                // true is settled when the period ends.
+                let seen = period.changes.entry(path).or_insert(kind);
+                if *seen != ChangeKind::Added {
+                    *seen = kind;
+                }
             }
             Noted::NewDirectory => {
                 if period.new_directories.len() >= MAX_CHANGES_PER_REPORT {
@@ -1098,6 +1103,25 @@ mod tests {
         // inotify's word, `deleted` when gone); nothing is said of what it held.
         let (changes, _) = watch.settle_all(period);
         assert_eq!(changes, vec![(d.display().to_string(), ChangeKind::Deleted)]);
+    }
+
+    /// A directory renamed over a new one (the old one's last event, `DELETE_SELF`, comes after the rename's):
+    /// what it holds is reported.
+    #[test]
+    fn a_directory_renamed_over_a_new_one_is_listed() {
+        let (_dir, root) = temporary_root();
+        let (_outside, outside) = temporary_root();
+        let (watches, reported) = reporting();
+        watches.add(19, root.clone(), true, &[], &[]).expect("watch");
+        std::fs::create_dir(root.join("d")).expect("mkdir");
+        assert_eq!(kind_reported(&reported, 19, &root.join("d")), ChangeKind::Added);
+        std::fs::create_dir(outside.join("y")).expect("mkdir");
+        std::fs::write(outside.join("y").join("g"), b"x").expect("write");
+        std::fs::rename(outside.join("y"), root.join("d")).expect("rename over");
+        assert_eq!(
+            kind_reported(&reported, 19, &root.join("d").join("g")),
+            ChangeKind::Added
+        );
     }
 
     /// What happens while a watch is being added, after the kernel watches, is reported: the reporting thread
