@@ -1144,6 +1144,9 @@ async fn a_watch_sees_replaced_files_as_updated(client: &ahp::Client, chat: &str
         }
     };
     let mut on_file = watch(&file).await;
+    // A turn is dispatched only once the one before it completed (a chat takes one turn at a time, and refuses
+    // another meanwhile): the agent's turn ends a little after its write is seen.
+    let (_, _, mut on_chat) = subscribe_chat(client, chat).await;
     let mut turn = 0;
     for write in 1..=20 {
         match write % 3 {
@@ -1184,6 +1187,9 @@ async fn a_watch_sees_replaced_files_as_updated(client: &ahp::Client, chat: &str
             if now.trim() == write.to_string() {
                 break;
             }
+        }
+        if write % 3 != 0 {
+            collect_until(&mut on_chat, is_turn_complete).await;
         }
     }
     // A directory watch: an overwrite is an update; a move is the source gone and the destination new.
