@@ -25,42 +25,23 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use globset::{Glob, GlobSet, GlobSetBuilder};
 use notify::{EventKind, RecursiveMode, Watcher};
 use parking_lot::Mutex;
 
 use super::protocol::{ChangeKind, FileError};
 
-/// How long changes are gathered before they are reported (an editor's save is several events).
-pub const DEBOUNCE: Duration = Duration::from_millis(100);
+mod filter;
+mod period;
+mod prepare;
 
-/// Most paths one report of a watch names (a flood beyond it in one period is not itemized).
-pub const MAX_CHANGES_PER_REPORT: usize = 1_000;
-
-/// Most paths a watch knows exist (its listing at the start, then what it reported).
-pub const KNOWN_MAX: usize = 20_000;
-
-/// Most directories a recursive watch registers (the kernel watches each).
-pub const MAX_WATCHED_DIRECTORIES: usize = 4_096;
-
-/// Most entries one period's listings of new directories look at, reported or not, and one listing of a whole
-/// tree (a tree whose files `includes` leaves out is otherwise walked whole).
-pub const MAX_LISTED_ENTRIES: usize = 100_000;
-
-/// Most new trees of a recursive watch watched one by one in a period (each waits for notify's thread); past
-/// it, the period is taken as lost: the tree is watched again as a whole (within [`MAX_WATCHED_DIRECTORIES`];
-/// past that, the trees beyond this many are left to notify's own watching) and listed again.
-pub const MAX_NEW_TREES_PER_PERIOD: usize = 64;
-
-/// Which paths one watch reports.
-struct Filter {
-    root: PathBuf,
-    recursive: bool,
-    includes: Option<GlobSet>,
-    excludes: Option<GlobSet>,
-}
+use filter::{globs, Filter};
+use period::{Listing, Pending, Period};
+pub use period::{
+    DEBOUNCE, KNOWN_MAX, MAX_CHANGES_PER_REPORT, MAX_LISTED_ENTRIES, MAX_NEW_TREES_PER_PERIOD,
+    MAX_WATCHED_DIRECTORIES,
+};
+use prepare::{fewer_directories_than, listing, prepare};
 
 /// What one watch reports.
 struct Watch {
@@ -73,55 +54,6 @@ struct Watch {
     /// watching when dropped. Its own lock: a request to notify waits for notify's thread, never under the
     /// table's lock.
     watcher: Arc<Mutex<notify::RecommendedWatcher>>,
-}
-
-impl Filter {
-    /// Whether a change of `path` is this watch's to report (never the file server's own temporary files).
-    fn reports(&self, path: &Path) -> bool {
-        let Ok(relative) = path.strip_prefix(&self.root) else {
-            return false;
-        };
-        if path
-            .file_name()
-            .and_then(|name| name.to_str())
-            .is_some_and(super::ops::is_temporary)
-        {
-            return false;
-        }
-        let depth = relative.components().count();
-        if !self.recursive && depth > 1 {
-            return false;
-        }
-        if depth > 0 && self.excludes.as_ref().is_some_and(|set| set.is_match(relative)) {
-            return false;
-        }
-        match &self.includes {
-            Some(set) if depth > 0 => set.is_match(relative),
-            _ => true,
-        }
-    }
-
-    /// Whether `path`, made in a recursive watch and not reported itself, may be a directory holding what is
-    /// (beneath the root, not excluded, not the file server's temporary file).
-    fn may_hold_reported(&self, path: &Path) -> bool {
-        self.recursive
-            && path
-                .strip_prefix(&self.root)
-                .is_ok_and(|relative| relative.components().count() > 0)
-            && !path
-                .file_name()
-                .and_then(|name| name.to_str())
-                .is_some_and(super::ops::is_temporary)
-            && !self.excludes_all_of(path)
-    }
-
-    /// Whether what is beneath `dir` is never reported (an excluded directory: not listed, not walked).
-    fn excludes_all_of(&self, dir: &Path) -> bool {
-        dir.strip_prefix(&self.root).is_ok_and(|relative| {
-            relative.components().count() > 0
-                && self.excludes.as_ref().is_some_and(|set| set.is_match(relative))
-        })
-    }
 }
 
 impl Watch {
@@ -301,153 +233,6 @@ struct Settling {
     /// Whether it leaves anything out.
     cut_short: bool,
 }
-
-/// A listing of what exists beneath a watch's root, and whether it is all of it.
-type Listing = (BTreeSet<PathBuf>, bool);
-
-/// What the reporting thread does for a watch's period before settling it, outside the table's lock (each
-/// request to notify waits for notify's thread, which may be reading a burst, and a listing walks a tree, while
-/// the file server's reader needs the table for Watch and Unwatch): brings the kernel's watches up to date, lists
-/// the period's new trees (into [`Period::listed`]), and after lost events returns a new listing of the tree, to
-/// take the place of what the watch knows.
-///
-/// - A new directory of a recursive watch is watched before it is listed. notify adds it itself, but only
-///   after handing over every event it read with its creation (a burst such as an `npm install` is many reads),
-///   so a file made inside after our listing and before that watch would never be reported. Our request waits
-///   until it is watched (for a directory notify has added, it only adds to the kernel's watch; a directory
-///   gone meanwhile fails, and is settled as gone). One request per new tree, what is beneath it walked with it;
-///   past [`MAX_NEW_TREES_PER_PERIOD`] the period is taken as lost instead.
-/// - After lost events (the kernel's queue overflowed, a report would have named too many paths, or too many
-///   new trees) notify may have added no directory whose creation was lost: the whole tree is watched again,
-///   within [`MAX_WATCHED_DIRECTORIES`], and listed again, so what came or went meanwhile is reported with its
-///   true kind when it next changes; and the root is reported `updated`, so the client lists it again.
-fn prepare(
-    watcher: &Mutex<notify::RecommendedWatcher>,
-    filter: &Filter,
-    period: &mut Period,
-) -> Option<Listing> {
-    let is_directory = |path: &Path| std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir());
-    let root = &filter.root;
-    if filter.recursive && !period.lost {
-        let added = period
-            .changes
-            .iter()
-            .filter(|(_, seen)| **seen == ChangeKind::Added)
-            .map(|(path, _)| path);
-        let candidates: BTreeSet<&PathBuf> = added.chain(period.new_directories.iter()).collect();
-        let mut trees: Vec<&Path> = Vec::new();
-        let mut listed = BTreeMap::new();
-        let mut looked_at = 0;
-        for path in candidates {
-            if trees.last().is_some_and(|tree| path.starts_with(tree)) || !is_directory(path) {
-                continue;
-            }
-            if trees.len() == MAX_NEW_TREES_PER_PERIOD {
-                period.lost = true;
-                break;
-            }
-            let _ = watcher.lock().watch(path, RecursiveMode::Recursive);
-            let inside = listing(path, true, filter, MAX_CHANGES_PER_REPORT, &mut looked_at);
-            listed.insert(path.clone(), inside);
-            trees.push(path);
-        }
-        period.listed = listed;
-    }
-    if !period.lost || !is_directory(root) {
-        return None;
-    }
-    period.changes.insert(root.clone(), ChangeKind::Updated);
-    if filter.recursive && fewer_directories_than(root, MAX_WATCHED_DIRECTORIES) {
-        let _ = watcher.lock().watch(root, RecursiveMode::Recursive);
-    }
-    let (mut known, complete) = listing(root, filter.recursive, filter, KNOWN_MAX, &mut 0);
-    known.insert(root.clone());
-    Some((known, complete))
-}
-
-/// What `filter`'s watch reports of what exists beneath `root` now (`recursive`: the whole tree, links not
-/// followed, excluded directories not walked), at most `most` paths; whether that is all of it.
-/// `looked_at` counts the entries looked at, reported or not, and the listing stops (incomplete) at
-/// [`MAX_LISTED_ENTRIES`] of them: callers listing several trees share one count.
-fn listing(root: &Path, recursive: bool, filter: &Filter, most: usize, looked_at: &mut usize) -> Listing {
-    let mut known = BTreeSet::new();
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            *looked_at += 1;
-            if known.len() >= most || *looked_at > MAX_LISTED_ENTRIES {
-                return (known, false);
-            }
-            let path = entry.path();
-            if recursive
-                && entry.file_type().is_ok_and(|kind| kind.is_dir())
-                && !filter.excludes_all_of(&path)
-            {
-                pending.push(path.clone());
-            }
-            if filter.reports(&path) {
-                known.insert(path);
-            }
-        }
-    }
-    (known, true)
-}
-
-/// Whether the tree beneath `root` (links not followed) holds at most `most` directories, `root` included.
-fn fewer_directories_than(root: &Path, most: usize) -> bool {
-    walkdir::WalkDir::new(root)
-        .follow_links(false)
-        .into_iter()
-        .flatten()
-        .filter(|entry| entry.file_type().is_dir())
-        .nth(most)
-        .is_none()
-}
-
-fn globs(patterns: &[String]) -> Result<Option<GlobSet>, FileError> {
-    if patterns.is_empty() {
-        return Ok(None);
-    }
-    let mut builder = GlobSetBuilder::new();
-    for pattern in patterns {
-        let glob =
-            Glob::new(pattern).map_err(|error| FileError::Invalid(format!("glob {pattern:?}: {error}")))?;
-        builder.add(glob);
-        // `dir` also covers what is inside it.
-        if let Ok(inside) = Glob::new(&format!("{}/**", pattern.trim_end_matches('/'))) {
-            builder.add(inside);
-        }
-    }
-    builder
-        .build()
-        .map(Some)
-        .map_err(|error| FileError::Invalid(format!("globs: {error}")))
-}
-
-/// What one watch saw in a period not reported yet.
-#[derive(Default)]
-struct Period {
-    /// Each path named, with the last kind seen.
-    changes: BTreeMap<PathBuf, ChangeKind>,
-    /// Paths made in the period that the filter does not report themselves but a recursive watch looks into
-    /// (directories, if they are, whose files `includes` names).
-    new_directories: BTreeSet<PathBuf>,
-    /// What `prepare` listed of the period's new trees, by tree (outside the table's lock, after the kernel
-    /// watched each).
-    listed: BTreeMap<PathBuf, Listing>,
-    /// Paths that went in the period that the filter does not report themselves (directories deleted, or
-    /// anything moved out), beneath which it may have reported something.
-    gone_directories: BTreeSet<PathBuf>,
-    /// Whether events of the period were lost, or its report would leave something out: the kernel's queue
-    /// overflowed, more paths changed (or new directories came) than one report names, more new trees came than
-    /// are watched one by one, or the last report was cut short.
-    lost: bool,
-}
-
-type Pending = BTreeMap<u64, Period>;
 
 /// Records what inotify says in `event` for watch `id` (whose paths `filter` chooses) until its period ends: each
 /// path it names with the last kind seen. An event queue the kernel overflowed (`Rescan`: more happened at once
@@ -719,6 +504,7 @@ impl Watches {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     use std::sync::mpsc::{channel, Receiver};
 
