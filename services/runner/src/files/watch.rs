@@ -35,7 +35,7 @@ mod filter;
 mod period;
 mod prepare;
 
-use filter::{globs, Filter};
+use filter::{globs, is_directory, Filter};
 use period::{Listing, Pending, Period};
 pub use period::{
     DEBOUNCE, KNOWN_MAX, MAX_CHANGES_PER_REPORT, MAX_LISTED_ENTRIES, MAX_NEW_TREES_PER_PERIOD,
@@ -205,7 +205,7 @@ impl Watch {
         let Some((inside, complete)) = listed.get(path) else {
             return;
         };
-        if !std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir()) {
+        if !is_directory(path) {
             return;
         }
         settling.cut_short |= !complete;
@@ -286,7 +286,7 @@ fn record(pending: &Mutex<Pending>, filter: &Filter, id: u64, event: notify::Eve
                 Noted::Change
             } else if !filter.may_hold_reported(&path) {
                 return None;
-            } else if may_be_directory && std::fs::symlink_metadata(&path).is_ok_and(|meta| meta.is_dir()) {
+            } else if may_be_directory && is_directory(&path) {
                 Noted::NewDirectory
             } else if may_have_been_directory {
                 Noted::GoneDirectory
@@ -448,7 +448,7 @@ impl Watches {
         let watcher = notify::RecommendedWatcher::new(handler, config)
             .map_err(|error| FileError::Unavailable(format!("cannot watch: {error}")))?;
         // A file is watched through its directory (saves replace its inode), and filtered by name.
-        let is_dir = std::fs::symlink_metadata(&root).is_ok_and(|meta| meta.is_dir());
+        let is_dir = is_directory(&root);
         if is_dir && recursive && !fewer_directories_than(&root, MAX_WATCHED_DIRECTORIES) {
             return Err(FileError::Invalid(format!(
                 "{} holds more than {MAX_WATCHED_DIRECTORIES} directories: watch a directory further down, or \
@@ -521,6 +521,15 @@ mod tests {
     fn written_and_reported(reported: &Reports, id: u64, path: &Path) -> ChangeKind {
         std::fs::write(path, b"x").expect("write");
         kind_reported(reported, id, path)
+    }
+
+    /// The kind `changes` report `path` with, if they name it.
+    fn kind_named(changes: &[(String, ChangeKind)], path: &Path) -> Option<ChangeKind> {
+        let named = path.display().to_string();
+        changes
+            .iter()
+            .find(|(path, _)| *path == named)
+            .map(|(_, kind)| *kind)
     }
 
     /// Watch `id`'s filter.
@@ -656,13 +665,7 @@ mod tests {
         record(&watches.pending, &filter_of(&watches, 14), 14, made);
         let (watch, changes) = reported.recv_timeout(Duration::from_secs(10)).expect("a report");
         assert_eq!(watch, 14);
-        let kind_of = |name: &str| {
-            let named = d.join(name).display().to_string();
-            changes
-                .iter()
-                .find(|(path, _)| *path == named)
-                .map(|(_, kind)| *kind)
-        };
+        let kind_of = |name: &str| kind_named(&changes, &d.join(name));
         assert_eq!(kind_of("old"), Some(ChangeKind::Deleted), "{changes:?}");
         assert_eq!(kind_of("same"), Some(ChangeKind::Updated), "{changes:?}");
         assert_eq!(kind_of("new"), Some(ChangeKind::Added), "{changes:?}");
@@ -788,13 +791,7 @@ mod tests {
         record(&watches.pending, &filter, 17, both);
         let (watch, changes) = reported.recv_timeout(Duration::from_secs(10)).expect("a report");
         assert_eq!(watch, 17);
-        let kind_of = |name: &str| {
-            let named = d.join(name).display().to_string();
-            changes
-                .iter()
-                .find(|(path, _)| *path == named)
-                .map(|(_, kind)| *kind)
-        };
+        let kind_of = |name: &str| kind_named(&changes, &d.join(name));
         assert_eq!(kind_of("x"), Some(ChangeKind::Deleted), "{changes:?}");
         assert_eq!(kind_of("y"), Some(ChangeKind::Added), "{changes:?}");
     }

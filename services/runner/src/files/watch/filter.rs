@@ -21,11 +21,7 @@ impl Filter {
         let Ok(relative) = path.strip_prefix(&self.root) else {
             return false;
         };
-        if path
-            .file_name()
-            .and_then(|name| name.to_str())
-            .is_some_and(super::super::ops::is_temporary)
-        {
+        if is_the_servers_temporary_file(path) {
             return false;
         }
         let depth = relative.components().count();
@@ -48,10 +44,7 @@ impl Filter {
             && path
                 .strip_prefix(&self.root)
                 .is_ok_and(|relative| relative.components().count() > 0)
-            && !path
-                .file_name()
-                .and_then(|name| name.to_str())
-                .is_some_and(super::super::ops::is_temporary)
+            && !is_the_servers_temporary_file(path)
             && !self.excludes_all_of(path)
     }
 
@@ -62,6 +55,18 @@ impl Filter {
                 && self.excludes.as_ref().is_some_and(|set| set.is_match(relative))
         })
     }
+}
+
+/// Whether `path` names one of the file server's own temporary files (never reported).
+fn is_the_servers_temporary_file(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(super::super::ops::is_temporary)
+}
+
+/// Whether `path` is a directory itself (a link to one is not).
+pub(super) fn is_directory(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir())
 }
 
 /// The glob set of `patterns` (none for none); `dir` also covers what is inside it.

@@ -9,7 +9,7 @@ use notify::{RecursiveMode, Watcher};
 use parking_lot::Mutex;
 
 use super::super::protocol::ChangeKind;
-use super::filter::Filter;
+use super::filter::{is_directory, Filter};
 use super::period::{
     Listing, Period, KNOWN_MAX, MAX_CHANGES_PER_REPORT, MAX_LISTED_ENTRIES, MAX_NEW_TREES_PER_PERIOD,
     MAX_WATCHED_DIRECTORIES,
@@ -36,7 +36,6 @@ pub(super) fn prepare(
     filter: &Filter,
     period: &mut Period,
 ) -> Option<Listing> {
-    let is_directory = |path: &Path| std::fs::symlink_metadata(path).is_ok_and(|meta| meta.is_dir());
     let root = &filter.root;
     if filter.recursive && !period.lost {
         let added = period
